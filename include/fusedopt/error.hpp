@@ -1,0 +1,79 @@
+// The exception hierarchy of fusedopt: every error the library throws derives from
+// fusedopt::Error, so callers can catch one type and still tell user errors from our bugs.
+#pragma once
+
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace fusedopt {
+
+/// Root of every exception fusedopt throws.
+class Error : public std::runtime_error {
+ public:
+  explicit Error(const std::string& what) : std::runtime_error(what) {}
+};
+
+/// A malformed rule. `what()` is the full compiler-style diagnostic:
+/// `FILE:LINE:COL: error: MESSAGE`, the source line, a caret line and an optional hint.
+class RuleError : public Error {
+ public:
+  RuleError(std::string file, int line, int column, std::string message, std::string source_line,
+            int length, std::string hint);
+
+  const std::string& file() const { return file_; }
+  int line() const { return line_; }      ///< 1-based
+  int column() const { return column_; }  ///< 1-based, in bytes
+  const std::string& message() const { return message_; }
+  const std::string& source_line() const { return source_line_; }
+  const std::string& hint() const { return hint_; }
+
+ private:
+  std::string file_;
+  int line_;
+  int column_;
+  std::string message_;
+  std::string source_line_;
+  std::string hint_;
+};
+
+/// A generated (or trusted functor) source that a compiler rejected.
+class CompileError : public Error {
+ public:
+  CompileError(std::string summary, std::string log, std::vector<std::string> options,
+               std::string source);
+  const std::string& log() const { return log_; }
+  const std::vector<std::string>& options() const { return options_; }
+  const std::string& source() const { return source_; }
+
+ private:
+  std::string log_;
+  std::vector<std::string> options_;
+  std::string source_;
+};
+
+/// A CUDA driver or NVRTC call that failed; names the call, the result and the site.
+class CudaError : public Error {
+ public:
+  CudaError(std::string call, int code, std::string result_name, std::string site);
+  const std::string& call() const { return call_; }
+  int code() const { return code_; }
+
+ private:
+  std::string call_;
+  int code_;
+};
+
+/// The kernel cache refused an operation (unsafe folder, I/O failure).
+class CacheError : public Error {
+ public:
+  using Error::Error;
+};
+
+/// A bug in fusedopt itself: please report it.
+class InternalError : public Error {
+ public:
+  explicit InternalError(const std::string& what) : Error("internal error (a fusedopt bug): " + what) {}
+};
+
+}  // namespace fusedopt

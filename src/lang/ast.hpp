@@ -1,0 +1,132 @@
+// The checked form of a rule: symbols (declared tensors, hypers, built-ins, temporaries),
+// expressions and statements, plus what the checker derives (uniformity, phases).
+// Knows nothing of CUDA or C++ code generation.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace fusedopt::lang {
+
+/// A position in the rule text: 1-based line and column (in bytes), and the token length.
+struct Loc {
+  int line = 0;
+  int col = 0;
+  int len = 1;
+};
+
+enum class SymKind {
+  Param,   ///< the parameter tensor (exactly one); read-write
+  Grad,    ///< the gradient tensor (exactly one); read-only
+  State,   ///< optimizer state tensor with an initial value; read-write
+  Output,  ///< extra output tensor; write (then readable as a local)
+  Hyper,   ///< scalar hyper-parameter with a default; read-only
+  Step,    ///< built-in 1-based step count; read-only
+  Temp,    ///< temporary; must be assigned before use
+};
+
+const char* to_string(SymKind kind);
+
+/// Element-wise operators and functions. Reductions (tensor_norm, global_norm, ...) will be
+/// new `Op` values of category Reduce; the checker already splits statements into phases.
+enum class Op {
+  Number,  ///< literal; Expr::number
+  Ref,     ///< reads a symbol; Expr::sym (and Expr::def for temporaries)
+  // unary
+  Neg,
+  Not,
+  // binary
+  Add,
+  Sub,
+  Mul,
+  Div,
+  Pow,
+  Lt,
+  Le,
+  Gt,
+  Ge,
+  Eq,
+  Ne,
+  And,
+  Or,
+  // functions (Expr::args holds the arguments)
+  Where,  ///< where(cond, a, b)
+  Sqrt,
+  Rsqrt,
+  Exp,
+  Log,
+  Abs,
+  Sign,
+  Min,
+  Max,
+  Clamp,  ///< clamp(x, lo, hi)
+  IsFinite,
+  PowFn,  ///< pow(a, b), same as a ^ b
+  Tanh,
+  Log1p,
+  Expm1,
+  Floor,
+};
+
+struct Expr;
+using ExprPtr = std::unique_ptr<Expr>;
+
+struct Expr {
+  Op op = Op::Number;
+  Loc loc;
+  double number = 0;          ///< Op::Number
+  int sym = -1;               ///< Op::Ref: index into Rule::symbols
+  int def = -1;               ///< Op::Ref to a Temp: index of the statement that defined it
+  std::vector<ExprPtr> args;  ///< operands (unary: 1, binary: 2, functions: their arity)
+
+  // Filled by the checker.
+  bool uniform = false;  ///< depends only on hypers, `step` and constants
+  bool boolean = false;  ///< a truth value (comparison, and/or/not, isfinite)
+};
+
+struct Symbol {
+  std::string name;
+  SymKind kind = SymKind::Temp;
+  Loc loc;                ///< where it was declared (or first assigned, for temporaries)
+  int index = 0;          ///< position among the symbols of the same kind
+  double default_value = 0;  ///< Hyper: the default
+  ExprPtr init;           ///< State: the initial value (constants, hypers and the param only)
+  bool written = false;   ///< Param/State/Output/Temp: some statement assigns it
+};
+
+struct Stmt {
+  int target = -1;  ///< index into Rule::symbols
+  ExprPtr value;
+  Loc loc;          ///< of the target name
+  int phase = 0;    ///< which pass runs it; 0 until reductions exist
+};
+
+/// A pass over the data: statements [first, last) of Rule::stmts.
+struct Phase {
+  int first = 0;
+  int last = 0;
+};
+
+/// A parsed and checked rule.
+struct Rule {
+  std::string name;  ///< file name without folder and extension (e.g. "adamw")
+  std::string file;  ///< as given to parse (used in diagnostics)
+  std::string text;  ///< the original text
+  std::vector<Symbol> symbols;
+  std::vector<Stmt> stmts;
+  std::vector<Phase> phases;  ///< one phase for element-wise rules
+
+  int param = -1;  ///< symbol index of the param
+  int grad = -1;   ///< symbol index of the grad
+  int step = -1;   ///< symbol index of the built-in step
+  std::vector<int> states;   ///< symbol indices, in declaration order
+  std::vector<int> outputs;  ///< symbol indices, in declaration order
+  std::vector<int> hypers;   ///< symbol indices, in declaration order
+
+  /// Index of the symbol called `name`, or -1.
+  int find(const std::string& name) const;
+};
+
+}  // namespace fusedopt::lang
