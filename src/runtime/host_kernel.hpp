@@ -37,6 +37,13 @@ class HostKernel {
            const std::vector<std::vector<float>>& hypers, float step,
            const std::vector<int>& group = {}, float inv_grad_scale = 1.0f) const;
 
+  /// Writes every state tensor's initial value (the rule's `state NAME = INIT`; with a
+  /// master copy, the master from the param first). Same arguments as run().
+  void init_states(const std::vector<std::vector<void*>>& ptrs,
+                   const std::vector<std::int64_t>& numel,
+                   const std::vector<std::vector<float>>& hypers,
+                   const std::vector<int>& group = {}) const;
+
   /// The hyper values of the rule's defaults, in Rule::hypers order.
   std::vector<float> default_hypers() const;
   /// Copies `hypers` with `name` set to `value`; throws fusedopt::Error for an unknown name.

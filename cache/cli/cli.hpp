@@ -1,0 +1,59 @@
+// Shared pieces of the fusedopt-cache commands: argument parsing, exit codes, output.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "cache/kernel_cache.hpp"
+
+namespace fusedopt::cli {
+
+/// Exit codes (STYLE.md): success, a failed check, bad input.
+inline constexpr int kExitOk = 0;
+inline constexpr int kExitFailed = 1;
+inline constexpr int kExitBadInput = 2;
+
+/// Bad command-line input: reported as "fusedopt-cache: error: ..." with exit 2.
+struct UsageError {
+  std::string message;
+};
+
+/// A tiny argument cursor: `--name value`, `--name=value` and flags.
+class Args {
+ public:
+  explicit Args(std::vector<std::string> args) : args_(std::move(args)) {}
+  bool done() const { return pos_ >= args_.size(); }
+  const std::string& peek() const { return args_[pos_]; }
+  std::string next() { return args_[pos_++]; }
+  /// If the current argument is `--name` or `--name=...`, consumes it (and its value)
+  /// and returns the value.
+  std::optional<std::string> option(const std::string& name);
+  /// If the current argument is `--name`, consumes it.
+  bool flag(const std::string& name);
+
+ private:
+  std::vector<std::string> args_;
+  std::size_t pos_ = 0;
+};
+
+/// Parses "123", "64K", "10M", "2G" (binary units). Throws UsageError.
+std::uint64_t parse_bytes(const std::string& text, const std::string& what);
+/// "1.5 MiB"-style sizes.
+std::string human_bytes(std::uint64_t bytes);
+/// JSON string literal.
+std::string json_string(const std::string& s);
+
+/// The cache options: the environment, then `--cache-dir` if given. Always mode On.
+cache::KernelCache::Options cache_options(const std::optional<std::string>& cache_dir);
+
+int cmd_warmup(Args& args);
+int cmd_list(Args& args);
+int cmd_verify(Args& args);
+int cmd_prune(Args& args);
+int cmd_clear(Args& args);
+int cmd_check(Args& args);
+int cmd_presets(Args& args);
+
+}  // namespace fusedopt::cli

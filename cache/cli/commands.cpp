@@ -1,0 +1,212 @@
+// fusedopt-cache list, verify, prune, clear, check and presets.
+#include <fmt/format.h>
+
+#include <ctime>
+#include <fstream>
+#include <sstream>
+
+#include "cache/cli/cli.hpp"
+#include "codegen/codegen.hpp"
+#include "fusedopt/error.hpp"
+#include "lang/parse.hpp"
+#include "presets.hpp"
+
+namespace fusedopt::cli {
+namespace {
+
+/// Parses the options every maintenance command shares; `extra` handles the rest.
+template <typename Extra>
+std::optional<std::string> parse_common(Args& args, const char* help, bool* wants_help,
+                                        Extra extra) {
+  std::optional<std::string> cache_dir;
+  *wants_help = false;
+  while (!args.done()) {
+    if (args.flag("--help") || args.flag("-h")) {
+      std::fputs(help, stdout);
+      *wants_help = true;
+      return cache_dir;
+    }
+    if (auto v = args.option("--cache-dir")) {
+      cache_dir = v;
+    } else if (!extra(args)) {
+      throw UsageError{"unexpected argument '" + args.peek() + "'"};
+    }
+  }
+  return cache_dir;
+}
+
+std::string format_time(std::int64_t t) {
+  std::time_t tt = static_cast<std::time_t>(t);
+  std::tm tm{};
+  localtime_r(&tt, &tm);
+  char buf[32];
+  std::strftime(buf, sizeof buf, "%Y-%m-%d %H:%M", &tm);
+  return buf;
+}
+
+std::string one_line(std::string s) {
+  for (char& c : s) {
+    if (c == '\n' || c == '\r') c = ' ';
+  }
+  return s;
+}
+
+}  // namespace
+
+int cmd_list(Args& args) {
+  bool json = false, help = false;
+  auto dir = parse_common(args, R"(usage: fusedopt-cache list [--json] [--cache-dir DIR]
+
+Show every entry: key, rule, target, dtypes, size and when it was last used.
+)", &help, [&](Args& a) { return (json = json || a.flag("--json")); });
+  if (help) return kExitOk;
+  cache::DiskStore store(cache_options(dir).dir);
+  std::vector<cache::EntryInfo> entries = store.list();
+  std::uint64_t total = 0;
+  for (const auto& e : entries) total += e.file_bytes;
+  if (json) {
+    std::string out = "{\"cache_dir\": " + json_string(store.dir().string()) + ", \"entries\": [";
+    for (std::size_t i = 0; i < entries.size(); ++i) {
+      const auto& e = entries[i];
+      out += fmt::format(
+          "{}\n  {{\"key\": {}, \"ext\": {}, \"path\": {}, \"file_bytes\": {}, "
+          "\"payload_bytes\": {}, \"last_used\": {}, \"kind\": {}, \"name\": {}, \"target\": {}, "
+          "\"dtypes\": {}, \"compiler\": {}, \"fusedopt_version\": {}}}",
+          i ? "," : "", json_string(e.key.hex()), json_string(e.ext), json_string(e.path.string()),
+          e.file_bytes, e.payload_bytes, e.last_used, json_string(e.record.get("kind")),
+          json_string(e.record.get("name")), json_string(e.record.get("target")),
+          json_string(e.record.get("dtypes")), json_string(one_line(e.record.get("compiler"))),
+          json_string(e.record.get("fusedopt_version")));
+    }
+    out += fmt::format("\n], \"count\": {}, \"total_bytes\": {}}}\n", entries.size(), total);
+    fmt::print("{}", out);
+    return kExitOk;
+  }
+  fmt::print("{:<14} {:<6} {:<16} {:<8} {:<22} {:>10}  {}\n", "KEY", "TYPE", "RULE", "TARGET",
+             "DTYPES", "SIZE", "LAST USED");
+  for (const auto& e : entries) {
+    std::string name = e.record.get("name");
+    fmt::print("{:<14} {:<6} {:<16.16} {:<8} {:<22} {:>10}  {}\n", e.key.hex().substr(0, 12), e.ext,
+               name.empty() ? "(unreadable)" : name, e.record.get("target"), e.record.get("dtypes"),
+               human_bytes(e.file_bytes), format_time(e.last_used));
+  }
+  fmt::print("{} entries, {} in {}\n", entries.size(), human_bytes(total), store.dir().string());
+  return kExitOk;
+}
+
+int cmd_verify(Args& args) {
+  bool remove = false, help = false;
+  auto dir = parse_common(args, R"(usage: fusedopt-cache verify [--remove] [--cache-dir DIR]
+
+Re-read and re-hash every entry. Prints each bad one and exits 1 if there is any.
+  --remove   also delete the bad entries (the next warmup recompiles them)
+)", &help, [&](Args& a) { return (remove = remove || a.flag("--remove")); });
+  if (help) return kExitOk;
+  cache::DiskStore store(cache_options(dir).dir);
+  std::vector<cache::BadEntry> bad = store.verify(remove);
+  std::size_t total = store.list().size();
+  for (const auto& b : bad) {
+    fmt::print("bad: {}: {}{}\n", b.path.string(), b.reason, remove ? " (removed)" : "");
+  }
+  if (bad.empty()) {
+    fmt::print("verify: {} entries, all good ({})\n", total, store.dir().string());
+    return kExitOk;
+  }
+  fmt::print("verify: {} bad {} in {}\n", bad.size(), bad.size() == 1 ? "entry" : "entries",
+             store.dir().string());
+  return kExitFailed;
+}
+
+int cmd_prune(Args& args) {
+  std::optional<std::uint64_t> max_bytes;
+  bool help = false;
+  auto dir = parse_common(args, R"(usage: fusedopt-cache prune --max-bytes N [--cache-dir DIR]
+
+Evict least recently used entries until the cache holds at most N bytes
+(N may end in K, M or G).
+)", &help, [&](Args& a) {
+    if (auto v = a.option("--max-bytes")) {
+      max_bytes = parse_bytes(*v, "--max-bytes");
+      return true;
+    }
+    return false;
+  });
+  if (help) return kExitOk;
+  if (!max_bytes) throw UsageError{"prune needs --max-bytes N"};
+  cache::DiskStore store(cache_options(dir).dir);
+  std::uint64_t removed = store.prune(*max_bytes);
+  fmt::print("prune: removed {}; the cache now holds {} ({} entries)\n", human_bytes(removed),
+             human_bytes(store.total_bytes()), store.list().size());
+  return kExitOk;
+}
+
+int cmd_clear(Args& args) {
+  bool help = false;
+  auto dir = parse_common(args, R"(usage: fusedopt-cache clear [--cache-dir DIR]
+
+Remove every entry (and leftover temporary and lock files).
+)", &help, [](Args&) { return false; });
+  if (help) return kExitOk;
+  cache::DiskStore store(cache_options(dir).dir);
+  std::uint64_t removed = store.clear();
+  fmt::print("clear: removed {} from {}\n", human_bytes(removed), store.dir().string());
+  return kExitOk;
+}
+
+int cmd_check(Args& args) {
+  std::vector<std::string> files;
+  bool help = false;
+  parse_common(args, R"(usage: fusedopt-cache check RULE_FILE...
+
+Parse and check rule files without compiling. Errors are printed as
+FILE:LINE:COL: error: MESSAGE, then the line and a caret; exit 2 if any file is bad.
+)", &help, [&](Args& a) {
+    if (a.peek().rfind("-", 0) == 0 && a.peek() != "-") return false;
+    files.push_back(a.next());
+    return true;
+  });
+  if (help) return kExitOk;
+  if (files.empty()) throw UsageError{"check needs at least one rule file"};
+  int status = kExitOk;
+  for (const std::string& f : files) {
+    std::ifstream in(f, std::ios::binary);
+    if (!in) {
+      fmt::print(stderr, "{}: error: cannot read the file\n", f);
+      status = kExitBadInput;
+      continue;
+    }
+    std::ostringstream ss;
+    ss << in.rdbuf();
+    try {
+      auto rule = lang::parse_rule(ss.str(), f);
+      codegen::KernelBody body = codegen::generate_body(*rule, DTypeBinding{});
+      std::string hypers;
+      for (const auto& h : body.hypers) hypers += (hypers.empty() ? "" : " ") + h;
+      std::string roles;
+      for (const auto& r : body.roles) roles += (roles.empty() ? "" : " ") + r;
+      fmt::print("{}: ok: rule '{}': tensors [{}], hypers [{}], {} statements, {} uniform "
+                 "values hoisted out of the element loop\n",
+                 f, rule->name, roles, hypers, rule->stmts.size(), body.num_uniforms);
+    } catch (const RuleError& e) {
+      fmt::print(stderr, "{}\n", e.what());
+      status = kExitBadInput;
+    }
+  }
+  return status;
+}
+
+int cmd_presets(Args& args) {
+  bool help = false;
+  parse_common(args, "usage: fusedopt-cache presets\n\nList the preset rules.\n", &help,
+               [](Args&) { return false; });
+  if (help) return kExitOk;
+  for (const std::string& name : preset_names()) {
+    std::string text = preset_text(name);
+    std::string first = text.substr(0, text.find('\n'));
+    if (first.rfind("#", 0) == 0) first = first.substr(first.find_first_not_of("# "));
+    fmt::print("{:<10} {}\n", name, first);
+  }
+  return kExitOk;
+}
+
+}  // namespace fusedopt::cli

@@ -1,0 +1,91 @@
+// Argument parsing and formatting helpers of fusedopt-cache.
+#include <fmt/format.h>
+
+#include <cctype>
+
+#include "cache/cli/cli.hpp"
+
+namespace fusedopt::cli {
+
+std::optional<std::string> Args::option(const std::string& name) {
+  if (done()) return std::nullopt;
+  const std::string& a = args_[pos_];
+  if (a == name) {
+    if (pos_ + 1 >= args_.size()) throw UsageError{name + " needs a value"};
+    pos_ += 2;
+    return args_[pos_ - 1];
+  }
+  if (a.size() > name.size() && a.compare(0, name.size(), name) == 0 && a[name.size()] == '=') {
+    ++pos_;
+    return a.substr(name.size() + 1);
+  }
+  return std::nullopt;
+}
+
+bool Args::flag(const std::string& name) {
+  if (!done() && args_[pos_] == name) {
+    ++pos_;
+    return true;
+  }
+  return false;
+}
+
+std::uint64_t parse_bytes(const std::string& text, const std::string& what) {
+  std::size_t i = 0;
+  std::uint64_t value = 0;
+  while (i < text.size() && std::isdigit(static_cast<unsigned char>(text[i]))) {
+    std::uint64_t d = static_cast<std::uint64_t>(text[i] - '0');
+    if (value > (UINT64_MAX - d) / 10) throw UsageError{what + " '" + text + "' is too large"};
+    value = value * 10 + d;
+    ++i;
+  }
+  if (i == 0) throw UsageError{what + " '" + text + "' is not a size (e.g. 500M, 2G, 1048576)"};
+  std::string suffix = text.substr(i);
+  int shift = 0;
+  if (suffix == "K" || suffix == "KiB" || suffix == "k") shift = 10;
+  else if (suffix == "M" || suffix == "MiB") shift = 20;
+  else if (suffix == "G" || suffix == "GiB") shift = 30;
+  else if (!suffix.empty()) throw UsageError{what + " '" + text + "' has an unknown unit (use K, M or G)"};
+  if (shift && value > (UINT64_MAX >> shift)) throw UsageError{what + " '" + text + "' is too large"};
+  return value << shift;
+}
+
+std::string human_bytes(std::uint64_t bytes) {
+  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  double v = static_cast<double>(bytes);
+  int u = 0;
+  while (v >= 1024 && u < 4) {
+    v /= 1024;
+    ++u;
+  }
+  return u == 0 ? fmt::format("{} B", bytes) : fmt::format("{:.1f} {}", v, units[u]);
+}
+
+std::string json_string(const std::string& s) {
+  std::string out = "\"";
+  for (unsigned char c : s) {
+    switch (c) {
+      case '"': out += "\\\""; break;
+      case '\\': out += "\\\\"; break;
+      case '\n': out += "\\n"; break;
+      case '\t': out += "\\t"; break;
+      case '\r': out += "\\r"; break;
+      default:
+        if (c < 0x20 || c >= 0x7f) out += fmt::format("\\u{:04x}", c);
+        else out += static_cast<char>(c);
+    }
+  }
+  return out + "\"";
+}
+
+cache::KernelCache::Options cache_options(const std::optional<std::string>& cache_dir) {
+  cache::KernelCache::Options o = cache::KernelCache::options_from_env();
+  if (cache_dir) {
+    if (cache_dir->empty()) throw UsageError{"--cache-dir is empty"};
+    o.dir = *cache_dir;
+  }
+  o.mode = cache::KernelCache::Mode::On;
+  return o;
+}
+
+}  // namespace fusedopt::cli

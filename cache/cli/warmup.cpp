@@ -1,0 +1,229 @@
+// fusedopt-cache warmup: rules/presets x targets x dtypes into the cache, in parallel.
+#include <fmt/format.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <fstream>
+#include <mutex>
+#include <sstream>
+#include <thread>
+
+#include "cache/cli/cli.hpp"
+#include "codegen/codegen.hpp"
+#include "fusedopt/error.hpp"
+#include "jit/kernel_builder.hpp"
+#include "lang/parse.hpp"
+#include "presets.hpp"
+
+namespace fusedopt::cli {
+namespace {
+
+constexpr const char* kHelp = R"(usage: fusedopt-cache warmup [OPTIONS] [RULE_FILE...]
+
+Compile rules or presets for every target and dtype binding given, into the cache.
+Works without a GPU: a CPU build box can fill a cache for any sm_XX.
+
+options:
+  --preset NAME     a preset rule (repeatable; 'all' for every preset)
+  --all-presets     every preset
+  --rule FILE       a rule file (repeatable; bare arguments are rule files too)
+  --target T        host, sm_80, sm_90, sm_90a, ... (repeatable or comma-separated;
+                    default: host)
+  --dtypes D        PARAM:GRAD:STATE[+master] or one dtype for all, e.g. fp32,
+                    bf16:bf16:fp32+master (repeatable or comma-separated; default: fp32)
+  --jobs N          compile N kernels at once (default: the number of cores)
+  --json            print the results as JSON
+  --cache-dir DIR   the cache folder (default: $FUSEDOPT_CACHE_DIR)
+exit codes: 0 all kernels ready, 1 a compile failed, 2 bad input.
+)";
+
+struct Item {
+  std::shared_ptr<const lang::Rule> rule;
+  Target target;
+  DTypeBinding dtypes;
+  // results
+  std::string status;  // "compiled", "cached", "failed"
+  double seconds = 0;
+  std::string key;
+  std::string error;
+};
+
+std::vector<std::string> split_commas(const std::string& s) {
+  std::vector<std::string> out;
+  std::stringstream ss(s);
+  for (std::string part; std::getline(ss, part, ',');) {
+    if (!part.empty()) out.push_back(part);
+  }
+  return out;
+}
+
+std::string read_rule_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw UsageError{"cannot read rule file '" + path + "'"};
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+class Progress {
+ public:
+  Progress(std::size_t total, bool enabled) : total_(total), enabled_(enabled) {}
+  void update(std::size_t done, const std::string& what) {
+    if (!enabled_) return;
+    const int width = 30;
+    int filled = total_ ? static_cast<int>(width * done / total_) : width;
+    fmt::print(stderr, "\r[{}{}] {}/{} {:<40.40}", std::string(filled, '#'),
+               std::string(width - filled, '.'), done, total_, what);
+    std::fflush(stderr);
+  }
+  void finish() {
+    if (enabled_) fmt::print(stderr, "\r{:<90}\r", "");
+  }
+
+ private:
+  std::size_t total_;
+  bool enabled_;
+};
+
+}  // namespace
+
+int cmd_warmup(Args& args) {
+  std::optional<std::string> cache_dir;
+  std::vector<std::string> presets, rule_files, targets, dtypes;
+  bool json = false;
+  unsigned jobs = std::max(1u, std::thread::hardware_concurrency());
+  while (!args.done()) {
+    if (args.flag("--help") || args.flag("-h")) {
+      std::fputs(kHelp, stdout);
+      return kExitOk;
+    }
+    if (auto v = args.option("--cache-dir")) cache_dir = v;
+    else if (auto p = args.option("--preset")) for (auto& x : split_commas(*p)) presets.push_back(x);
+    else if (args.flag("--all-presets")) presets.push_back("all");
+    else if (auto r = args.option("--rule")) rule_files.push_back(*r);
+    else if (auto t = args.option("--target")) for (auto& x : split_commas(*t)) targets.push_back(x);
+    else if (auto d = args.option("--dtypes")) for (auto& x : split_commas(*d)) dtypes.push_back(x);
+    else if (auto j = args.option("--jobs")) {
+      try {
+        int n = std::stoi(*j);
+        if (n < 1 || n > 256) throw std::out_of_range("jobs");
+        jobs = static_cast<unsigned>(n);
+      } catch (const std::exception&) {
+        throw UsageError{"--jobs needs a number from 1 to 256, got '" + *j + "'"};
+      }
+    } else if (args.flag("--json")) json = true;
+    else if (args.peek().rfind("-", 0) == 0) throw UsageError{"unknown option '" + args.peek() + "'"};
+    else rule_files.push_back(args.next());
+  }
+  if (presets.empty() && rule_files.empty()) {
+    throw UsageError{"nothing to warm: give --preset NAME, --all-presets or rule files"};
+  }
+  if (targets.empty()) targets.push_back("host");
+  if (dtypes.empty()) dtypes.push_back("fp32");
+
+  // Everything is parsed and checked before anything compiles: bad input exits 2 early.
+  std::vector<std::shared_ptr<const lang::Rule>> rules;
+  for (const std::string& p : presets) {
+    if (p == "all") {
+      for (const std::string& name : preset_names()) rules.push_back(preset_rule(name));
+    } else {
+      try {
+        rules.push_back(preset_rule(p));
+      } catch (const RuleError&) {
+        throw;
+      } catch (const Error& e) {
+        throw UsageError{e.what()};
+      }
+    }
+  }
+  for (const std::string& f : rule_files) rules.push_back(lang::parse_rule(read_rule_file(f), f));
+  std::vector<Target> parsed_targets;
+  std::vector<DTypeBinding> parsed_dtypes;
+  try {
+    for (const std::string& t : targets) parsed_targets.push_back(Target::parse(t));
+    for (const std::string& d : dtypes) parsed_dtypes.push_back(DTypeBinding::parse(d));
+  } catch (const Error& e) {
+    throw UsageError{e.what()};
+  }
+  std::vector<Item> items;
+  for (const auto& rule : rules) {
+    for (const Target& t : parsed_targets) {
+      for (const DTypeBinding& d : parsed_dtypes) items.push_back({rule, t, d, "", 0, "", ""});
+    }
+  }
+
+  cache::KernelCache cache(cache_options(cache_dir));
+  Progress progress(items.size(), !json && isatty(STDERR_FILENO));
+  std::mutex out_mutex;
+  std::atomic<std::size_t> next{0}, done{0};
+  auto start = std::chrono::steady_clock::now();
+  auto worker = [&] {
+    for (std::size_t i; (i = next++) < items.size();) {
+      Item& it = items[i];
+      try {
+        codegen::KernelBody body = codegen::generate_body(*it.rule, it.dtypes);
+        jit::BuiltKernel k = jit::build_kernel(body, it.dtypes, it.target, cache);
+        it.status = k.origin == cache::Origin::Compiled ? "compiled" : "cached";
+        it.seconds = k.seconds;
+        it.key = k.key.hex();
+      } catch (const Error& e) {
+        it.status = "failed";
+        it.error = e.what();
+      }
+      std::lock_guard<std::mutex> lock(out_mutex);
+      ++done;
+      if (!json) {
+        progress.finish();
+        fmt::print("{:<9} {:<12} {:<7} {:<22} {:>8.3f} s  {}\n", it.status, it.rule->name,
+                   it.target.str(), it.dtypes.str(), it.seconds, it.key.substr(0, 12));
+        if (!it.error.empty()) fmt::print(stderr, "{}\n", it.error);
+        std::fflush(stdout);
+        progress.update(done, it.rule->name + " " + it.target.str());
+      }
+    }
+  };
+  std::vector<std::thread> threads;
+  for (unsigned j = 1; j < std::min<std::size_t>(jobs, items.size()); ++j) threads.emplace_back(worker);
+  worker();
+  for (auto& t : threads) t.join();
+  progress.finish();
+  double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+
+  std::size_t compiled = 0, cached = 0, failed = 0;
+  double compile_seconds = 0;
+  for (const Item& it : items) {
+    if (it.status == "compiled") {
+      ++compiled;
+      compile_seconds += it.seconds;
+    } else if (it.status == "cached") {
+      ++cached;
+    } else {
+      ++failed;
+    }
+  }
+  if (json) {
+    std::string out = "{\"kernels\": [";
+    for (std::size_t i = 0; i < items.size(); ++i) {
+      const Item& it = items[i];
+      out += fmt::format("{}\n  {{\"rule\": {}, \"target\": {}, \"dtypes\": {}, \"status\": {}, "
+                         "\"seconds\": {:.6f}, \"key\": {}, \"error\": {}}}",
+                         i ? "," : "", json_string(it.rule->name), json_string(it.target.str()),
+                         json_string(it.dtypes.str()), json_string(it.status), it.seconds,
+                         json_string(it.key), json_string(it.error));
+    }
+    out += fmt::format("\n], \"compiled\": {}, \"cached\": {}, \"failed\": {}, "
+                       "\"compile_seconds\": {:.6f}, \"wall_seconds\": {:.6f}, \"cache_dir\": {}}}\n",
+                       compiled, cached, failed, compile_seconds, wall,
+                       json_string(cache.options().dir.string()));
+    fmt::print("{}", out);
+  } else {
+    fmt::print("warmup: {} kernels in {:.2f} s: {} compiled ({:.2f} s of compiling), {} already "
+               "cached, {} failed\ncache: {}\n",
+               items.size(), wall, compiled, compile_seconds, cached, failed,
+               cache.options().dir.string());
+  }
+  return failed ? kExitFailed : kExitOk;
+}
+
+}  // namespace fusedopt::cli

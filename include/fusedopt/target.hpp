@@ -1,0 +1,26 @@
+// Where a kernel runs: the host CPU or a CUDA architecture (sm_XX). Compiling needs only the
+// target, never the device.
+#pragma once
+
+#include <string>
+#include <string_view>
+
+namespace fusedopt {
+
+struct Target {
+  enum class Kind { Host, Cuda };
+  Kind kind = Kind::Host;
+  int sm = 0;            ///< compute capability * 10 (e.g. 90) for Kind::Cuda
+  bool arch_specific = false;  ///< "sm_90a": architecture-specific features
+
+  static Target host() { return Target{}; }
+  static Target cuda(int sm) { return Target{Kind::Cuda, sm, false}; }
+  /// "host", "sm_80", "sm_90", "sm_90a", ... Throws fusedopt::Error otherwise.
+  static Target parse(std::string_view text);
+  std::string str() const;
+  bool operator==(const Target& o) const {
+    return kind == o.kind && sm == o.sm && arch_specific == o.arch_specific;
+  }
+};
+
+}  // namespace fusedopt

@@ -1,0 +1,29 @@
+# Sourced by scripts/test and scripts/demo: installs what is missing from Debian's packages.
+# The CUDA toolkit is expected at /usr/local/cuda (headers only at build time; NVRTC is
+# loaded at run time); without it fusedopt builds without CUDA.
+fusedopt_deps=(cmake ninja-build g++ pkg-config libfmt-dev libxxhash-dev doctest-dev
+               libbenchmark-dev)
+
+ensure_deps() {
+  local missing=()
+  for p in "${fusedopt_deps[@]}"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+  done
+  if ((${#missing[@]})); then
+    echo "installing: ${missing[*]}"
+    local sudo=""
+    [ "$(id -u)" -eq 0 ] || sudo="sudo"
+    $sudo apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${missing[@]}"
+  fi
+  if [ ! -f /usr/local/cuda/include/nvrtc.h ]; then
+    echo "note: no CUDA toolkit in /usr/local/cuda: building without CUDA (host kernels only)"
+  fi
+}
+
+# Configures and builds into $1 (Release).
+build_fusedopt() {
+  local build="$1"
+  cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null
+  cmake --build "$build" -j "$(nproc)"
+}

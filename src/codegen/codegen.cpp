@@ -1,0 +1,315 @@
+// Rule -> per-element C++ body. Uniform subexpressions (hypers, step and constants only)
+// are hoisted into fo_prepare, which runs once per launch and group (per block on the
+// GPU), and identical ones share a slot.
+#include "codegen/codegen.hpp"
+
+#include <fmt/format.h>
+
+#include <map>
+
+#include "codegen/writer.hpp"
+#include "fusedopt/error.hpp"
+
+namespace fusedopt::codegen {
+namespace {
+
+using lang::Expr;
+using lang::Op;
+using lang::Rule;
+using lang::SymKind;
+
+const char* storage_type(DType dtype) {
+  switch (dtype) {
+    case DType::F32: return "float";
+    case DType::F16: return "fo_f16";
+    case DType::BF16: return "fo_bf16";
+  }
+  return "float";
+}
+
+const char* function_name(Op op) {
+  switch (op) {
+    case Op::Sqrt: return "fo_sqrt";
+    case Op::Rsqrt: return "fo_rsqrt";
+    case Op::Exp: return "fo_exp";
+    case Op::Log: return "fo_log";
+    case Op::Abs: return "fo_abs";
+    case Op::Sign: return "fo_sign";
+    case Op::Min: return "fo_min";
+    case Op::Max: return "fo_max";
+    case Op::Clamp: return "fo_clamp";
+    case Op::PowFn: return "fo_pow";
+    case Op::Tanh: return "fo_tanh";
+    case Op::Log1p: return "fo_log1p";
+    case Op::Expm1: return "fo_expm1";
+    case Op::Floor: return "fo_floor";
+    default: return nullptr;
+  }
+}
+
+const char* binary_operator(Op op) {
+  switch (op) {
+    case Op::Add: return "+";
+    case Op::Sub: return "-";
+    case Op::Mul: return "*";
+    case Op::Div: return "/";
+    case Op::Lt: return "<";
+    case Op::Le: return "<=";
+    case Op::Gt: return ">";
+    case Op::Ge: return ">=";
+    case Op::Eq: return "==";
+    case Op::Ne: return "!=";
+    default: return nullptr;
+  }
+}
+
+/// Emits the expressions of one rule. Two contexts: "uniform" (inside fo_prepare, where
+/// only hypers, step and hoisted values exist) and "element" (inside fo_element).
+class ExprEmitter {
+ public:
+  explicit ExprEmitter(const Rule& rule) : rule_(rule) {}
+
+  /// Element-context text of `e`; non-trivial uniform subtrees become U.u[k].
+  std::string element(const Expr& e) { return emit(e, false); }
+  /// Records that statement `stmt` (a uniform temporary) lives in a slot.
+  void define_uniform_temp(int stmt, const Expr& value) {
+    std::string text = emit(value, true);
+    int slot = slot_for(text, rule_.stmts[stmt].value->loc);
+    temp_slot_[stmt] = slot;
+  }
+  bool is_uniform_def(int stmt) const { return temp_slot_.count(stmt) != 0; }
+
+  /// Lines for fo_prepare, in dependency order.
+  const std::vector<std::pair<lang::Loc, std::string>>& prepare_lines() const {
+    return prepare_;
+  }
+  int num_slots() const { return static_cast<int>(prepare_.size()); }
+
+ private:
+  int slot_for(const std::string& text, lang::Loc loc) {
+    auto it = slot_by_text_.find(text);
+    if (it != slot_by_text_.end()) return it->second;
+    int slot = static_cast<int>(prepare_.size());
+    prepare_.emplace_back(loc, fmt::format("U.u[{}] = {};", slot, text));
+    slot_by_text_.emplace(text, slot);
+    return slot;
+  }
+
+  static bool trivial(const Expr& e) { return e.op == Op::Number || e.op == Op::Ref; }
+
+  std::string ref(const Expr& e, bool uniform_ctx) {
+    const lang::Symbol& s = rule_.symbols.at(e.sym);
+    switch (s.kind) {
+      case SymKind::Hyper: return fmt::format("U.h[{}]", s.index);
+      case SymKind::Step: return "U.step";
+      case SymKind::Temp: {
+        auto it = temp_slot_.find(e.def);
+        if (it != temp_slot_.end()) return fmt::format("U.u[{}]", it->second);
+        if (uniform_ctx) throw InternalError("non-uniform temporary in a uniform expression");
+        return "v_" + s.name;
+      }
+      default:
+        if (uniform_ctx) throw InternalError("tensor in a uniform expression");
+        return "v_" + s.name;
+    }
+  }
+
+  std::string cond(const Expr& e, bool u) {
+    switch (e.op) {
+      case Op::Lt:
+      case Op::Le:
+      case Op::Gt:
+      case Op::Ge:
+      case Op::Eq:
+      case Op::Ne:
+        return fmt::format("({} {} {})", emit(*e.args[0], u), binary_operator(e.op),
+                           emit(*e.args[1], u));
+      // Bitwise on bools: no short-circuit branches, so the loop still vectorises.
+      case Op::And: return fmt::format("({} & {})", cond(*e.args[0], u), cond(*e.args[1], u));
+      case Op::Or: return fmt::format("({} | {})", cond(*e.args[0], u), cond(*e.args[1], u));
+      case Op::Not: return fmt::format("(!{})", cond(*e.args[0], u));
+      case Op::IsFinite: return fmt::format("fo_isfinite({})", emit(*e.args[0], u));
+      default: return fmt::format("({} != 0.0f)", emit(e, u));
+    }
+  }
+
+  std::string emit(const Expr& e, bool u) {
+    if (!u && e.uniform && !trivial(e)) {
+      return fmt::format("U.u[{}]", slot_for(emit(e, true), e.loc));
+    }
+    if (e.boolean) return fmt::format("fo_bool({})", cond(e, u));
+    switch (e.op) {
+      case Op::Number: return float_literal(e.number);
+      case Op::Ref: return ref(e, u);
+      case Op::Neg: return fmt::format("(-{})", emit(*e.args[0], u));
+      case Op::Pow: {
+        const Expr& exponent = *e.args[1];
+        if (exponent.op == Op::Number && exponent.number == 2.0) {
+          return fmt::format("fo_sq({})", emit(*e.args[0], u));
+        }
+        if (exponent.op == Op::Number && exponent.number == 1.0) return emit(*e.args[0], u);
+        return fmt::format("fo_pow({}, {})", emit(*e.args[0], u), emit(exponent, u));
+      }
+      case Op::Where:
+        return fmt::format("({} ? {} : {})", cond(*e.args[0], u), emit(*e.args[1], u),
+                           emit(*e.args[2], u));
+      default: break;
+    }
+    if (const char* op = binary_operator(e.op)) {
+      return fmt::format("({} {} {})", emit(*e.args[0], u), op, emit(*e.args[1], u));
+    }
+    if (const char* fn = function_name(e.op)) {
+      std::string out = fmt::format("{}(", fn);
+      for (std::size_t i = 0; i < e.args.size(); ++i) {
+        out += (i ? ", " : "") + emit(*e.args[i], u);
+      }
+      return out + ")";
+    }
+    throw InternalError(fmt::format("codegen has no emitter for operator {}",
+                                    static_cast<int>(e.op)));
+  }
+
+  const Rule& rule_;
+  std::map<int, int> temp_slot_;
+  std::map<std::string, int> slot_by_text_;
+  std::vector<std::pair<lang::Loc, std::string>> prepare_;
+};
+
+struct Role {
+  std::string name;
+  std::string type;
+  bool writable = false;
+};
+
+}  // namespace
+
+KernelBody generate_body(const Rule& rule, const DTypeBinding& dtypes) {
+  if (rule.phases.size() != 1) {
+    throw InternalError("codegen handles single-phase rules only");
+  }
+  KernelBody body;
+  body.kind = "rule";
+  body.name = rule.name;
+  std::string file = line_file_name(rule.file);
+
+  // Roles in pointer order; remember which role index each tensor symbol loads from.
+  const lang::Symbol& param = rule.symbols.at(rule.param);
+  std::vector<Role> roles;
+  roles.push_back({param.name, storage_type(dtypes.param), param.written});
+  roles.push_back({rule.symbols.at(rule.grad).name, storage_type(dtypes.grad), false});
+  for (int s : rule.states) roles.push_back({rule.symbols[s].name, storage_type(dtypes.state), true});
+  for (int s : rule.outputs) roles.push_back({rule.symbols[s].name, storage_type(dtypes.state), true});
+  const int master_role = dtypes.master ? static_cast<int>(roles.size()) : -1;
+  if (dtypes.master) roles.push_back({param.name + "_master", "float", true});
+  const int value_role = dtypes.master ? master_role : 0;  // where the param's fp32 value lives
+
+  ExprEmitter em(rule);
+  Writer el;  // fo_element
+  for (std::size_t i = 0; i < rule.stmts.size(); ++i) {
+    const lang::Stmt& st = rule.stmts[i];
+    const lang::Symbol& target = rule.symbols.at(st.target);
+    if (target.kind == SymKind::Temp && st.value->uniform) {
+      em.define_uniform_temp(static_cast<int>(i), *st.value);
+      continue;
+    }
+    std::string value = em.element(*st.value);
+    el.line_directive(st.loc.line, file);
+    el.line(fmt::format("  v_{} = {};", target.name, value));
+  }
+
+  Writer in;  // fo_init_element: state initial values
+  for (int s : rule.states) {
+    const lang::Symbol& sym = rule.symbols[s];
+    if (!sym.init) throw InternalError("state '" + sym.name + "' has no initial value");
+    std::string value = em.element(*sym.init);
+    in.line_directive(sym.loc.line, file);
+    in.line(fmt::format("  fo_store(t.r{}, i, {});", 2 + sym.index, value));
+  }
+
+  body.num_roles = static_cast<int>(roles.size());
+  body.num_hypers = static_cast<int>(rule.hypers.size());
+  body.num_uniforms = em.num_slots();
+  for (const Role& r : roles) body.roles.push_back(r.name);
+  for (int h : rule.hypers) body.hypers.push_back(rule.symbols[h].name);
+
+  Writer w;
+  w.line(fmt::format("// Generated by fusedopt from rule '{}' (dtypes {}).", sanitize_comment(rule.name),
+                     dtypes.str()));
+  emit_common_prologue(w, body);
+  w.line("struct fo_tensor {");
+  for (std::size_t r = 0; r < roles.size(); ++r) {
+    w.line(fmt::format("  {}{}* FO_RESTRICT r{};", roles[r].writable ? "" : "const ", roles[r].type, r));
+  }
+  w.line("};");
+  w.line("FO_FN fo_tensor fo_bind(void* const* p) {");
+  w.line("  fo_tensor t;");
+  for (std::size_t r = 0; r < roles.size(); ++r) {
+    w.line(fmt::format("  t.r{} = ({}{}*)p[{}];", r, roles[r].writable ? "" : "const ", roles[r].type, r));
+  }
+  w.line("  return t;");
+  w.line("}");
+
+  w.line("FO_FN fo_uniform fo_prepare(const float* FO_RESTRICT h, float step, float inv_grad_scale) {");
+  w.line("  fo_uniform U;");
+  for (int k = 0; k < body.num_hypers; ++k) w.line(fmt::format("  U.h[{}] = h[{}];", k, k));
+  if (body.num_hypers == 0) w.line("  U.h[0] = 0.0f;");
+  w.line("  U.step = step;");
+  w.line("  U.inv_grad_scale = inv_grad_scale;");
+  if (em.num_slots() == 0) w.line("  U.u[0] = 0.0f;");
+  for (const auto& [loc, text] : em.prepare_lines()) {
+    w.line_directive(loc.line, file);
+    w.line("  " + text);
+  }
+  w.restore_line();
+  w.line("  return U;");
+  w.line("}");
+
+  // Loads: every tensor the rule reads, as fp32 locals with the user's names prefixed.
+  w.line("FO_FN void fo_element(const fo_tensor& t, long long i, const fo_uniform& U) {");
+  w.line(fmt::format("  float v_{} = fo_load(t.r{}, i);", param.name, value_role));
+  w.line(fmt::format("  const float v_{} = fo_load(t.r1, i) * U.inv_grad_scale;",
+                     rule.symbols[rule.grad].name));
+  for (int s : rule.states) {
+    w.line(fmt::format("  float v_{} = fo_load(t.r{}, i);", rule.symbols[s].name,
+                       2 + rule.symbols[s].index));
+  }
+  for (int s : rule.outputs) w.line(fmt::format("  float v_{} = 0.0f;", rule.symbols[s].name));
+  for (std::size_t s = 0; s < rule.symbols.size(); ++s) {
+    const lang::Symbol& sym = rule.symbols[s];
+    if (sym.kind == SymKind::Temp) w.line(fmt::format("  float v_{} = 0.0f;", sym.name));
+  }
+  w.append(el);
+  w.restore_line();
+  if (param.written) {
+    w.line(fmt::format("  fo_store(t.r{}, i, v_{});", value_role, param.name));
+    if (dtypes.master) w.line(fmt::format("  fo_store(t.r0, i, v_{});", param.name));
+  }
+  for (int s : rule.states) {
+    w.line(fmt::format("  fo_store(t.r{}, i, v_{});", 2 + rule.symbols[s].index, rule.symbols[s].name));
+  }
+  for (int s : rule.outputs) {
+    w.line(fmt::format("  fo_store(t.r{}, i, v_{});", 2 + rule.states.size() + rule.symbols[s].index,
+                       rule.symbols[s].name));
+  }
+  // Touch every temporary so unused ones draw no warnings.
+  for (const lang::Symbol& sym : rule.symbols) {
+    if (sym.kind == SymKind::Temp) w.line(fmt::format("  (void)v_{};", sym.name));
+  }
+  w.line("}");
+
+  w.line("FO_FN void fo_init_element(const fo_tensor& t, long long i, const fo_uniform& U) {");
+  if (dtypes.master) {
+    w.line(fmt::format("  fo_store(t.r{}, i, fo_load(t.r0, i));", master_role));
+  }
+  w.line(fmt::format("  const float v_{} = fo_load(t.r{}, i);", param.name, value_role));
+  w.line(fmt::format("  (void)v_{};", param.name));
+  w.append(in);
+  w.restore_line();
+  w.line("}");
+
+  // The hoisted slots are known only now: declare fo_uniform ahead of everything.
+  body.code = uniform_struct(body) + w.str();
+  return body;
+}
+
+}  // namespace fusedopt::codegen

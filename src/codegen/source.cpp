@@ -1,0 +1,201 @@
+// Assembles whole translation units (prelude + ABI + body + skeleton) and generates the
+// body around a trusted functor.
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cctype>
+#include <cmath>
+
+#include "codegen/codegen.hpp"
+#include "codegen/writer.hpp"
+#include "embedded.hpp"
+#include "fusedopt/error.hpp"
+
+namespace fusedopt::codegen {
+
+void Writer::line_directive(int line_no, const std::string& file) {
+  line(fmt::format("#line {} \"{}\"", std::max(line_no, 1), file));
+}
+
+std::string line_file_name(const std::string& file) {
+  std::string out;
+  for (char c : file) {
+    bool ok = std::isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '_' || c == '/' ||
+              c == '-';
+    out += ok ? c : '_';
+  }
+  return out.empty() ? std::string("rule") : out;
+}
+
+std::string float_literal(double value) {
+  float f = static_cast<float>(value);
+  if (std::isinf(f)) return f > 0 ? "fo_inf()" : "(-fo_inf())";
+  if (std::isnan(f)) return "(fo_inf() - fo_inf())";
+  std::string s = fmt::format("{:.9g}", f);
+  if (s.find_first_of(".e") == std::string::npos) s += ".0";
+  s += 'f';
+  return s[0] == '-' ? "(" + s + ")" : s;
+}
+
+std::string sanitize_comment(const std::string& text) {
+  std::string out;
+  for (char c : text) {
+    out += (std::isprint(static_cast<unsigned char>(c)) && c != '\\') ? c : '_';
+  }
+  return out;
+}
+
+void emit_common_prologue(Writer& w, const KernelBody& body) {
+  w.line("#define FO_GENERATED 1");
+  w.line(fmt::format("#define FO_NUM_ROLES {}", body.num_roles));
+  w.line(fmt::format("#define FO_NUM_HYPERS {}", body.num_hypers));
+}
+
+std::string uniform_struct(const KernelBody& body) {
+  return fmt::format(
+      "struct fo_uniform {{\n  float h[{}];\n  float step;\n  float inv_grad_scale;\n"
+      "  float u[{}];\n}};\n",
+      std::max(body.num_hypers, 1), std::max(body.num_uniforms, 1));
+}
+
+std::string source_file_name(const KernelBody& body, const Target& target) {
+  return "fusedopt_" + line_file_name(body.name) +
+         (target.kind == Target::Kind::Cuda ? ".cu" : ".cpp");
+}
+
+std::string generate_source(const KernelBody& body, const Target& target) {
+  std::string skeleton(embedded_file(target.kind == Target::Kind::Cuda ? "kernels/cuda_kernel.cuh"
+                                                                       : "kernels/host_kernel.hpp"));
+  std::string text;
+  text += "// fusedopt kernel '" + sanitize_comment(body.name) + "' for " + target.str() + "\n";
+  text += "#define FO_GENERATED 1\n";
+  text += embedded_file("kernels/prelude.h");
+  text += embedded_file("kernels/abi.h");
+  text += body.code;
+  text += skeleton;
+  // Resolve the restore markers now that absolute line numbers are known.
+  const std::string file = source_file_name(body, target);
+  std::string out;
+  out.reserve(text.size() + 256);
+  int line_no = 1;
+  std::size_t pos = 0;
+  const std::string marker = kRestoreLineMarker;
+  while (pos < text.size()) {
+    std::size_t end = text.find('\n', pos);
+    if (end == std::string::npos) end = text.size();
+    std::string_view ln(text.data() + pos, end - pos);
+    if (ln == marker) {
+      out += fmt::format("#line {} \"{}\"", line_no + 1, file);
+    } else {
+      out.append(ln);
+    }
+    out += '\n';
+    ++line_no;
+    pos = end + 1;
+  }
+  return out;
+}
+
+namespace {
+
+bool valid_identifier(const std::string& s) {
+  if (s.empty() || !(std::isalpha(static_cast<unsigned char>(s[0])) || s[0] == '_')) return false;
+  return std::all_of(s.begin(), s.end(), [](char c) {
+    return std::isalnum(static_cast<unsigned char>(c)) || c == '_';
+  });
+}
+
+}  // namespace
+
+KernelBody generate_functor_body(const TrustedFunctor& functor, const DTypeBinding& dtypes) {
+  for (const auto& [name, value] : functor.hypers) {
+    if (!valid_identifier(name) || name == "step") {
+      throw Error(fmt::format("trusted functor '{}': hyper name '{}' is not a C++ identifier "
+                              "(or is the reserved 'step')",
+                              functor.name, name));
+    }
+  }
+  if (functor.code.empty()) throw Error("trusted functor '" + functor.name + "' has no code");
+  KernelBody body;
+  body.kind = "trusted-functor";
+  body.name = functor.name;
+  body.num_hypers = static_cast<int>(functor.hypers.size());
+  body.num_uniforms = 0;
+  const char* pt = dtypes.param == DType::F32 ? "float" : dtypes.param == DType::F16 ? "fo_f16" : "fo_bf16";
+  const char* gt = dtypes.grad == DType::F32 ? "float" : dtypes.grad == DType::F16 ? "fo_f16" : "fo_bf16";
+  const char* st = dtypes.state == DType::F32 ? "float" : dtypes.state == DType::F16 ? "fo_f16" : "fo_bf16";
+  const int nstates = static_cast<int>(functor.states.size());
+  body.roles.push_back("p");
+  body.roles.push_back("g");
+  for (const auto& s : functor.states) body.roles.push_back(s.first);
+  const int master_role = dtypes.master ? 2 + nstates : -1;
+  if (dtypes.master) body.roles.push_back("p_master");
+  body.num_roles = static_cast<int>(body.roles.size());
+  const int value_role = dtypes.master ? master_role : 0;
+  for (const auto& h : functor.hypers) body.hypers.push_back(h.first);
+
+  Writer w;
+  w.line("// TRUSTED FUNCTOR: the code below was handed over as C++ and compiled as written.");
+  emit_common_prologue(w, body);
+  w.line("struct fo_hypers {");
+  for (const auto& h : functor.hypers) w.line(fmt::format("  float {};", h.first));
+  w.line("  float step;");
+  w.line("};");
+  w.line("namespace fo_user {");
+  w.line_directive(1, line_file_name(functor.name));
+  w.line(functor.code);
+  w.restore_line();
+  w.line("}  // namespace fo_user");
+  w.line("struct fo_tensor {");
+  w.line(fmt::format("  {}* FO_RESTRICT r0;", pt));
+  w.line(fmt::format("  const {}* FO_RESTRICT r1;", gt));
+  for (int s = 0; s < nstates; ++s) w.line(fmt::format("  {}* FO_RESTRICT r{};", st, 2 + s));
+  if (dtypes.master) w.line(fmt::format("  float* FO_RESTRICT r{};", master_role));
+  w.line("};");
+  w.line("FO_FN fo_tensor fo_bind(void* const* p) {");
+  w.line("  fo_tensor t;");
+  w.line(fmt::format("  t.r0 = ({}*)p[0];", pt));
+  w.line(fmt::format("  t.r1 = (const {}*)p[1];", gt));
+  for (int s = 0; s < nstates; ++s) w.line(fmt::format("  t.r{0} = ({1}*)p[{0}];", 2 + s, st));
+  if (dtypes.master) w.line(fmt::format("  t.r{0} = (float*)p[{0}];", master_role));
+  w.line("  return t;");
+  w.line("}");
+  w.line("FO_FN fo_uniform fo_prepare(const float* FO_RESTRICT h, float step, float inv_grad_scale) {");
+  w.line("  fo_uniform U;");
+  for (int k = 0; k < body.num_hypers; ++k) w.line(fmt::format("  U.h[{}] = h[{}];", k, k));
+  if (body.num_hypers == 0) w.line("  U.h[0] = 0.0f;");
+  w.line("  U.step = step;");
+  w.line("  U.inv_grad_scale = inv_grad_scale;");
+  w.line("  U.u[0] = 0.0f;");
+  w.line("  return U;");
+  w.line("}");
+  w.line("FO_FN void fo_element(const fo_tensor& t, long long i, const fo_uniform& U) {");
+  w.line("  fo_hypers h;");
+  for (int k = 0; k < body.num_hypers; ++k) {
+    w.line(fmt::format("  h.{} = U.h[{}];", functor.hypers[k].first, k));
+  }
+  w.line("  h.step = U.step;");
+  w.line(fmt::format("  float p = fo_load(t.r{}, i);", value_role));
+  w.line("  const float g = fo_load(t.r1, i) * U.inv_grad_scale;");
+  std::string args = "p";
+  for (int s = 0; s < nstates; ++s) {
+    w.line(fmt::format("  float s{0} = fo_load(t.r{1}, i);", s, 2 + s));
+    args += fmt::format(", s{}", s);
+  }
+  w.line(fmt::format("  fo_user::Functor()({}, g, h);", args));
+  w.line(fmt::format("  fo_store(t.r{}, i, p);", value_role));
+  if (dtypes.master) w.line("  fo_store(t.r0, i, p);");
+  for (int s = 0; s < nstates; ++s) w.line(fmt::format("  fo_store(t.r{0}, i, s{1});", 2 + s, s));
+  w.line("}");
+  w.line("FO_FN void fo_init_element(const fo_tensor& t, long long i, const fo_uniform& U) {");
+  w.line("  (void)U;");
+  if (dtypes.master) w.line(fmt::format("  fo_store(t.r{}, i, fo_load(t.r0, i));", master_role));
+  for (int s = 0; s < nstates; ++s) {
+    w.line(fmt::format("  fo_store(t.r{}, i, {});", 2 + s, float_literal(functor.states[s].second)));
+  }
+  w.line("}");
+  body.code = uniform_struct(body) + w.str();
+  return body;
+}
+
+}  // namespace fusedopt::codegen

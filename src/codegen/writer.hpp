@@ -1,0 +1,42 @@
+// Small helpers shared by the code generators: a line writer that knows about #line
+// directives, and the name sanitising that keeps user text out of generated code.
+#pragma once
+
+#include <string>
+
+namespace fusedopt::codegen {
+
+struct KernelBody;
+
+/// Marker that generate_source() replaces with `#line <next line> "<generated file>"`.
+inline constexpr const char* kRestoreLineMarker = "#line @FUSEDOPT_RESTORE@";
+
+class Writer {
+ public:
+  void line(const std::string& text) {
+    out_ += text;
+    out_ += '\n';
+  }
+  /// Maps the following lines to `line` of `file` (already sanitised).
+  void line_directive(int line, const std::string& file);
+  /// Maps the following lines back to the generated file itself.
+  void restore_line() { line(kRestoreLineMarker); }
+  void append(const Writer& other) { out_ += other.out_; }
+  const std::string& str() const { return out_; }
+
+ private:
+  std::string out_;
+};
+
+/// A file name safe inside a #line directive: only [A-Za-z0-9._/-], others become '_'.
+std::string line_file_name(const std::string& file);
+/// A C++ float literal for `value` rounded to fp32 ("1.0f", "9.99999994e-09f", fo_inf()).
+std::string float_literal(double value);
+/// Text safe inside a // comment (no line breaks, no backslash at the end).
+std::string sanitize_comment(const std::string& text);
+/// `#define FO_NUM_ROLES ...` and `FO_NUM_HYPERS`.
+void emit_common_prologue(Writer& w, const KernelBody& body);
+/// The fo_uniform struct for the body's hyper and uniform counts.
+std::string uniform_struct(const KernelBody& body);
+
+}  // namespace fusedopt::codegen

@@ -1,0 +1,95 @@
+// DType, DTypeBinding and Target text forms.
+#include <fmt/format.h>
+
+#include <cctype>
+
+#include "fusedopt/dtype.hpp"
+#include "fusedopt/error.hpp"
+#include "fusedopt/target.hpp"
+
+namespace fusedopt {
+
+const char* to_string(DType dtype) {
+  switch (dtype) {
+    case DType::F32: return "fp32";
+    case DType::F16: return "fp16";
+    case DType::BF16: return "bf16";
+  }
+  return "?";
+}
+
+int dtype_size(DType dtype) { return dtype == DType::F32 ? 4 : 2; }
+
+namespace {
+
+DType parse_dtype(std::string_view s, std::string_view whole) {
+  if (s == "fp32" || s == "f32" || s == "float32") return DType::F32;
+  if (s == "fp16" || s == "f16" || s == "float16" || s == "half") return DType::F16;
+  if (s == "bf16" || s == "bfloat16") return DType::BF16;
+  throw Error(fmt::format("bad dtype '{}' in '{}': expected fp32, fp16 or bf16", s, whole));
+}
+
+}  // namespace
+
+std::string DTypeBinding::str() const {
+  return fmt::format("{}:{}:{}{}", to_string(param), to_string(grad), to_string(state),
+                     master ? "+master" : "");
+}
+
+DTypeBinding DTypeBinding::parse(std::string_view text) {
+  DTypeBinding b;
+  std::string_view rest = text;
+  constexpr std::string_view kMaster = "+master";
+  if (rest.size() >= kMaster.size() && rest.substr(rest.size() - kMaster.size()) == kMaster) {
+    b.master = true;
+    rest.remove_suffix(kMaster.size());
+  }
+  std::size_t c1 = rest.find(':');
+  if (c1 == std::string_view::npos) {
+    b.param = b.grad = b.state = parse_dtype(rest, text);
+  } else {
+    std::size_t c2 = rest.find(':', c1 + 1);
+    if (c2 == std::string_view::npos || rest.find(':', c2 + 1) != std::string_view::npos) {
+      throw Error(fmt::format("bad dtypes '{}': expected PARAM:GRAD:STATE[+master], e.g. "
+                              "bf16:bf16:fp32+master, or one dtype for all",
+                              text));
+    }
+    b.param = parse_dtype(rest.substr(0, c1), text);
+    b.grad = parse_dtype(rest.substr(c1 + 1, c2 - c1 - 1), text);
+    b.state = parse_dtype(rest.substr(c2 + 1), text);
+  }
+  if (b.master && b.param == DType::F32) {
+    throw Error(fmt::format("bad dtypes '{}': an fp32 master copy needs fp16 or bf16 params",
+                            text));
+  }
+  return b;
+}
+
+Target Target::parse(std::string_view text) {
+  if (text == "host" || text == "cpu") return Target::host();
+  if (text.size() > 3 && text.substr(0, 3) == "sm_") {
+    std::string_view digits = text.substr(3);
+    bool arch_specific = false;
+    if (!digits.empty() && digits.back() == 'a') {
+      arch_specific = true;
+      digits.remove_suffix(1);
+    }
+    bool ok = !digits.empty() && digits.size() <= 3;
+    int sm = 0;
+    for (char ch : digits) {
+      if (!std::isdigit(static_cast<unsigned char>(ch))) ok = false;
+      sm = sm * 10 + (ch - '0');
+    }
+    if (ok && sm >= 50) return Target{Kind::Cuda, sm, arch_specific};
+  }
+  throw Error(fmt::format("bad target '{}': expected 'host' or a CUDA architecture like "
+                          "sm_80, sm_90 or sm_90a",
+                          text));
+}
+
+std::string Target::str() const {
+  if (kind == Kind::Host) return "host";
+  return fmt::format("sm_{}{}", sm, arch_specific ? "a" : "");
+}
+
+}  // namespace fusedopt

@@ -1,0 +1,36 @@
+// Compilers turn a generated translation unit into a binary for one target: NVRTC -> CUBIN
+// for an explicit sm_XX (no GPU needed), the host C++ compiler -> a shared object.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "fusedopt/target.hpp"
+
+namespace fusedopt::jit {
+
+class Compiler {
+ public:
+  virtual ~Compiler() = default;
+  /// Identifies the compiler build for the cache key (e.g. "nvrtc 13.0").
+  virtual std::string identity() const = 0;
+  /// The exact, normalised options used for `target` (part of the cache key).
+  virtual std::vector<std::string> options(const Target& target) const = 0;
+  /// Extra target facts that change the output (host: the CPU's model and features).
+  virtual std::string target_fingerprint(const Target& target) const = 0;
+  /// File extension of the binary: "cubin" or "so".
+  virtual std::string extension() const = 0;
+  /// Compiles `source` (named `file_name` in diagnostics). Throws CompileError with the log,
+  /// the options and the source.
+  virtual std::string compile(const std::string& source, const std::string& file_name,
+                              const Target& target) const = 0;
+};
+
+/// The process-wide compiler for `target` (NVRTC for CUDA targets, the host compiler for
+/// the host). Throws fusedopt::Error when NVRTC cannot be loaded.
+const Compiler& compiler_for(const Target& target);
+
+/// The host compiler command: FUSEDOPT_HOST_CXX, else the compiler fusedopt was built with.
+std::vector<std::string> host_compiler_command();
+
+}  // namespace fusedopt::jit

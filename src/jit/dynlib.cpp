@@ -1,0 +1,69 @@
+// dlopen wrappers. Host kernels load from a memfd, so no file is left behind.
+#include "jit/dynlib.hpp"
+
+#include <dlfcn.h>
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include "fusedopt/error.hpp"
+
+namespace fusedopt::jit {
+
+std::unique_ptr<DynLib> DynLib::open_first(const std::vector<std::string>& candidates,
+                                           std::string* error) {
+  std::string errors;
+  for (const std::string& name : candidates) {
+    if (name.empty()) continue;
+    if (void* h = dlopen(name.c_str(), RTLD_NOW | RTLD_LOCAL)) {
+      return std::unique_ptr<DynLib>(new DynLib(h, name));
+    }
+    const char* e = dlerror();
+    errors += "\n  " + name + ": " + (e ? e : "unknown error");
+  }
+  if (error) *error = errors;
+  return nullptr;
+}
+
+std::unique_ptr<DynLib> DynLib::from_bytes(const std::string& bytes, const std::string& name) {
+  int fd = memfd_create(name.c_str(), MFD_CLOEXEC);
+  std::string path;
+  char tmpl[] = "/tmp/fusedopt-kernel-XXXXXX.so";
+  if (fd >= 0) {
+    path = "/proc/self/fd/" + std::to_string(fd);
+  } else {
+    fd = mkstemps(tmpl, 3);
+    if (fd < 0) throw Error(std::string("cannot create a file to load a kernel: ") + std::strerror(errno));
+    path = tmpl;
+  }
+  std::size_t done = 0;
+  while (done < bytes.size()) {
+    ssize_t n = write(fd, bytes.data() + done, bytes.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      int e = errno;
+      close(fd);
+      if (path == tmpl) unlink(tmpl);
+      throw Error(std::string("cannot write a kernel to load it: ") + std::strerror(e));
+    }
+    done += static_cast<std::size_t>(n);
+  }
+  void* h = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
+  const char* err = h ? nullptr : dlerror();
+  std::string message = err ? err : "";
+  close(fd);
+  if (path == tmpl) unlink(tmpl);
+  if (!h) throw Error("cannot load kernel '" + name + "': " + message);
+  return std::unique_ptr<DynLib>(new DynLib(h, name));
+}
+
+DynLib::~DynLib() {
+  if (handle_) dlclose(handle_);
+}
+
+void* DynLib::symbol(const char* name) const { return dlsym(handle_, name); }
+
+}  // namespace fusedopt::jit

@@ -1,0 +1,34 @@
+// dlopen'ed shared libraries: NVRTC and the CUDA driver (so fusedopt builds and runs on
+// machines without them) and compiled host kernels.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace fusedopt::jit {
+
+class DynLib {
+ public:
+  /// Opens the first of `candidates` that loads; nullptr if none does, with the dlerror()
+  /// messages joined into `*error`.
+  static std::unique_ptr<DynLib> open_first(const std::vector<std::string>& candidates,
+                                            std::string* error);
+  /// Loads a shared object from bytes (an in-memory file where the kernel allows it).
+  /// Throws fusedopt::Error on failure.
+  static std::unique_ptr<DynLib> from_bytes(const std::string& bytes, const std::string& name);
+  ~DynLib();
+  DynLib(const DynLib&) = delete;
+  DynLib& operator=(const DynLib&) = delete;
+
+  /// The symbol's address, or nullptr.
+  void* symbol(const char* name) const;
+  const std::string& path() const { return path_; }
+
+ private:
+  DynLib(void* handle, std::string path) : handle_(handle), path_(std::move(path)) {}
+  void* handle_;
+  std::string path_;
+};
+
+}  // namespace fusedopt::jit

@@ -1,0 +1,141 @@
+// The host C++ compiler -> a shared object. The generated source includes no headers, so
+// a compile takes a fraction of a second.
+#include <fmt/format.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <mutex>
+#include <sstream>
+
+#include "fusedopt/error.hpp"
+#include "jit/compiler.hpp"
+#include "jit/process.hpp"
+
+#ifndef FUSEDOPT_DEFAULT_HOST_CXX
+#define FUSEDOPT_DEFAULT_HOST_CXX "c++"
+#endif
+
+namespace fusedopt::jit {
+
+const Compiler& nvrtc_compiler();
+
+namespace fs = std::filesystem;
+
+std::vector<std::string> host_compiler_command() {
+  std::vector<std::string> cmd;
+  const char* env = std::getenv("FUSEDOPT_HOST_CXX");
+  std::istringstream words(env && *env ? env : FUSEDOPT_DEFAULT_HOST_CXX);
+  for (std::string w; words >> w;) cmd.push_back(w);
+  return cmd;
+}
+
+namespace {
+
+/// A private temporary folder, removed on destruction.
+class TempDir {
+ public:
+  TempDir() {
+    std::string tmpl = (fs::temp_directory_path() / "fusedopt-build-XXXXXX").string();
+    if (!mkdtemp(tmpl.data())) throw Error("cannot create a temporary folder for the host compiler");
+    path_ = tmpl;
+  }
+  ~TempDir() {
+    std::error_code ec;
+    fs::remove_all(path_, ec);
+  }
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+};
+
+std::string read_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+class HostCompiler final : public Compiler {
+ public:
+  std::string identity() const override {
+    std::call_once(identity_once_, [this] {
+      std::vector<std::string> cmd = host_compiler_command();
+      cmd.push_back("--version");
+      try {
+        TempDir tmp;
+        ProcessResult r = run_process(cmd, tmp.path());
+        std::string first = r.output.substr(0, r.output.find('\n'));
+        identity_ = r.exit_code == 0 ? first : "unknown (" + first + ")";
+      } catch (const Error& e) {
+        identity_ = std::string("unknown (") + e.what() + ")";
+      }
+      for (const std::string& w : host_compiler_command()) identity_ += " | " + w;
+    });
+    return identity_;
+  }
+  std::vector<std::string> options(const Target&) const override {
+    // -fno-math-errno lets sqrt compile to one instruction; no -ffast-math: results must
+    // follow IEEE rounding so tests can compare against a reference.
+    return {"-std=c++17", "-O3", "-march=native", "-fopenmp", "-fno-math-errno",
+            "-fPIC", "-shared", "-fvisibility=hidden", "-w"};
+  }
+  std::string target_fingerprint(const Target&) const override {
+    // -march=native makes the binary depend on this CPU's model and features.
+    std::call_once(cpu_once_, [this] {
+      std::ifstream in("/proc/cpuinfo");
+      std::string line, model, flags;
+      while (std::getline(in, line)) {
+        if (model.empty() && line.rfind("model name", 0) == 0) model = line;
+        if (flags.empty() && (line.rfind("flags", 0) == 0 || line.rfind("Features", 0) == 0)) flags = line;
+        if (!model.empty() && !flags.empty()) break;
+      }
+      cpu_ = model + "\n" + flags;
+    });
+    return cpu_;
+  }
+  std::string extension() const override { return "so"; }
+
+  std::string compile(const std::string& source, const std::string& file_name,
+                      const Target& target) const override {
+    TempDir tmp;
+    const std::string src = tmp.path() + "/" + fs::path(file_name).filename().string();
+    const std::string out = tmp.path() + "/kernel.so";
+    {
+      std::ofstream f(src, std::ios::binary);
+      f << source;
+      if (!f) throw Error("cannot write " + src);
+    }
+    std::vector<std::string> opts = options(target);
+    std::vector<std::string> argv = host_compiler_command();
+    argv.insert(argv.end(), opts.begin(), opts.end());
+    argv.insert(argv.end(), {"-o", out, src});
+    ProcessResult r = run_process(argv, tmp.path());
+    if (r.exit_code != 0) {
+      throw CompileError(fmt::format("the host compiler failed to compile {} (exit {})", file_name,
+                                     r.exit_code),
+                         r.output, opts, source);
+    }
+    std::string binary = read_file(out);
+    if (binary.empty()) throw CompileError("the host compiler produced no output", r.output, opts, source);
+    return binary;
+  }
+
+ private:
+  mutable std::once_flag identity_once_;
+  mutable std::string identity_;
+  mutable std::once_flag cpu_once_;
+  mutable std::string cpu_;
+};
+
+}  // namespace
+
+const Compiler& compiler_for(const Target& target) {
+  if (target.kind == Target::Kind::Cuda) return nvrtc_compiler();
+  static HostCompiler host;
+  return host;
+}
+
+}  // namespace fusedopt::jit

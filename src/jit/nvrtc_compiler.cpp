@@ -1,0 +1,142 @@
+// NVRTC, loaded with dlopen: compiles generated CUDA C++ to CUBIN for an explicit sm_XX.
+// Needs no GPU and no toolkit headers (generated sources include none).
+#include <fmt/format.h>
+
+#include <cstdlib>
+#include <mutex>
+
+#include "jit/compiler.hpp"
+#include "jit/dynlib.hpp"
+#include "fusedopt/error.hpp"
+
+#if FUSEDOPT_HAVE_CUDA
+#include <nvrtc.h>
+#endif
+
+namespace fusedopt::jit {
+
+#if FUSEDOPT_HAVE_CUDA
+namespace {
+
+struct NvrtcApi {
+  std::unique_ptr<DynLib> lib;
+  int major = 0;
+  int minor = 0;
+  decltype(&nvrtcVersion) version = nullptr;
+  decltype(&nvrtcGetErrorString) error_string = nullptr;
+  decltype(&nvrtcCreateProgram) create = nullptr;
+  decltype(&nvrtcDestroyProgram) destroy = nullptr;
+  decltype(&nvrtcCompileProgram) compile = nullptr;
+  decltype(&nvrtcGetProgramLogSize) log_size = nullptr;
+  decltype(&nvrtcGetProgramLog) log = nullptr;
+  decltype(&nvrtcGetCUBINSize) cubin_size = nullptr;
+  decltype(&nvrtcGetCUBIN) cubin = nullptr;
+};
+
+template <typename F>
+void bind(const DynLib& lib, const char* name, F* out) {
+  *out = reinterpret_cast<F>(lib.symbol(name));
+  if (!*out) throw Error(fmt::format("{} has no symbol {}: NVRTC too old", lib.path(), name));
+}
+
+const NvrtcApi& nvrtc() {
+  static std::once_flag once;
+  static NvrtcApi api;
+  static std::string failure;
+  std::call_once(once, [] {
+    std::vector<std::string> candidates;
+    if (const char* env = std::getenv("FUSEDOPT_NVRTC_LIBRARY")) candidates.push_back(env);
+    for (const char* c : {"libnvrtc.so.13", "libnvrtc.so.12", "libnvrtc.so",
+                          "/usr/local/cuda/lib64/libnvrtc.so", "/usr/local/cuda/lib/libnvrtc.so"}) {
+      candidates.emplace_back(c);
+    }
+    std::string errors;
+    api.lib = DynLib::open_first(candidates, &errors);
+    if (!api.lib) {
+      failure = "NVRTC could not be loaded (set FUSEDOPT_NVRTC_LIBRARY to libnvrtc.so):" + errors;
+      return;
+    }
+    try {
+      bind(*api.lib, "nvrtcVersion", &api.version);
+      bind(*api.lib, "nvrtcGetErrorString", &api.error_string);
+      bind(*api.lib, "nvrtcCreateProgram", &api.create);
+      bind(*api.lib, "nvrtcDestroyProgram", &api.destroy);
+      bind(*api.lib, "nvrtcCompileProgram", &api.compile);
+      bind(*api.lib, "nvrtcGetProgramLogSize", &api.log_size);
+      bind(*api.lib, "nvrtcGetProgramLog", &api.log);
+      bind(*api.lib, "nvrtcGetCUBINSize", &api.cubin_size);
+      bind(*api.lib, "nvrtcGetCUBIN", &api.cubin);
+      api.version(&api.major, &api.minor);
+    } catch (const Error& e) {
+      failure = e.what();
+      api.lib.reset();
+    }
+  });
+  if (!api.lib) throw Error(failure);
+  return api;
+}
+
+void check(const NvrtcApi& api, nvrtcResult r, const char* call) {
+  if (r != NVRTC_SUCCESS) throw CudaError(call, static_cast<int>(r), api.error_string(r), "nvrtc");
+}
+
+class NvrtcCompiler final : public Compiler {
+ public:
+  std::string identity() const override {
+    const NvrtcApi& api = nvrtc();
+    return fmt::format("nvrtc {}.{}", api.major, api.minor);
+  }
+  std::vector<std::string> options(const Target& target) const override {
+    return {"--gpu-architecture=" + target.str(), "--std=c++17", "-lineinfo"};
+  }
+  std::string target_fingerprint(const Target& target) const override { return target.str(); }
+  std::string extension() const override { return "cubin"; }
+
+  std::string compile(const std::string& source, const std::string& file_name,
+                      const Target& target) const override {
+    const NvrtcApi& api = nvrtc();
+    nvrtcProgram prog = nullptr;
+    check(api, api.create(&prog, source.c_str(), file_name.c_str(), 0, nullptr, nullptr),
+          "nvrtcCreateProgram");
+    struct Guard {
+      const NvrtcApi& api;
+      nvrtcProgram* prog;
+      ~Guard() { api.destroy(prog); }
+    } guard{api, &prog};
+    std::vector<std::string> opts = options(target);
+    std::vector<const char*> argv;
+    for (const std::string& o : opts) argv.push_back(o.c_str());
+    nvrtcResult r = api.compile(prog, static_cast<int>(argv.size()), argv.data());
+    std::size_t log_size = 0;
+    std::string log;
+    if (api.log_size(prog, &log_size) == NVRTC_SUCCESS && log_size > 1) {
+      log.resize(log_size);
+      api.log(prog, log.data());
+      log.resize(log_size - 1);
+    }
+    if (r != NVRTC_SUCCESS) {
+      throw CompileError(fmt::format("NVRTC failed to compile {} for {}: {}", file_name,
+                                     target.str(), api.error_string(r)),
+                         log, opts, source);
+    }
+    std::size_t size = 0;
+    check(api, api.cubin_size(prog, &size), "nvrtcGetCUBINSize");
+    std::string cubin(size, '\0');
+    check(api, api.cubin(prog, cubin.data()), "nvrtcGetCUBIN");
+    return cubin;
+  }
+};
+
+}  // namespace
+
+const Compiler& nvrtc_compiler() {
+  static NvrtcCompiler compiler;
+  return compiler;
+}
+#else
+const Compiler& nvrtc_compiler() {
+  throw Error("fusedopt was built without CUDA: cannot compile for CUDA targets");
+}
+#endif
+
+}  // namespace fusedopt::jit

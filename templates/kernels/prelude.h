@@ -1,0 +1,110 @@
+// fusedopt kernel prelude: math and fp16/bf16 conversions for generated kernels, with no
+// toolkit or standard headers (NVRTC compiles faster without them, and a GPU machine that
+// has only the NVRTC library still works). Valid as host C++17 and as NVRTC CUDA C++.
+#ifndef FUSEDOPT_PRELUDE_H
+#define FUSEDOPT_PRELUDE_H
+
+#if defined(__CUDACC__)
+#define FO_DEVICE_CODE 1
+#define FO_FN __device__ __forceinline__
+#define FO_RESTRICT __restrict__
+#define FO_EXTERN_C extern "C"
+FO_FN float fo_as_float(unsigned int u) { return __uint_as_float(u); }
+FO_FN unsigned int fo_as_uint(float f) { return __float_as_uint(f); }
+FO_FN float fo_sqrt(float x) { return sqrtf(x); }
+FO_FN float fo_rsqrt(float x) { return rsqrtf(x); }
+FO_FN float fo_exp(float x) { return expf(x); }
+FO_FN float fo_log(float x) { return logf(x); }
+FO_FN float fo_pow(float a, float b) { return powf(a, b); }
+FO_FN float fo_tanh(float x) { return tanhf(x); }
+FO_FN float fo_log1p(float x) { return log1pf(x); }
+FO_FN float fo_expm1(float x) { return expm1f(x); }
+FO_FN float fo_floor(float x) { return floorf(x); }
+FO_FN float fo_abs(float x) { return fabsf(x); }
+FO_FN float fo_min(float a, float b) { return fminf(a, b); }
+FO_FN float fo_max(float a, float b) { return fmaxf(a, b); }
+FO_FN bool fo_isfinite(float x) { return isfinite(x); }
+// Hardware conversions, round to nearest even.
+FO_FN float fo_f16_to_f32(unsigned short h) {
+  float f;
+  asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
+  return f;
+}
+FO_FN unsigned short fo_f32_to_f16(float f) {
+  unsigned short h;
+  asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f));
+  return h;
+}
+#else
+#define FO_FN static inline __attribute__((always_inline))
+#define FO_RESTRICT __restrict__
+#define FO_EXTERN_C extern "C" __attribute__((visibility("default")))
+FO_FN float fo_as_float(unsigned int u) { return __builtin_bit_cast(float, u); }
+FO_FN unsigned int fo_as_uint(float f) { return __builtin_bit_cast(unsigned int, f); }
+FO_FN float fo_sqrt(float x) { return __builtin_sqrtf(x); }
+FO_FN float fo_rsqrt(float x) { return 1.0f / __builtin_sqrtf(x); }
+FO_FN float fo_exp(float x) { return __builtin_expf(x); }
+FO_FN float fo_log(float x) { return __builtin_logf(x); }
+FO_FN float fo_pow(float a, float b) { return __builtin_powf(a, b); }
+FO_FN float fo_tanh(float x) { return __builtin_tanhf(x); }
+FO_FN float fo_log1p(float x) { return __builtin_log1pf(x); }
+FO_FN float fo_expm1(float x) { return __builtin_expm1f(x); }
+FO_FN float fo_floor(float x) { return __builtin_floorf(x); }
+FO_FN float fo_abs(float x) { return __builtin_fabsf(x); }
+FO_FN float fo_min(float a, float b) { return __builtin_fminf(a, b); }
+FO_FN float fo_max(float a, float b) { return __builtin_fmaxf(a, b); }
+FO_FN bool fo_isfinite(float x) { return __builtin_isfinite(x); }
+// Software conversions, round to nearest even (same results as the GPU's cvt.rn).
+FO_FN float fo_f16_to_f32(unsigned short h) {
+  unsigned int sign = (unsigned int)(h & 0x8000u) << 16;
+  unsigned int exponent = (h >> 10) & 0x1fu;
+  unsigned int mantissa = h & 0x3ffu;
+  if (exponent == 0) {  // zero or subnormal: mantissa * 2^-24, exact in fp32
+    return fo_as_float(sign | fo_as_uint((float)mantissa * 5.9604644775390625e-8f));
+  }
+  if (exponent == 31) return fo_as_float(sign | 0x7f800000u | (mantissa << 13));
+  return fo_as_float(sign | ((exponent + 112u) << 23) | (mantissa << 13));
+}
+FO_FN unsigned short fo_f32_to_f16(float f) {
+  unsigned int u = fo_as_uint(f);
+  unsigned int sign = (u >> 16) & 0x8000u;
+  unsigned int a = u & 0x7fffffffu;
+  if (a >= 0x7f800000u) return (unsigned short)(sign | (a > 0x7f800000u ? 0x7e00u : 0x7c00u));
+  if (a >= 0x477ff000u) return (unsigned short)(sign | 0x7c00u);  // rounds to >= 65520: inf
+  if (a < 0x38800000u) {
+    // Below 2^-14 the result is subnormal: adding 0.5f lines the fp16 ulp up with the fp32
+    // ulp, so the fp32 adder does the round-to-nearest-even for us.
+    float t = fo_as_float(a) + 0.5f;
+    return (unsigned short)(sign | (fo_as_uint(t) - 0x3f000000u));
+  }
+  unsigned int odd = (a >> 13) & 1u;
+  a += 0xc8000fffu + odd;  // re-bias the exponent (127 -> 15) and round half to even
+  return (unsigned short)(sign | (a >> 13));
+}
+#endif
+
+FO_FN float fo_sign(float x) { return (float)(x > 0.0f) - (float)(x < 0.0f); }
+FO_FN float fo_clamp(float x, float lo, float hi) { return fo_min(fo_max(x, lo), hi); }
+FO_FN float fo_bool(bool b) { return b ? 1.0f : 0.0f; }
+FO_FN float fo_sq(float x) { return x * x; }
+FO_FN float fo_inf() { return fo_as_float(0x7f800000u); }
+
+FO_FN float fo_bf16_to_f32(unsigned short h) { return fo_as_float((unsigned int)h << 16); }
+FO_FN unsigned short fo_f32_to_bf16(float f) {
+  unsigned int u = fo_as_uint(f);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return (unsigned short)((u >> 16) | 0x40u);  // quiet NaN
+  u += 0x7fffu + ((u >> 16) & 1u);  // round half to even
+  return (unsigned short)(u >> 16);
+}
+
+// Storage types: loads widen to fp32, stores round to nearest even.
+struct fo_f16 { unsigned short bits; };
+struct fo_bf16 { unsigned short bits; };
+FO_FN float fo_load(const float* p, long long i) { return p[i]; }
+FO_FN float fo_load(const fo_f16* p, long long i) { return fo_f16_to_f32(p[i].bits); }
+FO_FN float fo_load(const fo_bf16* p, long long i) { return fo_bf16_to_f32(p[i].bits); }
+FO_FN void fo_store(float* p, long long i, float v) { p[i] = v; }
+FO_FN void fo_store(fo_f16* p, long long i, float v) { p[i].bits = fo_f32_to_f16(v); }
+FO_FN void fo_store(fo_bf16* p, long long i, float v) { p[i].bits = fo_f32_to_bf16(v); }
+
+#endif  // FUSEDOPT_PRELUDE_H
