@@ -69,15 +69,12 @@ class ExprEmitter {
  public:
   explicit ExprEmitter(const Rule& rule) : rule_(rule) {}
 
-  /// Element-context text of `e`; non-trivial uniform subtrees become U.u[k].
-  std::string element(const Expr& e) { return emit(e, false); }
+  /// Element-context text of `e`; every non-trivial uniform subtree becomes U.u[k].
+  std::string element(const Expr& e) { return emit(e); }
   /// Records that statement `stmt` (a uniform temporary) lives in a slot.
   void define_uniform_temp(int stmt, const Expr& value) {
-    std::string text = emit(value, true);
-    int slot = slot_for(text, rule_.stmts[stmt].value->loc);
-    temp_slot_[stmt] = slot;
+    temp_slot_[stmt] = slot_for(node(value, true), value.loc);
   }
-  bool is_uniform_def(int stmt) const { return temp_slot_.count(stmt) != 0; }
 
   /// Lines for fo_prepare, in dependency order.
   const std::vector<std::pair<lang::Loc, std::string>>& prepare_lines() const {
@@ -86,6 +83,8 @@ class ExprEmitter {
   int num_slots() const { return static_cast<int>(prepare_.size()); }
 
  private:
+  // Every non-trivial uniform node gets a slot, keyed by its text (whose children are
+  // already slots): identical uniform subexpressions anywhere in the rule are computed once.
   int slot_for(const std::string& text, lang::Loc loc) {
     auto it = slot_by_text_.find(text);
     if (it != slot_by_text_.end()) return it->second;
@@ -114,7 +113,15 @@ class ExprEmitter {
     }
   }
 
-  std::string cond(const Expr& e, bool u) {
+  /// The text of `e` as a value: a slot if it is uniform, else the node itself.
+  std::string emit(const Expr& e) {
+    if (e.uniform && !trivial(e)) return fmt::format("U.u[{}]", slot_for(node(e, true), e.loc));
+    return node(e, e.uniform);
+  }
+
+  /// The text of `e` as a truth value.
+  std::string cond(const Expr& e) {
+    if (e.uniform && !trivial(e)) return fmt::format("({} != 0.0f)", emit(e));
     switch (e.op) {
       case Op::Lt:
       case Op::Le:
@@ -122,51 +129,61 @@ class ExprEmitter {
       case Op::Ge:
       case Op::Eq:
       case Op::Ne:
-        return fmt::format("({} {} {})", emit(*e.args[0], u), binary_operator(e.op),
-                           emit(*e.args[1], u));
+        return fmt::format("({} {} {})", emit(*e.args[0]), binary_operator(e.op), emit(*e.args[1]));
       // Bitwise on bools: no short-circuit branches, so the loop still vectorises.
-      case Op::And: return fmt::format("({} & {})", cond(*e.args[0], u), cond(*e.args[1], u));
-      case Op::Or: return fmt::format("({} | {})", cond(*e.args[0], u), cond(*e.args[1], u));
-      case Op::Not: return fmt::format("(!{})", cond(*e.args[0], u));
-      case Op::IsFinite: return fmt::format("fo_isfinite({})", emit(*e.args[0], u));
-      default: return fmt::format("({} != 0.0f)", emit(e, u));
+      case Op::And: return fmt::format("({} & {})", cond(*e.args[0]), cond(*e.args[1]));
+      case Op::Or: return fmt::format("({} | {})", cond(*e.args[0]), cond(*e.args[1]));
+      case Op::Not: return fmt::format("(!{})", cond(*e.args[0]));
+      case Op::IsFinite: return fmt::format("fo_isfinite({})", emit(*e.args[0]));
+      default: return fmt::format("({} != 0.0f)", emit(e));
     }
   }
 
-  std::string emit(const Expr& e, bool u) {
-    if (!u && e.uniform && !trivial(e)) {
-      return fmt::format("U.u[{}]", slot_for(emit(e, true), e.loc));
+  /// The operator of `e` applied to its (emitted) operands.
+  std::string node(const Expr& e, bool uniform_ctx) {
+    if (e.boolean) {
+      // Build the condition from the children, not from `e` itself (that would recurse).
+      switch (e.op) {
+        case Op::Lt:
+        case Op::Le:
+        case Op::Gt:
+        case Op::Ge:
+        case Op::Eq:
+        case Op::Ne:
+          return fmt::format("fo_bool({} {} {})", emit(*e.args[0]), binary_operator(e.op),
+                             emit(*e.args[1]));
+        case Op::And: return fmt::format("fo_bool({} & {})", cond(*e.args[0]), cond(*e.args[1]));
+        case Op::Or: return fmt::format("fo_bool({} | {})", cond(*e.args[0]), cond(*e.args[1]));
+        case Op::Not: return fmt::format("fo_bool(!{})", cond(*e.args[0]));
+        case Op::IsFinite: return fmt::format("fo_bool(fo_isfinite({}))", emit(*e.args[0]));
+        default: break;
+      }
     }
-    if (e.boolean) return fmt::format("fo_bool({})", cond(e, u));
     switch (e.op) {
       case Op::Number: return float_literal(e.number);
-      case Op::Ref: return ref(e, u);
-      case Op::Neg: return fmt::format("(-{})", emit(*e.args[0], u));
+      case Op::Ref: return ref(e, uniform_ctx);
+      case Op::Neg: return fmt::format("(-{})", emit(*e.args[0]));
       case Op::Pow: {
         const Expr& exponent = *e.args[1];
         if (exponent.op == Op::Number && exponent.number == 2.0) {
-          return fmt::format("fo_sq({})", emit(*e.args[0], u));
+          return fmt::format("fo_sq({})", emit(*e.args[0]));
         }
-        if (exponent.op == Op::Number && exponent.number == 1.0) return emit(*e.args[0], u);
-        return fmt::format("fo_pow({}, {})", emit(*e.args[0], u), emit(exponent, u));
+        if (exponent.op == Op::Number && exponent.number == 1.0) return emit(*e.args[0]);
+        return fmt::format("fo_pow({}, {})", emit(*e.args[0]), emit(exponent));
       }
       case Op::Where:
-        return fmt::format("({} ? {} : {})", cond(*e.args[0], u), emit(*e.args[1], u),
-                           emit(*e.args[2], u));
+        return fmt::format("({} ? {} : {})", cond(*e.args[0]), emit(*e.args[1]), emit(*e.args[2]));
       default: break;
     }
     if (const char* op = binary_operator(e.op)) {
-      return fmt::format("({} {} {})", emit(*e.args[0], u), op, emit(*e.args[1], u));
+      return fmt::format("({} {} {})", emit(*e.args[0]), op, emit(*e.args[1]));
     }
     if (const char* fn = function_name(e.op)) {
       std::string out = fmt::format("{}(", fn);
-      for (std::size_t i = 0; i < e.args.size(); ++i) {
-        out += (i ? ", " : "") + emit(*e.args[i], u);
-      }
+      for (std::size_t i = 0; i < e.args.size(); ++i) out += (i ? ", " : "") + emit(*e.args[i]);
       return out + ")";
     }
-    throw InternalError(fmt::format("codegen has no emitter for operator {}",
-                                    static_cast<int>(e.op)));
+    throw InternalError(fmt::format("codegen has no emitter for operator {}", static_cast<int>(e.op)));
   }
 
   const Rule& rule_;

@@ -40,7 +40,9 @@ std::string float_literal(double value) {
 std::string sanitize_comment(const std::string& text) {
   std::string out;
   for (char c : text) {
-    out += (std::isprint(static_cast<unsigned char>(c)) && c != '\\') ? c : '_';
+    bool ok = std::isalnum(static_cast<unsigned char>(c)) || c == ' ' || c == '.' || c == '_' ||
+              c == '-' || c == ':' || c == '+' || c == '/';
+    out += ok ? c : '_';
   }
   return out;
 }
@@ -66,6 +68,13 @@ std::string source_file_name(const KernelBody& body, const Target& target) {
 std::string generate_source(const KernelBody& body, const Target& target) {
   std::string skeleton(embedded_file(target.kind == Target::Kind::Cuda ? "kernels/cuda_kernel.cuh"
                                                                        : "kernels/host_kernel.hpp"));
+  // The skeleton's "#ifndef FO_GENERATED" block only serves compiling it on its own.
+  const std::string standalone = "#ifndef FO_GENERATED\n";
+  if (std::size_t a = skeleton.find(standalone); a != std::string::npos) {
+    std::size_t b = skeleton.find("#endif\n", a);
+    if (b == std::string::npos) throw InternalError("kernel skeleton: unterminated FO_GENERATED block");
+    skeleton.erase(a, b + 7 - a);
+  }
   std::string text;
   text += "// fusedopt kernel '" + sanitize_comment(body.name) + "' for " + target.str() + "\n";
   text += "#define FO_GENERATED 1\n";

@@ -36,7 +36,9 @@ FO_FN unsigned short fo_f32_to_f16(float f) {
   return h;
 }
 #else
-#define FO_FN static inline __attribute__((always_inline))
+// Not static: FO_FN also marks member functions (trusted functors). -fvisibility=hidden
+// keeps these out of the shared object's exports.
+#define FO_FN inline __attribute__((always_inline))
 #define FO_RESTRICT __restrict__
 #define FO_EXTERN_C extern "C" __attribute__((visibility("default")))
 FO_FN float fo_as_float(unsigned int u) { return __builtin_bit_cast(float, u); }

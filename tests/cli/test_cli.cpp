@@ -1,0 +1,238 @@
+// fusedopt-cache end to end: warmup, verify, repair, concurrency, check, help, bad input.
+#include <doctest/doctest.h>
+#include <sys/stat.h>
+
+#include <filesystem>
+#include <fstream>
+#include <regex>
+#include <sstream>
+
+#include "support/run.hpp"
+
+using namespace fusedopt::testing;
+namespace fs = std::filesystem;
+
+namespace {
+
+std::vector<fs::path> entries(const fs::path& dir, const std::string& ext) {
+  std::vector<fs::path> out;
+  if (!fs::exists(dir)) return out;
+  for (const auto& e : fs::recursive_directory_iterator(dir)) {
+    if (e.is_regular_file() && e.path().extension() == ext) out.push_back(e.path());
+  }
+  return out;
+}
+
+int json_int(const std::string& json, const std::string& field) {
+  std::smatch m;
+  std::regex re("\"" + field + "\": ([0-9]+)");
+  REQUIRE(std::regex_search(json, m, re));
+  return std::stoi(m[1]);
+}
+
+bool nvrtc_available() {
+  TempDir d;
+  CliResult r = run_cli({"warmup", "--preset", "sgd", "--target", "sm_80", "--cache-dir",
+                         (d.path() / "c").string()});
+  return r.code == 0;
+}
+
+}  // namespace
+
+TEST_SUITE("cli") {
+  TEST_CASE("warmup writes a CUBIN without a GPU; again it compiles and rewrites nothing") {
+    if (!nvrtc_available()) {
+      MESSAGE("[SKIP] NVRTC is not installed");
+      return;
+    }
+    TempDir d;
+    std::string dir = (d.path() / "cache").string();
+    CliResult first = run_cli({"warmup", "--preset", "adamw", "--target", "sm_90", "--cache-dir", dir, "--json"});
+    INFO(first.out << first.err);
+    REQUIRE(first.code == 0);
+    CHECK(json_int(first.out, "compiled") == 1);
+    auto cubins = entries(dir, ".cubin");
+    REQUIRE(cubins.size() == 1);
+    struct stat before {};
+    REQUIRE(stat(cubins[0].c_str(), &before) == 0);
+    std::string bytes = read_file(cubins[0]);
+
+    CliResult again = run_cli({"warmup", "--preset", "adamw", "--target", "sm_90", "--cache-dir", dir, "--json"});
+    REQUIRE(again.code == 0);
+    CHECK(json_int(again.out, "compiled") == 0);
+    CHECK(json_int(again.out, "cached") == 1);
+    struct stat after {};
+    REQUIRE(stat(cubins[0].c_str(), &after) == 0);
+    CHECK(after.st_ino == before.st_ino);  // not replaced by a rename
+    CHECK(read_file(cubins[0]) == bytes);
+    CHECK(entries(dir, ".cubin").size() == 1);
+    CHECK(entries(dir, ".tmp").empty());
+  }
+
+  TEST_CASE("verify passes, then names a truncated entry with exit 1, and warmup repairs it") {
+    TempDir d;
+    std::string dir = (d.path() / "cache").string();
+    std::vector<std::string> warm = {"warmup", "--preset", "adamw", "--preset", "sgd", "--target", "host", "--cache-dir", dir};
+    REQUIRE(run_cli(warm).code == 0);
+    CliResult ok = run_cli({"verify", "--cache-dir", dir});
+    CHECK(ok.code == 0);
+    auto sos = entries(dir, ".so");
+    REQUIRE(sos.size() == 2);
+    fs::resize_file(sos[0], fs::file_size(sos[0]) / 2);
+    CliResult bad = run_cli({"verify", "--cache-dir", dir});
+    CHECK(bad.code == 1);
+    CHECK(bad.out.find(sos[0].string()) != std::string::npos);
+    CHECK(bad.out.find(sos[1].string()) == std::string::npos);
+    CliResult repair = run_cli({"warmup", "--preset", "adamw", "--preset", "sgd", "--target", "host", "--cache-dir", dir, "--json"});
+    REQUIRE(repair.code == 0);
+    CHECK(json_int(repair.out, "compiled") == 1);
+    CHECK(json_int(repair.out, "cached") == 1);
+    CHECK(run_cli({"verify", "--cache-dir", dir}).code == 0);
+  }
+
+  TEST_CASE("8 processes warming the same rule into an empty cache compile each kernel once") {
+    TempDir d;
+    std::string dir = (d.path() / "cache").string();
+    std::vector<std::string> targets = {"host"};
+    if (nvrtc_available()) targets.push_back("sm_90");
+    std::string target_list;
+    for (auto& t : targets) target_list += (target_list.empty() ? "" : ",") + t;
+    // All children block on a pipe and start together when the parent closes it.
+    int gate[2];
+    REQUIRE(pipe(gate) == 0);
+    std::vector<pid_t> children;
+    for (int c = 0; c < 8; ++c) {
+      pid_t pid = fork();
+      if (pid == 0) {
+        close(gate[1]);
+        char byte;
+        while (read(gate[0], &byte, 1) > 0) {
+        }
+        std::string out = (d.path() / ("out" + std::to_string(c))).string();
+        int fd = open(out.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
+        dup2(fd, 1);
+        std::string cli = FUSEDOPT_CACHE_CLI;
+        execl(cli.c_str(), cli.c_str(), "warmup", "--preset", "adamw", "--target",
+              target_list.c_str(), "--dtypes", "fp32,bf16:bf16:fp32+master", "--cache-dir",
+              dir.c_str(), "--json", "--jobs", "1", static_cast<char*>(nullptr));
+        _exit(127);
+      }
+      children.push_back(pid);
+    }
+    close(gate[0]);
+    close(gate[1]);
+    int compiled = 0;
+    for (std::size_t c = 0; c < children.size(); ++c) {
+      int status = 0;
+      waitpid(children[c], &status, 0);
+      CHECK(WIFEXITED(status));
+      CHECK(WEXITSTATUS(status) == 0);
+      std::string out = read_file(d.path() / ("out" + std::to_string(c)));
+      compiled += json_int(out, "compiled");
+      CHECK(json_int(out, "failed") == 0);
+    }
+    const int kernels = static_cast<int>(targets.size()) * 2;
+    CHECK(compiled == kernels);
+    CHECK(entries(dir, ".so").size() + entries(dir, ".cubin").size() == static_cast<std::size_t>(kernels));
+    CHECK(run_cli({"verify", "--cache-dir", dir}).code == 0);
+  }
+
+  TEST_CASE("check reports each malformed example as FILE:LINE:COL: error: with exit 2") {
+    std::ifstream expected(std::string(FUSEDOPT_TEST_DATA) + "/bad/EXPECTED");
+    REQUIRE(expected);
+    int checked = 0;
+    for (std::string line; std::getline(expected, line);) {
+      if (line.empty() || line[0] == '#') continue;
+      std::istringstream ss(line);
+      std::string file, where;
+      ss >> file >> where;
+      std::string path = std::string(FUSEDOPT_TEST_DATA) + "/bad/" + file;
+      CliResult r = run_cli({"check", path});
+      INFO(file << ": " << r.err);
+      CHECK(r.code == 2);
+      CHECK(r.err.rfind(path + ":" + where + ": error: ", 0) == 0);
+      CHECK(r.err.find("^") != std::string::npos);
+      ++checked;
+    }
+    CHECK(checked >= 15);
+  }
+
+  TEST_CASE("check accepts a good rule and warmup builds a rule file") {
+    TempDir d;
+    fs::path rule = d.path() / "mine.rule";
+    write_file(rule, "param p\ngrad g\nstate m = 0\nhyper lr = 0.1\nm = 0.9 * m + g\np = p - lr * m\n");
+    CliResult r = run_cli({"check", rule.string()});
+    CHECK(r.code == 0);
+    CHECK(r.out.find("ok: rule 'mine'") != std::string::npos);
+    CliResult w = run_cli({"warmup", rule.string(), "--cache-dir", (d.path() / "c").string()});
+    CHECK(w.code == 0);
+    CHECK(w.out.find("1 compiled") != std::string::npos);
+  }
+
+  TEST_CASE("every command answers --help") {
+    for (const char* cmd : {"warmup", "list", "verify", "prune", "clear", "check", "presets"}) {
+      INFO(cmd);
+      CliResult r = run_cli({cmd, "--help"});
+      CHECK(r.code == 0);
+      CHECK(r.out.rfind("usage: fusedopt-cache ", 0) == 0);
+    }
+    CHECK(run_cli({"--help"}).code == 0);
+  }
+
+  TEST_CASE("bad command lines exit 2 with a message") {
+    TempDir d;
+    std::string dir = (d.path() / "c").string();
+    std::vector<std::pair<std::vector<std::string>, std::string>> cases = {
+        {{"frobnicate"}, "unknown command 'frobnicate'"},
+        {{"warmup", "--cache-dir", dir}, "nothing to warm"},
+        {{"warmup", "--preset", "adamm", "--cache-dir", dir}, "unknown preset 'adamm'"},
+        {{"warmup", "--preset", "adamw", "--target", "sm_9", "--cache-dir", dir}, "bad target"},
+        {{"warmup", "--preset", "adamw", "--dtypes", "fp8", "--cache-dir", dir}, "bad dtype"},
+        {{"warmup", "--preset", "adamw", "--jobs", "zero", "--cache-dir", dir}, "--jobs"},
+        {{"warmup", "--bogus"}, "unknown option '--bogus'"},
+        {{"prune", "--cache-dir", dir}, "--max-bytes"},
+        {{"prune", "--max-bytes", "12Q", "--cache-dir", dir}, "unknown unit"},
+        {{"check"}, "at least one rule file"},
+        {{"check", "/nonexistent/x.rule"}, "cannot read"},
+        {{"list", "extra"}, "unexpected argument 'extra'"},
+    };
+    for (const auto& [args, message] : cases) {
+      CliResult r = run_cli(args);
+      INFO(args[0] << " -> " << r.err);
+      CHECK(r.code == 2);
+      CHECK(r.err.find(message) != std::string::npos);
+    }
+  }
+
+  TEST_CASE("a cache folder other users can write to is refused") {
+    TempDir d;
+    fs::path dir = d.path() / "shared";
+    fs::create_directory(dir);
+    chmod(dir.c_str(), 0777);
+    CliResult r = run_cli({"list", "--cache-dir", dir.string()});
+    CHECK(r.code == 2);
+    CHECK(r.err.find("writable by") != std::string::npos);
+    CliResult env = run_cli({"list"}, {"FUSEDOPT_CACHE_DIR=" + dir.string()});
+    CHECK(env.code == 2);
+  }
+
+  TEST_CASE("list shows entries as a table and as JSON; prune and clear empty the cache") {
+    TempDir d;
+    std::string dir = (d.path() / "cache").string();
+    REQUIRE(run_cli({"warmup", "--preset", "sgd,lion", "--cache-dir", dir}).code == 0);
+    CliResult table = run_cli({"list", "--cache-dir", dir});
+    CHECK(table.code == 0);
+    CHECK(table.out.find("sgd") != std::string::npos);
+    CHECK(table.out.find("lion") != std::string::npos);
+    CHECK(table.out.find("2 entries") != std::string::npos);
+    CliResult json = run_cli({"list", "--json", "--cache-dir", dir});
+    CHECK(json_int(json.out, "count") == 2);
+    CHECK(json.out.find("\"target\": \"host\"") != std::string::npos);
+    CliResult prune = run_cli({"prune", "--max-bytes", "1", "--cache-dir", dir});
+    CHECK(prune.code == 0);
+    CHECK(entries(dir, ".so").empty());
+    REQUIRE(run_cli({"warmup", "--preset", "sgd", "--cache-dir", dir}).code == 0);
+    CHECK(run_cli({"clear", "--cache-dir", dir}).code == 0);
+    CHECK(entries(dir, ".so").empty());
+  }
+}

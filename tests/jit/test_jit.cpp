@@ -1,0 +1,235 @@
+// Compilation: NVRTC -> CUBIN for sm_80/sm_90 without a GPU, host -> .so that runs and
+// matches a float64 reference, compile errors, source dumps and the key record.
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <random>
+
+#include "cache/kernel_cache.hpp"
+#include "codegen/codegen.hpp"
+#include "fusedopt/error.hpp"
+#include "jit/compiler.hpp"
+#include "jit/kernel_builder.hpp"
+#include "lang/parse.hpp"
+#include "presets.hpp"
+#include "runtime/host_kernel.hpp"
+#include "support/temp_dir.hpp"
+
+using namespace fusedopt;
+
+namespace {
+
+cache::KernelCache::Options no_cache() {
+  cache::KernelCache::Options o;
+  o.mode = cache::KernelCache::Mode::Off;
+  return o;
+}
+
+bool is_elf(const std::string& bytes) { return bytes.size() > 4 && bytes.compare(0, 4, "\x7f" "ELF") == 0; }
+
+bool have_nvrtc() {
+  try {
+    (void)jit::compiler_for(Target::cuda(90)).identity();
+    return true;
+  } catch (const Error&) {
+    return false;
+  }
+}
+
+}  // namespace
+
+TEST_SUITE("jit") {
+  TEST_CASE("every preset compiles with NVRTC to CUBIN for sm_80 and sm_90 without a GPU") {
+    if (!have_nvrtc()) {
+      MESSAGE("[SKIP] NVRTC is not installed");
+      return;
+    }
+    cache::KernelCache cache(no_cache());
+    for (const std::string& name : preset_names()) {
+      for (int sm : {80, 90}) {
+        for (const char* dt : {"fp32", "bf16:bf16:fp32+master", "fp16:fp16:bf16"}) {
+          INFO(name << " sm_" << sm << " " << std::string(dt));
+          DTypeBinding d = DTypeBinding::parse(dt);
+          auto body = codegen::generate_body(*preset_rule(name), d);
+          jit::BuiltKernel k = jit::build_kernel(body, d, Target::cuda(sm), cache);
+          CHECK(k.ext == "cubin");
+          CHECK(is_elf(*k.binary));
+          CHECK(k.source.find("#include") == std::string::npos);
+        }
+      }
+    }
+  }
+
+  TEST_CASE("every preset compiles for the host and exports its entry points") {
+    testing::TempDir dir;
+    cache::KernelCache::Options o;
+    o.dir = dir.path();
+    o.mode = cache::KernelCache::Mode::Memory;
+    cache::KernelCache cache(o);
+    for (const std::string& name : preset_names()) {
+      INFO(name);
+      runtime::HostKernel k(preset_rule(name), DTypeBinding{}, cache);
+      CHECK(k.num_roles() >= 2);
+    }
+  }
+
+  TEST_CASE("a user rule on the host matches a float64 reference, with groups, init and scaling") {
+    // A rule of our own (not a preset): momentum with an EMA weight average as an output,
+    // a state initialised from the param, and a clamp.
+    auto rule = lang::parse_rule(R"(param w
+grad d
+state buf = 0, avg = w
+hyper lr = 0.01, mu = 0.9, decay = 0.99, limit = 0.5
+output delta
+buf = mu * buf + clamp(d, -limit, limit)
+delta = -lr * buf
+w = w + delta
+avg = decay * avg + (1 - decay) * w
+)", "mine.rule");
+    testing::TempDir dir;
+    cache::KernelCache cache(no_cache());
+    runtime::HostKernel k(rule, DTypeBinding{}, cache);
+    REQUIRE(k.num_roles() == 5);
+    std::mt19937 rng(std::random_device{}());
+    std::normal_distribution<float> normal(0.0f, 1.0f);
+    const std::vector<std::int64_t> sizes = {1, 0, 70000, 33, 65537};
+    const std::vector<int> groups = {0, 1, 1, 0, 1};
+    std::vector<std::vector<float>> hypers = {k.default_hypers(),
+                                              k.with_hyper(k.default_hypers(), "lr", 0.05f)};
+    hypers[1] = k.with_hyper(hypers[1], "limit", 2.0f);
+    const float inv_scale = 0.25f;
+    std::vector<std::vector<float>> w(5), d(5), buf(5), avg(5), delta(5);
+    std::vector<std::vector<double>> rw(5), rbuf(5), ravg(5);
+    std::vector<std::vector<void*>> ptrs(5);
+    for (int t = 0; t < 5; ++t) {
+      std::size_t n = static_cast<std::size_t>(sizes[t]);
+      w[t].resize(n);
+      d[t].resize(n);
+      buf[t].assign(n, 123.0f);  // init must overwrite
+      avg[t].assign(n, 123.0f);
+      delta[t].assign(n, 0.0f);
+      for (auto& x : w[t]) x = normal(rng);
+      rw[t].assign(w[t].begin(), w[t].end());
+      rbuf[t].assign(n, 0.0);
+      ravg[t] = rw[t];
+      ptrs[t] = {w[t].data(), d[t].data(), buf[t].data(), avg[t].data(), delta[t].data()};
+    }
+    k.init_states(ptrs, sizes, hypers, groups);
+    for (int step = 1; step <= 20; ++step) {
+      for (int t = 0; t < 5; ++t) {
+        for (auto& x : d[t]) x = 4.0f * normal(rng);
+      }
+      k.run(ptrs, sizes, hypers, static_cast<float>(step), groups, inv_scale);
+      for (int t = 0; t < 5; ++t) {
+        const std::vector<float>& h = hypers[groups[t]];
+        double lr = h[0], mu = h[1], decay = h[2], limit = h[3];
+        for (std::size_t i = 0; i < rw[t].size(); ++i) {
+          double g = static_cast<double>(d[t][i]) * inv_scale;
+          rbuf[t][i] = mu * rbuf[t][i] + std::min(std::max(g, -limit), limit);
+          double dl = -lr * rbuf[t][i];
+          rw[t][i] += dl;
+          ravg[t][i] = decay * ravg[t][i] + (1 - decay) * rw[t][i];
+          // fp32 vs fp64 over 20 steps: relative 1e-5 of the magnitude, plus a small floor.
+          REQUIRE(std::fabs(w[t][i] - rw[t][i]) <= 1e-5 * (1 + std::fabs(rw[t][i])));
+          REQUIRE(std::fabs(buf[t][i] - rbuf[t][i]) <= 1e-5 * (1 + std::fabs(rbuf[t][i])));
+          REQUIRE(std::fabs(avg[t][i] - ravg[t][i]) <= 1e-5 * (1 + std::fabs(ravg[t][i])));
+          // delta = -lr * buf carries buf's error scaled by lr.
+          REQUIRE(std::fabs(delta[t][i] - dl) <= 1e-5 * lr * (1 + std::fabs(rbuf[t][i])));
+        }
+      }
+    }
+  }
+
+  TEST_CASE("a trusted functor compiles for the host and runs") {
+    codegen::TrustedFunctor f;
+    f.name = "functor_sgd";
+    f.code = "struct Functor {\n  FO_FN void operator()(float& p, float& m, float g, fo_hypers h) const {\n"
+             "    m = h.mu * m + g;\n    p -= h.lr * m;\n  }\n};";
+    f.states = {{"m", 0.5}};
+    f.hypers = {{"lr", 0.1}, {"mu", 0.9}};
+    cache::KernelCache cache(no_cache());
+    auto body = codegen::generate_functor_body(f, DTypeBinding{});
+    jit::BuiltKernel k = jit::build_kernel(body, DTypeBinding{}, Target::host(), cache);
+    CHECK(is_elf(*k.binary));
+    if (have_nvrtc()) CHECK(is_elf(*jit::build_kernel(body, DTypeBinding{}, Target::cuda(90), cache).binary));
+  }
+
+  TEST_CASE("a compile error carries the log, the options and the source, mapped to the functor's lines") {
+    codegen::TrustedFunctor f;
+    f.name = "broken_functor";
+    f.code = "struct Functor {\n  FO_FN void operator()(float& p, float g, fo_hypers h) const {\n"
+             "    p -= h.lr * undefined_thing;\n  }\n};";
+    f.hypers = {{"lr", 0.1}};
+    cache::KernelCache cache(no_cache());
+    auto body = codegen::generate_functor_body(f, DTypeBinding{});
+    std::vector<Target> targets = {Target::host()};
+    if (have_nvrtc()) targets.push_back(Target::cuda(90));
+    for (const Target& t : targets) {
+      INFO(t.str());
+      try {
+        jit::build_kernel(body, DTypeBinding{}, t, cache);
+        FAIL("expected a CompileError");
+      } catch (const CompileError& e) {
+        CHECK(e.log().find("undefined_thing") != std::string::npos);
+        // g++ says "broken_functor:3:", NVRTC says "broken_functor(3):".
+        bool mapped = e.log().find("broken_functor:3:") != std::string::npos ||
+                      e.log().find("broken_functor(3)") != std::string::npos;
+        CHECK(mapped);
+        CHECK(!e.options().empty());
+        CHECK(e.source().find("undefined_thing") != std::string::npos);
+      }
+    }
+  }
+
+  TEST_CASE("FUSEDOPT_DUMP_SOURCE writes every generated source") {
+    testing::TempDir dir;
+    setenv("FUSEDOPT_DUMP_SOURCE", (dir.path() / "dump").c_str(), 1);
+    cache::KernelCache cache(no_cache());
+    auto body = codegen::generate_body(*preset_rule("sgd"), DTypeBinding{});
+    jit::BuiltKernel k = jit::build_kernel(body, DTypeBinding{}, Target::host(), cache);
+    unsetenv("FUSEDOPT_DUMP_SOURCE");
+    int files = 0;
+    for (const auto& e : std::filesystem::directory_iterator(dir.path() / "dump")) {
+      ++files;
+      CHECK(e.path().extension() == ".cpp");
+      CHECK(testing::read_file(e.path()) == k.source);
+    }
+    CHECK(files == 1);
+  }
+
+  TEST_CASE("the cache key changes with the source, the dtypes and the target") {
+    auto rule = preset_rule("adamw");
+    auto body32 = codegen::generate_body(*rule, DTypeBinding{});
+    auto body16 = codegen::generate_body(*rule, DTypeBinding::parse("bf16"));
+    auto key = [](const codegen::KernelBody& b, const char* d, Target t) {
+      DTypeBinding dt = DTypeBinding::parse(d);
+      return jit::kernel_record(b, dt, t, codegen::generate_source(b, t)).key();
+    };
+    cache::Key a = key(body32, "fp32", Target::host());
+    CHECK(a == key(body32, "fp32", Target::host()));
+    CHECK(a != key(body16, "bf16", Target::host()));
+    if (have_nvrtc()) {
+      cache::Key c80 = key(body32, "fp32", Target::cuda(80));
+      cache::Key c90 = key(body32, "fp32", Target::cuda(90));
+      CHECK(c80 != c90);
+      CHECK(a != c90);
+    }
+    cache::KeyRecord r = jit::kernel_record(body32, DTypeBinding{}, Target::host(),
+                                            codegen::generate_source(body32, Target::host()));
+    for (const char* field : {"source", "options", "target", "compiler", "fusedopt_version",
+                              "format_version", "target_fingerprint", "dtypes"}) {
+      INFO(field);
+      CHECK(!r.get(field).empty());
+    }
+  }
+
+  TEST_CASE("bad targets and dtypes are clear errors") {
+    CHECK_THROWS_WITH_AS(Target::parse("sm_9x"), doctest::Contains("bad target 'sm_9x'"), Error);
+    CHECK_THROWS_WITH_AS(Target::parse("gpu"), doctest::Contains("sm_80"), Error);
+    CHECK_THROWS_WITH_AS(DTypeBinding::parse("fp8"), doctest::Contains("bad dtype 'fp8'"), Error);
+    CHECK_THROWS_WITH_AS(DTypeBinding::parse("fp32+master"), doctest::Contains("master"), Error);
+    CHECK(DTypeBinding::parse("bf16:fp16:fp32+master").str() == "bf16:fp16:fp32+master");
+    CHECK(Target::parse("sm_90a").str() == "sm_90a");
+  }
+}
