@@ -132,15 +132,22 @@ class KernelCache {
   };
   /// Per-key once: concurrent callers of a missing key wait for one compile. If `compile`
   /// throws, every waiter gets the exception and the next call tries again. After a
-  /// store, the disk tier is pruned to max_disk_bytes.
+  /// store, the disk tier is pruned to max_disk_bytes. Callers that waited for another
+  /// thread's compile get Origin::Memory. `compile` must not ask for its own key (it would
+  /// wait for itself).
   Result get_or_compile(const KeyRecord& record, std::string_view ext,
                         const std::function<std::string()>& compile);
 
   const Options& options() const { return options_; }
   /// The disk tier, or nullptr when the mode is not On.
   const DiskStore* disk() const { return disk_.get(); }
-  /// Drops the memory tier (the disk is untouched).
+  /// Drops the memory tier (the disk is untouched). Compiles in flight are not cancelled:
+  /// their results enter the memory tier when they finish.
   void clear_memory();
+  /// The last disk-tier failure this cache worked around (unwritable folder, disk full...),
+  /// or "" when there was none. Such failures never fail get_or_compile: the binary is
+  /// compiled (or the compiled binary is returned) without being stored.
+  std::string last_disk_error() const;
 
  private:
   struct Impl;

@@ -1,0 +1,120 @@
+// KernelCache::options_from_env(): FUSEDOPT_CACHE, FUSEDOPT_CACHE_DIR and
+// FUSEDOPT_CACHE_MAX_BYTES. A value we cannot parse is an error, never silently ignored:
+// a typo in FUSEDOPT_CACHE=of must not leave caching on.
+#include <pwd.h>
+#include <unistd.h>
+
+#include <cctype>
+#include <cstdlib>
+#include <limits>
+#include <vector>
+
+#include "cache/kernel_cache.hpp"
+#include "fusedopt/error.hpp"
+
+namespace fusedopt::cache {
+
+namespace {
+
+std::string env(const char* name) {
+  const char* value = std::getenv(name);
+  return value == nullptr ? std::string() : std::string(value);
+}
+
+std::string trimmed_lower(std::string_view text) {
+  std::size_t begin = 0;
+  std::size_t end = text.size();
+  while (begin < end && std::isspace(static_cast<unsigned char>(text[begin]))) ++begin;
+  while (end > begin && std::isspace(static_cast<unsigned char>(text[end - 1]))) --end;
+  std::string out(text.substr(begin, end - begin));
+  for (char& c : out) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return out;
+}
+
+KernelCache::Mode parse_mode(const std::string& text) {
+  std::string value = trimmed_lower(text);
+  if (value == "off") return KernelCache::Mode::Off;
+  if (value == "memory") return KernelCache::Mode::Memory;
+  if (value == "on") return KernelCache::Mode::On;
+  throw CacheError("FUSEDOPT_CACHE=" + text + " is not valid: use off, memory or on");
+}
+
+std::uint64_t parse_size(const std::string& text) {
+  auto fail = [&]() -> std::uint64_t {
+    throw CacheError("FUSEDOPT_CACHE_MAX_BYTES=" + text +
+                     " is not a size: use a number of bytes, optionally followed by K, M or G "
+                     "(powers of 1024), e.g. 512M");
+  };
+  std::string value = trimmed_lower(text);
+  std::size_t pos = 0;
+  std::uint64_t number = 0;
+  constexpr std::uint64_t kMax = std::numeric_limits<std::uint64_t>::max();
+  while (pos < value.size() && std::isdigit(static_cast<unsigned char>(value[pos]))) {
+    std::uint64_t digit = static_cast<std::uint64_t>(value[pos] - '0');
+    if (number > (kMax - digit) / 10) fail();
+    number = number * 10 + digit;
+    ++pos;
+  }
+  if (pos == 0) return fail();
+  std::string suffix = value.substr(pos);
+  // "512M", "512MB" and "512MiB" all mean 512 * 2^20.
+  if (suffix.size() > 1 && (suffix.substr(1) == "b" || suffix.substr(1) == "ib")) {
+    suffix = suffix.substr(0, 1);
+  }
+  int shift = 0;
+  if (suffix.empty() || suffix == "b") {
+    shift = 0;
+  } else if (suffix == "k") {
+    shift = 10;
+  } else if (suffix == "m") {
+    shift = 20;
+  } else if (suffix == "g") {
+    shift = 30;
+  } else {
+    return fail();
+  }
+  if (shift > 0 && number > (kMax >> shift)) fail();
+  return number << shift;
+}
+
+/// ${XDG_CACHE_HOME:-$HOME/.cache}/fusedopt; "" when neither can be found.
+std::filesystem::path default_dir() {
+  // The XDG spec says a relative XDG_CACHE_HOME is invalid and must be ignored.
+  std::string xdg = env("XDG_CACHE_HOME");
+  if (!xdg.empty() && xdg.front() == '/') return std::filesystem::path(xdg) / "fusedopt";
+  std::string home = env("HOME");
+  if (home.empty()) {
+    std::vector<char> buf(16384);
+    passwd pw{};
+    passwd* found = nullptr;
+    if (::getpwuid_r(::geteuid(), &pw, buf.data(), buf.size(), &found) == 0 && found != nullptr &&
+        found->pw_dir != nullptr) {
+      home = found->pw_dir;
+    }
+  }
+  if (home.empty()) return {};
+  return std::filesystem::path(home) / ".cache" / "fusedopt";
+}
+
+}  // namespace
+
+KernelCache::Options KernelCache::options_from_env() {
+  Options options;
+  if (std::string mode = env("FUSEDOPT_CACHE"); !mode.empty()) options.mode = parse_mode(mode);
+  if (std::string max = env("FUSEDOPT_CACHE_MAX_BYTES"); !max.empty()) {
+    options.max_disk_bytes = parse_size(max);
+  }
+  if (std::string dir = env("FUSEDOPT_CACHE_DIR"); !dir.empty()) {
+    options.dir = dir;
+  } else {
+    options.dir = default_dir();
+  }
+  if (options.dir.empty() && options.mode == Mode::On) {
+    throw CacheError(
+        "cannot choose a cache folder: neither XDG_CACHE_HOME nor HOME is set; set "
+        "FUSEDOPT_CACHE_DIR (or FUSEDOPT_CACHE=memory)");
+  }
+  return options;
+}
+
+}  // namespace fusedopt::cache

@@ -1,0 +1,45 @@
+// File naming inside the cache folder: which names are entries, lock files and temp files,
+// and a scan of the folder that classifies everything it finds.
+#pragma once
+
+#include <sys/stat.h>
+
+#include <filesystem>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "cache/kernel_cache.hpp"
+
+namespace fusedopt::cache::detail {
+
+/// Throws CacheError unless `ext` is 1-16 characters of [A-Za-z0-9_] and not "lock"/"tmp".
+void check_ext(std::string_view ext);
+
+/// `<32 hex>.<ext>.lock`, beside the entry.
+std::filesystem::path lock_path_for(const std::filesystem::path& entry);
+
+enum class FileKind {
+  Entry,       ///< `<2 hex>/<32 hex>.<ext>` in the right sub-folder
+  Lock,        ///< `<2 hex>/<32 hex>.<ext>.lock`
+  Temp,        ///< `<2 hex>/.<...>.tmp`, a store in progress or an interrupted one
+  Unexpected,  ///< anything else (never deleted by the cache)
+};
+
+struct ScannedFile {
+  std::filesystem::path path;
+  FileKind kind = FileKind::Unexpected;
+  Key key;          ///< Entry and Lock only
+  std::string ext;  ///< Entry only
+  struct stat st {};
+  bool is_dir = false;
+};
+
+/// Every file in the cache folder's sub-folders, plus anything unexpected at the top.
+/// Files that vanish during the scan (concurrent prune, store) are skipped.
+std::vector<ScannedFile> scan(const std::filesystem::path& dir);
+
+/// The sub-folders `<dir>/<2 hex>` that exist.
+std::vector<std::filesystem::path> shard_dirs(const std::filesystem::path& dir);
+
+}  // namespace fusedopt::cache::detail
