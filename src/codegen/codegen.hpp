@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "fusedopt/dtype.hpp"
+#include "fusedopt/kernel.hpp"
 #include "fusedopt/target.hpp"
 #include "lang/ast.hpp"
 
@@ -31,17 +32,8 @@ struct KernelBody {
 /// outputs, then the fp32 master when dtypes.master.
 KernelBody generate_body(const lang::Rule& rule, const DTypeBinding& dtypes);
 
-/// Trusted C++ for what the rule language cannot say. `code` must define
-///   struct Functor { FO_FN void operator()(float& p, float& s0, ..., float g,
-///                                          fo_hypers h) const; };
-/// where fo_hypers (generated) has one float field per hyper, named as given, and `step`.
-/// It is compiled as written: never build one from untrusted input.
-struct TrustedFunctor {
-  std::string name;                                   ///< for #line and the cache record
-  std::string code;
-  std::vector<std::pair<std::string, double>> states;  ///< name, constant initial value
-  std::vector<std::pair<std::string, double>> hypers;  ///< name, default value
-};
+/// See include/fusedopt/kernel.hpp.
+using fusedopt::TrustedFunctor;
 
 /// Emits the body around a trusted functor (validates the names it is given; the code
 /// itself is the caller's responsibility).

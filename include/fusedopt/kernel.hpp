@@ -1,0 +1,78 @@
+// The public face of the core pipeline: parse a rule (or take a preset), compile it for a
+// target and dtype binding through the kernel cache, and inspect what came out. The
+// optimizer runtime builds on this.
+#pragma once
+
+#include <cstddef>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "fusedopt/dtype.hpp"
+#include "fusedopt/error.hpp"
+#include "fusedopt/target.hpp"
+
+namespace fusedopt {
+
+namespace lang {
+struct Rule;
+}
+
+/// A parsed and checked optimizer rule (immutable, cheap to copy).
+class Rule {
+ public:
+  /// Parses and checks `text`; `file` names it in diagnostics. Throws RuleError.
+  static Rule parse(std::string_view text, const std::string& file = "<rule>");
+  /// A shipped preset ("adamw", "sgd", ...). Throws Error for an unknown name.
+  static Rule preset(const std::string& name);
+  /// The preset names.
+  static std::vector<std::string> presets();
+
+  const std::string& name() const;
+  /// Hyper names with their defaults, in declaration order.
+  std::vector<std::pair<std::string, double>> hypers() const;
+  /// State tensor names, in declaration order.
+  std::vector<std::string> states() const;
+
+  /// The internal representation (for fusedopt's own components).
+  const std::shared_ptr<const lang::Rule>& impl() const { return impl_; }
+
+ private:
+  explicit Rule(std::shared_ptr<const lang::Rule> impl) : impl_(std::move(impl)) {}
+  std::shared_ptr<const lang::Rule> impl_;
+};
+
+/// Trusted C++ for what the rule language cannot say. `code` must define
+///   struct Functor { FO_FN void operator()(float& p, float& s0, ..., float g,
+///                                          fo_hypers h) const; };
+/// where fo_hypers has one float field per hyper, named as given, plus `step`. It is
+/// compiled as written: never build one from untrusted input.
+struct TrustedFunctor {
+  std::string name;                                    ///< for #line and the cache record
+  std::string code;
+  std::vector<std::pair<std::string, double>> states;  ///< name, constant initial value
+  std::vector<std::pair<std::string, double>> hypers;  ///< name, default value
+};
+
+/// A compiled kernel as the cache holds it.
+struct CompiledKernel {
+  std::string key;     ///< 32 hex digits (XXH3-128 of the key record)
+  std::string origin;  ///< "compiled", "memory" or "disk"
+  double seconds = 0;  ///< time to get it (compile time on a miss)
+  Target target;
+  DTypeBinding dtypes;
+  std::shared_ptr<const std::string> binary;  ///< CUBIN or shared object bytes
+  std::string source;                         ///< the generated translation unit
+};
+
+/// Generates, then compiles or fetches from the process-wide cache (FUSEDOPT_CACHE_DIR,
+/// FUSEDOPT_CACHE). Compiling for sm_XX needs NVRTC but no GPU. Throws CompileError.
+CompiledKernel compile_kernel(const Rule& rule, const Target& target,
+                              const DTypeBinding& dtypes = {});
+/// The same for a trusted functor.
+CompiledKernel compile_trusted_functor(const TrustedFunctor& functor, const Target& target,
+                                       const DTypeBinding& dtypes = {});
+
+}  // namespace fusedopt
