@@ -64,6 +64,7 @@ void dump_source(const std::string& dir, const std::string& name, const std::str
 
 BuiltKernel build_kernel(const codegen::KernelBody& body, const DTypeBinding& dtypes,
                          const Target& target, cache::KernelCache& cache) {
+  auto start = std::chrono::steady_clock::now();  // the whole lookup: codegen, key, fetch
   BuiltKernel k;
   k.source = codegen::generate_source(body, target);
   const Compiler& compiler = compiler_for(target);
@@ -77,7 +78,6 @@ BuiltKernel build_kernel(const codegen::KernelBody& body, const DTypeBinding& dt
     dump_source(dir, fmt::format("{}-{}-{}{}", stem, target.str(), k.key.hex().substr(0, 16), ext),
                 k.source);
   }
-  auto start = std::chrono::steady_clock::now();
   cache::KernelCache::Result r = cache.get_or_compile(record, k.ext, [&] {
     return compiler.compile(k.source, file, target);
   });

@@ -17,7 +17,7 @@ struct BuiltKernel {
   cache::Origin origin = cache::Origin::Compiled;
   cache::Key key;
   std::string ext;     ///< "cubin" or "so"
-  double seconds = 0;  ///< wall time of get-or-compile (the compile itself on a miss)
+  double seconds = 0;  ///< wall time of the whole call: source, key, fetch or compile
   std::string source;  ///< the generated translation unit
 };
 
