@@ -79,17 +79,21 @@ struct Expr {
   double number = 0;          ///< Op::Number
   int sym = -1;               ///< Op::Ref: index into Rule::symbols
   int def = -1;               ///< Op::Ref to a Temp: index of the statement that defined it
+                              ///< (also set for a read of an Output; -1 for other kinds)
   std::vector<ExprPtr> args;  ///< operands (unary: 1, binary: 2, functions: their arity)
 
   // Filled by the checker.
   bool uniform = false;  ///< depends only on hypers, `step` and constants
-  bool boolean = false;  ///< a truth value (comparison, and/or/not, isfinite)
+                         ///< (a Temp read is uniform when its reaching definition is)
+  bool boolean = false;  ///< a truth value (comparison, and/or/not, isfinite; a read of a
+                         ///< boolean definition; where() of two booleans)
 };
 
 struct Symbol {
   std::string name;
   SymKind kind = SymKind::Temp;
-  Loc loc;                ///< where it was declared (or first assigned, for temporaries)
+  Loc loc;                ///< where it was declared (or first assigned, for temporaries);
+                          ///< line 0 for the built-in step
   int index = 0;          ///< position among the symbols of the same kind
   double default_value = 0;  ///< Hyper: the default
   ExprPtr init;           ///< State: the initial value (constants, hypers and the param only)

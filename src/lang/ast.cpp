@@ -1,0 +1,27 @@
+// The few out-of-line pieces of the AST: symbol-kind names and symbol lookup.
+#include "lang/ast.hpp"
+
+namespace fusedopt::lang {
+
+const char* to_string(SymKind kind) {
+  switch (kind) {
+    case SymKind::Param: return "param";
+    case SymKind::Grad: return "grad";
+    case SymKind::State: return "state";
+    case SymKind::Output: return "output";
+    case SymKind::Hyper: return "hyper";
+    case SymKind::Step: return "step";
+    case SymKind::Temp: return "temporary";
+  }
+  return "unknown";
+}
+
+int Rule::find(const std::string& wanted) const {
+  // Linear: rules have a handful of symbols, and lookups happen at build time, not per step.
+  for (std::size_t i = 0; i < symbols.size(); ++i) {
+    if (symbols[i].name == wanted) return static_cast<int>(i);
+  }
+  return -1;
+}
+
+}  // namespace fusedopt::lang

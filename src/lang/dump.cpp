@@ -1,0 +1,55 @@
+// S-expression dumps of checked rules.
+#include "lang/dump.hpp"
+
+#include <fmt/format.h>
+
+#include "lang/names.hpp"
+
+namespace fusedopt::lang {
+
+const char* op_name(Op op) {
+  switch (op) {
+    case Op::Number: return "number";
+    case Op::Ref: return "ref";
+    case Op::Neg: return "neg";
+    case Op::Not: return "not";
+    case Op::Add: return "+";
+    case Op::Sub: return "-";
+    case Op::Mul: return "*";
+    case Op::Div: return "/";
+    case Op::Pow: return "^";
+    case Op::Lt: return "<";
+    case Op::Le: return "<=";
+    case Op::Gt: return ">";
+    case Op::Ge: return ">=";
+    case Op::Eq: return "==";
+    case Op::Ne: return "!=";
+    case Op::And: return "and";
+    case Op::Or: return "or";
+    default: break;
+  }
+  const FunctionInfo* fn = function_of(op);
+  return fn != nullptr ? fn->name : "?";
+}
+
+std::string dump(const Rule& rule, const Expr& e) {
+  if (e.op == Op::Number) return fmt::format("{}", e.number);
+  if (e.op == Op::Ref) {
+    if (e.sym < 0 || e.sym >= static_cast<int>(rule.symbols.size())) return "?";
+    return rule.symbols[e.sym].name;
+  }
+  std::string out = "(";
+  out += op_name(e.op);
+  for (const ExprPtr& a : e.args) out += " " + dump(rule, *a);
+  return out + ")";
+}
+
+std::string dump(const Rule& rule) {
+  std::string out;
+  for (const Stmt& s : rule.stmts) {
+    out += rule.symbols[s.target].name + " = " + dump(rule, *s.value) + "\n";
+  }
+  return out;
+}
+
+}  // namespace fusedopt::lang

@@ -1,0 +1,20 @@
+// A compact, stable text form of checked rules (S-expressions), for tests and debugging:
+// `-a^2` dumps as "(neg (^ a 2))".
+#pragma once
+
+#include <string>
+
+#include "lang/ast.hpp"
+
+namespace fusedopt::lang {
+
+/// The spelling of an operator or function in dumps: "+", "neg", "sqrt", ...
+const char* op_name(Op op);
+
+/// `e` as an S-expression; names come from `rule`'s symbols.
+std::string dump(const Rule& rule, const Expr& e);
+
+/// Every statement, one per line: "target = S-expression".
+std::string dump(const Rule& rule);
+
+}  // namespace fusedopt::lang
