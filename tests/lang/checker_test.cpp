@@ -1,0 +1,200 @@
+// Semantic rules: names, declarations, read-only symbols, assignment before use, and what
+// the checker derives (reaching definitions, uniform and boolean flags, phases).
+#include <doctest/doctest.h>
+
+#include <string>
+
+#include "lang_test_util.hpp"
+
+using fusedopt::RuleError;
+using fusedopt::lang::Op;
+using fusedopt::lang::parse_rule;
+using fusedopt::lang::SymKind;
+using fusedopt::lang::test::contains;
+using fusedopt::lang::test::kHeader;
+using fusedopt::lang::test::parse_error;
+
+TEST_SUITE("lang") {
+  TEST_CASE("checker reports an unknown name with the nearest declared name") {
+    auto e = parse_error("param p\ngrad g\nhyper beta1 = 0.9\np = p - bta1 * g\n");
+    REQUIRE(e);
+    CHECK(e->line() == 4);
+    CHECK(e->column() == 9);
+    CHECK(e->message() == "unknown name 'bta1'");
+    CHECK(e->hint() == "did you mean 'beta1'?");
+    e = parse_error(kHeader + "tmp = g\np = p - lr * tpm\n");
+    REQUIRE(e);
+    CHECK(e->hint() == "did you mean 'tmp'?");
+    e = parse_error(kHeader + "p = p - lr * zzz_unrelated\n");
+    REQUIRE(e);
+    CHECK(contains(e->hint(), "declare it"));
+    CHECK_THROWS_WITH_AS(parse_rule("param p\ngrad g\np = p - stpe\n", "x.rule"),
+                         doctest::Contains("hint: did you mean 'step'?"), RuleError);
+  }
+
+  TEST_CASE("checker refuses assignment to the gradient, a hyper and step") {
+    FUSEDOPT_CHECK_RULE_ERROR(kHeader + "g = g * 2\np = p - g\n", 4, 1,
+                              "cannot assign to the gradient 'g'");
+    FUSEDOPT_CHECK_RULE_ERROR(kHeader + "p = p - g\nlr = 2\n", 5, 1, "cannot assign to hyper 'lr'");
+    FUSEDOPT_CHECK_RULE_ERROR(kHeader + "step = step + 1\np = p - g\n", 4, 1,
+                              "cannot assign to 'step'");
+  }
+
+  TEST_CASE("checker refuses assignment to function and reserved names") {
+    FUSEDOPT_CHECK_RULE_ERROR(kHeader + "sqrt = 2\n", 4, 1,
+                              "cannot assign to 'sqrt': it is a built-in function");
+    FUSEDOPT_CHECK_RULE_ERROR(kHeader + "float = 2\n", 4, 1, "cannot assign to 'float'");
+    FUSEDOPT_CHECK_RULE_ERROR(kHeader + "threadIdx = 2\n", 4, 1, "cannot assign to 'threadIdx'");
+    FUSEDOPT_CHECK_RULE_ERROR(kHeader + "fo_load = 2\n", 4, 1, "reserved for generated code");
+  }
+
+  TEST_CASE("checker reports a temporary used before it is assigned") {
+    auto e = parse_error(kHeader + "p = p - lr * u\nu = g * 2\n");
+    REQUIRE(e);
+    CHECK(e->line() == 4);
+    CHECK(e->column() == 14);
+    CHECK(e->message() == "'u' is used before it is assigned");
+    CHECK(e->hint() == "it is first assigned at line 5");
+    FUSEDOPT_CHECK_RULE_ERROR(kHeader + "u = u + 1\np = p - u\n", 4, 5,
+                              "'u' is used before it is assigned");
+    FUSEDOPT_CHECK_RULE_ERROR(kHeader + "output o\np = p - o\no = p\n", 5, 9,
+                              "'o' is used before it is assigned");
+  }
+
+  TEST_CASE("checker reports a rule that updates nothing") {
+    auto e = parse_error("param p\ngrad g\nx = g * 2\n");
+    REQUIRE(e);
+    CHECK(e->line() == 1);
+    CHECK(e->column() == 7);
+    CHECK(contains(e->message(), "the rule updates nothing"));
+    FUSEDOPT_CHECK_RULE_ERROR("param p\ngrad g\n", 1, 7, "the rule updates nothing");
+  }
+
+  TEST_CASE("checker reports a state that is never updated and an output never assigned") {
+    FUSEDOPT_CHECK_RULE_ERROR("param p\ngrad g\nstate m = 0, v = 0\nm = g\np = p - m\n", 3, 14,
+                              "state 'v' is never updated");
+    FUSEDOPT_CHECK_RULE_ERROR("param p\ngrad g\noutput o, q\np = p - g\nq = p\n", 3, 8,
+                              "output 'o' is never assigned");
+  }
+
+  TEST_CASE("checker reports duplicate declarations with the first one in the hint") {
+    auto e = parse_error("param p\ngrad g\nstate m = 0\nhyper m = 1\np = p - g\n");
+    REQUIRE(e);
+    CHECK(e->line() == 4);
+    CHECK(e->column() == 7);
+    CHECK(e->message() == "'m' is already declared");
+    CHECK(e->hint() == "'m' is declared as a state at line 3, column 7");
+    FUSEDOPT_CHECK_RULE_ERROR("param p\ngrad p\n", 2, 6, "'p' is already declared");
+    FUSEDOPT_CHECK_RULE_ERROR("param p\ngrad g\nstate m = 0, m = 1\n", 3, 14,
+                              "'m' is already declared");
+  }
+
+  TEST_CASE("checker requires exactly one param and one grad") {
+    FUSEDOPT_CHECK_RULE_ERROR("param p\nparam q\ngrad g\np = p - g\n", 2, 1,
+                              "a rule has exactly one param");
+    FUSEDOPT_CHECK_RULE_ERROR("param p\ngrad g\ngrad h\np = p - g\n", 3, 1,
+                              "a rule has exactly one grad");
+    FUSEDOPT_CHECK_RULE_ERROR("grad g\nhyper lr = 1\n\np = p - g\n", 4, 1,
+                              "the rule declares no param");
+    FUSEDOPT_CHECK_RULE_ERROR("param p\np = p - 1\n", 2, 1, "the rule declares no grad");
+    FUSEDOPT_CHECK_RULE_ERROR("", 1, 1, "the rule declares no param");
+  }
+
+  TEST_CASE("checker refuses to declare keywords, functions and step") {
+    FUSEDOPT_CHECK_RULE_ERROR("param sqrt\n", 1, 7,
+                              "cannot declare 'sqrt': it is a built-in function");
+    FUSEDOPT_CHECK_RULE_ERROR("param p\ngrad g\nhyper step = 1\n", 3, 7, "cannot declare 'step'");
+    FUSEDOPT_CHECK_RULE_ERROR("param p\ngrad g\nstate where = 0\n", 3, 7, "cannot declare 'where'");
+    FUSEDOPT_CHECK_RULE_ERROR("param p\ngrad g\noutput return\n", 3, 8, "cannot declare 'return'");
+    FUSEDOPT_CHECK_RULE_ERROR("param p\ngrad g\nhyper tensor_norm = 1\n", 3, 7,
+                              "reserved for a built-in reduction");
+  }
+
+  TEST_CASE("checker limits a state's initial value to numbers, hypers and the param") {
+    auto rule = parse_rule(
+        "param p\nstate m = lr * p + 1\nhyper lr = 0.5\ngrad g\nm = m\np = p - g\n", "init.rule");
+    const auto& init = *rule->symbols[rule->states.at(0)].init;
+    CHECK(init.op == Op::Add);
+    CHECK_FALSE(init.uniform);
+    FUSEDOPT_CHECK_RULE_ERROR("param p\ngrad g\nstate m = g\n", 3, 11,
+                              "the initial value of state 'm' cannot use the gradient 'g'");
+    FUSEDOPT_CHECK_RULE_ERROR("param p\ngrad g\nstate m = 0, v = m\n", 3, 18,
+                              "cannot use state 'm'");
+    FUSEDOPT_CHECK_RULE_ERROR("param p\ngrad g\nstate m = step\n", 3, 11, "cannot use 'step'");
+    FUSEDOPT_CHECK_RULE_ERROR("param p\ngrad g\nstate m = t\nt = 1\n", 3, 11,
+                              "cannot use the temporary 't'");
+    FUSEDOPT_CHECK_RULE_ERROR("param p\ngrad g\nstate m = lrr\nhyper lr = 1\n", 3, 11,
+                              "unknown name 'lrr'");
+  }
+
+  TEST_CASE("checker links each temporary read to the assignment that reaches it") {
+    auto rule =
+        parse_rule(kHeader + "t = g\nt = t * 2\np = p - lr * t\noutput_x = t\n", "def.rule");
+    REQUIRE(rule->stmts.size() == 4);
+    // t = t * 2 reads the first t (statement 0); p = ... reads the second (statement 1).
+    CHECK(rule->stmts[1].value->args[0]->def == 0);
+    CHECK(rule->stmts[2].value->args[1]->args[1]->def == 1);
+    const int t = rule->find("t");
+    REQUIRE(t >= 0);
+    CHECK(rule->symbols[t].kind == SymKind::Temp);
+    CHECK(rule->symbols[t].written);
+    CHECK(rule->symbols[t].loc.line == 4);
+    CHECK(rule->find("output_x") >= 0);
+    CHECK(rule->find("nope") == -1);
+    // Params and states read their current value, not a definition.
+    CHECK(rule->stmts[2].value->args[0]->def == -1);
+  }
+
+  TEST_CASE("checker marks uniform and boolean expressions") {
+    auto rule = parse_rule(kHeader +
+                               "c = lr * 2 ^ step\n"
+                               "d = c + p\n"
+                               "e = where(isfinite(g), c, 0)\n"
+                               "f = g > 0 and not (lr < 1)\n"
+                               "k = c\n"
+                               "p = p - k * d * e * f\n",
+                           "flags.rule");
+    const auto& s = rule->stmts;
+    CHECK(s[0].value->uniform);
+    CHECK_FALSE(s[0].value->boolean);
+    CHECK_FALSE(s[1].value->uniform);
+    CHECK(s[1].value->args[0]->uniform);  // the temporary c has a uniform definition
+    CHECK_FALSE(s[1].value->args[1]->uniform);
+    CHECK_FALSE(s[2].value->uniform);
+    CHECK(s[2].value->args[0]->boolean);
+    CHECK_FALSE(s[2].value->args[0]->uniform);
+    CHECK(s[3].value->boolean);
+    CHECK(s[3].value->args[1]->boolean);
+    CHECK(s[3].value->args[1]->uniform);
+    CHECK(s[4].value->uniform);
+    CHECK(s[5].value->args[1]->args[1]->boolean);  // reads f, a boolean temporary
+  }
+
+  TEST_CASE("checker gives every symbol kind an index and one phase covering all statements") {
+    auto rule = parse_rule(
+        "param p\ngrad g\nstate a = 0, b = 1\nhyper x = 1, y = 2\noutput o\n"
+        "a = g\nb = a\nt = 1\no = t\np = p - x * a * b\n",
+        "kinds.rule");
+    CHECK(rule->symbols[rule->states[1]].index == 1);
+    CHECK(rule->symbols[rule->hypers[1]].index == 1);
+    CHECK(rule->symbols[rule->outputs[0]].index == 0);
+    REQUIRE(rule->step >= 0);
+    CHECK(rule->symbols[rule->step].kind == SymKind::Step);
+    CHECK(rule->symbols[rule->step].name == "step");
+    REQUIRE(rule->phases.size() == 1);
+    CHECK(rule->phases[0].first == 0);
+    CHECK(rule->phases[0].last == 5);
+    for (const auto& st : rule->stmts) CHECK(st.phase == 0);
+    CHECK(std::string(fusedopt::lang::to_string(SymKind::Output)) == "output");
+    CHECK(std::string(fusedopt::lang::to_string(SymKind::Temp)) == "temporary");
+  }
+
+  TEST_CASE("checker names the rule after its file") {
+    CHECK(parse_rule("param p\ngrad g\np = p - g\n", "dir/sub/my_sgd.rule")->name == "my_sgd");
+    CHECK(parse_rule("param p\ngrad g\np = p - g\n", "C:\\rules\\lion.rule")->name == "lion");
+    CHECK(parse_rule("param p\ngrad g\np = p - g\n", "plain")->name == "plain");
+    auto rule = parse_rule("param p\ngrad g\np = p - g\n", "a/b.rule");
+    CHECK(rule->file == "a/b.rule");
+    CHECK(rule->text == "param p\ngrad g\np = p - g\n");
+  }
+}

@@ -1,0 +1,142 @@
+// Size and depth limits: big rules parse in linear time, oversized ones are refused, and
+// no nesting (parentheses, unary chains, operator chains) can overflow the stack.
+#include <doctest/doctest.h>
+
+#include <chrono>
+#include <string>
+
+#include "lang_test_util.hpp"
+
+using fusedopt::RuleError;
+using fusedopt::lang::kMaxExprDepth;
+using fusedopt::lang::kMaxRuleBytes;
+using fusedopt::lang::parse_rule;
+using fusedopt::lang::test::parse_error;
+
+namespace {
+
+std::string repeat(const std::string& s, int n) {
+  std::string out;
+  out.reserve(s.size() * n);
+  for (int i = 0; i < n; ++i) out += s;
+  return out;
+}
+
+const std::string kPrelude = "param p\ngrad g\n";
+constexpr int kHuge = 100000;
+
+}  // namespace
+
+TEST_SUITE("lang") {
+  TEST_CASE("a one-megabyte rule with many statements parses in well under a second") {
+    std::string text = kPrelude + "hyper lr = 0.01\nstate m = 0\nt0 = g\n";
+    int i = 1;
+    while (text.size() < 1000000 - 64) {
+      text += "t" + std::to_string(i) + " = t" + std::to_string(i - 1) + " * 0.5 + g * lr\n";
+      ++i;
+    }
+    text += "m = m + t" + std::to_string(i - 1) + "\np = p - lr * m\n";
+    REQUIRE(text.size() <= kMaxRuleBytes);
+    CHECK(text.size() > 990000);
+    const auto start = std::chrono::steady_clock::now();
+    auto rule = parse_rule(text, "big.rule");
+    const double seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    CHECK(rule->stmts.size() == static_cast<std::size_t>(i + 2));
+    CHECK(seconds < 1.0);
+    MESSAGE("parsed ", text.size(), " bytes, ", rule->stmts.size(), " statements in ", seconds,
+            " s");
+  }
+
+  TEST_CASE("a rule over kMaxRuleBytes is a clear error") {
+    std::string text = kPrelude + "p = p - g\n";
+    text += std::string(kMaxRuleBytes + 1 - text.size(), ' ');
+    auto e = parse_error(text);
+    REQUIRE(e);
+    CHECK(e->line() == 1);
+    CHECK(e->column() == 1);
+    CHECK(e->message() == "the rule is 1048577 bytes, more than the limit of 1048576 bytes");
+    // Exactly at the limit is fine.
+    text.pop_back();
+    CHECK(parse_rule(text, "limit.rule")->stmts.size() == 1);
+  }
+
+  TEST_CASE("100,000 nested parentheses are refused at the first one too deep") {
+    const std::string text =
+        kPrelude + "p = " + repeat("(", kHuge) + "g" + repeat(")", kHuge) + "\n";
+    auto e = parse_error(text);
+    REQUIRE(e);
+    CHECK(e->line() == 3);
+    CHECK(e->column() == 4 + kMaxExprDepth + 1);
+    CHECK(e->message() == "expression is nested too deeply");
+    // The limit itself is allowed.
+    const std::string ok =
+        kPrelude + "p = " + repeat("(", kMaxExprDepth) + "g" + repeat(")", kMaxExprDepth) + "\n";
+    CHECK(parse_rule(ok, "ok.rule")->stmts.size() == 1);
+  }
+
+  TEST_CASE("100,000 unary minuses are refused without recursion trouble") {
+    FUSEDOPT_CHECK_RULE_ERROR(kPrelude + "p = " + repeat("-", kHuge) + "g\n", 3,
+                              4 + kMaxExprDepth + 1, "expression is nested too deeply");
+    FUSEDOPT_CHECK_RULE_ERROR(kPrelude + "p = " + repeat("+", kHuge) + "g\n", 3,
+                              4 + kMaxExprDepth + 1, "expression is nested too deeply");
+    FUSEDOPT_CHECK_RULE_ERROR(kPrelude + "p = " + repeat("not ", kHuge) + "g\n", 3,
+                              4 + 4 * kMaxExprDepth + 1, "expression is nested too deeply");
+    CHECK(parse_rule(kPrelude + "p = " + repeat("-", kMaxExprDepth - 1) + "g\n", "ok.rule")
+              ->stmts.size() == 1);
+  }
+
+  TEST_CASE("a 100,000-term a+a+a chain is refused because tree depth counts") {
+    // The k-th '+' sits at column 4 + 2k and makes the tree k levels deep.
+    FUSEDOPT_CHECK_RULE_ERROR(kPrelude + "p = " + repeat("g+", kHuge) + "g\n", 3,
+                              4 + 2 * (kMaxExprDepth + 1), "expression is nested too deeply");
+    FUSEDOPT_CHECK_RULE_ERROR(kPrelude + "p = " + repeat("g*", kHuge) + "g\n", 3,
+                              4 + 2 * (kMaxExprDepth + 1), "expression is nested too deeply");
+    CHECK(parse_rule(kPrelude + "p = " + repeat("g+", kMaxExprDepth) + "g\n", "ok.rule")
+              ->stmts.size() == 1);
+  }
+
+  TEST_CASE("a 100,000-term a^a^a chain is refused at the first '^' too deep") {
+    FUSEDOPT_CHECK_RULE_ERROR(kPrelude + "p = " + repeat("g^", kHuge) + "g\n", 3,
+                              4 + 2 * (kMaxExprDepth + 1), "expression is nested too deeply");
+    CHECK(parse_rule(kPrelude + "p = " + repeat("g^", kMaxExprDepth) + "g\n", "ok.rule")
+              ->stmts.size() == 1);
+  }
+
+  TEST_CASE("100,000 nested calls are refused at the '(' too deep") {
+    const std::string text =
+        kPrelude + "p = " + repeat("abs(", kHuge) + "g" + repeat(")", kHuge) + "\n";
+    FUSEDOPT_CHECK_RULE_ERROR(text, 3, 4 + 4 * (kMaxExprDepth + 1), "nested too deeply");
+    // 50,000 levels: 100,000 would not fit in kMaxRuleBytes.
+    const std::string where =
+        kPrelude + "p = " + repeat("where(g, p, ", kHuge / 2) + "g" + repeat(")", kHuge / 2) + "\n";
+    FUSEDOPT_CHECK_RULE_ERROR(where, 3, 4 + 12 * kMaxExprDepth + 6, "nested too deeply");
+  }
+
+  TEST_CASE("a 100,000-character name or number is handled in linear time") {
+    const std::string name(kHuge, 'x');
+    auto e = parse_error(kPrelude + "p = p - " + name + "\n");
+    REQUIRE(e);
+    CHECK(e->column() == 9);
+    CHECK(e->message().size() < 200 + name.size());
+    auto n = parse_error(kPrelude + "p = p - " + std::string(kHuge, '9') + "\n");
+    REQUIRE(n);
+    CHECK(n->message().size() < 100);
+    CHECK(n->message().find("too large") != std::string::npos);
+  }
+
+  TEST_CASE("70,000 temporaries resolve in linear time") {
+    constexpr int kTemps = 70000;  // as many as fit in kMaxRuleBytes
+    std::string text = kPrelude + "a0=g\n";
+    for (int i = 1; i < kTemps; ++i) {
+      text += "a" + std::to_string(i) + "=a" + std::to_string(i - 1) + "\n";
+    }
+    text += "p = p - a" + std::to_string(kTemps - 1) + "\n";
+    const auto start = std::chrono::steady_clock::now();
+    auto rule = parse_rule(text, "temps.rule");
+    const double seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    CHECK(rule->stmts.size() == static_cast<std::size_t>(kTemps + 1));
+    CHECK(seconds < 1.0);
+  }
+}
