@@ -8,6 +8,8 @@
 
 #include <cerrno>
 #include <cstring>
+#include <map>
+#include <mutex>
 
 #include "fusedopt/error.hpp"
 
@@ -51,10 +53,15 @@ std::unique_ptr<DynLib> DynLib::from_bytes(const std::string& bytes, const std::
     }
     done += static_cast<std::size_t>(n);
   }
-  void* h = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
+  // RTLD_NODELETE: a host kernel pulls in libgomp, whose worker threads outlive any
+  // dlclose; unloading the code under them crashes the process at exit.
+  void* h = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL | RTLD_NODELETE);
   const char* err = h ? nullptr : dlerror();
   std::string message = err ? err : "";
-  close(fd);
+  // The descriptor stays open while the module is loaded (for good, as it is never
+  // unloaded): dlopen finds loaded objects by path, so a reused "/proc/self/fd/N" would
+  // hand back an earlier kernel instead of loading this one.
+  if (!h) close(fd);
   if (path == tmpl) unlink(tmpl);
   if (!h) throw Error("cannot load kernel '" + name + "': " + message);
   return std::unique_ptr<DynLib>(new DynLib(h, name));
@@ -65,5 +72,17 @@ DynLib::~DynLib() {
 }
 
 void* DynLib::symbol(const char* name) const { return dlsym(handle_, name); }
+
+std::shared_ptr<const DynLib> load_host_module(const std::string& key, const std::string& bytes,
+                                               const std::string& name) {
+  static std::mutex mutex;
+  static std::map<std::string, std::shared_ptr<const DynLib>> loaded;
+  std::lock_guard<std::mutex> lock(mutex);
+  auto it = loaded.find(key);
+  if (it != loaded.end()) return it->second;
+  std::shared_ptr<const DynLib> lib = DynLib::from_bytes(bytes, name);
+  loaded.emplace(key, lib);
+  return lib;
+}
 
 }  // namespace fusedopt::jit

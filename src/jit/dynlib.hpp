@@ -14,8 +14,9 @@ class DynLib {
   /// messages joined into `*error`.
   static std::unique_ptr<DynLib> open_first(const std::vector<std::string>& candidates,
                                             std::string* error);
-  /// Loads a shared object from bytes (an in-memory file where the kernel allows it).
-  /// Throws fusedopt::Error on failure.
+  /// Loads a shared object from bytes (an in-memory file where the kernel allows it). It
+  /// stays mapped for the life of the process (RTLD_NODELETE), so load each binary once:
+  /// see load_host_module(). Throws fusedopt::Error on failure.
   static std::unique_ptr<DynLib> from_bytes(const std::string& bytes, const std::string& name);
   ~DynLib();
   DynLib(const DynLib&) = delete;
@@ -30,5 +31,10 @@ class DynLib {
   void* handle_;
   std::string path_;
 };
+
+/// The loaded module for a host kernel binary, shared by everyone who asks for the same
+/// cache key: a binary is mapped once per process.
+std::shared_ptr<const DynLib> load_host_module(const std::string& key, const std::string& bytes,
+                                               const std::string& name);
 
 }  // namespace fusedopt::jit

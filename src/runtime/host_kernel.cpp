@@ -23,7 +23,7 @@ using EntryPoint = void (*)(const fo_launch*);
 }  // namespace
 
 struct HostKernel::Impl {
-  std::unique_ptr<jit::DynLib> lib;
+  std::shared_ptr<const jit::DynLib> lib;
   EntryPoint step = nullptr;
   EntryPoint init = nullptr;
   int num_roles = 0;
@@ -98,7 +98,7 @@ HostKernel::HostKernel(std::shared_ptr<const lang::Rule> rule, DTypeBinding dtyp
   codegen::KernelBody body = codegen::generate_body(*rule_, dtypes_);
   jit::BuiltKernel built = jit::build_kernel(body, dtypes_, Target::host(), cache);
   origin_ = cache::to_string(built.origin);
-  impl_->lib = jit::DynLib::from_bytes(*built.binary, "fusedopt-" + rule_->name);
+  impl_->lib = jit::load_host_module(built.key.hex(), *built.binary, "fusedopt-" + rule_->name);
   auto abi = reinterpret_cast<int (*)()>(impl_->lib->symbol("fusedopt_abi_version"));
   impl_->step = reinterpret_cast<EntryPoint>(impl_->lib->symbol("fusedopt_step_host"));
   impl_->init = reinterpret_cast<EntryPoint>(impl_->lib->symbol("fusedopt_init_host"));

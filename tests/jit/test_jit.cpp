@@ -1,6 +1,7 @@
 // Compilation: NVRTC -> CUBIN for sm_80/sm_90 without a GPU, host -> .so that runs and
 // matches a float64 reference, compile errors, source dumps and the key record.
 #include <doctest/doctest.h>
+#include <fmt/format.h>
 
 #include <cmath>
 #include <cstdlib>
@@ -137,6 +138,22 @@ avg = decay * avg + (1 - decay) * w
           // delta = -lr * buf carries buf's error scaled by lr.
           REQUIRE(std::fabs(delta[t][i] - dl) <= 1e-5 * lr * (1 + std::fabs(rbuf[t][i])));
         }
+      }
+    }
+  }
+
+  TEST_CASE("host kernels loaded one after another each run their own code") {
+    // Regression: modules load from /proc/self/fd/N; when the descriptor was closed, the
+    // next kernel got the same N and dlopen returned the previous, different kernel.
+    cache::KernelCache cache(no_cache());
+    for (int round = 0; round < 3; ++round) {
+      for (float sign : {-1.0f, 1.0f}) {
+        std::string text = fmt::format("param p\ngrad g\np = p + {} * g + {}\n", sign, round);
+        runtime::HostKernel k(lang::parse_rule(text, "r.rule"), DTypeBinding{}, cache);
+        std::vector<float> p = {1.0f, 2.0f}, g = {0.5f, 0.25f};
+        k.run({{p.data(), g.data()}}, {2}, {k.default_hypers()}, 1.0f);
+        CHECK(p[0] == 1.0f + sign * 0.5f + round);
+        CHECK(p[1] == 2.0f + sign * 0.25f + round);
       }
     }
   }
