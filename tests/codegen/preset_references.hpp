@@ -1,0 +1,339 @@
+// The float64 references of the preset tests (test_presets.cpp): each optimizer's update
+// written by hand from its reference implementation, the references' default hypers, and
+// 16-bit storage formats (round to nearest even) written independently of the library.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <functional>
+#include <map>
+#include <sstream>
+#include <stdexcept>
+#include <string>
+
+#include "fusedopt/dtype.hpp"
+
+namespace fusedopt_tests {
+
+using fusedopt::DType;
+
+inline std::string fmt_double(double x) {
+  std::ostringstream os;
+  os.precision(9);
+  os << x;
+  return os.str();
+}
+
+// ---------------------------------------------------------------------------------------
+// Hypers: the reference's defaults, written out here (not read from the rules).
+
+using Hypers = std::map<std::string, double>;
+
+/// `base` with `changes` applied; a name `base` lacks is a bug in this file.
+inline Hypers with(Hypers base, const Hypers& changes) {
+  for (const auto& [name, value] : changes) {
+    if (!base.count(name)) throw std::logic_error("no hyper '" + name + "' to change");
+    base[name] = value;
+  }
+  return base;
+}
+
+inline std::string describe(const Hypers& h) {
+  std::string out;
+  for (const auto& [name, value] : h)
+    out += (out.empty() ? "" : ", ") + name + "=" + fmt_double(value);
+  return out;
+}
+
+/// A hyper as the kernel sees it: hypers are passed as fp32, so the reference uses the
+/// same (rounded) value and the comparison measures only the arithmetic.
+inline double hyper(const Hypers& h, const char* name) {
+  return static_cast<double>(static_cast<float>(h.at(name)));
+}
+
+inline const Hypers kSgdDefaults = {{"lr", 1e-3},        {"momentum", 0}, {"dampening", 0},
+                                    {"weight_decay", 0}, {"nesterov", 0}, {"maximize", 0}};
+inline const Hypers kAdamDefaults = {{"lr", 1e-3},  {"beta1", 0.9},      {"beta2", 0.999},
+                                     {"eps", 1e-8}, {"weight_decay", 0}, {"maximize", 0}};
+inline const Hypers kAdamWDefaults = {{"lr", 1e-3},  {"beta1", 0.9},         {"beta2", 0.999},
+                                      {"eps", 1e-8}, {"weight_decay", 1e-2}, {"maximize", 0}};
+inline const Hypers kAdagradDefaults = {{"lr", 1e-2},        {"lr_decay", 0},
+                                        {"weight_decay", 0}, {"initial_accumulator_value", 0},
+                                        {"eps", 1e-10},      {"maximize", 0}};
+inline const Hypers kRmspropDefaults = {{"lr", 1e-2},        {"alpha", 0.99}, {"eps", 1e-8},
+                                        {"weight_decay", 0}, {"momentum", 0}, {"centered", 0},
+                                        {"maximize", 0}};
+inline const Hypers kAdamaxDefaults = {{"lr", 2e-3},  {"beta1", 0.9},      {"beta2", 0.999},
+                                       {"eps", 1e-8}, {"weight_decay", 0}, {"maximize", 0}};
+inline const Hypers kNadamDefaults = {{"lr", 2e-3},
+                                      {"beta1", 0.9},
+                                      {"beta2", 0.999},
+                                      {"eps", 1e-8},
+                                      {"weight_decay", 0},
+                                      {"momentum_decay", 4e-3},
+                                      {"decoupled_weight_decay", 0},
+                                      {"maximize", 0}};
+inline const Hypers kLionDefaults = {
+    {"lr", 1e-4}, {"beta1", 0.9}, {"beta2", 0.99}, {"weight_decay", 0}};
+// BertAdam's lr is `required` (no default); the preset picks 1e-3.
+inline const Hypers kBertAdamDefaults = {
+    {"lr", 1e-3}, {"beta1", 0.9}, {"beta2", 0.999}, {"eps", 1e-6}, {"weight_decay", 1e-2}};
+
+// ---------------------------------------------------------------------------------------
+// The float64 references. Each updates one element: `p` and the states `s` (in the rule's
+// declaration order) in place, for the 1-based step `t`. The return value is extra
+// absolute slack the param may need for this step (only Lion's sign needs any).
+
+using RefStep = std::function<double(double t, double& p, double g, double* s)>;
+
+// torch.optim.SGD, _single_tensor_sgd.
+inline RefStep sgd_reference(const Hypers& h) {
+  const double lr = hyper(h, "lr"), momentum = hyper(h, "momentum");
+  const double dampening = hyper(h, "dampening"), wd = hyper(h, "weight_decay");
+  const bool nesterov = hyper(h, "nesterov") != 0, maximize = hyper(h, "maximize") != 0;
+  return [=](double t, double& p, double g, double* s) {
+    double& buf = s[0];
+    double grad = maximize ? -g : g;
+    if (wd != 0) grad = grad + wd * p;
+    if (momentum != 0) {
+      if (t == 1) {
+        buf = grad;  // torch: buf = torch.clone(grad) when there is no buffer yet
+      } else {
+        buf = buf * momentum + (1 - dampening) * grad;
+      }
+      grad = nesterov ? grad + momentum * buf : buf;
+    }
+    p = p - lr * grad;
+    return 0.0;
+  };
+}
+
+// torch.optim.Adam / AdamW, _single_tensor_adam: L2 (Adam) or decoupled (AdamW) weight
+// decay, optionally AMSGrad (states m, v, max_v).
+inline RefStep adam_reference(const Hypers& h, bool decoupled, bool amsgrad) {
+  const double lr = hyper(h, "lr"), beta1 = hyper(h, "beta1"), beta2 = hyper(h, "beta2");
+  const double eps = hyper(h, "eps"), wd = hyper(h, "weight_decay");
+  const bool maximize = hyper(h, "maximize") != 0;
+  return [=](double t, double& p, double g, double* s) {
+    double& m = s[0];
+    double& v = s[1];
+    double grad = maximize ? -g : g;
+    if (wd != 0) {
+      if (decoupled) {
+        p = p * (1 - lr * wd);
+      } else {
+        grad = grad + wd * p;
+      }
+    }
+    m = beta1 * m + (1 - beta1) * grad;
+    v = beta2 * v + (1 - beta2) * grad * grad;
+    const double bias_correction1 = 1 - std::pow(beta1, t);
+    const double bias_correction2 = 1 - std::pow(beta2, t);
+    double second = v;
+    if (amsgrad) {
+      s[2] = std::max(s[2], v);
+      second = s[2];
+    }
+    const double denom = std::sqrt(second) / std::sqrt(bias_correction2) + eps;
+    p = p - (lr / bias_correction1) * m / denom;
+    return 0.0;
+  };
+}
+
+// torch.optim.Adagrad, _single_tensor_adagrad (dense).
+inline RefStep adagrad_reference(const Hypers& h) {
+  const double lr = hyper(h, "lr"), lr_decay = hyper(h, "lr_decay");
+  const double wd = hyper(h, "weight_decay"), eps = hyper(h, "eps");
+  const bool maximize = hyper(h, "maximize") != 0;
+  return [=](double t, double& p, double g, double* s) {
+    double& sum = s[0];
+    double grad = maximize ? -g : g;
+    if (wd != 0) grad = grad + wd * p;
+    const double clr = lr / (1 + (t - 1) * lr_decay);
+    sum = sum + grad * grad;
+    p = p - clr * grad / (std::sqrt(sum) + eps);
+    return 0.0;
+  };
+}
+
+// torch.optim.RMSprop, _single_tensor_rmsprop (states square_avg, grad_avg, momentum_buffer).
+inline RefStep rmsprop_reference(const Hypers& h) {
+  const double lr = hyper(h, "lr"), alpha = hyper(h, "alpha"), eps = hyper(h, "eps");
+  const double wd = hyper(h, "weight_decay"), momentum = hyper(h, "momentum");
+  const bool centered = hyper(h, "centered") != 0, maximize = hyper(h, "maximize") != 0;
+  return [=](double, double& p, double g, double* s) {
+    double& square_avg = s[0];
+    double& grad_avg = s[1];
+    double& buf = s[2];
+    double grad = maximize ? -g : g;
+    if (wd != 0) grad = grad + wd * p;
+    square_avg = alpha * square_avg + (1 - alpha) * grad * grad;
+    double avg;
+    if (centered) {
+      grad_avg = alpha * grad_avg + (1 - alpha) * grad;
+      avg = std::sqrt(square_avg - grad_avg * grad_avg);
+    } else {
+      avg = std::sqrt(square_avg);
+    }
+    avg = avg + eps;
+    if (momentum > 0) {
+      buf = momentum * buf + grad / avg;
+      p = p - lr * buf;
+    } else {
+      p = p - lr * grad / avg;
+    }
+    return 0.0;
+  };
+}
+
+// torch.optim.Adamax, _single_tensor_adamax (states m, exp_inf).
+inline RefStep adamax_reference(const Hypers& h) {
+  const double lr = hyper(h, "lr"), beta1 = hyper(h, "beta1"), beta2 = hyper(h, "beta2");
+  const double eps = hyper(h, "eps"), wd = hyper(h, "weight_decay");
+  const bool maximize = hyper(h, "maximize") != 0;
+  return [=](double t, double& p, double g, double* s) {
+    double& m = s[0];
+    double& exp_inf = s[1];
+    double grad = maximize ? -g : g;
+    if (wd != 0) grad = grad + wd * p;
+    m = beta1 * m + (1 - beta1) * grad;
+    exp_inf = std::max(beta2 * exp_inf, std::abs(grad) + eps);
+    const double clr = lr / (1 - std::pow(beta1, t));
+    p = p - clr * m / exp_inf;
+    return 0.0;
+  };
+}
+
+// torch.optim.NAdam, _single_tensor_nadam (states m, v, mu_prod).
+inline RefStep nadam_reference(const Hypers& h) {
+  const double lr = hyper(h, "lr"), beta1 = hyper(h, "beta1"), beta2 = hyper(h, "beta2");
+  const double eps = hyper(h, "eps"), wd = hyper(h, "weight_decay");
+  const double momentum_decay = hyper(h, "momentum_decay");
+  const bool decoupled = hyper(h, "decoupled_weight_decay") != 0;
+  const bool maximize = hyper(h, "maximize") != 0;
+  return [=](double t, double& p, double g, double* s) {
+    double& m = s[0];
+    double& v = s[1];
+    double& mu_product = s[2];
+    double grad = maximize ? -g : g;
+    if (wd != 0) {
+      if (decoupled) {
+        p = p * (1 - lr * wd);
+      } else {
+        grad = grad + wd * p;
+      }
+    }
+    const double bias_correction2 = 1 - std::pow(beta2, t);
+    const double mu = beta1 * (1 - 0.5 * std::pow(0.96, t * momentum_decay));
+    const double mu_next = beta1 * (1 - 0.5 * std::pow(0.96, (t + 1) * momentum_decay));
+    mu_product = mu_product * mu;
+    m = beta1 * m + (1 - beta1) * grad;
+    v = beta2 * v + (1 - beta2) * grad * grad;
+    const double denom = std::sqrt(v / bias_correction2) + eps;
+    const double mu_product_next = mu_product * mu_next;
+    p = p - lr * (1 - mu) / (1 - mu_product) * grad / denom;
+    p = p - lr * mu_next / (1 - mu_product_next) * m / denom;
+    return 0.0;
+  };
+}
+
+// lucidrains/lion-pytorch update_fn (state m).
+inline RefStep lion_reference(const Hypers& h) {
+  const double lr = hyper(h, "lr"), beta1 = hyper(h, "beta1"), beta2 = hyper(h, "beta2");
+  const double wd = hyper(h, "weight_decay");
+  return [=](double, double& p, double g, double* s) {
+    double& m = s[0];
+    p = p * (1 - lr * wd);
+    const double c = beta1 * m + (1 - beta1) * g;
+    // sign() is discontinuous at 0: where c is within fp32 rounding of 0, the kernel may
+    // take the other sign, moving p by up to 2 lr (m does not depend on p, so m stays exact).
+    const double slack =
+        std::abs(c) <= 1e-4 * (beta1 * std::abs(m) + (1 - beta1) * std::abs(g)) ? 2 * lr : 0.0;
+    p = p - lr * ((c > 0) - (c < 0));
+    m = beta2 * m + (1 - beta2) * g;
+    return slack;
+  };
+}
+
+// pytorch_pretrained_bert BertAdam.step, without schedule and clipping (states m, v).
+inline RefStep bertadam_reference(const Hypers& h) {
+  const double lr = hyper(h, "lr"), beta1 = hyper(h, "beta1"), beta2 = hyper(h, "beta2");
+  const double eps = hyper(h, "eps"), wd = hyper(h, "weight_decay");
+  return [=](double, double& p, double g, double* s) {
+    double& m = s[0];
+    double& v = s[1];
+    m = beta1 * m + (1 - beta1) * g;
+    v = beta2 * v + (1 - beta2) * g * g;
+    double update = m / (std::sqrt(v) + eps);
+    if (wd > 0) update += wd * p;
+    p = p - lr * update;
+    return 0.0;
+  };
+}
+
+// ---------------------------------------------------------------------------------------
+// Storage formats for the dtype tests, written here rather than taken from the library:
+// round to nearest even from float64, and the bit encodings.
+
+/// `x` rounded to nearest even in a binary format with `mant_bits` fraction bits and
+/// smallest normal exponent `min_exp` (fp16: 10, -14; bf16: 7, -126). No overflow handling:
+/// the values here are far from the largest finite value.
+inline double round_to_format(double x, int mant_bits, int min_exp) {
+  if (x == 0 || !std::isfinite(x)) return x;
+  int e = 0;
+  std::frexp(std::abs(x), &e);  // |x| = f * 2^e, f in [0.5, 1): leading bit at 2^(e-1)
+  const double ulp = std::ldexp(1.0, std::max(e - 1, min_exp) - mant_bits);
+  return std::nearbyint(x / ulp) * ulp;  // scaling by 2^k is exact; nearbyint ties to even
+}
+
+inline double format_ulp(double x, int mant_bits, int min_exp) {
+  int e = 0;
+  std::frexp(std::abs(x), &e);
+  return std::ldexp(1.0, std::max(e - 1, min_exp) - mant_bits);
+}
+
+inline int mant_bits(DType d) { return d == DType::F16 ? 10 : 7; }
+inline int min_exp(DType d) { return d == DType::F16 ? -14 : -126; }
+
+inline double round_to(DType d, double x) { return round_to_format(x, mant_bits(d), min_exp(d)); }
+
+/// The storage bits of `x` (rounded to nearest even first).
+inline std::uint16_t encode(DType d, double x) {
+  const double r = round_to(d, x);
+  if (d == DType::BF16) {
+    const float f = static_cast<float>(r);  // exact: a bf16 value is a float value
+    std::uint32_t u = 0;
+    std::memcpy(&u, &f, 4);
+    return static_cast<std::uint16_t>(u >> 16);
+  }
+  const std::uint16_t sign = std::signbit(r) ? 0x8000 : 0;
+  const double a = std::abs(r);
+  if (a == 0) return sign;
+  if (a < std::ldexp(1.0, -14)) {  // subnormal: a multiple of 2^-24
+    return static_cast<std::uint16_t>(sign | static_cast<std::uint16_t>(std::ldexp(a, 24)));
+  }
+  int e = 0;
+  std::frexp(a, &e);
+  const int exponent = e - 1;
+  const auto mantissa = static_cast<std::uint16_t>(std::ldexp(a, -exponent) * 1024.0 - 1024.0);
+  return static_cast<std::uint16_t>(sign | ((exponent + 15) << 10) | mantissa);
+}
+
+inline double decode(DType d, std::uint16_t bits) {
+  if (d == DType::BF16) {
+    const std::uint32_t u = static_cast<std::uint32_t>(bits) << 16;
+    float f = 0;
+    std::memcpy(&f, &u, 4);
+    return f;
+  }
+  const double sign = (bits & 0x8000) ? -1.0 : 1.0;
+  const int exponent = (bits >> 10) & 0x1f;
+  const int mantissa = bits & 0x3ff;
+  if (exponent == 0) return sign * std::ldexp(mantissa, -24);
+  if (exponent == 31) return mantissa ? NAN : sign * INFINITY;
+  return sign * std::ldexp(1024 + mantissa, exponent - 25);
+}
+
+}  // namespace fusedopt_tests

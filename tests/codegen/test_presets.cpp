@@ -1,0 +1,681 @@
+// Every preset rule against its reference optimizer: each test runs a preset through the
+// host kernel for 100 steps on tensors of several sizes, with fresh random params and
+// gradients, and compares params and states with a float64 reference written by hand here
+// from the reference implementation (torch.optim's single-tensor path, lion-pytorch,
+// BertAdam), independent of the rule text.
+#include <doctest/doctest.h>
+#include <stdlib.h>  // mkdtemp
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdlib>
+#include <filesystem>
+#include <functional>
+#include <map>
+#include <memory>
+#include <numeric>
+#include <random>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "cache/kernel_cache.hpp"
+#include "codegen/preset_references.hpp"
+#include "fusedopt/dtype.hpp"
+#include "lang/ast.hpp"
+#include "presets.hpp"
+#include "runtime/host_kernel.hpp"
+
+namespace fusedopt_tests {
+namespace {
+
+using fusedopt::DTypeBinding;
+using fusedopt::runtime::HostKernel;
+
+// ---------------------------------------------------------------------------------------
+// Fixtures: a private kernel cache, seeds.
+
+/// A folder of our own (mode 0700, as the cache demands), removed at exit.
+struct TempDir {
+  std::filesystem::path path;
+  TempDir() {
+    std::string pattern =
+        (std::filesystem::temp_directory_path() / "fusedopt-presets-XXXXXX").string();
+    if (!mkdtemp(pattern.data())) throw std::runtime_error("mkdtemp failed for " + pattern);
+    path = pattern;
+  }
+  ~TempDir() {
+    std::error_code ec;
+    std::filesystem::remove_all(path, ec);
+  }
+};
+
+fusedopt::cache::KernelCache& test_cache() {
+  static TempDir dir;  // constructed first, so destroyed after the cache
+  static fusedopt::cache::KernelCache cache([] {
+    fusedopt::cache::KernelCache::Options options;
+    options.dir = dir.path;
+    options.mode = fusedopt::cache::KernelCache::Mode::Memory;
+    return options;
+  }());
+  return cache;
+}
+
+/// A fresh seed per test, or FUSEDOPT_TEST_SEED to replay a failure.
+std::uint32_t fresh_seed() {
+  if (const char* s = std::getenv("FUSEDOPT_TEST_SEED")) {
+    return static_cast<std::uint32_t>(std::strtoul(s, nullptr, 10));
+  }
+  return std::random_device{}();
+}
+
+bool verbose() { return std::getenv("FUSEDOPT_TEST_VERBOSE") != nullptr; }
+
+// ---------------------------------------------------------------------------------------
+// What each preset is checked against.
+
+/// The test for every param and state value after every step:
+///   |fused - ref| <= tol * (|ref| + max |ref|)
+/// where the max runs over that role's values, at that step, in every tensor of the param
+/// group. The kernel computes in fp32, so its values drift from the float64 reference by
+/// rounding, and the rounding error of a value is relative to the magnitude of the terms it
+/// was computed from (the data's scale), not to the value itself, which may be a small
+/// difference of large terms (e.g. RMSprop's momentum buffer, or a param crossing zero).
+/// With tol = 1e-5, the worst drift measured over 100 steps (six runs of every setting) is
+/// 0.2 of the allowed error for params (Lion, whose sign slack comes on top) and 0.05 for
+/// states, except NAdam's mu_prod with momentum_decay 0.1: 0.39, the same every run, since
+/// the rule computes mu = beta1 * (1 - 0.5 * 0.96^(t * momentum_decay)) in fp32 (0.96 itself
+/// rounded) where torch uses float64, and the product over steps carries the difference.
+/// A wrong constant, operand or order in a rule shows up far above the tolerance.
+double allowed_error(double tol, double ref, double scale) { return tol * (std::abs(ref) + scale); }
+
+struct PresetSpec {
+  std::string name;
+  Hypers defaults;
+  std::vector<std::string> states;                         ///< the rule's declaration order
+  std::function<std::vector<double>(const Hypers&)> init;  ///< initial state values
+  std::function<RefStep(const Hypers&)> reference;
+  double tol;  ///< see allowed_error
+};
+
+std::vector<double> zeros(std::size_t n) { return std::vector<double>(n, 0.0); }
+
+const std::vector<PresetSpec>& specs() {
+  // One tolerance fits all presets; see allowed_error for what was measured.
+  constexpr double kDefault = 1e-5;
+  static const std::vector<PresetSpec> table = {
+      {"sgd",
+       kSgdDefaults,
+       {"momentum_buffer"},
+       [](const Hypers&) { return zeros(1); },
+       sgd_reference,
+       kDefault},
+      {"adam",
+       kAdamDefaults,
+       {"m", "v"},
+       [](const Hypers&) { return zeros(2); },
+       [](const Hypers& h) { return adam_reference(h, false, false); },
+       kDefault},
+      {"adamw",
+       kAdamWDefaults,
+       {"m", "v"},
+       [](const Hypers&) { return zeros(2); },
+       [](const Hypers& h) { return adam_reference(h, true, false); },
+       kDefault},
+      {"amsgrad",
+       kAdamDefaults,
+       {"m", "v", "max_v"},
+       [](const Hypers&) { return zeros(3); },
+       [](const Hypers& h) { return adam_reference(h, false, true); },
+       kDefault},
+      {"adagrad",
+       kAdagradDefaults,
+       {"sum"},
+       [](const Hypers& h) { return std::vector<double>{hyper(h, "initial_accumulator_value")}; },
+       adagrad_reference,
+       kDefault},
+      {"rmsprop",
+       kRmspropDefaults,
+       {"square_avg", "grad_avg", "momentum_buffer"},
+       [](const Hypers&) { return zeros(3); },
+       rmsprop_reference,
+       kDefault},
+      {"adamax",
+       kAdamaxDefaults,
+       {"m", "exp_inf"},
+       [](const Hypers&) { return zeros(2); },
+       adamax_reference,
+       kDefault},
+      {"nadam",
+       kNadamDefaults,
+       {"m", "v", "mu_prod"},
+       [](const Hypers&) {
+         return std::vector<double>{0, 0, 1};
+       },
+       nadam_reference,
+       kDefault},
+      {"lion",
+       kLionDefaults,
+       {"m"},
+       [](const Hypers&) { return zeros(1); },
+       lion_reference,
+       kDefault},
+      {"bertadam",
+       kBertAdamDefaults,
+       {"m", "v"},
+       [](const Hypers&) { return zeros(2); },
+       bertadam_reference,
+       kDefault},
+  };
+  return table;
+}
+
+const PresetSpec& spec(const std::string& name) {
+  for (const PresetSpec& s : specs()) {
+    if (s.name == name) return s;
+  }
+  throw std::logic_error("no spec for preset '" + name + "'");
+}
+
+// ---------------------------------------------------------------------------------------
+// Reading the rule: names, and the value of a state's initial expression.
+
+std::vector<std::string> names_of(const fusedopt::lang::Rule& rule, const std::vector<int>& syms) {
+  std::vector<std::string> out;
+  for (int s : syms) out.push_back(rule.symbols[s].name);
+  return out;
+}
+
+/// Evaluates a state's initial value: constants and hypers with + - * / and unary minus.
+double eval_init(const fusedopt::lang::Rule& rule, const fusedopt::lang::Expr& e, const Hypers& h) {
+  using fusedopt::lang::Op;
+  auto arg = [&](int i) { return eval_init(rule, *e.args.at(i), h); };
+  switch (e.op) {
+    case Op::Number:
+      return e.number;
+    case Op::Ref: {
+      const auto& sym = rule.symbols.at(e.sym);
+      if (sym.kind != fusedopt::lang::SymKind::Hyper) {
+        throw std::runtime_error("initial value reads '" + sym.name + "', not a hyper");
+      }
+      return hyper(h, sym.name.c_str());
+    }
+    case Op::Neg:
+      return -arg(0);
+    case Op::Add:
+      return arg(0) + arg(1);
+    case Op::Sub:
+      return arg(0) - arg(1);
+    case Op::Mul:
+      return arg(0) * arg(1);
+    case Op::Div:
+      return arg(0) / arg(1);
+    default:
+      throw std::runtime_error("initial value uses an operator this test does not evaluate");
+  }
+}
+
+std::vector<double> rule_init(const fusedopt::lang::Rule& rule, const Hypers& h) {
+  std::vector<double> out;
+  for (int s : rule.states) {
+    const auto& init = rule.symbols[s].init;
+    if (!init)
+      throw std::runtime_error("state '" + rule.symbols[s].name + "' has no initial value");
+    out.push_back(eval_init(rule, *init, h));
+  }
+  return out;
+}
+
+/// The kernel's hyper vector for `h`, after checking the rule has exactly those hypers.
+std::vector<float> kernel_hypers(const HostKernel& kernel, const Hypers& h) {
+  std::vector<std::string> names = names_of(kernel.rule(), kernel.rule().hypers);
+  std::sort(names.begin(), names.end());
+  std::vector<std::string> expected;
+  for (const auto& kv : h) expected.push_back(kv.first);  // std::map: sorted
+  REQUIRE(names == expected);
+  std::vector<float> values = kernel.default_hypers();
+  for (const auto& [name, value] : h)
+    values = kernel.with_hyper(values, name, static_cast<float>(value));
+  return values;
+}
+
+// ---------------------------------------------------------------------------------------
+// Comparison bookkeeping: counts violations and remembers the worst one.
+
+struct Comparison {
+  int step = 0;
+  long long bad = 0;
+  double worst_ratio = 0;  ///< largest |err| / allowed seen (bad or not)
+  double worst_bad_ratio = 0;
+  std::string worst_bad;
+
+  void check(const char* what, std::size_t tensor, std::size_t i, double got, double want,
+             double allowed) {
+    const double err = std::abs(got - want);
+    const double ratio = allowed > 0 ? err / allowed : (err > 0 ? INFINITY : 0);
+    if (ratio > worst_ratio || std::isnan(ratio))
+      worst_ratio = std::isnan(ratio) ? INFINITY : ratio;
+    if (!(err <= allowed)) {  // NaN fails too
+      ++bad;
+      if (!(ratio <= worst_bad_ratio)) {
+        worst_bad_ratio = std::isnan(ratio) ? INFINITY : ratio;
+        worst_bad = "step " + std::to_string(step) + ", tensor " + std::to_string(tensor) +
+                    ", element " + std::to_string(i) + ", " + what + ": fused " + fmt_double(got) +
+                    ", reference " + fmt_double(want) + ", allowed error " + fmt_double(allowed);
+      }
+    }
+  }
+};
+
+constexpr int kSteps = 100;
+const std::vector<std::int64_t> kSizes = {1, 7, 1000, 4099};
+
+/// Runs preset `name` with param group g's hypers `groups[g]` (tensor k is in group
+/// k % groups.size()) for kSteps steps in fp32, against the float64 reference. States
+/// named in `unchecked` are scratch in this setting (the reference has no such state).
+void run_case(const std::string& name, const std::string& label, const std::vector<Hypers>& groups,
+              const std::vector<std::string>& unchecked = {}) {
+  const PresetSpec& sp = spec(name);
+  const std::uint32_t seed = fresh_seed();
+  std::string setting;
+  for (const Hypers& h : groups) setting += (setting.empty() ? "{" : "; {") + describe(h) + "}";
+  INFO("preset " << name << ", " << label << ": " << setting);
+  INFO("seed " << seed << " (FUSEDOPT_TEST_SEED=" << seed << " replays it)");
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+
+  HostKernel kernel(fusedopt::preset_rule(name), DTypeBinding{}, test_cache());
+  const auto& rule = kernel.rule();
+  REQUIRE(names_of(rule, rule.states) == sp.states);
+  REQUIRE(rule.outputs.empty());
+  const std::size_t ns = sp.states.size();
+  REQUIRE(kernel.num_roles() == static_cast<int>(2 + ns));
+
+  std::vector<std::vector<float>> hypers;
+  std::vector<RefStep> refs;
+  std::vector<std::vector<double>> inits;
+  for (const Hypers& h : groups) {
+    hypers.push_back(kernel_hypers(kernel, h));
+    refs.push_back(sp.reference(h));
+    inits.push_back(sp.init(h));
+  }
+
+  const std::size_t nt = kSizes.size();
+  // fp32 tensors for the kernel: p, g, each state; float64 copies for the reference.
+  std::vector<std::vector<float>> p(nt), g(nt);
+  std::vector<std::vector<std::vector<float>>> s(nt, std::vector<std::vector<float>>(ns));
+  std::vector<std::vector<double>> rp(nt), rs(nt), slack(nt);
+  std::vector<std::vector<void*>> ptrs(nt);
+  std::vector<int> group(nt);
+  for (std::size_t k = 0; k < nt; ++k) {
+    const std::size_t n = static_cast<std::size_t>(kSizes[k]);
+    group[k] = static_cast<int>(k % groups.size());
+    p[k].resize(n);
+    g[k].resize(n);
+    rp[k].resize(n);
+    rs[k].resize(n * ns);
+    slack[k].assign(n, 0.0);
+    for (std::size_t i = 0; i < n; ++i) {
+      p[k][i] = normal(rng);
+      rp[k][i] = p[k][i];
+    }
+    for (std::size_t j = 0; j < ns; ++j) {
+      s[k][j].assign(n, NAN);  // init_states must overwrite every element
+      for (std::size_t i = 0; i < n; ++i) rs[k][i * ns + j] = inits[group[k]][j];
+    }
+    ptrs[k] = {p[k].data(), g[k].data()};
+    for (std::size_t j = 0; j < ns; ++j) ptrs[k].push_back(s[k][j].data());
+  }
+  // The rule's `state NAME = INIT`, written by the kernel, must be the reference's start.
+  kernel.init_states(ptrs, kSizes, hypers, group);
+  for (std::size_t k = 0; k < nt; ++k) {
+    for (std::size_t j = 0; j < ns; ++j) {
+      const float want = static_cast<float>(inits[group[k]][j]);
+      const auto wrong =
+          std::count_if(s[k][j].begin(), s[k][j].end(), [&](float x) { return !(x == want); });
+      CHECK_MESSAGE(wrong == 0, "state " << sp.states[j] << " of tensor " << k << ": " << wrong
+                                         << " elements are not its initial value " << want);
+    }
+  }
+
+  const double tol = sp.tol;
+  double worst_p = 0, worst_s = 0;
+  for (int t = 1; t <= kSteps; ++t) {
+    for (std::size_t k = 0; k < nt; ++k) {
+      for (float& x : g[k]) x = normal(rng);
+    }
+    kernel.run(ptrs, kSizes, hypers, static_cast<float>(t), group);
+    Comparison cmp;
+    cmp.step = t;
+    Comparison scmp;
+    scmp.step = t;
+    // Reference step, then each group's scale per role (see allowed_error).
+    std::vector<double> p_scale(groups.size(), 0.0);
+    std::vector<std::vector<double>> s_scale(groups.size(), std::vector<double>(ns, 0.0));
+    for (std::size_t k = 0; k < nt; ++k) {
+      const RefStep& ref = refs[group[k]];
+      for (std::size_t i = 0; i < p[k].size(); ++i) {
+        slack[k][i] += ref(static_cast<double>(t), rp[k][i], g[k][i], &rs[k][i * ns]);
+        p_scale[group[k]] = std::max(p_scale[group[k]], std::abs(rp[k][i]));
+        for (std::size_t j = 0; j < ns; ++j) {
+          s_scale[group[k]][j] = std::max(s_scale[group[k]][j], std::abs(rs[k][i * ns + j]));
+        }
+      }
+    }
+    for (std::size_t k = 0; k < nt; ++k) {
+      for (std::size_t i = 0; i < p[k].size(); ++i) {
+        cmp.check("param", k, i, p[k][i], rp[k][i],
+                  allowed_error(tol, rp[k][i], p_scale[group[k]]) + slack[k][i]);
+        for (std::size_t j = 0; j < ns; ++j) {
+          if (std::find(unchecked.begin(), unchecked.end(), sp.states[j]) != unchecked.end()) {
+            continue;
+          }
+          const double want = rs[k][i * ns + j];
+          scmp.check(sp.states[j].c_str(), k, i, s[k][j][i], want,
+                     allowed_error(tol, want, s_scale[group[k]][j]));
+        }
+      }
+    }
+    worst_p = std::max(worst_p, cmp.worst_ratio);
+    worst_s = std::max(worst_s, scmp.worst_ratio);
+    if (cmp.bad || scmp.bad) {
+      FAIL_CHECK("after step " << t << ": " << cmp.bad << " param and " << scmp.bad
+                               << " state values out of tolerance; worst param: "
+                               << (cmp.bad ? cmp.worst_bad : "-")
+                               << "; worst state: " << (scmp.bad ? scmp.worst_bad : "-"));
+      return;
+    }
+  }
+  if (verbose()) {
+    MESSAGE(name << ", " << label << ": worst |err|/allowed param " << worst_p << ", states "
+                 << worst_s);
+  }
+}
+
+void run_case(const std::string& name, const std::string& label, const Hypers& h) {
+  run_case(name, label, std::vector<Hypers>{h});
+}
+
+/// AdamW with 16-bit params and grads and fp32 states, against the float64 reference.
+/// With a master copy the reference follows the fp32 master (compared like the fp32 tests)
+/// and the 16-bit param must be exactly the master rounded to nearest even. Without one,
+/// the reference steps from the kernel's stored param and rounds its result to the storage
+/// format, as the kernel does: the two must be equal, or one ulp apart where the exact
+/// value lies near a rounding boundary (rarely: at most 1 in 1000 values).
+void run_adamw_storage(const std::string& binding) {
+  const DTypeBinding b = DTypeBinding::parse(binding);
+  REQUIRE(b.param != DType::F32);
+  REQUIRE(b.grad != DType::F32);
+  REQUIRE(b.state == DType::F32);
+  const std::uint32_t seed = fresh_seed();
+  INFO("adamw with " << binding << ", seed " << seed << " (FUSEDOPT_TEST_SEED=" << seed
+                     << " replays it)");
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+
+  HostKernel kernel(fusedopt::preset_rule("adamw"), b, test_cache());
+  REQUIRE(kernel.num_roles() == (b.master ? 5 : 4));
+  const Hypers h = with(kAdamWDefaults, {{"lr", 1e-2}, {"weight_decay", 0.1}});
+  const std::vector<std::vector<float>> hypers = {kernel_hypers(kernel, h)};
+  const RefStep ref = adam_reference(h, true, false);
+  const double tol = spec("adamw").tol;
+
+  const std::size_t nt = kSizes.size();
+  std::vector<std::vector<std::uint16_t>> p(nt), g(nt);
+  std::vector<std::vector<float>> m(nt), v(nt), master(nt);
+  std::vector<std::vector<double>> rp(nt), rs(nt);
+  std::vector<std::vector<void*>> ptrs(nt);
+  for (std::size_t k = 0; k < nt; ++k) {
+    const std::size_t n = static_cast<std::size_t>(kSizes[k]);
+    p[k].resize(n);
+    g[k].resize(n);
+    m[k].assign(n, NAN);  // init_states must overwrite these
+    v[k].assign(n, NAN);
+    master[k].assign(n, NAN);
+    rp[k].resize(n);
+    rs[k].assign(2 * n, 0.0);
+    for (std::size_t i = 0; i < n; ++i) {
+      p[k][i] = encode(b.param, normal(rng));
+      rp[k][i] = decode(b.param, p[k][i]);
+    }
+    ptrs[k] = {p[k].data(), g[k].data(), m[k].data(), v[k].data()};
+    if (b.master) ptrs[k].push_back(master[k].data());
+  }
+  // init_states zeroes m and v and, with a master, copies the param into it.
+  kernel.init_states(ptrs, kSizes, hypers);
+  for (std::size_t k = 0; k < nt; ++k) {
+    for (std::size_t i = 0; i < p[k].size(); ++i) {
+      INFO("tensor " << k << ", element " << i);
+      REQUIRE(m[k][i] == 0.0f);
+      REQUIRE(v[k][i] == 0.0f);
+      if (b.master) REQUIRE(master[k][i] == rp[k][i]);
+    }
+  }
+
+  long long rounded_apart = 0;  // fp16 without master: param values one ulp from the reference
+  for (int t = 1; t <= kSteps; ++t) {
+    std::vector<std::vector<double>> gd(nt);
+    for (std::size_t k = 0; k < nt; ++k) {
+      gd[k].resize(g[k].size());
+      for (std::size_t i = 0; i < g[k].size(); ++i) {
+        g[k][i] = encode(b.grad, normal(rng));
+        gd[k][i] = decode(b.grad, g[k][i]);  // what the kernel reads, exactly
+        // Without a master the stored param is the whole state: the reference steps from
+        // the kernel's stored value (a param one ulp apart after a near-tie rounding would
+        // otherwise make the trajectories drift apart by that ulp for good).
+        if (!b.master) rp[k][i] = decode(b.param, p[k][i]);
+      }
+    }
+    kernel.run(ptrs, kSizes, hypers, static_cast<float>(t));
+    Comparison cmp;
+    cmp.step = t;
+    double p_scale = 0, m_scale = 0, v_scale = 0;
+    for (std::size_t k = 0; k < nt; ++k) {
+      for (std::size_t i = 0; i < p[k].size(); ++i) {
+        ref(static_cast<double>(t), rp[k][i], gd[k][i], &rs[k][2 * i]);
+        if (!b.master) rp[k][i] = round_to(b.param, rp[k][i]);
+        p_scale = std::max(p_scale, std::abs(rp[k][i]));
+        m_scale = std::max(m_scale, std::abs(rs[k][2 * i]));
+        v_scale = std::max(v_scale, std::abs(rs[k][2 * i + 1]));
+      }
+    }
+    for (std::size_t k = 0; k < nt; ++k) {
+      for (std::size_t i = 0; i < p[k].size(); ++i) {
+        if (b.master) {
+          cmp.check("master", k, i, master[k][i], rp[k][i], allowed_error(tol, rp[k][i], p_scale));
+          const std::uint16_t want = encode(b.param, master[k][i]);
+          cmp.check("param bits (the master rounded)", k, i, p[k][i], want, 0.0);
+        } else {
+          // fp32 and float64 results round to the same 16-bit value unless they straddle a
+          // rounding boundary: then they are one ulp apart.
+          const double got = decode(b.param, p[k][i]);
+          const double ulp = format_ulp(std::max(std::abs(got), std::abs(rp[k][i])),
+                                        mant_bits(b.param), min_exp(b.param));
+          cmp.check("param", k, i, got, rp[k][i], ulp);
+          if (got != rp[k][i]) ++rounded_apart;
+        }
+        cmp.check("m", k, i, m[k][i], rs[k][2 * i], allowed_error(tol, rs[k][2 * i], m_scale));
+        cmp.check("v", k, i, v[k][i], rs[k][2 * i + 1],
+                  allowed_error(tol, rs[k][2 * i + 1], v_scale));
+      }
+    }
+    if (cmp.bad) {
+      FAIL_CHECK("after step " << t << ": " << cmp.bad
+                               << " values out of tolerance; worst: " << cmp.worst_bad);
+      return;
+    }
+  }
+  // Near-boundary values are rare (fp32 carries 13 bits more than fp16); rounding that is
+  // not to nearest even, or an update computed differently, would set far more apart.
+  const long long values = kSteps * std::accumulate(kSizes.begin(), kSizes.end(), 0LL);
+  CHECK_MESSAGE(rounded_apart * 1000 <= values,
+                rounded_apart << " of " << values << " param values rounded one ulp apart");
+  if (verbose())
+    MESSAGE("adamw " << binding << ": " << rounded_apart << " of " << values
+                     << " param values one ulp apart");
+}
+
+}  // namespace
+
+TEST_SUITE("presets") {
+  TEST_CASE("the presets are the ten optimizers this file checks") {
+    const std::vector<std::string> expected = {"adagrad",  "adam", "adamax", "adamw",   "amsgrad",
+                                               "bertadam", "lion", "nadam",  "rmsprop", "sgd"};
+    // A new preset needs a reference test here before it ships.
+    CHECK(fusedopt::preset_names() == expected);
+    for (const std::string& name : expected) CHECK_NOTHROW(spec(name));
+  }
+
+  TEST_CASE("every preset parses and declares its reference's hypers with their defaults") {
+    for (const PresetSpec& sp : specs()) {
+      INFO("preset " << sp.name);
+      std::shared_ptr<const fusedopt::lang::Rule> rule;
+      REQUIRE_NOTHROW(rule = fusedopt::preset_rule(sp.name));
+      std::map<std::string, double> declared;
+      for (int h : rule->hypers) declared[rule->symbols[h].name] = rule->symbols[h].default_value;
+      CHECK(describe(declared) == describe(sp.defaults));
+    }
+  }
+
+  TEST_CASE("every preset declares its reference's states and initial values") {
+    for (const PresetSpec& sp : specs()) {
+      INFO("preset " << sp.name);
+      const auto rule = fusedopt::preset_rule(sp.name);
+      CHECK(names_of(*rule, rule->states) == sp.states);
+      CHECK(rule->outputs.empty());
+      CHECK(rule_init(*rule, sp.defaults) == sp.init(sp.defaults));
+    }
+  }
+
+  // Each setting below exercises options of one preset; a failure names the setting, the
+  // worst element and the seed. A large eps (0.1, against O(1) gradients) in one setting
+  // of each preset that has one makes where eps enters the formula matter. (Settings are
+  // plain calls, not SUBCASEs: doctest 2.4.9 crashes while reporting a failed subcase.)
+  TEST_CASE("sgd matches torch.optim.SGD") {
+    // torch keeps no momentum buffer when momentum == 0; the rule's is scratch then.
+    run_case("sgd", "plain", {with(kSgdDefaults, {{"lr", 1e-2}})}, {"momentum_buffer"});
+    run_case("sgd", "momentum with dampening",
+             with(kSgdDefaults, {{"lr", 1e-2}, {"momentum", 0.9}, {"dampening", 0.1}}));
+    run_case("sgd", "nesterov momentum with weight decay",
+             with(kSgdDefaults,
+                  {{"lr", 1e-2}, {"momentum", 0.9}, {"nesterov", 1}, {"weight_decay", 0.05}}));
+    run_case("sgd", "maximize with momentum and weight decay",
+             with(kSgdDefaults,
+                  {{"lr", 1e-2}, {"momentum", 0.5}, {"maximize", 1}, {"weight_decay", 0.01}}));
+  }
+
+  TEST_CASE("adam matches torch.optim.Adam") {
+    run_case("adam", "without weight decay", with(kAdamDefaults, {{"lr", 1e-2}}));
+    run_case("adam", "with L2 weight decay",
+             with(kAdamDefaults, {{"lr", 1e-2}, {"weight_decay", 0.1}}));
+    run_case("adam", "maximize with other betas and a large eps",
+             with(kAdamDefaults,
+                  {{"lr", 1e-2}, {"beta1", 0.8}, {"beta2", 0.99}, {"eps", 0.1}, {"maximize", 1}}));
+  }
+
+  TEST_CASE("adamw matches torch.optim.AdamW") {
+    run_case("adamw", "default weight decay", with(kAdamWDefaults, {{"lr", 1e-2}}));
+    run_case("adamw", "strong weight decay",
+             with(kAdamWDefaults, {{"lr", 1e-2}, {"weight_decay", 0.5}}));
+    run_case("adamw", "maximize with other betas and a large eps",
+             with(kAdamWDefaults,
+                  {{"lr", 1e-2}, {"beta1", 0.5}, {"beta2", 0.95}, {"eps", 0.1}, {"maximize", 1}}));
+  }
+
+  TEST_CASE("amsgrad matches torch.optim.Adam with amsgrad") {
+    run_case("amsgrad", "without weight decay", with(kAdamDefaults, {{"lr", 1e-2}}));
+    run_case("amsgrad", "with L2 weight decay and maximize",
+             with(kAdamDefaults, {{"lr", 1e-2}, {"weight_decay", 0.1}, {"maximize", 1}}));
+    // With beta2 = 0.999 the second moment mostly grows over 100 steps, so max_v == v;
+    // a fast beta2 makes v fall often, and the max matter.
+    run_case("amsgrad", "a fast second moment and a large eps",
+             with(kAdamDefaults, {{"lr", 1e-2}, {"beta2", 0.9}, {"eps", 0.1}}));
+  }
+
+  TEST_CASE("adagrad matches torch.optim.Adagrad") {
+    run_case("adagrad", "plain", kAdagradDefaults);
+    run_case("adagrad", "lr decay and an initial accumulator value",
+             with(kAdagradDefaults, {{"lr_decay", 0.05}, {"initial_accumulator_value", 0.5}}));
+    run_case("adagrad", "weight decay, maximize and a large eps",
+             with(kAdagradDefaults, {{"weight_decay", 0.1}, {"maximize", 1}, {"eps", 0.1}}));
+  }
+
+  TEST_CASE("rmsprop matches torch.optim.RMSprop") {
+    run_case("rmsprop", "plain", kRmspropDefaults);
+    run_case("rmsprop", "centered with momentum",
+             with(kRmspropDefaults, {{"lr", 1e-3}, {"centered", 1}, {"momentum", 0.9}}));
+    run_case("rmsprop", "centered", with(kRmspropDefaults, {{"centered", 1}}));
+    run_case("rmsprop", "momentum", with(kRmspropDefaults, {{"lr", 1e-3}, {"momentum", 0.5}}));
+    run_case("rmsprop", "weight decay, maximize, another alpha and a large eps",
+             with(kRmspropDefaults,
+                  {{"weight_decay", 0.1}, {"maximize", 1}, {"alpha", 0.9}, {"eps", 0.1}}));
+    run_case(
+        "rmsprop", "centered with momentum and a large eps",
+        with(kRmspropDefaults, {{"lr", 1e-3}, {"centered", 1}, {"momentum", 0.9}, {"eps", 0.1}}));
+  }
+
+  TEST_CASE("adamax matches torch.optim.Adamax") {
+    run_case("adamax", "plain", with(kAdamaxDefaults, {{"lr", 1e-2}}));
+    run_case("adamax", "weight decay and maximize",
+             with(kAdamaxDefaults, {{"lr", 1e-2}, {"weight_decay", 0.1}, {"maximize", 1}}));
+    run_case("adamax", "other betas and a large eps",
+             with(kAdamaxDefaults, {{"lr", 1e-2}, {"beta1", 0.5}, {"beta2", 0.9}, {"eps", 0.1}}));
+  }
+
+  TEST_CASE("nadam matches torch.optim.NAdam") {
+    run_case("nadam", "plain", with(kNadamDefaults, {{"lr", 1e-2}}));
+    run_case("nadam", "L2 weight decay",
+             with(kNadamDefaults, {{"lr", 1e-2}, {"weight_decay", 0.1}}));
+    run_case(
+        "nadam", "decoupled weight decay and maximize",
+        with(
+            kNadamDefaults,
+            {{"lr", 1e-2}, {"weight_decay", 0.1}, {"decoupled_weight_decay", 1}, {"maximize", 1}}));
+    run_case("nadam", "a faster momentum decay, other betas and a large eps",
+             with(kNadamDefaults, {{"lr", 1e-2},
+                                   {"momentum_decay", 0.1},
+                                   {"beta1", 0.8},
+                                   {"beta2", 0.99},
+                                   {"eps", 0.1}}));
+  }
+
+  TEST_CASE("lion matches lion-pytorch") {
+    run_case("lion", "plain", with(kLionDefaults, {{"lr", 1e-2}}));
+    run_case("lion", "weight decay and other betas",
+             with(kLionDefaults,
+                  {{"lr", 1e-3}, {"weight_decay", 0.1}, {"beta1", 0.95}, {"beta2", 0.98}}));
+  }
+
+  TEST_CASE("bertadam matches pytorch_pretrained_bert's BertAdam") {
+    run_case("bertadam", "default weight decay", with(kBertAdamDefaults, {{"lr", 1e-2}}));
+    run_case("bertadam", "without weight decay",
+             with(kBertAdamDefaults, {{"lr", 1e-2}, {"weight_decay", 0}}));
+    run_case(
+        "bertadam", "other betas and a large eps",
+        with(kBertAdamDefaults, {{"lr", 1e-2}, {"beta1", 0.8}, {"beta2", 0.99}, {"eps", 0.1}}));
+  }
+
+  TEST_CASE("each param group's hypers apply to its own tensors") {
+    run_case("adamw", "two groups",
+             std::vector<Hypers>{
+                 with(kAdamWDefaults, {{"lr", 1e-2}, {"weight_decay", 0.1}}),
+                 with(kAdamWDefaults, {{"lr", 3e-3}, {"weight_decay", 0}}),
+             });
+    run_case("rmsprop", "two groups",
+             std::vector<Hypers>{
+                 with(kRmspropDefaults, {{"centered", 1}, {"momentum", 0.9}, {"lr", 1e-3}}),
+                 kRmspropDefaults,
+             });
+  }
+
+  TEST_CASE("adamw with bf16 params and grads and an fp32 master matches float64") {
+    run_adamw_storage("bf16:bf16:fp32+master");
+  }
+
+  TEST_CASE("adamw with fp16 params and grads and fp32 states matches float64 rounded to fp16") {
+    run_adamw_storage("fp16:fp16:fp32");
+  }
+}
+
+}  // namespace fusedopt_tests
