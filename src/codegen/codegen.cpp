@@ -18,15 +18,6 @@ using lang::Op;
 using lang::Rule;
 using lang::SymKind;
 
-const char* storage_type(DType dtype) {
-  switch (dtype) {
-    case DType::F32: return "float";
-    case DType::F16: return "fo_f16";
-    case DType::BF16: return "fo_bf16";
-  }
-  return "float";
-}
-
 const char* function_name(Op op) {
   switch (op) {
     case Op::Sqrt: return "fo_sqrt";
@@ -77,9 +68,7 @@ class ExprEmitter {
   }
 
   /// Lines for fo_prepare, in dependency order.
-  const std::vector<std::pair<lang::Loc, std::string>>& prepare_lines() const {
-    return prepare_;
-  }
+  const std::vector<PrepareLine>& prepare_lines() const { return prepare_; }
   int num_slots() const { return static_cast<int>(prepare_.size()); }
 
  private:
@@ -89,7 +78,7 @@ class ExprEmitter {
     auto it = slot_by_text_.find(text);
     if (it != slot_by_text_.end()) return it->second;
     int slot = static_cast<int>(prepare_.size());
-    prepare_.emplace_back(loc, fmt::format("U.u[{}] = {};", slot, text));
+    prepare_.push_back({loc.line, fmt::format("U.u[{}] = {};", slot, text)});
     slot_by_text_.emplace(text, slot);
     return slot;
   }
@@ -122,6 +111,11 @@ class ExprEmitter {
   /// The text of `e` as a truth value.
   std::string cond(const Expr& e) {
     if (e.uniform && !trivial(e)) return fmt::format("({} != 0.0f)", emit(e));
+    return cond_node(e);
+  }
+
+  /// The truth value of `e`'s own operator over its (emitted) operands.
+  std::string cond_node(const Expr& e) {
     switch (e.op) {
       case Op::Lt:
       case Op::Le:
@@ -135,30 +129,14 @@ class ExprEmitter {
       case Op::Or: return fmt::format("({} | {})", cond(*e.args[0]), cond(*e.args[1]));
       case Op::Not: return fmt::format("(!{})", cond(*e.args[0]));
       case Op::IsFinite: return fmt::format("fo_isfinite({})", emit(*e.args[0]));
-      default: return fmt::format("({} != 0.0f)", emit(e));
+      default: return fmt::format("({} != 0.0f)", node(e, e.uniform));
     }
   }
 
   /// The operator of `e` applied to its (emitted) operands.
   std::string node(const Expr& e, bool uniform_ctx) {
-    if (e.boolean) {
-      // Build the condition from the children, not from `e` itself (that would recurse).
-      switch (e.op) {
-        case Op::Lt:
-        case Op::Le:
-        case Op::Gt:
-        case Op::Ge:
-        case Op::Eq:
-        case Op::Ne:
-          return fmt::format("fo_bool({} {} {})", emit(*e.args[0]), binary_operator(e.op),
-                             emit(*e.args[1]));
-        case Op::And: return fmt::format("fo_bool({} & {})", cond(*e.args[0]), cond(*e.args[1]));
-        case Op::Or: return fmt::format("fo_bool({} | {})", cond(*e.args[0]), cond(*e.args[1]));
-        case Op::Not: return fmt::format("fo_bool(!{})", cond(*e.args[0]));
-        case Op::IsFinite: return fmt::format("fo_bool(fo_isfinite({}))", emit(*e.args[0]));
-        default: break;
-      }
-    }
+    // A boolean operator (not a where or a reference that merely holds a truth value).
+    if (e.boolean && e.op != Op::Where && !trivial(e)) return fmt::format("fo_bool({})", cond_node(e));
     switch (e.op) {
       case Op::Number: return float_literal(e.number);
       case Op::Ref: return ref(e, uniform_ctx);
@@ -189,13 +167,12 @@ class ExprEmitter {
   const Rule& rule_;
   std::map<int, int> temp_slot_;
   std::map<std::string, int> slot_by_text_;
-  std::vector<std::pair<lang::Loc, std::string>> prepare_;
+  std::vector<PrepareLine> prepare_;
 };
 
 struct Role {
   std::string name;
-  std::string type;
-  bool writable = false;
+  RoleDecl decl;
 };
 
 }  // namespace
@@ -212,12 +189,12 @@ KernelBody generate_body(const Rule& rule, const DTypeBinding& dtypes) {
   // Roles in pointer order; remember which role index each tensor symbol loads from.
   const lang::Symbol& param = rule.symbols.at(rule.param);
   std::vector<Role> roles;
-  roles.push_back({param.name, storage_type(dtypes.param), param.written});
-  roles.push_back({rule.symbols.at(rule.grad).name, storage_type(dtypes.grad), false});
-  for (int s : rule.states) roles.push_back({rule.symbols[s].name, storage_type(dtypes.state), true});
-  for (int s : rule.outputs) roles.push_back({rule.symbols[s].name, storage_type(dtypes.state), true});
+  roles.push_back({param.name, {storage_type(dtypes.param), param.written}});
+  roles.push_back({rule.symbols.at(rule.grad).name, {storage_type(dtypes.grad), false}});
+  for (int s : rule.states) roles.push_back({rule.symbols[s].name, {storage_type(dtypes.state), true}});
+  for (int s : rule.outputs) roles.push_back({rule.symbols[s].name, {storage_type(dtypes.state), true}});
   const int master_role = dtypes.master ? static_cast<int>(roles.size()) : -1;
-  if (dtypes.master) roles.push_back({param.name + "_master", "float", true});
+  if (dtypes.master) roles.push_back({param.name + "_master", {"float", true}});
   const int value_role = dtypes.master ? master_role : 0;  // where the param's fp32 value lives
 
   ExprEmitter em(rule);
@@ -253,33 +230,10 @@ KernelBody generate_body(const Rule& rule, const DTypeBinding& dtypes) {
   w.line(fmt::format("// Generated by fusedopt from rule '{}' (dtypes {}).", sanitize_comment(rule.name),
                      dtypes.str()));
   emit_common_prologue(w, body);
-  w.line("struct fo_tensor {");
-  for (std::size_t r = 0; r < roles.size(); ++r) {
-    w.line(fmt::format("  {}{}* FO_RESTRICT r{};", roles[r].writable ? "" : "const ", roles[r].type, r));
-  }
-  w.line("};");
-  w.line("FO_FN fo_tensor fo_bind(void* const* p) {");
-  w.line("  fo_tensor t;");
-  for (std::size_t r = 0; r < roles.size(); ++r) {
-    w.line(fmt::format("  t.r{} = ({}{}*)p[{}];", r, roles[r].writable ? "" : "const ", roles[r].type, r));
-  }
-  w.line("  return t;");
-  w.line("}");
-
-  w.line("FO_FN fo_uniform fo_prepare(const float* FO_RESTRICT h, float step, float inv_grad_scale) {");
-  w.line("  fo_uniform U;");
-  for (int k = 0; k < body.num_hypers; ++k) w.line(fmt::format("  U.h[{}] = h[{}];", k, k));
-  if (body.num_hypers == 0) w.line("  U.h[0] = 0.0f;");
-  w.line("  U.step = step;");
-  w.line("  U.inv_grad_scale = inv_grad_scale;");
-  if (em.num_slots() == 0) w.line("  U.u[0] = 0.0f;");
-  for (const auto& [loc, text] : em.prepare_lines()) {
-    w.line_directive(loc.line, file);
-    w.line("  " + text);
-  }
-  w.restore_line();
-  w.line("  return U;");
-  w.line("}");
+  std::vector<RoleDecl> decls;
+  for (const Role& r : roles) decls.push_back(r.decl);
+  emit_tensor_binding(w, decls);
+  emit_prepare(w, body, em.prepare_lines(), file);
 
   // Loads: every tensor the rule reads, as fp32 locals with the user's names prefixed.
   w.line("FO_FN void fo_element(const fo_tensor& t, long long i, const fo_uniform& U) {");

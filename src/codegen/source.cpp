@@ -60,6 +60,48 @@ std::string uniform_struct(const KernelBody& body) {
       std::max(body.num_hypers, 1), std::max(body.num_uniforms, 1));
 }
 
+const char* storage_type(DType dtype) {
+  switch (dtype) {
+    case DType::F32: return "float";
+    case DType::F16: return "fo_f16";
+    case DType::BF16: return "fo_bf16";
+  }
+  return "float";
+}
+
+void emit_tensor_binding(Writer& w, const std::vector<RoleDecl>& roles) {
+  w.line("struct fo_tensor {");
+  for (std::size_t r = 0; r < roles.size(); ++r) {
+    w.line(fmt::format("  {}{}* FO_RESTRICT r{};", roles[r].writable ? "" : "const ", roles[r].type, r));
+  }
+  w.line("};");
+  w.line("FO_FN fo_tensor fo_bind(void* const* p) {");
+  w.line("  fo_tensor t;");
+  for (std::size_t r = 0; r < roles.size(); ++r) {
+    w.line(fmt::format("  t.r{} = ({}{}*)p[{}];", r, roles[r].writable ? "" : "const ", roles[r].type, r));
+  }
+  w.line("  return t;");
+  w.line("}");
+}
+
+void emit_prepare(Writer& w, const KernelBody& body, const std::vector<PrepareLine>& lines,
+                  const std::string& file) {
+  w.line("FO_FN fo_uniform fo_prepare(const float* FO_RESTRICT h, float step, float inv_grad_scale) {");
+  w.line("  fo_uniform U;");
+  for (int k = 0; k < body.num_hypers; ++k) w.line(fmt::format("  U.h[{}] = h[{}];", k, k));
+  if (body.num_hypers == 0) w.line("  U.h[0] = 0.0f;");
+  w.line("  U.step = step;");
+  w.line("  U.inv_grad_scale = inv_grad_scale;");
+  if (lines.empty()) w.line("  U.u[0] = 0.0f;");
+  for (const PrepareLine& l : lines) {
+    w.line_directive(l.rule_line, file);
+    w.line("  " + l.text);
+  }
+  if (!lines.empty()) w.restore_line();
+  w.line("  return U;");
+  w.line("}");
+}
+
 std::string source_file_name(const KernelBody& body, const Target& target) {
   return "fusedopt_" + line_file_name(body.name) +
          (target.kind == Target::Kind::Cuda ? ".cu" : ".cpp");
@@ -130,9 +172,6 @@ KernelBody generate_functor_body(const TrustedFunctor& functor, const DTypeBindi
   body.name = functor.name;
   body.num_hypers = static_cast<int>(functor.hypers.size());
   body.num_uniforms = 0;
-  const char* pt = dtypes.param == DType::F32 ? "float" : dtypes.param == DType::F16 ? "fo_f16" : "fo_bf16";
-  const char* gt = dtypes.grad == DType::F32 ? "float" : dtypes.grad == DType::F16 ? "fo_f16" : "fo_bf16";
-  const char* st = dtypes.state == DType::F32 ? "float" : dtypes.state == DType::F16 ? "fo_f16" : "fo_bf16";
   const int nstates = static_cast<int>(functor.states.size());
   body.roles.push_back("p");
   body.roles.push_back("g");
@@ -155,29 +194,11 @@ KernelBody generate_functor_body(const TrustedFunctor& functor, const DTypeBindi
   w.line(functor.code);
   w.restore_line();
   w.line("}  // namespace fo_user");
-  w.line("struct fo_tensor {");
-  w.line(fmt::format("  {}* FO_RESTRICT r0;", pt));
-  w.line(fmt::format("  const {}* FO_RESTRICT r1;", gt));
-  for (int s = 0; s < nstates; ++s) w.line(fmt::format("  {}* FO_RESTRICT r{};", st, 2 + s));
-  if (dtypes.master) w.line(fmt::format("  float* FO_RESTRICT r{};", master_role));
-  w.line("};");
-  w.line("FO_FN fo_tensor fo_bind(void* const* p) {");
-  w.line("  fo_tensor t;");
-  w.line(fmt::format("  t.r0 = ({}*)p[0];", pt));
-  w.line(fmt::format("  t.r1 = (const {}*)p[1];", gt));
-  for (int s = 0; s < nstates; ++s) w.line(fmt::format("  t.r{0} = ({1}*)p[{0}];", 2 + s, st));
-  if (dtypes.master) w.line(fmt::format("  t.r{0} = (float*)p[{0}];", master_role));
-  w.line("  return t;");
-  w.line("}");
-  w.line("FO_FN fo_uniform fo_prepare(const float* FO_RESTRICT h, float step, float inv_grad_scale) {");
-  w.line("  fo_uniform U;");
-  for (int k = 0; k < body.num_hypers; ++k) w.line(fmt::format("  U.h[{}] = h[{}];", k, k));
-  if (body.num_hypers == 0) w.line("  U.h[0] = 0.0f;");
-  w.line("  U.step = step;");
-  w.line("  U.inv_grad_scale = inv_grad_scale;");
-  w.line("  U.u[0] = 0.0f;");
-  w.line("  return U;");
-  w.line("}");
+  std::vector<RoleDecl> roles = {{storage_type(dtypes.param), true}, {storage_type(dtypes.grad), false}};
+  for (int s = 0; s < nstates; ++s) roles.push_back({storage_type(dtypes.state), true});
+  if (dtypes.master) roles.push_back({"float", true});
+  emit_tensor_binding(w, roles);
+  emit_prepare(w, body, {}, "");
   w.line("FO_FN void fo_element(const fo_tensor& t, long long i, const fo_uniform& U) {");
   w.line("  fo_hypers h;");
   for (int k = 0; k < body.num_hypers; ++k) {

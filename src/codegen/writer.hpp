@@ -3,6 +3,10 @@
 #pragma once
 
 #include <string>
+#include <utility>
+#include <vector>
+
+#include "fusedopt/dtype.hpp"
 
 namespace fusedopt::codegen {
 
@@ -38,5 +42,26 @@ std::string sanitize_comment(const std::string& text);
 void emit_common_prologue(Writer& w, const KernelBody& body);
 /// The fo_uniform struct for the body's hyper and uniform counts.
 std::string uniform_struct(const KernelBody& body);
+
+/// C++ storage type of a dtype in generated code ("float", "fo_f16", "fo_bf16").
+const char* storage_type(DType dtype);
+
+/// One pointer of fo_tensor: its storage type and whether the kernel writes it.
+struct RoleDecl {
+  std::string type;
+  bool writable = false;
+};
+/// struct fo_tensor (typed restrict pointers, in role order) and fo_bind.
+void emit_tensor_binding(Writer& w, const std::vector<RoleDecl>& roles);
+
+/// A hoisted value computed in fo_prepare: the rule line it comes from and its statement.
+struct PrepareLine {
+  int rule_line = 0;
+  std::string text;
+};
+/// fo_prepare: copies the hypers, step and grad scale, then computes `lines` in order,
+/// each under a #line pointing at `file`.
+void emit_prepare(Writer& w, const KernelBody& body, const std::vector<PrepareLine>& lines,
+                  const std::string& file);
 
 }  // namespace fusedopt::codegen
