@@ -218,9 +218,9 @@ int cmd_warmup(Args& args) {
                        json_string(cache.options().dir.string()));
     fmt::print("{}", out);
   } else {
-    fmt::print("warmup: {} kernels in {:.2f} s: {} compiled ({:.2f} s of compiling), {} already "
+    fmt::print("warmup: {} {} in {:.2f} s: {} compiled ({:.2f} s of compiling), {} already "
                "cached, {} failed\ncache: {}\n",
-               items.size(), wall, compiled, compile_seconds, cached, failed,
+               items.size(), items.size() == 1 ? "kernel" : "kernels", wall, compiled, compile_seconds, cached, failed,
                cache.options().dir.string());
   }
   return failed ? kExitFailed : kExitOk;
