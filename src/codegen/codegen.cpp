@@ -268,6 +268,7 @@ KernelBody generate_body(const Rule& rule, const DTypeBinding& dtypes) {
   }
   w.line("}");
 
+  emit_grad_finite(w);
   w.line("FO_FN void fo_init_element(const fo_tensor& t, long long i, const fo_uniform& U) {");
   if (dtypes.master) {
     w.line(fmt::format("  fo_store(t.r{}, i, fo_load(t.r0, i));", master_role));

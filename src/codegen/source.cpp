@@ -102,6 +102,12 @@ void emit_prepare(Writer& w, const KernelBody& body, const std::vector<PrepareLi
   w.line("}");
 }
 
+void emit_grad_finite(Writer& w) {
+  w.line("FO_FN bool fo_grad_finite(const fo_tensor& t, long long i, const fo_uniform& U) {");
+  w.line("  return fo_isfinite(fo_load(t.r1, i) * U.inv_grad_scale);");
+  w.line("}");
+}
+
 std::string source_file_name(const KernelBody& body, const Target& target) {
   return "fusedopt_" + line_file_name(body.name) +
          (target.kind == Target::Kind::Cuda ? ".cu" : ".cpp");
@@ -217,6 +223,7 @@ KernelBody generate_functor_body(const TrustedFunctor& functor, const DTypeBindi
   if (dtypes.master) w.line("  fo_store(t.r0, i, p);");
   for (int s = 0; s < nstates; ++s) w.line(fmt::format("  fo_store(t.r{0}, i, s{1});", 2 + s, s));
   w.line("}");
+  emit_grad_finite(w);
   w.line("FO_FN void fo_init_element(const fo_tensor& t, long long i, const fo_uniform& U) {");
   w.line("  (void)U;");
   if (dtypes.master) w.line(fmt::format("  fo_store(t.r{}, i, fo_load(t.r0, i));", master_role));

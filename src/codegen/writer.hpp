@@ -54,6 +54,9 @@ struct RoleDecl {
 /// struct fo_tensor (typed restrict pointers, in role order) and fo_bind.
 void emit_tensor_binding(Writer& w, const std::vector<RoleDecl>& roles);
 
+/// fo_grad_finite: whether the unscaled gradient element is finite (role 1 is the grad).
+void emit_grad_finite(Writer& w);
+
 /// A hoisted value computed in fo_prepare: the rule line it comes from and its statement.
 struct PrepareLine {
   int rule_line = 0;

@@ -20,16 +20,21 @@ namespace {
 /// balance a few large tensors across cores.
 constexpr std::int64_t kHostChunk = 1 << 15;
 using EntryPoint = void (*)(const fo_launch*);
+using CheckPoint = int (*)(const fo_launch*);
 }  // namespace
 
 struct HostKernel::Impl {
   std::shared_ptr<const jit::DynLib> lib;
   EntryPoint step = nullptr;
   EntryPoint init = nullptr;
+  CheckPoint check = nullptr;
   int num_roles = 0;
   int num_hypers = 0;
 
-  void launch(EntryPoint fn, const std::vector<std::vector<void*>>& ptrs,
+  /// Builds the launch (validating every argument) and hands it to `call`; nothing is
+  /// called when there is no element at all.
+  template <typename Call>
+  void launch(Call call, const std::vector<std::vector<void*>>& ptrs,
               const std::vector<std::int64_t>& numel, const std::vector<std::vector<float>>& hypers,
               float step_value, const std::vector<int>& group, float inv_grad_scale) const {
     const std::size_t n = ptrs.size();
@@ -88,7 +93,7 @@ struct HostKernel::Impl {
     L.hypers = flat_hypers.data();
     L.step = step_value;
     L.inv_grad_scale = inv_grad_scale;
-    fn(&L);
+    call(&L);
   }
 };
 
@@ -102,7 +107,8 @@ HostKernel::HostKernel(std::shared_ptr<const lang::Rule> rule, DTypeBinding dtyp
   auto abi = reinterpret_cast<int (*)()>(impl_->lib->symbol("fusedopt_abi_version"));
   impl_->step = reinterpret_cast<EntryPoint>(impl_->lib->symbol("fusedopt_step_host"));
   impl_->init = reinterpret_cast<EntryPoint>(impl_->lib->symbol("fusedopt_init_host"));
-  if (!abi || !impl_->step || !impl_->init) {
+  impl_->check = reinterpret_cast<CheckPoint>(impl_->lib->symbol("fusedopt_check_host"));
+  if (!abi || !impl_->step || !impl_->init || !impl_->check) {
     throw InternalError("host kernel for '" + rule_->name + "' lacks its entry points");
   }
   if (abi() != FO_ABI_VERSION) {
@@ -128,6 +134,16 @@ void HostKernel::init_states(const std::vector<std::vector<void*>>& ptrs,
                              const std::vector<std::vector<float>>& hypers,
                              const std::vector<int>& group) const {
   impl_->launch(impl_->init, ptrs, numel, hypers, 0.0f, group, 1.0f);
+}
+
+bool HostKernel::grads_finite(const std::vector<std::vector<void*>>& ptrs,
+                              const std::vector<std::int64_t>& numel,
+                              const std::vector<std::vector<float>>& hypers, float inv_grad_scale,
+                              const std::vector<int>& group) const {
+  int finite = 1;
+  impl_->launch([&](const fo_launch* L) { finite = impl_->check(L); }, ptrs, numel, hypers, 0.0f,
+                group, inv_grad_scale);
+  return finite != 0;
 }
 
 std::vector<float> HostKernel::default_hypers() const {

@@ -44,6 +44,13 @@ class HostKernel {
                    const std::vector<std::vector<float>>& hypers,
                    const std::vector<int>& group = {}) const;
 
+  /// Whether every gradient element times `inv_grad_scale` is finite (one pass over the
+  /// gradients; run it before a grad-scaled step). Same arguments as run().
+  bool grads_finite(const std::vector<std::vector<void*>>& ptrs,
+                    const std::vector<std::int64_t>& numel,
+                    const std::vector<std::vector<float>>& hypers, float inv_grad_scale,
+                    const std::vector<int>& group = {}) const;
+
   /// The hyper values of the rule's defaults, in Rule::hypers order.
   std::vector<float> default_hypers() const;
   /// Copies `hypers` with `name` set to `value`; throws fusedopt::Error for an unknown name.

@@ -52,3 +52,20 @@ extern "C" __global__ void __launch_bounds__(FO_BLOCK) fusedopt_step(fo_launch L
 extern "C" __global__ void __launch_bounds__(FO_BLOCK) fusedopt_init(fo_launch L) {
   fo_run<true>(L);
 }
+
+/// Sets *L.found_nonfinite to 1 if any unscaled gradient element is not finite (the caller
+/// zeroes it first). Runs before a step with grad scaling, on the same stream.
+extern "C" __global__ void __launch_bounds__(FO_BLOCK) fusedopt_check(fo_launch L, int* found_nonfinite) {
+  const float inv_grad_scale = L.inv_grad_scale_ptr ? *L.inv_grad_scale_ptr : L.inv_grad_scale;
+  fo_uniform U;
+  U.inv_grad_scale = inv_grad_scale;
+  bool bad = false;
+  for (long long c = blockIdx.x; c < L.num_chunks; c += gridDim.x) {
+    const fo_chunk chunk = L.chunks[c];
+    const fo_tensor t = fo_bind(L.ptrs + (long long)chunk.tensor * FO_NUM_ROLES);
+    for (long long i = chunk.begin + threadIdx.x; i < chunk.end; i += blockDim.x) {
+      bad |= !fo_grad_finite(t, i, U);
+    }
+  }
+  if (__syncthreads_or(bad) && threadIdx.x == 0) *found_nonfinite = 1;
+}

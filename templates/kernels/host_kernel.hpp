@@ -38,6 +38,26 @@ static void fo_run(const fo_launch* L) {
   }
 }
 
+/// 1 when every gradient element of the chunk table, unscaled, is finite; else 0. Runs
+/// before a step with grad scaling so a non-finite step can change nothing.
+FO_EXTERN_C int fusedopt_check_host(const fo_launch* L) {
+  const float step = L->step_ptr ? *L->step_ptr : L->step;
+  const float inv_grad_scale = L->inv_grad_scale_ptr ? *L->inv_grad_scale_ptr : L->inv_grad_scale;
+  int all_finite = 1;
+#pragma omp parallel for schedule(static) reduction(& : all_finite)
+  for (long long c = 0; c < L->num_chunks; ++c) {
+    const fo_chunk chunk = L->chunks[c];
+    fo_uniform U;
+    U.step = step;
+    U.inv_grad_scale = inv_grad_scale;
+    const fo_tensor t = fo_bind(L->ptrs + (long long)chunk.tensor * FO_NUM_ROLES);
+    int ok = 1;
+    for (long long i = chunk.begin; i < chunk.end; ++i) ok &= (int)fo_grad_finite(t, i, U);
+    all_finite &= ok;
+  }
+  return all_finite;
+}
+
 FO_EXTERN_C int fusedopt_abi_version() { return FO_ABI_VERSION; }
 /// One optimizer step over the chunk table.
 FO_EXTERN_C void fusedopt_step_host(const fo_launch* L) { fo_run<false>(L); }

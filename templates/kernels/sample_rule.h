@@ -34,5 +34,8 @@ FO_FN void fo_element(const fo_tensor& t, long long i, const fo_uniform& U) {
   p = p - U.h[0] * g - U.u[0] * p;
   fo_store(t.r0, i, p);
 }
+FO_FN bool fo_grad_finite(const fo_tensor& t, long long i, const fo_uniform& U) {
+  return fo_isfinite(fo_load(t.r1, i) * U.inv_grad_scale);
+}
 FO_FN void fo_init_element(const fo_tensor&, long long, const fo_uniform&) {}
 #endif

@@ -158,6 +158,37 @@ avg = decay * avg + (1 - decay) * w
     }
   }
 
+  TEST_CASE("the host kernel's gradient check finds a non-finite element anywhere") {
+    cache::KernelCache cache(no_cache());
+    runtime::HostKernel k(preset_rule("sgd"), DTypeBinding{}, cache);
+    std::mt19937 rng(std::random_device{}());
+    std::uniform_real_distribution<float> uniform(-1.0f, 1.0f);
+    const std::vector<std::int64_t> sizes = {5, 0, 100000, 3};
+    std::vector<std::vector<float>> p(4), g(4), buf(4);
+    std::vector<std::vector<void*>> ptrs(4);
+    for (int t = 0; t < 4; ++t) {
+      p[t].resize(sizes[t]);
+      buf[t].resize(sizes[t]);
+      g[t].resize(sizes[t]);
+      for (auto& x : g[t]) x = uniform(rng);
+      ptrs[t] = {p[t].data(), g[t].data(), buf[t].data()};
+    }
+    std::vector<std::vector<float>> h = {k.default_hypers()};
+    CHECK(k.grads_finite(ptrs, sizes, h, 1.0f));
+    std::size_t at = std::uniform_int_distribution<std::size_t>(0, g[2].size() - 1)(rng);
+    g[2][at] = NAN;
+    CHECK_FALSE(k.grads_finite(ptrs, sizes, h, 1.0f));
+    g[2][at] = 0.5f;
+    g[3][2] = INFINITY;
+    CHECK_FALSE(k.grads_finite(ptrs, sizes, h, 1.0f));
+    g[3][2] = 0.5f;
+    CHECK(k.grads_finite(ptrs, sizes, h, 1.0f));
+    // Finite gradients that overflow once unscaled count as non-finite.
+    CHECK(k.grads_finite(ptrs, sizes, h, 1e38f));  // |g| <= 1: still finite
+    g[0][4] = 8.0f;
+    CHECK_FALSE(k.grads_finite(ptrs, sizes, h, 1e38f));
+  }
+
   TEST_CASE("a trusted functor compiles for the host and runs") {
     codegen::TrustedFunctor f;
     f.name = "functor_sgd";
