@@ -1,0 +1,157 @@
+// The optimizer runtime: a rule applied to a whole parameter list with one launch per step
+// (per dtype binding), on the host or a CUDA device, with mixed precision, grad scaling,
+// per-group hypers, statistics and safetensors checkpoints.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "fusedopt/dtype.hpp"
+#include "fusedopt/kernel.hpp"
+
+namespace fusedopt {
+
+/// Where a tensor's memory lives.
+struct Device {
+  enum class Kind { Host, Cuda };
+  Kind kind = Kind::Host;
+  int index = 0;  ///< CUDA device ordinal
+  static Device host() { return {}; }
+  static Device cuda(int index = 0) { return {Kind::Cuda, index}; }
+  bool operator==(const Device& o) const { return kind == o.kind && index == o.index; }
+};
+
+/// A flat view of memory the caller owns (fusedopt never frees it).
+struct Tensor {
+  void* data = nullptr;
+  std::int64_t numel = 0;
+  DType dtype = DType::F32;
+  Device device;
+  std::string name;  ///< used in errors and as the checkpoint key; "param<i>" when empty
+};
+
+/// Params, their grads (same order, same numel) and per-group hyper overrides, like
+/// torch's param_groups.
+struct ParamGroup {
+  std::vector<Tensor> params;
+  std::vector<Tensor> grads;
+  std::vector<std::pair<std::string, double>> hypers;  ///< overrides of the rule's defaults
+};
+
+struct OptimizerOptions {
+  DType state_dtype = DType::F32;  ///< storage of every state tensor (fp32 or bf16)
+  /// Keep an fp32 master copy of fp16/bf16 params (allocated and owned by the optimizer);
+  /// the kernel updates the master and stores the rounded value into the param.
+  bool master_weights = false;
+  /// Hypers and the step live in device memory, so step() can be captured in a CUDA graph
+  /// (costs one extra tiny launch per step).
+  bool capturable = false;
+};
+
+/// What a step costs, and where its kernel came from.
+struct OptimizerStats {
+  std::int64_t tensors = 0;            ///< parameters (empty ones included)
+  std::int64_t elements = 0;
+  std::int64_t launches_per_step = 0;  ///< kernel launches (one per dtype binding)
+  std::int64_t bytes_per_step = 0;     ///< bytes read + written by one step
+  std::vector<std::string> kernel_keys;
+  double kernel_seconds = 0;           ///< compile or cache-load time at construction
+  std::string kernel_origin;           ///< "compiled", "disk" or "memory" (the slowest)
+  std::string fusion_report;           ///< e.g. "adamw over 201 tensors (109.5 M elements): 1 launch per step instead of 201"
+};
+
+/// Runs `rule` over every parameter of every group. States are allocated (one arena per
+/// dtype and device) and initialised from the rule at construction.
+class Optimizer {
+ public:
+  /// Throws Error naming the tensor and the reason for any misuse (grads missing or of a
+  /// different size, null data, a device this build cannot use, an unknown hyper).
+  Optimizer(const Rule& rule, std::vector<ParamGroup> groups, OptimizerOptions options = {});
+  ~Optimizer();
+  Optimizer(Optimizer&&) noexcept;
+  Optimizer& operator=(Optimizer&&) noexcept;
+
+  /// One step: one launch per dtype binding. `stream` is a CUstream for CUDA tensors
+  /// (nullptr: the default stream), ignored on the host.
+  void step(void* stream = nullptr);
+  /// A step with the gradients multiplied by `inv_grad_scale` in the kernel. If any
+  /// unscaled gradient is not finite, nothing changes (params, state and the step count
+  /// stay bit for bit) and it returns false.
+  bool step_scaled(float inv_grad_scale, void* stream = nullptr);
+
+  /// Sets a hyper for one group, or for every group when `group` is empty.
+  void set_hyper(const std::string& name, double value, std::optional<int> group = std::nullopt);
+  double hyper(const std::string& name, int group = 0) const;
+  /// Steps taken so far (the next step's `step` is step_count() + 1).
+  std::int64_t step_count() const;
+  OptimizerStats stats() const;
+
+  /// The optimizer's state of tensor `param` (a flat view), e.g. state("m", 3).
+  Tensor state(const std::string& name, int param_index) const;
+
+  /// Writes a safetensors file: one tensor "<param name>/<state>" per (parameter, state)
+  /// pair (and "<param name>/master"), metadata with the rule, its key, the step and the
+  /// hypers. Atomic.
+  void save(const std::filesystem::path& path) const;
+  /// Reads a file written by save(); a mismatched name, shape or dtype is an Error and
+  /// changes nothing. The next step is bit-identical to the saver's next step.
+  void load(const std::filesystem::path& path);
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+/// Dynamic loss scaling, like torch.cuda.amp.GradScaler: scale the loss by scale(), then
+/// step() unscales inside the kernel; a non-finite gradient skips the step and backs the
+/// scale off, and `growth_interval` good steps in a row grow it.
+class GradScaler {
+ public:
+  struct Options {
+    double init_scale = 65536.0;
+    double growth_factor = 2.0;
+    double backoff_factor = 0.5;
+    int growth_interval = 2000;
+  };
+  GradScaler() : GradScaler(Options{}) {}
+  explicit GradScaler(Options options);
+  double scale() const { return scale_; }
+  /// Steps `opt` with the inverse scale; returns whether the step was taken.
+  bool step(Optimizer& opt, void* stream = nullptr);
+  int growth_tracker() const { return good_steps_; }
+
+ private:
+  Options options_;
+  double scale_;
+  int good_steps_ = 0;
+};
+
+/// Params and grads contiguous, one buffer per dtype (Bagua's do_flatten): add() returns a
+/// view into the arena; the arena owns the memory (host memory only).
+class FlatArena {
+ public:
+  FlatArena();
+  ~FlatArena();
+  FlatArena(FlatArena&&) noexcept;
+  FlatArena& operator=(FlatArena&&) noexcept;
+  /// Reserves a tensor of `numel` elements; views stay valid until the arena is destroyed.
+  /// Each view starts 64-byte aligned. Call finalize() before using the views.
+  void add(const std::string& name, std::int64_t numel, DType dtype);
+  /// Allocates the buffers (zeroed).
+  void finalize();
+  /// The view of tensor `i` (in add() order), and its gradient twin.
+  Tensor param(std::size_t i) const;
+  Tensor grad(std::size_t i) const;
+  std::size_t size() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace fusedopt
