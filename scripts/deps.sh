@@ -16,6 +16,11 @@ ensure_deps() {
     $sudo apt-get update -qq
     DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${missing[@]}"
   fi
+  # The safetensors interop test (io_python) checks our files with the reference package.
+  if ! python3 -c 'import safetensors, numpy' 2>/dev/null; then
+    echo "installing: python3 safetensors numpy (pip)"
+    python3 -m pip install --quiet safetensors numpy
+  fi
   if [ ! -f /usr/local/cuda/include/nvrtc.h ]; then
     echo "note: no CUDA toolkit in /usr/local/cuda: building without CUDA (host kernels only)"
   fi

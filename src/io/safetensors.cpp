@@ -1,0 +1,354 @@
+// safetensors reading, validation and atomic writing; see safetensors.hpp.
+#include "io/safetensors.hpp"
+
+#include <fcntl.h>
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <cstring>
+#include <random>
+#include <set>
+#include <string_view>
+#include <tuple>
+#include <utility>
+
+#include "fusedopt/error.hpp"
+#include "io/json.hpp"
+
+#if !defined(__BYTE_ORDER__) || __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
+#error "fusedopt::io copies tensor bytes verbatim and assumes a little-endian host"
+#endif
+
+namespace fusedopt::io {
+namespace {
+
+// The reference implementation refuses headers above 100 MB; so do we, which also bounds
+// what a corrupt length field can make us allocate.
+constexpr std::uint64_t kMaxHeaderBytes = 100'000'000;
+constexpr const char* kMetadataKey = "__metadata__";
+
+// Owns a file descriptor so that every early return and throw closes it.
+class Fd {
+ public:
+  explicit Fd(int fd) : fd_(fd) {}
+  ~Fd() {
+    if (fd_ >= 0) ::close(fd_);
+  }
+  Fd(const Fd&) = delete;
+  Fd& operator=(const Fd&) = delete;
+  int get() const { return fd_; }
+  int release() { return std::exchange(fd_, -1); }
+
+ private:
+  int fd_;
+};
+
+std::string shape_text(const std::vector<std::int64_t>& shape) {
+  return fmt::format("[{}]", fmt::join(shape, ", "));
+}
+
+// Elements times element size, or false on a negative dimension or overflow.
+bool shape_bytes(const std::vector<std::int64_t>& shape, int elem_bytes, std::uint64_t* out) {
+  std::uint64_t n = static_cast<std::uint64_t>(elem_bytes);
+  for (std::int64_t d : shape) {
+    if (d < 0) return false;
+    if (__builtin_mul_overflow(n, static_cast<std::uint64_t>(d), &n)) return false;
+  }
+  *out = n;
+  return true;
+}
+
+// Writes all of [p, p + n), retrying short writes and EINTR; false with errno set on failure.
+bool write_all(int fd, const char* p, std::size_t n) {
+  while (n > 0) {
+    ssize_t w = ::write(fd, p, n);
+    if (w < 0) {
+      if (errno == EINTR) continue;
+      return false;
+    }
+    p += w;
+    n -= static_cast<std::size_t>(w);
+  }
+  return true;
+}
+
+bool read_all(int fd, char* p, std::size_t n) {
+  while (n > 0) {
+    ssize_t r = ::read(fd, p, n);
+    if (r < 0) {
+      if (errno == EINTR) continue;
+      return false;
+    }
+    if (r == 0) {
+      errno = EIO;  // the file shrank while we read it
+      return false;
+    }
+    p += r;
+    n -= static_cast<std::size_t>(r);
+  }
+  return true;
+}
+
+std::string header_json(const std::vector<TensorView>& tensors,
+                        const std::map<std::string, std::string>& metadata) {
+  std::string h = "{";
+  if (!metadata.empty()) {
+    h += "\"__metadata__\":{";
+    bool first = true;
+    for (const auto& [key, value] : metadata) {
+      if (!first) h += ',';
+      first = false;
+      append_json_string(h, key);
+      h += ':';
+      append_json_string(h, value);
+    }
+    h += '}';
+  }
+  std::uint64_t offset = 0;
+  for (const TensorView& t : tensors) {
+    if (h.size() > 1) h += ',';
+    append_json_string(h, t.name);
+    h += fmt::format(R"(:{{"dtype":"{}","shape":[{}],"data_offsets":[{},{}]}})", t.dtype,
+                     fmt::join(t.shape, ","), offset, offset + t.bytes);
+    offset += t.bytes;
+  }
+  h += '}';
+  // Padding keeps the data section 8-byte aligned for readers that mmap the file.
+  while ((8 + h.size()) % 8 != 0) h += ' ';
+  return h;
+}
+
+void validate_for_write(const std::filesystem::path& path, const std::vector<TensorView>& tensors,
+                        const std::map<std::string, std::string>& metadata) {
+  auto fail = [&](const std::string& what) { throw Error(path.string() + ": " + what); };
+  std::set<std::string_view> names;
+  for (const TensorView& t : tensors) {
+    if (t.name.empty()) fail("a tensor has an empty name");
+    if (t.name == kMetadataKey) fail("tensor name \"__metadata__\" is reserved");
+    if (!is_valid_utf8(t.name)) fail(fmt::format("tensor name '{}' is not valid UTF-8", t.name));
+    if (!names.insert(t.name).second) fail(fmt::format("duplicate tensor name '{}'", t.name));
+    int elem = dtype_bytes(t.dtype);
+    if (elem == 0) fail(fmt::format("tensor '{}': unknown dtype \"{}\"", t.name, t.dtype));
+    std::uint64_t expected = 0;
+    if (!shape_bytes(t.shape, elem, &expected)) {
+      fail(fmt::format("tensor '{}': shape {} has a negative dimension or overflows", t.name,
+                       shape_text(t.shape)));
+    }
+    if (expected != t.bytes) {
+      fail(fmt::format("tensor '{}': {} bytes given but shape {} of {} needs {}", t.name, t.bytes,
+                       shape_text(t.shape), t.dtype, expected));
+    }
+    if (t.bytes > 0 && t.data == nullptr) fail(fmt::format("tensor '{}': data is null", t.name));
+  }
+  for (const auto& [key, value] : metadata) {
+    if (!is_valid_utf8(key) || !is_valid_utf8(value)) {
+      fail(fmt::format("metadata entry '{}' is not valid UTF-8", key));
+    }
+  }
+}
+
+// A fresh name beside the target, so that rename() is atomic (same file system) and two
+// concurrent writers never share a temp file.
+std::filesystem::path temp_path_for(const std::filesystem::path& path) {
+  static std::atomic<unsigned> counter{0};
+  thread_local std::mt19937_64 rng{std::random_device{}()};
+  return path.parent_path() /
+         fmt::format(".{}.tmp-{}-{}-{:x}", path.filename().string(), ::getpid(), counter++, rng());
+}
+
+}  // namespace
+
+int dtype_bytes(const std::string& st_dtype) {
+  static const std::map<std::string, int, std::less<>> kSizes = {
+      {"BOOL", 1}, {"U8", 1},  {"I8", 1},  {"F8_E5M2", 1}, {"F8_E4M3", 1}, {"F8_E8M0", 1},
+      {"I16", 2},  {"U16", 2}, {"F16", 2}, {"BF16", 2},    {"I32", 4},     {"U32", 4},
+      {"F32", 4},  {"F64", 8}, {"I64", 8}, {"U64", 8},     {"C64", 8}};
+  auto it = kSizes.find(st_dtype);
+  return it == kSizes.end() ? 0 : it->second;
+}
+
+const void* SafetensorsFile::tensor_data(const std::string& name) const {
+  auto it = tensors.find(name);
+  if (it == tensors.end()) throw Error(fmt::format("no tensor named '{}' in the file", name));
+  return data.data() + it->second.begin;
+}
+
+void write_safetensors(const std::filesystem::path& path, const std::vector<TensorView>& tensors,
+                       const std::map<std::string, std::string>& metadata) {
+  validate_for_write(path, tensors, metadata);
+  const std::string header = header_json(tensors, metadata);
+  char length[8];
+  for (int i = 0; i < 8; ++i) {
+    length[i] = static_cast<char>((static_cast<std::uint64_t>(header.size()) >> (8 * i)) & 0xFF);
+  }
+
+  const std::filesystem::path temp = temp_path_for(path);
+  auto fail = [&](const char* op, int err) {
+    throw Error(fmt::format("{}: cannot write ({} {}: {})", path.string(), op, temp.string(),
+                            std::strerror(err)));
+  };
+  // 0666 lets the umask decide the final permissions, as for any ordinary new file.
+  Fd fd(::open(temp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666));
+  if (fd.get() < 0) fail("create", errno);
+  // From here on the temp file exists: remove it on every failure.
+  auto fail_and_remove = [&](const char* op) {
+    int err = errno;
+    ::unlink(temp.c_str());
+    fail(op, err);
+  };
+  bool ok = write_all(fd.get(), length, sizeof length) &&
+            write_all(fd.get(), header.data(), header.size());
+  for (std::size_t i = 0; ok && i < tensors.size(); ++i) {
+    ok = write_all(fd.get(), static_cast<const char*>(tensors[i].data), tensors[i].bytes);
+  }
+  if (!ok) fail_and_remove("write");
+  if (::fsync(fd.get()) != 0) fail_and_remove("fsync");
+  if (::close(fd.release()) != 0) fail_and_remove("close");
+  if (::rename(temp.c_str(), path.c_str()) != 0) fail_and_remove("rename to the target");
+
+  // The rename is durable only once the folder itself is on disk.
+  std::filesystem::path dir = path.parent_path().empty() ? "." : path.parent_path();
+  Fd dir_fd(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+  if (dir_fd.get() < 0 || (::fsync(dir_fd.get()) != 0 && errno != EINVAL)) {
+    throw Error(fmt::format("{}: written, but fsync of folder {} failed: {}", path.string(),
+                            dir.string(), std::strerror(errno)));
+  }
+}
+
+SafetensorsFile read_safetensors(const std::filesystem::path& path) {
+  auto fail = [&](const std::string& what) -> void { throw Error(path.string() + ": " + what); };
+  Fd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  if (fd.get() < 0) fail(fmt::format("cannot open: {}", std::strerror(errno)));
+  struct stat st {};
+  if (::fstat(fd.get(), &st) != 0) fail(fmt::format("cannot stat: {}", std::strerror(errno)));
+  if (!S_ISREG(st.st_mode)) fail("not a regular file");
+  const std::uint64_t size = static_cast<std::uint64_t>(st.st_size);
+  if (size < 8) fail(fmt::format("file is too short ({} bytes) to hold the header length", size));
+
+  unsigned char length_bytes[8];
+  if (!read_all(fd.get(), reinterpret_cast<char*>(length_bytes), 8)) {
+    fail(fmt::format("cannot read: {}", std::strerror(errno)));
+  }
+  std::uint64_t header_len = 0;
+  for (int i = 7; i >= 0; --i) header_len = (header_len << 8) | length_bytes[i];
+  if (header_len > kMaxHeaderBytes) {
+    fail(fmt::format("header length {} is above the limit of {} bytes", header_len,
+                     kMaxHeaderBytes));
+  }
+  if (header_len > size - 8) {
+    fail(
+        fmt::format("header length {} runs past the end of the file ({} bytes)", header_len, size));
+  }
+  std::string header(header_len, '\0');
+  SafetensorsFile file;
+  file.data.resize(size - 8 - header_len);
+  if (!read_all(fd.get(), header.data(), header.size()) ||
+      !read_all(fd.get(), file.data.data(), file.data.size())) {
+    fail(fmt::format("cannot read: {}", std::strerror(errno)));
+  }
+
+  JsonValue root;
+  try {
+    root = parse_json(header);
+  } catch (const Error& e) {
+    fail(std::string("header: ") + e.what());
+  }
+  if (root.kind != JsonValue::Kind::kObject) fail("header: not a JSON object");
+
+  // (begin, end, name) of every tensor, to check that they tile the data section.
+  std::vector<std::tuple<std::uint64_t, std::uint64_t, std::string>> ranges;
+  for (auto& [name, value] : root.object) {
+    if (name == kMetadataKey) {
+      if (value.kind != JsonValue::Kind::kObject) fail("header: __metadata__ is not an object");
+      for (auto& [key, v] : value.object) {
+        if (v.kind != JsonValue::Kind::kString) {
+          fail(fmt::format("header: metadata value for '{}' is not a string", key));
+        }
+        file.metadata.emplace(key, std::move(v.string));
+      }
+      continue;
+    }
+    auto bad = [&](const std::string& what) { fail(fmt::format("tensor '{}': {}", name, what)); };
+    if (name.empty()) fail("header: a tensor has an empty name");
+    if (value.kind != JsonValue::Kind::kObject) bad("entry is not an object");
+    const JsonValue* dtype = nullptr;
+    const JsonValue* shape = nullptr;
+    const JsonValue* offsets = nullptr;
+    for (const auto& [key, v] : value.object) {
+      if (key == "dtype") {
+        dtype = &v;
+      } else if (key == "shape") {
+        shape = &v;
+      } else if (key == "data_offsets") {
+        offsets = &v;
+      } else {
+        bad(fmt::format("unexpected key \"{}\"", key));
+      }
+    }
+    if (!dtype || !shape || !offsets) bad("needs \"dtype\", \"shape\" and \"data_offsets\"");
+    if (dtype->kind != JsonValue::Kind::kString) bad("dtype is not a string");
+    SafetensorsFile::Entry entry;
+    entry.dtype = dtype->string;
+    int elem = dtype_bytes(entry.dtype);
+    if (elem == 0) bad(fmt::format("unknown dtype \"{}\"", entry.dtype));
+    if (shape->kind != JsonValue::Kind::kArray) bad("shape is not an array");
+    for (const JsonValue& d : shape->array) {
+      if (d.kind != JsonValue::Kind::kInteger || d.integer < 0) {
+        bad("shape holds something other than a non-negative integer");
+      }
+      entry.shape.push_back(d.integer);
+    }
+    if (offsets->kind != JsonValue::Kind::kArray || offsets->array.size() != 2 ||
+        offsets->array[0].kind != JsonValue::Kind::kInteger ||
+        offsets->array[1].kind != JsonValue::Kind::kInteger || offsets->array[0].integer < 0 ||
+        offsets->array[1].integer < 0) {
+      bad("data_offsets is not a pair of non-negative integers");
+    }
+    entry.begin = static_cast<std::uint64_t>(offsets->array[0].integer);
+    entry.end = static_cast<std::uint64_t>(offsets->array[1].integer);
+    if (entry.end < entry.begin) {
+      bad(fmt::format("data_offsets [{}, {}] end before they begin", entry.begin, entry.end));
+    }
+    if (entry.end > file.data.size()) {
+      bad(fmt::format("data_offsets [{}, {}] run past the data section ({} bytes)", entry.begin,
+                      entry.end, file.data.size()));
+    }
+    std::uint64_t expected = 0;
+    if (!shape_bytes(entry.shape, elem, &expected)) {
+      bad(fmt::format("shape {} overflows", shape_text(entry.shape)));
+    }
+    if (expected != entry.end - entry.begin) {
+      bad(fmt::format("shape {} of {} needs {} bytes but data_offsets [{}, {}] hold {}",
+                      shape_text(entry.shape), entry.dtype, expected, entry.begin, entry.end,
+                      entry.end - entry.begin));
+    }
+    ranges.emplace_back(entry.begin, entry.end, name);
+    // The JSON parser already rejected duplicate keys, so this never replaces an entry.
+    file.tensors.emplace(name, std::move(entry));
+  }
+
+  std::sort(ranges.begin(), ranges.end());
+  std::uint64_t covered = 0;
+  for (const auto& [begin, end, name] : ranges) {
+    if (begin < covered) {
+      fail(fmt::format("tensor '{}': data_offsets [{}, {}] overlap another tensor", name, begin,
+                       end));
+    }
+    if (begin > covered) {
+      fail(fmt::format("bytes [{}, {}) of the data section belong to no tensor", covered, begin));
+    }
+    covered = end;
+  }
+  if (covered != file.data.size()) {
+    fail(fmt::format("bytes [{}, {}) of the data section belong to no tensor", covered,
+                     file.data.size()));
+  }
+  return file;
+}
+
+}  // namespace fusedopt::io

@@ -1,0 +1,55 @@
+// Reading and writing checkpoints in the safetensors format (an 8-byte little-endian header
+// length, a JSON header, then the raw tensor bytes), so that optimizer state can be exchanged
+// with PyTorch, JAX and numpy tooling.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <filesystem>
+#include <map>
+#include <string>
+#include <vector>
+
+namespace fusedopt::io {
+
+/// One tensor to write: its bytes are borrowed, not copied, and must stay alive for the call.
+struct TensorView {
+  std::string name;
+  std::string dtype;  ///< safetensors dtype name: "F32", "F16", "BF16", "I64", ...
+  std::vector<std::int64_t> shape;
+  const void* data;
+  std::size_t bytes;
+};
+
+/// Writes atomically (temp file in the same folder, fsync, rename, fsync folder); tensors are
+/// written in the order given; names must be unique and non-empty; bytes must equal
+/// product(shape) * dtype size; throws fusedopt::Error naming the tensor and the problem;
+/// never leaves a half-written file at `path`.
+void write_safetensors(const std::filesystem::path& path, const std::vector<TensorView>& tensors,
+                       const std::map<std::string, std::string>& metadata);
+
+/// A whole safetensors file read into memory and validated.
+struct SafetensorsFile {
+  struct Entry {
+    std::string dtype;
+    std::vector<std::int64_t> shape;
+    std::uint64_t begin = 0, end = 0;  ///< byte range within `data`
+  };
+  std::map<std::string, std::string> metadata;
+  std::map<std::string, Entry> tensors;
+  std::string data;  ///< the whole data section
+  /// Pointer to a tensor's bytes; throws fusedopt::Error if absent.
+  const void* tensor_data(const std::string& name) const;
+};
+
+/// Reads and validates the whole file; any defect (too short, header length beyond the file
+/// or above 100 MB, malformed JSON, unknown dtype, shape/offset size mismatch, offsets out of
+/// bounds or overlapping or not covering the data exactly, duplicate names, non-string
+/// metadata) throws fusedopt::Error("<path>: <what is wrong>").
+SafetensorsFile read_safetensors(const std::filesystem::path& path);
+
+/// Bytes per element of a safetensors dtype (F32 4, F16 2, BF16 2, F64 8, I64 8, I32 4,
+/// U8 1, ...); 0 for an unknown name or a sub-byte type.
+int dtype_bytes(const std::string& st_dtype);
+
+}  // namespace fusedopt::io
