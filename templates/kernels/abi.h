@@ -4,7 +4,7 @@
 #define FUSEDOPT_ABI_H
 
 // Bump when you change this: any struct below or an exported entry point's signature.
-#define FO_ABI_VERSION 1
+#define FO_ABI_VERSION 2
 
 /// One work item: elements [begin, end) of tensor `tensor`, whose hypers are group `group`.
 struct fo_chunk {
@@ -25,6 +25,7 @@ struct fo_launch {
   float inv_grad_scale;         ///< used when inv_grad_scale_ptr is null
   const float* step_ptr;        ///< capturable mode: read the step here
   const float* inv_grad_scale_ptr;
+  const unsigned char* aligned;  ///< per tensor: 1 if every role's pointer is 16-byte aligned (device); null = never vectorise
 };
 
 #endif  // FUSEDOPT_ABI_H

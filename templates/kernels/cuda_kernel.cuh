@@ -2,7 +2,19 @@
 // the chunk table grid-stride; the uniform values (hypers, step, hoisted subexpressions)
 // are computed once per block and group, in shared memory, never per element.
 // The generated part (fo_uniform, fo_tensor, fo_bind, fo_prepare, fo_element,
-// fo_init_element, FO_NUM_ROLES, FO_NUM_HYPERS) comes before this file.
+// fo_init_element, fo_grad_finite, FO_NUM_ROLES, FO_NUM_HYPERS) comes before this file.
+//
+// Two element paths, chosen per chunk (the same for the whole block, so no divergence):
+// - vector: when the runtime marked the tensor aligned (every role's pointer 16-byte
+//   aligned, L.aligned[tensor] == 1) and the chunk begins at a multiple of 4, each thread
+//   loads 4 consecutive elements of every role with one 16-byte (fp32) or 8-byte (fp16,
+//   bf16) load into registers, runs the generated fo_element on those registers, and
+//   stores each writable role back with one wide store (ILP 4, as apex). Explicit wide
+//   loads, because the compiler cannot prove the alignment of fo_element's scalar loads
+//   and cannot reorder them across the stores of other roles (which it cannot prove do
+//   not alias). The chunk's last (end - begin) % 4 elements take the scalar path.
+// - scalar: everything else (misaligned tensors, a null L.aligned, tails), one element
+//   per thread per iteration. Always correct.
 #ifndef FO_GENERATED
 #include "prelude.h"
 #include "abi.h"
@@ -12,6 +24,148 @@
 #ifndef FO_BLOCK
 #define FO_BLOCK 512
 #endif
+
+// ---- 4-element register staging for the vector path ----------------------------------
+
+template <typename T>
+struct fo_vec4;
+template <>
+struct alignas(16) fo_vec4<float> {
+  float v[4];
+};
+template <>
+struct alignas(8) fo_vec4<fo_f16> {
+  fo_f16 v[4];
+};
+template <>
+struct alignas(8) fo_vec4<fo_bf16> {
+  fo_bf16 v[4];
+};
+
+/// Elements [i, i+4) of p in one load; p + i must be aligned to sizeof(fo_vec4<T>).
+template <typename T>
+FO_FN fo_vec4<T> fo_vload(const T* p, long long i) {
+  return *reinterpret_cast<const fo_vec4<T>*>(p + i);
+}
+/// Writes elements [i, i+4) of a writable role in one store.
+template <typename T>
+FO_FN void fo_vstore(T* p, long long i, const fo_vec4<T>& s) {
+  *reinterpret_cast<fo_vec4<T>*>(p + i) = s;
+}
+/// Read-only roles (the gradient) are never written back.
+template <typename T>
+FO_FN void fo_vstore(const T*, long long, const fo_vec4<T>&) {}
+
+// FO_ROLEk(X) expands to X(k) when the kernel has a role k. fo_tensor's members are named
+// r0, r1, ...: the expansion touches only members that exist. Kernels with more than 16
+// roles use the scalar path only.
+#if FO_NUM_ROLES <= 16
+#define FO_VECTOR_PATH 1
+#else
+#define FO_VECTOR_PATH 0
+#endif
+#define FO_ROLE0(X) X(0)
+#define FO_ROLE1(X) X(1)
+#if FO_NUM_ROLES > 2
+#define FO_ROLE2(X) X(2)
+#else
+#define FO_ROLE2(X)
+#endif
+#if FO_NUM_ROLES > 3
+#define FO_ROLE3(X) X(3)
+#else
+#define FO_ROLE3(X)
+#endif
+#if FO_NUM_ROLES > 4
+#define FO_ROLE4(X) X(4)
+#else
+#define FO_ROLE4(X)
+#endif
+#if FO_NUM_ROLES > 5
+#define FO_ROLE5(X) X(5)
+#else
+#define FO_ROLE5(X)
+#endif
+#if FO_NUM_ROLES > 6
+#define FO_ROLE6(X) X(6)
+#else
+#define FO_ROLE6(X)
+#endif
+#if FO_NUM_ROLES > 7
+#define FO_ROLE7(X) X(7)
+#else
+#define FO_ROLE7(X)
+#endif
+#if FO_NUM_ROLES > 8
+#define FO_ROLE8(X) X(8)
+#else
+#define FO_ROLE8(X)
+#endif
+#if FO_NUM_ROLES > 9
+#define FO_ROLE9(X) X(9)
+#else
+#define FO_ROLE9(X)
+#endif
+#if FO_NUM_ROLES > 10
+#define FO_ROLE10(X) X(10)
+#else
+#define FO_ROLE10(X)
+#endif
+#if FO_NUM_ROLES > 11
+#define FO_ROLE11(X) X(11)
+#else
+#define FO_ROLE11(X)
+#endif
+#if FO_NUM_ROLES > 12
+#define FO_ROLE12(X) X(12)
+#else
+#define FO_ROLE12(X)
+#endif
+#if FO_NUM_ROLES > 13
+#define FO_ROLE13(X) X(13)
+#else
+#define FO_ROLE13(X)
+#endif
+#if FO_NUM_ROLES > 14
+#define FO_ROLE14(X) X(14)
+#else
+#define FO_ROLE14(X)
+#endif
+#if FO_NUM_ROLES > 15
+#define FO_ROLE15(X) X(15)
+#else
+#define FO_ROLE15(X)
+#endif
+#define FO_EACH_ROLE(X)                                                                   \
+  FO_ROLE0(X) FO_ROLE1(X) FO_ROLE2(X) FO_ROLE3(X) FO_ROLE4(X) FO_ROLE5(X) FO_ROLE6(X)     \
+  FO_ROLE7(X) FO_ROLE8(X) FO_ROLE9(X) FO_ROLE10(X) FO_ROLE11(X) FO_ROLE12(X) FO_ROLE13(X) \
+  FO_ROLE14(X) FO_ROLE15(X)
+
+#define FO_STAGE_LOAD(k)             \
+  auto fo_s##k = fo_vload(t.r##k, i); \
+  s.r##k = fo_s##k.v;
+#define FO_STAGE_STORE(k) fo_vstore(t.r##k, i, fo_s##k);
+
+#if FO_VECTOR_PATH
+/// Elements [i, i+4) of tensor t through registers: i is a multiple of 4 and every role
+/// pointer of t is 16-byte aligned (the caller checked both).
+template <bool kInit>
+__device__ __forceinline__ void fo_element4(const fo_tensor& t, long long i, const fo_uniform& U) {
+  fo_tensor s = t;  // the same roles, pointing at the register copies
+  FO_EACH_ROLE(FO_STAGE_LOAD)
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    if (kInit) {
+      fo_init_element(s, j, U);
+    } else {
+      fo_element(s, j, U);
+    }
+  }
+  FO_EACH_ROLE(FO_STAGE_STORE)
+}
+#endif
+
+// ---- the entry points ------------------------------------------------------------------
 
 template <bool kInit>
 __device__ __forceinline__ void fo_run(const fo_launch& L) {
@@ -33,7 +187,17 @@ __device__ __forceinline__ void fo_run(const fo_launch& L) {
       group = chunk.group;
     }
     const fo_tensor t = fo_bind(L.ptrs + (long long)chunk.tensor * FO_NUM_ROLES);
-    for (long long i = chunk.begin + threadIdx.x; i < chunk.end; i += blockDim.x) {
+    long long scalar_begin = chunk.begin;
+#if FO_VECTOR_PATH
+    if (L.aligned && L.aligned[chunk.tensor] && (chunk.begin & 3) == 0) {
+      const long long groups = (chunk.end - chunk.begin) >> 2;  // whole 4-element groups
+      for (long long q = threadIdx.x; q < groups; q += blockDim.x) {
+        fo_element4<kInit>(t, chunk.begin + 4 * q, U);
+      }
+      scalar_begin = chunk.begin + 4 * groups;  // the 0..3 element tail
+    }
+#endif
+    for (long long i = scalar_begin + threadIdx.x; i < chunk.end; i += blockDim.x) {
       if (kInit) {
         fo_init_element(t, i, U);
       } else {
@@ -53,7 +217,7 @@ extern "C" __global__ void __launch_bounds__(FO_BLOCK) fusedopt_init(fo_launch L
   fo_run<true>(L);
 }
 
-/// Sets *L.found_nonfinite to 1 if any unscaled gradient element is not finite (the caller
+/// Sets *found_nonfinite to 1 if any unscaled gradient element is not finite (the caller
 /// zeroes it first). Runs before a step with grad scaling, on the same stream.
 extern "C" __global__ void __launch_bounds__(FO_BLOCK) fusedopt_check(fo_launch L, int* found_nonfinite) {
   const float inv_grad_scale = L.inv_grad_scale_ptr ? *L.inv_grad_scale_ptr : L.inv_grad_scale;
@@ -68,4 +232,11 @@ extern "C" __global__ void __launch_bounds__(FO_BLOCK) fusedopt_check(fo_launch 
     }
   }
   if (__syncthreads_or(bad) && threadIdx.x == 0) *found_nonfinite = 1;
+}
+
+/// Capturable mode: advances the device-resident step by one. The runtime launches it
+/// (one thread) right before fusedopt_step, so a captured CUDA graph replays with a fresh
+/// step each time; it is the one extra launch that capturable mode costs.
+extern "C" __global__ void fusedopt_advance_step(float* step) {
+  if (blockIdx.x == 0 && threadIdx.x == 0) *step += 1.0f;
 }

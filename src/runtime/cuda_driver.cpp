@@ -1,0 +1,360 @@
+// Loading the CUDA driver with dlopen and the thin wrappers around it. Every driver call is
+// checked; failures become CudaError (call, result name, file:line), never an abort.
+#include "runtime/cuda_driver.hpp"
+
+#include <fmt/format.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <mutex>
+#include <utility>
+#include <vector>
+
+#include "fusedopt/error.hpp"
+#include "jit/dynlib.hpp"
+
+namespace fusedopt::runtime::cuda {
+
+#if FUSEDOPT_HAVE_CUDA
+namespace {
+
+// The symbol a <cuda.h> name stands for after its version macros (cuMemAlloc ->
+// "cuMemAlloc_v2", cuGraphInstantiate -> "cuGraphInstantiateWithFlags").
+#define FUSEDOPT_CU_STR2(x) #x
+#define FUSEDOPT_CU_STR(x) FUSEDOPT_CU_STR2(x)
+
+using GetProcAddress = CUresult (*)(const char*, void**, int, cuuint64_t,
+                                    CUdriverProcAddressQueryResult*);
+
+struct Loaded {
+  std::unique_ptr<jit::DynLib> lib;
+  DriverApi api;
+  std::string failure;  // empty when usable
+  CUresult init_result = CUDA_SUCCESS;
+};
+
+/// The entry point for `symbol` (the versioned name from <cuda.h>): cuGetProcAddress with
+/// the header's CUDA_VERSION, so the driver hands out the variant with our ABI; else dlsym.
+void* resolve(const jit::DynLib& lib, GetProcAddress gpa, const std::string& symbol) {
+  if (gpa) {
+    // cuGetProcAddress takes the base name and picks the _vN variant from the version;
+    // LEGACY_STREAM: a null stream means the legacy default stream, as with the dlsym names.
+    std::string base = symbol;
+    for (const char* suffix : {"_v2", "_v3"}) {
+      const std::size_t n = std::strlen(suffix);
+      if (base.size() > n && base.compare(base.size() - n, n, suffix) == 0)
+        base.resize(base.size() - n);
+    }
+    void* fn = nullptr;
+    CUdriverProcAddressQueryResult status = CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND;
+    if (gpa(base.c_str(), &fn, CUDA_VERSION, CU_GET_PROC_ADDRESS_LEGACY_STREAM, &status) ==
+            CUDA_SUCCESS &&
+        status == CU_GET_PROC_ADDRESS_SUCCESS && fn) {
+      return fn;
+    }
+  }
+  return lib.symbol(symbol.c_str());
+}
+
+template <typename F>
+void bind(const jit::DynLib& lib, GetProcAddress gpa, const char* symbol, F* out) {
+  *out = reinterpret_cast<F>(resolve(lib, gpa, symbol));
+  if (!*out) {
+    throw Error(
+        fmt::format("{} has no entry point {}: the CUDA driver is older than the "
+                    "CUDA {}.{} headers fusedopt was built with",
+                    lib.path(), symbol, CUDA_VERSION / 1000, CUDA_VERSION % 1000 / 10));
+  }
+}
+
+#define FUSEDOPT_CU_BIND(NAME) bind(*l.lib, gpa, FUSEDOPT_CU_STR(cu##NAME), &l.api.NAME)
+
+Loaded& loaded() {
+  static std::once_flag once;
+  static Loaded l;
+  std::call_once(once, [] {
+    std::vector<std::string> candidates;
+    if (const char* env = std::getenv("FUSEDOPT_CUDA_DRIVER_LIBRARY")) candidates.emplace_back(env);
+    candidates.emplace_back("libcuda.so.1");
+    candidates.emplace_back("libcuda.so");
+    std::string errors;
+    l.lib = jit::DynLib::open_first(candidates, &errors);
+    if (!l.lib) {
+      l.failure = "the CUDA driver (libcuda.so.1) could not be loaded:" + errors;
+      return;
+    }
+    try {
+      auto gpa = reinterpret_cast<GetProcAddress>(l.lib->symbol("cuGetProcAddress_v2"));
+      FUSEDOPT_CU_BIND(GetErrorName);
+      FUSEDOPT_CU_BIND(GetErrorString);
+      FUSEDOPT_CU_BIND(Init);
+      FUSEDOPT_CU_BIND(DriverGetVersion);
+      FUSEDOPT_CU_BIND(DeviceGet);
+      FUSEDOPT_CU_BIND(DeviceGetCount);
+      FUSEDOPT_CU_BIND(DeviceGetAttribute);
+      FUSEDOPT_CU_BIND(CtxGetCurrent);
+      FUSEDOPT_CU_BIND(CtxSetCurrent);
+      FUSEDOPT_CU_BIND(DevicePrimaryCtxRetain);
+      FUSEDOPT_CU_BIND(DevicePrimaryCtxRelease);
+      FUSEDOPT_CU_BIND(ModuleLoadData);
+      FUSEDOPT_CU_BIND(ModuleGetFunction);
+      FUSEDOPT_CU_BIND(ModuleUnload);
+      FUSEDOPT_CU_BIND(LaunchKernel);
+      FUSEDOPT_CU_BIND(FuncSetAttribute);
+      FUSEDOPT_CU_BIND(MemAlloc);
+      FUSEDOPT_CU_BIND(MemFree);
+      FUSEDOPT_CU_BIND(MemcpyHtoD);
+      FUSEDOPT_CU_BIND(MemcpyDtoH);
+      FUSEDOPT_CU_BIND(MemcpyHtoDAsync);
+      FUSEDOPT_CU_BIND(MemsetD32Async);
+      FUSEDOPT_CU_BIND(StreamCreate);
+      FUSEDOPT_CU_BIND(StreamDestroy);
+      FUSEDOPT_CU_BIND(StreamSynchronize);
+      FUSEDOPT_CU_BIND(PointerGetAttribute);
+      FUSEDOPT_CU_BIND(StreamBeginCapture);
+      FUSEDOPT_CU_BIND(StreamEndCapture);
+      FUSEDOPT_CU_BIND(GraphInstantiate);
+      FUSEDOPT_CU_BIND(GraphLaunch);
+      FUSEDOPT_CU_BIND(GraphDestroy);
+      FUSEDOPT_CU_BIND(GraphExecDestroy);
+    } catch (const Error& e) {
+      l.failure = e.what();
+      return;
+    }
+    l.init_result = l.api.Init(0);
+    if (l.init_result == CUDA_SUCCESS) {
+      if (l.api.DriverGetVersion(&l.api.driver_version) != CUDA_SUCCESS) l.api.driver_version = 0;
+    }
+  });
+  return l;
+}
+
+std::string result_name(const DriverApi& api, CUresult r) {
+  const char* name = nullptr;
+  const char* text = nullptr;
+  if (!api.GetErrorName || api.GetErrorName(r, &name) != CUDA_SUCCESS || !name) {
+    // The toolkit's stub libcuda.so cannot even name its own error.
+    name = r == CUDA_ERROR_STUB_LIBRARY ? "CUDA_ERROR_STUB_LIBRARY" : "CUDA_ERROR_UNKNOWN_CODE";
+    if (r == CUDA_ERROR_STUB_LIBRARY)
+      text = "the CUDA toolkit's stub libcuda.so was loaded, not a driver";
+  }
+  if (!text && (!api.GetErrorString || api.GetErrorString(r, &text) != CUDA_SUCCESS || !text))
+    text = "";
+  return *text ? fmt::format("{}: {}", name, text) : std::string(name);
+}
+
+}  // namespace
+
+const DriverApi& driver() {
+  Loaded& l = loaded();
+  if (!l.failure.empty()) throw Error(l.failure);
+  if (l.init_result != CUDA_SUCCESS) {
+    throw CudaError("cuInit", static_cast<int>(l.init_result), result_name(l.api, l.init_result),
+                    "fusedopt CUDA driver loader");
+  }
+  return l.api;
+}
+
+void check(CUresult r, const char* call, const char* file, int line) {
+  if (r == CUDA_SUCCESS) return;
+  const Loaded& l = loaded();
+  throw CudaError(call, static_cast<int>(r), result_name(l.api, r),
+                  fmt::format("{}:{}", file, line));
+}
+
+bool cuda_device_available(std::string* why) {
+  try {
+    int count = device_count();
+    if (count > 0) return true;
+    if (why) *why = "the CUDA driver reports 0 devices";
+  } catch (const Error& e) {
+    if (why) *why = e.what();
+  }
+  return false;
+}
+
+int device_count() {
+  int count = 0;
+  FUSEDOPT_CU_CHECK(DeviceGetCount, &count);
+  return count;
+}
+
+namespace {
+int attribute(int device, CUdevice_attribute attr, const char* what) {
+  CUdevice dev = 0;
+  FUSEDOPT_CU_CHECK(DeviceGet, &dev, device);
+  int value = 0;
+  check(driver().DeviceGetAttribute(&value, attr, dev),
+        fmt::format("cuDeviceGetAttribute({})", what).c_str(), __FILE__, __LINE__);
+  return value;
+}
+}  // namespace
+
+int device_sm(int device) {
+  return attribute(device, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR,
+                   "COMPUTE_CAPABILITY_MAJOR") *
+             10 +
+         attribute(device, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR,
+                   "COMPUTE_CAPABILITY_MINOR");
+}
+
+int device_sm_count(int device) {
+  return attribute(device, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, "MULTIPROCESSOR_COUNT");
+}
+
+PrimaryContext::PrimaryContext(int device) : device_(device) {
+  const int count = device_count();
+  if (device < 0 || device >= count) {
+    throw Error(fmt::format("CUDA device {} does not exist ({} device{})", device, count,
+                            count == 1 ? "" : "s"));
+  }
+  CUdevice dev = 0;
+  FUSEDOPT_CU_CHECK(DeviceGet, &dev, device);
+  CUcontext ctx = nullptr;
+  FUSEDOPT_CU_CHECK(DevicePrimaryCtxRetain, &ctx, dev);
+  ctx_ = ctx;
+  try {
+    make_current();
+  } catch (...) {
+    driver().DevicePrimaryCtxRelease(dev);
+    throw;
+  }
+}
+
+PrimaryContext::~PrimaryContext() {
+  // Never throws: a release failure at teardown has no one to report to.
+  const DriverApi& api = loaded().api;
+  CUdevice dev = 0;
+  if (api.DeviceGet(&dev, device_) == CUDA_SUCCESS) api.DevicePrimaryCtxRelease(dev);
+}
+
+void PrimaryContext::make_current() const {
+  CUcontext current = nullptr;
+  FUSEDOPT_CU_CHECK(CtxGetCurrent, &current);
+  if (current != static_cast<CUcontext>(ctx_))
+    FUSEDOPT_CU_CHECK(CtxSetCurrent, static_cast<CUcontext>(ctx_));
+}
+
+DeviceBuffer::DeviceBuffer(std::size_t bytes) : bytes_(bytes) {
+  if (bytes == 0) return;
+  CUdeviceptr p = 0;
+  FUSEDOPT_CU_CHECK(MemAlloc, &p, bytes);
+  ptr_ = p;
+}
+
+DeviceBuffer::~DeviceBuffer() {
+  if (ptr_) loaded().api.MemFree(static_cast<CUdeviceptr>(ptr_));  // never throws
+}
+
+DeviceBuffer::DeviceBuffer(DeviceBuffer&& o) noexcept
+    : ptr_(std::exchange(o.ptr_, 0)), bytes_(std::exchange(o.bytes_, 0)) {}
+
+DeviceBuffer& DeviceBuffer::operator=(DeviceBuffer&& o) noexcept {
+  if (this != &o) {
+    if (ptr_) loaded().api.MemFree(static_cast<CUdeviceptr>(ptr_));
+    ptr_ = std::exchange(o.ptr_, 0);
+    bytes_ = std::exchange(o.bytes_, 0);
+  }
+  return *this;
+}
+
+void copy_to_device(DevicePtr dst, const void* src, std::size_t bytes) {
+  if (bytes) FUSEDOPT_CU_CHECK(MemcpyHtoD, static_cast<CUdeviceptr>(dst), src, bytes);
+}
+void copy_to_host(void* dst, DevicePtr src, std::size_t bytes) {
+  if (bytes) FUSEDOPT_CU_CHECK(MemcpyDtoH, dst, static_cast<CUdeviceptr>(src), bytes);
+}
+void copy_to_device_async(DevicePtr dst, const void* src, std::size_t bytes, Stream stream) {
+  if (bytes) {
+    FUSEDOPT_CU_CHECK(MemcpyHtoDAsync, static_cast<CUdeviceptr>(dst), src, bytes,
+                      static_cast<CUstream>(stream));
+  }
+}
+void memset32_async(DevicePtr dst, unsigned value, std::size_t count, Stream stream) {
+  if (count) {
+    FUSEDOPT_CU_CHECK(MemsetD32Async, static_cast<CUdeviceptr>(dst), value, count,
+                      static_cast<CUstream>(stream));
+  }
+}
+void synchronize(Stream stream) {
+  FUSEDOPT_CU_CHECK(StreamSynchronize, static_cast<CUstream>(stream));
+}
+
+Stream stream_create() {
+  CUstream s = nullptr;
+  FUSEDOPT_CU_CHECK(StreamCreate, &s, CU_STREAM_NON_BLOCKING);
+  return s;
+}
+void stream_destroy(Stream stream) {
+  if (stream) FUSEDOPT_CU_CHECK(StreamDestroy, static_cast<CUstream>(stream));
+}
+
+void begin_capture(Stream stream) {
+  FUSEDOPT_CU_CHECK(StreamBeginCapture, static_cast<CUstream>(stream),
+                    CU_STREAM_CAPTURE_MODE_GLOBAL);
+}
+Graph end_capture(Stream stream) {
+  CUgraph g = nullptr;
+  FUSEDOPT_CU_CHECK(StreamEndCapture, static_cast<CUstream>(stream), &g);
+  return g;
+}
+GraphExec graph_instantiate(Graph graph) {
+  CUgraphExec e = nullptr;
+  FUSEDOPT_CU_CHECK(GraphInstantiate, &e, static_cast<CUgraph>(graph), 0ULL);
+  return e;
+}
+void graph_launch(GraphExec exec, Stream stream) {
+  FUSEDOPT_CU_CHECK(GraphLaunch, static_cast<CUgraphExec>(exec), static_cast<CUstream>(stream));
+}
+void graph_destroy(Graph graph) {
+  if (graph) FUSEDOPT_CU_CHECK(GraphDestroy, static_cast<CUgraph>(graph));
+}
+void graph_exec_destroy(GraphExec exec) {
+  if (exec) FUSEDOPT_CU_CHECK(GraphExecDestroy, static_cast<CUgraphExec>(exec));
+}
+
+#else  // !FUSEDOPT_HAVE_CUDA: every entry point says why it cannot work.
+
+namespace {
+[[noreturn]] void no_cuda() {
+  throw Error("fusedopt was built without CUDA (no cuda.h at build time)");
+}
+}  // namespace
+
+bool cuda_device_available(std::string* why) {
+  if (why) *why = "fusedopt was built without CUDA (no cuda.h at build time)";
+  return false;
+}
+int device_count() { no_cuda(); }
+int device_sm(int) { no_cuda(); }
+int device_sm_count(int) { no_cuda(); }
+PrimaryContext::PrimaryContext(int device) : device_(device) { no_cuda(); }
+PrimaryContext::~PrimaryContext() = default;
+void PrimaryContext::make_current() const { no_cuda(); }
+DeviceBuffer::DeviceBuffer(std::size_t) { no_cuda(); }
+DeviceBuffer::~DeviceBuffer() = default;
+DeviceBuffer::DeviceBuffer(DeviceBuffer&& o) noexcept
+    : ptr_(std::exchange(o.ptr_, 0)), bytes_(std::exchange(o.bytes_, 0)) {}
+DeviceBuffer& DeviceBuffer::operator=(DeviceBuffer&& o) noexcept {
+  ptr_ = std::exchange(o.ptr_, 0);
+  bytes_ = std::exchange(o.bytes_, 0);
+  return *this;
+}
+void copy_to_device(DevicePtr, const void*, std::size_t) { no_cuda(); }
+void copy_to_host(void*, DevicePtr, std::size_t) { no_cuda(); }
+void copy_to_device_async(DevicePtr, const void*, std::size_t, Stream) { no_cuda(); }
+void memset32_async(DevicePtr, unsigned, std::size_t, Stream) { no_cuda(); }
+void synchronize(Stream) { no_cuda(); }
+Stream stream_create() { no_cuda(); }
+void stream_destroy(Stream) { no_cuda(); }
+void begin_capture(Stream) { no_cuda(); }
+Graph end_capture(Stream) { no_cuda(); }
+GraphExec graph_instantiate(Graph) { no_cuda(); }
+void graph_launch(GraphExec, Stream) { no_cuda(); }
+void graph_destroy(Graph) { no_cuda(); }
+void graph_exec_destroy(GraphExec) { no_cuda(); }
+
+#endif  // FUSEDOPT_HAVE_CUDA
+
+}  // namespace fusedopt::runtime::cuda

@@ -1,0 +1,378 @@
+// CudaKernel: generate -> cache/NVRTC -> cuModuleLoadData -> one launch per step over a
+// device-resident plan.
+#include "runtime/cuda_kernel.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <climits>
+
+#include "abi.h"
+#include "cache/kernel_cache.hpp"
+#include "codegen/codegen.hpp"
+#include "fusedopt/error.hpp"
+#include "jit/kernel_builder.hpp"
+#include "runtime/chunks.hpp"
+
+namespace fusedopt::runtime {
+
+#if FUSEDOPT_HAVE_CUDA
+
+using cuda::DeviceBuffer;
+using cuda::DevicePtr;
+
+namespace {
+
+/// Makes `ctx` current for a scope and puts the caller's context back afterwards, so a
+/// CudaKernel never leaves a thread bound to a context it did not ask for.
+class ScopedContext {
+ public:
+  explicit ScopedContext(const cuda::PrimaryContext& ctx) {
+    FUSEDOPT_CU_CHECK(CtxGetCurrent, &previous_);
+    ctx.make_current();
+  }
+  ~ScopedContext() {
+    try {
+      const cuda::DriverApi& api = cuda::driver();  // loaded: the constructor succeeded
+      CUcontext now = nullptr;
+      if (api.CtxGetCurrent(&now) == CUDA_SUCCESS && now != previous_) api.CtxSetCurrent(previous_);
+    } catch (const Error&) {
+      // Unreachable in practice; a destructor must not throw.
+    }
+  }
+  ScopedContext(const ScopedContext&) = delete;
+  ScopedContext& operator=(const ScopedContext&) = delete;
+
+ private:
+  CUcontext previous_ = nullptr;
+};
+
+template <typename T>
+T* as_device_pointer(DevicePtr p) {
+  return reinterpret_cast<T*>(static_cast<std::uintptr_t>(p));
+}
+
+template <typename T>
+DeviceBuffer upload(const std::vector<T>& host) {
+  DeviceBuffer b(std::max<std::size_t>(host.size() * sizeof(T), 16));  // never 0 bytes
+  cuda::copy_to_device(b.get(), host.data(), host.size() * sizeof(T));
+  return b;
+}
+
+}  // namespace
+
+struct CudaKernel::Impl {
+  // Declared first: destroyed last, after the module and every buffer.
+  cuda::PrimaryContext ctx;
+  CUmodule module = nullptr;
+  CUfunction f_step = nullptr;
+  CUfunction f_init = nullptr;
+  CUfunction f_check = nullptr;
+  CUfunction f_advance = nullptr;
+  int num_roles = 0;
+  int num_hypers = 0;
+  int sm = 0;
+  int sm_count = 0;
+
+  // The plan.
+  DeviceBuffer chunks;
+  DeviceBuffer ptrs;
+  DeviceBuffer hypers;
+  DeviceBuffer aligned;
+  DeviceBuffer flag;        // int: fusedopt_check's result
+  DeviceBuffer capturable;  // float[2]: steps taken, inverse grad scale
+  std::vector<float> host_hypers;
+  std::int64_t num_chunks = 0;
+  int num_groups = 0;
+  int num_aligned = 0;
+  bool planned = false;
+
+  explicit Impl(int device) : ctx(device) {}
+
+  ~Impl() {
+    try {
+      ScopedContext scope(ctx);
+      chunks = DeviceBuffer();
+      ptrs = DeviceBuffer();
+      hypers = DeviceBuffer();
+      aligned = DeviceBuffer();
+      flag = DeviceBuffer();
+      capturable = DeviceBuffer();
+      if (module) cuda::driver().ModuleUnload(module);  // teardown: nothing to report to
+    } catch (const Error&) {
+      // The context could not be made current: the driver is shutting down.
+    }
+  }
+
+  void require_plan(const char* what) const {
+    if (!planned) throw Error(fmt::format("CudaKernel::{}: call set_tensors() first", what));
+  }
+
+  unsigned grid() const {
+    const std::int64_t cap = std::max<std::int64_t>(1, 4 * static_cast<std::int64_t>(sm_count));
+    return static_cast<unsigned>(std::max<std::int64_t>(1, std::min(num_chunks, cap)));
+  }
+
+  fo_launch make_launch(float step, float inv_grad_scale, bool capturable_mode) const {
+    fo_launch L{};
+    L.chunks = as_device_pointer<const fo_chunk>(chunks.get());
+    L.num_chunks = static_cast<long long>(num_chunks);
+    L.ptrs = as_device_pointer<void* const>(ptrs.get());
+    L.hypers = as_device_pointer<const float>(hypers.get());
+    L.step = step;
+    L.inv_grad_scale = inv_grad_scale;
+    if (capturable_mode) {
+      L.step_ptr = as_device_pointer<const float>(capturable.get());
+      L.inv_grad_scale_ptr = as_device_pointer<const float>(capturable.get() + sizeof(float));
+    }
+    L.aligned = as_device_pointer<const unsigned char>(aligned.get());
+    return L;
+  }
+
+  void launch(CUfunction f, CUstream stream, void** args, unsigned grid_x, unsigned block_x) const {
+    FUSEDOPT_CU_CHECK(LaunchKernel, f, grid_x, 1, 1, block_x, 1, 1, 0, stream, args, nullptr);
+  }
+};
+
+CudaKernel::CudaKernel(std::shared_ptr<const lang::Rule> rule, DTypeBinding dtypes, int device,
+                       cache::KernelCache& cache)
+    : rule_(std::move(rule)), dtypes_(dtypes) {
+  if (!rule_) throw Error("CudaKernel: no rule");
+  impl_ = std::make_unique<Impl>(device);
+  Impl& k = *impl_;
+  k.sm = cuda::device_sm(device);
+  k.sm_count = cuda::device_sm_count(device);
+  codegen::KernelBody body = codegen::generate_body(*rule_, dtypes_);
+  jit::BuiltKernel built = jit::build_kernel(body, dtypes_, Target::cuda(k.sm), cache);
+  origin_ = cache::to_string(built.origin);
+  k.num_roles = body.num_roles;
+  k.num_hypers = body.num_hypers;
+
+  ScopedContext scope(k.ctx);
+  FUSEDOPT_CU_CHECK(ModuleLoadData, &k.module, built.binary->data());
+  FUSEDOPT_CU_CHECK(ModuleGetFunction, &k.f_step, k.module, "fusedopt_step");
+  FUSEDOPT_CU_CHECK(ModuleGetFunction, &k.f_init, k.module, "fusedopt_init");
+  FUSEDOPT_CU_CHECK(ModuleGetFunction, &k.f_check, k.module, "fusedopt_check");
+  FUSEDOPT_CU_CHECK(ModuleGetFunction, &k.f_advance, k.module, "fusedopt_advance_step");
+  k.flag = DeviceBuffer(sizeof(int));
+  k.capturable = DeviceBuffer(2 * sizeof(float));
+  const float initial[2] = {0.0f, 1.0f};
+  cuda::copy_to_device(k.capturable.get(), initial, sizeof initial);
+  cuda::synchronize(nullptr);
+}
+
+CudaKernel::~CudaKernel() = default;
+
+int CudaKernel::num_roles() const { return impl_->num_roles; }
+int CudaKernel::device() const { return impl_->ctx.device(); }
+int CudaKernel::sm() const { return impl_->sm; }
+std::int64_t CudaKernel::num_chunks() const { return impl_->num_chunks; }
+unsigned CudaKernel::grid_size() const { return impl_->grid(); }
+int CudaKernel::num_aligned_tensors() const { return impl_->num_aligned; }
+
+void CudaKernel::set_tensors(const std::vector<std::vector<DevicePtr>>& ptrs,
+                             const std::vector<std::int64_t>& numel,
+                             const std::vector<std::vector<float>>& hypers,
+                             const std::vector<int>& group) {
+  Impl& k = *impl_;
+  const std::size_t n = ptrs.size();
+  if (numel.size() != n) {
+    throw Error(fmt::format("CudaKernel: {} pointer lists but {} sizes", n, numel.size()));
+  }
+  if (hypers.empty()) throw Error("CudaKernel: no hyper group given");
+  if (hypers.size() > static_cast<std::size_t>(INT_MAX)) throw Error("CudaKernel: too many groups");
+  for (std::size_t g = 0; g < hypers.size(); ++g) {
+    if (static_cast<int>(hypers[g].size()) != k.num_hypers) {
+      throw Error(fmt::format("CudaKernel: group {} has {} hyper values, the rule has {}", g,
+                              hypers[g].size(), k.num_hypers));
+    }
+  }
+  std::vector<fo_chunk> chunk_table =
+      build_chunks(numel, group, kCudaChunk, static_cast<int>(hypers.size()));
+
+  ScopedContext scope(k.ctx);
+  std::vector<DevicePtr> table(std::max<std::size_t>(n, 1) * k.num_roles, 0);
+  std::vector<unsigned char> aligned(std::max<std::size_t>(n, 1), 0);
+  int num_aligned = 0;
+  for (std::size_t t = 0; t < n; ++t) {
+    if (static_cast<int>(ptrs[t].size()) != k.num_roles) {
+      throw Error(fmt::format("CudaKernel: tensor {} has {} pointers, the kernel needs {}", t,
+                              ptrs[t].size(), k.num_roles));
+    }
+    bool all_aligned = true;
+    for (int r = 0; r < k.num_roles; ++r) {
+      const DevicePtr p = ptrs[t][r];
+      if (numel[t] > 0) {
+        if (!p) throw Error(fmt::format("CudaKernel: tensor {} role {} is a null pointer", t, r));
+        // Catch host pointers early: the kernel would fault (an unrecoverable context error).
+        unsigned int memory_type = 0;
+        CUresult res = cuda::driver().PointerGetAttribute(
+            &memory_type, CU_POINTER_ATTRIBUTE_MEMORY_TYPE, static_cast<CUdeviceptr>(p));
+        if (res != CUDA_SUCCESS) {
+          throw Error(
+              fmt::format("CudaKernel: tensor {} role {} (0x{:x}) is not memory the CUDA "
+                          "driver knows (cuPointerGetAttribute failed with {})",
+                          t, r, p, static_cast<int>(res)));
+        }
+      }
+      all_aligned &= p % 16 == 0;
+      table[t * k.num_roles + r] = p;
+    }
+    aligned[t] = all_aligned ? 1 : 0;
+    num_aligned += all_aligned && numel[t] > 0;
+  }
+  std::vector<float> flat;
+  for (const auto& h : hypers) flat.insert(flat.end(), h.begin(), h.end());
+
+  // Build everything before replacing anything: a failed upload leaves the old plan.
+  DeviceBuffer d_chunks = upload(chunk_table);
+  DeviceBuffer d_ptrs = upload(table);
+  DeviceBuffer d_hypers = upload(flat);
+  DeviceBuffer d_aligned = upload(aligned);
+  const float initial[2] = {0.0f, 1.0f};
+  cuda::copy_to_device(k.capturable.get(), initial, sizeof initial);
+  // A copy from pageable memory may return before its DMA lands: wait for it, so a launch
+  // on any stream (non-blocking ones do not order after the legacy stream) sees the plan.
+  cuda::synchronize(nullptr);
+  k.chunks = std::move(d_chunks);
+  k.ptrs = std::move(d_ptrs);
+  k.hypers = std::move(d_hypers);
+  k.aligned = std::move(d_aligned);
+  k.host_hypers = std::move(flat);
+  k.num_chunks = static_cast<std::int64_t>(chunk_table.size());
+  k.num_groups = static_cast<int>(hypers.size());
+  k.num_aligned = num_aligned;
+  k.planned = true;
+}
+
+void CudaKernel::set_hypers(int group, const std::vector<float>& values, cuda::Stream stream) {
+  Impl& k = *impl_;
+  k.require_plan("set_hypers");
+  if (group < 0 || group >= k.num_groups) {
+    throw Error(fmt::format("CudaKernel::set_hypers: group {} out of range ({} groups)", group,
+                            k.num_groups));
+  }
+  if (static_cast<int>(values.size()) != k.num_hypers) {
+    throw Error(fmt::format("CudaKernel::set_hypers: {} values given, the rule has {} hypers",
+                            values.size(), k.num_hypers));
+  }
+  if (k.num_hypers == 0) return;
+  ScopedContext scope(k.ctx);
+  const std::size_t offset = static_cast<std::size_t>(group) * k.num_hypers;
+  std::copy(values.begin(), values.end(),
+            k.host_hypers.begin() + static_cast<std::ptrdiff_t>(offset));
+  // From pageable memory: the driver stages the bytes before returning, so `values` may go.
+  cuda::copy_to_device_async(k.hypers.get() + offset * sizeof(float), values.data(),
+                             values.size() * sizeof(float), stream);
+}
+
+void CudaKernel::step(cuda::Stream stream, float step, float inv_grad_scale) {
+  Impl& k = *impl_;
+  k.require_plan("step");
+  if (k.num_chunks == 0) return;
+  ScopedContext scope(k.ctx);
+  fo_launch L = k.make_launch(step, inv_grad_scale, false);
+  void* args[] = {&L};
+  k.launch(k.f_step, static_cast<CUstream>(stream), args, k.grid(), kCudaBlock);
+}
+
+void CudaKernel::init_states(cuda::Stream stream) {
+  Impl& k = *impl_;
+  k.require_plan("init_states");
+  if (k.num_chunks == 0) return;
+  ScopedContext scope(k.ctx);
+  fo_launch L = k.make_launch(0.0f, 1.0f, false);
+  void* args[] = {&L};
+  k.launch(k.f_init, static_cast<CUstream>(stream), args, k.grid(), kCudaBlock);
+}
+
+bool CudaKernel::grads_finite(cuda::Stream stream, float inv_grad_scale) {
+  Impl& k = *impl_;
+  k.require_plan("grads_finite");
+  if (k.num_chunks == 0) return true;
+  ScopedContext scope(k.ctx);
+  cuda::memset32_async(k.flag.get(), 0u, 1, stream);
+  fo_launch L = k.make_launch(0.0f, inv_grad_scale, false);
+  CUdeviceptr flag = static_cast<CUdeviceptr>(k.flag.get());
+  void* args[] = {&L, &flag};
+  k.launch(k.f_check, static_cast<CUstream>(stream), args, k.grid(), kCudaBlock);
+  // The stream may be non-blocking: wait for it before the (legacy-stream) copy.
+  cuda::synchronize(stream);
+  int found_nonfinite = 0;
+  cuda::copy_to_host(&found_nonfinite, k.flag.get(), sizeof found_nonfinite);
+  return found_nonfinite == 0;
+}
+
+void CudaKernel::step_capturable(cuda::Stream stream) {
+  Impl& k = *impl_;
+  k.require_plan("step_capturable");
+  ScopedContext scope(k.ctx);
+  // The step is advanced even with no chunk, so the count stays the number of steps.
+  CUdeviceptr step_ptr = static_cast<CUdeviceptr>(k.capturable.get());
+  void* advance_args[] = {&step_ptr};
+  k.launch(k.f_advance, static_cast<CUstream>(stream), advance_args, 1, 1);
+  if (k.num_chunks == 0) return;
+  fo_launch L = k.make_launch(0.0f, 1.0f, true);
+  void* args[] = {&L};
+  k.launch(k.f_step, static_cast<CUstream>(stream), args, k.grid(), kCudaBlock);
+}
+
+void CudaKernel::set_capturable_state(float steps_taken, float inv_grad_scale) {
+  Impl& k = *impl_;
+  ScopedContext scope(k.ctx);
+  const float values[2] = {steps_taken, inv_grad_scale};
+  cuda::copy_to_device(k.capturable.get(), values, sizeof values);
+  cuda::synchronize(nullptr);  // landed before any stream's next launch reads it
+}
+
+float CudaKernel::capturable_steps_taken() const {
+  Impl& k = *impl_;
+  ScopedContext scope(k.ctx);
+  float steps = 0.0f;
+  cuda::copy_to_host(&steps, k.capturable.get(), sizeof steps);
+  return steps;
+}
+
+DevicePtr CudaKernel::capturable_step_ptr() const { return impl_->capturable.get(); }
+DevicePtr CudaKernel::capturable_inv_grad_scale_ptr() const {
+  return impl_->capturable.get() + sizeof(float);
+}
+
+#else  // !FUSEDOPT_HAVE_CUDA
+
+struct CudaKernel::Impl {};
+
+CudaKernel::CudaKernel(std::shared_ptr<const lang::Rule> rule, DTypeBinding dtypes, int,
+                       cache::KernelCache&)
+    : rule_(std::move(rule)), dtypes_(dtypes) {
+  throw Error("fusedopt was built without CUDA (no cuda.h at build time)");
+}
+CudaKernel::~CudaKernel() = default;
+int CudaKernel::num_roles() const { return 0; }
+int CudaKernel::device() const { return -1; }
+int CudaKernel::sm() const { return 0; }
+std::int64_t CudaKernel::num_chunks() const { return 0; }
+unsigned CudaKernel::grid_size() const { return 0; }
+int CudaKernel::num_aligned_tensors() const { return 0; }
+void CudaKernel::set_tensors(const std::vector<std::vector<cuda::DevicePtr>>&,
+                             const std::vector<std::int64_t>&,
+                             const std::vector<std::vector<float>>&, const std::vector<int>&) {}
+void CudaKernel::set_hypers(int, const std::vector<float>&, cuda::Stream) {}
+void CudaKernel::step(cuda::Stream, float, float) {}
+void CudaKernel::init_states(cuda::Stream) {}
+bool CudaKernel::grads_finite(cuda::Stream, float) { return true; }
+void CudaKernel::step_capturable(cuda::Stream) {}
+void CudaKernel::set_capturable_state(float, float) {}
+float CudaKernel::capturable_steps_taken() const { return 0.0f; }
+cuda::DevicePtr CudaKernel::capturable_step_ptr() const { return 0; }
+cuda::DevicePtr CudaKernel::capturable_inv_grad_scale_ptr() const { return 0; }
+
+#endif  // FUSEDOPT_HAVE_CUDA
+
+std::vector<float> CudaKernel::default_hypers() const {
+  std::vector<float> out;
+  for (int h : rule_->hypers) out.push_back(static_cast<float>(rule_->symbols[h].default_value));
+  return out;
+}
+
+}  // namespace fusedopt::runtime

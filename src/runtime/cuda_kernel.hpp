@@ -1,0 +1,109 @@
+// A rule compiled for one CUDA device and loaded, plus the device-resident plan of one
+// tensor list: the CUDA counterpart of HostKernel. Each step is ONE kernel launch whatever
+// the number of tensors (the chunk table, pointer table and hypers live in device memory,
+// uploaded once; the launch passes only a small fo_launch by value).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "fusedopt/dtype.hpp"
+#include "lang/ast.hpp"
+#include "runtime/cuda_driver.hpp"
+
+namespace fusedopt::cache {
+class KernelCache;
+}
+
+namespace fusedopt::runtime {
+
+/// Threads per block of the CUDA kernels (FO_BLOCK in cuda_kernel.cuh).
+constexpr int kCudaBlock = 512;
+/// Elements per chunk of the CUDA plan (a multiple of 4, so every chunk can take the
+/// vector path): 32 iterations of 512 threads x 4 elements.
+constexpr std::int64_t kCudaChunk = 1 << 16;
+
+class CudaKernel {
+ public:
+  /// Generates the kernel of `rule`, compiles it for device `device`'s sm_XX with NVRTC
+  /// (or takes it from `cache`) and loads it into the device's primary context.
+  /// Throws fusedopt::Error / CudaError (no driver, no device, compile failure).
+  CudaKernel(std::shared_ptr<const lang::Rule> rule, DTypeBinding dtypes, int device,
+             cache::KernelCache& cache);
+  ~CudaKernel();
+  CudaKernel(const CudaKernel&) = delete;
+  CudaKernel& operator=(const CudaKernel&) = delete;
+
+  /// Pointers per tensor: param, grad, each state, each output, then the fp32 master.
+  int num_roles() const;
+  int device() const;
+  int sm() const;  ///< the compute capability the kernel was compiled for (90: sm_90)
+
+  /// Builds the device plan for a tensor list, replacing any previous one: `ptrs[t]` holds
+  /// tensor t's num_roles() device pointers, `numel[t]` its size (0 allowed: skipped),
+  /// `hypers[g]` group g's values in Rule::hypers order, `group[t]` tensor t's group
+  /// (empty: all 0). Uploads the chunk table, the pointer table, per-tensor alignment flags
+  /// (every role 16-byte aligned: the vector path) and the hypers, synchronously (complete
+  /// on return, so a launch on any stream sees them). Do not call it while a step that
+  /// uses the previous plan may still run: its buffers are freed here. Resets
+  /// the capturable step to 0 steps taken and the capturable inverse grad scale to 1.
+  void set_tensors(const std::vector<std::vector<cuda::DevicePtr>>& ptrs,
+                   const std::vector<std::int64_t>& numel,
+                   const std::vector<std::vector<float>>& hypers,
+                   const std::vector<int>& group = {});
+
+  /// Replaces group `group`'s hyper values, ordered on `stream` after the work already
+  /// queued there (not allowed while `stream` is being captured).
+  void set_hypers(int group, const std::vector<float>& values, cuda::Stream stream = nullptr);
+
+  /// One optimizer step over the plan: ONE launch (none when every tensor is empty).
+  /// `step` is 1-based; the gradient is multiplied by `inv_grad_scale` before the rule.
+  void step(cuda::Stream stream, float step, float inv_grad_scale = 1.0f);
+  /// Writes every state tensor's initial value (one launch).
+  void init_states(cuda::Stream stream);
+  /// Whether every gradient element times `inv_grad_scale` is finite: zeroes a device
+  /// flag, launches the check, synchronizes `stream` and reads the flag back.
+  bool grads_finite(cuda::Stream stream, float inv_grad_scale);
+
+  // Capturable mode: the step count and the inverse grad scale live in device memory, so a
+  // sequence of step_capturable() calls can be captured into a CUDA graph and replayed.
+  // It costs one extra tiny launch per step (fusedopt_advance_step), as PyTorch's
+  // capturable optimizers pay for their device-side step increment.
+
+  /// Advances the device step by one, then runs the step with it (two launches, no host
+  /// synchronisation, no host-side state: safe to capture and replay).
+  void step_capturable(cuda::Stream stream);
+  /// Sets the number of steps already taken (the next step_capturable uses steps_taken+1)
+  /// and the inverse grad scale the capturable step reads. Synchronous (complete on
+  /// return); not while a stream is being captured.
+  void set_capturable_state(float steps_taken, float inv_grad_scale = 1.0f);
+  /// The number of steps taken by step_capturable (synchronous read: not while capturing).
+  float capturable_steps_taken() const;
+  /// Device addresses of the capturable step (float, steps taken) and inverse grad scale
+  /// (float), for device-side updates such as a grad scaler's.
+  cuda::DevicePtr capturable_step_ptr() const;
+  cuda::DevicePtr capturable_inv_grad_scale_ptr() const;
+
+  /// The plan's number of chunks and the grid a launch uses: min(chunks, 4 * SMs).
+  std::int64_t num_chunks() const;
+  unsigned grid_size() const;
+  /// Tensors of the plan that take the vector path (all roles 16-byte aligned).
+  int num_aligned_tensors() const;
+
+  /// The hyper values of the rule's defaults, in Rule::hypers order.
+  std::vector<float> default_hypers() const;
+  const lang::Rule& rule() const { return *rule_; }
+  /// Where the binary came from ("compiled", "memory", "disk").
+  const std::string& origin() const { return origin_; }
+
+ private:
+  struct Impl;
+  std::shared_ptr<const lang::Rule> rule_;
+  DTypeBinding dtypes_;
+  std::string origin_;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace fusedopt::runtime

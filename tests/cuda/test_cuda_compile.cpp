@@ -1,0 +1,108 @@
+// CUDA kernels compiled with NVRTC, no GPU needed: every preset and dtype binding for
+// sm_80 and sm_90 yields a CUBIN exporting the four entry points the CUDA runtime loads,
+// and kernels with more roles than the vector path stages still compile (scalar path).
+#include <doctest/doctest.h>
+
+#include <string>
+
+#include "cache/kernel_cache.hpp"
+#include "codegen/codegen.hpp"
+#include "fusedopt/error.hpp"
+#include "jit/compiler.hpp"
+#include "jit/kernel_builder.hpp"
+#include "presets.hpp"
+
+using namespace fusedopt;
+
+namespace {
+
+bool have_nvrtc(std::string* why) {
+  try {
+    (void)jit::compiler_for(Target::cuda(90)).identity();
+    return true;
+  } catch (const Error& e) {
+    *why = e.what();
+    return false;
+  }
+}
+
+cache::KernelCache::Options no_cache() {
+  cache::KernelCache::Options o;
+  o.mode = cache::KernelCache::Mode::Off;
+  return o;
+}
+
+/// Whether the ELF image defines a symbol named exactly `name` (its string table holds
+/// NUL-terminated names).
+bool has_symbol(const std::string& elf, const std::string& name) {
+  return elf.find(std::string(1, '\0') + name + std::string(1, '\0')) != std::string::npos;
+}
+
+const char* const kEntryPoints[] = {"fusedopt_step", "fusedopt_init", "fusedopt_check",
+                                    "fusedopt_advance_step"};
+
+}  // namespace
+
+TEST_SUITE("cuda") {
+  TEST_CASE(
+      "every preset and dtype binding compiles for sm_80 and sm_90 with all CUDA entry points") {
+    std::string why;
+    if (!have_nvrtc(&why)) {
+      MESSAGE("[SKIP] NVRTC is not installed: " << why);
+      return;
+    }
+    cache::KernelCache cache(no_cache());
+    for (const std::string& name : preset_names()) {
+      for (int sm : {80, 90}) {
+        for (const char* dt : {"fp32", "bf16:bf16:fp32+master", "fp16:fp16:bf16"}) {
+          INFO(name << " sm_" << sm << " " << dt);
+          DTypeBinding d = DTypeBinding::parse(dt);
+          codegen::KernelBody body = codegen::generate_body(*preset_rule(name), d);
+          jit::BuiltKernel k = jit::build_kernel(body, d, Target::cuda(sm), cache);
+          REQUIRE(k.binary);
+          CHECK(k.binary->compare(0, 4,
+                                  "\x7f"
+                                  "ELF") == 0);
+          for (const char* entry : kEntryPoints) {
+            INFO(entry);
+            CHECK(has_symbol(*k.binary, entry));
+          }
+          // The vector path is compiled in (at most 16 roles) and reads the alignment flags.
+          CHECK(k.source.find("fo_element4") != std::string::npos);
+        }
+      }
+    }
+  }
+
+  TEST_CASE(
+      "kernels with more roles than the vector path stages compile with the scalar path only") {
+    std::string why;
+    if (!have_nvrtc(&why)) {
+      MESSAGE("[SKIP] NVRTC is not installed: " << why);
+      return;
+    }
+    cache::KernelCache cache(no_cache());
+    // 2 + states (+ master) roles: 16 is the last staged count, 17 and 22 fall back.
+    for (int states : {0, 14, 15, 20}) {
+      for (bool master : {false, true}) {
+        INFO(states << " states, master " << master);
+        TrustedFunctor f;
+        f.name = "many_states_" + std::to_string(states);
+        std::string params = "float& p";
+        std::string body = "p -= h.lr * g;";
+        for (int s = 0; s < states; ++s) {
+          f.states.push_back({"s" + std::to_string(s), 0.0});
+          params += ", float& s" + std::to_string(s);
+          body += " s" + std::to_string(s) + " += g;";
+        }
+        f.hypers = {{"lr", 0.1}};
+        f.code = "struct Functor { FO_FN void operator()(" + params +
+                 ", float g, fo_hypers h) const { " + body + " } };";
+        DTypeBinding d = master ? DTypeBinding::parse("bf16:bf16:fp32+master") : DTypeBinding{};
+        codegen::KernelBody kb = codegen::generate_functor_body(f, d);
+        jit::BuiltKernel k = jit::build_kernel(kb, d, Target::cuda(90), cache);
+        for (const char* entry : kEntryPoints) CHECK(has_symbol(*k.binary, entry));
+      }
+    }
+  }
+}
