@@ -28,7 +28,7 @@ constexpr int kHuge = 100000;
 }  // namespace
 
 TEST_SUITE("lang") {
-  TEST_CASE("a one-megabyte rule with many statements parses in well under a second") {
+  TEST_CASE("a one-megabyte rule with many statements parses") {
     std::string text = kPrelude + "hyper lr = 0.01\nstate m = 0\nt0 = g\n";
     int i = 1;
     while (text.size() < 1000000 - 64) {
@@ -43,7 +43,7 @@ TEST_SUITE("lang") {
     const double seconds =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     CHECK(rule->stmts.size() == static_cast<std::size_t>(i + 2));
-    CHECK(seconds < 1.0);
+    // Speed is for benchmarks (STYLE.md), not asserted here; the time is only reported.
     MESSAGE("parsed ", text.size(), " bytes, ", rule->stmts.size(), " statements in ", seconds,
             " s");
   }
@@ -125,18 +125,18 @@ TEST_SUITE("lang") {
     CHECK(n->message().find("too large") != std::string::npos);
   }
 
-  TEST_CASE("70,000 temporaries resolve in linear time") {
+  TEST_CASE("70,000 temporaries each resolve to their reaching definition") {
     constexpr int kTemps = 70000;  // as many as fit in kMaxRuleBytes
     std::string text = kPrelude + "a0=g\n";
     for (int i = 1; i < kTemps; ++i) {
       text += "a" + std::to_string(i) + "=a" + std::to_string(i - 1) + "\n";
     }
     text += "p = p - a" + std::to_string(kTemps - 1) + "\n";
-    const auto start = std::chrono::steady_clock::now();
     auto rule = parse_rule(text, "temps.rule");
-    const double seconds =
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    CHECK(rule->stmts.size() == static_cast<std::size_t>(kTemps + 1));
-    CHECK(seconds < 1.0);
+    REQUIRE(rule->stmts.size() == static_cast<std::size_t>(kTemps + 1));
+    for (int i = 1; i < kTemps; i += 997) {
+      CHECK(rule->stmts[i].value->def == i - 1);  // a<i> = a<i-1>: defined one statement up
+    }
+    CHECK(rule->stmts.back().value->args[1]->def == kTemps - 1);
   }
 }
