@@ -27,7 +27,8 @@ int device_sm(int device);
 int device_sm_count(int device);
 
 /// A retained primary context of one device (cuDevicePrimaryCtxRetain), released on
-/// destruction. make_current() binds it to the calling thread.
+/// destruction. The constructor makes it current on the calling thread (so tests can
+/// allocate right away); make_current() binds it again later.
 class PrimaryContext {
  public:
   explicit PrimaryContext(int device);

@@ -23,15 +23,12 @@ using cuda::DevicePtr;
 
 namespace {
 
-/// Makes `ctx` current for a scope and puts the caller's context back afterwards, so a
+/// Remembers the calling thread's current context and puts it back at scope exit, so a
 /// CudaKernel never leaves a thread bound to a context it did not ask for.
-class ScopedContext {
+class SavedContext {
  public:
-  explicit ScopedContext(const cuda::PrimaryContext& ctx) {
-    FUSEDOPT_CU_CHECK(CtxGetCurrent, &previous_);
-    ctx.make_current();
-  }
-  ~ScopedContext() {
+  SavedContext() { FUSEDOPT_CU_CHECK(CtxGetCurrent, &previous_); }
+  ~SavedContext() {
     try {
       const cuda::DriverApi& api = cuda::driver();  // loaded: the constructor succeeded
       CUcontext now = nullptr;
@@ -40,11 +37,20 @@ class ScopedContext {
       // Unreachable in practice; a destructor must not throw.
     }
   }
-  ScopedContext(const ScopedContext&) = delete;
-  ScopedContext& operator=(const ScopedContext&) = delete;
+  SavedContext(const SavedContext&) = delete;
+  SavedContext& operator=(const SavedContext&) = delete;
 
  private:
   CUcontext previous_ = nullptr;
+};
+
+/// Makes `ctx` current for a scope, then restores the caller's context.
+class ScopedContext {
+ public:
+  explicit ScopedContext(const cuda::PrimaryContext& ctx) { ctx.make_current(); }
+
+ private:
+  SavedContext saved_;  // constructed before the body runs: holds the caller's context
 };
 
 template <typename T>
@@ -138,6 +144,7 @@ CudaKernel::CudaKernel(std::shared_ptr<const lang::Rule> rule, DTypeBinding dtyp
                        cache::KernelCache& cache)
     : rule_(std::move(rule)), dtypes_(dtypes) {
   if (!rule_) throw Error("CudaKernel: no rule");
+  SavedContext saved;  // PrimaryContext's constructor binds the context: undo that on exit
   impl_ = std::make_unique<Impl>(device);
   Impl& k = *impl_;
   k.sm = cuda::device_sm(device);
