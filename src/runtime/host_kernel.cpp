@@ -1,24 +1,20 @@
-// HostKernel: generate -> cache/compile -> dlopen -> run over a chunk table.
+// HostKernel: generate -> cache/compile -> dlopen; plan the tables once, then launch.
 #include "runtime/host_kernel.hpp"
 
 #include <fmt/format.h>
 
 #include <algorithm>
-#include <numeric>
 
-#include "abi.h"
 #include "cache/kernel_cache.hpp"
 #include "codegen/codegen.hpp"
 #include "fusedopt/error.hpp"
 #include "jit/dynlib.hpp"
 #include "jit/kernel_builder.hpp"
+#include "runtime/chunks.hpp"
 
 namespace fusedopt::runtime {
 
 namespace {
-/// Elements per chunk: large enough to amortise the per-chunk work, small enough to
-/// balance a few large tensors across cores.
-constexpr std::int64_t kHostChunk = 1 << 15;
 using EntryPoint = void (*)(const fo_launch*);
 using CheckPoint = int (*)(const fo_launch*);
 }  // namespace
@@ -30,72 +26,39 @@ struct HostKernel::Impl {
   CheckPoint check = nullptr;
   int num_roles = 0;
   int num_hypers = 0;
-
-  /// Builds the launch (validating every argument) and hands it to `call`; nothing is
-  /// called when there is no element at all.
-  template <typename Call>
-  void launch(Call call, const std::vector<std::vector<void*>>& ptrs,
-              const std::vector<std::int64_t>& numel, const std::vector<std::vector<float>>& hypers,
-              float step_value, const std::vector<int>& group, float inv_grad_scale) const {
-    const std::size_t n = ptrs.size();
-    if (numel.size() != n) {
-      throw Error(fmt::format("HostKernel: {} pointer lists but {} sizes", n, numel.size()));
-    }
-    if (!group.empty() && group.size() != n) {
-      throw Error(fmt::format("HostKernel: {} tensors but {} group indices", n, group.size()));
-    }
-    if (hypers.empty()) throw Error("HostKernel: no hyper group given");
-    for (std::size_t g = 0; g < hypers.size(); ++g) {
-      if (static_cast<int>(hypers[g].size()) != num_hypers) {
-        throw Error(fmt::format("HostKernel: group {} has {} hyper values, the rule has {}", g,
-                                hypers[g].size(), num_hypers));
-      }
-    }
-    std::vector<void*> table(n * num_roles);
-    for (std::size_t t = 0; t < n; ++t) {
-      if (static_cast<int>(ptrs[t].size()) != num_roles) {
-        throw Error(fmt::format("HostKernel: tensor {} has {} pointers, the kernel needs {}", t,
-                                ptrs[t].size(), num_roles));
-      }
-      if (numel[t] < 0) throw Error(fmt::format("HostKernel: tensor {} has a negative size", t));
-      for (int r = 0; r < num_roles; ++r) {
-        if (numel[t] > 0 && !ptrs[t][r]) {
-          throw Error(fmt::format("HostKernel: tensor {} role {} is a null pointer", t, r));
-        }
-        table[t * num_roles + r] = ptrs[t][r];
-      }
-    }
-    std::vector<float> flat_hypers;
-    for (const auto& h : hypers) flat_hypers.insert(flat_hypers.end(), h.begin(), h.end());
-    flat_hypers.push_back(0.0f);  // never an empty array
-    // Chunks sorted by group so each thread recomputes uniforms rarely; empty tensors skipped.
-    std::vector<std::size_t> order(n);
-    std::iota(order.begin(), order.end(), 0);
-    auto group_of = [&](std::size_t t) { return group.empty() ? 0 : group[t]; };
-    std::stable_sort(order.begin(), order.end(),
-                     [&](std::size_t a, std::size_t b) { return group_of(a) < group_of(b); });
-    std::vector<fo_chunk> chunks;
-    for (std::size_t t : order) {
-      int g = group_of(t);
-      if (g < 0 || g >= static_cast<int>(hypers.size())) {
-        throw Error(fmt::format("HostKernel: tensor {} is in group {}, but there are {} groups", t,
-                                g, hypers.size()));
-      }
-      for (std::int64_t b = 0; b < numel[t]; b += kHostChunk) {
-        chunks.push_back({static_cast<int>(t), g, b, std::min(numel[t], b + kHostChunk)});
-      }
-    }
-    if (chunks.empty()) return;
-    fo_launch L{};
-    L.chunks = chunks.data();
-    L.num_chunks = static_cast<long long>(chunks.size());
-    L.ptrs = table.data();
-    L.hypers = flat_hypers.data();
-    L.step = step_value;
-    L.inv_grad_scale = inv_grad_scale;
-    call(&L);
-  }
 };
+
+void HostKernel::Prepared::set_hypers(const std::vector<std::vector<float>>& hypers) {
+  if (static_cast<int>(hypers.size()) != num_groups_) {
+    throw Error(fmt::format("HostKernel: {} hyper groups given, the plan has {}", hypers.size(),
+                            num_groups_));
+  }
+  for (std::size_t g = 0; g < hypers.size(); ++g) {
+    if (static_cast<int>(hypers[g].size()) != num_hypers_) {
+      throw Error(fmt::format("HostKernel: group {} has {} hyper values, the rule has {}", g,
+                              hypers[g].size(), num_hypers_));
+    }
+    std::copy(hypers[g].begin(), hypers[g].end(), hypers_.begin() + g * num_hypers_);
+  }
+}
+
+void HostKernel::Prepared::set_hyper(int group, int index, float value) {
+  if (group < 0 || group >= num_groups_ || index < 0 || index >= num_hypers_) {
+    throw InternalError(fmt::format("Prepared::set_hyper({}, {}) out of range", group, index));
+  }
+  hypers_[static_cast<std::size_t>(group) * num_hypers_ + index] = value;
+}
+
+fo_launch HostKernel::Prepared::launch(float step, float inv_grad_scale) const {
+  fo_launch L{};
+  L.chunks = chunks_.data();
+  L.num_chunks = static_cast<long long>(chunks_.size());
+  L.ptrs = ptrs_.data();
+  L.hypers = hypers_.data();
+  L.step = step;
+  L.inv_grad_scale = inv_grad_scale;
+  return L;
+}
 
 HostKernel::HostKernel(std::shared_ptr<const lang::Rule> rule, DTypeBinding dtypes,
                        cache::KernelCache& cache)
@@ -103,6 +66,8 @@ HostKernel::HostKernel(std::shared_ptr<const lang::Rule> rule, DTypeBinding dtyp
   codegen::KernelBody body = codegen::generate_body(*rule_, dtypes_);
   jit::BuiltKernel built = jit::build_kernel(body, dtypes_, Target::host(), cache);
   origin_ = cache::to_string(built.origin);
+  key_ = built.key.hex();
+  seconds_ = built.seconds;
   impl_->lib = jit::load_host_module(built.key.hex(), *built.binary, "fusedopt-" + rule_->name);
   auto abi = reinterpret_cast<int (*)()>(impl_->lib->symbol("fusedopt_abi_version"));
   impl_->step = reinterpret_cast<EntryPoint>(impl_->lib->symbol("fusedopt_step_host"));
@@ -122,28 +87,84 @@ HostKernel::~HostKernel() = default;
 
 int HostKernel::num_roles() const { return impl_->num_roles; }
 
+HostKernel::Prepared HostKernel::prepare(const std::vector<std::vector<void*>>& ptrs,
+                                         const std::vector<std::int64_t>& numel,
+                                         const std::vector<std::vector<float>>& hypers,
+                                         const std::vector<int>& group) const {
+  const std::size_t n = ptrs.size();
+  const int num_roles = impl_->num_roles;
+  if (numel.size() != n) {
+    throw Error(fmt::format("HostKernel: {} pointer lists but {} sizes", n, numel.size()));
+  }
+  if (!group.empty() && group.size() != n) {
+    throw Error(fmt::format("HostKernel: {} tensors but {} group indices", n, group.size()));
+  }
+  if (hypers.empty()) throw Error("HostKernel: no hyper group given");
+  Prepared p;
+  p.num_groups_ = static_cast<int>(hypers.size());
+  p.num_hypers_ = impl_->num_hypers;
+  p.hypers_.assign(hypers.size() * impl_->num_hypers + 1, 0.0f);  // never an empty array
+  p.set_hypers(hypers);
+  p.ptrs_.resize(n * num_roles);
+  for (std::size_t t = 0; t < n; ++t) {
+    if (static_cast<int>(ptrs[t].size()) != num_roles) {
+      throw Error(fmt::format("HostKernel: tensor {} has {} pointers, the kernel needs {}", t,
+                              ptrs[t].size(), num_roles));
+    }
+    if (numel[t] < 0) throw Error(fmt::format("HostKernel: tensor {} has a negative size", t));
+    const int g = group.empty() ? 0 : group[t];
+    if (g < 0 || g >= p.num_groups_) {
+      throw Error(fmt::format("HostKernel: tensor {} is in group {}, but there are {} groups", t,
+                              g, hypers.size()));
+    }
+    for (int r = 0; r < num_roles; ++r) {
+      if (numel[t] > 0 && !ptrs[t][r]) {
+        throw Error(fmt::format("HostKernel: tensor {} role {} is a null pointer", t, r));
+      }
+      p.ptrs_[t * num_roles + r] = ptrs[t][r];
+    }
+  }
+  p.chunks_ = build_chunks(numel, group, kHostChunkElems, p.num_groups_);
+  return p;
+}
+
+void HostKernel::step(const Prepared& prepared, float step, float inv_grad_scale) const {
+  if (prepared.empty()) return;
+  const fo_launch L = prepared.launch(step, inv_grad_scale);
+  impl_->step(&L);
+}
+
+void HostKernel::init_states(const Prepared& prepared) const {
+  if (prepared.empty()) return;
+  const fo_launch L = prepared.launch(0.0f, 1.0f);
+  impl_->init(&L);
+}
+
+bool HostKernel::grads_finite(const Prepared& prepared, float inv_grad_scale) const {
+  if (prepared.empty()) return true;
+  const fo_launch L = prepared.launch(0.0f, inv_grad_scale);
+  return impl_->check(&L) != 0;
+}
+
 void HostKernel::run(const std::vector<std::vector<void*>>& ptrs,
                      const std::vector<std::int64_t>& numel,
                      const std::vector<std::vector<float>>& hypers, float step,
                      const std::vector<int>& group, float inv_grad_scale) const {
-  impl_->launch(impl_->step, ptrs, numel, hypers, step, group, inv_grad_scale);
+  this->step(prepare(ptrs, numel, hypers, group), step, inv_grad_scale);
 }
 
 void HostKernel::init_states(const std::vector<std::vector<void*>>& ptrs,
                              const std::vector<std::int64_t>& numel,
                              const std::vector<std::vector<float>>& hypers,
                              const std::vector<int>& group) const {
-  impl_->launch(impl_->init, ptrs, numel, hypers, 0.0f, group, 1.0f);
+  init_states(prepare(ptrs, numel, hypers, group));
 }
 
 bool HostKernel::grads_finite(const std::vector<std::vector<void*>>& ptrs,
                               const std::vector<std::int64_t>& numel,
                               const std::vector<std::vector<float>>& hypers, float inv_grad_scale,
                               const std::vector<int>& group) const {
-  int finite = 1;
-  impl_->launch([&](const fo_launch* L) { finite = impl_->check(L); }, ptrs, numel, hypers, 0.0f,
-                group, inv_grad_scale);
-  return finite != 0;
+  return grads_finite(prepare(ptrs, numel, hypers, group), inv_grad_scale);
 }
 
 std::vector<float> HostKernel::default_hypers() const {

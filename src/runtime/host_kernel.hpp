@@ -1,5 +1,6 @@
 // A rule compiled for the host CPU and loaded: the smallest thing that runs a rule over a
-// list of tensors. The full Optimizer (plans, groups, checkpoints) builds on it.
+// list of tensors. The Optimizer plans once (prepare()) and then launches the prepared
+// tables every step; run() is the one-shot form the kernel tests use.
 #pragma once
 
 #include <cstdint>
@@ -7,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "abi.h"
 #include "fusedopt/dtype.hpp"
 #include "lang/ast.hpp"
 
@@ -16,8 +18,36 @@ class KernelCache;
 
 namespace fusedopt::runtime {
 
+/// Elements per host work item (chunks come from build_chunks in chunks.hpp): large enough
+/// to amortise the per-chunk work, small enough to balance a few large tensors across cores.
+inline constexpr std::int64_t kHostChunkElems = 1 << 15;
+
 class HostKernel {
  public:
+  /// Everything a launch needs, built once: the chunk table, the pointer table and the
+  /// hyper table. A step only fills a stack fo_launch from these (no allocation).
+  class Prepared {
+   public:
+    /// Replaces the hyper table (`hypers[g]`: group g's values, Rule::hypers order).
+    void set_hypers(const std::vector<std::vector<float>>& hypers);
+    /// Sets one value of one group.
+    void set_hyper(int group, int index, float value);
+    std::int64_t num_chunks() const { return static_cast<std::int64_t>(chunks_.size()); }
+    const std::vector<fo_chunk>& chunks() const { return chunks_; }
+    /// Whether a launch has any work (false when every tensor is empty).
+    bool empty() const { return chunks_.empty(); }
+    /// The launch for `step` and `inv_grad_scale`, pointing into this object.
+    fo_launch launch(float step, float inv_grad_scale) const;
+
+   private:
+    friend class HostKernel;
+    std::vector<fo_chunk> chunks_;
+    std::vector<void*> ptrs_;
+    std::vector<float> hypers_;  ///< [group * num_hypers + hyper], plus one pad value
+    int num_groups_ = 0;
+    int num_hypers_ = 0;
+  };
+
   /// Generates, compiles (or loads from `cache`) and dlopens the host kernel of `rule`.
   HostKernel(std::shared_ptr<const lang::Rule> rule, DTypeBinding dtypes,
              cache::KernelCache& cache);
@@ -29,23 +59,33 @@ class HostKernel {
   /// output (declaration order), then the fp32 master when dtypes.master.
   int num_roles() const;
 
-  /// One step over every tensor. `ptrs[t]` holds tensor t's num_roles() pointers,
-  /// `numel[t]` its element count. `hypers[g]` holds group g's hyper values in the rule's
-  /// declaration order (Rule::hypers); `group[t]` is tensor t's group (empty: all group 0).
-  /// `step` is 1-based. The gradient is multiplied by `inv_grad_scale` before the rule.
-  void run(const std::vector<std::vector<void*>>& ptrs, const std::vector<std::int64_t>& numel,
-           const std::vector<std::vector<float>>& hypers, float step,
-           const std::vector<int>& group = {}, float inv_grad_scale = 1.0f) const;
-
-  /// Writes every state tensor's initial value (the rule's `state NAME = INIT`; with a
-  /// master copy, the master from the param first). Same arguments as run().
-  void init_states(const std::vector<std::vector<void*>>& ptrs,
+  /// Validates the arguments and builds the tables. `ptrs[t]` holds tensor t's num_roles()
+  /// pointers, `numel[t]` its element count. `hypers[g]` holds group g's hyper values in the
+  /// rule's declaration order (Rule::hypers); `group[t]` is tensor t's group (empty: all
+  /// group 0). The pointers must stay valid while the Prepared is used.
+  Prepared prepare(const std::vector<std::vector<void*>>& ptrs,
                    const std::vector<std::int64_t>& numel,
                    const std::vector<std::vector<float>>& hypers,
                    const std::vector<int>& group = {}) const;
 
+  /// One step over the prepared tensors; `step` is 1-based. The gradient is multiplied by
+  /// `inv_grad_scale` before the rule.
+  void step(const Prepared& prepared, float step, float inv_grad_scale = 1.0f) const;
+  /// Writes every state tensor's initial value (the rule's `state NAME = INIT`; with a
+  /// master copy, the master from the param first).
+  void init_states(const Prepared& prepared) const;
   /// Whether every gradient element times `inv_grad_scale` is finite (one pass over the
-  /// gradients; run it before a grad-scaled step). Same arguments as run().
+  /// gradients; run it before a grad-scaled step).
+  bool grads_finite(const Prepared& prepared, float inv_grad_scale) const;
+
+  /// One-shot forms of the above over a temporary Prepared (same arguments as prepare()).
+  void run(const std::vector<std::vector<void*>>& ptrs, const std::vector<std::int64_t>& numel,
+           const std::vector<std::vector<float>>& hypers, float step,
+           const std::vector<int>& group = {}, float inv_grad_scale = 1.0f) const;
+  void init_states(const std::vector<std::vector<void*>>& ptrs,
+                   const std::vector<std::int64_t>& numel,
+                   const std::vector<std::vector<float>>& hypers,
+                   const std::vector<int>& group = {}) const;
   bool grads_finite(const std::vector<std::vector<void*>>& ptrs,
                     const std::vector<std::int64_t>& numel,
                     const std::vector<std::vector<float>>& hypers, float inv_grad_scale,
@@ -58,14 +98,20 @@ class HostKernel {
                                 float value) const;
 
   const lang::Rule& rule() const { return *rule_; }
+  const DTypeBinding& dtypes() const { return dtypes_; }
   /// Where the binary came from ("compiled", "memory", "disk").
   const std::string& origin() const { return origin_; }
+  /// The cache key (32 hex digits) and the time it took to get the binary.
+  const std::string& key() const { return key_; }
+  double seconds() const { return seconds_; }
 
  private:
   struct Impl;
   std::shared_ptr<const lang::Rule> rule_;
   DTypeBinding dtypes_;
   std::string origin_;
+  std::string key_;
+  double seconds_ = 0;
   std::unique_ptr<Impl> impl_;
 };
 

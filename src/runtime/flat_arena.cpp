@@ -1,0 +1,83 @@
+// FlatArena: params and grads contiguous, one 64-byte aligned buffer per dtype for each
+// (Bagua's do_flatten), so a bucketer or a flat copy can treat a dtype's params as one span.
+#include <fmt/format.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <map>
+
+#include "fusedopt/error.hpp"
+#include "fusedopt/optimizer.hpp"
+
+namespace fusedopt {
+
+namespace {
+constexpr std::size_t kAlign = 64;
+struct Free {
+  void operator()(std::byte* p) const { std::free(p); }
+};
+using Buffer = std::unique_ptr<std::byte[], Free>;
+}  // namespace
+
+struct FlatArena::Impl {
+  struct Entry {
+    std::string name;
+    std::int64_t numel;
+    DType dtype;
+    std::size_t offset;  ///< bytes into its dtype's buffers
+  };
+  std::vector<Entry> entries;
+  std::map<DType, std::size_t> bytes;  ///< per dtype, each view rounded up to kAlign
+  std::map<DType, Buffer> params, grads;
+  bool finalized = false;
+
+  Tensor view(std::size_t i, bool grad) const {
+    if (!finalized) throw Error("FlatArena: call finalize() before taking views");
+    if (i >= entries.size()) {
+      throw Error(fmt::format("FlatArena: no tensor {} (the arena holds {})", i, entries.size()));
+    }
+    const Entry& e = entries[i];
+    Tensor t;
+    t.numel = e.numel;
+    t.dtype = e.dtype;
+    t.name = grad ? e.name + ".grad" : e.name;
+    const auto& buffers = grad ? grads : params;
+    t.data = e.numel > 0 ? buffers.at(e.dtype).get() + e.offset : nullptr;
+    return t;
+  }
+};
+
+FlatArena::FlatArena() : impl_(std::make_unique<Impl>()) {}
+FlatArena::~FlatArena() = default;
+FlatArena::FlatArena(FlatArena&&) noexcept = default;
+FlatArena& FlatArena::operator=(FlatArena&&) noexcept = default;
+
+void FlatArena::add(const std::string& name, std::int64_t numel, DType dtype) {
+  if (impl_->finalized) throw Error("FlatArena: add('" + name + "') after finalize()");
+  if (numel < 0) throw Error(fmt::format("FlatArena: '{}' has a negative size ({})", name, numel));
+  std::size_t& cursor = impl_->bytes[dtype];
+  impl_->entries.push_back({name, numel, dtype, cursor});
+  const std::size_t size = static_cast<std::size_t>(numel) * dtype_size(dtype);
+  cursor += (size + kAlign - 1) / kAlign * kAlign;
+}
+
+void FlatArena::finalize() {
+  if (impl_->finalized) throw Error("FlatArena: finalize() called twice");
+  auto allocate = [](std::size_t bytes) {
+    Buffer b(static_cast<std::byte*>(std::aligned_alloc(kAlign, std::max(bytes, kAlign))));
+    if (!b) throw Error(fmt::format("FlatArena: cannot allocate {} bytes", bytes));
+    std::memset(b.get(), 0, bytes);
+    return b;
+  };
+  for (const auto& [dtype, bytes] : impl_->bytes) {
+    impl_->params[dtype] = allocate(bytes);
+    impl_->grads[dtype] = allocate(bytes);
+  }
+  impl_->finalized = true;
+}
+
+Tensor FlatArena::param(std::size_t i) const { return impl_->view(i, false); }
+Tensor FlatArena::grad(std::size_t i) const { return impl_->view(i, true); }
+std::size_t FlatArena::size() const { return impl_->entries.size(); }
+
+}  // namespace fusedopt

@@ -1,0 +1,48 @@
+// GradScaler: torch.cuda.amp.GradScaler's update rule on top of Optimizer::step_scaled.
+#include <fmt/format.h>
+
+#include <cfloat>
+#include <cmath>
+
+#include "fusedopt/error.hpp"
+#include "fusedopt/optimizer.hpp"
+
+namespace fusedopt {
+
+GradScaler::GradScaler(Options options) : options_(options), scale_(options.init_scale) {
+  if (!(options.init_scale > 0) || !std::isfinite(options.init_scale)) {
+    throw Error(fmt::format("GradScaler: init_scale must be positive and finite, not {}",
+                            options.init_scale));
+  }
+  if (!(options.growth_factor > 1)) {
+    throw Error(fmt::format("GradScaler: growth_factor must be > 1, not {}", options.growth_factor));
+  }
+  if (!(options.backoff_factor > 0 && options.backoff_factor < 1)) {
+    throw Error(fmt::format("GradScaler: backoff_factor must be in (0, 1), not {}",
+                            options.backoff_factor));
+  }
+  if (options.growth_interval < 1) {
+    throw Error(fmt::format("GradScaler: growth_interval must be at least 1, not {}",
+                            options.growth_interval));
+  }
+}
+
+bool GradScaler::step(Optimizer& opt, void* stream) {
+  // torch computes the inverse in double and hands the kernel an fp32 value.
+  const auto inv = static_cast<float>(1.0 / scale_);
+  const bool taken = opt.step_scaled(inv, stream);
+  if (!taken) {
+    scale_ *= options_.backoff_factor;
+    good_steps_ = 0;
+    return false;
+  }
+  if (++good_steps_ == options_.growth_interval) {
+    // torch keeps the scale in fp32 and grows it only while the result stays finite.
+    const double grown = scale_ * options_.growth_factor;
+    if (grown <= FLT_MAX) scale_ = grown;
+    good_steps_ = 0;
+  }
+  return true;
+}
+
+}  // namespace fusedopt

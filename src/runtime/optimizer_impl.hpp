@@ -1,0 +1,76 @@
+// The Optimizer's private state, shared by its translation units (construction in
+// plan.cpp, steps and stats in optimizer.cpp, checkpoints in checkpoint.cpp).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <cstdlib>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "fusedopt/optimizer.hpp"
+#include "runtime/backend.hpp"
+
+namespace fusedopt {
+
+namespace runtime {
+
+/// One allocation holding every state (or master) tensor of one dtype, each view 64-byte
+/// aligned.
+struct Arena {
+  struct Free {
+    void operator()(std::byte* p) const { std::free(p); }
+  };
+  DType dtype = DType::F32;
+  std::size_t bytes = 0;
+  std::unique_ptr<std::byte[], Free> data;
+};
+
+/// One parameter and what the optimizer keeps for it.
+struct ParamSlot {
+  std::string name;
+  int group = 0;
+  int index_in_group = 0;
+  Tensor param;
+  Tensor grad;
+  std::vector<void*> states;  ///< rule states, then outputs (null when empty)
+  void* master = nullptr;     ///< fp32 master copy, or null
+  int binding = -1;           ///< index into Impl::backends; -1 for an empty tensor
+};
+
+/// "group G, param I ('NAME')": how errors name a tensor.
+std::string describe(const ParamSlot& slot);
+
+}  // namespace runtime
+
+struct Optimizer::Impl {
+  Rule rule;
+  OptimizerOptions options;
+  Device device;
+  std::vector<std::string> state_names;  ///< rule states, then outputs
+  std::size_t num_states = 0;            ///< how many of state_names are rule states
+  std::vector<std::string> hyper_names;  ///< Rule::hypers order
+  std::vector<std::vector<double>> hypers;  ///< [group][hyper], as set (double precision)
+  std::vector<runtime::ParamSlot> params;
+  std::vector<runtime::Arena> arenas;
+  std::vector<DTypeBinding> bindings;
+  std::vector<std::unique_ptr<runtime::Backend>> backends;  ///< one per binding
+  std::int64_t step_count = 0;
+  std::string fusion_report;
+
+  explicit Impl(const Rule& r) : rule(r) {}
+
+  /// Index of hyper `name`; throws Error listing the rule's hypers otherwise.
+  std::size_t hyper_index(const std::string& name) const;
+  /// `hypers` rounded to fp32 (what the kernels read).
+  std::vector<std::vector<float>> float_hypers() const;
+  /// Hands the current hypers to every backend's prepared table.
+  void push_hypers();
+  /// Index of state `name` in state_names, -1 for "master", or throws listing them.
+  int state_index(const std::string& name) const;
+  /// The view of state `s` (or the master for -1) of parameter `p`.
+  Tensor state_view(int s, std::size_t p) const;
+};
+
+}  // namespace fusedopt

@@ -1,0 +1,84 @@
+// FlatArena: one 64-byte aligned buffer per dtype for params and one for grads, views in
+// add() order, usable directly as an Optimizer's tensors.
+#include <doctest/doctest.h>
+
+#include <cstdint>
+
+#include "fusedopt/error.hpp"
+#include "runtime/runtime_support.hpp"
+
+namespace fusedopt_tests {
+
+TEST_SUITE("runtime") {
+  TEST_CASE("FlatArena lays each dtype's params out contiguously, 64-byte aligned, zeroed") {
+    using fusedopt::DType;
+    fusedopt::FlatArena arena;
+    arena.add("a", 10, DType::F32);
+    arena.add("b", 0, DType::F32);
+    arena.add("c", 33, DType::BF16);
+    arena.add("d", 16, DType::F32);
+    arena.add("e", 5, DType::BF16);
+    CHECK_THROWS_WITH_AS(arena.param(0), "FlatArena: call finalize() before taking views",
+                         fusedopt::Error);
+    arena.finalize();
+    REQUIRE(arena.size() == 5);
+    CHECK_THROWS_WITH_AS(arena.add("f", 1, DType::F32), "FlatArena: add('f') after finalize()",
+                         fusedopt::Error);
+    auto addr = [](const fusedopt::Tensor& t) { return reinterpret_cast<std::uintptr_t>(t.data); };
+    for (std::size_t i : {0, 2, 3, 4}) {
+      CHECK(addr(arena.param(i)) % 64 == 0);
+      CHECK(addr(arena.grad(i)) % 64 == 0);
+    }
+    CHECK(arena.param(1).data == nullptr);
+    CHECK(arena.param(1).numel == 0);
+    // Same dtype: adjacent views, each rounded up to 64 bytes.
+    CHECK(addr(arena.param(3)) - addr(arena.param(0)) == 64);
+    CHECK(addr(arena.param(4)) - addr(arena.param(2)) == 128);
+    CHECK(addr(arena.grad(3)) - addr(arena.grad(0)) == 64);
+    CHECK(arena.param(2).dtype == DType::BF16);
+    CHECK(arena.param(2).name == "c");
+    CHECK(arena.grad(2).name == "c.grad");
+    for (std::int64_t i = 0; i < 33; ++i) CHECK(at(arena.param(2), i) == 0.0);
+    CHECK_THROWS_WITH_AS(arena.param(5), "FlatArena: no tensor 5 (the arena holds 5)",
+                         fusedopt::Error);
+  }
+
+  TEST_CASE("an Optimizer runs over FlatArena views and matches the reference") {
+    use_private_cache();
+    fusedopt::FlatArena arena;
+    const std::vector<std::int64_t> sizes = {100, 0, 4099, 3};
+    for (std::size_t k = 0; k < sizes.size(); ++k) {
+      arena.add("w" + std::to_string(k), sizes[k], fusedopt::DType::F32);
+    }
+    arena.finalize();
+    std::mt19937 rng(fresh_seed());
+    std::normal_distribution<double> normal(0.0, 1.0);
+    fusedopt::ParamGroup group;
+    group.hypers = {{"lr", 0.1}};
+    std::vector<double> ref;
+    for (std::size_t k = 0; k < sizes.size(); ++k) {
+      group.params.push_back(arena.param(k));
+      group.grads.push_back(arena.grad(k));
+    }
+    fusedopt::Optimizer opt(fusedopt::Rule::preset("sgd"), {group});
+    for (std::size_t k = 0; k < sizes.size(); ++k) {
+      auto* p = static_cast<float*>(arena.param(k).data);
+      auto* g = static_cast<float*>(arena.grad(k).data);
+      for (std::int64_t i = 0; i < sizes[k]; ++i) {
+        p[i] = static_cast<float>(normal(rng));
+        g[i] = static_cast<float>(normal(rng));
+        ref.push_back(p[i] - static_cast<double>(0.1f) * g[i]);
+      }
+    }
+    opt.step();
+    std::size_t j = 0;
+    for (std::size_t k = 0; k < sizes.size(); ++k) {
+      const auto* p = static_cast<const float*>(arena.param(k).data);
+      for (std::int64_t i = 0; i < sizes[k]; ++i, ++j) {
+        REQUIRE(std::abs(p[i] - ref[j]) <= 1e-6 * (1 + std::abs(ref[j])));
+      }
+    }
+  }
+}
+
+}  // namespace fusedopt_tests

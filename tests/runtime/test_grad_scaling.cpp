@@ -1,0 +1,180 @@
+// Grad scaling: a step with a non-finite gradient anywhere changes nothing, bit for bit; a
+// finite scaled step equals an unscaled step on the divided gradients; GradScaler follows
+// torch's growth and backoff rule.
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+
+#include "fusedopt/error.hpp"
+#include "runtime/runtime_support.hpp"
+
+namespace fusedopt_tests {
+namespace {
+
+using fusedopt::DType;
+
+/// Params of two dtypes (so two kernels), in two groups, with grads; every byte of what a
+/// step may change can be snapshotted.
+struct Model {
+  std::vector<HostTensor> p, g;
+  std::unique_ptr<fusedopt::Optimizer> opt;
+
+  Model(std::mt19937& rng, const std::vector<std::int64_t>& sizes) {
+    for (std::size_t k = 0; k < sizes.size(); ++k) {
+      const DType d = k % 2 ? DType::BF16 : DType::F32;
+      p.emplace_back(sizes[k], d);
+      g.emplace_back(sizes[k], d);
+      fill_normal(p.back(), rng);
+    }
+    std::vector<fusedopt::ParamGroup> groups(2);
+    for (std::size_t k = 0; k < sizes.size(); ++k) {
+      groups[k % 3 == 0].params.push_back(p[k].tensor("t" + std::to_string(k)));
+      groups[k % 3 == 0].grads.push_back(g[k].tensor());
+    }
+    groups[1].hypers = {{"lr", 3e-3}};
+    fusedopt::OptimizerOptions options;
+    options.master_weights = true;
+    opt = std::make_unique<fusedopt::Optimizer>(fusedopt::Rule::preset("adamw"), groups, options);
+  }
+
+  /// Params, states and masters, as bytes.
+  std::vector<std::string> snapshot() const {
+    std::vector<std::string> out;
+    for (int i = 0; i < static_cast<int>(p.size()); ++i) {
+      for (const char* s : {"m", "v", "master"}) {
+        const fusedopt::Tensor t = opt->state(s, i);
+        const auto* d = static_cast<const char*>(t.data);
+        out.emplace_back(d ? d : "", t.numel * fusedopt::dtype_size(t.dtype));
+      }
+    }
+    for (const HostTensor& t : p) {
+      const auto* d = static_cast<const char*>(const_cast<HostTensor&>(t).data());
+      out.emplace_back(d ? d : "", t.numel() * fusedopt::dtype_size(t.dtype()));
+    }
+    return out;
+  }
+
+  void fill_grads(std::mt19937& rng, double scale) {
+    std::normal_distribution<double> normal(0.0, 1.0);
+    for (HostTensor& t : g) {
+      for (std::int64_t i = 0; i < t.numel(); ++i) t.set(i, normal(rng) * scale);
+    }
+  }
+};
+
+}  // namespace
+
+TEST_SUITE("runtime") {
+  TEST_CASE("a scaled step with a NaN or inf anywhere changes nothing, bit for bit") {
+    use_private_cache();
+    const std::uint32_t seed = fresh_seed();
+    INFO("seed " << seed);
+    std::mt19937 rng(seed);
+    Model model(rng, {300, 1, 0, 4099, 70000, 17});
+    for (int t = 0; t < 3; ++t) {
+      model.fill_grads(rng, 1024.0);
+      REQUIRE(model.opt->step_scaled(1.0f / 1024));
+    }
+    const double bad_values[] = {std::numeric_limits<double>::quiet_NaN(),
+                                 std::numeric_limits<double>::infinity(),
+                                 -std::numeric_limits<double>::infinity()};
+    for (int trial = 0; trial < 24; ++trial) {
+      model.fill_grads(rng, 1024.0);
+      std::size_t k = 0;
+      do {
+        k = std::uniform_int_distribution<std::size_t>(0, model.g.size() - 1)(rng);
+      } while (model.g[k].numel() == 0);
+      const std::int64_t i = std::uniform_int_distribution<std::int64_t>(0, model.g[k].numel() - 1)(rng);
+      const double bad = bad_values[trial % 3];
+      model.g[k].set(i, bad);
+      INFO("trial " << trial << ": " << bad << " at tensor " << k << ", element " << i);
+      const std::vector<std::string> before = model.snapshot();
+      CHECK_FALSE(model.opt->step_scaled(1.0f / 1024));
+      CHECK(model.opt->step_count() == 3);
+      CHECK(model.snapshot() == before);
+    }
+    model.fill_grads(rng, 1024.0);
+    CHECK(model.opt->step_scaled(1.0f / 1024));
+    CHECK(model.opt->step_count() == 4);
+  }
+
+  TEST_CASE("a finite scaled step equals an unscaled step on pre-divided gradients") {
+    use_private_cache();
+    const std::uint32_t seed = fresh_seed();
+    INFO("seed " << seed);
+    std::mt19937 rng_a(seed), rng_b(seed);
+    const std::vector<std::int64_t> sizes = {1000, 3, 0, 4099};
+    Model a(rng_a, sizes), b(rng_b, sizes);  // identical params
+    REQUIRE(a.snapshot() == b.snapshot());
+    for (int t = 0; t < 5; ++t) {
+      // The same gradients, scaled by a power of two (so the unscale is exact).
+      a.fill_grads(rng_a, 4096.0);
+      b.fill_grads(rng_b, 1.0);
+      REQUIRE(a.opt->step_scaled(1.0f / 4096));
+      b.opt->step();
+      CHECK(a.snapshot() == b.snapshot());
+    }
+    CHECK(a.opt->step_count() == 5);
+  }
+
+  TEST_CASE("GradScaler backs off on a skipped step and grows after growth_interval good ones") {
+    use_private_cache();
+    std::mt19937 rng(fresh_seed());
+    Model model(rng, {100, 50});
+    fusedopt::GradScaler::Options o;
+    o.init_scale = 1024;
+    o.growth_interval = 3;
+    fusedopt::GradScaler scaler(o);
+    CHECK(scaler.scale() == 1024);
+    auto step = [&](bool finite) {
+      model.fill_grads(rng, scaler.scale());
+      if (!finite) model.g[1].set(7, NAN);
+      return scaler.step(*model.opt);
+    };
+    // (finite?, taken, scale after, growth tracker after), as torch's GradScaler.update.
+    struct Expect {
+      bool finite, taken;
+      double scale;
+      int tracker;
+    };
+    const Expect sequence[] = {
+        {true, true, 1024, 1},   {true, true, 1024, 2},  {true, true, 2048, 0},
+        {false, false, 1024, 0}, {true, true, 1024, 1},  {false, false, 512, 0},
+        {false, false, 256, 0},  {true, true, 256, 1},   {true, true, 256, 2},
+        {true, true, 512, 0},    {true, true, 512, 1},
+    };
+    std::int64_t taken = 0;
+    for (const Expect& e : sequence) {
+      CHECK(step(e.finite) == e.taken);
+      CHECK(scaler.scale() == e.scale);
+      CHECK(scaler.growth_tracker() == e.tracker);
+      taken += e.taken;
+    }
+    CHECK(model.opt->step_count() == taken);
+  }
+
+  TEST_CASE("GradScaler rejects options torch rejects") {
+    using O = fusedopt::GradScaler::Options;
+    O o;
+    o.growth_factor = 1.0;
+    CHECK_THROWS_WITH_AS(fusedopt::GradScaler{o}, "GradScaler: growth_factor must be > 1, not 1",
+                         fusedopt::Error);
+    o = O{};
+    o.backoff_factor = 1.5;
+    CHECK_THROWS_WITH_AS(fusedopt::GradScaler{o},
+                         "GradScaler: backoff_factor must be in (0, 1), not 1.5", fusedopt::Error);
+    o = O{};
+    o.init_scale = 0;
+    CHECK_THROWS_WITH_AS(fusedopt::GradScaler{o},
+                         "GradScaler: init_scale must be positive and finite, not 0",
+                         fusedopt::Error);
+    o = O{};
+    o.growth_interval = 0;
+    CHECK_THROWS_WITH_AS(fusedopt::GradScaler{o},
+                         "GradScaler: growth_interval must be at least 1, not 0", fusedopt::Error);
+  }
+}
+
+}  // namespace fusedopt_tests

@@ -1,0 +1,346 @@
+// The Optimizer's API: misuse errors that name the tensor, per-group hypers, state views,
+// statistics (bytes per element, launches, the fusion report and its log line), and the
+// plan's 64-bit index arithmetic.
+#include <doctest/doctest.h>
+#include <unistd.h>
+
+#include <climits>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <sstream>
+
+#include "cache/kernel_cache.hpp"
+#include "fusedopt/error.hpp"
+#include "presets.hpp"
+#include "runtime/host_kernel.hpp"
+#include "runtime/log.hpp"
+#include "runtime/runtime_support.hpp"
+
+namespace fusedopt_tests {
+namespace {
+
+using fusedopt::DType;
+using fusedopt::Error;
+using fusedopt::Optimizer;
+using fusedopt::ParamGroup;
+using fusedopt::Rule;
+
+/// Owns the memory of a few fp32 params and grads of the given sizes.
+struct Params {
+  std::vector<HostTensor> p, g;
+  explicit Params(const std::vector<std::int64_t>& sizes, DType dtype = DType::F32) {
+    std::mt19937 rng(fresh_seed());
+    for (std::int64_t n : sizes) {
+      p.emplace_back(n, dtype);
+      g.emplace_back(n, dtype);
+      fill_normal(p.back(), rng);
+      fill_normal(g.back(), rng);
+    }
+  }
+  ParamGroup group(std::size_t first, std::size_t count, const std::string& prefix = "w") {
+    ParamGroup out;
+    for (std::size_t k = first; k < first + count; ++k) {
+      out.params.push_back(p[k].tensor(prefix + std::to_string(k)));
+      out.grads.push_back(g[k].tensor());
+    }
+    return out;
+  }
+};
+
+/// Everything a failed stderr capture would hide: runs `f` with fd 2 sent to a file.
+template <typename F>
+std::string capture_stderr(F f) {
+  std::fflush(stderr);
+  char path[] = "/tmp/fusedopt-stderr-XXXXXX";
+  const int fd = mkstemp(path);
+  REQUIRE(fd >= 0);
+  const int saved = dup(2);
+  dup2(fd, 2);
+  f();
+  std::fflush(stderr);
+  dup2(saved, 2);
+  close(saved);
+  close(fd);
+  std::ifstream in(path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  std::remove(path);
+  return ss.str();
+}
+
+}  // namespace
+
+TEST_SUITE("runtime") {
+  TEST_CASE("construction errors name the group, the param and the reason") {
+    use_private_cache();
+    const Rule adamw = Rule::preset("adamw");
+    Params x({12, 12, 12, 12});
+    HostTensor short_grad(10, DType::F32);
+
+    ParamGroup g = x.group(0, 4);
+    g.params[3].name = "layer1.bias";
+    g.grads[3] = short_grad.tensor();
+    CHECK_THROWS_WITH_AS(Optimizer(adamw, {g}),
+                         "group 0, param 3 ('layer1.bias'): grad has 10 elements, param has 12",
+                         Error);
+
+    g = x.group(0, 4);
+    g.grads.pop_back();
+    CHECK_THROWS_WITH_AS(
+        Optimizer(adamw, {g}),
+        "group 0: 4 params but 3 grads (every param needs its grad, in the same order)", Error);
+
+    ParamGroup g1 = x.group(2, 2);
+    g1.params[1].data = nullptr;
+    CHECK_THROWS_WITH_AS(Optimizer(adamw, {x.group(0, 2), g1}),
+                         "group 1, param 1 ('w3'): param data is null (12 elements)", Error);
+    g1 = x.group(2, 2);
+    g1.grads[0].data = nullptr;
+    CHECK_THROWS_WITH_AS(Optimizer(adamw, {x.group(0, 2), g1}),
+                         "group 1, param 0 ('w2'): grad data is null (12 elements)", Error);
+
+    g = x.group(0, 2);
+    g.params[1].name = "w0";
+    CHECK_THROWS_WITH_AS(Optimizer(adamw, {g}),
+                         "group 0, param 1 ('w0'): the name is already used by group 0, param 0 "
+                         "('w0') (names key checkpoints)",
+                         Error);
+
+    g = x.group(0, 2);
+    g.params[1].data = g.params[0].data;
+    CHECK_THROWS_WITH_AS(Optimizer(adamw, {g}),
+                         "group 0, param 1 ('w1'): the same memory as group 0, param 0 ('w0') (a "
+                         "param may appear only once)",
+                         Error);
+
+    g = x.group(0, 2);
+    g.hypers = {{"learning_rate", 0.1}};
+    CHECK_THROWS_WITH_AS(Optimizer(adamw, {g}),
+                         "group 0: rule 'adamw' has no hyper 'learning_rate' (it has: lr, beta1, "
+                         "beta2, eps, weight_decay, maximize)",
+                         Error);
+
+    g = x.group(0, 2);
+    g.grads[1].device = fusedopt::Device::cuda(0);
+    CHECK_THROWS_WITH_AS(Optimizer(adamw, {g}),
+                         "group 0, param 1 ('w1'): grad is on cuda:0 but param is on host", Error);
+
+    g = x.group(0, 2);
+    for (auto& t : g.params) t.device = fusedopt::Device::cuda(0);
+    for (auto& t : g.grads) t.device = fusedopt::Device::cuda(0);
+    CHECK_THROWS_WITH_AS(Optimizer(adamw, {g}),
+                         "CUDA tensors: the CUDA runtime path is not wired into Optimizer yet",
+                         Error);
+    g.params[1].device = g.grads[1].device = fusedopt::Device::host();
+    CHECK_THROWS_WITH_AS(Optimizer(adamw, {g}),
+                         "group 0, param 1 ('w1'): param is on host but group 0, param 0 ('w0') "
+                         "is on cuda:0 (one optimizer, one device)",
+                         Error);
+
+    CHECK_THROWS_WITH_AS(Optimizer(adamw, {}), "Optimizer: no param groups given", Error);
+    CHECK_THROWS_WITH_AS(Optimizer(adamw, {ParamGroup{}}),
+                         "Optimizer: the param groups hold no parameters", Error);
+  }
+
+  TEST_CASE("unnamed params are called param<i> in errors and state names") {
+    use_private_cache();
+    Params x({3, 4});
+    ParamGroup g = x.group(0, 2);
+    g.params[0].name.clear();
+    g.params[1].name.clear();
+    Optimizer opt(Rule::preset("adamw"), {g});
+    CHECK(opt.state("m", 1).name == "param1/m");
+    HostTensor bad(5, DType::F32);
+    g.grads[1] = bad.tensor();
+    CHECK_THROWS_WITH_AS(Optimizer(Rule::preset("adamw"), {g}),
+                         "group 0, param 1 ('param1'): grad has 5 elements, param has 4", Error);
+  }
+
+  TEST_CASE("set_hyper changes one group or every group, and hyper reads it back exactly") {
+    use_private_cache();
+    Params x({50, 60, 70});
+    ParamGroup g0 = x.group(0, 1), g1 = x.group(1, 2);
+    g1.hypers = {{"lr", 0.25}};
+    Optimizer opt(Rule::preset("sgd"), {g0, g1});
+    CHECK(opt.hyper("lr", 0) == 1e-3);
+    CHECK(opt.hyper("lr", 1) == 0.25);
+
+    // Plain SGD: p -= lr * g, so each group's step size shows in its params.
+    auto expect_step = [&](const std::vector<double>& lr_of_tensor) {
+      std::vector<std::vector<double>> before(3);
+      for (std::size_t k = 0; k < 3; ++k) {
+        for (std::int64_t i = 0; i < x.p[k].numel(); ++i) before[k].push_back(x.p[k].get(i));
+      }
+      opt.step();
+      for (std::size_t k = 0; k < 3; ++k) {
+        const double lr = static_cast<float>(lr_of_tensor[k]);
+        for (std::int64_t i = 0; i < x.p[k].numel(); ++i) {
+          const double want = before[k][static_cast<std::size_t>(i)] - lr * x.g[k].get(i);
+          REQUIRE(std::abs(x.p[k].get(i) - want) <= 1e-6 * (1 + std::abs(want)));
+        }
+      }
+    };
+    expect_step({1e-3, 0.25, 0.25});
+    opt.set_hyper("lr", 0.5, 0);
+    CHECK(opt.hyper("lr", 0) == 0.5);
+    CHECK(opt.hyper("lr", 1) == 0.25);
+    expect_step({0.5, 0.25, 0.25});
+    opt.set_hyper("lr", 0.125);
+    CHECK(opt.hyper("lr", 0) == 0.125);
+    CHECK(opt.hyper("lr", 1) == 0.125);
+    expect_step({0.125, 0.125, 0.125});
+    opt.set_hyper("lr", 0.1 + 1e-12, 1);  // kept in double, handed to the kernel as fp32
+    CHECK(opt.hyper("lr", 1) == 0.1 + 1e-12);
+
+    CHECK_THROWS_WITH_AS(opt.set_hyper("lrr", 1.0),
+                         "rule 'sgd' has no hyper 'lrr' (it has: lr, momentum, dampening, "
+                         "weight_decay, nesterov, maximize)",
+                         Error);
+    CHECK_THROWS_WITH_AS(opt.set_hyper("lr", 1.0, 2),
+                         "set_hyper('lr'): there is no group 2 (the optimizer has 2 groups)",
+                         Error);
+    CHECK_THROWS_WITH_AS(opt.hyper("lr", -1),
+                         "hyper('lr'): there is no group -1 (the optimizer has 2 groups)", Error);
+    CHECK(opt.step_count() == 3);
+  }
+
+  TEST_CASE("state views name their tensor and reject unknown states and indices") {
+    use_private_cache();
+    Params x({8, 0});
+    Optimizer opt(Rule::preset("adamw"), {x.group(0, 2)});
+    const fusedopt::Tensor m = opt.state("m", 0);
+    CHECK(m.name == "w0/m");
+    CHECK(m.numel == 8);
+    CHECK(m.dtype == DType::F32);
+    CHECK(m.data != nullptr);
+    CHECK(reinterpret_cast<std::uintptr_t>(m.data) % 64 == 0);
+    CHECK(opt.state("v", 1).numel == 0);
+    CHECK_THROWS_WITH_AS(opt.state("mom", 0), "rule 'adamw' has no state 'mom' (it has: m, v)",
+                         Error);
+    CHECK_THROWS_WITH_AS(opt.state("m", 2),
+                         "state('m', 2): there is no param 2 (the optimizer has 2)", Error);
+  }
+
+  TEST_CASE("stats count 28 bytes per element for fp32 AdamW and 20 with bf16 moments") {
+    use_private_cache();
+    Params x({1000, 0, 107});
+    Optimizer opt(Rule::preset("adamw"), {x.group(0, 3)});
+    fusedopt::OptimizerStats st = opt.stats();
+    CHECK(st.tensors == 3);
+    CHECK(st.elements == 1107);
+    CHECK(st.launches_per_step == 1);
+    CHECK(st.bytes_per_step == 28 * 1107);
+    REQUIRE(st.kernel_keys.size() == 1);
+    CHECK(st.kernel_keys[0].size() == 32);
+    CHECK((st.kernel_origin == "compiled" || st.kernel_origin == "disk" ||
+           st.kernel_origin == "memory"));
+    CHECK(st.kernel_seconds >= 0);
+    CHECK(st.fusion_report == "adamw over 3 tensors (1107 elements): 1 launch per step instead of 2");
+
+    fusedopt::OptimizerOptions bf16_moments;
+    bf16_moments.state_dtype = DType::BF16;
+    Params y({1000, 0, 107});
+    CHECK(Optimizer(Rule::preset("adamw"), {y.group(0, 3)}, bf16_moments).stats().bytes_per_step ==
+          20 * 1107);
+    // AMSGrad reads and writes a third fp32 state: 36 bytes (PEERS.md).
+    Params z({64});
+    CHECK(Optimizer(Rule::preset("amsgrad"), {z.group(0, 1)}).stats().bytes_per_step == 36 * 64);
+  }
+
+  TEST_CASE("bf16 params with a master cost master read and write plus a bf16 param write") {
+    use_private_cache();
+    Params x({100}, DType::BF16);
+    fusedopt::OptimizerOptions options;
+    options.master_weights = true;
+    Optimizer opt(Rule::preset("adamw"), {x.group(0, 1)}, options);
+    // master 4 + 4, param write 2, bf16 grad 2, m and v 8 + 8.
+    CHECK(opt.stats().bytes_per_step == (4 + 4 + 2 + 2 + 16) * 100);
+  }
+
+  TEST_CASE("the fusion report counts a per-tensor loop's launches against ours") {
+    use_private_cache();
+    std::vector<std::int64_t> sizes(201, 7500);
+    Params x(sizes);
+    Optimizer opt(Rule::preset("adamw"), {x.group(0, 100), x.group(100, 101)});
+    CHECK(opt.stats().fusion_report ==
+          "adamw over 201 tensors (1.5 M elements): 1 launch per step instead of 201");
+
+    // Two dtype bindings: two launches, each named.
+    Params a({10, 20}), b({30}, DType::BF16);
+    ParamGroup mixed = a.group(0, 2);
+    mixed.params.push_back(b.p[0].tensor("b0"));
+    mixed.grads.push_back(b.g[0].tensor());
+    fusedopt::OptimizerOptions options;
+    options.master_weights = true;
+    Optimizer two(Rule::preset("sgd"), {mixed}, options);
+    CHECK(two.stats().launches_per_step == 2);
+    CHECK(two.stats().kernel_keys.size() == 2);
+    CHECK(two.stats().fusion_report ==
+          "sgd over 3 tensors (60 elements): 2 launches per step instead of 3 (one per dtype "
+          "binding: fp32:fp32:fp32, bf16:bf16:fp32+master)");
+  }
+
+  TEST_CASE("FUSEDOPT_LOG=info prints the fusion report at construction") {
+    use_private_cache();
+    using fusedopt::runtime::LogLevel;
+    CHECK(fusedopt::runtime::parse_log_level("warn") == LogLevel::Warn);
+    CHECK(fusedopt::runtime::parse_log_level(" INFO ") == LogLevel::Info);
+    CHECK(fusedopt::runtime::parse_log_level("debug") == LogLevel::Debug);
+    CHECK_FALSE(fusedopt::runtime::parse_log_level("verbose").has_value());
+
+    const LogLevel before = fusedopt::runtime::log_level();
+    Params x({5, 6});
+    fusedopt::runtime::set_log_level(LogLevel::Info);
+    const std::string info = capture_stderr([&] { Optimizer opt(Rule::preset("adamw"), {x.group(0, 2)}); });
+    fusedopt::runtime::set_log_level(LogLevel::Warn);
+    const std::string quiet = capture_stderr([&] { Optimizer opt(Rule::preset("adamw"), {x.group(0, 2)}); });
+    fusedopt::runtime::set_log_level(before);
+    CHECK(info == "fusedopt: info: adamw over 2 tensors (11 elements): 1 launch per step instead of 2\n");
+    CHECK(quiet.empty());
+  }
+
+  TEST_CASE("an optimizer whose tensors are all empty launches nothing but counts steps") {
+    use_private_cache();
+    Params x({0, 0});
+    Optimizer opt(Rule::preset("adamw"), {x.group(0, 2)});
+    CHECK(opt.stats().launches_per_step == 0);
+    CHECK(opt.stats().kernel_keys.empty());
+    opt.step();
+    CHECK(opt.step_scaled(0.5f));
+    CHECK(opt.step_count() == 2);
+  }
+
+  TEST_CASE("a prepared host plan covers tensors over 2^31 elements with 64-bit offsets") {
+    // Planned without allocating a single element: the pointers are never dereferenced.
+    // (build_chunks itself is tested with the CUDA runtime, in tests/cuda/test_chunks.cpp.)
+    const std::int64_t huge = 3'000'000'123LL, big = (1LL << 31) + 1;
+    const std::vector<std::int64_t> numel = {huge, 0, 5, big};
+    const std::vector<int> group = {1, 0, 0, 1};
+    const std::int64_t chunk = fusedopt::runtime::kHostChunkElems;
+    const std::int64_t expect = 1 + (huge + chunk - 1) / chunk + (big + chunk - 1) / chunk;
+    use_private_cache();
+    fusedopt::runtime::HostKernel k(fusedopt::preset_rule("sgd"), fusedopt::DTypeBinding{},
+                                    fusedopt::cache::KernelCache::global());
+    static float dummy[3];
+    std::vector<std::vector<void*>> ptrs(4, {dummy, dummy + 1, dummy + 2});
+    const auto prepared = k.prepare(ptrs, numel, {k.default_hypers(), k.default_hypers()}, group);
+    REQUIRE(prepared.num_chunks() == expect);
+    const std::vector<fo_chunk>& chunks = prepared.chunks();
+    CHECK(chunks.front().tensor == 2);  // group 0 first
+    CHECK(chunks.back().begin == 1LL << 31);
+    CHECK(chunks.back().end == big);
+    const fo_chunk& huge_last =
+        chunks[static_cast<std::size_t>(expect - 1 - (big + chunk - 1) / chunk)];
+    CHECK(huge_last.tensor == 0);
+    CHECK(huge_last.begin == (huge - 1) / chunk * chunk);
+    CHECK(huge_last.begin > INT_MAX);
+    CHECK(huge_last.end == huge);
+    const fo_launch L = prepared.launch(7.0f, 0.5f);
+    CHECK(L.num_chunks == expect);
+    CHECK(L.step == 7.0f);
+    CHECK(L.inv_grad_scale == 0.5f);
+  }
+}
+
+}  // namespace fusedopt_tests
