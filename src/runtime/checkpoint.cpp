@@ -1,8 +1,215 @@
-// Optimizer::save / load (pending the io module).
+// Optimizer::save / load: safetensors files with one tensor per (parameter, state) pair and
+// the master copies, plus metadata (rule, step, hypers) that load() checks before copying
+// anything, so a failed load leaves the optimizer as it was.
+#include <fmt/format.h>
+
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <set>
+
 #include "fusedopt/error.hpp"
+#include "io/safetensors.hpp"
+#include "jit/kernel_builder.hpp"
 #include "runtime/optimizer_impl.hpp"
 
 namespace fusedopt {
-void Optimizer::save(const std::filesystem::path&) const { throw Error("save: not yet"); }
-void Optimizer::load(const std::filesystem::path&) { throw Error("load: not yet"); }
+
+using runtime::CheckpointTensor;
+
+namespace {
+
+/// The layout of the metadata and tensor names below.
+/// Bump when you change this: a key, a name pattern or a value's format.
+constexpr int kCheckpointFormat = 1;
+
+const char* st_dtype(DType d) {
+  switch (d) {
+    case DType::F32: return "F32";
+    case DType::F16: return "F16";
+    case DType::BF16: return "BF16";
+  }
+  return "?";
+}
+
+}  // namespace
+
+/// The rule states (not the per-step outputs) of every param, then the masters: what
+/// save() writes and load() requires. A master is expected for every 16-bit param when
+/// master_weights is set, empty ones included, so the set does not depend on sizes.
+std::vector<CheckpointTensor> Optimizer::Impl::checkpoint_tensors() const {
+  std::vector<CheckpointTensor> out;
+  for (const runtime::ParamSlot& s : params) {
+    for (std::size_t k = 0; k < num_states; ++k) {
+      out.push_back({s.name + "/" + state_names[k], options.state_dtype, s.param.numel,
+                     s.states[k]});
+    }
+    if (options.master_weights && s.param.dtype != DType::F32) {
+      out.push_back({s.name + "/master", DType::F32, s.param.numel, s.master});
+    }
+  }
+  return out;
+}
+
+/// "group0:lr=0.001,beta1=0.90000000000000002;group1:...", 17 significant digits so every
+/// double reads back exactly.
+std::string Optimizer::Impl::hypers_text() const {
+  std::string out;
+  for (std::size_t g = 0; g < hypers.size(); ++g) {
+    out += fmt::format("{}group{}:", g ? ";" : "", g);
+    for (std::size_t k = 0; k < hyper_names.size(); ++k) {
+      out += fmt::format("{}{}={:.17g}", k ? "," : "", hyper_names[k], hypers[g][k]);
+    }
+  }
+  return out;
+}
+
+namespace {
+
+std::vector<std::string> split(const std::string& text, char sep) {
+  std::vector<std::string> out;
+  std::size_t begin = 0;
+  while (true) {
+    const std::size_t end = text.find(sep, begin);
+    out.push_back(text.substr(begin, end == std::string::npos ? std::string::npos : end - begin));
+    if (end == std::string::npos) return out;
+    begin = end + 1;
+  }
+}
+
+}  // namespace
+
+void Optimizer::save(const std::filesystem::path& path) const {
+  const Impl& m = *impl_;
+  std::vector<io::TensorView> views;
+  for (const CheckpointTensor& e : m.checkpoint_tensors()) {
+    const auto bytes = static_cast<std::size_t>(e.numel) * dtype_size(e.dtype);
+    views.push_back({e.name, st_dtype(e.dtype), {e.numel}, e.data, bytes});
+  }
+  std::string keys;
+  for (const auto& backend : m.backends) keys += (keys.empty() ? "" : ",") + backend->key();
+  const std::map<std::string, std::string> metadata = {
+      {"fusedopt_checkpoint_format", std::to_string(kCheckpointFormat)},
+      {"fusedopt_version", jit::version()},
+      {"rule", m.rule.name()},
+      {"rule_text", m.rule.impl()->text},
+      {"kernel_keys", keys},
+      {"step", std::to_string(m.step_count)},
+      {"hypers", m.hypers_text()},
+      {"state_dtype", to_string(m.options.state_dtype)},
+      {"master_weights", m.options.master_weights ? "true" : "false"},
+  };
+  io::write_safetensors(path, views, metadata);  // atomic: temp file, fsync, rename
+}
+
+void Optimizer::load(const std::filesystem::path& path) {
+  Impl& m = *impl_;
+  auto fail = [&](const std::string& what) {
+    throw Error(fmt::format("cannot load checkpoint {}: {}", path.string(), what));
+  };
+  io::SafetensorsFile file;
+  try {
+    file = io::read_safetensors(path);
+  } catch (const Error& e) {
+    throw Error(fmt::format("cannot load checkpoint: {}", e.what()));
+  }
+  auto meta = [&](const char* key) -> const std::string& {
+    auto it = file.metadata.find(key);
+    if (it == file.metadata.end()) fail(fmt::format("metadata '{}' is missing", key));
+    return it->second;
+  };
+
+  // Everything is checked first; nothing is touched until all of it passed.
+  if (meta("fusedopt_checkpoint_format") != std::to_string(kCheckpointFormat)) {
+    fail(fmt::format("checkpoint format {} is not the format this fusedopt reads ({})",
+                     meta("fusedopt_checkpoint_format"), kCheckpointFormat));
+  }
+  if (meta("rule") != m.rule.name()) {
+    fail(fmt::format("it was saved by rule '{}', this optimizer runs rule '{}'", meta("rule"),
+                     m.rule.name()));
+  }
+  if (meta("rule_text") != m.rule.impl()->text) {
+    fail(fmt::format("rule '{}' was saved with a different text (the rule changed since)",
+                     m.rule.name()));
+  }
+  const std::string& step_text = meta("step");
+  errno = 0;
+  char* end = nullptr;
+  const long long step = std::strtoll(step_text.c_str(), &end, 10);
+  if (step_text.empty() || *end != '\0' || errno != 0 || step < 0) {
+    fail(fmt::format("step '{}' is not a step count", step_text));
+  }
+
+  std::vector<std::vector<double>> hypers = m.hypers;
+  const std::vector<std::string> groups = split(meta("hypers"), ';');
+  if (groups.size() != m.hypers.size()) {
+    fail(fmt::format("it holds hypers for {} param group{}, this optimizer has {}", groups.size(),
+                     groups.size() == 1 ? "" : "s", m.hypers.size()));
+  }
+  for (std::size_t g = 0; g < groups.size(); ++g) {
+    const std::string prefix = fmt::format("group{}:", g);
+    if (groups[g].compare(0, prefix.size(), prefix) != 0) {
+      fail(fmt::format("hypers of group {} are malformed: '{}'", g, groups[g]));
+    }
+    std::set<std::size_t> seen;
+    for (const std::string& item : split(groups[g].substr(prefix.size()), ',')) {
+      if (item.empty() && m.hyper_names.empty()) continue;  // a rule without hypers
+      const std::size_t eq = item.find('=');
+      if (eq == std::string::npos) fail(fmt::format("hyper '{}' of group {} is malformed", item, g));
+      const std::string name = item.substr(0, eq), value = item.substr(eq + 1);
+      std::size_t k = 0;
+      try {
+        k = m.hyper_index(name);
+      } catch (const Error& e) {
+        fail(fmt::format("group {}: {}", g, e.what()));
+      }
+      const char* begin = value.c_str();
+      char* stop = nullptr;
+      const double x = std::strtod(begin, &stop);
+      if (value.empty() || *stop != '\0') {
+        fail(fmt::format("hyper '{}' of group {} has the value '{}', not a number", name, g, value));
+      }
+      hypers[g][k] = x;
+      seen.insert(k);
+    }
+    if (seen.size() != m.hyper_names.size()) {
+      fail(fmt::format("group {} lacks some of the rule's hypers", g));
+    }
+  }
+
+  const std::vector<CheckpointTensor> expected = m.checkpoint_tensors();
+  std::set<std::string> names;
+  for (const CheckpointTensor& e : expected) {
+    names.insert(e.name);
+    auto it = file.tensors.find(e.name);
+    if (it == file.tensors.end()) fail(fmt::format("tensor '{}' is missing", e.name));
+    const io::SafetensorsFile::Entry& entry = it->second;
+    if (entry.dtype != st_dtype(e.dtype)) {
+      fail(fmt::format("tensor '{}' is {}, this optimizer keeps it as {}", e.name, entry.dtype,
+                       st_dtype(e.dtype)));
+    }
+    if (entry.shape != std::vector<std::int64_t>{e.numel}) {
+      std::string shape;
+      for (std::int64_t d : entry.shape) shape += (shape.empty() ? "" : ", ") + std::to_string(d);
+      fail(fmt::format("tensor '{}' has shape [{}], this optimizer's has [{}]", e.name, shape,
+                       e.numel));
+    }
+  }
+  for (const auto& [name, entry] : file.tensors) {
+    if (!names.count(name)) {
+      fail(fmt::format("it holds tensor '{}', which this optimizer has no param or state for",
+                       name));
+    }
+  }
+
+  for (const CheckpointTensor& e : expected) {
+    if (e.numel == 0) continue;
+    std::memcpy(e.data, file.tensor_data(e.name),
+                static_cast<std::size_t>(e.numel) * dtype_size(e.dtype));
+  }
+  m.step_count = step;
+  m.hypers = std::move(hypers);
+  m.push_hypers();
+}
+
 }  // namespace fusedopt

@@ -39,6 +39,14 @@ struct ParamSlot {
   int binding = -1;           ///< index into Impl::backends; -1 for an empty tensor
 };
 
+/// One tensor of a checkpoint: its name, storage and the optimizer's memory for it.
+struct CheckpointTensor {
+  std::string name;
+  DType dtype;
+  std::int64_t numel;
+  void* data;  ///< null when numel is 0
+};
+
 /// "group G, param I ('NAME')": how errors name a tensor.
 std::string describe(const ParamSlot& slot);
 
@@ -71,6 +79,10 @@ struct Optimizer::Impl {
   int state_index(const std::string& name) const;
   /// The view of state `s` (or the master for -1) of parameter `p`.
   Tensor state_view(int s, std::size_t p) const;
+  /// What a checkpoint holds (checkpoint.cpp).
+  std::vector<runtime::CheckpointTensor> checkpoint_tensors() const;
+  /// The hypers as checkpoint metadata (checkpoint.cpp).
+  std::string hypers_text() const;
 };
 
 }  // namespace fusedopt

@@ -1,0 +1,244 @@
+// Checkpoints: a saved and reloaded optimizer takes the same next step, bit for bit; a
+// checkpoint that does not fit is refused with a clear error and changes nothing.
+#include <doctest/doctest.h>
+#include <stdlib.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "fusedopt/error.hpp"
+#include "io/safetensors.hpp"
+#include "presets.hpp"
+#include "runtime/runtime_support.hpp"
+
+namespace fusedopt_tests {
+namespace {
+
+using fusedopt::DType;
+using fusedopt::Optimizer;
+
+struct TempFolder {
+  std::filesystem::path path;
+  TempFolder() {
+    std::string pattern =
+        (std::filesystem::temp_directory_path() / "fusedopt-ckpt-XXXXXX").string();
+    REQUIRE(mkdtemp(pattern.data()) != nullptr);
+    path = pattern;
+  }
+  ~TempFolder() {
+    std::error_code ec;
+    std::filesystem::remove_all(path, ec);
+  }
+};
+
+/// Params and grads of given sizes and dtypes, named n0, n1, ... in two groups.
+struct Model {
+  std::vector<HostTensor> p, g;
+  std::vector<std::string> names;
+  Model(const std::vector<std::int64_t>& sizes, const std::vector<DType>& dtypes) {
+    for (std::size_t k = 0; k < sizes.size(); ++k) {
+      p.emplace_back(sizes[k], dtypes[k % dtypes.size()]);
+      g.emplace_back(sizes[k], dtypes[k % dtypes.size()]);
+      names.push_back("n" + std::to_string(k));
+    }
+  }
+  std::vector<fusedopt::ParamGroup> groups() {
+    std::vector<fusedopt::ParamGroup> out(2);
+    for (std::size_t k = 0; k < p.size(); ++k) {
+      out[k % 2].params.push_back(p[k].tensor(names[k]));
+      out[k % 2].grads.push_back(g[k].tensor());
+    }
+    out[1].hypers = {{"lr", 3e-3}};
+    return out;
+  }
+  /// This model's params copied into `other` (same sizes and dtypes).
+  void copy_params_to(Model& other) const {
+    for (std::size_t k = 0; k < p.size(); ++k) {
+      for (std::int64_t i = 0; i < p[k].numel(); ++i) other.p[k].set(i, p[k].get(i));
+    }
+  }
+};
+
+/// Every byte an optimizer holds for `model`: params, states, masters, step, hypers.
+std::vector<std::string> snapshot(Optimizer& opt, Model& model, bool master) {
+  std::vector<std::string> out;
+  auto bytes = [](const void* d, std::int64_t n, DType t) {
+    return d ? std::string(static_cast<const char*>(d), n * fusedopt::dtype_size(t)) : std::string();
+  };
+  for (std::size_t k = 0; k < model.p.size(); ++k) {
+    out.push_back(bytes(model.p[k].data(), model.p[k].numel(), model.p[k].dtype()));
+    std::vector<std::string> states = {"m", "v"};
+    if (master) states.push_back("master");
+    for (const std::string& s : states) {
+      const fusedopt::Tensor t = opt.state(s, static_cast<int>(k));
+      out.push_back(bytes(t.data, t.numel, t.dtype));
+    }
+  }
+  out.push_back(std::to_string(opt.step_count()));
+  for (int grp = 0; grp < 2; ++grp) out.push_back(fmt_double(opt.hyper("lr", grp)));
+  return out;
+}
+
+void fill_grads(Model& m, std::mt19937& rng) {
+  for (HostTensor& t : m.g) fill_normal(t, rng);
+}
+
+}  // namespace
+
+TEST_SUITE("runtime") {
+  TEST_CASE("a reloaded optimizer takes the same next step as the saver, bit for bit") {
+    use_private_cache();
+    TempFolder dir;
+    const std::uint32_t seed = fresh_seed();
+    INFO("seed " << seed);
+    std::mt19937 rng(seed);
+    const std::vector<std::int64_t> sizes = {1000, 0, 77, 4099, 1};
+    for (bool master : {false, true}) {
+      INFO("master weights: " << master);
+      const std::vector<DType> dtypes =
+          master ? std::vector<DType>{DType::BF16, DType::F32} : std::vector<DType>{DType::F32};
+      fusedopt::OptimizerOptions options;
+      options.master_weights = master;
+      Model a(sizes, dtypes);
+      for (HostTensor& t : a.p) fill_normal(t, rng);
+      Optimizer opt_a(fusedopt::Rule::preset("adamw"), a.groups(), options);
+      opt_a.set_hyper("lr", 0.1 + 1e-9, 0);  // must survive the round trip exactly
+      opt_a.set_hyper("beta2", 0.95);
+      for (int t = 0; t < 5; ++t) {
+        fill_grads(a, rng);
+        opt_a.step();
+      }
+      const auto file = dir.path / (master ? "master.safetensors" : "plain.safetensors");
+      opt_a.save(file);
+
+      Model b(sizes, dtypes);
+      a.copy_params_to(b);
+      Optimizer opt_b(fusedopt::Rule::preset("adamw"), b.groups(), options);
+      opt_b.load(file);
+      CHECK(opt_b.step_count() == 5);
+      CHECK(opt_b.hyper("lr", 0) == 0.1 + 1e-9);
+      CHECK(opt_b.hyper("lr", 1) == 3e-3);
+      CHECK(opt_b.hyper("beta2", 1) == 0.95);
+      CHECK(snapshot(opt_a, a, master) == snapshot(opt_b, b, master));
+
+      fill_grads(a, rng);
+      for (std::size_t k = 0; k < sizes.size(); ++k) {
+        for (std::int64_t i = 0; i < sizes[k]; ++i) b.g[k].set(i, a.g[k].get(i));
+      }
+      opt_a.step();
+      opt_b.step();
+      CHECK(opt_b.step_count() == 6);
+      CHECK(snapshot(opt_a, a, master) == snapshot(opt_b, b, master));
+    }
+  }
+
+  TEST_CASE("a checkpoint names each state and master and records the rule, step and hypers") {
+    use_private_cache();
+    TempFolder dir;
+    Model a({3, 0}, {DType::BF16});
+    fusedopt::OptimizerOptions options;
+    options.master_weights = true;
+    Optimizer opt(fusedopt::Rule::preset("adamw"), a.groups(), options);
+    opt.step();
+    opt.save(dir.path / "c.safetensors");
+    const fusedopt::io::SafetensorsFile f = fusedopt::io::read_safetensors(dir.path / "c.safetensors");
+    std::vector<std::string> names;
+    for (const auto& [name, entry] : f.tensors) names.push_back(name);
+    CHECK(names == std::vector<std::string>{"n0/m", "n0/master", "n0/v", "n1/m", "n1/master",
+                                            "n1/v"});
+    CHECK(f.tensors.at("n0/master").dtype == "F32");
+    CHECK(f.tensors.at("n0/m").shape == std::vector<std::int64_t>{3});
+    CHECK(f.tensors.at("n1/v").shape == std::vector<std::int64_t>{0});
+    CHECK(f.metadata.at("rule") == "adamw");
+    CHECK(f.metadata.at("step") == "1");
+    CHECK(f.metadata.at("state_dtype") == "fp32");
+    CHECK(f.metadata.at("kernel_keys") == opt.stats().kernel_keys.at(0));
+    CHECK(f.metadata.at("hypers") ==
+          "group0:lr=0.001,beta1=0.90000000000000002,beta2=0.999,eps=1e-08,weight_decay=0.01,"
+          "maximize=0;group1:lr=0.0030000000000000001,beta1=0.90000000000000002,beta2=0.999,"
+          "eps=1e-08,weight_decay=0.01,maximize=0");
+  }
+
+  TEST_CASE("load refuses a checkpoint that does not fit, clearly, and changes nothing") {
+    use_private_cache();
+    TempFolder dir;
+    std::mt19937 rng(fresh_seed());
+    const std::vector<std::int64_t> sizes = {12, 5, 40};
+    Model target(sizes, {DType::F32});
+    for (HostTensor& t : target.p) fill_normal(t, rng);
+    Optimizer opt(fusedopt::Rule::preset("adamw"), target.groups());
+    opt.set_hyper("lr", 0.02);
+    for (int t = 0; t < 2; ++t) {
+      fill_grads(target, rng);
+      opt.step();
+    }
+    const std::vector<std::string> before = snapshot(opt, target, false);
+    const std::string where = (dir.path / "x.safetensors").string();
+
+    auto saved_by = [&](const std::string& rule, const std::vector<std::int64_t>& s,
+                        fusedopt::OptimizerOptions options = {}, int drop_last = 0) {
+      Model m(s, {DType::F32});
+      for (int k = 0; k < drop_last; ++k) {
+        m.p.pop_back();
+        m.g.pop_back();
+      }
+      for (HostTensor& t : m.p) fill_normal(t, rng);
+      Optimizer o(fusedopt::Rule::preset(rule), m.groups(), options);
+      o.step();
+      o.save(where);
+    };
+    auto refused = [&](const std::string& message) {
+      CHECK_THROWS_WITH_AS(opt.load(where), message.c_str(), fusedopt::Error);
+      CHECK(snapshot(opt, target, false) == before);
+    };
+
+    saved_by("adam", sizes);
+    refused("cannot load checkpoint " + where +
+            ": it was saved by rule 'adam', this optimizer runs rule 'adamw'");
+    saved_by("adamw", sizes, {}, 1);
+    refused("cannot load checkpoint " + where + ": tensor 'n2/m' is missing");
+    saved_by("adamw", {12, 6, 40});
+    refused("cannot load checkpoint " + where +
+            ": tensor 'n1/m' has shape [6], this optimizer's has [5]");
+    fusedopt::OptimizerOptions bf16;
+    bf16.state_dtype = DType::BF16;
+    saved_by("adamw", sizes, bf16);
+    refused("cannot load checkpoint " + where +
+            ": tensor 'n0/m' is BF16, this optimizer keeps it as F32");
+    saved_by("adamw", {12, 5, 40, 8});
+    refused("cannot load checkpoint " + where +
+            ": it holds tensor 'n3/m', which this optimizer has no param or state for");
+
+    // A damaged file: the io module's own diagnosis, behind ours.
+    saved_by("adamw", sizes);
+    std::filesystem::resize_file(where, std::filesystem::file_size(where) - 7);
+    CHECK_THROWS_AS(opt.load(where), fusedopt::Error);
+    try {
+      opt.load(where);
+    } catch (const fusedopt::Error& e) {
+      const std::string what = e.what();
+      CHECK(what.rfind("cannot load checkpoint: " + where + ": ", 0) == 0);
+    }
+    CHECK(snapshot(opt, target, false) == before);
+    {
+      std::ofstream junk(where, std::ios::binary | std::ios::trunc);
+      junk << "this is not a safetensors file at all";
+    }
+    CHECK_THROWS_AS(opt.load(where), fusedopt::Error);
+    CHECK(snapshot(opt, target, false) == before);
+    std::filesystem::remove(where);
+    CHECK_THROWS_AS(opt.load(where), fusedopt::Error);
+    CHECK(snapshot(opt, target, false) == before);
+
+    // A rule of the same name with another text is another rule.
+    Model m(sizes, {DType::F32});
+    std::string text = fusedopt::preset_text("adamw");
+    text += "\n# edited\n";
+    Optimizer edited(fusedopt::Rule::parse(text, "adamw.rule"), m.groups());
+    edited.save(where);
+    refused("cannot load checkpoint " + where +
+            ": rule 'adamw' was saved with a different text (the rule changed since)");
+  }
+}
+
+}  // namespace fusedopt_tests
