@@ -152,6 +152,8 @@ CudaKernel::CudaKernel(std::shared_ptr<const lang::Rule> rule, DTypeBinding dtyp
   codegen::KernelBody body = codegen::generate_body(*rule_, dtypes_);
   jit::BuiltKernel built = jit::build_kernel(body, dtypes_, Target::cuda(k.sm), cache);
   origin_ = cache::to_string(built.origin);
+  key_ = built.key.hex();
+  seconds_ = built.seconds;
   k.num_roles = body.num_roles;
   k.num_hypers = body.num_hypers;
 

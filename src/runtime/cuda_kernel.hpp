@@ -97,12 +97,17 @@ class CudaKernel {
   const lang::Rule& rule() const { return *rule_; }
   /// Where the binary came from ("compiled", "memory", "disk").
   const std::string& origin() const { return origin_; }
+  /// The kernel's cache key (32 hex digits) and the time it took to get the binary.
+  const std::string& key() const { return key_; }
+  double seconds() const { return seconds_; }
 
  private:
   struct Impl;
   std::shared_ptr<const lang::Rule> rule_;
   DTypeBinding dtypes_;
   std::string origin_;
+  std::string key_;
+  double seconds_ = 0;
   std::unique_ptr<Impl> impl_;
 };
 

@@ -14,7 +14,9 @@ template <bool kInit>
 static void fo_run(const fo_launch* L) {
   const float step = L->step_ptr ? *L->step_ptr : L->step;
   const float inv_grad_scale = L->inv_grad_scale_ptr ? *L->inv_grad_scale_ptr : L->inv_grad_scale;
-#pragma omp parallel
+  // One chunk (a small launch) runs on the calling thread: waking a thread team would cost
+  // more than the work.
+#pragma omp parallel if (L->num_chunks > 1)
   {
     int group = -1;
     fo_uniform U;
@@ -44,7 +46,7 @@ FO_EXTERN_C int fusedopt_check_host(const fo_launch* L) {
   const float step = L->step_ptr ? *L->step_ptr : L->step;
   const float inv_grad_scale = L->inv_grad_scale_ptr ? *L->inv_grad_scale_ptr : L->inv_grad_scale;
   int all_finite = 1;
-#pragma omp parallel for schedule(static) reduction(& : all_finite)
+#pragma omp parallel for schedule(static) reduction(& : all_finite) if (L->num_chunks > 1)
   for (long long c = 0; c < L->num_chunks; ++c) {
     const fo_chunk chunk = L->chunks[c];
     fo_uniform U;

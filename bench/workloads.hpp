@@ -1,0 +1,81 @@
+// Parameter shapes the step benchmarks and the demo run on: BERT-base (201 tensors,
+// 109.5 M elements, the model of Bagua's published benchmark) and 5,000 small tensors, plus
+// the copy floor every step is measured against.
+#pragma once
+
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <cstring>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace fusedopt::bench {
+
+struct Workload {
+  std::string name;
+  std::vector<std::int64_t> sizes;
+  std::int64_t elements() const {
+    std::int64_t n = 0;
+    for (std::int64_t s : sizes) n += s;
+    return n;
+  }
+};
+
+/// BERT-base (uncased) with a 2-class head: embeddings, 12 layers of 16 tensors, pooler,
+/// classifier = 201 tensors, 109,483,778 elements.
+inline Workload bert_base() {
+  const std::int64_t h = 768, ffn = 3072;
+  Workload w{"bert_base", {30522 * h, 512 * h, 2 * h, h, h}};
+  for (int layer = 0; layer < 12; ++layer) {
+    for (int proj = 0; proj < 4; ++proj) {  // query, key, value, attention output
+      w.sizes.push_back(h * h);
+      w.sizes.push_back(h);
+    }
+    w.sizes.insert(w.sizes.end(), {h, h, h * ffn, ffn, ffn * h, h, h, h});
+  }
+  w.sizes.insert(w.sizes.end(), {h * h, h, 2 * h, 2});
+  return w;
+}
+
+/// 5,000 tensors of 1 K to 64 K elements (a fixed seed: the same list every run).
+inline Workload small_tensors() {
+  Workload w{"small_5000", {}};
+  std::mt19937 rng(5000);
+  std::uniform_int_distribution<std::int64_t> size(1024, 65536);
+  for (int i = 0; i < 5000; ++i) w.sizes.push_back(size(rng));
+  return w;
+}
+
+/// Bytes per second of the best plain copy this machine does (one thread or all cores,
+/// whichever is faster), counting bytes read plus bytes written, over `bytes` of traffic.
+inline double copy_bandwidth(std::size_t bytes) {
+  const std::size_t n = bytes / 2;
+  std::vector<char> src(n, 1), dst(n, 2);
+  auto time = [](auto&& fn) {
+    double best = 1e30;
+    for (int r = 0; r < 5; ++r) {
+      auto t0 = std::chrono::steady_clock::now();
+      fn();
+      best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    }
+    return best;
+  };
+  double one = time([&] { std::memcpy(dst.data(), src.data(), n); });
+  const unsigned threads = std::max(1u, std::thread::hardware_concurrency());
+  double all = time([&] {
+    std::vector<std::thread> pool;
+    for (unsigned t = 0; t < threads; ++t) {
+      pool.emplace_back([&, t] {
+        std::size_t b = n * t / threads, e = n * (t + 1) / threads;
+        std::memcpy(dst.data() + b, src.data() + b, e - b);
+      });
+    }
+    for (auto& th : pool) th.join();
+  });
+  return 2.0 * static_cast<double>(n) / std::min(one, all);
+}
+
+}  // namespace fusedopt::bench
