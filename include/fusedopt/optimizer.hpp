@@ -96,7 +96,7 @@ class Optimizer {
 
   /// Writes a safetensors file: one tensor "<param name>/<state>" per (parameter, state)
   /// pair (and "<param name>/master"), metadata with the rule, its key, the step and the
-  /// hypers. Atomic.
+  /// hypers. Atomic. CUDA: the streams that ran the steps must have completed.
   void save(const std::filesystem::path& path) const;
   /// Reads a file written by save(); a mismatched name, shape or dtype is an Error and
   /// changes nothing. The next step is bit-identical to the saver's next step.

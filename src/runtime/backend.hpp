@@ -44,4 +44,11 @@ std::unique_ptr<Backend> make_host_backend(std::shared_ptr<const lang::Rule> rul
                                            const BindingTensors& tensors,
                                            const std::vector<std::vector<float>>& hypers);
 
+/// A CudaKernel on device `device` planned once over `tensors` (device pointers); with
+/// `capturable`, the step lives in device memory (two launches per step).
+std::unique_ptr<Backend> make_cuda_backend(std::shared_ptr<const lang::Rule> rule,
+                                           const BindingTensors& tensors,
+                                           const std::vector<std::vector<float>>& hypers,
+                                           int device, bool capturable);
+
 }  // namespace fusedopt::runtime

@@ -82,9 +82,17 @@ std::vector<std::string> split(const std::string& text, char sep) {
 void Optimizer::save(const std::filesystem::path& path) const {
   const Impl& m = *impl_;
   std::vector<io::TensorView> views;
+  // Device states are staged through host memory; host states are written in place.
+  std::vector<std::vector<std::byte>> staged;
   for (const CheckpointTensor& e : m.checkpoint_tensors()) {
     const auto bytes = static_cast<std::size_t>(e.numel) * dtype_size(e.dtype);
-    views.push_back({e.name, st_dtype(e.dtype), {e.numel}, e.data, bytes});
+    const void* data = e.data;
+    if (m.device.kind == Device::Kind::Cuda && bytes > 0) {
+      staged.emplace_back(bytes);
+      m.read_memory(staged.back().data(), e.data, bytes);
+      data = staged.back().data();
+    }
+    views.push_back({e.name, st_dtype(e.dtype), {e.numel}, data, bytes});
   }
   std::string keys;
   for (const auto& backend : m.backends) keys += (keys.empty() ? "" : ",") + backend->key();
@@ -204,8 +212,8 @@ void Optimizer::load(const std::filesystem::path& path) {
 
   for (const CheckpointTensor& e : expected) {
     if (e.numel == 0) continue;
-    std::memcpy(e.data, file.tensor_data(e.name),
-                static_cast<std::size_t>(e.numel) * dtype_size(e.dtype));
+    m.write_memory(e.data, file.tensor_data(e.name),
+                   static_cast<std::size_t>(e.numel) * dtype_size(e.dtype));
   }
   m.step_count = step;
   m.hypers = std::move(hypers);

@@ -2,6 +2,8 @@
 // Construction lives in plan.cpp, checkpoints in checkpoint.cpp.
 #include <fmt/format.h>
 
+#include <cstring>
+
 #include "fusedopt/error.hpp"
 #include "runtime/optimizer_impl.hpp"
 
@@ -38,6 +40,22 @@ int Optimizer::Impl::state_index(const std::string& name) const {
   if (options.master_weights) known += (known.empty() ? "" : ", ") + std::string("master");
   throw Error(fmt::format("rule '{}' has no state '{}' (it has: {})", rule.name(), name,
                           known.empty() ? "none" : known));
+}
+
+void Optimizer::Impl::read_memory(void* host_dst, const void* src, std::size_t bytes) const {
+  if (device.kind == Device::Kind::Cuda) {
+    runtime::cuda::copy_to_host(host_dst, reinterpret_cast<runtime::cuda::DevicePtr>(src), bytes);
+  } else {
+    std::memcpy(host_dst, src, bytes);
+  }
+}
+
+void Optimizer::Impl::write_memory(void* dst, const void* host_src, std::size_t bytes) const {
+  if (device.kind == Device::Kind::Cuda) {
+    runtime::cuda::copy_to_device(reinterpret_cast<runtime::cuda::DevicePtr>(dst), host_src, bytes);
+  } else {
+    std::memcpy(dst, host_src, bytes);
+  }
 }
 
 Tensor Optimizer::Impl::state_view(int s, std::size_t p) const {

@@ -2,6 +2,8 @@
 // plan.cpp, steps and stats in optimizer.cpp, checkpoints in checkpoint.cpp).
 #pragma once
 
+#include "runtime/cuda_driver.hpp"
+
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
@@ -24,7 +26,8 @@ struct Arena {
   };
   DType dtype = DType::F32;
   std::size_t bytes = 0;
-  std::unique_ptr<std::byte[], Free> data;
+  std::unique_ptr<std::byte[], Free> data;  ///< host arenas
+  cuda::DeviceBuffer device_data;           ///< CUDA arenas
 };
 
 /// One parameter and what the optimizer keeps for it.
@@ -56,6 +59,9 @@ struct Optimizer::Impl {
   Rule rule;
   OptimizerOptions options;
   Device device;
+  /// The CUDA device's primary context (CUDA optimizers only); declared before the arenas
+  /// and backends so it outlives them.
+  std::unique_ptr<runtime::cuda::PrimaryContext> context;
   std::vector<std::string> state_names;  ///< rule states, then outputs
   std::size_t num_states = 0;            ///< how many of state_names are rule states
   std::vector<std::string> hyper_names;  ///< Rule::hypers order
@@ -79,6 +85,9 @@ struct Optimizer::Impl {
   int state_index(const std::string& name) const;
   /// The view of state `s` (or the master for -1) of parameter `p`.
   Tensor state_view(int s, std::size_t p) const;
+  /// Copies `bytes` between the optimizer's memory (host or device) and host memory.
+  void read_memory(void* host_dst, const void* src, std::size_t bytes) const;
+  void write_memory(void* dst, const void* host_src, std::size_t bytes) const;
   /// What a checkpoint holds (checkpoint.cpp).
   std::vector<runtime::CheckpointTensor> checkpoint_tensors() const;
   /// The hypers as checkpoint metadata (checkpoint.cpp).

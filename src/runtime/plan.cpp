@@ -133,8 +133,19 @@ Optimizer::Optimizer(const Rule& rule, std::vector<ParamGroup> groups, Optimizer
   }
   if (m.params.empty()) throw Error("Optimizer: the param groups hold no parameters");
   m.device = m.params.front().param.device;
-  if (m.device.kind == Device::Kind::Cuda) {
-    throw Error("CUDA tensors: the CUDA runtime path is not wired into Optimizer yet");
+  const bool on_cuda = m.device.kind == Device::Kind::Cuda;
+  if (on_cuda) {
+    std::string why;
+    if (!runtime::cuda::cuda_device_available(&why)) {
+      throw Error(fmt::format("{}: param is on cuda:{} but no CUDA device can be used: {}",
+                              runtime::describe(m.params.front()), m.device.index, why));
+    }
+    if (m.device.index < 0 || m.device.index >= runtime::cuda::device_count()) {
+      throw Error(fmt::format("{}: param is on cuda:{} but there are {} CUDA devices",
+                              runtime::describe(m.params.front()), m.device.index,
+                              runtime::cuda::device_count()));
+    }
+    m.context = std::make_unique<runtime::cuda::PrimaryContext>(m.device.index);
   }
 
   // Bindings (first-seen order) and arena layout: states and outputs in state_dtype, the
@@ -169,10 +180,18 @@ Optimizer::Optimizer(const Rule& rule, std::vector<ParamGroup> groups, Optimizer
     runtime::Arena a;
     a.dtype = dtype;
     a.bytes = bytes;
-    a.data.reset(static_cast<std::byte*>(std::aligned_alloc(kArenaAlign, std::max(bytes, kArenaAlign))));
-    if (!a.data) throw Error(fmt::format("Optimizer: cannot allocate {} bytes of state", bytes));
-    std::memset(a.data.get(), 0, bytes);
-    base[dtype] = a.data.get();
+    if (on_cuda) {
+      // cuMemAlloc returns 256-byte aligned memory; zeroed so unused padding is defined.
+      a.device_data = runtime::cuda::DeviceBuffer(std::max(bytes, kArenaAlign));
+      runtime::cuda::memset32_async(a.device_data.get(), 0, (std::max(bytes, kArenaAlign) + 3) / 4, nullptr);
+      runtime::cuda::synchronize(nullptr);
+      base[dtype] = reinterpret_cast<std::byte*>(static_cast<std::uintptr_t>(a.device_data.get()));
+    } else {
+      a.data.reset(static_cast<std::byte*>(std::aligned_alloc(kArenaAlign, std::max(bytes, kArenaAlign))));
+      if (!a.data) throw Error(fmt::format("Optimizer: cannot allocate {} bytes of state", bytes));
+      std::memset(a.data.get(), 0, bytes);
+      base[dtype] = a.data.get();
+    }
     m.arenas.push_back(std::move(a));
   }
   std::vector<runtime::BindingTensors> tensors(m.bindings.size());
@@ -196,7 +215,9 @@ Optimizer::Optimizer(const Rule& rule, std::vector<ParamGroup> groups, Optimizer
 
   const std::vector<std::vector<float>> hypers = m.float_hypers();
   for (std::size_t b = 0; b < m.bindings.size(); ++b) {
-    m.backends.push_back(runtime::make_host_backend(rule.impl(), tensors[b], hypers));
+    m.backends.push_back(on_cuda ? runtime::make_cuda_backend(rule.impl(), tensors[b], hypers,
+                                                              m.device.index, options.capturable)
+                                 : runtime::make_host_backend(rule.impl(), tensors[b], hypers));
   }
   for (auto& backend : m.backends) backend->init_states();
 

@@ -13,6 +13,7 @@
 #include "cache/kernel_cache.hpp"
 #include "fusedopt/error.hpp"
 #include "presets.hpp"
+#include "runtime/cuda_driver.hpp"
 #include "runtime/host_kernel.hpp"
 #include "runtime/log.hpp"
 #include "runtime/runtime_support.hpp"
@@ -129,9 +130,7 @@ TEST_SUITE("runtime") {
     g = x.group(0, 2);
     for (auto& t : g.params) t.device = fusedopt::Device::cuda(0);
     for (auto& t : g.grads) t.device = fusedopt::Device::cuda(0);
-    CHECK_THROWS_WITH_AS(Optimizer(adamw, {g}),
-                         "CUDA tensors: the CUDA runtime path is not wired into Optimizer yet",
-                         Error);
+    // (All on cuda:0 without a device: see "CUDA tensors without a usable CUDA device".)
     g.params[1].device = g.grads[1].device = fusedopt::Device::host();
     CHECK_THROWS_WITH_AS(Optimizer(adamw, {g}),
                          "group 0, param 1 ('w1'): param is on host but group 0, param 0 ('w0') "
@@ -344,3 +343,20 @@ TEST_SUITE("runtime") {
 }
 
 }  // namespace fusedopt_tests
+
+TEST_SUITE("runtime") {
+  TEST_CASE("CUDA tensors without a usable CUDA device are a clear error, not a crash") {
+    std::string why;
+    if (fusedopt::runtime::cuda::cuda_device_available(&why)) {
+      MESSAGE("a CUDA device is present: this case is covered by the cuda_gpu suite");
+      return;
+    }
+    std::vector<float> p(4), g(4);
+    fusedopt::ParamGroup group;
+    group.params = {{p.data(), 4, fusedopt::DType::F32, fusedopt::Device::cuda(0), "w"}};
+    group.grads = {{g.data(), 4, fusedopt::DType::F32, fusedopt::Device::cuda(0), "dw"}};
+    CHECK_THROWS_WITH_AS(fusedopt::Optimizer(fusedopt::Rule::preset("sgd"), {group}),
+                         doctest::Contains("param is on cuda:0 but no CUDA device can be used"),
+                         fusedopt::Error);
+  }
+}
