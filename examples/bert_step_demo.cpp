@@ -5,10 +5,12 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstring>
 #include <vector>
 
 #include "bench/workloads.hpp"
 #include "fusedopt/optimizer.hpp"
+#include "runtime/cuda_driver.hpp"
 
 using namespace fusedopt;
 
@@ -18,22 +20,68 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
-struct Result {
-  double step_seconds;  // median of the timed steps
-  std::int64_t launches;
-};
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
 
-template <typename StepFn>
-Result time_steps(int steps, std::int64_t launches, StepFn step) {
-  step();  // warm-up: first touch of the state
-  std::vector<double> t;
-  for (int s = 0; s < steps; ++s) {
-    auto t0 = std::chrono::steady_clock::now();
-    step();
-    t.push_back(seconds_since(t0));
+void print_row(const char* name, std::int64_t launches, double seconds, double bytes, double floor_s) {
+  std::printf("%-24s %10lld %12.2f %10.2f", name, static_cast<long long>(launches), seconds * 1e3,
+              bytes / seconds / 1e9);
+  if (floor_s > 0) std::printf(" %11.0f%%", 100.0 * floor_s / seconds);
+  std::printf("\n");
+}
+
+/// Fused vs one launch per tensor on CUDA device 0 (where there is one): params and grads
+/// copied to the device, each step timed to completion.
+void run_gpu(const bench::Workload& w, int steps, double bytes) {
+  namespace cu = runtime::cuda;
+  std::string why;
+  if (!cu::cuda_device_available(&why)) {
+    std::string first = why.substr(0, why.find('\n'));
+    if (!first.empty() && first.back() == ':') first.pop_back();
+    std::printf("\nGPU: not run: no CUDA device (%s)\n", first.c_str());
+    return;
   }
-  std::sort(t.begin(), t.end());
-  return {t[t.size() / 2], launches};
+  cu::PrimaryContext context(0);
+  std::vector<cu::DeviceBuffer> p, g;
+  std::vector<float> host;
+  for (std::int64_t n : w.sizes) {
+    host.assign(static_cast<std::size_t>(n), 0.5f);
+    p.emplace_back(static_cast<std::size_t>(n) * 4);
+    cu::copy_to_device(p.back().get(), host.data(), host.size() * 4);
+    std::fill(host.begin(), host.end(), 0.01f);
+    g.emplace_back(static_cast<std::size_t>(n) * 4);
+    cu::copy_to_device(g.back().get(), host.data(), host.size() * 4);
+  }
+  auto group = [&](std::size_t first, std::size_t last) {
+    ParamGroup pg;
+    for (std::size_t i = first; i < last; ++i) {
+      auto ptr = [](const cu::DeviceBuffer& b) { return reinterpret_cast<void*>(static_cast<std::uintptr_t>(b.get())); };
+      pg.params.push_back({ptr(p[i]), w.sizes[i], DType::F32, Device::cuda(0), "param" + std::to_string(i)});
+      pg.grads.push_back({ptr(g[i]), w.sizes[i], DType::F32, Device::cuda(0), ""});
+    }
+    return pg;
+  };
+  Optimizer fused(Rule::preset("adamw"), {group(0, w.sizes.size())});
+  std::vector<Optimizer> per_tensor;
+  for (std::size_t i = 0; i < w.sizes.size(); ++i) {
+    per_tensor.emplace_back(Rule::preset("adamw"), std::vector<ParamGroup>{group(i, i + 1)});
+  }
+  std::vector<double> tf, tl;
+  for (int s = 0; s <= steps; ++s) {
+    auto t0 = std::chrono::steady_clock::now();
+    fused.step();
+    cu::synchronize(nullptr);
+    if (s) tf.push_back(seconds_since(t0));
+    t0 = std::chrono::steady_clock::now();
+    for (auto& o : per_tensor) o.step();
+    cu::synchronize(nullptr);
+    if (s) tl.push_back(seconds_since(t0));
+  }
+  std::printf("\n%-24s %10s %12s %10s\n", "GPU (device 0)", "launches", "ms/step", "GB/s");
+  print_row("fused", fused.stats().launches_per_step, median(tf), bytes, 0);
+  print_row("one launch per tensor", static_cast<std::int64_t>(per_tensor.size()), median(tl), bytes, 0);
 }
 
 }  // namespace
@@ -67,19 +115,31 @@ int main() {
       per_tensor.emplace_back(Rule::preset("adamw"), std::vector<ParamGroup>{group(i, i + 1)});
     }
     const double bytes = static_cast<double>(s.bytes_per_step);
-    const double copy_bw = bench::copy_bandwidth(static_cast<std::size_t>(bytes));
-    const double floor_s = bytes / copy_bw;
-    Result rf = time_steps(steps, s.launches_per_step, [&] { fused.step(); });
-    Result rl = time_steps(steps, static_cast<std::int64_t>(per_tensor.size()), [&] {
+    // Copy, fused and per-tensor take turns every step and the medians are reported, so a
+    // drift in a shared machine's memory bandwidth hits all three alike.
+    const std::size_t half = static_cast<std::size_t>(bytes) / 2;
+    std::vector<char> src(half, 1), dst(half, 2);
+    std::vector<double> tc, tf, tl;
+    for (int step = 0; step <= steps; ++step) {
+      const double copy_s = bench::copy_seconds(dst.data(), src.data(), half);
+      auto t0 = std::chrono::steady_clock::now();
+      fused.step();
+      const double fused_s = seconds_since(t0);
+      t0 = std::chrono::steady_clock::now();
       for (auto& o : per_tensor) o.step();
-    });
-    std::printf("copy floor: %.2f ms per step (best plain copy: %.2f GB/s)\n\n", floor_s * 1e3, copy_bw / 1e9);
-    std::printf("%-24s %10s %12s %10s %12s\n", "host", "launches", "ms/step", "GB/s", "% of copy");
-    for (const auto& [name, r] : {std::pair<const char*, Result>{"fused", rf}, {"one launch per tensor", rl}}) {
-      std::printf("%-24s %10lld %12.2f %10.2f %11.0f%%\n", name, static_cast<long long>(r.launches),
-                  r.step_seconds * 1e3, bytes / r.step_seconds / 1e9, 100.0 * floor_s / r.step_seconds);
+      const double loop_s = seconds_since(t0);
+      if (step == 0) continue;  // warm-up: first touch of every page
+      tc.push_back(copy_s);
+      tf.push_back(fused_s);
+      tl.push_back(loop_s);
     }
-    std::printf("\nGPU: not run (the CUDA path of Optimizer is not wired yet)\n");
+    const double floor_s = median(tc);
+    std::printf("copy floor: %.2f ms per step (the best plain copy of the same %.2f GB: %.2f GB/s)\n\n",
+                floor_s * 1e3, bytes / 1e9, bytes / floor_s / 1e9);
+    std::printf("%-24s %10s %12s %10s %12s\n", "host", "launches", "ms/step", "GB/s", "% of copy");
+    print_row("fused", s.launches_per_step, median(tf), bytes, floor_s);
+    print_row("one launch per tensor", static_cast<std::int64_t>(per_tensor.size()), median(tl), bytes, floor_s);
+    run_gpu(w, steps, bytes);
     return 0;
   } catch (const Error& e) {
     std::fprintf(stderr, "error: %s\n", e.what());
