@@ -1,14 +1,16 @@
-// Optimizer step benchmarks on the host: AdamW over BERT-base shapes and over 5,000 small
+// Optimizer step benchmarks on the host and CUDA: AdamW over BERT-base shapes and over 5,000 small
 // tensors, fused (one launch per step) vs one launch per tensor. Each declares the bytes a
 // step must move (stats().bytes_per_step) and reports the fraction of the copy floor: the
 // time the best plain copy of the same bytes takes on this machine, measured in this run.
 #include <benchmark/benchmark.h>
 
+#include <chrono>
 #include <memory>
 #include <vector>
 
 #include "bench/workloads.hpp"
 #include "fusedopt/optimizer.hpp"
+#include "runtime/cuda_driver.hpp"
 
 using namespace fusedopt;
 
@@ -83,3 +85,78 @@ void BM_HostStepPerTensor(benchmark::State& state) {
 
 BENCHMARK(BM_HostStepFused)->Arg(0)->Arg(1)->Unit(benchmark::kMillisecond)->UseRealTime()->MinTime(2.0);
 BENCHMARK(BM_HostStepPerTensor)->Arg(0)->Arg(1)->Unit(benchmark::kMillisecond)->UseRealTime()->MinTime(2.0);
+
+// CUDA: the same two workloads on device 0, fused vs one launch per tensor; each step is
+// timed to completion (manual time). Skipped where there is no CUDA device.
+namespace {
+
+struct DeviceModel {
+  std::vector<runtime::cuda::DeviceBuffer> p, g;
+  std::vector<std::int64_t> sizes;
+  explicit DeviceModel(const bench::Workload& w) : sizes(w.sizes) {
+    std::vector<float> host;
+    for (std::int64_t n : w.sizes) {
+      const std::size_t bytes = static_cast<std::size_t>(n) * 4;
+      host.assign(static_cast<std::size_t>(n), 0.5f);
+      p.emplace_back(bytes);
+      runtime::cuda::copy_to_device(p.back().get(), host.data(), bytes);
+      std::fill(host.begin(), host.end(), 0.01f);
+      g.emplace_back(bytes);
+      runtime::cuda::copy_to_device(g.back().get(), host.data(), bytes);
+    }
+  }
+  ParamGroup group(std::size_t first, std::size_t last) const {
+    auto ptr = [](const runtime::cuda::DeviceBuffer& b) { return reinterpret_cast<void*>(static_cast<std::uintptr_t>(b.get())); };
+    ParamGroup pg;
+    for (std::size_t i = first; i < last; ++i) {
+      pg.params.push_back({ptr(p[i]), sizes[i], DType::F32, Device::cuda(0), "p" + std::to_string(i)});
+      pg.grads.push_back({ptr(g[i]), sizes[i], DType::F32, Device::cuda(0), "g" + std::to_string(i)});
+    }
+    return pg;
+  }
+};
+
+template <typename Step>
+void time_device_steps(benchmark::State& state, Step step) {
+  step();
+  runtime::cuda::synchronize(nullptr);
+  for (auto _ : state) {
+    auto t0 = std::chrono::steady_clock::now();
+    step();
+    runtime::cuda::synchronize(nullptr);
+    state.SetIterationTime(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  }
+}
+
+void BM_CudaStep(benchmark::State& state) {
+  std::string why;
+  if (!runtime::cuda::cuda_device_available(&why)) {
+    state.SkipWithError(("no CUDA device: " + why.substr(0, why.find('\n'))).c_str());
+    return;
+  }
+  const bench::Workload w = workload(state.range(0));
+  const bool fused = state.range(1) != 0;
+  runtime::cuda::PrimaryContext context(0);
+  DeviceModel model(w);
+  std::vector<Optimizer> opts;
+  OptimizerStats total;
+  if (fused) {
+    opts.emplace_back(Rule::preset("adamw"), std::vector<ParamGroup>{model.group(0, w.sizes.size())});
+    total = opts.back().stats();
+  } else {
+    for (std::size_t i = 0; i < w.sizes.size(); ++i) {
+      opts.emplace_back(Rule::preset("adamw"), std::vector<ParamGroup>{model.group(i, i + 1)});
+      total.bytes_per_step += opts.back().stats().bytes_per_step;
+    }
+  }
+  time_device_steps(state, [&] {
+    for (auto& o : opts) o.step();
+  });
+  state.SetBytesProcessed(total.bytes_per_step * state.iterations());
+  state.counters["launches"] = static_cast<double>(fused ? opts[0].stats().launches_per_step : opts.size());
+  state.SetLabel("adamw fp32 " + w.name + (fused ? " fused" : " one launch per tensor") + " cuda:0");
+}
+
+}  // namespace
+
+BENCHMARK(BM_CudaStep)->Args({0, 1})->Args({0, 0})->Args({1, 1})->Args({1, 0})->UseManualTime()->Unit(benchmark::kMillisecond);
