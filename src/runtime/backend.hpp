@@ -37,6 +37,9 @@ class Backend {
   virtual std::string key() const = 0;
   virtual std::string origin() const = 0;
   virtual double seconds() const = 0;
+  /// Capturable CUDA backends: the steps taken as the device counts them (a replayed graph
+  /// advances it without the host). Synchronous; not while capturing. -1: not capturable.
+  virtual std::int64_t device_steps() const { return -1; }
 };
 
 /// A HostKernel (from the process-wide kernel cache) planned once over `tensors`.

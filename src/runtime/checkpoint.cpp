@@ -3,6 +3,8 @@
 // anything, so a failed load leaves the optimizer as it was.
 #include <fmt/format.h>
 
+#include <optional>
+
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
@@ -82,8 +84,13 @@ std::vector<std::string> split(const std::string& text, char sep) {
 void Optimizer::save(const std::filesystem::path& path) const {
   const Impl& m = *impl_;
   std::vector<io::TensorView> views;
-  // Device states are staged through host memory; host states are written in place.
+  // Device states are staged through host memory (after every queued step has finished);
+  // host states are written in place.
   std::vector<std::vector<std::byte>> staged;
+  if (m.context) {
+    runtime::cuda::ContextScope scope(*m.context);
+    runtime::cuda::context_synchronize();
+  }
   for (const CheckpointTensor& e : m.checkpoint_tensors()) {
     const auto bytes = static_cast<std::size_t>(e.numel) * dtype_size(e.dtype);
     const void* data = e.data;
@@ -102,7 +109,7 @@ void Optimizer::save(const std::filesystem::path& path) const {
       {"rule", m.rule.name()},
       {"rule_text", m.rule.impl()->text},
       {"kernel_keys", keys},
-      {"step", std::to_string(m.step_count)},
+      {"step", std::to_string(m.current_step_count())},
       {"hypers", m.hypers_text()},
       {"state_dtype", to_string(m.options.state_dtype)},
       {"master_weights", m.options.master_weights ? "true" : "false"},
@@ -210,11 +217,19 @@ void Optimizer::load(const std::filesystem::path& path) {
     }
   }
 
+  // Device state: no queued step may run across the copies (a copy from pageable memory
+  // can return before it lands, so wait after them too).
+  std::optional<runtime::cuda::ContextScope> scope;
+  if (m.context) {
+    scope.emplace(*m.context);
+    runtime::cuda::context_synchronize();
+  }
   for (const CheckpointTensor& e : expected) {
     if (e.numel == 0) continue;
     m.write_memory(e.data, file.tensor_data(e.name),
                    static_cast<std::size_t>(e.numel) * dtype_size(e.dtype));
   }
+  if (m.context) runtime::cuda::context_synchronize();
   m.step_count = step;
   m.hypers = std::move(hypers);
   m.push_hypers();

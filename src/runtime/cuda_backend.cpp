@@ -39,13 +39,16 @@ class CudaBackend final : public Backend {
     // Capturable: the step count lives on the device and advances there, so a captured
     // graph replays correctly. Resynchronise when the host's count moved on its own (a
     // checkpoint load) or the grad scale changed.
-    if (step - 1.0f != device_steps_ || inv_grad_scale != capturable_inv_scale_) {
-      kernel_.set_capturable_state(step - 1.0f, inv_grad_scale);
+    const auto taken = static_cast<std::int64_t>(step) - 1;
+    if (taken != device_steps_ || inv_grad_scale != capturable_inv_scale_) {
+      // Steps still queued on the stream read the device state: let them finish first.
+      cuda::synchronize(stream);
+      kernel_.set_capturable_state(static_cast<float>(taken), inv_grad_scale);
       capturable_inv_scale_ = inv_grad_scale;
-      device_steps_ = step - 1.0f;
+      device_steps_ = taken;
     }
     kernel_.step_capturable(stream);
-    device_steps_ += 1.0f;
+    ++device_steps_;
   }
 
   bool grads_finite(float inv_grad_scale, void* stream) override {
@@ -62,13 +65,17 @@ class CudaBackend final : public Backend {
   std::string key() const override { return kernel_.key(); }
   std::string origin() const override { return kernel_.origin(); }
   double seconds() const override { return kernel_.seconds(); }
+  std::int64_t device_steps() const override {
+    if (!capturable_) return -1;
+    return static_cast<std::int64_t>(kernel_.capturable_steps_taken());
+  }
 
  private:
   CudaKernel kernel_;
   bool capturable_;
   bool any_elements_ = false;
   float capturable_inv_scale_ = 1.0f;
-  float device_steps_ = 0.0f;  ///< host mirror of the device's steps taken
+  std::int64_t device_steps_ = 0;  ///< host mirror of the device's steps taken
 };
 
 }  // namespace

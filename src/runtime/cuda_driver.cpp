@@ -95,6 +95,7 @@ Loaded& loaded() {
       FUSEDOPT_CU_BIND(DeviceGetAttribute);
       FUSEDOPT_CU_BIND(CtxGetCurrent);
       FUSEDOPT_CU_BIND(CtxSetCurrent);
+      FUSEDOPT_CU_BIND(CtxSynchronize);
       FUSEDOPT_CU_BIND(DevicePrimaryCtxRetain);
       FUSEDOPT_CU_BIND(DevicePrimaryCtxRelease);
       FUSEDOPT_CU_BIND(ModuleLoadData);
@@ -280,6 +281,41 @@ void memset32_async(DevicePtr dst, unsigned value, std::size_t count, Stream str
 void synchronize(Stream stream) {
   FUSEDOPT_CU_CHECK(StreamSynchronize, static_cast<CUstream>(stream));
 }
+void context_synchronize() { FUSEDOPT_CU_CHECK(CtxSynchronize); }
+
+SavedCurrentContext::SavedCurrentContext() {
+  CUcontext previous = nullptr;
+  FUSEDOPT_CU_CHECK(CtxGetCurrent, &previous);
+  previous_ = previous;
+}
+SavedCurrentContext::~SavedCurrentContext() {
+  try {
+    const DriverApi& api = driver();
+    CUcontext now = nullptr;
+    if (api.CtxGetCurrent(&now) == CUDA_SUCCESS && now != static_cast<CUcontext>(previous_)) {
+      api.CtxSetCurrent(static_cast<CUcontext>(previous_));
+    }
+  } catch (const Error&) {
+  }
+}
+
+ContextScope::ContextScope(const PrimaryContext& context) {
+  CUcontext previous = nullptr;
+  FUSEDOPT_CU_CHECK(CtxGetCurrent, &previous);
+  previous_ = previous;
+  context.make_current();
+}
+ContextScope::~ContextScope() {
+  try {
+    const DriverApi& api = driver();  // loaded: the constructor succeeded
+    CUcontext now = nullptr;
+    if (api.CtxGetCurrent(&now) == CUDA_SUCCESS && now != static_cast<CUcontext>(previous_)) {
+      api.CtxSetCurrent(static_cast<CUcontext>(previous_));
+    }
+  } catch (const Error&) {
+    // A destructor must not throw; the driver was loaded when the scope began.
+  }
+}
 
 Stream stream_create() {
   CUstream s = nullptr;
@@ -346,6 +382,11 @@ void copy_to_host(void*, DevicePtr, std::size_t) { no_cuda(); }
 void copy_to_device_async(DevicePtr, const void*, std::size_t, Stream) { no_cuda(); }
 void memset32_async(DevicePtr, unsigned, std::size_t, Stream) { no_cuda(); }
 void synchronize(Stream) { no_cuda(); }
+void context_synchronize() { no_cuda(); }
+ContextScope::ContextScope(const PrimaryContext&) { no_cuda(); }
+SavedCurrentContext::SavedCurrentContext() { no_cuda(); }
+SavedCurrentContext::~SavedCurrentContext() = default;
+ContextScope::~ContextScope() = default;
 Stream stream_create() { no_cuda(); }
 void stream_destroy(Stream) { no_cuda(); }
 void begin_capture(Stream) { no_cuda(); }

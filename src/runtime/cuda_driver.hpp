@@ -44,6 +44,31 @@ class PrimaryContext {
   void* ctx_ = nullptr;  // CUcontext
 };
 
+/// Makes `context` current for a scope and puts the thread's previous context back at the
+/// end, so library calls never leave the caller bound to a context it did not ask for.
+class ContextScope {
+ public:
+  explicit ContextScope(const PrimaryContext& context);
+  ~ContextScope();
+  ContextScope(const ContextScope&) = delete;
+  ContextScope& operator=(const ContextScope&) = delete;
+
+ private:
+  void* previous_ = nullptr;  // CUcontext
+};
+
+/// Remembers the thread's current context and makes it current again at scope exit.
+class SavedCurrentContext {
+ public:
+  SavedCurrentContext();
+  ~SavedCurrentContext();
+  SavedCurrentContext(const SavedCurrentContext&) = delete;
+  SavedCurrentContext& operator=(const SavedCurrentContext&) = delete;
+
+ private:
+  void* previous_ = nullptr;  // CUcontext
+};
+
 /// Device memory from cuMemAlloc, freed on destruction. The primary context of the device
 /// must be current when it is created and destroyed.
 class DeviceBuffer {
@@ -70,6 +95,8 @@ void copy_to_host(void* dst, DevicePtr src, std::size_t bytes);
 void copy_to_device_async(DevicePtr dst, const void* src, std::size_t bytes, Stream stream);
 void memset32_async(DevicePtr dst, unsigned value, std::size_t count, Stream stream);
 void synchronize(Stream stream);
+/// Waits for all work of the current context, on every stream (cuCtxSynchronize).
+void context_synchronize();
 Stream stream_create();  ///< a non-blocking stream
 void stream_destroy(Stream stream);
 
@@ -99,6 +126,7 @@ struct DriverApi {
   decltype(&::cuDeviceGetAttribute) DeviceGetAttribute = nullptr;
   decltype(&::cuCtxGetCurrent) CtxGetCurrent = nullptr;
   decltype(&::cuCtxSetCurrent) CtxSetCurrent = nullptr;
+  decltype(&::cuCtxSynchronize) CtxSynchronize = nullptr;
   decltype(&::cuDevicePrimaryCtxRetain) DevicePrimaryCtxRetain = nullptr;
   decltype(&::cuDevicePrimaryCtxRelease) DevicePrimaryCtxRelease = nullptr;
   decltype(&::cuModuleLoadData) ModuleLoadData = nullptr;

@@ -223,6 +223,21 @@ void CudaKernel::set_tensors(const std::vector<std::vector<DevicePtr>>& ptrs,
                           "driver knows (cuPointerGetAttribute failed with {})",
                           t, r, p, static_cast<int>(res)));
         }
+        // Pinned host memory is known to the driver too, and a pointer of another device
+        // would fault the same way: only device (or managed) memory of this device.
+        if (memory_type != CU_MEMORYTYPE_DEVICE && memory_type != CU_MEMORYTYPE_UNIFIED) {
+          throw Error(fmt::format("CudaKernel: tensor {} role {} (0x{:x}) is host memory, not "
+                                  "device memory",
+                                  t, r, p));
+        }
+        int ordinal = -1;
+        if (cuda::driver().PointerGetAttribute(&ordinal, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
+                                               static_cast<CUdeviceptr>(p)) == CUDA_SUCCESS &&
+            memory_type == CU_MEMORYTYPE_DEVICE && ordinal != impl_->ctx.device()) {
+          throw Error(fmt::format("CudaKernel: tensor {} role {} (0x{:x}) is memory of cuda:{}, "
+                                  "the kernel runs on cuda:{}",
+                                  t, r, p, ordinal, impl_->ctx.device()));
+        }
       }
       all_aligned &= p % 16 == 0;
       table[t * k.num_roles + r] = p;

@@ -9,7 +9,8 @@
 
 namespace fusedopt {
 
-GradScaler::GradScaler(Options options) : options_(options), scale_(options.init_scale) {
+GradScaler::GradScaler(Options options)
+    : options_(options), scale_(static_cast<float>(options.init_scale)) {
   if (!(options.init_scale > 0) || !std::isfinite(options.init_scale)) {
     throw Error(fmt::format("GradScaler: init_scale must be positive and finite, not {}",
                             options.init_scale));
@@ -31,15 +32,17 @@ bool GradScaler::step(Optimizer& opt, void* stream) {
   // torch computes the inverse in double and hands the kernel an fp32 value.
   const auto inv = static_cast<float>(1.0 / scale_);
   const bool taken = opt.step_scaled(inv, stream);
+  // torch keeps the scale in an fp32 tensor and multiplies it in fp32 by the factor (a
+  // Python float rounded to fp32), so every value here is an fp32 value too.
   if (!taken) {
-    scale_ *= options_.backoff_factor;
+    scale_ = static_cast<float>(static_cast<float>(scale_) * static_cast<float>(options_.backoff_factor));
     good_steps_ = 0;
     return false;
   }
   if (++good_steps_ == options_.growth_interval) {
-    // torch keeps the scale in fp32 and grows it only while the result stays finite.
-    const double grown = scale_ * options_.growth_factor;
-    if (grown <= FLT_MAX) scale_ = grown;
+    // ... and grows it only while the result stays finite.
+    const float grown = static_cast<float>(scale_) * static_cast<float>(options_.growth_factor);
+    if (std::isfinite(grown)) scale_ = grown;
     good_steps_ = 0;
   }
   return true;

@@ -27,7 +27,16 @@ std::vector<std::vector<float>> Optimizer::Impl::float_hypers() const {
 
 void Optimizer::Impl::push_hypers() {
   const std::vector<std::vector<float>> h = float_hypers();
+  if (!context) {
+    for (auto& backend : backends) backend->set_hypers(h);
+    return;
+  }
+  // The device hyper table is shared by every launch: wait for queued steps (on any
+  // stream) before replacing it, and for the copy before the next step can start.
+  runtime::cuda::ContextScope scope(*context);
+  runtime::cuda::context_synchronize();
   for (auto& backend : backends) backend->set_hypers(h);
+  runtime::cuda::context_synchronize();
 }
 
 int Optimizer::Impl::state_index(const std::string& name) const {
@@ -44,6 +53,7 @@ int Optimizer::Impl::state_index(const std::string& name) const {
 
 void Optimizer::Impl::read_memory(void* host_dst, const void* src, std::size_t bytes) const {
   if (device.kind == Device::Kind::Cuda) {
+    runtime::cuda::ContextScope scope(*context);
     runtime::cuda::copy_to_host(host_dst, reinterpret_cast<runtime::cuda::DevicePtr>(src), bytes);
   } else {
     std::memcpy(host_dst, src, bytes);
@@ -52,6 +62,7 @@ void Optimizer::Impl::read_memory(void* host_dst, const void* src, std::size_t b
 
 void Optimizer::Impl::write_memory(void* dst, const void* host_src, std::size_t bytes) const {
   if (device.kind == Device::Kind::Cuda) {
+    runtime::cuda::ContextScope scope(*context);
     runtime::cuda::copy_to_device(reinterpret_cast<runtime::cuda::DevicePtr>(dst), host_src, bytes);
   } else {
     std::memcpy(dst, host_src, bytes);
@@ -77,6 +88,25 @@ Tensor Optimizer::Impl::state_view(int s, std::size_t p) const {
 }
 
 Optimizer::~Optimizer() = default;
+
+Optimizer::Impl::~Impl() {
+  if (!context) return;
+  try {
+    runtime::cuda::ContextScope scope(*context);
+    backends.clear();  // CudaKernels first: their launches use the arenas
+    arenas.clear();
+  } catch (const Error&) {
+    // A destructor must not throw; the memory is lost with the context anyway.
+  }
+}
+
+std::int64_t Optimizer::Impl::current_step_count() const {
+  for (const auto& backend : backends) {
+    const std::int64_t device = backend->device_steps();
+    if (device >= 0) return device;
+  }
+  return step_count;
+}
 Optimizer::Optimizer(Optimizer&&) noexcept = default;
 Optimizer& Optimizer::operator=(Optimizer&&) noexcept = default;
 
@@ -121,7 +151,7 @@ double Optimizer::hyper(const std::string& name, int group) const {
   return impl_->hypers[static_cast<std::size_t>(group)][k];
 }
 
-std::int64_t Optimizer::step_count() const { return impl_->step_count; }
+std::int64_t Optimizer::step_count() const { return impl_->current_step_count(); }
 
 OptimizerStats Optimizer::stats() const {
   const Impl& m = *impl_;

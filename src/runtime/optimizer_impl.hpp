@@ -74,6 +74,12 @@ struct Optimizer::Impl {
   std::string fusion_report;
 
   explicit Impl(const Rule& r) : rule(r) {}
+  /// Frees device state with the optimizer's context current (then restores the caller's).
+  ~Impl();
+
+  /// The steps taken: the device's count in capturable CUDA mode (graph replays advance it
+  /// without the host), else the host's.
+  std::int64_t current_step_count() const;
 
   /// Index of hyper `name`; throws Error listing the rule's hypers otherwise.
   std::size_t hyper_index(const std::string& name) const;

@@ -2,6 +2,8 @@
 // dtype binding, lay out the state arenas, and plan one backend per binding, once.
 #include <fmt/format.h>
 
+#include <optional>
+
 #include <algorithm>
 #include <cstring>
 #include <map>
@@ -134,6 +136,7 @@ Optimizer::Optimizer(const Rule& rule, std::vector<ParamGroup> groups, Optimizer
   if (m.params.empty()) throw Error("Optimizer: the param groups hold no parameters");
   m.device = m.params.front().param.device;
   const bool on_cuda = m.device.kind == Device::Kind::Cuda;
+  std::optional<runtime::cuda::SavedCurrentContext> restore_context;
   if (on_cuda) {
     std::string why;
     if (!runtime::cuda::cuda_device_available(&why)) {
@@ -145,6 +148,9 @@ Optimizer::Optimizer(const Rule& rule, std::vector<ParamGroup> groups, Optimizer
                               runtime::describe(m.params.front()), m.device.index,
                               runtime::cuda::device_count()));
     }
+    // The caller's current context comes back when construction ends (PrimaryContext
+    // makes the device's context current).
+    restore_context.emplace();
     m.context = std::make_unique<runtime::cuda::PrimaryContext>(m.device.index);
   }
 
@@ -174,6 +180,15 @@ Optimizer::Optimizer(const Rule& rule, std::vector<ParamGroup> groups, Optimizer
       offsets[p].push_back(cursor);
       cursor = round_up(cursor + n * 4, kArenaAlign);
     }
+  }
+  // Checkpoints name the master copy "<param>/master": a state of that name would collide.
+  const bool any_master = std::any_of(m.bindings.begin(), m.bindings.end(),
+                                      [](const DTypeBinding& b) { return b.master; });
+  if (any_master && std::find(m.state_names.begin(), m.state_names.end(), "master") != m.state_names.end()) {
+    throw Error(fmt::format("Optimizer: rule '{}' has a state called 'master', which is the name "
+                            "of the fp32 master copy in checkpoints; rename the state or turn "
+                            "off master_weights",
+                            rule.name()));
   }
   std::map<DType, std::byte*> base;
   for (const auto& [dtype, bytes] : arena_bytes) {

@@ -360,3 +360,19 @@ TEST_SUITE("runtime") {
                          fusedopt::Error);
   }
 }
+
+TEST_SUITE("runtime") {
+  TEST_CASE("a state called 'master' with master weights is refused (checkpoint names would collide)") {
+    std::vector<std::uint16_t> p(4), g(4);
+    fusedopt::ParamGroup group;
+    group.params = {{p.data(), 4, fusedopt::DType::BF16, fusedopt::Device::host(), "w"}};
+    group.grads = {{g.data(), 4, fusedopt::DType::BF16, fusedopt::Device::host(), "dw"}};
+    fusedopt::Rule rule = fusedopt::Rule::parse("param p\ngrad g\nstate master = 0\nmaster = master + g\np = p - master\n", "m.rule");
+    fusedopt::OptimizerOptions options;
+    options.master_weights = true;
+    CHECK_THROWS_WITH_AS(fusedopt::Optimizer(rule, {group}, options),
+                         doctest::Contains("has a state called 'master'"), fusedopt::Error);
+    options.master_weights = false;
+    CHECK_NOTHROW(fusedopt::Optimizer(rule, {group}, options));
+  }
+}
