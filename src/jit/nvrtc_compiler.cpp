@@ -41,7 +41,9 @@ void bind(const DynLib& lib, const char* name, F* out) {
 
 const NvrtcApi& nvrtc() {
   static std::once_flag once;
-  static NvrtcApi api;
+  // Never destroyed: NVRTC stays loaded for the life of the process (unloading it at exit
+  // races other static destructors, and hides its allocations from leak checkers).
+  static NvrtcApi& api = *new NvrtcApi;
   static std::string failure;
   std::call_once(once, [] {
     std::vector<std::string> candidates;

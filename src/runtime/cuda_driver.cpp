@@ -72,7 +72,8 @@ void bind(const jit::DynLib& lib, GetProcAddress gpa, const char* symbol, F* out
 
 Loaded& loaded() {
   static std::once_flag once;
-  static Loaded l;
+  // Never destroyed: the driver stays loaded for the life of the process.
+  static Loaded& l = *new Loaded;
   std::call_once(once, [] {
     std::vector<std::string> candidates;
     if (const char* env = std::getenv("FUSEDOPT_CUDA_DRIVER_LIBRARY")) candidates.emplace_back(env);
