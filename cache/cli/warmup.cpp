@@ -4,6 +4,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <filesystem>
 #include <fstream>
 #include <mutex>
 #include <sstream>
@@ -12,6 +13,7 @@
 #include "cache/cli/cli.hpp"
 #include "codegen/codegen.hpp"
 #include "fusedopt/error.hpp"
+#include "jit/compiler.hpp"
 #include "jit/kernel_builder.hpp"
 #include "lang/parse.hpp"
 #include "presets.hpp"
@@ -170,6 +172,21 @@ int cmd_warmup(Args& args) {
       } catch (const Error& e) {
         it.status = "failed";
         it.error = e.what();
+      } catch (const std::exception& e) {
+        // Nothing may escape a worker thread (std::terminate): every failure is the item's.
+        it.status = "failed";
+        it.error = std::string("unexpected error: ") + e.what();
+      } catch (...) {
+        it.status = "failed";
+        it.error = "unexpected error";
+      }
+      // Filling the cache is warmup's only job: a kernel the disk did not keep is a failure
+      // (the library itself carries on without its disk tier).
+      if (it.status == "compiled" && cache.disk() &&
+          !std::filesystem::exists(cache.disk()->entry_path(*cache::Key::from_hex(it.key),
+                                                           jit::compiler_for(it.target).extension()))) {
+        it.status = "failed";
+        it.error = "compiled but not stored in the cache: " + cache.last_disk_error();
       }
       std::lock_guard<std::mutex> lock(out_mutex);
       ++done;

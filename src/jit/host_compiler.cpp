@@ -3,7 +3,9 @@
 #include <fmt/format.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <mutex>
@@ -24,10 +26,15 @@ const Compiler& nvrtc_compiler();
 namespace fs = std::filesystem;
 
 std::vector<std::string> host_compiler_command() {
-  std::vector<std::string> cmd;
-  const char* env = std::getenv("FUSEDOPT_HOST_CXX");
-  std::istringstream words(env && *env ? env : FUSEDOPT_DEFAULT_HOST_CXX);
-  for (std::string w; words >> w;) cmd.push_back(w);
+  // Read once per process: the compiler identity in every cache key must name the
+  // compiler that actually builds, even if the environment changes later.
+  static const std::vector<std::string> cmd = [] {
+    std::vector<std::string> words_out;
+    const char* env = std::getenv("FUSEDOPT_HOST_CXX");
+    std::istringstream words(env && *env ? env : FUSEDOPT_DEFAULT_HOST_CXX);
+    for (std::string w; words >> w;) words_out.push_back(w);
+    return words_out;
+  }();
   return cmd;
 }
 
@@ -37,8 +44,14 @@ namespace {
 class TempDir {
  public:
   TempDir() {
-    std::string tmpl = (fs::temp_directory_path() / "fusedopt-build-XXXXXX").string();
-    if (!mkdtemp(tmpl.data())) throw Error("cannot create a temporary folder for the host compiler");
+    std::error_code ec;
+    fs::path base = fs::temp_directory_path(ec);
+    if (ec) throw Error("no temporary folder for the host compiler (check TMPDIR): " + ec.message());
+    std::string tmpl = (base / "fusedopt-build-XXXXXX").string();
+    if (!mkdtemp(tmpl.data())) {
+      throw Error("cannot create a temporary folder for the host compiler in " + base.string() +
+                  ": " + std::strerror(errno));
+    }
     path_ = tmpl;
   }
   ~TempDir() {
@@ -69,7 +82,7 @@ class HostCompiler final : public Compiler {
         ProcessResult r = run_process(cmd, tmp.path());
         std::string first = r.output.substr(0, r.output.find('\n'));
         identity_ = r.exit_code == 0 ? first : "unknown (" + first + ")";
-      } catch (const Error& e) {
+      } catch (const std::exception& e) {
         identity_ = std::string("unknown (") + e.what() + ")";
       }
       for (const std::string& w : host_compiler_command()) identity_ += " | " + w;

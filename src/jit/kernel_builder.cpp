@@ -4,7 +4,10 @@
 #include <fmt/format.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
+#include <functional>
+#include <thread>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -50,7 +53,11 @@ void dump_source(const std::string& dir, const std::string& name, const std::str
   std::error_code ec;
   fs::create_directories(dir, ec);
   const fs::path final_path = fs::path(dir) / name;
-  const fs::path tmp = fs::path(dir) / ("." + name + "." + std::to_string(getpid()) + ".tmp");
+  // Unique per process and thread: two threads may dump the same kernel at once.
+  static std::atomic<unsigned> counter{0};
+  const fs::path tmp = fs::path(dir) / fmt::format(".{}.{}.{}.{}.tmp", name, getpid(),
+                                                   std::hash<std::thread::id>()(std::this_thread::get_id()),
+                                                   counter++);
   {
     std::ofstream out(tmp, std::ios::binary);
     out << source;

@@ -40,10 +40,14 @@ ProcessResult run_process(const std::vector<std::string>& argv, const std::strin
     return result;
   }
   int status = 0;
+  bool waited = true;
   while (waitpid(pid, &status, 0) < 0) {
-    if (errno != EINTR) break;
+    if (errno != EINTR) {
+      waited = false;  // e.g. SIGCHLD ignored: the exit status is lost, never "success"
+      break;
+    }
   }
-  if (WIFEXITED(status)) result.exit_code = WEXITSTATUS(status);
+  if (waited && WIFEXITED(status)) result.exit_code = WEXITSTATUS(status);
   std::ifstream in(log_path, std::ios::binary);
   std::ostringstream ss;
   ss << in.rdbuf();

@@ -174,6 +174,21 @@ TEST_SUITE("cli") {
     CHECK(w.out.find("1 compiled") != std::string::npos);
   }
 
+  TEST_CASE("warmup fails when the cache cannot keep a kernel it compiled") {
+    TempDir d;
+    std::string dir = (d.path() / "cache").string();
+    REQUIRE(run_cli({"warmup", "--preset", "sgd", "--cache-dir", dir}).code == 0);
+    auto so = entries(dir, ".so");
+    REQUIRE(so.size() == 1);
+    const fs::path shard = so[0].parent_path();
+    REQUIRE(run_cli({"clear", "--cache-dir", dir}).code == 0);
+    fs::remove_all(shard);
+    write_file(shard, "not a folder");  // the entry's shard folder cannot be created
+    CliResult r = run_cli({"warmup", "--preset", "sgd", "--cache-dir", dir});
+    CHECK(r.code == 1);
+    CHECK(r.err.find("compiled but not stored in the cache") != std::string::npos);
+  }
+
   TEST_CASE("every command answers --help") {
     for (const char* cmd : {"warmup", "list", "verify", "prune", "clear", "check", "presets"}) {
       INFO(cmd);
