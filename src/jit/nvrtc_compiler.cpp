@@ -2,7 +2,10 @@
 // Needs no GPU and no toolkit headers (generated sources include none).
 #include <fmt/format.h>
 
+#include <dlfcn.h>
+
 #include <cstdlib>
+#include <filesystem>
 #include <mutex>
 
 #include "jit/compiler.hpp"
@@ -85,8 +88,19 @@ void check(const NvrtcApi& api, nvrtcResult r, const char* call) {
 class NvrtcCompiler final : public Compiler {
  public:
   std::string identity() const override {
+    // The version alone would let two builds of one release share keys: add the library
+    // actually loaded (its file and size) as a build fingerprint.
     const NvrtcApi& api = nvrtc();
-    return fmt::format("nvrtc {}.{}", api.major, api.minor);
+    std::string file = "?";
+    std::uintmax_t size = 0;
+    Dl_info info{};
+    if (dladdr(reinterpret_cast<void*>(api.version), &info) && info.dli_fname) {
+      std::error_code ec;
+      file = std::filesystem::canonical(info.dli_fname, ec).string();
+      if (ec) file = info.dli_fname;
+      size = std::filesystem::file_size(file, ec);
+    }
+    return fmt::format("nvrtc {}.{} ({}, {} bytes)", api.major, api.minor, file, size);
   }
   std::vector<std::string> options(const Target& target) const override {
     return {"--gpu-architecture=" + target.str(), "--std=c++17", "-lineinfo"};
