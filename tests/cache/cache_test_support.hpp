@@ -18,31 +18,12 @@
 #include <string>
 
 #include "cache/kernel_cache.hpp"
+#include "support/temp_dir.hpp"
 
 namespace fusedopt::cache::test {
 
 /// A fresh folder (mode 0700) under the system temp folder, removed with everything in it.
-class TempDir {
- public:
-  TempDir() {
-    std::string pattern =
-        (std::filesystem::temp_directory_path() / "fusedopt-cache-XXXXXX").string();
-    if (::mkdtemp(pattern.data()) == nullptr) throw std::runtime_error("mkdtemp failed");
-    path_ = pattern;
-  }
-  ~TempDir() {
-    std::error_code ec;
-    // Tests loosen permissions on purpose; make sure everything can be removed.
-    ::chmod(path_.c_str(), 0700);
-    std::filesystem::remove_all(path_, ec);
-  }
-  TempDir(const TempDir&) = delete;
-  TempDir& operator=(const TempDir&) = delete;
-  const std::filesystem::path& path() const { return path_; }
-
- private:
-  std::filesystem::path path_;
-};
+using TempDir = fusedopt::testing::TempDir;
 
 /// A record shaped like the ones codegen builds.
 inline KeyRecord make_record(const std::string& source, const std::string& target = "sm_90") {

@@ -26,6 +26,7 @@
 #include "lang/ast.hpp"
 #include "presets.hpp"
 #include "runtime/host_kernel.hpp"
+#include "support/temp_dir.hpp"
 
 namespace fusedopt_tests {
 namespace {
@@ -36,26 +37,13 @@ using fusedopt::runtime::HostKernel;
 // ---------------------------------------------------------------------------------------
 // Fixtures: a private kernel cache, seeds.
 
-/// A folder of our own (mode 0700, as the cache demands), removed at exit.
-struct TempDir {
-  std::filesystem::path path;
-  TempDir() {
-    std::string pattern =
-        (std::filesystem::temp_directory_path() / "fusedopt-presets-XXXXXX").string();
-    if (!mkdtemp(pattern.data())) throw std::runtime_error("mkdtemp failed for " + pattern);
-    path = pattern;
-  }
-  ~TempDir() {
-    std::error_code ec;
-    std::filesystem::remove_all(path, ec);
-  }
-};
+using fusedopt::testing::TempDir;
 
 fusedopt::cache::KernelCache& test_cache() {
   static TempDir dir;  // constructed first, so destroyed after the cache
   static fusedopt::cache::KernelCache cache([] {
     fusedopt::cache::KernelCache::Options options;
-    options.dir = dir.path;
+    options.dir = dir.path();
     options.mode = fusedopt::cache::KernelCache::Mode::Memory;
     return options;
   }());

@@ -1,8 +1,9 @@
 // The runtime tests' shared fixtures and the preset runner (see runtime_support.hpp).
 #include "runtime/runtime_support.hpp"
+#include "support/temp_dir.hpp"
 
 #include <doctest/doctest.h>
-#include <stdlib.h>  // mkdtemp, setenv
+#include <stdlib.h>  // setenv
 
 #include <algorithm>
 #include <cmath>
@@ -15,18 +16,10 @@ namespace fusedopt_tests {
 namespace {
 
 struct PrivateCacheDir {
-  std::filesystem::path path;
+  fusedopt::testing::TempDir dir;
   PrivateCacheDir() {
-    std::string pattern =
-        (std::filesystem::temp_directory_path() / "fusedopt-runtime-XXXXXX").string();
-    if (!mkdtemp(pattern.data())) throw std::runtime_error("mkdtemp failed for " + pattern);
-    path = pattern;  // mkdtemp creates it with mode 0700, as the cache demands
-    setenv("FUSEDOPT_CACHE_DIR", path.c_str(), 1);
+    setenv("FUSEDOPT_CACHE_DIR", dir.path().c_str(), 1);
     setenv("FUSEDOPT_CACHE", "on", 1);
-  }
-  ~PrivateCacheDir() {
-    std::error_code ec;
-    std::filesystem::remove_all(path, ec);
   }
 };
 

@@ -1,6 +1,8 @@
 // Checkpoints: a saved and reloaded optimizer takes the same next step, bit for bit; a
 // checkpoint that does not fit is refused with a clear error and changes nothing.
 #include <doctest/doctest.h>
+
+#include "support/temp_dir.hpp"
 #include <stdlib.h>
 
 #include <filesystem>
@@ -17,19 +19,7 @@ namespace {
 using fusedopt::DType;
 using fusedopt::Optimizer;
 
-struct TempFolder {
-  std::filesystem::path path;
-  TempFolder() {
-    std::string pattern =
-        (std::filesystem::temp_directory_path() / "fusedopt-ckpt-XXXXXX").string();
-    REQUIRE(mkdtemp(pattern.data()) != nullptr);
-    path = pattern;
-  }
-  ~TempFolder() {
-    std::error_code ec;
-    std::filesystem::remove_all(path, ec);
-  }
-};
+using TempFolder = fusedopt::testing::TempDir;
 
 /// Params and grads of given sizes and dtypes, named n0, n1, ... in two groups.
 struct Model {
@@ -108,7 +98,7 @@ TEST_SUITE("runtime") {
         fill_grads(a, rng);
         opt_a.step();
       }
-      const auto file = dir.path / (master ? "master.safetensors" : "plain.safetensors");
+      const auto file = dir.path() / (master ? "master.safetensors" : "plain.safetensors");
       opt_a.save(file);
 
       Model b(sizes, dtypes);
@@ -140,8 +130,8 @@ TEST_SUITE("runtime") {
     options.master_weights = true;
     Optimizer opt(fusedopt::Rule::preset("adamw"), a.groups(), options);
     opt.step();
-    opt.save(dir.path / "c.safetensors");
-    const fusedopt::io::SafetensorsFile f = fusedopt::io::read_safetensors(dir.path / "c.safetensors");
+    opt.save(dir.path() / "c.safetensors");
+    const fusedopt::io::SafetensorsFile f = fusedopt::io::read_safetensors(dir.path() / "c.safetensors");
     std::vector<std::string> names;
     for (const auto& [name, entry] : f.tensors) names.push_back(name);
     CHECK(names == std::vector<std::string>{"n0/m", "n0/master", "n0/v", "n1/m", "n1/master",
@@ -173,7 +163,7 @@ TEST_SUITE("runtime") {
       opt.step();
     }
     const std::vector<std::string> before = snapshot(opt, target, false);
-    const std::string where = (dir.path / "x.safetensors").string();
+    const std::string where = (dir.path() / "x.safetensors").string();
 
     auto saved_by = [&](const std::string& rule, const std::vector<std::int64_t>& s,
                         fusedopt::OptimizerOptions options = {}, int drop_last = 0) {

@@ -1,4 +1,5 @@
-// A private (mode 0700) temporary folder for one test, removed at the end.
+// A private (mode 0700, as the kernel cache demands) temporary folder for one test, removed
+// at the end. Every suite uses this one.
 #pragma once
 
 #include <stdlib.h>
@@ -19,6 +20,8 @@ class TempDir {
   }
   ~TempDir() {
     std::error_code ec;
+    // Some tests loosen the folder's permissions on purpose; removal must still work.
+    std::filesystem::permissions(path_, std::filesystem::perms::owner_all, ec);
     std::filesystem::remove_all(path_, ec);
   }
   TempDir(const TempDir&) = delete;
