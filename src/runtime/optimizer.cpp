@@ -102,8 +102,8 @@ Optimizer::Impl::~Impl() {
 
 std::int64_t Optimizer::Impl::current_step_count() const {
   for (const auto& backend : backends) {
-    const std::int64_t device = backend->device_steps();
-    if (device >= 0) return device;
+    const std::int64_t on_device = backend->device_steps();
+    if (on_device >= 0) return on_device;
   }
   return step_count;
 }
