@@ -25,6 +25,15 @@ std::vector<std::pair<std::string, double>> Rule::hypers() const {
   return out;
 }
 
+int Rule::reduction_passes() const { return impl_->reduction_passes; }
+
+Rule Rule::with_grad_clipping(double max_grad_norm) const {
+  lang::ParseOptions options;
+  options.clip_grad_norm = true;
+  options.max_grad_norm = max_grad_norm;
+  return Rule(lang::parse_rule(impl_->text, impl_->file, options));
+}
+
 std::vector<std::string> Rule::states() const {
   std::vector<std::string> out;
   for (int s : impl_->states) out.push_back(impl_->symbols[s].name);

@@ -35,6 +35,12 @@ class Rule {
   std::vector<std::pair<std::string, double>> hypers() const;
   /// State tensor names, in declaration order.
   std::vector<std::string> states() const;
+  /// Passes over the data before the update (0: an element-wise rule).
+  int reduction_passes() const;
+  /// This rule with the gradient clipped by its global norm first (torch's
+  /// clip_grad_norm_): a new hyper `max_grad_norm` (default `max_grad_norm`) and one more
+  /// reduction. Named "<name>+clip". Throws RuleError if the rule already uses the name.
+  Rule with_grad_clipping(double max_grad_norm = 1.0) const;
 
   /// The internal representation (for fusedopt's own components).
   const std::shared_ptr<const lang::Rule>& impl() const { return impl_; }

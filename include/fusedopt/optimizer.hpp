@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -43,6 +44,15 @@ struct ParamGroup {
   std::vector<std::pair<std::string, double>> hypers;  ///< overrides of the rule's defaults
 };
 
+/// How a rule with reductions gets values of its last reduction pass into the update
+/// (e.g. LAMB's update direction u, needed for ||u|| and again for the update).
+enum class ReductionStrategy {
+  Auto,       ///< whichever moves fewer bytes per step (stats() says which; ties: Recompute)
+  Recompute,  ///< the update pass recomputes them from the tensors (no extra memory)
+  Store,      ///< the last reduction pass finishes what it can and stores the values the
+              ///< update needs in fp32 scratch tensors (4 bytes per element each)
+};
+
 struct OptimizerOptions {
   DType state_dtype = DType::F32;  ///< storage of every state tensor (fp32 or bf16)
   /// Keep an fp32 master copy of fp16/bf16 params (allocated and owned by the optimizer);
@@ -51,14 +61,66 @@ struct OptimizerOptions {
   /// Hypers and the step live in device memory, so step() can be captured in a CUDA graph
   /// (costs one extra tiny launch per step).
   bool capturable = false;
+  /// Clip the gradients by their global norm over every tensor of the step before the rule
+  /// sees them, like torch.nn.utils.clip_grad_norm_(max_norm): g *= min(1, max_grad_norm /
+  /// (norm + 1e-6)). 0 turns it off. The rule gains a hyper "max_grad_norm" (set_hyper
+  /// changes it) and one reduction pass; a rule that already has such a hyper is refused.
+  double max_grad_norm = 0.0;
+  ReductionStrategy reduction_strategy = ReductionStrategy::Auto;
 };
+
+/// One total a reduction pass produces: what it is and how ranks combine it.
+struct ReductionSlotInfo {
+  std::string name;        ///< the rule's function ("tensor_norm", ...) or "grad_check"
+  bool per_tensor = false;  ///< a value per tensor (else one global value)
+  int slot = 0;            ///< index in ReductionPartials::global, or the column of
+                           ///< ReductionPartials::TensorTotals
+  int pass = 0;            ///< the pass that computes it
+  bool max = false;        ///< ranks combine it by max (maxabs, any_nonfinite, grad_check);
+                           ///< else by sum
+  int line = 0;            ///< the rule line of the call (0: built in)
+};
+
+/// The raw totals of one reduction pass on this process, handed to the reduction hook
+/// before the next pass reads them: sums (of x, of x*x for norms), max |x|, and counts of
+/// non-finite values, in double. A sharded optimizer combines the slots of this pass
+/// across ranks in place (sum, or max where `max`), e.g. with one all-reduce each; the
+/// next pass then sees the totals of every rank. Norms take their square root afterwards.
+/// Memory is host memory for host optimizers and device memory (of the optimizer's
+/// device, ordered on `stream`) for CUDA ones. Slots of other passes must be left alone.
+struct ReductionPartials {
+  int pass = 0;
+  Device device;
+  void* stream = nullptr;
+  double* global = nullptr;  ///< [num_global] raw global totals
+  int num_global = 0;
+  std::vector<ReductionSlotInfo> slots;  ///< the slots this pass wrote (global and per tensor)
+  /// Per-tensor totals of one dtype binding: data[t * stride + slot] belongs to the t-th
+  /// tensor of the binding, which is parameter params[t] (index over all groups, in order).
+  struct TensorTotals {
+    double* data = nullptr;
+    std::int64_t num_tensors = 0;
+    int stride = 0;
+    std::vector<int> params;
+  };
+  std::vector<TensorTotals> tensors;
+};
+using ReductionHook = std::function<void(const ReductionPartials&)>;
 
 /// What a step costs, and where its kernel came from.
 struct OptimizerStats {
   std::int64_t tensors = 0;            ///< parameters (empty ones included)
   std::int64_t elements = 0;
-  std::int64_t launches_per_step = 0;  ///< kernel launches (one per dtype binding)
-  std::int64_t bytes_per_step = 0;     ///< bytes read + written by one step
+  std::int64_t launches_per_step = 0;  ///< kernel launches of one step(): per dtype binding,
+                                       ///< one per reduction pass, one finalize after each,
+                                       ///< and the update
+  std::int64_t bytes_per_step = 0;     ///< bytes read + written by one step (every pass)
+  int reduction_passes = 0;            ///< passes before the update (0: element-wise rule)
+  std::string reduction_strategy;      ///< "recompute" or "store" ("" without reductions)
+  std::int64_t bytes_recompute = 0;    ///< bytes per step under each strategy
+  std::int64_t bytes_store = 0;
+  std::string schedule_report;         ///< the passes, what each reads and writes, and the
+                                       ///< recompute-or-store choice with its bytes
   std::vector<std::string> kernel_keys;
   double kernel_seconds = 0;           ///< compile or cache-load time at construction
   std::string kernel_origin;           ///< "compiled", "disk" or "memory" (the slowest)
@@ -83,6 +145,10 @@ class Optimizer {
   /// unscaled gradient is not finite, nothing changes (params, state and the step count
   /// stay bit for bit) and it returns false.
   bool step_scaled(float inv_grad_scale, void* stream = nullptr);
+
+  /// Called after each reduction pass of a step with this process's raw totals (see
+  /// ReductionPartials), before the next pass reads them; empty: none.
+  void set_reduction_hook(ReductionHook hook);
 
   /// Sets a hyper for one group, or for every group when `group` is empty.
   void set_hyper(const std::string& name, double value, std::optional<int> group = std::nullopt);

@@ -83,10 +83,19 @@ class ExprEmitter {
     return slot;
   }
 
-  static bool trivial(const Expr& e) { return e.op == Op::Number || e.op == Op::Ref; }
+  static bool trivial(const Expr& e) {
+    return e.op == Op::Number || e.op == Op::Ref || e.op == Op::Reduce;
+  }
 
   std::string ref(const Expr& e, bool uniform_ctx) {
     const lang::Symbol& s = rule_.symbols.at(e.sym);
+    if (!uniform_ctx) {
+      if (e.def >= 0) {
+        if (auto it = def_override_.find(e.def); it != def_override_.end()) return it->second;
+      } else if (auto it = orig_override_.find(e.sym); it != orig_override_.end()) {
+        return it->second;
+      }
+    }
     switch (s.kind) {
       case SymKind::Hyper: return fmt::format("U.h[{}]", s.index);
       case SymKind::Step: return "U.step";
@@ -151,6 +160,12 @@ class ExprEmitter {
       }
       case Op::Where:
         return fmt::format("({} ? {} : {})", cond(*e.args[0]), emit(*e.args[1]), emit(*e.args[2]));
+      case Op::Reduce: {
+        const lang::Reduction& r = rule_.reductions.at(e.reduction);
+        if (r.scope == lang::Scope::Global) return fmt::format("U.g[{}]", r.slot);
+        if (uniform_ctx) throw InternalError("per-tensor reduction in a uniform expression");
+        return fmt::format("T.v[{}]", r.slot);
+      }
       default: break;
     }
     if (const char* op = binary_operator(e.op)) {
@@ -166,118 +181,389 @@ class ExprEmitter {
 
   const Rule& rule_;
   std::map<int, int> temp_slot_;
+
+ public:
+  /// Element-context reads redirected to other locals (scratch values in the update pass
+  /// of the Store strategy): by reaching definition, or by symbol for original values.
+  std::map<int, std::string> def_override_;
+  std::map<int, std::string> orig_override_;
+
+ private:
   std::map<std::string, int> slot_by_text_;
   std::vector<PrepareLine> prepare_;
 };
 
-struct Role {
-  std::string name;
-  RoleDecl decl;
+bool is_tensor(SymKind k) {
+  return k == SymKind::Param || k == SymKind::Grad || k == SymKind::State || k == SymKind::Output;
+}
+
+/// What a reduction adds per element: its accumulator update.
+std::string accumulate(lang::ReduceKind kind, int j, const std::string& x) {
+  const std::string a = fmt::format("fo_a[{} * fo_stride]", j);
+  switch (kind) {
+    case lang::ReduceKind::Sum: return fmt::format("{} += {};", a, x);
+    case lang::ReduceKind::SumSq:
+    case lang::ReduceKind::Norm: return fmt::format("{} += fo_sq({});", a, x);
+    case lang::ReduceKind::MaxAbs: return fmt::format("{0} = fo_maxnan({0}, fo_abs({1}));", a, x);
+    case lang::ReduceKind::AnyNonFinite:
+      return fmt::format("{0} = fo_max({0}, fo_isfinite({1}) ? 0.0f : 1.0f);", a, x);
+  }
+  return "";
+}
+
+/// The value a later pass sees, from a raw total `raw` (a double expression).
+std::string finish_value(lang::ReduceKind kind, const std::string& raw) {
+  switch (kind) {
+    case lang::ReduceKind::Norm: return fmt::format("(float)fo_sqrt_d({})", raw);
+    case lang::ReduceKind::AnyNonFinite: return fmt::format("({} > 0.0 ? 1.0f : 0.0f)", raw);
+    default: return fmt::format("(float){}", raw);
+  }
+}
+
+/// Emits the generated functions of one rule and binding.
+class BodyEmitter {
+ public:
+  BodyEmitter(const Rule& rule, const DTypeBinding& dtypes, const Schedule& schedule)
+      : rule_(rule), dtypes_(dtypes), s_(schedule), em_(rule), file_(line_file_name(rule.file)) {
+    for (std::size_t i = 0; i < rule.stmts.size(); ++i) {
+      const lang::Stmt& st = rule.stmts[i];
+      if (rule.symbols[st.target].kind == SymKind::Temp && st.value->uniform) {
+        em_.define_uniform_temp(static_cast<int>(i), *st.value);
+      }
+      if (is_tensor(rule.symbols[st.target].kind)) last_def_[st.target] = static_cast<int>(i);
+    }
+    // Accumulator index of each reduction within its pass; the grad check follows pass 0's.
+    std::vector<int> count(std::max(rule.reduction_passes, 1), 0);
+    for (const lang::Reduction& r : rule.reductions) acc_.push_back(count[r.pass]++);
+    pass_acc_count_ = count;
+    if (rule.reduction_passes > 0) check_acc_ = pass_acc_count_[0]++;
+  }
+
+  ExprEmitter& em() { return em_; }
+  const std::vector<int>& pass_acc_count() const { return pass_acc_count_; }
+  int check_acc() const { return check_acc_; }
+  int acc_of(int reduction) const { return acc_[reduction]; }
+
+  /// fo_reduce_element<pass> (pass < reduction_passes) or fo_element (the update).
+  std::string pass_function(int pass) {
+    const PassPlan& plan = s_.passes.at(pass);
+    const bool update = pass == rule_.reduction_passes;
+    const bool store = pass == s_.store_pass;
+    const bool update_after_store = update && s_.store_pass >= 0;
+    std::set<int> compute(plan.stmts.begin(), plan.stmts.end());
+    em_.def_override_.clear();
+    em_.orig_override_.clear();
+
+    Writer loads, body, stores;
+    // The update of the Store strategy reads what crossed through scratch tensors.
+    if (update_after_store) {
+      for (std::size_t c = 0; c < s_.crossings.size(); ++c) {
+        const Crossing& x = s_.crossings[c];
+        const std::string local = fmt::format("fo_x{}", c);
+        loads.line(fmt::format("  const float {} = fo_load(t.r{}, i);", local,
+                               s_.first_scratch_role + static_cast<int>(c)));
+        if (x.def >= 0) {
+          em_.def_override_[x.def] = local;
+        } else {
+          em_.orig_override_[x.sym] = local;
+        }
+      }
+      // Final values of fp32 tensors finished early are read back from the tensors.
+      for (int sym : s_.early_syms) {
+        const int role = role_of(rule_, s_, sym);
+        if (!plan.reads.count(role)) continue;
+        const std::string local = fmt::format("fo_r_{}", rule_.symbols[sym].name);
+        loads.line(fmt::format("  const float {} = fo_load(t.r{}, i);", local, role));
+        em_.def_override_[last_def_.at(sym)] = local;
+      }
+    }
+
+    // Originals this pass reads: every evaluated tensor reference without a definition.
+    std::set<int> originals;
+    auto scan = [&](const Expr& e) {
+      visit_evaluated(e, [&](const Expr& x) {
+        if (x.op == Op::Ref && x.def < 0 && is_tensor(rule_.symbols[x.sym].kind) &&
+            !em_.orig_override_.count(x.sym)) {
+          originals.insert(x.sym);
+        }
+      });
+    };
+    for (int i : plan.stmts) scan(*rule_.stmts[i].value);
+    for (int r : plan.reductions) scan(*rule_.reductions[r].arg);
+    if (store) {
+      for (const Crossing& x : s_.crossings) {
+        if (x.def < 0) originals.insert(x.sym);
+      }
+    }
+    const lang::Symbol& grad = rule_.symbols.at(rule_.grad);
+    for (std::size_t sym = 0; sym < rule_.symbols.size(); ++sym) {
+      const lang::Symbol& x = rule_.symbols[sym];
+      if (!is_tensor(x.kind) && !(x.kind == SymKind::Temp)) continue;
+      const int s = static_cast<int>(sym);
+      if (x.kind == SymKind::Temp) {
+        loads.line(fmt::format("  float v_{} = 0.0f;", x.name));
+      } else if (originals.count(s)) {
+        const std::string scale = x.kind == SymKind::Grad ? " * U.inv_grad_scale" : "";
+        loads.line(fmt::format("  {}float v_{} = fo_load(t.r{}, i){};",
+                               x.kind == SymKind::Grad ? "const " : "", x.name,
+                               role_of(rule_, s_, s), scale));
+      } else {
+        loads.line(fmt::format("  float v_{} = 0.0f;", x.name));
+      }
+    }
+    if (store) {
+      for (std::size_t c = 0; c < s_.crossings.size(); ++c) {
+        const Crossing& x = s_.crossings[c];
+        if (x.def < 0) {
+          loads.line(fmt::format("  fo_store(t.r{}, i, v_{});",
+                                 s_.first_scratch_role + static_cast<int>(c), x.name));
+        }
+      }
+    }
+
+    for (std::size_t i = 0; i < rule_.stmts.size(); ++i) {
+      const lang::Stmt& st = rule_.stmts[i];
+      if (!update) {
+        std::vector<const Expr*> calls;
+        collect_reductions(*st.value, calls);
+        for (const Expr* call : calls) {
+          const lang::Reduction& r = rule_.reductions[call->reduction];
+          if (r.pass != pass) continue;
+          body.line_directive(call->loc.line, file_);
+          body.line("  " + accumulate(r.kind, acc_[call->reduction], em_.element(*r.arg)));
+        }
+      }
+      if (!compute.count(static_cast<int>(i))) continue;
+      const lang::Symbol& target = rule_.symbols.at(st.target);
+      body.line_directive(st.loc.line, file_);
+      body.line(fmt::format("  v_{} = {};", target.name, em_.element(*st.value)));
+      if (store) {
+        for (std::size_t c = 0; c < s_.crossings.size(); ++c) {
+          if (s_.crossings[c].def == static_cast<int>(i)) {
+            body.line(fmt::format("  fo_store(t.r{}, i, v_{});",
+                                  s_.first_scratch_role + static_cast<int>(c), target.name));
+          }
+        }
+      }
+    }
+    body.restore_line();
+
+    // Stores: the update stores what it finished; the store pass what it finished early.
+    std::set<int> finished;
+    if (update) {
+      for (const auto& [sym, def] : last_def_) {
+        if (!update_after_store || !s_.early_syms.count(sym)) finished.insert(sym);
+      }
+    } else if (store) {
+      finished = s_.early_syms;
+    }
+    for (int sym : finished) {
+      const lang::Symbol& x = rule_.symbols[sym];
+      stores.line(fmt::format("  fo_store(t.r{}, i, v_{});", role_of(rule_, s_, sym), x.name));
+      if (x.kind == SymKind::Param && dtypes_.master) {
+        stores.line(fmt::format("  fo_store(t.r0, i, v_{});", x.name));
+      }
+    }
+    if (pass == 0 && check_acc_ >= 0) {
+      stores.line(fmt::format("  if (fo_check) {{ {} }}",
+                              accumulate(lang::ReduceKind::AnyNonFinite, check_acc_,
+                                         fmt::format("fo_load(t.r1, i) * U.inv_grad_scale"))));
+    }
+    for (const lang::Symbol& x : rule_.symbols) {
+      if (is_tensor(x.kind) || x.kind == SymKind::Temp) stores.line(fmt::format("  (void)v_{};", x.name));
+    }
+    (void)grad;
+
+    Writer w;
+    if (update) {
+      w.line("FO_FN void fo_element(const fo_tensor& t, long long i, const fo_uniform& U, "
+             "const fo_tvals& T) {");
+    } else {
+      w.line("template <>");
+      w.line(fmt::format("FO_FN void fo_reduce_element<{}>(const fo_tensor& t, long long i, "
+                         "const fo_uniform& U, const fo_tvals& T, float* fo_a, int fo_stride, "
+                         "bool fo_check) {{", pass));
+    }
+    w.line("  (void)T;");
+    if (!update) w.line("  (void)fo_a; (void)fo_stride; (void)fo_check;");
+    w.append(loads);
+    w.append(body);
+    w.append(stores);
+    w.line("}");
+    return w.str();
+  }
+
+  /// fo_init_element: state initial values (and the master from the param).
+  std::string init_function() {
+    em_.def_override_.clear();
+    em_.orig_override_.clear();
+    Writer in;
+    for (int s : rule_.states) {
+      const lang::Symbol& sym = rule_.symbols[s];
+      if (!sym.init) throw InternalError("state '" + sym.name + "' has no initial value");
+      std::string value = em_.element(*sym.init);
+      in.line_directive(sym.loc.line, file_);
+      in.line(fmt::format("  fo_store(t.r{}, i, {});", 2 + sym.index, value));
+    }
+    const lang::Symbol& param = rule_.symbols.at(rule_.param);
+    Writer w;
+    w.line("FO_FN void fo_init_element(const fo_tensor& t, long long i, const fo_uniform& U) {");
+    if (dtypes_.master) w.line(fmt::format("  fo_store(t.r{}, i, fo_load(t.r0, i));", s_.master_role));
+    w.line(fmt::format("  const float v_{} = fo_load(t.r{}, i);", param.name, s_.value_role));
+    w.line(fmt::format("  (void)v_{};", param.name));
+    w.append(in);
+    w.restore_line();
+    w.line("}");
+    return w.str();
+  }
+
+ private:
+  const Rule& rule_;
+  const DTypeBinding& dtypes_;
+  const Schedule& s_;
+  ExprEmitter em_;
+  std::string file_;
+  std::map<int, int> last_def_;
+  std::vector<int> acc_;
+  std::vector<int> pass_acc_count_;
+  int check_acc_ = -1;
 };
 
 }  // namespace
 
-KernelBody generate_body(const Rule& rule, const DTypeBinding& dtypes) {
-  if (rule.phases.size() != 1) {
-    throw InternalError("codegen handles single-phase rules only");
-  }
+KernelBody generate_body(const Rule& rule, const DTypeBinding& dtypes, Strategy strategy) {
+  const Schedule schedule = plan_schedule(rule, dtypes, strategy);
   KernelBody body;
   body.kind = "rule";
   body.name = rule.name;
-  std::string file = line_file_name(rule.file);
+  const std::string file = line_file_name(rule.file);
 
-  // Roles in pointer order; remember which role index each tensor symbol loads from.
   const lang::Symbol& param = rule.symbols.at(rule.param);
-  std::vector<Role> roles;
-  roles.push_back({param.name, {storage_type(dtypes.param), param.written}});
-  roles.push_back({rule.symbols.at(rule.grad).name, {storage_type(dtypes.grad), false}});
-  for (int s : rule.states) roles.push_back({rule.symbols[s].name, {storage_type(dtypes.state), true}});
-  for (int s : rule.outputs) roles.push_back({rule.symbols[s].name, {storage_type(dtypes.state), true}});
-  const int master_role = dtypes.master ? static_cast<int>(roles.size()) : -1;
-  if (dtypes.master) roles.push_back({param.name + "_master", {"float", true}});
-  const int value_role = dtypes.master ? master_role : 0;  // where the param's fp32 value lives
-
-  ExprEmitter em(rule);
-  Writer el;  // fo_element
-  for (std::size_t i = 0; i < rule.stmts.size(); ++i) {
-    const lang::Stmt& st = rule.stmts[i];
-    const lang::Symbol& target = rule.symbols.at(st.target);
-    if (target.kind == SymKind::Temp && st.value->uniform) {
-      em.define_uniform_temp(static_cast<int>(i), *st.value);
-      continue;
-    }
-    std::string value = em.element(*st.value);
-    el.line_directive(st.loc.line, file);
-    el.line(fmt::format("  v_{} = {};", target.name, value));
-  }
-
-  Writer in;  // fo_init_element: state initial values
+  std::vector<std::string> role_names = {param.name, rule.symbols.at(rule.grad).name};
+  std::vector<RoleDecl> decls = {{storage_type(dtypes.param), param.written},
+                                 {storage_type(dtypes.grad), false}};
   for (int s : rule.states) {
-    const lang::Symbol& sym = rule.symbols[s];
-    if (!sym.init) throw InternalError("state '" + sym.name + "' has no initial value");
-    std::string value = em.element(*sym.init);
-    in.line_directive(sym.loc.line, file);
-    in.line(fmt::format("  fo_store(t.r{}, i, {});", 2 + sym.index, value));
-  }
-
-  body.num_roles = static_cast<int>(roles.size());
-  body.num_hypers = static_cast<int>(rule.hypers.size());
-  body.num_uniforms = em.num_slots();
-  for (const Role& r : roles) body.roles.push_back(r.name);
-  for (int h : rule.hypers) body.hypers.push_back(rule.symbols[h].name);
-
-  Writer w;
-  w.line(fmt::format("// Generated by fusedopt from rule '{}' (dtypes {}).", sanitize_comment(rule.name),
-                     dtypes.str()));
-  emit_common_prologue(w, body);
-  std::vector<RoleDecl> decls;
-  for (const Role& r : roles) decls.push_back(r.decl);
-  emit_tensor_binding(w, decls);
-  emit_prepare(w, body, em.prepare_lines(), file);
-
-  // Loads: every tensor the rule reads, as fp32 locals with the user's names prefixed.
-  w.line("FO_FN void fo_element(const fo_tensor& t, long long i, const fo_uniform& U) {");
-  w.line(fmt::format("  float v_{} = fo_load(t.r{}, i);", param.name, value_role));
-  w.line(fmt::format("  const float v_{} = fo_load(t.r1, i) * U.inv_grad_scale;",
-                     rule.symbols[rule.grad].name));
-  for (int s : rule.states) {
-    w.line(fmt::format("  float v_{} = fo_load(t.r{}, i);", rule.symbols[s].name,
-                       2 + rule.symbols[s].index));
-  }
-  for (int s : rule.outputs) w.line(fmt::format("  float v_{} = 0.0f;", rule.symbols[s].name));
-  for (std::size_t s = 0; s < rule.symbols.size(); ++s) {
-    const lang::Symbol& sym = rule.symbols[s];
-    if (sym.kind == SymKind::Temp) w.line(fmt::format("  float v_{} = 0.0f;", sym.name));
-  }
-  w.append(el);
-  w.restore_line();
-  if (param.written) {
-    w.line(fmt::format("  fo_store(t.r{}, i, v_{});", value_role, param.name));
-    if (dtypes.master) w.line(fmt::format("  fo_store(t.r0, i, v_{});", param.name));
-  }
-  for (int s : rule.states) {
-    w.line(fmt::format("  fo_store(t.r{}, i, v_{});", 2 + rule.symbols[s].index, rule.symbols[s].name));
+    role_names.push_back(rule.symbols[s].name);
+    decls.push_back({storage_type(dtypes.state), true});
   }
   for (int s : rule.outputs) {
-    w.line(fmt::format("  fo_store(t.r{}, i, v_{});", 2 + rule.states.size() + rule.symbols[s].index,
-                       rule.symbols[s].name));
+    role_names.push_back(rule.symbols[s].name);
+    decls.push_back({storage_type(dtypes.state), true});
   }
-  // Touch every temporary so unused ones draw no warnings.
-  for (const lang::Symbol& sym : rule.symbols) {
-    if (sym.kind == SymKind::Temp) w.line(fmt::format("  (void)v_{};", sym.name));
-  }
-  w.line("}");
-
-  emit_grad_finite(w);
-  w.line("FO_FN void fo_init_element(const fo_tensor& t, long long i, const fo_uniform& U) {");
   if (dtypes.master) {
-    w.line(fmt::format("  fo_store(t.r{}, i, fo_load(t.r0, i));", master_role));
+    role_names.push_back(param.name + "_master");
+    decls.push_back({"float", true});
   }
-  w.line(fmt::format("  const float v_{} = fo_load(t.r{}, i);", param.name, value_role));
-  w.line(fmt::format("  (void)v_{};", param.name));
-  w.append(in);
-  w.restore_line();
+  for (const Crossing& c : schedule.crossings) {
+    role_names.push_back(fmt::format("scratch_{}", c.name));
+    decls.push_back({"float", true});
+    body.scratch.push_back(c.def >= 0 ? fmt::format("'{}' as assigned at line {}", c.name,
+                                                    rule.stmts[c.def].loc.line)
+                                      : fmt::format("'{}' before the step", c.name));
+  }
+
+  BodyEmitter be(rule, dtypes, schedule);
+  std::vector<std::string> passes;
+  for (int k = 0; k <= rule.reduction_passes; ++k) passes.push_back(be.pass_function(k));
+  const std::string init = be.init_function();
+
+  body.num_roles = static_cast<int>(decls.size());
+  body.num_hypers = static_cast<int>(rule.hypers.size());
+  body.num_uniforms = be.em().num_slots();
+  body.roles = role_names;
+  for (int h : rule.hypers) body.hypers.push_back(rule.symbols[h].name);
+  body.reduction_passes = rule.reduction_passes;
+  body.num_tensor_slots = std::max(rule.num_tensor_reductions, 1);
+  body.num_global_slots = rule.num_global_reductions + 1;
+  body.strategy = schedule.strategy;
+  body.store_pass = schedule.store_pass;
+  body.bytes_recompute = schedule.bytes_recompute;
+  body.bytes_store = schedule.bytes_store;
+  body.role_bytes = schedule.role_bytes;
+  for (const PassPlan& p : schedule.passes) {
+    body.pass_reads.emplace_back(p.reads.begin(), p.reads.end());
+    body.pass_writes.emplace_back(p.writes.begin(), p.writes.end());
+  }
+  for (std::size_t r = 0; r < rule.reductions.size(); ++r) {
+    const lang::Reduction& red = rule.reductions[r];
+    ReductionSlot slot;
+    slot.name = red.name;
+    slot.scope = red.scope;
+    slot.slot = red.slot;
+    slot.pass = red.pass;
+    slot.max = red.kind == lang::ReduceKind::MaxAbs || red.kind == lang::ReduceKind::AnyNonFinite;
+    slot.line = red.loc.line;
+    body.slots.push_back(slot);
+  }
+  if (be.check_acc() >= 0) {
+    ReductionSlot check;
+    check.name = "grad_check";
+    check.scope = lang::Scope::Global;
+    check.slot = rule.num_global_reductions;
+    check.pass = 0;
+    check.max = true;
+    body.slots.push_back(check);
+  }
+  for (int c : be.pass_acc_count()) body.max_acc = std::max(body.max_acc, c);
+
+  Writer w;
+  w.line(fmt::format("// Generated by fusedopt from rule '{}' (dtypes {}, {} reduction pass{}, {}).",
+                     sanitize_comment(rule.name), dtypes.str(), rule.reduction_passes,
+                     rule.reduction_passes == 1 ? "" : "es", to_string(schedule.strategy)));
+  emit_common_prologue(w, body);
+
+  // Which accumulator of which pass feeds which total, and how it combines.
+  Writer meta;
+  meta.line("FO_FN int fo_acc_count(int pass) {");
+  for (std::size_t k = 0; k < be.pass_acc_count().size() && rule.reduction_passes > 0; ++k) {
+    meta.line(fmt::format("  if (pass == {}) return {};", k, be.pass_acc_count()[k]));
+  }
+  meta.line("  (void)pass;");
+  meta.line("  return 0;");
+  meta.line("}");
+  auto acc_table = [&](const char* fn, auto value) {
+    meta.line(fmt::format("FO_FN int {}(int pass, int j) {{", fn));
+    for (std::size_t r = 0; r < rule.reductions.size(); ++r) {
+      meta.line(fmt::format("  if (pass == {} && j == {}) return {};", rule.reductions[r].pass,
+                            be.acc_of(static_cast<int>(r)), value(body.slots[r])));
+    }
+    if (be.check_acc() >= 0) {
+      meta.line(fmt::format("  if (pass == 0 && j == {}) return {};", be.check_acc(),
+                            value(body.slots.back())));
+    }
+    meta.line("  (void)pass; (void)j;");
+    meta.line("  return 0;");
+    meta.line("}");
+  };
+  acc_table("fo_acc_max", [](const ReductionSlot& s) { return s.max ? 1 : 0; });
+  acc_table("fo_acc_slot", [](const ReductionSlot& s) {
+    return s.scope == lang::Scope::Tensor ? s.slot : -1 - s.slot;
+  });
+  w.append(meta);
+
+  emit_tensor_binding(w, decls);
+  std::vector<std::string> globals;
+  for (const lang::Reduction& r : rule.reductions) {
+    if (r.scope == lang::Scope::Global) {
+      globals.push_back(fmt::format("U.g[{}] = {};", r.slot, finish_value(r.kind, fmt::format("G[{}]", r.slot))));
+    }
+  }
+  emit_prepare(w, body, globals, be.em().prepare_lines(), file);
+  w.line("FO_FN void fo_tensor_values(const double* FO_RESTRICT R, fo_tvals& T) {");
+  w.line("  (void)R;");
+  w.line("  T.v[0] = 0.0f;");
+  for (const lang::Reduction& r : rule.reductions) {
+    if (r.scope == lang::Scope::Tensor) {
+      w.line(fmt::format("  T.v[{}] = {};", r.slot, finish_value(r.kind, fmt::format("R[{}]", r.slot))));
+    }
+  }
   w.line("}");
+  w.line("template <int kPass>");
+  w.line("FO_FN void fo_reduce_element(const fo_tensor&, long long, const fo_uniform&, "
+         "const fo_tvals&, float*, int, bool) {}");
+  for (const std::string& p : passes) w.line(p);
+  emit_grad_finite(w);
+  w.line(init);
 
   // The hoisted slots are known only now: declare fo_uniform ahead of everything.
   body.code = uniform_struct(body) + w.str();

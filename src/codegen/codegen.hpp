@@ -11,12 +11,24 @@
 #include "fusedopt/dtype.hpp"
 #include "fusedopt/kernel.hpp"
 #include "fusedopt/target.hpp"
+#include "codegen/schedule.hpp"
 #include "lang/ast.hpp"
 
 namespace fusedopt::codegen {
 
+/// One accumulator of a reduction pass, as the runtime and the hook see it.
+struct ReductionSlot {
+  std::string name;        ///< the reduction's function, e.g. "tensor_norm"; "grad_check"
+  lang::Scope scope = lang::Scope::Tensor;
+  int slot = 0;            ///< index in the per-tensor or global totals
+  int pass = 0;
+  bool max = false;        ///< combined by max (maxabs, any_nonfinite); else by sum
+  int line = 0;            ///< rule line of the call (0: built in)
+};
+
 /// The generated, target-neutral part of a kernel: defines FO_NUM_ROLES, FO_NUM_HYPERS,
-/// fo_uniform, fo_tensor, fo_bind, fo_prepare, fo_element and fo_init_element.
+/// the reduction constants, fo_uniform, fo_tvals, fo_tensor, fo_bind, fo_prepare,
+/// fo_tensor_values, fo_reduce_element<pass>, fo_element and fo_init_element.
 struct KernelBody {
   std::string kind;  ///< "rule" or "trusted-functor" (part of the cache key)
   std::string name;  ///< rule or functor name
@@ -26,11 +38,29 @@ struct KernelBody {
   std::vector<std::string> roles;   ///< role names in pointer order
   std::vector<std::string> hypers;  ///< hyper names in order
   std::string code;
+
+  // Reductions (all zero / empty for element-wise rules).
+  int reduction_passes = 0;       ///< launches before the update launch
+  int num_tensor_slots = 1;       ///< per-tensor totals per tensor (at least 1)
+  int num_global_slots = 1;       ///< global totals; the last one is the grad check
+  int max_acc = 1;                ///< accumulators per chunk in the widest pass
+  std::vector<ReductionSlot> slots;  ///< every accumulator of every pass (grad check too)
+  Strategy strategy = Strategy::Recompute;
+  int store_pass = -1;            ///< Store: the pass that writes states early
+  std::vector<std::string> scratch;  ///< Store: fp32 scratch tensors (role order, after
+                                     ///< the master): what each holds
+  std::int64_t bytes_recompute = 0;  ///< per element and step, under each strategy
+  std::int64_t bytes_store = 0;
+  std::vector<int> role_bytes;       ///< bytes per element of each role
+  std::vector<std::vector<int>> pass_reads;   ///< roles each pass reads (update last)
+  std::vector<std::vector<int>> pass_writes;  ///< roles each pass writes
 };
 
 /// Emits the body of `rule` for the dtype binding. Pointer order: param, grad, states,
-/// outputs, then the fp32 master when dtypes.master.
-KernelBody generate_body(const lang::Rule& rule, const DTypeBinding& dtypes);
+/// outputs, the fp32 master when dtypes.master, then the scratch tensors of the Store
+/// strategy. `strategy` picks how the update gets values of the last reduction pass.
+KernelBody generate_body(const lang::Rule& rule, const DTypeBinding& dtypes,
+                         Strategy strategy = Strategy::Auto);
 
 /// See include/fusedopt/kernel.hpp.
 using fusedopt::TrustedFunctor;

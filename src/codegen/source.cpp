@@ -51,13 +51,19 @@ void emit_common_prologue(Writer& w, const KernelBody& body) {
   w.line("#define FO_GENERATED 1");
   w.line(fmt::format("#define FO_NUM_ROLES {}", body.num_roles));
   w.line(fmt::format("#define FO_NUM_HYPERS {}", body.num_hypers));
+  w.line(fmt::format("#define FO_REDUCTION_PASSES {}", body.reduction_passes));
+  w.line(fmt::format("#define FO_NUM_TENSOR_SLOTS {}", body.num_tensor_slots));
+  w.line(fmt::format("#define FO_NUM_GLOBAL_SLOTS {}", body.num_global_slots));
+  w.line(fmt::format("#define FO_MAX_ACC {}", body.max_acc));
 }
 
 std::string uniform_struct(const KernelBody& body) {
   return fmt::format(
       "struct fo_uniform {{\n  float h[{}];\n  float step;\n  float inv_grad_scale;\n"
-      "  float u[{}];\n}};\n",
-      std::max(body.num_hypers, 1), std::max(body.num_uniforms, 1));
+      "  float g[{}];\n  float u[{}];\n}};\n"
+      "struct fo_tvals {{\n  float v[{}];\n}};\n",
+      std::max(body.num_hypers, 1), std::max(body.num_global_slots, 1),
+      std::max(body.num_uniforms, 1), std::max(body.num_tensor_slots, 1));
 }
 
 const char* storage_type(DType dtype) {
@@ -84,14 +90,18 @@ void emit_tensor_binding(Writer& w, const std::vector<RoleDecl>& roles) {
   w.line("}");
 }
 
-void emit_prepare(Writer& w, const KernelBody& body, const std::vector<PrepareLine>& lines,
-                  const std::string& file) {
-  w.line("FO_FN fo_uniform fo_prepare(const float* FO_RESTRICT h, float step, float inv_grad_scale) {");
+void emit_prepare(Writer& w, const KernelBody& body, const std::vector<std::string>& globals,
+                  const std::vector<PrepareLine>& lines, const std::string& file) {
+  w.line("FO_FN fo_uniform fo_prepare(const float* FO_RESTRICT h, float step, float inv_grad_scale, "
+         "const double* FO_RESTRICT G) {");
   w.line("  fo_uniform U;");
+  w.line("  (void)G;");
   for (int k = 0; k < body.num_hypers; ++k) w.line(fmt::format("  U.h[{}] = h[{}];", k, k));
   if (body.num_hypers == 0) w.line("  U.h[0] = 0.0f;");
   w.line("  U.step = step;");
   w.line("  U.inv_grad_scale = inv_grad_scale;");
+  for (int k = 0; k < body.num_global_slots; ++k) w.line(fmt::format("  U.g[{}] = 0.0f;", k));
+  for (const std::string& g : globals) w.line("  " + g);
   if (lines.empty()) w.line("  U.u[0] = 0.0f;");
   for (const PrepareLine& l : lines) {
     w.line_directive(l.rule_line, file);
@@ -204,8 +214,15 @@ KernelBody generate_functor_body(const TrustedFunctor& functor, const DTypeBindi
   for (int s = 0; s < nstates; ++s) roles.push_back({storage_type(dtypes.state), true});
   if (dtypes.master) roles.push_back({"float", true});
   emit_tensor_binding(w, roles);
-  emit_prepare(w, body, {}, "");
-  w.line("FO_FN void fo_element(const fo_tensor& t, long long i, const fo_uniform& U) {");
+  emit_prepare(w, body, {}, {}, "");
+  w.line("FO_FN int fo_acc_count(int) { return 0; }");
+  w.line("FO_FN int fo_acc_max(int, int) { return 0; }");
+  w.line("FO_FN int fo_acc_slot(int, int) { return 0; }");
+  w.line("FO_FN void fo_tensor_values(const double*, fo_tvals& T) { T.v[0] = 0.0f; }");
+  w.line("template <int kPass>");
+  w.line("FO_FN void fo_reduce_element(const fo_tensor&, long long, const fo_uniform&, "
+         "const fo_tvals&, float*, int, bool) {}");
+  w.line("FO_FN void fo_element(const fo_tensor& t, long long i, const fo_uniform& U, const fo_tvals&) {");
   w.line("  fo_hypers h;");
   for (int k = 0; k < body.num_hypers; ++k) {
     w.line(fmt::format("  h.{} = U.h[{}];", functor.hypers[k].first, k));

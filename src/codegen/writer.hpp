@@ -62,9 +62,10 @@ struct PrepareLine {
   int rule_line = 0;
   std::string text;
 };
-/// fo_prepare: copies the hypers, step and grad scale, then computes `lines` in order,
-/// each under a #line pointing at `file`.
-void emit_prepare(Writer& w, const KernelBody& body, const std::vector<PrepareLine>& lines,
-                  const std::string& file);
+/// fo_prepare: copies the hypers, step and grad scale, computes the global reduction
+/// values (`globals`, statements over the raw totals G), then `lines` in order, each under
+/// a #line pointing at `file`.
+void emit_prepare(Writer& w, const KernelBody& body, const std::vector<std::string>& globals,
+                  const std::vector<PrepareLine>& lines, const std::string& file);
 
 }  // namespace fusedopt::codegen

@@ -16,6 +16,19 @@ const char* to_string(SymKind kind) {
   return "unknown";
 }
 
+const char* to_string(ReduceKind kind) {
+  switch (kind) {
+    case ReduceKind::Sum: return "sum";
+    case ReduceKind::SumSq: return "sumsq";
+    case ReduceKind::Norm: return "norm";
+    case ReduceKind::MaxAbs: return "maxabs";
+    case ReduceKind::AnyNonFinite: return "any_nonfinite";
+  }
+  return "unknown";
+}
+
+const char* to_string(Scope scope) { return scope == Scope::Tensor ? "tensor" : "global"; }
+
 int Rule::find(const std::string& wanted) const {
   // Linear: rules have a handful of symbols, and lookups happen at build time, not per step.
   for (std::size_t i = 0; i < symbols.size(); ++i) {

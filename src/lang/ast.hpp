@@ -29,8 +29,22 @@ enum class SymKind {
 
 const char* to_string(SymKind kind);
 
-/// Element-wise operators and functions. Reductions (tensor_norm, global_norm, ...) will be
-/// new `Op` values of category Reduce; the checker already splits statements into phases.
+/// What a reduction computes over its argument x.
+enum class ReduceKind {
+  Sum,           ///< sum of x
+  SumSq,         ///< sum of x * x
+  Norm,          ///< sqrt of the sum of x * x (the L2 norm)
+  MaxAbs,        ///< max of |x| (NaN wins)
+  AnyNonFinite,  ///< 1 if some x is inf or NaN, else 0 (a truth value)
+};
+
+/// Over what a reduction runs: each parameter tensor on its own, or every tensor of the step.
+enum class Scope { Tensor, Global };
+
+const char* to_string(ReduceKind kind);
+const char* to_string(Scope scope);
+
+/// Operators, element-wise functions and reductions.
 enum class Op {
   Number,  ///< literal; Expr::number
   Ref,     ///< reads a symbol; Expr::sym (and Expr::def for temporaries)
@@ -68,6 +82,7 @@ enum class Op {
   Log1p,
   Expm1,
   Floor,
+  Reduce,  ///< a reduction (Expr::reduction indexes Rule::reductions); args[0] is reduced
 };
 
 struct Expr;
@@ -87,6 +102,13 @@ struct Expr {
                          ///< (a Temp read is uniform when its reaching definition is)
   bool boolean = false;  ///< a truth value (comparison, and/or/not, isfinite; a read of a
                          ///< boolean definition; where() of two booleans)
+  bool elementwise = false;  ///< varies from element to element (reads a tensor element,
+                             ///< directly or through temporaries)
+  int phase = 0;      ///< the first pass in which the value is known: one more than the
+                      ///< latest pass of a reduction it depends on (0: none)
+  int reduction = -1;  ///< Op::Reduce: index into Rule::reductions
+  ReduceKind reduce_kind = ReduceKind::Sum;  ///< Op::Reduce: set by the parser
+  Scope reduce_scope = Scope::Tensor;        ///< Op::Reduce: set by the parser
 };
 
 struct Symbol {
@@ -104,14 +126,23 @@ struct Stmt {
   int target = -1;  ///< index into Rule::symbols
   ExprPtr value;
   Loc loc;          ///< of the target name
-  int phase = 0;    ///< which pass runs it; 0 until reductions exist
+  int phase = 0;    ///< the first pass in which its value is known (Expr::phase)
 };
 
-/// A pass over the data: statements [first, last) of Rule::stmts.
-struct Phase {
-  int first = 0;
-  int last = 0;
+/// One reduction call of the rule. Its argument is computed element by element in pass
+/// `pass`; the result is known from pass `pass + 1` on.
+struct Reduction {
+  ReduceKind kind = ReduceKind::Sum;
+  Scope scope = Scope::Tensor;
+  int pass = 0;
+  int slot = 0;     ///< index among the reductions of the same scope
+  Loc loc;          ///< of the function name
+  const Expr* arg = nullptr;  ///< the reduced expression (owned by the statement)
+  std::string name;  ///< e.g. "tensor_norm"
 };
+
+/// Most reduction passes a rule may need (each is a read over the data).
+inline constexpr int kMaxReductionPasses = 4;
 
 /// A parsed and checked rule.
 struct Rule {
@@ -120,7 +151,11 @@ struct Rule {
   std::string text;  ///< the original text
   std::vector<Symbol> symbols;
   std::vector<Stmt> stmts;
-  std::vector<Phase> phases;  ///< one phase for element-wise rules
+  std::vector<Reduction> reductions;  ///< in text order
+  int reduction_passes = 0;  ///< passes before the update pass (0: element-wise rule);
+                             ///< the update runs in pass `reduction_passes`
+  int num_tensor_reductions = 0;
+  int num_global_reductions = 0;
 
   int param = -1;  ///< symbol index of the param
   int grad = -1;   ///< symbol index of the grad

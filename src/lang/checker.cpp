@@ -5,6 +5,8 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+#include <functional>
 #include <string>
 
 #include "lang/hints.hpp"
@@ -90,7 +92,8 @@ class Checker {
 
   void declare(Decl& d) {
     const std::string_view name = in_.names[d.name];
-    if (const char* reason = reserved_reason(name)) {
+    const char* reason = d.internal ? nullptr : reserved_reason(name);
+    if (reason != nullptr) {
       src_.fail(d.loc, fmt::format("cannot declare '{}': {}", name, reason), "choose another name");
     }
     const Loc kw{d.keyword.line, d.keyword.col, d.kind == SymKind::Param ? 5 : 4};
@@ -144,8 +147,16 @@ class Checker {
       resolve_ref(e, state);
       return;
     }
+    if (e.op == Op::Reduce) {
+      reduce(e, state);
+      return;
+    }
     e.uniform = true;
-    for (const ExprPtr& a : e.args) e.uniform = e.uniform && a->uniform;
+    for (const ExprPtr& a : e.args) {
+      e.uniform = e.uniform && a->uniform;
+      e.elementwise = e.elementwise || a->elementwise;
+      e.phase = std::max(e.phase, a->phase);
+    }
     if (is_comparison_or_logic(e.op)) {
       e.boolean = true;
     } else if (e.op == Op::Where) {
@@ -153,6 +164,59 @@ class Checker {
     } else if (const FunctionInfo* fn = function_of(e.op)) {
       e.boolean = fn->boolean;
     }
+  }
+
+  // A reduction call: its argument must vary per element; it runs in the pass where its
+  // argument is first known, and its result is a scalar (per tensor or global) from the
+  // next pass on.
+  void reduce(Expr& e, const Symbol* state) {
+    const FunctionInfo& fn = reduction_info(e.reduce_kind, e.reduce_scope);
+    if (state != nullptr) {
+      src_.fail(e.loc,
+                fmt::format("the initial value of state '{}' cannot use a reduction ('{}')",
+                            state->name, fn.name),
+                "initial values are written once, element by element, before the first step; "
+                "compute the reduction in a statement instead");
+    }
+    const Expr& arg = *e.args[0];
+    if (!arg.elementwise) {
+      if (arg.uniform) {
+        src_.fail(e.loc,
+                  fmt::format("'{}' reduces a value that is the same for every element", fn.name),
+                  "its argument uses only numbers, hypers, 'step' and global results; reduce an "
+                  "expression of the param, the grad or a state");
+      }
+      src_.fail(e.loc,
+                fmt::format("'{}' reduces a value that is the same for every element of a tensor "
+                            "(its argument depends on per-tensor reductions, not on elements)",
+                            fn.name),
+                "it would add that value once per element; reduce an element expression, e.g. "
+                "'tensor_norm(p)', and combine the scalars afterwards");
+    }
+    if (arg.phase >= kMaxReductionPasses) {
+      src_.fail(e.loc,
+                fmt::format("'{}' would need reduction pass {}: a rule may use at most {} passes "
+                            "of reductions",
+                            fn.name, arg.phase + 1, kMaxReductionPasses),
+                "its argument depends on a chain of reductions, each needing its own pass over "
+                "the data; compute independent reductions from the same values so they share a "
+                "pass");
+    }
+    Reduction r;
+    r.kind = e.reduce_kind;
+    r.scope = e.reduce_scope;
+    r.pass = arg.phase;
+    int& count = r.scope == Scope::Tensor ? rule_.num_tensor_reductions : rule_.num_global_reductions;
+    r.slot = count++;
+    r.loc = e.loc;
+    r.arg = &arg;
+    r.name = fn.name;
+    e.reduction = static_cast<int>(rule_.reductions.size());
+    rule_.reductions.push_back(std::move(r));
+    e.uniform = e.reduce_scope == Scope::Global;
+    e.elementwise = false;
+    e.boolean = fn.boolean;
+    e.phase = arg.phase + 1;
   }
 
   void resolve_ref(Expr& e, const Symbol* state) {
@@ -192,8 +256,15 @@ class Checker {
       const Expr& value = *rule_.stmts[e.def].value;
       e.uniform = s.kind == SymKind::Temp && value.uniform;
       e.boolean = value.boolean;
+      e.elementwise = value.elementwise || s.kind == SymKind::Output;
+      e.phase = value.phase;
     } else {
       e.uniform = s.kind == SymKind::Hyper || s.kind == SymKind::Step;
+      if (!e.uniform) {  // a tensor: its current value (the latest assignment's, if any)
+        e.elementwise = true;
+        e.def = state == nullptr ? last_def_[sym] : -1;
+        if (e.def >= 0) e.phase = rule_.stmts[e.def].value->phase;
+      }
     }
   }
 
@@ -202,7 +273,7 @@ class Checker {
     const std::string_view name = in_.names[raw.target];
     int sym = sym_of_name_[raw.target];
     if (sym < 0) {
-      if (const char* reason = reserved_reason(name)) {
+      if (const char* reason = raw.internal ? nullptr : reserved_reason(name)) {
         src_.fail(raw.loc, fmt::format("cannot assign to '{}': {}", name, reason),
                   "assign a temporary with another name");
       }
@@ -228,7 +299,7 @@ class Checker {
     stmt.target = sym;
     stmt.value = std::move(raw.value);
     stmt.loc = raw.loc;
-    stmt.phase = 0;
+    stmt.phase = stmt.value->phase;
     last_def_[sym] = static_cast<int>(rule_.stmts.size());
     rule_.stmts.push_back(std::move(stmt));
   }
@@ -262,9 +333,59 @@ class Checker {
                   fmt::format("assign it in a statement, e.g. '{} = ...'", s.name));
       }
     }
-    // Element-wise rules run in a single pass; reductions will split here.
-    rule_.phases.clear();
-    rule_.phases.push_back(Phase{0, static_cast<int>(rule_.stmts.size())});
+    // The update runs after every reduction pass; element-wise rules have none.
+    rule_.reduction_passes = 0;
+    for (const Reduction& r : rule_.reductions) {
+      rule_.reduction_passes = std::max(rule_.reduction_passes, r.pass + 1);
+    }
+    schedule_late();
+  }
+
+  // Reductions go to the earliest pass their argument allows. One that no other reduction
+  // depends on feeds only the update, so it moves to the last reduction pass: that pass
+  // already reads most tensors (LAMB's ||p|| joins ||u|| there instead of making the
+  // global-norm pass read the params too). Phases are then recomputed.
+  void schedule_late() {
+    const int n = rule_.reduction_passes;
+    if (n < 2) return;
+    std::vector<std::vector<bool>> stmt_deps(rule_.stmts.size());
+    std::vector<bool> known(rule_.stmts.size(), false);
+    const std::size_t nr = rule_.reductions.size();
+    // deps(e): the reductions whose results e's value depends on.
+    std::function<void(const Expr&, std::vector<bool>&)> deps = [&](const Expr& e, std::vector<bool>& out) {
+      if (e.op == Op::Reduce) {
+        out[e.reduction] = true;
+        return;
+      }
+      if (e.op == Op::Ref && e.def >= 0) {
+        if (!known[e.def]) {
+          known[e.def] = true;
+          stmt_deps[e.def].assign(nr, false);
+          deps(*rule_.stmts[e.def].value, stmt_deps[e.def]);
+        }
+        for (std::size_t r = 0; r < nr; ++r) out[r] = out[r] || stmt_deps[e.def][r];
+      }
+      for (const ExprPtr& a : e.args) deps(*a, out);
+    };
+    std::vector<bool> needed_by_reduction(nr, false);
+    for (const Reduction& r : rule_.reductions) {
+      std::vector<bool> d(nr, false);
+      deps(*r.arg, d);
+      for (std::size_t k = 0; k < nr; ++k) needed_by_reduction[k] = needed_by_reduction[k] || d[k];
+    }
+    for (std::size_t k = 0; k < nr; ++k) {
+      if (!needed_by_reduction[k]) rule_.reductions[k].pass = n - 1;
+    }
+    for (Stmt& st : rule_.stmts) st.phase = rephase(*st.value);
+  }
+
+  int rephase(Expr& e) {
+    int phase = 0;
+    for (ExprPtr& a : e.args) phase = std::max(phase, rephase(*a));
+    if (e.op == Op::Reduce) phase = rule_.reductions[e.reduction].pass + 1;
+    if (e.op == Op::Ref && e.def >= 0) phase = rule_.stmts[e.def].phase;
+    e.phase = phase;
+    return phase;
   }
 
   const Source& src_;

@@ -32,9 +32,6 @@ constexpr std::string_view kCxxReserved[] = {
 constexpr std::string_view kKeywords[] = {"param",  "grad", "state", "hyper",
                                           "output", "and",  "or",    "not"};
 
-constexpr std::string_view kFutureReductions[] = {"tensor_norm", "tensor_sum", "tensor_maxabs",
-                                                  "global_norm", "global_sum", "global_maxabs"};
-
 template <std::size_t N>
 bool contains(const std::string_view (&table)[N], std::string_view name) {
   return std::find(std::begin(table), std::end(table), name) != std::end(table);
@@ -62,6 +59,17 @@ const std::vector<FunctionInfo>& functions() {
       {"log1p",    Op::Log1p,    1, "log1p(x)",           false, false},
       {"expm1",    Op::Expm1,    1, "expm1(x)",           false, false},
       {"floor",    Op::Floor,    1, "floor(x)",           false, false},
+      // reductions: per tensor, then over every tensor of the step
+      {"tensor_sum",           Op::Reduce, 1, "tensor_sum(x)",           false, true, ReduceKind::Sum,          Scope::Tensor},
+      {"tensor_sumsq",         Op::Reduce, 1, "tensor_sumsq(x)",         false, true, ReduceKind::SumSq,        Scope::Tensor},
+      {"tensor_norm",          Op::Reduce, 1, "tensor_norm(x)",          false, true, ReduceKind::Norm,         Scope::Tensor},
+      {"tensor_maxabs",        Op::Reduce, 1, "tensor_maxabs(x)",        false, true, ReduceKind::MaxAbs,       Scope::Tensor},
+      {"tensor_any_nonfinite", Op::Reduce, 1, "tensor_any_nonfinite(x)", true,  true, ReduceKind::AnyNonFinite, Scope::Tensor},
+      {"global_sum",           Op::Reduce, 1, "global_sum(x)",           false, true, ReduceKind::Sum,          Scope::Global},
+      {"global_sumsq",         Op::Reduce, 1, "global_sumsq(x)",         false, true, ReduceKind::SumSq,        Scope::Global},
+      {"global_norm",          Op::Reduce, 1, "global_norm(x)",          false, true, ReduceKind::Norm,         Scope::Global},
+      {"global_maxabs",        Op::Reduce, 1, "global_maxabs(x)",        false, true, ReduceKind::MaxAbs,       Scope::Global},
+      {"global_any_nonfinite", Op::Reduce, 1, "global_any_nonfinite(x)", true,  true, ReduceKind::AnyNonFinite, Scope::Global},
   };
   // clang-format on
   return table;
@@ -75,13 +83,19 @@ const FunctionInfo* find_function(std::string_view name) {
 }
 
 const FunctionInfo* function_of(Op op) {
+  if (op == Op::Reduce) return nullptr;  // many rows: see reduction_info
   for (const FunctionInfo& f : functions()) {
     if (f.op == op) return &f;
   }
   return nullptr;
 }
 
-bool is_future_reduction(std::string_view name) { return contains(kFutureReductions, name); }
+const FunctionInfo& reduction_info(ReduceKind kind, Scope scope) {
+  for (const FunctionInfo& f : functions()) {
+    if (f.reduction && f.reduce == kind && f.scope == scope) return f;
+  }
+  return functions().front();  // unreachable: every pair has a row
+}
 
 bool is_keyword(std::string_view name) { return contains(kKeywords, name); }
 
@@ -89,7 +103,6 @@ const char* reserved_reason(std::string_view name) {
   if (is_keyword(name)) return "it is a keyword";
   if (name == "step") return "it is built in (the step count) and read-only";
   if (find_function(name) != nullptr) return "it is a built-in function";
-  if (is_future_reduction(name)) return "it is reserved for a built-in reduction";
   if (contains(kCxxReserved, name)) return "it is reserved (a C++ or CUDA name)";
   if (name.size() >= 3 && std::tolower(static_cast<unsigned char>(name[0])) == 'f' &&
       std::tolower(static_cast<unsigned char>(name[1])) == 'o' && name[2] == '_') {

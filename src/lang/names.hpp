@@ -9,26 +9,27 @@
 
 namespace fusedopt::lang {
 
-/// One built-in function. Reductions will be rows with `reduction = true`; the checker
-/// splits the rule into phases at them.
+/// One built-in function. Reductions are rows with `reduction = true` (Op::Reduce); the
+/// checker splits the rule into passes at them.
 struct FunctionInfo {
   const char* name;
   Op op;
   int arity;
   const char* signature;  ///< for arity hints: "clamp(x, lo, hi)"
-  bool boolean;           ///< returns a truth value (isfinite)
-  bool reduction;         ///< reduces over a tensor or all tensors (not yet: always false)
+  bool boolean;           ///< returns a truth value (isfinite, *_any_nonfinite)
+  bool reduction;         ///< reduces over a tensor or over all tensors of the step
+  ReduceKind reduce = ReduceKind::Sum;  ///< reductions: what it computes
+  Scope scope = Scope::Tensor;          ///< reductions: over what
 };
 
 /// Every built-in function, in the order hints list them.
 const std::vector<FunctionInfo>& functions();
 /// The function called `name`, or nullptr.
 const FunctionInfo* find_function(std::string_view name);
-/// The function whose Op is `op`, or nullptr (Number, Ref and operators have none).
+/// The function whose Op is `op`, or nullptr (Number, Ref, operators and Reduce have none).
 const FunctionInfo* function_of(Op op);
-
-/// Names of reductions the language reserves for the reductions issue (not callable yet).
-bool is_future_reduction(std::string_view name);
+/// The reduction row for `kind` over `scope`.
+const FunctionInfo& reduction_info(ReduceKind kind, Scope scope);
 
 /// Why `name` may not name a symbol (keyword, built-in function, `step`, C++ keyword,
 /// reserved prefix), or nullptr when it may. Worded to follow "cannot declare 'x': ",

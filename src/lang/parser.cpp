@@ -377,10 +377,6 @@ class Parser {
   Parsed parse_call(const Token& name) {
     const FunctionInfo* fn = find_function(name.text);
     if (fn == nullptr) {
-      if (is_future_reduction(name.text)) {
-        src_.fail(name.loc, fmt::format("reduction '{}' is not supported yet", name.text),
-                  "reductions are planned; only element-wise functions exist today");
-      }
       std::vector<std::string_view> candidates;
       for (const FunctionInfo& f : functions()) candidates.push_back(f.name);
       std::string hint = did_you_mean(name.text, candidates);
@@ -415,7 +411,13 @@ class Parser {
                             fn->arity == 1 ? "" : "s", got),
                 fmt::format("usage: {}", fn->signature));
     }
-    return make(fn->op, name.loc, std::move(args));
+    Parsed call = make(fn->op, name.loc, std::move(args));
+    if (fn->reduction) {
+      call.expr->reduce_kind = fn->reduce;
+      call.expr->reduce_scope = fn->scope;
+      call.expr->loc.len = static_cast<int>(name.text.size());
+    }
+    return call;
   }
 
   const Source& src_;

@@ -19,6 +19,7 @@ struct Decl {
   Loc keyword;               ///< of the declaring keyword
   ExprPtr init;              ///< State: the initial value, names unresolved
   double default_value = 0;  ///< Hyper
+  bool internal = false;     ///< added by fusedopt (may use reserved names)
 };
 
 /// `NAME = EXPR`, names unresolved.
@@ -26,6 +27,7 @@ struct RawStmt {
   int target = -1;  ///< index into ParsedRule::names
   Loc loc;
   ExprPtr value;
+  bool internal = false;  ///< added by fusedopt (may use reserved names)
 };
 
 struct ParsedRule {

@@ -75,6 +75,8 @@ struct CudaKernel::Impl {
   CUfunction f_init = nullptr;
   CUfunction f_check = nullptr;
   CUfunction f_advance = nullptr;
+  CUfunction f_reduce = nullptr;
+  CUfunction f_finalize = nullptr;
   int num_roles = 0;
   int num_hypers = 0;
   int sm = 0;
@@ -87,6 +89,14 @@ struct CudaKernel::Impl {
   DeviceBuffer aligned;
   DeviceBuffer flag;        // int: fusedopt_check's result
   DeviceBuffer capturable;  // float[2]: steps taken, inverse grad scale
+  // Reductions.
+  DeviceBuffer partials;       // float[num_chunks * max_acc]
+  DeviceBuffer tensor_totals;  // double[num_tensors * tensor slots]
+  DeviceBuffer tensor_chunks;  // long long[2 * num_tensors]
+  DeviceBuffer own_global;     // double[global slots]
+  DevicePtr shared_global = 0;
+  std::int64_t num_tensors = 0;
+  int reduction_passes = 0;
   std::vector<float> host_hypers;
   std::int64_t num_chunks = 0;
   int num_groups = 0;
@@ -104,6 +114,10 @@ struct CudaKernel::Impl {
       aligned = DeviceBuffer();
       flag = DeviceBuffer();
       capturable = DeviceBuffer();
+      partials = DeviceBuffer();
+      tensor_totals = DeviceBuffer();
+      tensor_chunks = DeviceBuffer();
+      own_global = DeviceBuffer();
       if (module) cuda::driver().ModuleUnload(module);  // teardown: nothing to report to
     } catch (const Error&) {
       // The context could not be made current: the driver is shutting down.
@@ -132,8 +146,17 @@ struct CudaKernel::Impl {
       L.inv_grad_scale_ptr = as_device_pointer<const float>(capturable.get() + sizeof(float));
     }
     L.aligned = as_device_pointer<const unsigned char>(aligned.get());
+    if (reduction_passes > 0) {
+      L.partials = as_device_pointer<float>(partials.get());
+      L.tensor_totals = as_device_pointer<double>(tensor_totals.get());
+      L.tensor_chunks = as_device_pointer<const long long>(tensor_chunks.get());
+    }
+    L.global_totals = as_device_pointer<double>(global());
+    L.num_tensors = static_cast<long long>(num_tensors);
     return L;
   }
+
+  DevicePtr global() const { return shared_global ? shared_global : own_global.get(); }
 
   void launch(CUfunction f, CUstream stream, void** args, unsigned grid_x, unsigned block_x) const {
     FUSEDOPT_CU_CHECK(LaunchKernel, f, grid_x, 1, 1, block_x, 1, 1, 0, stream, args, nullptr);
@@ -141,7 +164,7 @@ struct CudaKernel::Impl {
 };
 
 CudaKernel::CudaKernel(std::shared_ptr<const lang::Rule> rule, DTypeBinding dtypes, int device,
-                       cache::KernelCache& cache)
+                       cache::KernelCache& cache, codegen::Strategy strategy)
     : rule_(std::move(rule)), dtypes_(dtypes) {
   if (!rule_) throw Error("CudaKernel: no rule");
   SavedContext saved;  // PrimaryContext's constructor binds the context: undo that on exit
@@ -149,13 +172,16 @@ CudaKernel::CudaKernel(std::shared_ptr<const lang::Rule> rule, DTypeBinding dtyp
   Impl& k = *impl_;
   k.sm = cuda::device_sm(device);
   k.sm_count = cuda::device_sm_count(device);
-  codegen::KernelBody body = codegen::generate_body(*rule_, dtypes_);
+  codegen::KernelBody body = codegen::generate_body(*rule_, dtypes_, strategy);
   jit::BuiltKernel built = jit::build_kernel(body, dtypes_, Target::cuda(k.sm), cache);
   origin_ = cache::to_string(built.origin);
   key_ = built.key.hex();
   seconds_ = built.seconds;
   k.num_roles = body.num_roles;
   k.num_hypers = body.num_hypers;
+  k.reduction_passes = body.reduction_passes;
+  body.code.clear();
+  body_ = std::move(body);
 
   ScopedContext scope(k.ctx);
   FUSEDOPT_CU_CHECK(ModuleLoadData, &k.module, built.binary->data());
@@ -163,7 +189,11 @@ CudaKernel::CudaKernel(std::shared_ptr<const lang::Rule> rule, DTypeBinding dtyp
   FUSEDOPT_CU_CHECK(ModuleGetFunction, &k.f_init, k.module, "fusedopt_init");
   FUSEDOPT_CU_CHECK(ModuleGetFunction, &k.f_check, k.module, "fusedopt_check");
   FUSEDOPT_CU_CHECK(ModuleGetFunction, &k.f_advance, k.module, "fusedopt_advance_step");
+  FUSEDOPT_CU_CHECK(ModuleGetFunction, &k.f_reduce, k.module, "fusedopt_reduce");
+  FUSEDOPT_CU_CHECK(ModuleGetFunction, &k.f_finalize, k.module, "fusedopt_finalize");
   k.flag = DeviceBuffer(sizeof(int));
+  const std::vector<double> zeros(static_cast<std::size_t>(body_.num_global_slots), 0.0);
+  k.own_global = upload(zeros);
   k.capturable = DeviceBuffer(2 * sizeof(float));
   const float initial[2] = {0.0f, 1.0f};
   cuda::copy_to_device(k.capturable.get(), initial, sizeof initial);
@@ -248,6 +278,21 @@ void CudaKernel::set_tensors(const std::vector<std::vector<DevicePtr>>& ptrs,
   std::vector<float> flat;
   for (const auto& h : hypers) flat.insert(flat.end(), h.begin(), h.end());
 
+  // Reductions: each tensor's chunk range (a tensor's chunks are adjacent), the partials
+  // and the per-tensor totals.
+  std::vector<long long> ranges(2 * std::max<std::size_t>(n, 1), 0);
+  for (std::size_t c = 0; c < chunk_table.size(); ++c) {
+    long long* range = &ranges[2 * static_cast<std::size_t>(chunk_table[c].tensor)];
+    if (range[1] == 0) range[0] = static_cast<long long>(c);
+    ++range[1];
+  }
+  DeviceBuffer d_partials, d_totals, d_ranges;
+  if (k.reduction_passes > 0) {
+    d_partials = DeviceBuffer(std::max<std::size_t>(chunk_table.size(), 1) * body_.max_acc * sizeof(float));
+    d_totals = upload(std::vector<double>(std::max<std::size_t>(n, 1) * body_.num_tensor_slots, 0.0));
+    d_ranges = upload(ranges);
+  }
+
   // Build everything before replacing anything: a failed upload leaves the old plan.
   DeviceBuffer d_chunks = upload(chunk_table);
   DeviceBuffer d_ptrs = upload(table);
@@ -262,6 +307,10 @@ void CudaKernel::set_tensors(const std::vector<std::vector<DevicePtr>>& ptrs,
   k.ptrs = std::move(d_ptrs);
   k.hypers = std::move(d_hypers);
   k.aligned = std::move(d_aligned);
+  k.partials = std::move(d_partials);
+  k.tensor_totals = std::move(d_totals);
+  k.tensor_chunks = std::move(d_ranges);
+  k.num_tensors = static_cast<std::int64_t>(n);
   k.host_hypers = std::move(flat);
   k.num_chunks = static_cast<std::int64_t>(chunk_table.size());
   k.num_groups = static_cast<int>(hypers.size());
@@ -294,10 +343,69 @@ void CudaKernel::step(cuda::Stream stream, float step, float inv_grad_scale) {
   Impl& k = *impl_;
   k.require_plan("step");
   if (k.num_chunks == 0) return;
+  for (int pass = 0; pass < k.reduction_passes; ++pass) {
+    run_pass(stream, pass, step, inv_grad_scale, false, false);
+    finalize(stream, pass, false);
+  }
+  run_pass(stream, k.reduction_passes, step, inv_grad_scale, false, false);
+}
+
+int CudaKernel::reduction_passes() const { return impl_->reduction_passes; }
+
+void CudaKernel::run_pass(cuda::Stream stream, int pass, float step, float inv_grad_scale,
+                          bool check_grads, bool capturable_mode) {
+  Impl& k = *impl_;
+  k.require_plan("run_pass");
+  if (pass < 0 || pass > k.reduction_passes) {
+    throw InternalError(fmt::format("CudaKernel::run_pass({}): the rule has {} passes", pass,
+                                    k.reduction_passes + 1));
+  }
+  if (k.num_chunks == 0) return;
   ScopedContext scope(k.ctx);
-  fo_launch L = k.make_launch(step, inv_grad_scale, false);
-  void* args[] = {&L};
-  k.launch(k.f_step, static_cast<CUstream>(stream), args, k.grid(), kCudaBlock);
+  fo_launch L = k.make_launch(step, inv_grad_scale, capturable_mode);
+  L.check_grads = check_grads ? 1 : 0;
+  if (pass == k.reduction_passes) {
+    void* args[] = {&L};
+    k.launch(k.f_step, static_cast<CUstream>(stream), args, k.grid(), kCudaBlock);
+  } else {
+    int p = pass;
+    void* args[] = {&L, &p};
+    k.launch(k.f_reduce, static_cast<CUstream>(stream), args, k.grid(), kCudaBlock);
+  }
+}
+
+void CudaKernel::finalize(cuda::Stream stream, int pass, bool accumulate) {
+  Impl& k = *impl_;
+  k.require_plan("finalize");
+  ScopedContext scope(k.ctx);
+  fo_launch L = k.make_launch(0.0f, 1.0f, false);
+  L.global_accumulate = accumulate ? 1 : 0;
+  int p = pass;
+  void* args[] = {&L, &p};
+  const std::int64_t blocks = std::max<std::int64_t>(1, (k.num_tensors + kCudaBlock - 1) / kCudaBlock);
+  k.launch(k.f_finalize, static_cast<CUstream>(stream), args,
+           static_cast<unsigned>(std::min<std::int64_t>(blocks, 1024)), kCudaBlock);
+}
+
+void CudaKernel::share_global_totals(DevicePtr totals) { impl_->shared_global = totals; }
+DevicePtr CudaKernel::global_totals() const { return impl_->global(); }
+DevicePtr CudaKernel::tensor_totals() const { return impl_->tensor_totals.get(); }
+
+bool CudaKernel::found_nonfinite(cuda::Stream stream) {
+  Impl& k = *impl_;
+  ScopedContext scope(k.ctx);
+  cuda::synchronize(stream);
+  double count = 0;
+  cuda::copy_to_host(&count, k.global() + (body_.num_global_slots - 1) * sizeof(double), sizeof count);
+  return count > 0;
+}
+
+void CudaKernel::advance_step(cuda::Stream stream) {
+  Impl& k = *impl_;
+  ScopedContext scope(k.ctx);
+  CUdeviceptr step_ptr = static_cast<CUdeviceptr>(k.capturable.get());
+  void* advance_args[] = {&step_ptr};
+  k.launch(k.f_advance, static_cast<CUstream>(stream), advance_args, 1, 1);
 }
 
 void CudaKernel::init_states(cuda::Stream stream) {
@@ -336,9 +444,11 @@ void CudaKernel::step_capturable(cuda::Stream stream) {
   void* advance_args[] = {&step_ptr};
   k.launch(k.f_advance, static_cast<CUstream>(stream), advance_args, 1, 1);
   if (k.num_chunks == 0) return;
-  fo_launch L = k.make_launch(0.0f, 1.0f, true);
-  void* args[] = {&L};
-  k.launch(k.f_step, static_cast<CUstream>(stream), args, k.grid(), kCudaBlock);
+  for (int pass = 0; pass < k.reduction_passes; ++pass) {
+    run_pass(stream, pass, 0.0f, 1.0f, false, true);
+    finalize(stream, pass, false);
+  }
+  run_pass(stream, k.reduction_passes, 0.0f, 1.0f, false, true);
 }
 
 void CudaKernel::set_capturable_state(float steps_taken, float inv_grad_scale) {
@@ -367,7 +477,7 @@ DevicePtr CudaKernel::capturable_inv_grad_scale_ptr() const {
 struct CudaKernel::Impl {};
 
 CudaKernel::CudaKernel(std::shared_ptr<const lang::Rule> rule, DTypeBinding dtypes, int,
-                       cache::KernelCache&)
+                       cache::KernelCache&, codegen::Strategy)
     : rule_(std::move(rule)), dtypes_(dtypes) {
   throw Error("fusedopt was built without CUDA (no cuda.h at build time)");
 }
@@ -390,6 +500,14 @@ void CudaKernel::set_capturable_state(float, float) {}
 float CudaKernel::capturable_steps_taken() const { return 0.0f; }
 cuda::DevicePtr CudaKernel::capturable_step_ptr() const { return 0; }
 cuda::DevicePtr CudaKernel::capturable_inv_grad_scale_ptr() const { return 0; }
+int CudaKernel::reduction_passes() const { return 0; }
+void CudaKernel::run_pass(cuda::Stream, int, float, float, bool, bool) {}
+void CudaKernel::finalize(cuda::Stream, int, bool) {}
+void CudaKernel::share_global_totals(cuda::DevicePtr) {}
+cuda::DevicePtr CudaKernel::global_totals() const { return 0; }
+cuda::DevicePtr CudaKernel::tensor_totals() const { return 0; }
+bool CudaKernel::found_nonfinite(cuda::Stream) { return false; }
+void CudaKernel::advance_step(cuda::Stream) {}
 
 #endif  // FUSEDOPT_HAVE_CUDA
 

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "codegen/codegen.hpp"
 #include "fusedopt/dtype.hpp"
 #include "lang/ast.hpp"
 #include "runtime/cuda_driver.hpp"
@@ -31,7 +32,7 @@ class CudaKernel {
   /// (or takes it from `cache`) and loads it into the device's primary context.
   /// Throws fusedopt::Error / CudaError (no driver, no device, compile failure).
   CudaKernel(std::shared_ptr<const lang::Rule> rule, DTypeBinding dtypes, int device,
-             cache::KernelCache& cache);
+             cache::KernelCache& cache, codegen::Strategy strategy = codegen::Strategy::Auto);
   ~CudaKernel();
   CudaKernel(const CudaKernel&) = delete;
   CudaKernel& operator=(const CudaKernel&) = delete;
@@ -58,9 +59,34 @@ class CudaKernel {
   /// queued there (not allowed while `stream` is being captured).
   void set_hypers(int group, const std::vector<float>& values, cuda::Stream stream = nullptr);
 
-  /// One optimizer step over the plan: ONE launch (none when every tensor is empty).
-  /// `step` is 1-based; the gradient is multiplied by `inv_grad_scale` before the rule.
+  /// One optimizer step over the plan: ONE launch for an element-wise rule (none when every
+  /// tensor is empty); a rule with reductions runs each reduction pass and its finalize
+  /// first (its global totals are this kernel's alone). `step` is 1-based; the gradient
+  /// is multiplied by `inv_grad_scale` before the rule.
   void step(cuda::Stream stream, float step, float inv_grad_scale = 1.0f);
+
+  // Reductions, pass by pass (the Optimizer interleaves the kernels of several bindings).
+  /// Reduction passes before the update (0: element-wise).
+  int reduction_passes() const;
+  /// Launches pass `pass`: a reduction pass (below reduction_passes(); `check_grads`: pass
+  /// 0 also counts non-finite unscaled gradients) or the update (pass == reduction_passes()).
+  /// `capturable_mode` reads the step and grad scale from the device (see below).
+  void run_pass(cuda::Stream stream, int pass, float step, float inv_grad_scale,
+                bool check_grads, bool capturable_mode);
+  /// Launches the finalize of reduction pass `pass` (combine into the global totals with
+  /// `accumulate`, else replace them).
+  void finalize(cuda::Stream stream, int pass, bool accumulate);
+  /// Uses `totals` (device memory, body().num_global_slots doubles) as the global totals.
+  void share_global_totals(cuda::DevicePtr totals);
+  cuda::DevicePtr global_totals() const;
+  /// The per-tensor totals (device memory): [tensor * body().num_tensor_slots + slot].
+  cuda::DevicePtr tensor_totals() const;
+  /// Synchronizes `stream` and reads whether the grad check found a non-finite value.
+  bool found_nonfinite(cuda::Stream stream);
+  /// Capturable mode: advances the device step by one (one tiny launch).
+  void advance_step(cuda::Stream stream);
+  /// What codegen said about the kernel (no code).
+  const codegen::KernelBody& body() const { return body_; }
   /// Writes every state tensor's initial value (one launch).
   void init_states(cuda::Stream stream);
   /// Whether every gradient element times `inv_grad_scale` is finite: zeroes a device
@@ -108,6 +134,7 @@ class CudaKernel {
   std::string origin_;
   std::string key_;
   double seconds_ = 0;
+  codegen::KernelBody body_;
   std::unique_ptr<Impl> impl_;
 };
 

@@ -17,6 +17,7 @@ namespace fusedopt::runtime {
 namespace {
 using EntryPoint = void (*)(const fo_launch*);
 using CheckPoint = int (*)(const fo_launch*);
+using PassPoint = void (*)(const fo_launch*, int);
 }  // namespace
 
 struct HostKernel::Impl {
@@ -24,6 +25,8 @@ struct HostKernel::Impl {
   EntryPoint step = nullptr;
   EntryPoint init = nullptr;
   CheckPoint check = nullptr;
+  PassPoint reduce = nullptr;
+  PassPoint finalize = nullptr;
   int num_roles = 0;
   int num_hypers = 0;
 };
@@ -57,13 +60,18 @@ fo_launch HostKernel::Prepared::launch(float step, float inv_grad_scale) const {
   L.hypers = hypers_.data();
   L.step = step;
   L.inv_grad_scale = inv_grad_scale;
+  L.partials = partials_.empty() ? nullptr : partials_.data();
+  L.tensor_totals = const_cast<double*>(tensor_totals_.empty() ? nullptr : tensor_totals_.data());
+  L.global_totals = const_cast<double*>(global_totals());
+  L.tensor_chunks = tensor_chunks_.empty() ? nullptr : tensor_chunks_.data();
+  L.num_tensors = static_cast<long long>(num_tensors_);
   return L;
 }
 
 HostKernel::HostKernel(std::shared_ptr<const lang::Rule> rule, DTypeBinding dtypes,
-                       cache::KernelCache& cache)
+                       cache::KernelCache& cache, codegen::Strategy strategy)
     : rule_(std::move(rule)), dtypes_(dtypes), impl_(std::make_unique<Impl>()) {
-  codegen::KernelBody body = codegen::generate_body(*rule_, dtypes_);
+  codegen::KernelBody body = codegen::generate_body(*rule_, dtypes_, strategy);
   jit::BuiltKernel built = jit::build_kernel(body, dtypes_, Target::host(), cache);
   origin_ = cache::to_string(built.origin);
   key_ = built.key.hex();
@@ -73,7 +81,9 @@ HostKernel::HostKernel(std::shared_ptr<const lang::Rule> rule, DTypeBinding dtyp
   impl_->step = reinterpret_cast<EntryPoint>(impl_->lib->symbol("fusedopt_step_host"));
   impl_->init = reinterpret_cast<EntryPoint>(impl_->lib->symbol("fusedopt_init_host"));
   impl_->check = reinterpret_cast<CheckPoint>(impl_->lib->symbol("fusedopt_check_host"));
-  if (!abi || !impl_->step || !impl_->init || !impl_->check) {
+  impl_->reduce = reinterpret_cast<PassPoint>(impl_->lib->symbol("fusedopt_reduce_host"));
+  impl_->finalize = reinterpret_cast<PassPoint>(impl_->lib->symbol("fusedopt_finalize_host"));
+  if (!abi || !impl_->step || !impl_->init || !impl_->check || !impl_->reduce || !impl_->finalize) {
     throw InternalError("host kernel for '" + rule_->name + "' lacks its entry points");
   }
   if (abi() != FO_ABI_VERSION) {
@@ -81,7 +91,11 @@ HostKernel::HostKernel(std::shared_ptr<const lang::Rule> rule, DTypeBinding dtyp
   }
   impl_->num_roles = body.num_roles;
   impl_->num_hypers = body.num_hypers;
+  body.code.clear();
+  body_ = std::move(body);
 }
+
+int HostKernel::reduction_passes() const { return body_.reduction_passes; }
 
 HostKernel::~HostKernel() = default;
 
@@ -125,13 +139,50 @@ HostKernel::Prepared HostKernel::prepare(const std::vector<std::vector<void*>>& 
     }
   }
   p.chunks_ = build_chunks(numel, group, kHostChunkElems, p.num_groups_);
+  p.num_tensors_ = static_cast<std::int64_t>(n);
+  p.own_global_.assign(static_cast<std::size_t>(body_.num_global_slots), 0.0);
+  if (body_.reduction_passes > 0) {
+    p.partials_.assign(p.chunks_.size() * static_cast<std::size_t>(body_.max_acc), 0.0f);
+    p.tensor_totals_.assign(n * static_cast<std::size_t>(body_.num_tensor_slots), 0.0);
+    p.tensor_chunks_.assign(2 * n, 0);
+    for (std::size_t c = 0; c < p.chunks_.size(); ++c) {  // a tensor's chunks are adjacent
+      long long* range = &p.tensor_chunks_[2 * static_cast<std::size_t>(p.chunks_[c].tensor)];
+      if (range[1] == 0) range[0] = static_cast<long long>(c);
+      ++range[1];
+    }
+  }
   return p;
+}
+
+void HostKernel::run_pass(Prepared& prepared, int pass, float step, float inv_grad_scale,
+                          bool check_grads) const {
+  const int n = body_.reduction_passes;
+  if (pass < 0 || pass > n) {
+    throw InternalError(fmt::format("HostKernel::run_pass({}): the rule has {} passes", pass, n + 1));
+  }
+  fo_launch L = prepared.launch(step, inv_grad_scale);
+  L.check_grads = check_grads ? 1 : 0;
+  if (pass == n) {
+    if (!prepared.empty()) impl_->step(&L);
+  } else {
+    impl_->reduce(&L, pass);
+  }
+}
+
+void HostKernel::finalize(Prepared& prepared, int pass, bool accumulate) const {
+  fo_launch L = prepared.launch(0.0f, 1.0f);
+  L.global_accumulate = accumulate ? 1 : 0;
+  impl_->finalize(&L, pass);
 }
 
 void HostKernel::step(const Prepared& prepared, float step, float inv_grad_scale) const {
   if (prepared.empty()) return;
-  const fo_launch L = prepared.launch(step, inv_grad_scale);
-  impl_->step(&L);
+  auto& p = const_cast<Prepared&>(prepared);  // only the reduction scratch changes
+  for (int pass = 0; pass < body_.reduction_passes; ++pass) {
+    run_pass(p, pass, step, inv_grad_scale);
+    finalize(p, pass, false);
+  }
+  run_pass(p, body_.reduction_passes, step, inv_grad_scale);
 }
 
 void HostKernel::init_states(const Prepared& prepared) const {

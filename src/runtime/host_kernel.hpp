@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "abi.h"
+#include "codegen/codegen.hpp"
 #include "fusedopt/dtype.hpp"
 #include "lang/ast.hpp"
 
@@ -38,6 +39,15 @@ class HostKernel {
     bool empty() const { return chunks_.empty(); }
     /// The launch for `step` and `inv_grad_scale`, pointing into this object.
     fo_launch launch(float step, float inv_grad_scale) const;
+    /// Uses `totals` (FO_NUM_GLOBAL_SLOTS doubles, shared with other kernels of one
+    /// optimizer) for the global totals instead of this plan's own.
+    void share_global_totals(double* totals) { global_ = totals; }
+    /// Raw global totals (the last one: the grad check's count of non-finite values).
+    const double* global_totals() const { return global_ ? global_ : own_global_.data(); }
+    double* global_totals() { return global_ ? global_ : own_global_.data(); }
+    /// Raw per-tensor totals: [tensor * stride + slot].
+    double* tensor_totals() { return tensor_totals_.data(); }
+    std::int64_t num_tensors() const { return num_tensors_; }
 
    private:
     friend class HostKernel;
@@ -46,11 +56,18 @@ class HostKernel {
     std::vector<float> hypers_;  ///< [group * num_hypers + hyper], plus one pad value
     int num_groups_ = 0;
     int num_hypers_ = 0;
+    // Reductions: chunk partials, totals, and each tensor's chunk range.
+    mutable std::vector<float> partials_;
+    std::vector<double> tensor_totals_;
+    std::vector<double> own_global_;
+    double* global_ = nullptr;  ///< shared totals, or null: own_global_
+    std::vector<long long> tensor_chunks_;
+    std::int64_t num_tensors_ = 0;
   };
 
   /// Generates, compiles (or loads from `cache`) and dlopens the host kernel of `rule`.
   HostKernel(std::shared_ptr<const lang::Rule> rule, DTypeBinding dtypes,
-             cache::KernelCache& cache);
+             cache::KernelCache& cache, codegen::Strategy strategy = codegen::Strategy::Auto);
   ~HostKernel();
   HostKernel(const HostKernel&) = delete;
   HostKernel& operator=(const HostKernel&) = delete;
@@ -69,8 +86,21 @@ class HostKernel {
                    const std::vector<int>& group = {}) const;
 
   /// One step over the prepared tensors; `step` is 1-based. The gradient is multiplied by
-  /// `inv_grad_scale` before the rule.
+  /// `inv_grad_scale` before the rule. A rule with reductions runs every reduction pass and
+  /// its finalize, then the update (its global totals are this plan's alone).
   void step(const Prepared& prepared, float step, float inv_grad_scale = 1.0f) const;
+
+  /// Reduction passes before the update (0: element-wise).
+  int reduction_passes() const;
+  /// Pass `pass` alone: a reduction pass (pass < reduction_passes(); with `check_grads`,
+  /// pass 0 also counts non-finite unscaled gradients) or the update (the last pass).
+  void run_pass(Prepared& prepared, int pass, float step, float inv_grad_scale,
+                bool check_grads = false) const;
+  /// Combines reduction pass `pass`'s chunk partials into the totals; with `accumulate`,
+  /// the global totals are combined into (another kernel wrote them first), not replaced.
+  void finalize(Prepared& prepared, int pass, bool accumulate) const;
+  /// What codegen said about the kernel (no code): schedule, slots, bytes per pass.
+  const codegen::KernelBody& body() const { return body_; }
   /// Writes every state tensor's initial value (the rule's `state NAME = INIT`; with a
   /// master copy, the master from the param first).
   void init_states(const Prepared& prepared) const;
@@ -112,6 +142,7 @@ class HostKernel {
   std::string origin_;
   std::string key_;
   double seconds_ = 0;
+  codegen::KernelBody body_;
   std::unique_ptr<Impl> impl_;
 };
 

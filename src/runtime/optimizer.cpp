@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <cstring>
+#include <optional>
 
 #include "fusedopt/error.hpp"
 #include "runtime/optimizer_impl.hpp"
@@ -110,23 +111,77 @@ std::int64_t Optimizer::Impl::current_step_count() const {
 Optimizer::Optimizer(Optimizer&&) noexcept = default;
 Optimizer& Optimizer::operator=(Optimizer&&) noexcept = default;
 
-void Optimizer::step(void* stream) {
-  const auto step = static_cast<float>(impl_->step_count + 1);
-  for (auto& backend : impl_->backends) backend->step(step, 1.0f, stream);
-  ++impl_->step_count;
-}
-
-bool Optimizer::step_scaled(float inv_grad_scale, void* stream) {
-  // Every binding is checked before any is stepped: a non-finite gradient anywhere must
-  // leave every tensor untouched.
-  for (auto& backend : impl_->backends) {
-    if (!backend->grads_finite(inv_grad_scale, stream)) return false;
+bool Optimizer::Impl::run_step(float inv_grad_scale, bool scaled, void* stream) {
+  std::optional<runtime::cuda::ContextScope> scope;
+  if (context) scope.emplace(*context);
+  // The grad check rides on pass 0 (one read of the gradient for the unscale, the check and
+  // any norm) unless pass 0 writes (the Store strategy with one reduction pass) or the step
+  // lives on the device (capturable: the device step must not advance on a skipped step).
+  bool fold_check = scaled && reduction_passes > 0 && !options.capturable;
+  for (const auto& backend : backends) fold_check = fold_check && backend->body().store_pass != 0;
+  if (scaled && !fold_check) {
+    // Every binding is checked before any is stepped: a non-finite gradient anywhere must
+    // leave every tensor untouched.
+    for (auto& backend : backends) {
+      if (!backend->grads_finite(inv_grad_scale, stream)) return false;
+    }
   }
-  const auto step = static_cast<float>(impl_->step_count + 1);
-  for (auto& backend : impl_->backends) backend->step(step, inv_grad_scale, stream);
-  ++impl_->step_count;
+  const auto step = static_cast<float>(step_count + 1);
+  for (auto& backend : backends) backend->begin_step(step, inv_grad_scale, stream);
+  for (int pass = 0; pass < reduction_passes; ++pass) {
+    for (auto& backend : backends) backend->reduce(pass, step, inv_grad_scale, fold_check && pass == 0, stream);
+    // Fixed binding order: the global totals combine the same way every step.
+    for (std::size_t b = 0; b < backends.size(); ++b) backends[b]->finalize(pass, b > 0, stream);
+    if (pass == 0 && fold_check && !backends.empty() && backends.front()->found_nonfinite(stream)) {
+      return false;
+    }
+    if (hook) call_hook(pass, stream);
+  }
+  for (auto& backend : backends) backend->step(step, inv_grad_scale, stream);
+  ++step_count;
   return true;
 }
+
+void Optimizer::Impl::call_hook(int pass, void* stream) {
+  ReductionPartials p;
+  p.pass = pass;
+  p.device = device;
+  p.stream = stream;
+  if (backends.empty()) return;
+  const codegen::KernelBody& body = backends.front()->body();
+  p.num_global = body.num_global_slots;
+  p.global = context ? reinterpret_cast<double*>(static_cast<std::uintptr_t>(device_global.get()))
+                     : host_global.data();
+  for (const codegen::ReductionSlot& s : body.slots) {
+    if (s.pass != pass) continue;
+    ReductionSlotInfo info;
+    info.name = s.name;
+    info.per_tensor = s.scope == lang::Scope::Tensor;
+    info.slot = s.slot;
+    info.pass = s.pass;
+    info.max = s.max;
+    info.line = s.line;
+    p.slots.push_back(std::move(info));
+  }
+  for (std::size_t b = 0; b < backends.size(); ++b) {
+    const runtime::TensorTotalsView v = backends[b]->tensor_totals();
+    ReductionPartials::TensorTotals t;
+    t.data = v.data;
+    t.num_tensors = v.num_tensors;
+    t.stride = v.stride;
+    t.params = binding_params[b];
+    p.tensors.push_back(std::move(t));
+  }
+  hook(p);
+}
+
+void Optimizer::step(void* stream) { impl_->run_step(1.0f, false, stream); }
+
+bool Optimizer::step_scaled(float inv_grad_scale, void* stream) {
+  return impl_->run_step(inv_grad_scale, true, stream);
+}
+
+void Optimizer::set_reduction_hook(ReductionHook hook) { impl_->hook = std::move(hook); }
 
 void Optimizer::set_hyper(const std::string& name, double value, std::optional<int> group) {
   const std::size_t k = impl_->hyper_index(name);
@@ -162,18 +217,27 @@ OptimizerStats Optimizer::stats() const {
   const auto num_outputs = static_cast<std::int64_t>(m.state_names.size() - m.num_states);
   OptimizerStats st;
   st.tensors = static_cast<std::int64_t>(m.params.size());
+  (void)param_written, (void)state_size, (void)num_states, (void)num_outputs;
   for (const runtime::ParamSlot& s : m.params) {
     st.elements += s.param.numel;
-    const std::int64_t psize = dtype_size(s.param.dtype);
-    // With a master copy the kernel reads the fp32 master, not the 16-bit param, and
-    // writes both.
-    std::int64_t per = s.master ? 4 + (param_written ? 4 + psize : 0)
-                                : psize + (param_written ? psize : 0);
-    per += dtype_size(s.grad.dtype);                // grad read
-    per += num_states * 2 * state_size;             // each state read and written
-    per += num_outputs * state_size;                // outputs written
+    if (s.binding < 0) continue;
+    // What each pass of the binding's kernel reads and writes, per element.
+    const codegen::KernelBody& body = m.backends[static_cast<std::size_t>(s.binding)]->body();
+    std::int64_t per = 0;
+    for (const auto* roles : {&body.pass_reads, &body.pass_writes}) {
+      for (const std::vector<int>& pass : *roles) {
+        for (int r : pass) per += body.role_bytes[static_cast<std::size_t>(r)];
+      }
+    }
     st.bytes_per_step += per * s.param.numel;
+    st.bytes_recompute += body.bytes_recompute * s.param.numel;
+    st.bytes_store += body.bytes_store * s.param.numel;
   }
+  st.reduction_passes = m.reduction_passes;
+  if (m.reduction_passes > 0 && !m.backends.empty()) {
+    st.reduction_strategy = codegen::to_string(m.backends.front()->body().strategy);
+  }
+  st.schedule_report = m.schedule_report;
   static const char* kRank[] = {"memory", "disk", "compiled"};
   int slowest = -1;
   for (const auto& backend : m.backends) {

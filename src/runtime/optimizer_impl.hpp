@@ -72,6 +72,20 @@ struct Optimizer::Impl {
   std::vector<std::unique_ptr<runtime::Backend>> backends;  ///< one per binding
   std::int64_t step_count = 0;
   std::string fusion_report;
+  // Reductions.
+  int reduction_passes = 0;
+  std::vector<double> host_global;           ///< shared global totals (host optimizers)
+  runtime::cuda::DeviceBuffer device_global;  ///< shared global totals (CUDA optimizers)
+  std::vector<std::vector<int>> binding_params;  ///< per binding: param index of each tensor
+  ReductionHook hook;
+  std::string schedule_report;
+
+  /// One step: the reduction passes (if any), then the update, on every binding. With
+  /// `scaled`, a non-finite unscaled gradient anywhere skips the step (returns false) and
+  /// changes nothing.
+  bool run_step(float inv_grad_scale, bool scaled, void* stream);
+  /// Hands pass `pass`'s totals to the hook.
+  void call_hook(int pass, void* stream);
 
   explicit Impl(const Rule& r) : rule(r) {}
   /// Frees device state with the optimizer's context current (then restores the caller's).

@@ -68,13 +68,63 @@ std::string format_elements(std::int64_t n) {
   return fmt::format("{:.2f} G elements", static_cast<double>(n) / 1e9);
 }
 
+std::string role_list(const codegen::KernelBody& body, const std::vector<int>& roles) {
+  std::string out;
+  for (int r : roles) out += (out.empty() ? "" : " ") + body.roles[static_cast<std::size_t>(r)];
+  return out.empty() ? "-" : out;
+}
+
+/// What each pass reads and writes, and why the strategy was chosen, per binding.
+std::string schedule_report(const lang::Rule& r,
+                            const std::vector<std::unique_ptr<runtime::Backend>>& backends,
+                            const std::vector<DTypeBinding>& bindings) {
+  std::string out;
+  for (std::size_t b = 0; b < backends.size(); ++b) {
+    const codegen::KernelBody& body = backends[b]->body();
+    out += fmt::format("{}{} [{}]:", out.empty() ? "" : "\n", r.name, bindings[b].str());
+    for (std::size_t k = 0; k < body.pass_reads.size(); ++k) {
+      std::string what;
+      for (const codegen::ReductionSlot& s : body.slots) {
+        if (s.pass == static_cast<int>(k) && s.name != "grad_check") {
+          what += (what.empty() ? "" : ", ") + fmt::format("{} (line {})", s.name, s.line);
+        }
+      }
+      const bool update = static_cast<int>(k) == body.reduction_passes;
+      out += fmt::format(" pass {} {}: reads {}, writes {};", k,
+                         update ? "update" : "[" + what + "]", role_list(body, body.pass_reads[k]),
+                         role_list(body, body.pass_writes[k]));
+    }
+    if (body.store_pass >= 0) {
+      std::string held;
+      for (const std::string& s : body.scratch) held += (held.empty() ? "" : ", ") + s;
+      out += fmt::format(" store: pass {} keeps {} in fp32 scratch ({} MB) for the update: {} B/element "
+                         "per step, against {} recomputing",
+                         body.store_pass, held.empty() ? "nothing" : held,
+                         static_cast<double>(backends[b]->scratch_bytes()) / 1e6, body.bytes_store,
+                         body.bytes_recompute);
+    } else {
+      out += fmt::format(" recompute: the update recomputes what it needs: {} B/element per step, "
+                         "against {} storing",
+                         body.bytes_recompute, body.bytes_store);
+    }
+  }
+  return out;
+}
+
 }  // namespace
 
-Optimizer::Optimizer(const Rule& rule, std::vector<ParamGroup> groups, OptimizerOptions options)
-    : impl_(std::make_unique<Impl>(rule)) {
+Optimizer::Optimizer(const Rule& user_rule, std::vector<ParamGroup> groups, OptimizerOptions options)
+    : impl_(std::make_unique<Impl>(user_rule)) {
   Impl& m = *impl_;
   m.options = options;
+  if (!(options.max_grad_norm >= 0.0)) {
+    throw Error(fmt::format("OptimizerOptions: max_grad_norm is {}; it must be 0 (off) or positive",
+                            options.max_grad_norm));
+  }
+  if (options.max_grad_norm > 0.0) m.rule = user_rule.with_grad_clipping(options.max_grad_norm);
+  const Rule& rule = m.rule;
   const lang::Rule& r = *rule.impl();
+  m.reduction_passes = r.reduction_passes;
   for (int s : r.states) m.state_names.push_back(r.symbols[s].name);
   m.num_states = m.state_names.size();
   for (int s : r.outputs) m.state_names.push_back(r.symbols[s].name);
@@ -209,8 +259,30 @@ Optimizer::Optimizer(const Rule& rule, std::vector<ParamGroup> groups, Optimizer
     }
     m.arenas.push_back(std::move(a));
   }
+  // The global reduction totals: one row shared by every binding's kernel.
+  void* global_totals = nullptr;
+  if (m.reduction_passes > 0) {
+    const std::size_t slots = static_cast<std::size_t>(r.num_global_reductions) + 1;
+    if (on_cuda) {
+      m.device_global = runtime::cuda::DeviceBuffer(slots * sizeof(double));
+      runtime::cuda::memset32_async(m.device_global.get(), 0, slots * 2, nullptr);
+      runtime::cuda::synchronize(nullptr);
+      global_totals = reinterpret_cast<void*>(static_cast<std::uintptr_t>(m.device_global.get()));
+    } else {
+      m.host_global.assign(slots, 0.0);
+      global_totals = m.host_global.data();
+    }
+  }
+  codegen::Strategy strategy = codegen::Strategy::Auto;
+  if (options.reduction_strategy == ReductionStrategy::Recompute) strategy = codegen::Strategy::Recompute;
+  if (options.reduction_strategy == ReductionStrategy::Store) strategy = codegen::Strategy::Store;
   std::vector<runtime::BindingTensors> tensors(m.bindings.size());
-  for (std::size_t b = 0; b < m.bindings.size(); ++b) tensors[b].dtypes = m.bindings[b];
+  m.binding_params.assign(m.bindings.size(), {});
+  for (std::size_t b = 0; b < m.bindings.size(); ++b) {
+    tensors[b].dtypes = m.bindings[b];
+    tensors[b].global_totals = global_totals;
+    tensors[b].strategy = strategy;
+  }
   for (std::size_t p = 0; p < m.params.size(); ++p) {
     ParamSlot& s = m.params[p];
     s.states.assign(m.state_names.size(), nullptr);
@@ -226,6 +298,7 @@ Optimizer::Optimizer(const Rule& rule, std::vector<ParamGroup> groups, Optimizer
     t.ptrs.push_back(std::move(ptrs));
     t.numel.push_back(s.param.numel);
     t.group.push_back(s.group);
+    m.binding_params[static_cast<std::size_t>(s.binding)].push_back(static_cast<int>(p));
   }
 
   const std::vector<std::vector<float>> hypers = m.float_hypers();
@@ -252,7 +325,14 @@ Optimizer::Optimizer(const Rule& rule, std::vector<ParamGroup> groups, Optimizer
     for (const DTypeBinding& b : m.bindings) list += (list.empty() ? "" : ", ") + b.str();
     m.fusion_report += fmt::format(" (one per dtype binding: {})", list);
   }
+  if (m.reduction_passes > 0) {
+    m.fusion_report += fmt::format(" ({} reduction pass{} + update{})", m.reduction_passes,
+                                   m.reduction_passes == 1 ? "" : "es",
+                                   m.bindings.size() > 1 ? " per binding" : "");
+    m.schedule_report = schedule_report(r, m.backends, m.bindings);
+  }
   runtime::log(runtime::LogLevel::Info, m.fusion_report);
+  if (!m.schedule_report.empty()) runtime::log(runtime::LogLevel::Info, m.schedule_report);
   if (runtime::log_enabled(runtime::LogLevel::Debug)) {
     for (std::size_t b = 0; b < m.backends.size(); ++b) {
       runtime::log(runtime::LogLevel::Debug,

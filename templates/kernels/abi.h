@@ -4,7 +4,7 @@
 #define FUSEDOPT_ABI_H
 
 // Bump when you change this: any struct below or an exported entry point's signature.
-#define FO_ABI_VERSION 2
+#define FO_ABI_VERSION 3
 
 /// One work item: elements [begin, end) of tensor `tensor`, whose hypers are group `group`.
 struct fo_chunk {
@@ -26,6 +26,16 @@ struct fo_launch {
   const float* step_ptr;        ///< capturable mode: read the step here
   const float* inv_grad_scale_ptr;
   const unsigned char* aligned;  ///< per tensor: 1 if every role's pointer is 16-byte aligned (device); null = never vectorise
+
+  // Reductions (rules with reduction passes; null/0 otherwise).
+  float* partials;               ///< [chunk * FO_MAX_ACC + j]: each chunk's accumulators
+  double* tensor_totals;         ///< [tensor * FO_NUM_TENSOR_SLOTS + slot]: raw per-tensor totals
+  double* global_totals;         ///< [FO_NUM_GLOBAL_SLOTS]: raw global totals, one row shared
+                                 ///< by every kernel of an optimizer (the last slot: grad check)
+  const long long* tensor_chunks;  ///< [2 * tensor]: first chunk of the tensor, chunk count
+  long long num_tensors;
+  int global_accumulate;         ///< finalize: 0 = write the global totals, 1 = combine into them
+  int check_grads;               ///< pass 0 also counts non-finite unscaled gradients
 };
 
 #endif  // FUSEDOPT_ABI_H

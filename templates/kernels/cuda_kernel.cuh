@@ -150,7 +150,8 @@ FO_FN void fo_vstore(const T*, long long, const fo_vec4<T>&) {}
 /// Elements [i, i+4) of tensor t through registers: i is a multiple of 4 and every role
 /// pointer of t is 16-byte aligned (the caller checked both).
 template <bool kInit>
-__device__ __forceinline__ void fo_element4(const fo_tensor& t, long long i, const fo_uniform& U) {
+__device__ __forceinline__ void fo_element4(const fo_tensor& t, long long i, const fo_uniform& U,
+                                            const fo_tvals& T) {
   fo_tensor s = t;  // the same roles, pointing at the register copies
   FO_EACH_ROLE(FO_STAGE_LOAD)
 #pragma unroll
@@ -158,7 +159,7 @@ __device__ __forceinline__ void fo_element4(const fo_tensor& t, long long i, con
     if (kInit) {
       fo_init_element(s, j, U);
     } else {
-      fo_element(s, j, U);
+      fo_element(s, j, U, T);
     }
   }
   FO_EACH_ROLE(FO_STAGE_STORE)
@@ -166,6 +167,13 @@ __device__ __forceinline__ void fo_element4(const fo_tensor& t, long long i, con
 #endif
 
 // ---- the entry points ------------------------------------------------------------------
+
+/// The per-tensor reduction values of a tensor (zeros when the rule has none).
+__device__ __forceinline__ fo_tvals fo_chunk_values(const fo_launch& L, int tensor) {
+  fo_tvals T;
+  fo_tensor_values(L.tensor_totals ? L.tensor_totals + (long long)tensor * FO_NUM_TENSOR_SLOTS : 0, T);
+  return T;
+}
 
 template <bool kInit>
 __device__ __forceinline__ void fo_run(const fo_launch& L) {
@@ -180,19 +188,20 @@ __device__ __forceinline__ void fo_run(const fo_launch& L) {
       __syncthreads();
       if (threadIdx.x == 0) {
         shared_uniform = fo_prepare(L.hypers + (long long)chunk.group * FO_NUM_HYPERS, step,
-                                    inv_grad_scale);
+                                    inv_grad_scale, L.global_totals);
       }
       __syncthreads();
       U = shared_uniform;
       group = chunk.group;
     }
     const fo_tensor t = fo_bind(L.ptrs + (long long)chunk.tensor * FO_NUM_ROLES);
+    const fo_tvals T = fo_chunk_values(L, chunk.tensor);
     long long scalar_begin = chunk.begin;
 #if FO_VECTOR_PATH
     if (L.aligned && L.aligned[chunk.tensor] && (chunk.begin & 3) == 0) {
       const long long groups = (chunk.end - chunk.begin) >> 2;  // whole 4-element groups
       for (long long q = threadIdx.x; q < groups; q += blockDim.x) {
-        fo_element4<kInit>(t, chunk.begin + 4 * q, U);
+        fo_element4<kInit>(t, chunk.begin + 4 * q, U, T);
       }
       scalar_begin = chunk.begin + 4 * groups;  // the 0..3 element tail
     }
@@ -201,8 +210,113 @@ __device__ __forceinline__ void fo_run(const fo_launch& L) {
       if (kInit) {
         fo_init_element(t, i, U);
       } else {
-        fo_element(t, i, U);
+        fo_element(t, i, U, T);
       }
+    }
+  }
+}
+
+// ---- reductions: two fixed-order stages, the same bits on every run ----------------------
+// Stage 1 (fusedopt_reduce): one block per chunk at a time; each thread accumulates a fixed
+// stride of elements in fp32, then a shared-memory tree (fixed shape) gives the chunk's
+// partial. Stage 2 (fusedopt_finalize): the chunk partials in chunk order, in double.
+
+__device__ __forceinline__ double fo_combine(bool is_max, double a, double b) {
+  return is_max ? fo_maxnan_d(a, b) : a + b;
+}
+
+template <int kPass>
+__device__ __forceinline__ void fo_reduce_run(const fo_launch& L) {
+  __shared__ fo_uniform shared_uniform;
+  __shared__ float red[FO_BLOCK];
+  const float step = L.step_ptr ? *L.step_ptr : L.step;
+  const float inv_grad_scale = L.inv_grad_scale_ptr ? *L.inv_grad_scale_ptr : L.inv_grad_scale;
+  const bool check = kPass == 0 && L.check_grads != 0;
+  int group = -1;
+  fo_uniform U;
+  for (long long c = blockIdx.x; c < L.num_chunks; c += gridDim.x) {
+    const fo_chunk chunk = L.chunks[c];
+    if (chunk.group != group) {
+      __syncthreads();
+      if (threadIdx.x == 0) {
+        shared_uniform = fo_prepare(L.hypers + (long long)chunk.group * FO_NUM_HYPERS, step,
+                                    inv_grad_scale, L.global_totals);
+      }
+      __syncthreads();
+      U = shared_uniform;
+      group = chunk.group;
+    }
+    const fo_tensor t = fo_bind(L.ptrs + (long long)chunk.tensor * FO_NUM_ROLES);
+    const fo_tvals T = fo_chunk_values(L, chunk.tensor);
+    float a[FO_MAX_ACC];
+#pragma unroll
+    for (int j = 0; j < FO_MAX_ACC; ++j) a[j] = 0.0f;
+    for (long long i = chunk.begin + threadIdx.x; i < chunk.end; i += blockDim.x) {
+      fo_reduce_element<kPass>(t, i, U, T, a, 1, check);
+    }
+#pragma unroll
+    for (int j = 0; j < FO_MAX_ACC; ++j) {
+      if (j >= fo_acc_count(kPass)) break;
+      const bool is_max = fo_acc_max(kPass, j) != 0;
+      red[threadIdx.x] = a[j];
+      __syncthreads();
+      for (unsigned s = blockDim.x / 2; s > 0; s >>= 1) {
+        if (threadIdx.x < s) {
+          const float other = red[threadIdx.x + s];
+          red[threadIdx.x] = is_max ? fo_maxnan(red[threadIdx.x], other) : red[threadIdx.x] + other;
+        }
+        __syncthreads();
+      }
+      if (threadIdx.x == 0) L.partials[c * FO_MAX_ACC + j] = red[0];
+      __syncthreads();
+    }
+  }
+}
+
+/// Reduction pass `pass` (below FO_REDUCTION_PASSES): every chunk's partials.
+extern "C" __global__ void __launch_bounds__(FO_BLOCK) fusedopt_reduce(fo_launch L, int pass) {
+  switch (pass) {
+    case 0: fo_reduce_run<0>(L); break;
+    case 1: fo_reduce_run<1>(L); break;
+    case 2: fo_reduce_run<2>(L); break;
+    case 3: fo_reduce_run<3>(L); break;
+    default: break;
+  }
+}
+
+/// Combines pass `pass`'s chunk partials: per-tensor totals (one thread per tensor) and,
+/// in block 0, the global totals (strided over chunks, then a fixed tree).
+extern "C" __global__ void __launch_bounds__(FO_BLOCK) fusedopt_finalize(fo_launch L, int pass) {
+  __shared__ double red[FO_BLOCK];
+  const int count = fo_acc_count(pass);
+  for (int j = 0; j < count; ++j) {
+    const bool is_max = fo_acc_max(pass, j) != 0;
+    const int slot = fo_acc_slot(pass, j);
+    if (slot >= 0) {
+      for (long long t = (long long)blockIdx.x * blockDim.x + threadIdx.x; t < L.num_tensors;
+           t += (long long)gridDim.x * blockDim.x) {
+        const long long first = L.tensor_chunks[2 * t];
+        const long long n = L.tensor_chunks[2 * t + 1];
+        double acc = 0.0;
+        for (long long c = first; c < first + n; ++c) acc = fo_combine(is_max, acc, L.partials[c * FO_MAX_ACC + j]);
+        L.tensor_totals[t * FO_NUM_TENSOR_SLOTS + slot] = acc;
+      }
+    } else if (blockIdx.x == 0) {
+      double acc = 0.0;
+      for (long long c = threadIdx.x; c < L.num_chunks; c += blockDim.x) {
+        acc = fo_combine(is_max, acc, L.partials[c * FO_MAX_ACC + j]);
+      }
+      red[threadIdx.x] = acc;
+      __syncthreads();
+      for (unsigned s = blockDim.x / 2; s > 0; s >>= 1) {
+        if (threadIdx.x < s) red[threadIdx.x] = fo_combine(is_max, red[threadIdx.x], red[threadIdx.x + s]);
+        __syncthreads();
+      }
+      if (threadIdx.x == 0) {
+        double* g = L.global_totals + (-1 - slot);
+        *g = L.global_accumulate ? fo_combine(is_max, *g, red[0]) : red[0];
+      }
+      __syncthreads();
     }
   }
 }

@@ -10,6 +10,17 @@
 #include "sample_rule.h"
 #endif
 
+#ifndef FO_LANES
+#define FO_LANES 16
+#endif
+
+/// The per-tensor reduction values of chunk's tensor (zeros when the rule has none).
+static inline fo_tvals fo_chunk_values(const fo_launch* L, int tensor) {
+  fo_tvals T;
+  fo_tensor_values(L->tensor_totals ? L->tensor_totals + (long long)tensor * FO_NUM_TENSOR_SLOTS : 0, T);
+  return T;
+}
+
 template <bool kInit>
 static void fo_run(const fo_launch* L) {
   const float step = L->step_ptr ? *L->step_ptr : L->step;
@@ -24,18 +35,107 @@ static void fo_run(const fo_launch* L) {
     for (long long c = 0; c < L->num_chunks; ++c) {
       const fo_chunk chunk = L->chunks[c];
       if (chunk.group != group) {
-        U = fo_prepare(L->hypers + (long long)chunk.group * FO_NUM_HYPERS, step, inv_grad_scale);
+        U = fo_prepare(L->hypers + (long long)chunk.group * FO_NUM_HYPERS, step, inv_grad_scale,
+                       L->global_totals);
         group = chunk.group;
       }
       const fo_tensor t = fo_bind(L->ptrs + (long long)chunk.tensor * FO_NUM_ROLES);
       const fo_uniform u = U;  // a local copy: provably not aliased by the tensor stores
+      const fo_tvals tv = fo_chunk_values(L, chunk.tensor);
       const long long end = chunk.end;
       if (kInit) {
         for (long long i = chunk.begin; i < end; ++i) fo_init_element(t, i, u);
       } else {
 #pragma omp simd
-        for (long long i = chunk.begin; i < end; ++i) fo_element(t, i, u);
+        for (long long i = chunk.begin; i < end; ++i) fo_element(t, i, u, tv);
       }
+    }
+  }
+}
+
+// ---- reductions: two fixed-order stages, so the bits never depend on the thread count ----
+// Stage 1 (fusedopt_reduce_host): each chunk's accumulators, over FO_LANES interleaved
+// lanes combined in lane order, into L->partials. Which thread runs a chunk does not matter.
+// Stage 2 (fusedopt_finalize_host): per tensor and globally, the chunk partials in chunk
+// order, in double.
+
+FO_FN double fo_combine(bool is_max, double a, double b) { return is_max ? fo_maxnan_d(a, b) : a + b; }
+
+template <int kPass>
+static void fo_reduce_run(const fo_launch* L) {
+  const float step = L->step_ptr ? *L->step_ptr : L->step;
+  const float inv_grad_scale = L->inv_grad_scale_ptr ? *L->inv_grad_scale_ptr : L->inv_grad_scale;
+  const int count = fo_acc_count(kPass);
+  const bool check = kPass == 0 && L->check_grads != 0;
+#pragma omp parallel if (L->num_chunks > 1)
+  {
+    int group = -1;
+    fo_uniform U;
+#pragma omp for schedule(static)
+    for (long long c = 0; c < L->num_chunks; ++c) {
+      const fo_chunk chunk = L->chunks[c];
+      if (chunk.group != group) {
+        U = fo_prepare(L->hypers + (long long)chunk.group * FO_NUM_HYPERS, step, inv_grad_scale,
+                       L->global_totals);
+        group = chunk.group;
+      }
+      const fo_tensor t = fo_bind(L->ptrs + (long long)chunk.tensor * FO_NUM_ROLES);
+      const fo_uniform u = U;
+      const fo_tvals tv = fo_chunk_values(L, chunk.tensor);
+      float lanes[FO_MAX_ACC][FO_LANES];
+      for (int j = 0; j < FO_MAX_ACC; ++j) {
+        for (int l = 0; l < FO_LANES; ++l) lanes[j][l] = 0.0f;
+      }
+      long long i = chunk.begin;
+      for (; i + FO_LANES <= chunk.end; i += FO_LANES) {
+#pragma omp simd
+        for (int l = 0; l < FO_LANES; ++l) {
+          fo_reduce_element<kPass>(t, i + l, u, tv, &lanes[0][l], FO_LANES, check);
+        }
+      }
+      for (int l = 0; i < chunk.end; ++i, ++l) {
+        fo_reduce_element<kPass>(t, i, u, tv, &lanes[0][l], FO_LANES, check);
+      }
+      for (int j = 0; j < count; ++j) {
+        const bool is_max = fo_acc_max(kPass, j) != 0;
+        float acc = lanes[j][0];
+        for (int l = 1; l < FO_LANES; ++l) acc = is_max ? fo_maxnan(acc, lanes[j][l]) : acc + lanes[j][l];
+        L->partials[c * FO_MAX_ACC + j] = acc;
+      }
+    }
+  }
+}
+
+/// Reduction pass `pass` (0-based, below FO_REDUCTION_PASSES): every chunk's partials.
+FO_EXTERN_C void fusedopt_reduce_host(const fo_launch* L, int pass) {
+  switch (pass) {
+    case 0: fo_reduce_run<0>(L); break;
+    case 1: fo_reduce_run<1>(L); break;
+    case 2: fo_reduce_run<2>(L); break;
+    case 3: fo_reduce_run<3>(L); break;
+    default: break;
+  }
+}
+
+/// Combines pass `pass`'s chunk partials into the per-tensor and global totals.
+FO_EXTERN_C void fusedopt_finalize_host(const fo_launch* L, int pass) {
+  const int count = fo_acc_count(pass);
+  for (int j = 0; j < count; ++j) {
+    const bool is_max = fo_acc_max(pass, j) != 0;
+    const int slot = fo_acc_slot(pass, j);
+    if (slot >= 0) {
+      for (long long t = 0; t < L->num_tensors; ++t) {
+        const long long first = L->tensor_chunks[2 * t];
+        const long long n = L->tensor_chunks[2 * t + 1];
+        double acc = 0.0;
+        for (long long c = first; c < first + n; ++c) acc = fo_combine(is_max, acc, L->partials[c * FO_MAX_ACC + j]);
+        L->tensor_totals[t * FO_NUM_TENSOR_SLOTS + slot] = acc;
+      }
+    } else {
+      double acc = 0.0;
+      for (long long c = 0; c < L->num_chunks; ++c) acc = fo_combine(is_max, acc, L->partials[c * FO_MAX_ACC + j]);
+      double* g = L->global_totals + (-1 - slot);
+      *g = L->global_accumulate ? fo_combine(is_max, *g, acc) : acc;
     }
   }
 }
@@ -61,6 +161,8 @@ FO_EXTERN_C int fusedopt_check_host(const fo_launch* L) {
 }
 
 FO_EXTERN_C int fusedopt_abi_version() { return FO_ABI_VERSION; }
+/// Reduction passes before the update (0: an element-wise rule).
+FO_EXTERN_C int fusedopt_reduction_passes() { return FO_REDUCTION_PASSES; }
 /// One optimizer step over the chunk table.
 FO_EXTERN_C void fusedopt_step_host(const fo_launch* L) { fo_run<false>(L); }
 /// Writes every state tensor's initial value.

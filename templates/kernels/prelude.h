@@ -24,6 +24,7 @@ FO_FN float fo_abs(float x) { return fabsf(x); }
 FO_FN float fo_min(float a, float b) { return fminf(a, b); }
 FO_FN float fo_max(float a, float b) { return fmaxf(a, b); }
 FO_FN bool fo_isfinite(float x) { return isfinite(x); }
+FO_FN double fo_sqrt_d(double x) { return sqrt(x); }
 // Hardware conversions, round to nearest even.
 FO_FN float fo_f16_to_f32(unsigned short h) {
   float f;
@@ -56,6 +57,7 @@ FO_FN float fo_abs(float x) { return __builtin_fabsf(x); }
 FO_FN float fo_min(float a, float b) { return __builtin_fminf(a, b); }
 FO_FN float fo_max(float a, float b) { return __builtin_fmaxf(a, b); }
 FO_FN bool fo_isfinite(float x) { return __builtin_isfinite(x); }
+FO_FN double fo_sqrt_d(double x) { return __builtin_sqrt(x); }
 // Software conversions, round to nearest even (same results as the GPU's cvt.rn).
 FO_FN float fo_f16_to_f32(unsigned short h) {
   unsigned int sign = (unsigned int)(h & 0x8000u) << 16;
@@ -90,6 +92,9 @@ FO_FN float fo_clamp(float x, float lo, float hi) { return fo_min(fo_max(x, lo),
 FO_FN float fo_bool(bool b) { return b ? 1.0f : 0.0f; }
 FO_FN float fo_sq(float x) { return x * x; }
 FO_FN float fo_inf() { return fo_as_float(0x7f800000u); }
+/// max that lets NaN win (a NaN anywhere in a max reduction shows in its result).
+FO_FN float fo_maxnan(float a, float b) { return (b > a || b != b) ? b : a; }
+FO_FN double fo_maxnan_d(double a, double b) { return (b > a || b != b) ? b : a; }
 
 FO_FN float fo_bf16_to_f32(unsigned short h) { return fo_as_float((unsigned int)h << 16); }
 FO_FN unsigned short fo_f32_to_bf16(float f) {

@@ -1,15 +1,28 @@
-// A hand-written stand-in for generated code (SGD with weight decay), so that the kernel
+// A hand-written stand-in for generated code (SGD with weight decay, the step scaled by the
+// param's norm), so that the kernel
 // skeletons compile on their own: tests compile each skeleton with this file.
 #ifndef FUSEDOPT_SAMPLE_RULE_H
 #define FUSEDOPT_SAMPLE_RULE_H
 #define FO_NUM_ROLES 2
 #define FO_NUM_HYPERS 2
+#define FO_REDUCTION_PASSES 1
+#define FO_NUM_TENSOR_SLOTS 1
+#define FO_NUM_GLOBAL_SLOTS 2
+#define FO_MAX_ACC 2
 struct fo_uniform {
   float h[FO_NUM_HYPERS];
   float step;
   float inv_grad_scale;
+  float g[FO_NUM_GLOBAL_SLOTS];
   float u[1];
 };
+struct fo_tvals {
+  float v[FO_NUM_TENSOR_SLOTS];
+};
+// One reduction pass: the param's norm per tensor (accumulator 0), then the grad check.
+FO_FN int fo_acc_count(int pass) { return pass == 0 ? 2 : 0; }
+FO_FN int fo_acc_max(int pass, int j) { return pass == 0 && j == 1 ? 1 : 0; }
+FO_FN int fo_acc_slot(int pass, int j) { return pass == 0 && j == 1 ? -2 : 0; }
 struct fo_tensor {
   float* FO_RESTRICT r0;
   const float* FO_RESTRICT r1;
@@ -20,18 +33,30 @@ FO_FN fo_tensor fo_bind(void* const* p) {
   t.r1 = (const float*)p[1];
   return t;
 }
-FO_FN fo_uniform fo_prepare(const float* h, float step, float inv_grad_scale) {
+FO_FN fo_uniform fo_prepare(const float* h, float step, float inv_grad_scale, const double* G) {
   fo_uniform U;
   for (int k = 0; k < FO_NUM_HYPERS; ++k) U.h[k] = h[k];
   U.step = step;
   U.inv_grad_scale = inv_grad_scale;
   U.u[0] = U.h[0] * U.h[1];
+  U.g[0] = 0.0f;
+  U.g[1] = G ? (float)G[1] : 0.0f;
   return U;
 }
-FO_FN void fo_element(const fo_tensor& t, long long i, const fo_uniform& U) {
+FO_FN void fo_tensor_values(const double* R, fo_tvals& T) { T.v[0] = R ? (float)fo_sqrt_d(R[0]) : 0.0f; }
+template <int kPass>
+FO_FN void fo_reduce_element(const fo_tensor&, long long, const fo_uniform&, const fo_tvals&, float*, int, bool) {}
+template <>
+FO_FN void fo_reduce_element<0>(const fo_tensor& t, long long i, const fo_uniform& U, const fo_tvals&,
+                                float* a, int stride, bool check) {
+  const float p = fo_load(t.r0, i);
+  a[0] += p * p;
+  if (check) a[stride] = fo_max(a[stride], fo_isfinite(fo_load(t.r1, i) * U.inv_grad_scale) ? 0.0f : 1.0f);
+}
+FO_FN void fo_element(const fo_tensor& t, long long i, const fo_uniform& U, const fo_tvals& T) {
   float p = fo_load(t.r0, i);
   float g = fo_load(t.r1, i) * U.inv_grad_scale;
-  p = p - U.h[0] * g - U.u[0] * p;
+  p = p - U.h[0] * g * T.v[0] - U.u[0] * p;
   fo_store(t.r0, i, p);
 }
 FO_FN bool fo_grad_finite(const fo_tensor& t, long long i, const fo_uniform& U) {

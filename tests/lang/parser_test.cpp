@@ -103,8 +103,11 @@ TEST_SUITE("lang") {
     REQUIRE(e);
     CHECK(contains(e->hint(), "no user-defined functions"));
     FUSEDOPT_CHECK_RULE_ERROR(kHeader + "p = p(1)\n", 4, 5, "unknown function 'p'");
-    FUSEDOPT_CHECK_RULE_ERROR(kHeader + "p = p - global_norm(g)\n", 4, 9,
-                              "reduction 'global_norm' is not supported yet");
+    e = parse_error(kHeader + "p = p - lr * tensor_nrom(g)\n");
+    REQUIRE(e);
+    CHECK(e->line() == 4);
+    CHECK(e->column() == 14);
+    CHECK(e->hint() == "did you mean 'tensor_norm'?");
   }
 
   TEST_CASE("parser reports a wrong argument count with the expected count") {
