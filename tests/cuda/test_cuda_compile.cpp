@@ -8,6 +8,7 @@
 #include "cache/kernel_cache.hpp"
 #include "codegen/codegen.hpp"
 #include "fusedopt/error.hpp"
+#include "fusedopt/kernel.hpp"
 #include "jit/compiler.hpp"
 #include "jit/kernel_builder.hpp"
 #include "presets.hpp"
@@ -38,8 +39,9 @@ bool has_symbol(const std::string& elf, const std::string& name) {
   return elf.find(std::string(1, '\0') + name + std::string(1, '\0')) != std::string::npos;
 }
 
-const char* const kEntryPoints[] = {"fusedopt_step", "fusedopt_init", "fusedopt_check",
-                                    "fusedopt_advance_step"};
+const char* const kEntryPoints[] = {"fusedopt_step",         "fusedopt_init",
+                                    "fusedopt_check",        "fusedopt_advance_step",
+                                    "fusedopt_reduce",       "fusedopt_finalize"};
 
 }  // namespace
 
@@ -69,6 +71,32 @@ TEST_SUITE("cuda") {
           }
           // The vector path is compiled in (at most 16 roles) and reads the alignment flags.
           CHECK(k.source.find("fo_element4") != std::string::npos);
+        }
+      }
+    }
+  }
+
+  TEST_CASE("rules with reductions compile for sm_90 under both strategies and with clipping") {
+    std::string why;
+    if (!have_nvrtc(&why)) {
+      MESSAGE("[SKIP] NVRTC is not installed: " << why);
+      return;
+    }
+    cache::KernelCache cache(no_cache());
+    const Rule clipped = Rule::preset("adamw").with_grad_clipping(1.0);
+    std::vector<std::shared_ptr<const lang::Rule>> rules = {preset_rule("lamb"), preset_rule("lars"),
+                                                             clipped.impl()};
+    for (const auto& rule : rules) {
+      for (codegen::Strategy s : {codegen::Strategy::Recompute, codegen::Strategy::Store}) {
+        for (const char* dt : {"fp32", "bf16:bf16:fp32+master"}) {
+          INFO(rule->name << " " << codegen::to_string(s) << " " << dt);
+          DTypeBinding d = DTypeBinding::parse(dt);
+          codegen::KernelBody body = codegen::generate_body(*rule, d, s);
+          CHECK(body.reduction_passes >= 1);
+          jit::BuiltKernel k = jit::build_kernel(body, d, Target::cuda(90), cache);
+          REQUIRE(k.binary);
+          CHECK(has_symbol(*k.binary, "fusedopt_reduce"));
+          CHECK(has_symbol(*k.binary, "fusedopt_finalize"));
         }
       }
     }

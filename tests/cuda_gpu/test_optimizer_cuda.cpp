@@ -161,3 +161,127 @@ TEST_SUITE("cuda_gpu") {
     }
   }
 }
+
+// Rules with reductions on the device: the same results as the host (which
+// tests/runtime/test_reductions.cpp checks against float64 references), under both
+// strategies, with the grad check folded into pass 0, and capturable.
+TEST_SUITE("cuda_gpu") {
+  TEST_CASE("CUDA LAMB, LARS and AdamW with clipping match the host over 50 steps") {
+    if (!have_device()) return;
+    cu::PrimaryContext ctx(0);
+    std::mt19937 rng(std::random_device{}());
+    std::normal_distribution<float> normal(0.0f, 1.0f);
+    struct Case {
+      const char* preset;
+      OptimizerOptions options;
+    };
+    OptimizerOptions store, recompute, clip;
+    store.reduction_strategy = ReductionStrategy::Store;
+    recompute.reduction_strategy = ReductionStrategy::Recompute;
+    clip.max_grad_norm = 1.0;
+    const Case cases[] = {{"lamb", store}, {"lamb", recompute}, {"lars", {}}, {"adamw", clip}};
+    for (const Case& c : cases) {
+      INFO(c.preset << " " << static_cast<int>(c.options.reduction_strategy));
+      DeviceModel m = make_model(rng);
+      Optimizer gpu(Rule::preset(c.preset), {m.device_group()}, c.options);
+      Optimizer cpu(Rule::preset(c.preset), {m.host_group()}, c.options);
+      CHECK(gpu.stats().reduction_passes == cpu.stats().reduction_passes);
+      CHECK(gpu.stats().reduction_strategy == cpu.stats().reduction_strategy);
+      for (int step = 0; step < 50; ++step) {
+        const float scale = step % 3 == 0 ? 0.01f : 0.2f;  // clipping on some steps only
+        for (auto& g : m.hg) {
+          for (auto& x : g) x = scale * normal(rng);
+        }
+        m.upload_grads();
+        REQUIRE(gpu.step_scaled(1.0f));
+        REQUIRE(cpu.step_scaled(1.0f));
+      }
+      cu::synchronize(nullptr);
+      for (std::size_t i = 0; i < m.sizes.size(); ++i) {
+        std::vector<float> got = m.download_param(i);
+        for (std::int64_t k = 0; k < m.sizes[i]; ++k) {
+          // Different reduction orders (block trees vs lanes) and libm: a few ulps per step.
+          REQUIRE(std::fabs(got[k] - m.hp[i][k]) <= 1e-5f * (1 + std::fabs(m.hp[i][k])));
+        }
+      }
+    }
+  }
+
+  TEST_CASE("CUDA LAMB: a NaN gradient skips the step bit for bit; repeated runs give the same bits") {
+    if (!have_device()) return;
+    cu::PrimaryContext ctx(0);
+    std::mt19937 rng(std::random_device{}());
+    std::normal_distribution<float> normal(0.0f, 1.0f);
+    DeviceModel m = make_model(rng);
+    const std::vector<std::vector<float>> initial = m.hp;
+    std::vector<std::vector<float>> first;
+    for (int run = 0; run < 2; ++run) {
+      DeviceModel r = make_model(rng);
+      r.hp = initial;
+      for (std::size_t i = 0; i < r.sizes.size(); ++i) {
+        if (r.sizes[i]) cu::copy_to_device(r.dp[i].get(), r.hp[i].data(), r.sizes[i] * 4);
+      }
+      Optimizer gpu(Rule::preset("lamb"), {r.device_group()});
+      std::mt19937 grads(7);
+      for (int step = 0; step < 10; ++step) {
+        for (auto& g : r.hg) {
+          for (auto& x : g) x = normal(grads);
+        }
+        r.upload_grads();
+        gpu.step();
+      }
+      cu::synchronize(nullptr);
+      std::vector<std::vector<float>> now;
+      for (std::size_t i = 0; i < r.sizes.size(); ++i) now.push_back(r.download_param(i));
+      if (run == 0) {
+        first = now;
+        // A NaN anywhere: nothing changes.
+        r.hg[2][5] = NAN;
+        r.upload_grads();
+        CHECK_FALSE(gpu.step_scaled(1.0f));
+        CHECK(gpu.step_count() == 10);
+        for (std::size_t i = 0; i < r.sizes.size(); ++i) {
+          std::vector<float> after = r.download_param(i);
+          CHECK(std::memcmp(after.data(), now[i].data(), after.size() * 4) == 0);
+        }
+      } else {
+        for (std::size_t i = 0; i < r.sizes.size(); ++i) {
+          CHECK(std::memcmp(first[i].data(), now[i].data(), now[i].size() * 4) == 0);
+        }
+      }
+    }
+  }
+
+  TEST_CASE("capturable CUDA LAMB steps equal eager ones") {
+    if (!have_device()) return;
+    cu::PrimaryContext ctx(0);
+    std::mt19937 rng(std::random_device{}());
+    std::normal_distribution<float> normal(0.0f, 1.0f);
+    DeviceModel a = make_model(rng);
+    DeviceModel b = make_model(rng);
+    b.hp = a.hp;
+    for (std::size_t i = 0; i < b.sizes.size(); ++i) {
+      if (b.sizes[i]) cu::copy_to_device(b.dp[i].get(), b.hp[i].data(), b.sizes[i] * 4);
+    }
+    OptimizerOptions capturable;
+    capturable.capturable = true;
+    Optimizer eager(Rule::preset("lamb"), {a.device_group()});
+    Optimizer captured(Rule::preset("lamb"), {b.device_group()}, capturable);
+    for (int step = 0; step < 5; ++step) {
+      for (std::size_t i = 0; i < a.sizes.size(); ++i) {
+        for (auto& x : a.hg[i]) x = normal(rng);
+        b.hg[i] = a.hg[i];
+      }
+      a.upload_grads();
+      b.upload_grads();
+      eager.step();
+      captured.step();
+    }
+    cu::synchronize(nullptr);
+    CHECK(captured.step_count() == 5);
+    for (std::size_t i = 0; i < a.sizes.size(); ++i) {
+      std::vector<float> x = a.download_param(i), y = b.download_param(i);
+      CHECK(std::memcmp(x.data(), y.data(), x.size() * 4) == 0);
+    }
+  }
+}
