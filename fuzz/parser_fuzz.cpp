@@ -32,6 +32,14 @@ void check_expr(const Rule& rule, const Expr& e, int stmt, int depth) {
       require(stmt < 0 || (e.def >= 0 && e.def < stmt && rule.stmts[e.def].target == e.sym));
     }
   }
+  if (e.op == fusedopt::lang::Op::Reduce) {
+    require(e.reduction >= 0 && e.reduction < static_cast<int>(rule.reductions.size()));
+    const auto& r = rule.reductions[e.reduction];
+    require(r.arg == e.args.at(0).get());
+    require(r.pass >= 0 && r.pass < rule.reduction_passes && r.arg->phase <= r.pass);
+    require(e.phase == r.pass + 1);
+  }
+  require(e.phase >= 0 && e.phase <= rule.reduction_passes);
   require(e.loc.line >= 1 && e.loc.col >= 1 && e.loc.len >= 1);
   for (const auto& a : e.args) {
     require(a != nullptr);
@@ -41,7 +49,8 @@ void check_expr(const Rule& rule, const Expr& e, int stmt, int depth) {
 
 void check_rule(const Rule& rule) {
   require(rule.param >= 0 && rule.grad >= 0 && rule.step >= 0);
-  require(!rule.phases.empty() && rule.phases.back().last == static_cast<int>(rule.stmts.size()));
+  require(rule.reduction_passes >= 0 && rule.reduction_passes <= fusedopt::lang::kMaxReductionPasses);
+  require(rule.reduction_passes == 0 || !rule.reductions.empty());
   for (int s : rule.states) check_expr(rule, *rule.symbols[s].init, -1, 0);
   for (std::size_t i = 0; i < rule.stmts.size(); ++i) {
     const auto& st = rule.stmts[i];
@@ -69,6 +78,12 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   try {
     auto rule = fusedopt::lang::parse_rule(text, "fuzz.rule");
     check_rule(*rule);
+    // A valid rule also takes the clipping rewrite (or refuses it with a RuleError).
+    fusedopt::lang::ParseOptions clip;
+    clip.clip_grad_norm = true;
+    auto clipped = fusedopt::lang::parse_rule(text, "fuzz.rule", clip);
+    check_rule(*clipped);
+    require(clipped->reduction_passes >= 1);
   } catch (const fusedopt::RuleError& e) {
     check_error(text, e);
   } catch (const fusedopt::Error&) {

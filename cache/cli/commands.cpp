@@ -184,9 +184,22 @@ FILE:LINE:COL: error: MESSAGE, then the line and a caret; exit 2 if any file is 
       for (const auto& h : body.hypers) hypers += (hypers.empty() ? "" : " ") + h;
       std::string roles;
       for (const auto& r : body.roles) roles += (roles.empty() ? "" : " ") + r;
+      std::string passes;
+      if (body.reduction_passes > 0) {
+        passes = fmt::format(", {} reduction pass{} before the update (", body.reduction_passes,
+                             body.reduction_passes == 1 ? "" : "es");
+        for (int k = 0; k < body.reduction_passes; ++k) {
+          std::string names;
+          for (const codegen::ReductionSlot& s : body.slots) {
+            if (s.pass == k && s.line > 0) names += (names.empty() ? "" : " ") + s.name;
+          }
+          passes += fmt::format("{}pass {}: {}", k ? "; " : "", k, names);
+        }
+        passes += fmt::format("), {} with fp32 tensors", codegen::to_string(body.strategy));
+      }
       fmt::print("{}: ok: rule '{}': tensors [{}], hypers [{}], {} statements, {} uniform "
-                 "values hoisted out of the element loop\n",
-                 f, rule->name, roles, hypers, rule->stmts.size(), body.num_uniforms);
+                 "values hoisted out of the element loop{}\n",
+                 f, rule->name, roles, hypers, rule->stmts.size(), body.num_uniforms, passes);
     } catch (const RuleError& e) {
       fmt::print(stderr, "{}\n", e.what());
       status = kExitBadInput;

@@ -439,7 +439,9 @@ KernelBody generate_body(const Rule& rule, const DTypeBinding& dtypes, Strategy 
   const std::string file = line_file_name(rule.file);
 
   const lang::Symbol& param = rule.symbols.at(rule.param);
-  std::vector<std::string> role_names = {param.name, rule.symbols.at(rule.grad).name};
+  // With clipping the gradient symbol is the internal fo_grad_raw: reports say "grad".
+  const std::string& grad_name = rule.symbols.at(rule.grad).name;
+  std::vector<std::string> role_names = {param.name, grad_name.rfind("fo_", 0) == 0 ? "grad" : grad_name};
   std::vector<RoleDecl> decls = {{storage_type(dtypes.param), param.written},
                                  {storage_type(dtypes.grad), false}};
   for (int s : rule.states) {

@@ -39,7 +39,8 @@ std::string dump(const Rule& rule, const Expr& e) {
     return rule.symbols[e.sym].name;
   }
   std::string out = "(";
-  out += op_name(e.op);
+  out += e.op == Op::Reduce && e.reduction >= 0 ? rule.reductions[e.reduction].name.c_str()
+                                                 : op_name(e.op);
   for (const ExprPtr& a : e.args) out += " " + dump(rule, *a);
   return out + ")";
 }
