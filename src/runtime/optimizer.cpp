@@ -132,10 +132,12 @@ bool Optimizer::Impl::run_step(float inv_grad_scale, bool scaled, void* stream) 
     for (auto& backend : backends) backend->reduce(pass, step, inv_grad_scale, fold_check && pass == 0, stream);
     // Fixed binding order: the global totals combine the same way every step.
     for (std::size_t b = 0; b < backends.size(); ++b) backends[b]->finalize(pass, b > 0, stream);
+    // The hook first: the grad check's count is a global slot (combined by max), so every
+    // rank sees the same verdict and skips the same steps.
+    if (hook) call_hook(pass, stream);
     if (pass == 0 && fold_check && !backends.empty() && backends.front()->found_nonfinite(stream)) {
       return false;
     }
-    if (hook) call_hook(pass, stream);
   }
   for (auto& backend : backends) backend->step(step, inv_grad_scale, stream);
   ++step_count;
