@@ -4,10 +4,13 @@
 // apex FusedLAMB's five-sweep schedule; and AdamW clipped by global norm against plain
 // AdamW, for the cost of the clipping pass. Each declares the bytes a step moves (every
 // pass) and reports the fraction of the copy floor: the best plain copy of the same bytes,
-// measured just before the benchmark.
+// measured just before the benchmark. A few untimed steps after the timed ones give where
+// a step's time goes: pass0_ms, pass1_ms, ... (medians; each pass with its finalize, the
+// last one the update).
 #include <benchmark/benchmark.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -22,6 +25,9 @@
 using namespace fusedopt;
 
 namespace {
+
+using Clock = std::chrono::steady_clock;
+constexpr int kBreakdownSteps = 7;
 
 /// fp32 params and grads of a workload: p non-zero (||p|| > 0, so the trust ratio is
 /// used); ||g|| over BERT-base is about 105, so LAMB's clipping to 1 is taken every step.
@@ -44,6 +50,13 @@ struct Fp32Model {
   }
 };
 
+/// lamb.rule's hypers and defaults (apex FusedLAMB's).
+struct LambHypers {
+  float lr = 1e-3f, beta1 = 0.9f, beta2 = 0.999f, eps = 1e-6f, weight_decay = 0.01f;
+  float max_grad_norm = 1.0f;
+  bool use_nvlamb = false;
+};
+
 /// LAMB as apex FusedLAMB schedules it (apex/optimizers/fused_lamb.py and
 /// csrc/multi_tensor_lamb.cu; adam_w_mode, grad_averaging and bias_correction on), with the
 /// math of templates/rules/lamb.rule. This is our re-implementation of apex's schedule on
@@ -64,19 +77,16 @@ struct Fp32Model {
 /// a copy to every step that apex does not do.
 class ApexLikeLamb {
  public:
-  struct Hypers {  // lamb.rule's defaults, which are apex FusedLAMB's; the benchmark uses these
-    float lr = 1e-3f, beta1 = 0.9f, beta2 = 0.999f, eps = 1e-6f, weight_decay = 0.01f;
-    float max_grad_norm = 1.0f;
-    bool use_nvlamb = false;
-  };
+  using Hypers = LambHypers;
   static constexpr std::int64_t kChunkElems = 65536;  // apex's chunk_size (2048 * 32)
   static constexpr std::int64_t kBytesPerElement = 4 + 4 + 28 + 4 + 12;
   static constexpr int kPasses = 5;
   // Counted as fusedopt counts launches: each sweep, plus a finalize after each norm.
   static constexpr int kLaunches = 5 + 3;
 
-  ApexLikeLamb(std::vector<float*> p, std::vector<float*> g, const std::vector<std::int64_t>& numel)
-      : p_(std::move(p)), g_(std::move(g)) {
+  ApexLikeLamb(std::vector<float*> p, std::vector<float*> g, const std::vector<std::int64_t>& numel,
+               Hypers h = Hypers())
+      : p_(std::move(p)), g_(std::move(g)), hypers_(h) {
     for (std::size_t t = 0; t < numel.size(); ++t) {
       first_chunk_.push_back(static_cast<std::int64_t>(chunks_.size()));
       for (std::int64_t b = 0; b < numel[t]; b += kChunkElems) {
@@ -98,6 +108,8 @@ class ApexLikeLamb {
   }
 
   std::int64_t elements() const { return elements_; }
+  /// When set, step() appends the time after each sweep but the last (with its finalize).
+  void set_marks(std::vector<Clock::time_point>* marks) { marks_ = marks; }
   const std::vector<float>& m(std::size_t t) const { return m_[t]; }
   const std::vector<float>& v(std::size_t t) const { return v_[t]; }
 
@@ -109,17 +121,22 @@ class ApexLikeLamb {
     double total = 0.0;
     for (double s : partial_) total += s;
     const auto grad_norm = static_cast<float>(std::sqrt(total));
+    mark();
     // (1) per-tensor param norms.
     chunk_sums_of_squares(p_);
     tensor_norms(param_norm_);
+    mark();
     // (2) stage 1.
-    const float clip = h.max_grad_norm > 0.0f && grad_norm > h.max_grad_norm ? grad_norm / h.max_grad_norm : 1.0f;
+    const float clip =
+        h.max_grad_norm > 0.0f && grad_norm > h.max_grad_norm ? grad_norm / h.max_grad_norm : 1.0f;
     const float bc1 = 1.0f - std::pow(h.beta1, static_cast<float>(step_));
     const float bc2 = 1.0f - std::pow(h.beta2, static_cast<float>(step_));
     stage1(clip, bc1, bc2);
+    mark();
     // (3) per-tensor update norms (u lives in g now).
     chunk_sums_of_squares(g_);
     tensor_norms(update_norm_);
+    mark();
     // (4) stage 2.
     stage2();
   }
@@ -130,17 +147,30 @@ class ApexLikeLamb {
     std::int64_t begin, end;
   };
 
+  void mark() {
+    if (marks_) marks_->push_back(Clock::now());
+  }
+
   // One sweep: each chunk's sum of squares of x, in fp32 (as apex's kernel accumulates),
-  // into partial_.
+  // into partial_. kLanes independent accumulators (several vector registers), so the sum
+  // is not one chain of dependent adds: a single `omp simd reduction` accumulator ran this
+  // sweep about 10% below the machine's read bandwidth; 64 lanes reach it.
   void chunk_sums_of_squares(const std::vector<float*>& x) {
+    constexpr int kLanes = 64;
     const auto n = static_cast<std::int64_t>(chunks_.size());
 #pragma omp parallel for schedule(static)
     for (std::int64_t c = 0; c < n; ++c) {
       const Chunk ch = chunks_[static_cast<std::size_t>(c)];
       const float* xs = x[static_cast<std::size_t>(ch.tensor)];
+      float lanes[kLanes] = {};
+      std::int64_t i = ch.begin;
+      for (; i + kLanes <= ch.end; i += kLanes) {
+#pragma omp simd
+        for (int l = 0; l < kLanes; ++l) lanes[l] += xs[i + l] * xs[i + l];
+      }
       float acc = 0.0f;
-#pragma omp simd reduction(+ : acc)
-      for (std::int64_t i = ch.begin; i < ch.end; ++i) acc += xs[i] * xs[i];
+      for (; i < ch.end; ++i) acc += xs[i] * xs[i];
+      for (float lane : lanes) acc += lane;
       partial_[static_cast<std::size_t>(c)] = acc;
     }
   }
@@ -158,7 +188,8 @@ class ApexLikeLamb {
 
   void stage1(float clip, float bc1, float bc2) {
     const float beta1 = hypers_.beta1, beta2 = hypers_.beta2, beta3 = 1.0f - hypers_.beta1;
-    const float one_minus_beta2 = 1.0f - hypers_.beta2, eps = hypers_.eps, decay = hypers_.weight_decay;
+    const float one_minus_beta2 = 1.0f - hypers_.beta2, eps = hypers_.eps,
+                decay = hypers_.weight_decay;
     const auto n = static_cast<std::int64_t>(chunks_.size());
 #pragma omp parallel for schedule(static)
     for (std::int64_t c = 0; c < n; ++c) {
@@ -210,13 +241,16 @@ class ApexLikeLamb {
   Hypers hypers_;
   std::int64_t elements_ = 0;
   std::int64_t step_ = 0;
+  std::vector<Clock::time_point>* marks_ = nullptr;
 };
 
 /// Checks the baseline against fusedopt's lamb preset: three steps over random tensors
 /// (sizes that are not multiples of a vector or a chunk), fresh gradients each step, with
 /// clipping taken; p, m and v must agree within 1e-5 of each tensor's largest magnitude
-/// (the two sum norms in different orders). Returns "" or what differs. A baseline that
-/// computed something else would make the timing comparison meaningless.
+/// (the two sum norms in different orders). lr is 0.1 here so that a step moves p by about
+/// 10% (at 1e-3, an error in the update would hide below the tolerance). Returns "" or
+/// what differs. A baseline that computed something else would make the timing comparison
+/// meaningless.
 std::string check_apex_like_against_fusedopt() {
   const std::vector<std::int64_t> sizes = {1000, 70001, 3, 768, 131077};
   std::mt19937 rng(4);
@@ -226,13 +260,16 @@ std::string check_apex_like_against_fusedopt() {
     for (float& x : ours.p[t]) x = param(rng);
     theirs.p[t] = ours.p[t];
   }
+  LambHypers hypers;
+  hypers.lr = 0.1f;
   Optimizer opt(Rule::preset("lamb"), {ours.group()});
+  opt.set_hyper("lr", static_cast<double>(hypers.lr));
   std::vector<float*> p, g;
   for (std::size_t t = 0; t < sizes.size(); ++t) {
     p.push_back(theirs.p[t].data());
     g.push_back(theirs.g[t].data());
   }
-  ApexLikeLamb apex(p, g, sizes);
+  ApexLikeLamb apex(p, g, sizes, hypers);
   for (int s = 0; s < 3; ++s) {
     for (std::size_t t = 0; t < sizes.size(); ++t) {
       for (float& x : ours.g[t]) x = grad(rng);
@@ -241,13 +278,15 @@ std::string check_apex_like_against_fusedopt() {
     opt.step();
     apex.step();
   }
-  auto compare = [](const char* what, std::size_t t, const float* a, const float* b, std::size_t n) -> std::string {
+  auto compare = [](const char* what, std::size_t t, const float* a, const float* b,
+                    std::size_t n) -> std::string {
     float scale = 0.0f;
     for (std::size_t i = 0; i < n; ++i) scale = std::max(scale, std::abs(a[i]));
     for (std::size_t i = 0; i < n; ++i) {
       if (!(std::abs(a[i] - b[i]) <= 1e-5f * scale)) {
         char buf[160];
-        std::snprintf(buf, sizeof buf, "%s of tensor %zu, element %zu: fusedopt %.9g, apex-like %.9g", what, t, i,
+        std::snprintf(buf, sizeof buf,
+                      "%s of tensor %zu, element %zu: fusedopt %.9g, apex-like %.9g", what, t, i,
                       static_cast<double>(a[i]), static_cast<double>(b[i]));
         return buf;
       }
@@ -274,8 +313,44 @@ void report(benchmark::State& state, std::int64_t bytes, std::int64_t elements, 
   state.counters["passes"] = static_cast<double>(passes);
   state.counters["launches"] = static_cast<double>(launches);
   // The copy floor's seconds per step as a rate over the measured time = its fraction.
-  state.counters["copy_fraction"] = benchmark::Counter(static_cast<double>(bytes) / copy_bytes_per_second,
-                                                       benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["copy_fraction"] =
+      benchmark::Counter(static_cast<double>(bytes) / copy_bytes_per_second,
+                         benchmark::Counter::kIsIterationInvariantRate);
+}
+
+/// Runs kBreakdownSteps untimed steps; `step` appends the time after each pass but the last
+/// to `marks`. Sets counters pass<k>_ms to the median milliseconds of pass k (the last one
+/// from the last mark to the step's end).
+template <typename Step>
+void report_pass_times(benchmark::State& state, std::vector<Clock::time_point>& marks, Step step) {
+  std::vector<std::vector<double>> ms;  // [pass][step]
+  for (int s = 0; s < kBreakdownSteps; ++s) {
+    marks.clear();
+    const Clock::time_point t0 = Clock::now();
+    step();
+    const Clock::time_point t1 = Clock::now();
+    marks.push_back(t1);
+    ms.resize(std::max(ms.size(), marks.size()));
+    Clock::time_point prev = t0;
+    for (std::size_t k = 0; k < marks.size(); ++k) {
+      ms[k].push_back(std::chrono::duration<double, std::milli>(marks[k] - prev).count());
+      prev = marks[k];
+    }
+  }
+  for (std::size_t k = 0; k < ms.size(); ++k) {
+    std::vector<double>& v = ms[k];
+    std::nth_element(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(v.size() / 2), v.end());
+    state.counters["pass" + std::to_string(k) + "_ms"] = v[v.size() / 2];
+  }
+}
+
+/// The pass breakdown of a fusedopt optimizer: the reduction hook marks the end of each
+/// reduction pass (after its finalize).
+void report_pass_times(benchmark::State& state, Optimizer& opt) {
+  std::vector<Clock::time_point> marks;
+  opt.set_reduction_hook([&marks](const ReductionPartials&) { marks.push_back(Clock::now()); });
+  report_pass_times(state, marks, [&] { opt.step(); });
+  opt.set_reduction_hook({});
 }
 
 /// fusedopt's lamb preset; range(0): 0 = ReductionStrategy::Auto, 1 = Recompute.
@@ -292,7 +367,9 @@ void BM_HostLambFused(benchmark::State& state) {
   const double copy_bw = bench::copy_bandwidth(static_cast<std::size_t>(s.bytes_per_step));
   for (auto _ : state) opt.step();
   report(state, s.bytes_per_step, s.elements, s.reduction_passes + 1, s.launches_per_step, copy_bw);
-  state.SetLabel("lamb fp32 " + w.name + " fusedopt " + names[state.range(0)] + "->" + s.reduction_strategy);
+  report_pass_times(state, opt);
+  state.SetLabel("lamb fp32 " + w.name + " fusedopt " + names[state.range(0)] + "->" +
+                 s.reduction_strategy);
 }
 
 /// The apex-like five-sweep LAMB over the same tensors.
@@ -315,6 +392,9 @@ void BM_HostLambApexLike(benchmark::State& state) {
   const double copy_bw = bench::copy_bandwidth(static_cast<std::size_t>(bytes));
   for (auto _ : state) lamb.step();  // grads hold the last update from here on (see the class)
   report(state, bytes, lamb.elements(), ApexLikeLamb::kPasses, ApexLikeLamb::kLaunches, copy_bw);
+  std::vector<Clock::time_point> marks;
+  lamb.set_marks(&marks);
+  report_pass_times(state, marks, [&] { lamb.step(); });
   state.SetLabel("lamb fp32 " + w.name + " apex-like five sweeps (OpenMP)");
 }
 
@@ -330,11 +410,23 @@ void BM_HostAdamWClip(benchmark::State& state) {
   const double copy_bw = bench::copy_bandwidth(static_cast<std::size_t>(s.bytes_per_step));
   for (auto _ : state) opt.step();
   report(state, s.bytes_per_step, s.elements, s.reduction_passes + 1, s.launches_per_step, copy_bw);
-  state.SetLabel("adamw fp32 " + w.name + (state.range(0) != 0 ? " max_grad_norm=1" : " no clipping"));
+  report_pass_times(state, opt);
+  state.SetLabel("adamw fp32 " + w.name +
+                 (state.range(0) != 0 ? " max_grad_norm=1" : " no clipping"));
 }
 
 }  // namespace
 
-BENCHMARK(BM_HostLambFused)->Arg(0)->Arg(1)->Unit(benchmark::kMillisecond)->UseRealTime()->MinTime(2.0);
+BENCHMARK(BM_HostLambFused)
+    ->Arg(0)
+    ->Arg(1)
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime()
+    ->MinTime(2.0);
 BENCHMARK(BM_HostLambApexLike)->Unit(benchmark::kMillisecond)->UseRealTime()->MinTime(2.0);
-BENCHMARK(BM_HostAdamWClip)->Arg(0)->Arg(1)->Unit(benchmark::kMillisecond)->UseRealTime()->MinTime(2.0);
+BENCHMARK(BM_HostAdamWClip)
+    ->Arg(0)
+    ->Arg(1)
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime()
+    ->MinTime(2.0);
