@@ -295,7 +295,6 @@ class BodyEmitter {
         if (x.def < 0) originals.insert(x.sym);
       }
     }
-    const lang::Symbol& grad = rule_.symbols.at(rule_.grad);
     for (std::size_t sym = 0; sym < rule_.symbols.size(); ++sym) {
       const lang::Symbol& x = rule_.symbols[sym];
       if (!is_tensor(x.kind) && !(x.kind == SymKind::Temp)) continue;
@@ -372,7 +371,6 @@ class BodyEmitter {
     for (const lang::Symbol& x : rule_.symbols) {
       if (is_tensor(x.kind) || x.kind == SymKind::Temp) stores.line(fmt::format("  (void)v_{};", x.name));
     }
-    (void)grad;
 
     Writer w;
     if (update) {

@@ -212,14 +212,8 @@ std::int64_t Optimizer::step_count() const { return impl_->current_step_count();
 
 OptimizerStats Optimizer::stats() const {
   const Impl& m = *impl_;
-  const lang::Rule& r = *m.rule.impl();
-  const bool param_written = r.symbols[r.param].written;
-  const std::int64_t state_size = dtype_size(m.options.state_dtype);
-  const auto num_states = static_cast<std::int64_t>(m.num_states);
-  const auto num_outputs = static_cast<std::int64_t>(m.state_names.size() - m.num_states);
   OptimizerStats st;
   st.tensors = static_cast<std::int64_t>(m.params.size());
-  (void)param_written, (void)state_size, (void)num_states, (void)num_outputs;
   for (const runtime::ParamSlot& s : m.params) {
     st.elements += s.param.numel;
     if (s.binding < 0) continue;
