@@ -5,9 +5,8 @@
 #include <benchmark/benchmark.h>
 #include <unistd.h>
 
-#include <cstdio>
-
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 
@@ -50,7 +49,8 @@ void BM_ColdCompile(benchmark::State& state, const std::string& preset) {
   auto body = codegen::generate_body(*preset_rule(preset), DTypeBinding{});
   std::size_t bytes = 0;
   try {
-    for (auto _ : state) bytes = jit::build_kernel(body, DTypeBinding{}, target, cache).binary->size();
+    for (auto _ : state)
+      bytes = jit::build_kernel(body, DTypeBinding{}, target, cache).binary->size();
   } catch (const Error& e) {
     state.SkipWithError(e.what());
     return;
@@ -95,7 +95,8 @@ void BM_DiskHitFreshProcess(benchmark::State& state) {
     return;
   }
   // popen runs a shell, so name this program by its real path, not /proc/self/exe.
-  const std::string command = fs::read_symlink("/proc/self/exe").string() + " --probe-disk-hit " + target.str() + " " + bench_dir().string();
+  const std::string command = fs::read_symlink("/proc/self/exe").string() + " --probe-disk-hit " +
+                              target.str() + " " + bench_dir().string();
   for (auto _ : state) {
     FILE* child = popen(command.c_str(), "r");
     char origin[32] = {0};
@@ -122,7 +123,8 @@ void BM_DiskHit(benchmark::State& state) {
   }
   std::size_t bytes = 0;
   for (auto _ : state) {
-    cache::KernelCache cache(options(cache::KernelCache::Mode::On, bench_dir()));  // empty memory tier
+    cache::KernelCache cache(
+        options(cache::KernelCache::Mode::On, bench_dir()));  // empty memory tier
     jit::BuiltKernel k = jit::build_kernel(body, DTypeBinding{}, target, cache);
     if (k.origin != cache::Origin::Disk) state.SkipWithError("not a disk hit");
     bytes += k.binary->size();
@@ -155,7 +157,8 @@ void BM_MemoryHit(benchmark::State& state) {
       benchmark::DoNotOptimize(r.payload);
     }
   }
-  state.SetLabel(std::string("adamw ") + target.str() + (with_codegen ? " codegen+hash+lookup" : " lookup"));
+  state.SetLabel(std::string("adamw ") + target.str() +
+                 (with_codegen ? " codegen+hash+lookup" : " lookup"));
 }
 
 int register_all() {
@@ -167,17 +170,29 @@ int register_all() {
         ->Iterations(3);
   }
   benchmark::RegisterBenchmark("BM_DiskHitFreshProcess", BM_DiskHitFreshProcess)
-      ->Arg(0)->Arg(90)->UseManualTime()->Unit(benchmark::kMillisecond)->Iterations(10);
-  benchmark::RegisterBenchmark("BM_DiskHit", BM_DiskHit)->Arg(0)->Arg(90)->Unit(benchmark::kMicrosecond);
+      ->Arg(0)
+      ->Arg(90)
+      ->UseManualTime()
+      ->Unit(benchmark::kMillisecond)
+      ->Iterations(10);
+  benchmark::RegisterBenchmark("BM_DiskHit", BM_DiskHit)
+      ->Arg(0)
+      ->Arg(90)
+      ->Unit(benchmark::kMicrosecond);
   benchmark::RegisterBenchmark("BM_MemoryHit", BM_MemoryHit)
-      ->Args({0, 0})->Args({90, 0})->Args({0, 1})->Args({90, 1})->Unit(benchmark::kMicrosecond);
+      ->Args({0, 0})
+      ->Args({90, 0})
+      ->Args({0, 1})
+      ->Args({90, 1})
+      ->Unit(benchmark::kMicrosecond);
   return 0;
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc == 4 && std::string(argv[1]) == "--probe-disk-hit") return probe_disk_hit(argv[2], argv[3]);
+  if (argc == 4 && std::string(argv[1]) == "--probe-disk-hit")
+    return probe_disk_hit(argv[2], argv[3]);
   register_all();
   benchmark::Initialize(&argc, argv);
   if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 2;

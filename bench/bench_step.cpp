@@ -28,22 +28,26 @@ struct HostModel {
   ParamGroup group(std::size_t first, std::size_t last) {
     ParamGroup pg;
     for (std::size_t i = first; i < last; ++i) {
-      pg.params.push_back({p[i].data(), static_cast<std::int64_t>(p[i].size()), DType::F32, Device::host(), "p" + std::to_string(i)});
-      pg.grads.push_back({g[i].data(), static_cast<std::int64_t>(g[i].size()), DType::F32, Device::host(), "g" + std::to_string(i)});
+      pg.params.push_back({p[i].data(), static_cast<std::int64_t>(p[i].size()), DType::F32,
+                           Device::host(), "p" + std::to_string(i)});
+      pg.grads.push_back({g[i].data(), static_cast<std::int64_t>(g[i].size()), DType::F32,
+                          Device::host(), "g" + std::to_string(i)});
     }
     return pg;
   }
 };
 
-bench::Workload workload(int64_t which) { return which == 0 ? bench::bert_base() : bench::small_tensors(); }
+bench::Workload workload(int64_t which) {
+  return which == 0 ? bench::bert_base() : bench::small_tensors();
+}
 
 void report(benchmark::State& state, const OptimizerStats& s, std::int64_t launches,
             double copy_bytes_per_second) {
   const double bytes = static_cast<double>(s.bytes_per_step);
   state.SetBytesProcessed(static_cast<int64_t>(bytes) * state.iterations());
   // floor seconds per step, as a rate over the measured time = fraction of the copy floor.
-  state.counters["copy_fraction"] =
-      benchmark::Counter(bytes / copy_bytes_per_second, benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["copy_fraction"] = benchmark::Counter(
+      bytes / copy_bytes_per_second, benchmark::Counter::kIsIterationInvariantRate);
   state.counters["launches"] = static_cast<double>(launches);
   state.counters["tensors"] = static_cast<double>(s.tensors);
 }
@@ -55,7 +59,8 @@ void BM_HostStepFused(benchmark::State& state) {
   opt.step();  // warm: first touch of the state pages
   // The floor: a plain copy of the same bytes, measured just before (the memory bandwidth
   // of a shared machine drifts).
-  const double copy_bw = bench::copy_bandwidth(static_cast<std::size_t>(opt.stats().bytes_per_step));
+  const double copy_bw =
+      bench::copy_bandwidth(static_cast<std::size_t>(opt.stats().bytes_per_step));
   for (auto _ : state) opt.step();
   report(state, opt.stats(), opt.stats().launches_per_step, copy_bw);
   state.SetLabel("adamw fp32 " + w.name + " fused");
@@ -83,8 +88,18 @@ void BM_HostStepPerTensor(benchmark::State& state) {
 
 }  // namespace
 
-BENCHMARK(BM_HostStepFused)->Arg(0)->Arg(1)->Unit(benchmark::kMillisecond)->UseRealTime()->MinTime(2.0);
-BENCHMARK(BM_HostStepPerTensor)->Arg(0)->Arg(1)->Unit(benchmark::kMillisecond)->UseRealTime()->MinTime(2.0);
+BENCHMARK(BM_HostStepFused)
+    ->Arg(0)
+    ->Arg(1)
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime()
+    ->MinTime(2.0);
+BENCHMARK(BM_HostStepPerTensor)
+    ->Arg(0)
+    ->Arg(1)
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime()
+    ->MinTime(2.0);
 
 // CUDA: the same two workloads on device 0, fused vs one launch per tensor; each step is
 // timed to completion (manual time). Skipped where there is no CUDA device.
@@ -106,11 +121,15 @@ struct DeviceModel {
     }
   }
   ParamGroup group(std::size_t first, std::size_t last) const {
-    auto ptr = [](const runtime::cuda::DeviceBuffer& b) { return reinterpret_cast<void*>(static_cast<std::uintptr_t>(b.get())); };
+    auto ptr = [](const runtime::cuda::DeviceBuffer& b) {
+      return reinterpret_cast<void*>(static_cast<std::uintptr_t>(b.get()));
+    };
     ParamGroup pg;
     for (std::size_t i = first; i < last; ++i) {
-      pg.params.push_back({ptr(p[i]), sizes[i], DType::F32, Device::cuda(0), "p" + std::to_string(i)});
-      pg.grads.push_back({ptr(g[i]), sizes[i], DType::F32, Device::cuda(0), "g" + std::to_string(i)});
+      pg.params.push_back(
+          {ptr(p[i]), sizes[i], DType::F32, Device::cuda(0), "p" + std::to_string(i)});
+      pg.grads.push_back(
+          {ptr(g[i]), sizes[i], DType::F32, Device::cuda(0), "g" + std::to_string(i)});
     }
     return pg;
   }
@@ -124,7 +143,8 @@ void time_device_steps(benchmark::State& state, Step step) {
     auto t0 = std::chrono::steady_clock::now();
     step();
     runtime::cuda::synchronize(nullptr);
-    state.SetIterationTime(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    state.SetIterationTime(
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
   }
 }
 
@@ -141,7 +161,8 @@ void BM_CudaStep(benchmark::State& state) {
   std::vector<Optimizer> opts;
   OptimizerStats total;
   if (fused) {
-    opts.emplace_back(Rule::preset("adamw"), std::vector<ParamGroup>{model.group(0, w.sizes.size())});
+    opts.emplace_back(Rule::preset("adamw"),
+                      std::vector<ParamGroup>{model.group(0, w.sizes.size())});
     total = opts.back().stats();
   } else {
     for (std::size_t i = 0; i < w.sizes.size(); ++i) {
@@ -153,10 +174,18 @@ void BM_CudaStep(benchmark::State& state) {
     for (auto& o : opts) o.step();
   });
   state.SetBytesProcessed(total.bytes_per_step * state.iterations());
-  state.counters["launches"] = static_cast<double>(fused ? opts[0].stats().launches_per_step : opts.size());
-  state.SetLabel("adamw fp32 " + w.name + (fused ? " fused" : " one launch per tensor") + " cuda:0");
+  state.counters["launches"] =
+      static_cast<double>(fused ? opts[0].stats().launches_per_step : opts.size());
+  state.SetLabel("adamw fp32 " + w.name + (fused ? " fused" : " one launch per tensor") +
+                 " cuda:0");
 }
 
 }  // namespace
 
-BENCHMARK(BM_CudaStep)->Args({0, 1})->Args({0, 0})->Args({1, 1})->Args({1, 0})->UseManualTime()->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_CudaStep)
+    ->Args({0, 1})
+    ->Args({0, 0})
+    ->Args({1, 1})
+    ->Args({1, 0})
+    ->UseManualTime()
+    ->Unit(benchmark::kMillisecond);

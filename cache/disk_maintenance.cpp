@@ -70,7 +70,8 @@ std::vector<BadEntry> DiskStore::verify(bool remove) const {
   std::time_t now = std::time(nullptr);
   for (const detail::ScannedFile& file : detail::scan(dir_)) {
     switch (file.kind) {
-      case detail::FileKind::Lock: break;
+      case detail::FileKind::Lock:
+        break;
       case detail::FileKind::Entry: {
         detail::UniqueFd fd(
             detail::open_retry(file.path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW));
@@ -142,8 +143,11 @@ std::uint64_t DiskStore::clear() const {
         if (::unlink(file.path.c_str()) == 0)
           removed += static_cast<std::uint64_t>(file.st.st_size);
         break;
-      case detail::FileKind::Lock: remove_lock_if_free(file.path); break;
-      case detail::FileKind::Unexpected: break;
+      case detail::FileKind::Lock:
+        remove_lock_if_free(file.path);
+        break;
+      case detail::FileKind::Unexpected:
+        break;
     }
   }
   for (const std::filesystem::path& shard : detail::shard_dirs(dir_)) {

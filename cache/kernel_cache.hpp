@@ -19,7 +19,7 @@ namespace fusedopt::cache {
 
 /// Version of the on-disk entry format and of the key record layout.
 /// Bump when you change this: the header layout, the record encoding or the folder naming.
-inline constexpr std::uint32_t kFormatVersion = 1;
+inline constexpr std::uint32_t kFormatVersion = 2;
 
 /// A 128-bit key (XXH3-128).
 struct Key {
@@ -112,9 +112,9 @@ class KernelCache {
  public:
   enum class Mode { Off, Memory, On };
   struct Options {
-    std::filesystem::path dir;                   ///< FUSEDOPT_CACHE_DIR or the XDG default
-    Mode mode = Mode::On;                        ///< FUSEDOPT_CACHE=off|memory|on
-    std::uint64_t max_disk_bytes = 1ull << 30;   ///< FUSEDOPT_CACHE_MAX_BYTES (disk)
+    std::filesystem::path dir;                  ///< FUSEDOPT_CACHE_DIR or the XDG default
+    Mode mode = Mode::On;                       ///< FUSEDOPT_CACHE=off|memory|on
+    std::uint64_t max_disk_bytes = 1ull << 30;  ///< FUSEDOPT_CACHE_MAX_BYTES (disk)
     std::uint64_t max_memory_bytes = 256ull << 20;
   };
   /// FUSEDOPT_CACHE_DIR (default ${XDG_CACHE_HOME:-$HOME/.cache}/fusedopt), FUSEDOPT_CACHE,

@@ -93,9 +93,12 @@ Key KeyRecord::key() const { return detail::hash128(serialize()); }
 
 const char* to_string(Origin origin) {
   switch (origin) {
-    case Origin::Memory: return "memory";
-    case Origin::Disk: return "disk";
-    case Origin::Compiled: return "compiled";
+    case Origin::Memory:
+      return "memory";
+    case Origin::Disk:
+      return "disk";
+    case Origin::Compiled:
+      return "compiled";
   }
   return "unknown";
 }

@@ -25,7 +25,8 @@ double median(std::vector<double> v) {
   return v[v.size() / 2];
 }
 
-void print_row(const char* name, std::int64_t launches, double seconds, double bytes, double floor_s) {
+void print_row(const char* name, std::int64_t launches, double seconds, double bytes,
+               double floor_s) {
   std::printf("%-24s %10lld %12.2f %10.2f", name, static_cast<long long>(launches), seconds * 1e3,
               bytes / seconds / 1e9);
   if (floor_s > 0) std::printf(" %11.0f%%", 100.0 * floor_s / seconds);
@@ -57,8 +58,11 @@ void run_gpu(const bench::Workload& w, int steps, double bytes) {
   auto group = [&](std::size_t first, std::size_t last) {
     ParamGroup pg;
     for (std::size_t i = first; i < last; ++i) {
-      auto ptr = [](const cu::DeviceBuffer& b) { return reinterpret_cast<void*>(static_cast<std::uintptr_t>(b.get())); };
-      pg.params.push_back({ptr(p[i]), w.sizes[i], DType::F32, Device::cuda(0), "param" + std::to_string(i)});
+      auto ptr = [](const cu::DeviceBuffer& b) {
+        return reinterpret_cast<void*>(static_cast<std::uintptr_t>(b.get()));
+      };
+      pg.params.push_back(
+          {ptr(p[i]), w.sizes[i], DType::F32, Device::cuda(0), "param" + std::to_string(i)});
       pg.grads.push_back({ptr(g[i]), w.sizes[i], DType::F32, Device::cuda(0), ""});
     }
     return pg;
@@ -81,7 +85,8 @@ void run_gpu(const bench::Workload& w, int steps, double bytes) {
   }
   std::printf("\n%-24s %10s %12s %10s\n", "GPU (device 0)", "launches", "ms/step", "GB/s");
   print_row("fused", fused.stats().launches_per_step, median(tf), bytes, 0);
-  print_row("one launch per tensor", static_cast<std::int64_t>(per_tensor.size()), median(tl), bytes, 0);
+  print_row("one launch per tensor", static_cast<std::int64_t>(per_tensor.size()), median(tl),
+            bytes, 0);
 }
 
 }  // namespace
@@ -90,8 +95,9 @@ int main() {
   try {
     const bench::Workload w = bench::bert_base();
     const int steps = 20;
-    std::printf("AdamW (fp32) over BERT-base shapes: %zu tensors, %.1f M elements, %d steps, host\n",
-                w.sizes.size(), static_cast<double>(w.elements()) / 1e6, steps);
+    std::printf(
+        "AdamW (fp32) over BERT-base shapes: %zu tensors, %.1f M elements, %d steps, host\n",
+        w.sizes.size(), static_cast<double>(w.elements()) / 1e6, steps);
     std::vector<std::vector<float>> p, g;
     for (std::int64_t n : w.sizes) {
       p.emplace_back(static_cast<std::size_t>(n), 0.5f);
@@ -100,8 +106,10 @@ int main() {
     auto group = [&](std::size_t first, std::size_t last) {
       ParamGroup pg;
       for (std::size_t i = first; i < last; ++i) {
-        pg.params.push_back({p[i].data(), (std::int64_t)p[i].size(), DType::F32, Device::host(), "param" + std::to_string(i)});
-        pg.grads.push_back({g[i].data(), (std::int64_t)g[i].size(), DType::F32, Device::host(), ""});
+        pg.params.push_back({p[i].data(), (std::int64_t)p[i].size(), DType::F32, Device::host(),
+                             "param" + std::to_string(i)});
+        pg.grads.push_back(
+            {g[i].data(), (std::int64_t)g[i].size(), DType::F32, Device::host(), ""});
       }
       return pg;
     };
@@ -109,7 +117,8 @@ int main() {
     const OptimizerStats s = fused.stats();
     std::printf("%s\nkernel %s (%s in %.3f s); %.1f bytes per element\n", s.fusion_report.c_str(),
                 s.kernel_keys.empty() ? "?" : s.kernel_keys[0].c_str(), s.kernel_origin.c_str(),
-                s.kernel_seconds, static_cast<double>(s.bytes_per_step) / static_cast<double>(s.elements));
+                s.kernel_seconds,
+                static_cast<double>(s.bytes_per_step) / static_cast<double>(s.elements));
     std::vector<Optimizer> per_tensor;
     for (std::size_t i = 0; i < w.sizes.size(); ++i) {
       per_tensor.emplace_back(Rule::preset("adamw"), std::vector<ParamGroup>{group(i, i + 1)});
@@ -134,11 +143,13 @@ int main() {
       tl.push_back(loop_s);
     }
     const double floor_s = median(tc);
-    std::printf("copy floor: %.2f ms per step (the best plain copy of the same %.2f GB: %.2f GB/s)\n\n",
-                floor_s * 1e3, bytes / 1e9, bytes / floor_s / 1e9);
+    std::printf(
+        "copy floor: %.2f ms per step (the best plain copy of the same %.2f GB: %.2f GB/s)\n\n",
+        floor_s * 1e3, bytes / 1e9, bytes / floor_s / 1e9);
     std::printf("%-24s %10s %12s %10s %12s\n", "host", "launches", "ms/step", "GB/s", "% of copy");
     print_row("fused", s.launches_per_step, median(tf), bytes, floor_s);
-    print_row("one launch per tensor", static_cast<std::int64_t>(per_tensor.size()), median(tl), bytes, floor_s);
+    print_row("one launch per tensor", static_cast<std::int64_t>(per_tensor.size()), median(tl),
+              bytes, floor_s);
     run_gpu(w, steps, bytes);
     return 0;
   } catch (const Error& e) {

@@ -8,7 +8,8 @@
 
 int main(int argc, char** argv) {
   if (argc < 2) {
-    std::fprintf(stderr, "usage: %s RULE_FILE [TARGET=sm_90] [DTYPES=bf16:bf16:fp32+master]\n", argv[0]);
+    std::fprintf(stderr, "usage: %s RULE_FILE [TARGET=sm_90] [DTYPES=bf16:bf16:fp32+master]\n",
+                 argv[0]);
     return 2;
   }
   std::ifstream in(argv[1]);

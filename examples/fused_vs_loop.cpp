@@ -30,15 +30,18 @@ int main() {
     auto group = [&](std::vector<std::vector<float>>& params, int first, int last) {
       ParamGroup pg;
       for (int i = first; i < last; ++i) {
-        pg.params.push_back({params[i].data(), (std::int64_t)params[i].size(), DType::F32, Device::host(), "p" + std::to_string(i)});
-        pg.grads.push_back({g[i].data(), (std::int64_t)g[i].size(), DType::F32, Device::host(), "g" + std::to_string(i)});
+        pg.params.push_back({params[i].data(), (std::int64_t)params[i].size(), DType::F32,
+                             Device::host(), "p" + std::to_string(i)});
+        pg.grads.push_back({g[i].data(), (std::int64_t)g[i].size(), DType::F32, Device::host(),
+                            "g" + std::to_string(i)});
       }
       pg.hypers = {{"lr", lr}};
       return pg;
     };
     Optimizer fused(Rule::preset("adamw"), {group(p, 0, n)});
     std::vector<Optimizer> loop;
-    for (int i = 0; i < n; ++i) loop.emplace_back(Rule::preset("adamw"), std::vector<ParamGroup>{group(q, i, i + 1)});
+    for (int i = 0; i < n; ++i)
+      loop.emplace_back(Rule::preset("adamw"), std::vector<ParamGroup>{group(q, i, i + 1)});
     for (int t = 1; t <= steps; ++t) {
       for (auto& gi : g) {
         for (auto& x : gi) x = normal(rng);
@@ -60,11 +63,13 @@ int main() {
     double worst = 0;
     for (int i = 0; i < n; ++i) {
       bit_differences += std::memcmp(p[i].data(), q[i].data(), p[i].size() * 4) != 0;
-      for (std::size_t k = 0; k < p[i].size(); ++k) worst = std::max(worst, (double)std::fabs(p[i][k] - r[i][k]));
+      for (std::size_t k = 0; k < p[i].size(); ++k)
+        worst = std::max(worst, (double)std::fabs(p[i][k] - r[i][k]));
     }
     std::printf("%s\n", fused.stats().fusion_report.c_str());
     std::printf("fused vs one launch per tensor: %zu tensors differ in any bit\n", bit_differences);
-    std::printf("fused vs a plain C++ loop: largest difference %.3g after %d steps\n", worst, steps);
+    std::printf("fused vs a plain C++ loop: largest difference %.3g after %d steps\n", worst,
+                steps);
     return bit_differences == 0 && worst < 1e-5 ? 0 : 1;
   } catch (const Error& e) {
     std::fprintf(stderr, "error: %s\n", e.what());

@@ -38,8 +38,10 @@ int main(int argc, char** argv) {
     }
     std::vector<float> w(features, 0.0f), b(1, 0.0f), dw(features), db(1);
     ParamGroup group;
-    group.params = {{w.data(), features, DType::F32, Device::host(), "w"}, {b.data(), 1, DType::F32, Device::host(), "b"}};
-    group.grads = {{dw.data(), features, DType::F32, Device::host(), "dw"}, {db.data(), 1, DType::F32, Device::host(), "db"}};
+    group.params = {{w.data(), features, DType::F32, Device::host(), "w"},
+                    {b.data(), 1, DType::F32, Device::host(), "b"}};
+    group.grads = {{dw.data(), features, DType::F32, Device::host(), "dw"},
+                   {db.data(), 1, DType::F32, Device::host(), "db"}};
     Optimizer opt(Rule::parse(kRule, "momentum_ema.rule"), {group});
     std::printf("%s\n", opt.stats().fusion_report.c_str());
     double first = 0, loss = 0;

@@ -49,7 +49,8 @@ void check_expr(const Rule& rule, const Expr& e, int stmt, int depth) {
 
 void check_rule(const Rule& rule) {
   require(rule.param >= 0 && rule.grad >= 0 && rule.step >= 0);
-  require(rule.reduction_passes >= 0 && rule.reduction_passes <= fusedopt::lang::kMaxReductionPasses);
+  require(rule.reduction_passes >= 0 &&
+          rule.reduction_passes <= fusedopt::lang::kMaxReductionPasses);
   require(rule.reduction_passes == 0 || !rule.reductions.empty());
   for (int s : rule.states) check_expr(rule, *rule.symbols[s].init, -1, 0);
   for (std::size_t i = 0; i < rule.stmts.size(); ++i) {

@@ -1,9 +1,10 @@
 // DType, DTypeBinding and Target text forms.
+#include "fusedopt/dtype.hpp"
+
 #include <fmt/format.h>
 
 #include <cctype>
 
-#include "fusedopt/dtype.hpp"
 #include "fusedopt/error.hpp"
 #include "fusedopt/target.hpp"
 
@@ -11,9 +12,12 @@ namespace fusedopt {
 
 const char* to_string(DType dtype) {
   switch (dtype) {
-    case DType::F32: return "fp32";
-    case DType::F16: return "fp16";
-    case DType::BF16: return "bf16";
+    case DType::F32:
+      return "fp32";
+    case DType::F16:
+      return "fp16";
+    case DType::BF16:
+      return "bf16";
   }
   return "?";
 }
@@ -50,17 +54,18 @@ DTypeBinding DTypeBinding::parse(std::string_view text) {
   } else {
     std::size_t c2 = rest.find(':', c1 + 1);
     if (c2 == std::string_view::npos || rest.find(':', c2 + 1) != std::string_view::npos) {
-      throw Error(fmt::format("bad dtypes '{}': expected PARAM:GRAD:STATE[+master], e.g. "
-                              "bf16:bf16:fp32+master, or one dtype for all",
-                              text));
+      throw Error(
+          fmt::format("bad dtypes '{}': expected PARAM:GRAD:STATE[+master], e.g. "
+                      "bf16:bf16:fp32+master, or one dtype for all",
+                      text));
     }
     b.param = parse_dtype(rest.substr(0, c1), text);
     b.grad = parse_dtype(rest.substr(c1 + 1, c2 - c1 - 1), text);
     b.state = parse_dtype(rest.substr(c2 + 1), text);
   }
   if (b.master && b.param == DType::F32) {
-    throw Error(fmt::format("bad dtypes '{}': an fp32 master copy needs fp16 or bf16 params",
-                            text));
+    throw Error(
+        fmt::format("bad dtypes '{}': an fp32 master copy needs fp16 or bf16 params", text));
   }
   return b;
 }
@@ -82,9 +87,10 @@ Target Target::parse(std::string_view text) {
     }
     if (ok && sm >= 50) return Target{Kind::Cuda, sm, arch_specific};
   }
-  throw Error(fmt::format("bad target '{}': expected 'host' or a CUDA architecture like "
-                          "sm_80, sm_90 or sm_90a",
-                          text));
+  throw Error(
+      fmt::format("bad target '{}': expected 'host' or a CUDA architecture like "
+                  "sm_80, sm_90 or sm_90a",
+                  text));
 }
 
 std::string Target::str() const {

@@ -9,8 +9,8 @@ namespace {
 std::string format_rule_error(const std::string& file, int line, int column,
                               const std::string& message, const std::string& source_line,
                               int length, const std::string& hint) {
-  std::string out = file + ":" + std::to_string(line) + ":" + std::to_string(column) +
-                    ": error: " + message;
+  std::string out =
+      file + ":" + std::to_string(line) + ":" + std::to_string(column) + ": error: " + message;
   if (!source_line.empty() || column > 0) {
     out += "\n  " + source_line + "\n  ";
     // The caret line keeps tabs so it lines up under the source line in a terminal.

@@ -21,7 +21,8 @@ const std::string& Rule::name() const { return impl_->name; }
 
 std::vector<std::pair<std::string, double>> Rule::hypers() const {
   std::vector<std::pair<std::string, double>> out;
-  for (int h : impl_->hypers) out.emplace_back(impl_->symbols[h].name, impl_->symbols[h].default_value);
+  for (int h : impl_->hypers)
+    out.emplace_back(impl_->symbols[h].name, impl_->symbols[h].default_value);
   return out;
 }
 

@@ -58,7 +58,8 @@ int cmd_list(Args& args) {
   auto dir = parse_common(args, R"(usage: fusedopt-cache list [--json] [--cache-dir DIR]
 
 Show every entry: key, rule, target, dtypes, size and when it was last used.
-)", &help, [&](Args& a) { return (json = json || a.flag("--json")); });
+)",
+                          &help, [&](Args& a) { return (json = json || a.flag("--json")); });
   if (help) return kExitOk;
   cache::DiskStore store(cache_options(dir).dir);
   std::vector<cache::EntryInfo> entries = store.list();
@@ -100,7 +101,8 @@ int cmd_verify(Args& args) {
 
 Re-read and re-hash every entry. Prints each bad one and exits 1 if there is any.
   --remove   also delete the bad entries (the next warmup recompiles them)
-)", &help, [&](Args& a) { return (remove = remove || a.flag("--remove")); });
+)",
+                          &help, [&](Args& a) { return (remove = remove || a.flag("--remove")); });
   if (help) return kExitOk;
   cache::DiskStore store(cache_options(dir).dir);
   std::vector<cache::BadEntry> bad = store.verify(remove);
@@ -124,13 +126,14 @@ int cmd_prune(Args& args) {
 
 Evict least recently used entries until the cache holds at most N bytes
 (N may end in K, M or G).
-)", &help, [&](Args& a) {
-    if (auto v = a.option("--max-bytes")) {
-      max_bytes = parse_bytes(*v, "--max-bytes");
-      return true;
-    }
-    return false;
-  });
+)",
+                          &help, [&](Args& a) {
+                            if (auto v = a.option("--max-bytes")) {
+                              max_bytes = parse_bytes(*v, "--max-bytes");
+                              return true;
+                            }
+                            return false;
+                          });
   if (help) return kExitOk;
   if (!max_bytes) throw UsageError{"prune needs --max-bytes N"};
   cache::DiskStore store(cache_options(dir).dir);
@@ -145,7 +148,8 @@ int cmd_clear(Args& args) {
   auto dir = parse_common(args, R"(usage: fusedopt-cache clear [--cache-dir DIR]
 
 Remove every entry (and leftover temporary and lock files).
-)", &help, [](Args&) { return false; });
+)",
+                          &help, [](Args&) { return false; });
   if (help) return kExitOk;
   cache::DiskStore store(cache_options(dir).dir);
   std::uint64_t removed = store.clear();
@@ -160,11 +164,12 @@ int cmd_check(Args& args) {
 
 Parse and check rule files without compiling. Errors are printed as
 FILE:LINE:COL: error: MESSAGE, then the line and a caret; exit 2 if any file is bad.
-)", &help, [&](Args& a) {
-    if (a.peek().rfind("-", 0) == 0 && a.peek() != "-") return false;
-    files.push_back(a.next());
-    return true;
-  });
+)",
+               &help, [&](Args& a) {
+                 if (a.peek().rfind("-", 0) == 0 && a.peek() != "-") return false;
+                 files.push_back(a.next());
+                 return true;
+               });
   if (help) return kExitOk;
   if (files.empty()) throw UsageError{"check needs at least one rule file"};
   int status = kExitOk;
@@ -197,9 +202,10 @@ FILE:LINE:COL: error: MESSAGE, then the line and a caret; exit 2 if any file is 
         }
         passes += fmt::format("), {} with fp32 tensors", codegen::to_string(body.strategy));
       }
-      fmt::print("{}: ok: rule '{}': tensors [{}], hypers [{}], {} statements, {} uniform "
-                 "values hoisted out of the element loop{}\n",
-                 f, rule->name, roles, hypers, rule->stmts.size(), body.num_uniforms, passes);
+      fmt::print(
+          "{}: ok: rule '{}': tensors [{}], hypers [{}], {} statements, {} uniform "
+          "values hoisted out of the element loop{}\n",
+          f, rule->name, roles, hypers, rule->stmts.size(), body.num_uniforms, passes);
     } catch (const RuleError& e) {
       fmt::print(stderr, "{}\n", e.what());
       status = kExitBadInput;

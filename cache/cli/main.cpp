@@ -39,9 +39,8 @@ int main(int argc, char** argv) {
     return all.empty() ? kExitBadInput : kExitOk;
   }
   const std::map<std::string, std::function<int(Args&)>> commands = {
-      {"warmup", cmd_warmup}, {"list", cmd_list},   {"verify", cmd_verify},
-      {"prune", cmd_prune},   {"clear", cmd_clear}, {"check", cmd_check},
-      {"presets", cmd_presets}};
+      {"warmup", cmd_warmup}, {"list", cmd_list},   {"verify", cmd_verify},  {"prune", cmd_prune},
+      {"clear", cmd_clear},   {"check", cmd_check}, {"presets", cmd_presets}};
   auto it = commands.find(all[0]);
   if (it == commands.end()) {
     fmt::print(stderr, "fusedopt-cache: error: unknown command '{}'\n\n{}", all[0], kUsage);

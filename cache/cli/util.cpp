@@ -42,11 +42,16 @@ std::uint64_t parse_bytes(const std::string& text, const std::string& what) {
   if (i == 0) throw UsageError{what + " '" + text + "' is not a size (e.g. 500M, 2G, 1048576)"};
   std::string suffix = text.substr(i);
   int shift = 0;
-  if (suffix == "K" || suffix == "KiB" || suffix == "k") shift = 10;
-  else if (suffix == "M" || suffix == "MiB") shift = 20;
-  else if (suffix == "G" || suffix == "GiB") shift = 30;
-  else if (!suffix.empty()) throw UsageError{what + " '" + text + "' has an unknown unit (use K, M or G)"};
-  if (shift && value > (UINT64_MAX >> shift)) throw UsageError{what + " '" + text + "' is too large"};
+  if (suffix == "K" || suffix == "KiB" || suffix == "k")
+    shift = 10;
+  else if (suffix == "M" || suffix == "MiB")
+    shift = 20;
+  else if (suffix == "G" || suffix == "GiB")
+    shift = 30;
+  else if (!suffix.empty())
+    throw UsageError{what + " '" + text + "' has an unknown unit (use K, M or G)"};
+  if (shift && value > (UINT64_MAX >> shift))
+    throw UsageError{what + " '" + text + "' is too large"};
   return value << shift;
 }
 
@@ -65,14 +70,26 @@ std::string json_string(const std::string& s) {
   std::string out = "\"";
   for (unsigned char c : s) {
     switch (c) {
-      case '"': out += "\\\""; break;
-      case '\\': out += "\\\\"; break;
-      case '\n': out += "\\n"; break;
-      case '\t': out += "\\t"; break;
-      case '\r': out += "\\r"; break;
+      case '"':
+        out += "\\\"";
+        break;
+      case '\\':
+        out += "\\\\";
+        break;
+      case '\n':
+        out += "\\n";
+        break;
+      case '\t':
+        out += "\\t";
+        break;
+      case '\r':
+        out += "\\r";
+        break;
       default:
-        if (c < 0x20 || c >= 0x7f) out += fmt::format("\\u{:04x}", c);
-        else out += static_cast<char>(c);
+        if (c < 0x20 || c >= 0x7f)
+          out += fmt::format("\\u{:04x}", c);
+        else
+          out += static_cast<char>(c);
     }
   }
   return out + "\"";

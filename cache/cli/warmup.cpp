@@ -100,12 +100,18 @@ int cmd_warmup(Args& args) {
       std::fputs(kHelp, stdout);
       return kExitOk;
     }
-    if (auto v = args.option("--cache-dir")) cache_dir = v;
-    else if (auto p = args.option("--preset")) for (auto& x : split_commas(*p)) presets.push_back(x);
-    else if (args.flag("--all-presets")) presets.push_back("all");
-    else if (auto r = args.option("--rule")) rule_files.push_back(*r);
-    else if (auto t = args.option("--target")) for (auto& x : split_commas(*t)) targets.push_back(x);
-    else if (auto d = args.option("--dtypes")) for (auto& x : split_commas(*d)) dtypes.push_back(x);
+    if (auto v = args.option("--cache-dir"))
+      cache_dir = v;
+    else if (auto p = args.option("--preset"))
+      for (auto& x : split_commas(*p)) presets.push_back(x);
+    else if (args.flag("--all-presets"))
+      presets.push_back("all");
+    else if (auto r = args.option("--rule"))
+      rule_files.push_back(*r);
+    else if (auto t = args.option("--target"))
+      for (auto& x : split_commas(*t)) targets.push_back(x);
+    else if (auto d = args.option("--dtypes"))
+      for (auto& x : split_commas(*d)) dtypes.push_back(x);
     else if (auto j = args.option("--jobs")) {
       try {
         int n = std::stoi(*j);
@@ -114,9 +120,12 @@ int cmd_warmup(Args& args) {
       } catch (const std::exception&) {
         throw UsageError{"--jobs needs a number from 1 to 256, got '" + *j + "'"};
       }
-    } else if (args.flag("--json")) json = true;
-    else if (args.peek().rfind("-", 0) == 0) throw UsageError{"unknown option '" + args.peek() + "'"};
-    else rule_files.push_back(args.next());
+    } else if (args.flag("--json"))
+      json = true;
+    else if (args.peek().rfind("-", 0) == 0)
+      throw UsageError{"unknown option '" + args.peek() + "'"};
+    else
+      rule_files.push_back(args.next());
   }
   if (presets.empty() && rule_files.empty()) {
     throw UsageError{"nothing to warm: give --preset NAME, --all-presets or rule files"};
@@ -183,8 +192,8 @@ int cmd_warmup(Args& args) {
       // Filling the cache is warmup's only job: a kernel the disk did not keep is a failure
       // (the library itself carries on without its disk tier).
       if (it.status == "compiled" && cache.disk() &&
-          !std::filesystem::exists(cache.disk()->entry_path(*cache::Key::from_hex(it.key),
-                                                           jit::compiler_for(it.target).extension()))) {
+          !std::filesystem::exists(cache.disk()->entry_path(
+              *cache::Key::from_hex(it.key), jit::compiler_for(it.target).extension()))) {
         it.status = "failed";
         it.error = "compiled but not stored in the cache: " + cache.last_disk_error();
       }
@@ -201,7 +210,8 @@ int cmd_warmup(Args& args) {
     }
   };
   std::vector<std::thread> threads;
-  for (unsigned j = 1; j < std::min<std::size_t>(jobs, items.size()); ++j) threads.emplace_back(worker);
+  for (unsigned j = 1; j < std::min<std::size_t>(jobs, items.size()); ++j)
+    threads.emplace_back(worker);
   worker();
   for (auto& t : threads) t.join();
   progress.finish();
@@ -223,22 +233,24 @@ int cmd_warmup(Args& args) {
     std::string out = "{\"kernels\": [";
     for (std::size_t i = 0; i < items.size(); ++i) {
       const Item& it = items[i];
-      out += fmt::format("{}\n  {{\"rule\": {}, \"target\": {}, \"dtypes\": {}, \"status\": {}, "
-                         "\"seconds\": {:.6f}, \"key\": {}, \"error\": {}}}",
-                         i ? "," : "", json_string(it.rule->name), json_string(it.target.str()),
-                         json_string(it.dtypes.str()), json_string(it.status), it.seconds,
-                         json_string(it.key), json_string(it.error));
+      out += fmt::format(
+          "{}\n  {{\"rule\": {}, \"target\": {}, \"dtypes\": {}, \"status\": {}, "
+          "\"seconds\": {:.6f}, \"key\": {}, \"error\": {}}}",
+          i ? "," : "", json_string(it.rule->name), json_string(it.target.str()),
+          json_string(it.dtypes.str()), json_string(it.status), it.seconds, json_string(it.key),
+          json_string(it.error));
     }
-    out += fmt::format("\n], \"compiled\": {}, \"cached\": {}, \"failed\": {}, "
-                       "\"compile_seconds\": {:.6f}, \"wall_seconds\": {:.6f}, \"cache_dir\": {}}}\n",
-                       compiled, cached, failed, compile_seconds, wall,
-                       json_string(cache.options().dir.string()));
+    out += fmt::format(
+        "\n], \"compiled\": {}, \"cached\": {}, \"failed\": {}, "
+        "\"compile_seconds\": {:.6f}, \"wall_seconds\": {:.6f}, \"cache_dir\": {}}}\n",
+        compiled, cached, failed, compile_seconds, wall, json_string(cache.options().dir.string()));
     fmt::print("{}", out);
   } else {
-    fmt::print("warmup: {} {} in {:.2f} s: {} compiled ({:.2f} s of compiling), {} already "
-               "cached, {} failed\ncache: {}\n",
-               items.size(), items.size() == 1 ? "kernel" : "kernels", wall, compiled, compile_seconds, cached, failed,
-               cache.options().dir.string());
+    fmt::print(
+        "warmup: {} {} in {:.2f} s: {} compiled ({:.2f} s of compiling), {} already "
+        "cached, {} failed\ncache: {}\n",
+        items.size(), items.size() == 1 ? "kernel" : "kernels", wall, compiled, compile_seconds,
+        cached, failed, cache.options().dir.string());
   }
   return failed ? kExitFailed : kExitOk;
 }

@@ -73,7 +73,8 @@ class CacheError : public Error {
 /// A bug in fusedopt itself: please report it.
 class InternalError : public Error {
  public:
-  explicit InternalError(const std::string& what) : Error("internal error (a fusedopt bug): " + what) {}
+  explicit InternalError(const std::string& what)
+      : Error("internal error (a fusedopt bug): " + what) {}
 };
 
 }  // namespace fusedopt

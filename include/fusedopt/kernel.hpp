@@ -56,7 +56,7 @@ class Rule {
 /// where fo_hypers has one float field per hyper, named as given, plus `step`. It is
 /// compiled as written: never build one from untrusted input.
 struct TrustedFunctor {
-  std::string name;                                    ///< for #line and the cache record
+  std::string name;  ///< for #line and the cache record
   std::string code;
   std::vector<std::pair<std::string, double>> states;  ///< name, constant initial value
   std::vector<std::pair<std::string, double>> hypers;  ///< name, default value

@@ -71,14 +71,14 @@ struct OptimizerOptions {
 
 /// One total a reduction pass produces: what it is and how ranks combine it.
 struct ReductionSlotInfo {
-  std::string name;        ///< the rule's function ("tensor_norm", ...) or "grad_check"
+  std::string name;         ///< the rule's function ("tensor_norm", ...) or "grad_check"
   bool per_tensor = false;  ///< a value per tensor (else one global value)
-  int slot = 0;            ///< index in ReductionPartials::global, or the column of
-                           ///< ReductionPartials::TensorTotals
-  int pass = 0;            ///< the pass that computes it
-  bool max = false;        ///< ranks combine it by max (maxabs, any_nonfinite, grad_check);
-                           ///< else by sum
-  int line = 0;            ///< the rule line of the call (0: built in)
+  int slot = 0;             ///< index in ReductionPartials::global, or the column of
+                            ///< ReductionPartials::TensorTotals
+  int pass = 0;             ///< the pass that computes it
+  bool max = false;         ///< ranks combine it by max (maxabs, any_nonfinite, grad_check);
+                            ///< else by sum
+  int line = 0;             ///< the rule line of the call (0: built in)
 };
 
 /// The raw totals of one reduction pass on this process, handed to the reduction hook
@@ -109,7 +109,7 @@ using ReductionHook = std::function<void(const ReductionPartials&)>;
 
 /// What a step costs, and where its kernel came from.
 struct OptimizerStats {
-  std::int64_t tensors = 0;            ///< parameters (empty ones included)
+  std::int64_t tensors = 0;  ///< parameters (empty ones included)
   std::int64_t elements = 0;
   std::int64_t launches_per_step = 0;  ///< kernel launches of one step(): per dtype binding,
                                        ///< one per reduction pass, one finalize after each,
@@ -119,12 +119,13 @@ struct OptimizerStats {
   std::string reduction_strategy;      ///< "recompute" or "store" ("" without reductions)
   std::int64_t bytes_recompute = 0;    ///< bytes per step under each strategy
   std::int64_t bytes_store = 0;
-  std::string schedule_report;         ///< the passes, what each reads and writes, and the
-                                       ///< recompute-or-store choice with its bytes
+  std::string schedule_report;  ///< the passes, what each reads and writes, and the
+                                ///< recompute-or-store choice with its bytes
   std::vector<std::string> kernel_keys;
-  double kernel_seconds = 0;           ///< compile or cache-load time at construction
-  std::string kernel_origin;           ///< "compiled", "disk" or "memory" (the slowest)
-  std::string fusion_report;           ///< e.g. "adamw over 201 tensors (109.5 M elements): 1 launch per step instead of 201"
+  double kernel_seconds = 0;  ///< compile or cache-load time at construction
+  std::string kernel_origin;  ///< "compiled", "disk" or "memory" (the slowest)
+  std::string fusion_report;  ///< e.g. "adamw over 201 tensors (109.5 M elements): 1 launch per
+                              ///< step instead of 201"
 };
 
 /// Runs `rule` over every parameter of every group. States are allocated (one arena per

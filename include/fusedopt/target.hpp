@@ -10,7 +10,7 @@ namespace fusedopt {
 struct Target {
   enum class Kind { Host, Cuda };
   Kind kind = Kind::Host;
-  int sm = 0;            ///< compute capability * 10 (e.g. 90) for Kind::Cuda
+  int sm = 0;                  ///< compute capability * 10 (e.g. 90) for Kind::Cuda
   bool arch_specific = false;  ///< "sm_90a": architecture-specific features
 
   static Target host() { return Target{}; }

@@ -20,37 +20,63 @@ using lang::SymKind;
 
 const char* function_name(Op op) {
   switch (op) {
-    case Op::Sqrt: return "fo_sqrt";
-    case Op::Rsqrt: return "fo_rsqrt";
-    case Op::Exp: return "fo_exp";
-    case Op::Log: return "fo_log";
-    case Op::Abs: return "fo_abs";
-    case Op::Sign: return "fo_sign";
-    case Op::Min: return "fo_min";
-    case Op::Max: return "fo_max";
-    case Op::Clamp: return "fo_clamp";
-    case Op::PowFn: return "fo_pow";
-    case Op::Tanh: return "fo_tanh";
-    case Op::Log1p: return "fo_log1p";
-    case Op::Expm1: return "fo_expm1";
-    case Op::Floor: return "fo_floor";
-    default: return nullptr;
+    case Op::Sqrt:
+      return "fo_sqrt";
+    case Op::Rsqrt:
+      return "fo_rsqrt";
+    case Op::Exp:
+      return "fo_exp";
+    case Op::Log:
+      return "fo_log";
+    case Op::Abs:
+      return "fo_abs";
+    case Op::Sign:
+      return "fo_sign";
+    case Op::Min:
+      return "fo_min";
+    case Op::Max:
+      return "fo_max";
+    case Op::Clamp:
+      return "fo_clamp";
+    case Op::PowFn:
+      return "fo_pow";
+    case Op::Tanh:
+      return "fo_tanh";
+    case Op::Log1p:
+      return "fo_log1p";
+    case Op::Expm1:
+      return "fo_expm1";
+    case Op::Floor:
+      return "fo_floor";
+    default:
+      return nullptr;
   }
 }
 
 const char* binary_operator(Op op) {
   switch (op) {
-    case Op::Add: return "+";
-    case Op::Sub: return "-";
-    case Op::Mul: return "*";
-    case Op::Div: return "/";
-    case Op::Lt: return "<";
-    case Op::Le: return "<=";
-    case Op::Gt: return ">";
-    case Op::Ge: return ">=";
-    case Op::Eq: return "==";
-    case Op::Ne: return "!=";
-    default: return nullptr;
+    case Op::Add:
+      return "+";
+    case Op::Sub:
+      return "-";
+    case Op::Mul:
+      return "*";
+    case Op::Div:
+      return "/";
+    case Op::Lt:
+      return "<";
+    case Op::Le:
+      return "<=";
+    case Op::Gt:
+      return ">";
+    case Op::Ge:
+      return ">=";
+    case Op::Eq:
+      return "==";
+    case Op::Ne:
+      return "!=";
+    default:
+      return nullptr;
   }
 }
 
@@ -97,8 +123,10 @@ class ExprEmitter {
       }
     }
     switch (s.kind) {
-      case SymKind::Hyper: return fmt::format("U.h[{}]", s.index);
-      case SymKind::Step: return "U.step";
+      case SymKind::Hyper:
+        return fmt::format("U.h[{}]", s.index);
+      case SymKind::Step:
+        return "U.step";
       case SymKind::Temp: {
         auto it = temp_slot_.find(e.def);
         if (it != temp_slot_.end()) return fmt::format("U.u[{}]", it->second);
@@ -134,22 +162,31 @@ class ExprEmitter {
       case Op::Ne:
         return fmt::format("({} {} {})", emit(*e.args[0]), binary_operator(e.op), emit(*e.args[1]));
       // Bitwise on bools: no short-circuit branches, so the loop still vectorises.
-      case Op::And: return fmt::format("({} & {})", cond(*e.args[0]), cond(*e.args[1]));
-      case Op::Or: return fmt::format("({} | {})", cond(*e.args[0]), cond(*e.args[1]));
-      case Op::Not: return fmt::format("(!{})", cond(*e.args[0]));
-      case Op::IsFinite: return fmt::format("fo_isfinite({})", emit(*e.args[0]));
-      default: return fmt::format("({} != 0.0f)", node(e, e.uniform));
+      case Op::And:
+        return fmt::format("({} & {})", cond(*e.args[0]), cond(*e.args[1]));
+      case Op::Or:
+        return fmt::format("({} | {})", cond(*e.args[0]), cond(*e.args[1]));
+      case Op::Not:
+        return fmt::format("(!{})", cond(*e.args[0]));
+      case Op::IsFinite:
+        return fmt::format("fo_isfinite({})", emit(*e.args[0]));
+      default:
+        return fmt::format("({} != 0.0f)", node(e, e.uniform));
     }
   }
 
   /// The operator of `e` applied to its (emitted) operands.
   std::string node(const Expr& e, bool uniform_ctx) {
     // A boolean operator (not a where or a reference that merely holds a truth value).
-    if (e.boolean && e.op != Op::Where && !trivial(e)) return fmt::format("fo_bool({})", cond_node(e));
+    if (e.boolean && e.op != Op::Where && !trivial(e))
+      return fmt::format("fo_bool({})", cond_node(e));
     switch (e.op) {
-      case Op::Number: return float_literal(e.number);
-      case Op::Ref: return ref(e, uniform_ctx);
-      case Op::Neg: return fmt::format("(-{})", emit(*e.args[0]));
+      case Op::Number:
+        return float_literal(e.number);
+      case Op::Ref:
+        return ref(e, uniform_ctx);
+      case Op::Neg:
+        return fmt::format("(-{})", emit(*e.args[0]));
       case Op::Pow: {
         const Expr& exponent = *e.args[1];
         if (exponent.op == Op::Number && exponent.number == 2.0) {
@@ -166,7 +203,8 @@ class ExprEmitter {
         if (uniform_ctx) throw InternalError("per-tensor reduction in a uniform expression");
         return fmt::format("T.v[{}]", r.slot);
       }
-      default: break;
+      default:
+        break;
     }
     if (const char* op = binary_operator(e.op)) {
       return fmt::format("({} {} {})", emit(*e.args[0]), op, emit(*e.args[1]));
@@ -176,7 +214,8 @@ class ExprEmitter {
       for (std::size_t i = 0; i < e.args.size(); ++i) out += (i ? ", " : "") + emit(*e.args[i]);
       return out + ")";
     }
-    throw InternalError(fmt::format("codegen has no emitter for operator {}", static_cast<int>(e.op)));
+    throw InternalError(
+        fmt::format("codegen has no emitter for operator {}", static_cast<int>(e.op)));
   }
 
   const Rule& rule_;
@@ -201,10 +240,13 @@ bool is_tensor(SymKind k) {
 std::string accumulate(lang::ReduceKind kind, int j, const std::string& x) {
   const std::string a = fmt::format("fo_a[{} * fo_stride]", j);
   switch (kind) {
-    case lang::ReduceKind::Sum: return fmt::format("{} += {};", a, x);
+    case lang::ReduceKind::Sum:
+      return fmt::format("{} += {};", a, x);
     case lang::ReduceKind::SumSq:
-    case lang::ReduceKind::Norm: return fmt::format("{} += fo_sq({});", a, x);
-    case lang::ReduceKind::MaxAbs: return fmt::format("{0} = fo_maxnan({0}, fo_abs({1}));", a, x);
+    case lang::ReduceKind::Norm:
+      return fmt::format("{} += fo_sq({});", a, x);
+    case lang::ReduceKind::MaxAbs:
+      return fmt::format("{0} = fo_maxnan({0}, fo_abs({1}));", a, x);
     case lang::ReduceKind::AnyNonFinite:
       return fmt::format("{0} = fo_max({0}, fo_isfinite({1}) ? 0.0f : 1.0f);", a, x);
   }
@@ -214,9 +256,12 @@ std::string accumulate(lang::ReduceKind kind, int j, const std::string& x) {
 /// The value a later pass sees, from a raw total `raw` (a double expression).
 std::string finish_value(lang::ReduceKind kind, const std::string& raw) {
   switch (kind) {
-    case lang::ReduceKind::Norm: return fmt::format("(float)fo_sqrt_d({})", raw);
-    case lang::ReduceKind::AnyNonFinite: return fmt::format("({} > 0.0 ? 1.0f : 0.0f)", raw);
-    default: return fmt::format("(float){}", raw);
+    case lang::ReduceKind::Norm:
+      return fmt::format("(float)fo_sqrt_d({})", raw);
+    case lang::ReduceKind::AnyNonFinite:
+      return fmt::format("({} > 0.0 ? 1.0f : 0.0f)", raw);
+    default:
+      return fmt::format("(float){}", raw);
   }
 }
 
@@ -369,18 +414,22 @@ class BodyEmitter {
                                          fmt::format("fo_load(t.r1, i) * U.inv_grad_scale"))));
     }
     for (const lang::Symbol& x : rule_.symbols) {
-      if (is_tensor(x.kind) || x.kind == SymKind::Temp) stores.line(fmt::format("  (void)v_{};", x.name));
+      if (is_tensor(x.kind) || x.kind == SymKind::Temp)
+        stores.line(fmt::format("  (void)v_{};", x.name));
     }
 
     Writer w;
     if (update) {
-      w.line("FO_FN void fo_element(const fo_tensor& t, long long i, const fo_uniform& U, "
-             "const fo_tvals& T) {");
+      w.line(
+          "FO_FN void fo_element(const fo_tensor& t, long long i, const fo_uniform& U, "
+          "const fo_tvals& T) {");
     } else {
       w.line("template <>");
-      w.line(fmt::format("FO_FN void fo_reduce_element<{}>(const fo_tensor& t, long long i, "
-                         "const fo_uniform& U, const fo_tvals& T, float* fo_a, int fo_stride, "
-                         "bool fo_check) {{", pass));
+      w.line(
+          fmt::format("FO_FN void fo_reduce_element<{}>(const fo_tensor& t, long long i, "
+                      "const fo_uniform& U, const fo_tvals& T, float* fo_a, int fo_stride, "
+                      "bool fo_check) {{",
+                      pass));
     }
     w.line("  (void)T;");
     if (!update) w.line("  (void)fo_a; (void)fo_stride; (void)fo_check;");
@@ -406,7 +455,8 @@ class BodyEmitter {
     const lang::Symbol& param = rule_.symbols.at(rule_.param);
     Writer w;
     w.line("FO_FN void fo_init_element(const fo_tensor& t, long long i, const fo_uniform& U) {");
-    if (dtypes_.master) w.line(fmt::format("  fo_store(t.r{}, i, fo_load(t.r0, i));", s_.master_role));
+    if (dtypes_.master)
+      w.line(fmt::format("  fo_store(t.r{}, i, fo_load(t.r0, i));", s_.master_role));
     w.line(fmt::format("  const float v_{} = fo_load(t.r{}, i);", param.name, s_.value_role));
     w.line(fmt::format("  (void)v_{};", param.name));
     w.append(in);
@@ -439,7 +489,8 @@ KernelBody generate_body(const Rule& rule, const DTypeBinding& dtypes, Strategy 
   const lang::Symbol& param = rule.symbols.at(rule.param);
   // With clipping the gradient symbol is the internal fo_grad_raw: reports say "grad".
   const std::string& grad_name = rule.symbols.at(rule.grad).name;
-  std::vector<std::string> role_names = {param.name, grad_name.rfind("fo_", 0) == 0 ? "grad" : grad_name};
+  std::vector<std::string> role_names = {param.name,
+                                         grad_name.rfind("fo_", 0) == 0 ? "grad" : grad_name};
   std::vector<RoleDecl> decls = {{storage_type(dtypes.param), param.written},
                                  {storage_type(dtypes.grad), false}};
   for (int s : rule.states) {
@@ -457,9 +508,9 @@ KernelBody generate_body(const Rule& rule, const DTypeBinding& dtypes, Strategy 
   for (const Crossing& c : schedule.crossings) {
     role_names.push_back(fmt::format("scratch_{}", c.name));
     decls.push_back({"float", true});
-    body.scratch.push_back(c.def >= 0 ? fmt::format("'{}' as assigned at line {}", c.name,
-                                                    rule.stmts[c.def].loc.line)
-                                      : fmt::format("'{}' before the step", c.name));
+    body.scratch.push_back(
+        c.def >= 0 ? fmt::format("'{}' as assigned at line {}", c.name, rule.stmts[c.def].loc.line)
+                   : fmt::format("'{}' before the step", c.name));
   }
 
   BodyEmitter be(rule, dtypes, schedule);
@@ -507,9 +558,10 @@ KernelBody generate_body(const Rule& rule, const DTypeBinding& dtypes, Strategy 
   for (int c : be.pass_acc_count()) body.max_acc = std::max(body.max_acc, c);
 
   Writer w;
-  w.line(fmt::format("// Generated by fusedopt from rule '{}' (dtypes {}, {} reduction pass{}, {}).",
-                     sanitize_comment(rule.name), dtypes.str(), rule.reduction_passes,
-                     rule.reduction_passes == 1 ? "" : "es", to_string(schedule.strategy)));
+  w.line(
+      fmt::format("// Generated by fusedopt from rule '{}' (dtypes {}, {} reduction pass{}, {}).",
+                  sanitize_comment(rule.name), dtypes.str(), rule.reduction_passes,
+                  rule.reduction_passes == 1 ? "" : "es", to_string(schedule.strategy)));
   emit_common_prologue(w, body);
 
   // Which accumulator of which pass feeds which total, and how it combines.
@@ -545,7 +597,8 @@ KernelBody generate_body(const Rule& rule, const DTypeBinding& dtypes, Strategy 
   std::vector<std::string> globals;
   for (const lang::Reduction& r : rule.reductions) {
     if (r.scope == lang::Scope::Global) {
-      globals.push_back(fmt::format("U.g[{}] = {};", r.slot, finish_value(r.kind, fmt::format("G[{}]", r.slot))));
+      globals.push_back(
+          fmt::format("U.g[{}] = {};", r.slot, finish_value(r.kind, fmt::format("G[{}]", r.slot))));
     }
   }
   emit_prepare(w, body, globals, be.em().prepare_lines(), file);
@@ -554,13 +607,15 @@ KernelBody generate_body(const Rule& rule, const DTypeBinding& dtypes, Strategy 
   w.line("  T.v[0] = 0.0f;");
   for (const lang::Reduction& r : rule.reductions) {
     if (r.scope == lang::Scope::Tensor) {
-      w.line(fmt::format("  T.v[{}] = {};", r.slot, finish_value(r.kind, fmt::format("R[{}]", r.slot))));
+      w.line(fmt::format("  T.v[{}] = {};", r.slot,
+                         finish_value(r.kind, fmt::format("R[{}]", r.slot))));
     }
   }
   w.line("}");
   w.line("template <int kPass>");
-  w.line("FO_FN void fo_reduce_element(const fo_tensor&, long long, const fo_uniform&, "
-         "const fo_tvals&, float*, int, bool) {}");
+  w.line(
+      "FO_FN void fo_reduce_element(const fo_tensor&, long long, const fo_uniform&, "
+      "const fo_tvals&, float*, int, bool) {}");
   for (const std::string& p : passes) w.line(p);
   emit_grad_finite(w);
   w.line(init);

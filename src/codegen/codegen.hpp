@@ -8,22 +8,22 @@
 #include <utility>
 #include <vector>
 
+#include "codegen/schedule.hpp"
 #include "fusedopt/dtype.hpp"
 #include "fusedopt/kernel.hpp"
 #include "fusedopt/target.hpp"
-#include "codegen/schedule.hpp"
 #include "lang/ast.hpp"
 
 namespace fusedopt::codegen {
 
 /// One accumulator of a reduction pass, as the runtime and the hook see it.
 struct ReductionSlot {
-  std::string name;        ///< the reduction's function, e.g. "tensor_norm"; "grad_check"
+  std::string name;  ///< the reduction's function, e.g. "tensor_norm"; "grad_check"
   lang::Scope scope = lang::Scope::Tensor;
-  int slot = 0;            ///< index in the per-tensor or global totals
+  int slot = 0;  ///< index in the per-tensor or global totals
   int pass = 0;
-  bool max = false;        ///< combined by max (maxabs, any_nonfinite); else by sum
-  int line = 0;            ///< rule line of the call (0: built in)
+  bool max = false;  ///< combined by max (maxabs, any_nonfinite); else by sum
+  int line = 0;      ///< rule line of the call (0: built in)
 };
 
 /// The generated, target-neutral part of a kernel: defines FO_NUM_ROLES, FO_NUM_HYPERS,
@@ -34,24 +34,24 @@ struct KernelBody {
   std::string name;  ///< rule or functor name
   int num_roles = 0;
   int num_hypers = 0;
-  int num_uniforms = 0;  ///< hoisted uniform values
+  int num_uniforms = 0;             ///< hoisted uniform values
   std::vector<std::string> roles;   ///< role names in pointer order
   std::vector<std::string> hypers;  ///< hyper names in order
   std::string code;
 
   // Reductions (all zero / empty for element-wise rules).
-  int reduction_passes = 0;       ///< launches before the update launch
-  int num_tensor_slots = 1;       ///< per-tensor totals per tensor (at least 1)
-  int num_global_slots = 1;       ///< global totals; the last one is the grad check
-  int max_acc = 1;                ///< accumulators per chunk in the widest pass
+  int reduction_passes = 0;          ///< launches before the update launch
+  int num_tensor_slots = 1;          ///< per-tensor totals per tensor (at least 1)
+  int num_global_slots = 1;          ///< global totals; the last one is the grad check
+  int max_acc = 1;                   ///< accumulators per chunk in the widest pass
   std::vector<ReductionSlot> slots;  ///< every accumulator of every pass (grad check too)
   Strategy strategy = Strategy::Recompute;
-  int store_pass = -1;            ///< Store: the pass that writes states early
+  int store_pass = -1;               ///< Store: the pass that writes states early
   std::vector<std::string> scratch;  ///< Store: fp32 scratch tensors (role order, after
                                      ///< the master): what each holds
   std::int64_t bytes_recompute = 0;  ///< per element and step, under each strategy
   std::int64_t bytes_store = 0;
-  std::vector<int> role_bytes;       ///< bytes per element of each role
+  std::vector<int> role_bytes;                ///< bytes per element of each role
   std::vector<std::vector<int>> pass_reads;   ///< roles each pass reads (update last)
   std::vector<std::vector<int>> pass_writes;  ///< roles each pass writes
 };

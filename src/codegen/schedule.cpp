@@ -16,9 +16,12 @@ using lang::SymKind;
 
 const char* to_string(Strategy s) {
   switch (s) {
-    case Strategy::Auto: return "auto";
-    case Strategy::Recompute: return "recompute";
-    case Strategy::Store: return "store";
+    case Strategy::Auto:
+      return "auto";
+    case Strategy::Recompute:
+      return "recompute";
+    case Strategy::Store:
+      return "store";
   }
   return "?";
 }
@@ -120,7 +123,8 @@ class Planner {
     }
   }
 
-  void add_reduction_args(int pass, PassPlan& p, std::set<int>& stmts, std::set<int>& originals) const {
+  void add_reduction_args(int pass, PassPlan& p, std::set<int>& stmts,
+                          std::set<int>& originals) const {
     for (std::size_t r = 0; r < rule_.reductions.size(); ++r) {
       if (rule_.reductions[r].pass != pass) continue;
       p.reductions.push_back(static_cast<int>(r));
@@ -235,8 +239,10 @@ class Planner {
   std::int64_t bytes(const std::vector<PassPlan>& passes) const {
     std::int64_t total = 0;
     for (const PassPlan& p : passes) {
-      for (int r : p.reads) total += r < static_cast<int>(s_.role_bytes.size()) ? s_.role_bytes[r] : 4;
-      for (int r : p.writes) total += r < static_cast<int>(s_.role_bytes.size()) ? s_.role_bytes[r] : 4;
+      for (int r : p.reads)
+        total += r < static_cast<int>(s_.role_bytes.size()) ? s_.role_bytes[r] : 4;
+      for (int r : p.writes)
+        total += r < static_cast<int>(s_.role_bytes.size()) ? s_.role_bytes[r] : 4;
     }
     return total;
   }
@@ -253,11 +259,16 @@ class Planner {
 int role_of(const Rule& rule, const Schedule& s, int sym) {
   const lang::Symbol& x = rule.symbols.at(sym);
   switch (x.kind) {
-    case SymKind::Param: return s.value_role;
-    case SymKind::Grad: return 1;
-    case SymKind::State: return 2 + x.index;
-    case SymKind::Output: return 2 + static_cast<int>(rule.states.size()) + x.index;
-    default: throw InternalError("role_of: '" + x.name + "' is not a tensor");
+    case SymKind::Param:
+      return s.value_role;
+    case SymKind::Grad:
+      return 1;
+    case SymKind::State:
+      return 2 + x.index;
+    case SymKind::Output:
+      return 2 + static_cast<int>(rule.states.size()) + x.index;
+    default:
+      throw InternalError("role_of: '" + x.name + "' is not a tensor");
   }
 }
 

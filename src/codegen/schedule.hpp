@@ -32,10 +32,10 @@ struct Crossing {
 
 /// One pass over the data.
 struct PassPlan {
-  std::vector<int> stmts;      ///< element statements computed, in order
-  std::set<int> reads;         ///< roles read
-  std::set<int> writes;        ///< roles written
-  std::vector<int> reductions; ///< indices into Rule::reductions accumulated in this pass
+  std::vector<int> stmts;       ///< element statements computed, in order
+  std::set<int> reads;          ///< roles read
+  std::set<int> writes;         ///< roles written
+  std::vector<int> reductions;  ///< indices into Rule::reductions accumulated in this pass
 };
 
 struct Schedule {

@@ -20,8 +20,8 @@ void Writer::line_directive(int line_no, const std::string& file) {
 std::string line_file_name(const std::string& file) {
   std::string out;
   for (char c : file) {
-    bool ok = std::isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '_' || c == '/' ||
-              c == '-';
+    bool ok =
+        std::isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '_' || c == '/' || c == '-';
     out += ok ? c : '_';
   }
   return out.empty() ? std::string("rule") : out;
@@ -68,9 +68,12 @@ std::string uniform_struct(const KernelBody& body) {
 
 const char* storage_type(DType dtype) {
   switch (dtype) {
-    case DType::F32: return "float";
-    case DType::F16: return "fo_f16";
-    case DType::BF16: return "fo_bf16";
+    case DType::F32:
+      return "float";
+    case DType::F16:
+      return "fo_f16";
+    case DType::BF16:
+      return "fo_bf16";
   }
   return "float";
 }
@@ -78,13 +81,15 @@ const char* storage_type(DType dtype) {
 void emit_tensor_binding(Writer& w, const std::vector<RoleDecl>& roles) {
   w.line("struct fo_tensor {");
   for (std::size_t r = 0; r < roles.size(); ++r) {
-    w.line(fmt::format("  {}{}* FO_RESTRICT r{};", roles[r].writable ? "" : "const ", roles[r].type, r));
+    w.line(fmt::format("  {}{}* FO_RESTRICT r{};", roles[r].writable ? "" : "const ", roles[r].type,
+                       r));
   }
   w.line("};");
   w.line("FO_FN fo_tensor fo_bind(void* const* p) {");
   w.line("  fo_tensor t;");
   for (std::size_t r = 0; r < roles.size(); ++r) {
-    w.line(fmt::format("  t.r{} = ({}{}*)p[{}];", r, roles[r].writable ? "" : "const ", roles[r].type, r));
+    w.line(fmt::format("  t.r{} = ({}{}*)p[{}];", r, roles[r].writable ? "" : "const ",
+                       roles[r].type, r));
   }
   w.line("  return t;");
   w.line("}");
@@ -92,8 +97,9 @@ void emit_tensor_binding(Writer& w, const std::vector<RoleDecl>& roles) {
 
 void emit_prepare(Writer& w, const KernelBody& body, const std::vector<std::string>& globals,
                   const std::vector<PrepareLine>& lines, const std::string& file) {
-  w.line("FO_FN fo_uniform fo_prepare(const float* FO_RESTRICT h, float step, float inv_grad_scale, "
-         "const double* FO_RESTRICT G) {");
+  w.line(
+      "FO_FN fo_uniform fo_prepare(const float* FO_RESTRICT h, float step, float inv_grad_scale, "
+      "const double* FO_RESTRICT G) {");
   w.line("  fo_uniform U;");
   w.line("  (void)G;");
   for (int k = 0; k < body.num_hypers; ++k) w.line(fmt::format("  U.h[{}] = h[{}];", k, k));
@@ -124,13 +130,14 @@ std::string source_file_name(const KernelBody& body, const Target& target) {
 }
 
 std::string generate_source(const KernelBody& body, const Target& target) {
-  std::string skeleton(embedded_file(target.kind == Target::Kind::Cuda ? "kernels/cuda_kernel.cuh"
-                                                                       : "kernels/host_kernel.hpp"));
+  std::string skeleton(embedded_file(
+      target.kind == Target::Kind::Cuda ? "kernels/cuda_kernel.cuh" : "kernels/host_kernel.hpp"));
   // The skeleton's "#ifndef FO_GENERATED" block only serves compiling it on its own.
   const std::string standalone = "#ifndef FO_GENERATED\n";
   if (std::size_t a = skeleton.find(standalone); a != std::string::npos) {
     std::size_t b = skeleton.find("#endif\n", a);
-    if (b == std::string::npos) throw InternalError("kernel skeleton: unterminated FO_GENERATED block");
+    if (b == std::string::npos)
+      throw InternalError("kernel skeleton: unterminated FO_GENERATED block");
     skeleton.erase(a, b + 7 - a);
   }
   std::string text;
@@ -177,9 +184,10 @@ bool valid_identifier(const std::string& s) {
 KernelBody generate_functor_body(const TrustedFunctor& functor, const DTypeBinding& dtypes) {
   for (const auto& [name, value] : functor.hypers) {
     if (!valid_identifier(name) || name == "step") {
-      throw Error(fmt::format("trusted functor '{}': hyper name '{}' is not a C++ identifier "
-                              "(or is the reserved 'step')",
-                              functor.name, name));
+      throw Error(
+          fmt::format("trusted functor '{}': hyper name '{}' is not a C++ identifier "
+                      "(or is the reserved 'step')",
+                      functor.name, name));
     }
   }
   if (functor.code.empty()) throw Error("trusted functor '" + functor.name + "' has no code");
@@ -210,7 +218,8 @@ KernelBody generate_functor_body(const TrustedFunctor& functor, const DTypeBindi
   w.line(functor.code);
   w.restore_line();
   w.line("}  // namespace fo_user");
-  std::vector<RoleDecl> roles = {{storage_type(dtypes.param), true}, {storage_type(dtypes.grad), false}};
+  std::vector<RoleDecl> roles = {{storage_type(dtypes.param), true},
+                                 {storage_type(dtypes.grad), false}};
   for (int s = 0; s < nstates; ++s) roles.push_back({storage_type(dtypes.state), true});
   if (dtypes.master) roles.push_back({"float", true});
   emit_tensor_binding(w, roles);
@@ -220,9 +229,12 @@ KernelBody generate_functor_body(const TrustedFunctor& functor, const DTypeBindi
   w.line("FO_FN int fo_acc_slot(int, int) { return 0; }");
   w.line("FO_FN void fo_tensor_values(const double*, fo_tvals& T) { T.v[0] = 0.0f; }");
   w.line("template <int kPass>");
-  w.line("FO_FN void fo_reduce_element(const fo_tensor&, long long, const fo_uniform&, "
-         "const fo_tvals&, float*, int, bool) {}");
-  w.line("FO_FN void fo_element(const fo_tensor& t, long long i, const fo_uniform& U, const fo_tvals&) {");
+  w.line(
+      "FO_FN void fo_reduce_element(const fo_tensor&, long long, const fo_uniform&, "
+      "const fo_tvals&, float*, int, bool) {}");
+  w.line(
+      "FO_FN void fo_element(const fo_tensor& t, long long i, const fo_uniform& U, const "
+      "fo_tvals&) {");
   w.line("  fo_hypers h;");
   for (int k = 0; k < body.num_hypers; ++k) {
     w.line(fmt::format("  h.{} = U.h[{}];", functor.hypers[k].first, k));
@@ -245,7 +257,8 @@ KernelBody generate_functor_body(const TrustedFunctor& functor, const DTypeBindi
   w.line("  (void)U;");
   if (dtypes.master) w.line(fmt::format("  fo_store(t.r{}, i, fo_load(t.r0, i));", master_role));
   for (int s = 0; s < nstates; ++s) {
-    w.line(fmt::format("  fo_store(t.r{}, i, {});", 2 + s, float_literal(functor.states[s].second)));
+    w.line(
+        fmt::format("  fo_store(t.r{}, i, {});", 2 + s, float_literal(functor.states[s].second)));
   }
   w.line("}");
   body.code = uniform_struct(body) + w.str();

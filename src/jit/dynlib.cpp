@@ -38,7 +38,8 @@ std::unique_ptr<DynLib> DynLib::from_bytes(const std::string& bytes, const std::
     path = "/proc/self/fd/" + std::to_string(fd);
   } else {
     fd = mkstemps(tmpl, 3);
-    if (fd < 0) throw Error(std::string("cannot create a file to load a kernel: ") + std::strerror(errno));
+    if (fd < 0)
+      throw Error(std::string("cannot create a file to load a kernel: ") + std::strerror(errno));
     path = tmpl;
   }
   std::size_t done = 0;

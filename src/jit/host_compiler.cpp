@@ -46,7 +46,8 @@ class TempDir {
   TempDir() {
     std::error_code ec;
     fs::path base = fs::temp_directory_path(ec);
-    if (ec) throw Error("no temporary folder for the host compiler (check TMPDIR): " + ec.message());
+    if (ec)
+      throw Error("no temporary folder for the host compiler (check TMPDIR): " + ec.message());
     std::string tmpl = (base / "fusedopt-build-XXXXXX").string();
     if (!mkdtemp(tmpl.data())) {
       throw Error("cannot create a temporary folder for the host compiler in " + base.string() +
@@ -92,8 +93,8 @@ class HostCompiler final : public Compiler {
   std::vector<std::string> options(const Target&) const override {
     // -fno-math-errno lets sqrt compile to one instruction; no -ffast-math: results must
     // follow IEEE rounding so tests can compare against a reference.
-    return {"-std=c++17", "-O3", "-march=native", "-fopenmp", "-fno-math-errno",
-            "-fPIC", "-shared", "-fvisibility=hidden", "-w"};
+    return {"-std=c++17", "-O3",     "-march=native",       "-fopenmp", "-fno-math-errno",
+            "-fPIC",      "-shared", "-fvisibility=hidden", "-w"};
   }
   std::string target_fingerprint(const Target&) const override {
     // -march=native makes the binary depend on this CPU's model and features.
@@ -102,7 +103,8 @@ class HostCompiler final : public Compiler {
       std::string line, model, flags;
       while (std::getline(in, line)) {
         if (model.empty() && line.rfind("model name", 0) == 0) model = line;
-        if (flags.empty() && (line.rfind("flags", 0) == 0 || line.rfind("Features", 0) == 0)) flags = line;
+        if (flags.empty() && (line.rfind("flags", 0) == 0 || line.rfind("Features", 0) == 0))
+          flags = line;
         if (!model.empty() && !flags.empty()) break;
       }
       cpu_ = model + "\n" + flags;
@@ -127,12 +129,13 @@ class HostCompiler final : public Compiler {
     argv.insert(argv.end(), {"-o", out, src});
     ProcessResult r = run_process(argv, tmp.path());
     if (r.exit_code != 0) {
-      throw CompileError(fmt::format("the host compiler failed to compile {} (exit {})", file_name,
-                                     r.exit_code),
-                         r.output, opts, source);
+      throw CompileError(
+          fmt::format("the host compiler failed to compile {} (exit {})", file_name, r.exit_code),
+          r.output, opts, source);
     }
     std::string binary = read_file(out);
-    if (binary.empty()) throw CompileError("the host compiler produced no output", r.output, opts, source);
+    if (binary.empty())
+      throw CompileError("the host compiler produced no output", r.output, opts, source);
     return binary;
   }
 

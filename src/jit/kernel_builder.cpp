@@ -6,11 +6,11 @@
 
 #include <atomic>
 #include <chrono>
-#include <functional>
-#include <thread>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <functional>
+#include <thread>
 
 #include "fusedopt/error.hpp"
 #include "jit/compiler.hpp"
@@ -55,16 +55,18 @@ void dump_source(const std::string& dir, const std::string& name, const std::str
   const fs::path final_path = fs::path(dir) / name;
   // Unique per process and thread: two threads may dump the same kernel at once.
   static std::atomic<unsigned> counter{0};
-  const fs::path tmp = fs::path(dir) / fmt::format(".{}.{}.{}.{}.tmp", name, getpid(),
-                                                   std::hash<std::thread::id>()(std::this_thread::get_id()),
-                                                   counter++);
+  const fs::path tmp =
+      fs::path(dir) / fmt::format(".{}.{}.{}.{}.tmp", name, getpid(),
+                                  std::hash<std::thread::id>()(std::this_thread::get_id()),
+                                  counter++);
   {
     std::ofstream out(tmp, std::ios::binary);
     out << source;
     if (!out) throw Error("FUSEDOPT_DUMP_SOURCE: cannot write " + tmp.string());
   }
   fs::rename(tmp, final_path, ec);
-  if (ec) throw Error("FUSEDOPT_DUMP_SOURCE: cannot write " + final_path.string() + ": " + ec.message());
+  if (ec)
+    throw Error("FUSEDOPT_DUMP_SOURCE: cannot write " + final_path.string() + ": " + ec.message());
 }
 
 }  // namespace
@@ -85,9 +87,8 @@ BuiltKernel build_kernel(const codegen::KernelBody& body, const DTypeBinding& dt
     dump_source(dir, fmt::format("{}-{}-{}{}", stem, target.str(), k.key.hex().substr(0, 16), ext),
                 k.source);
   }
-  cache::KernelCache::Result r = cache.get_or_compile(record, k.ext, [&] {
-    return compiler.compile(k.source, file, target);
-  });
+  cache::KernelCache::Result r =
+      cache.get_or_compile(record, k.ext, [&] { return compiler.compile(k.source, file, target); });
   k.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   k.binary = r.payload;
   k.origin = r.origin;

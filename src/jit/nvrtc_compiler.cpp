@@ -1,16 +1,15 @@
 // NVRTC, loaded with dlopen: compiles generated CUDA C++ to CUBIN for an explicit sm_XX.
 // Needs no GPU and no toolkit headers (generated sources include none).
-#include <fmt/format.h>
-
 #include <dlfcn.h>
+#include <fmt/format.h>
 
 #include <cstdlib>
 #include <filesystem>
 #include <mutex>
 
+#include "fusedopt/error.hpp"
 #include "jit/compiler.hpp"
 #include "jit/dynlib.hpp"
-#include "fusedopt/error.hpp"
 
 #if FUSEDOPT_HAVE_CUDA
 #include <nvrtc.h>

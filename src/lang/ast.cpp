@@ -5,24 +5,36 @@ namespace fusedopt::lang {
 
 const char* to_string(SymKind kind) {
   switch (kind) {
-    case SymKind::Param: return "param";
-    case SymKind::Grad: return "grad";
-    case SymKind::State: return "state";
-    case SymKind::Output: return "output";
-    case SymKind::Hyper: return "hyper";
-    case SymKind::Step: return "step";
-    case SymKind::Temp: return "temporary";
+    case SymKind::Param:
+      return "param";
+    case SymKind::Grad:
+      return "grad";
+    case SymKind::State:
+      return "state";
+    case SymKind::Output:
+      return "output";
+    case SymKind::Hyper:
+      return "hyper";
+    case SymKind::Step:
+      return "step";
+    case SymKind::Temp:
+      return "temporary";
   }
   return "unknown";
 }
 
 const char* to_string(ReduceKind kind) {
   switch (kind) {
-    case ReduceKind::Sum: return "sum";
-    case ReduceKind::SumSq: return "sumsq";
-    case ReduceKind::Norm: return "norm";
-    case ReduceKind::MaxAbs: return "maxabs";
-    case ReduceKind::AnyNonFinite: return "any_nonfinite";
+    case ReduceKind::Sum:
+      return "sum";
+    case ReduceKind::SumSq:
+      return "sumsq";
+    case ReduceKind::Norm:
+      return "norm";
+    case ReduceKind::MaxAbs:
+      return "maxabs";
+    case ReduceKind::AnyNonFinite:
+      return "any_nonfinite";
   }
   return "unknown";
 }

@@ -98,15 +98,15 @@ struct Expr {
   std::vector<ExprPtr> args;  ///< operands (unary: 1, binary: 2, functions: their arity)
 
   // Filled by the checker.
-  bool uniform = false;  ///< depends only on hypers, `step` and constants
-                         ///< (a Temp read is uniform when its reaching definition is)
-  bool boolean = false;  ///< a truth value (comparison, and/or/not, isfinite; a read of a
-                         ///< boolean definition; where() of two booleans)
+  bool uniform = false;      ///< depends only on hypers, `step` and constants
+                             ///< (a Temp read is uniform when its reaching definition is)
+  bool boolean = false;      ///< a truth value (comparison, and/or/not, isfinite; a read of a
+                             ///< boolean definition; where() of two booleans)
   bool elementwise = false;  ///< varies from element to element (reads a tensor element,
                              ///< directly or through temporaries)
-  int phase = 0;      ///< the first pass in which the value is known: one more than the
-                      ///< latest pass of a reduction it depends on (0: none)
-  int reduction = -1;  ///< Op::Reduce: index into Rule::reductions
+  int phase = 0;             ///< the first pass in which the value is known: one more than the
+                             ///< latest pass of a reduction it depends on (0: none)
+  int reduction = -1;        ///< Op::Reduce: index into Rule::reductions
   ReduceKind reduce_kind = ReduceKind::Sum;  ///< Op::Reduce: set by the parser
   Scope reduce_scope = Scope::Tensor;        ///< Op::Reduce: set by the parser
 };
@@ -114,19 +114,19 @@ struct Expr {
 struct Symbol {
   std::string name;
   SymKind kind = SymKind::Temp;
-  Loc loc;                ///< where it was declared (or first assigned, for temporaries);
-                          ///< line 0 for the built-in step
-  int index = 0;          ///< position among the symbols of the same kind
+  Loc loc;                   ///< where it was declared (or first assigned, for temporaries);
+                             ///< line 0 for the built-in step
+  int index = 0;             ///< position among the symbols of the same kind
   double default_value = 0;  ///< Hyper: the default
-  ExprPtr init;           ///< State: the initial value (constants, hypers and the param only)
-  bool written = false;   ///< Param/State/Output/Temp: some statement assigns it
+  ExprPtr init;              ///< State: the initial value (constants, hypers and the param only)
+  bool written = false;      ///< Param/State/Output/Temp: some statement assigns it
 };
 
 struct Stmt {
   int target = -1;  ///< index into Rule::symbols
   ExprPtr value;
-  Loc loc;          ///< of the target name
-  int phase = 0;    ///< the first pass in which its value is known (Expr::phase)
+  Loc loc;        ///< of the target name
+  int phase = 0;  ///< the first pass in which its value is known (Expr::phase)
 };
 
 /// One reduction call of the rule. Its argument is computed element by element in pass
@@ -135,10 +135,10 @@ struct Reduction {
   ReduceKind kind = ReduceKind::Sum;
   Scope scope = Scope::Tensor;
   int pass = 0;
-  int slot = 0;     ///< index among the reductions of the same scope
-  Loc loc;          ///< of the function name
+  int slot = 0;               ///< index among the reductions of the same scope
+  Loc loc;                    ///< of the function name
   const Expr* arg = nullptr;  ///< the reduced expression (owned by the statement)
-  std::string name;  ///< e.g. "tensor_norm"
+  std::string name;           ///< e.g. "tensor_norm"
 };
 
 /// Most reduction passes a rule may need (each is a read over the data).
@@ -152,14 +152,14 @@ struct Rule {
   std::vector<Symbol> symbols;
   std::vector<Stmt> stmts;
   std::vector<Reduction> reductions;  ///< in text order
-  int reduction_passes = 0;  ///< passes before the update pass (0: element-wise rule);
-                             ///< the update runs in pass `reduction_passes`
+  int reduction_passes = 0;           ///< passes before the update pass (0: element-wise rule);
+                                      ///< the update runs in pass `reduction_passes`
   int num_tensor_reductions = 0;
   int num_global_reductions = 0;
 
-  int param = -1;  ///< symbol index of the param
-  int grad = -1;   ///< symbol index of the grad
-  int step = -1;   ///< symbol index of the built-in step
+  int param = -1;            ///< symbol index of the param
+  int grad = -1;             ///< symbol index of the grad
+  int step = -1;             ///< symbol index of the built-in step
   std::vector<int> states;   ///< symbol indices, in declaration order
   std::vector<int> outputs;  ///< symbol indices, in declaration order
   std::vector<int> hypers;   ///< symbol indices, in declaration order

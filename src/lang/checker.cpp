@@ -31,8 +31,10 @@ bool is_comparison_or_logic(Op op) {
     case Op::Ne:
     case Op::And:
     case Op::Or:
-    case Op::Not: return true;
-    default: return false;
+    case Op::Not:
+      return true;
+    default:
+      return false;
   }
 }
 
@@ -111,12 +113,23 @@ class Checker {
     sym_of_name_[d.name] = sym;
     rule_.symbols[sym].default_value = d.default_value;
     switch (d.kind) {
-      case SymKind::Param: rule_.param = sym; break;
-      case SymKind::Grad: rule_.grad = sym; break;
-      case SymKind::State: rule_.states.push_back(sym); break;
-      case SymKind::Hyper: rule_.hypers.push_back(sym); break;
-      case SymKind::Output: rule_.outputs.push_back(sym); break;
-      default: break;
+      case SymKind::Param:
+        rule_.param = sym;
+        break;
+      case SymKind::Grad:
+        rule_.grad = sym;
+        break;
+      case SymKind::State:
+        rule_.states.push_back(sym);
+        break;
+      case SymKind::Hyper:
+        rule_.hypers.push_back(sym);
+        break;
+      case SymKind::Output:
+        rule_.outputs.push_back(sym);
+        break;
+      default:
+        break;
     }
   }
 
@@ -206,7 +219,8 @@ class Checker {
     r.kind = e.reduce_kind;
     r.scope = e.reduce_scope;
     r.pass = arg.phase;
-    int& count = r.scope == Scope::Tensor ? rule_.num_tensor_reductions : rule_.num_global_reductions;
+    int& count =
+        r.scope == Scope::Tensor ? rule_.num_tensor_reductions : rule_.num_global_reductions;
     r.slot = count++;
     r.loc = e.loc;
     r.arg = &arg;
@@ -292,7 +306,8 @@ class Checker {
       case SymKind::Step:
         src_.fail(raw.loc, fmt::format("cannot assign to 'step': {}", reserved_reason("step")),
                   "assign a temporary instead, e.g. 't = step + 1'");
-      default: break;
+      default:
+        break;
     }
     s.written = true;
     Stmt stmt;
@@ -352,7 +367,8 @@ class Checker {
     std::vector<bool> known(rule_.stmts.size(), false);
     const std::size_t nr = rule_.reductions.size();
     // deps(e): the reductions whose results e's value depends on.
-    std::function<void(const Expr&, std::vector<bool>&)> deps = [&](const Expr& e, std::vector<bool>& out) {
+    std::function<void(const Expr&, std::vector<bool>&)> deps = [&](const Expr& e,
+                                                                    std::vector<bool>& out) {
       if (e.op == Op::Reduce) {
         out[e.reduction] = true;
         return;

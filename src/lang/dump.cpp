@@ -9,24 +9,42 @@ namespace fusedopt::lang {
 
 const char* op_name(Op op) {
   switch (op) {
-    case Op::Number: return "number";
-    case Op::Ref: return "ref";
-    case Op::Neg: return "neg";
-    case Op::Not: return "not";
-    case Op::Add: return "+";
-    case Op::Sub: return "-";
-    case Op::Mul: return "*";
-    case Op::Div: return "/";
-    case Op::Pow: return "^";
-    case Op::Lt: return "<";
-    case Op::Le: return "<=";
-    case Op::Gt: return ">";
-    case Op::Ge: return ">=";
-    case Op::Eq: return "==";
-    case Op::Ne: return "!=";
-    case Op::And: return "and";
-    case Op::Or: return "or";
-    default: break;
+    case Op::Number:
+      return "number";
+    case Op::Ref:
+      return "ref";
+    case Op::Neg:
+      return "neg";
+    case Op::Not:
+      return "not";
+    case Op::Add:
+      return "+";
+    case Op::Sub:
+      return "-";
+    case Op::Mul:
+      return "*";
+    case Op::Div:
+      return "/";
+    case Op::Pow:
+      return "^";
+    case Op::Lt:
+      return "<";
+    case Op::Le:
+      return "<=";
+    case Op::Gt:
+      return ">";
+    case Op::Ge:
+      return ">=";
+    case Op::Eq:
+      return "==";
+    case Op::Ne:
+      return "!=";
+    case Op::And:
+      return "and";
+    case Op::Or:
+      return "or";
+    default:
+      break;
   }
   const FunctionInfo* fn = function_of(op);
   return fn != nullptr ? fn->name : "?";
@@ -40,7 +58,7 @@ std::string dump(const Rule& rule, const Expr& e) {
   }
   std::string out = "(";
   out += e.op == Op::Reduce && e.reduction >= 0 ? rule.reductions[e.reduction].name.c_str()
-                                                 : op_name(e.op);
+                                                : op_name(e.op);
   for (const ExprPtr& a : e.args) out += " " + dump(rule, *a);
   return out + ")";
 }

@@ -68,9 +68,12 @@ constexpr const char* kNumberHint = "numbers are decimal: 3, 0.5, .5, 1e-8 or 2.
 
 std::string describe(const Token& token) {
   switch (token.kind) {
-    case Tok::End: return "end of file";
-    case Tok::Newline: return "end of line";
-    default: break;
+    case Tok::End:
+      return "end of file";
+    case Tok::Newline:
+      return "end of line";
+    default:
+      break;
   }
   // Long names and numbers are cut so a diagnostic stays one readable line.
   if (token.text.size() > 40) return "'" + std::string(token.text.substr(0, 37)) + "...'";
@@ -138,25 +141,36 @@ Token Lexer::next() {
     }
     const char n = pos_ + 1 < text_.size() ? text_[pos_ + 1] : '\0';
     switch (c) {
-      case '(': return make(Tok::LParen, 1);
-      case ')': return make(Tok::RParen, 1);
-      case ',': return make(Tok::Comma, 1);
-      case '+': return make(Tok::Plus, 1);
-      case '-': return make(Tok::Minus, 1);
-      case '/': return make(Tok::Slash, 1);
-      case '^': return make(Tok::Caret, 1);
+      case '(':
+        return make(Tok::LParen, 1);
+      case ')':
+        return make(Tok::RParen, 1);
+      case ',':
+        return make(Tok::Comma, 1);
+      case '+':
+        return make(Tok::Plus, 1);
+      case '-':
+        return make(Tok::Minus, 1);
+      case '/':
+        return make(Tok::Slash, 1);
+      case '^':
+        return make(Tok::Caret, 1);
       case '*':
         if (n == '*') {
           fail_at(pos_, 2, "'**' is not an operator", "write powers with '^', e.g. 'x ^ 2'");
         }
         return make(Tok::Star, 1);
-      case '=': return n == '=' ? make(Tok::EqEq, 2) : make(Tok::Assign, 1);
-      case '<': return n == '=' ? make(Tok::Le, 2) : make(Tok::Lt, 1);
-      case '>': return n == '=' ? make(Tok::Ge, 2) : make(Tok::Gt, 1);
+      case '=':
+        return n == '=' ? make(Tok::EqEq, 2) : make(Tok::Assign, 1);
+      case '<':
+        return n == '=' ? make(Tok::Le, 2) : make(Tok::Lt, 1);
+      case '>':
+        return n == '=' ? make(Tok::Ge, 2) : make(Tok::Gt, 1);
       case '!':
         if (n == '=') return make(Tok::Ne, 2);
         break;
-      default: break;
+      default:
+        break;
     }
     fail_char(c);
   }
@@ -275,7 +289,8 @@ void Lexer::fail_char(char c) const {
     case '[':
       fail_at(pos_, 1, "indexing ('[') is not supported",
               "a rule works on single elements: there is no indexing");
-    case ']': fail_at(pos_, 1, "unexpected character ']'", "there is no indexing");
+    case ']':
+      fail_at(pos_, 1, "unexpected character ']'", "there is no indexing");
     case '{':
     case '}':
       fail_at(pos_, 1, fmt::format("unexpected character '{}'", c),
@@ -297,8 +312,10 @@ void Lexer::fail_char(char c) const {
       fail_at(pos_, n == '|' ? 2 : 1, "'|' is not an operator", "write 'or' for logical or");
     case '!':
       fail_at(pos_, 1, "'!' is not an operator", "write 'not x' to negate, 'a != b' to compare");
-    case '%': fail_at(pos_, 1, "'%' is not an operator", "there is no modulo");
-    default: break;
+    case '%':
+      fail_at(pos_, 1, "'%' is not an operator", "there is no modulo");
+    default:
+      break;
   }
   fail_at(pos_, 1, fmt::format("unexpected character '{}'", c),
           "a rule holds names, numbers, ( ) , = + - * / ^ < <= > >= == != and # comments");

@@ -57,8 +57,10 @@ inline bool is_keyword_token(Tok kind) {
     case Tok::KwOutput:
     case Tok::KwAnd:
     case Tok::KwOr:
-    case Tok::KwNot: return true;
-    default: return false;
+    case Tok::KwNot:
+      return true;
+    default:
+      return false;
   }
 }
 

@@ -15,9 +15,9 @@ struct FunctionInfo {
   const char* name;
   Op op;
   int arity;
-  const char* signature;  ///< for arity hints: "clamp(x, lo, hi)"
-  bool boolean;           ///< returns a truth value (isfinite, *_any_nonfinite)
-  bool reduction;         ///< reduces over a tensor or over all tensors of the step
+  const char* signature;                ///< for arity hints: "clamp(x, lo, hi)"
+  bool boolean;                         ///< returns a truth value (isfinite, *_any_nonfinite)
+  bool reduction;                       ///< reduces over a tensor or over all tensors of the step
   ReduceKind reduce = ReduceKind::Sum;  ///< reductions: what it computes
   Scope scope = Scope::Tensor;          ///< reductions: over what
 };

@@ -67,8 +67,8 @@ void add_grad_clipping(const Source& src, ParsedRule& p, double max_grad_norm) {
   for (std::string_view taken : {"max_grad_norm"}) {
     for (const Decl& d : p.decls) {
       if (p.names[d.name] == taken) {
-        src.fail(d.loc, fmt::format("cannot add gradient clipping: the rule already declares '{}'",
-                                    taken),
+        src.fail(d.loc,
+                 fmt::format("cannot add gradient clipping: the rule already declares '{}'", taken),
                  "the rule clips by itself; set its hyper instead of the clipping option");
       }
     }
@@ -106,11 +106,11 @@ void add_grad_clipping(const Source& src, ParsedRule& p, double max_grad_norm) {
   clip_stmt.loc = at;
   clip_stmt.internal = true;
   // torch.nn.utils.clip_grad_norm_: coef = max_norm / (total_norm + 1e-6), at most 1.
-  ExprPtr coef = node(Op::Min, at,
-                      list(number(1.0, at),
-                           node(Op::Div, at,
-                                list(ref(limit, at),
-                                     node(Op::Add, at, list(ref(norm, at), number(1e-6, at)))))));
+  ExprPtr coef = node(
+      Op::Min, at,
+      list(number(1.0, at),
+           node(Op::Div, at,
+                list(ref(limit, at), node(Op::Add, at, list(ref(norm, at), number(1e-6, at)))))));
   clip_stmt.value = node(Op::Mul, at, list(ref(raw, at), std::move(coef)));
   std::vector<RawStmt> stmts;
   stmts.push_back(std::move(norm_stmt));
@@ -138,7 +138,11 @@ std::shared_ptr<const Rule> parse_rule(std::string_view text, const std::string&
   ParsedRule parsed = parse_syntax(source);
   if (options.clip_grad_norm) {
     // Check the rule as written first, so errors speak of the user's text only.
-    { ParsedRule plain = parse_syntax(source); Rule scratch; check_rule(source, plain, scratch); }
+    {
+      ParsedRule plain = parse_syntax(source);
+      Rule scratch;
+      check_rule(source, plain, scratch);
+    }
     add_grad_clipping(source, parsed, options.max_grad_norm);
     rule->name += "+clip";
   }

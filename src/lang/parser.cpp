@@ -32,19 +32,32 @@ struct BinaryOp {
 // Binary operator of a token, or prec 0 when the token is none.
 BinaryOp binary_op(Tok kind) {
   switch (kind) {
-    case Tok::KwOr: return {Op::Or, kPrecOr};
-    case Tok::KwAnd: return {Op::And, kPrecAnd};
-    case Tok::Lt: return {Op::Lt, kPrecCmp};
-    case Tok::Le: return {Op::Le, kPrecCmp};
-    case Tok::Gt: return {Op::Gt, kPrecCmp};
-    case Tok::Ge: return {Op::Ge, kPrecCmp};
-    case Tok::EqEq: return {Op::Eq, kPrecCmp};
-    case Tok::Ne: return {Op::Ne, kPrecCmp};
-    case Tok::Plus: return {Op::Add, kPrecAdd};
-    case Tok::Minus: return {Op::Sub, kPrecAdd};
-    case Tok::Star: return {Op::Mul, kPrecMul};
-    case Tok::Slash: return {Op::Div, kPrecMul};
-    default: return {Op::Number, 0};
+    case Tok::KwOr:
+      return {Op::Or, kPrecOr};
+    case Tok::KwAnd:
+      return {Op::And, kPrecAnd};
+    case Tok::Lt:
+      return {Op::Lt, kPrecCmp};
+    case Tok::Le:
+      return {Op::Le, kPrecCmp};
+    case Tok::Gt:
+      return {Op::Gt, kPrecCmp};
+    case Tok::Ge:
+      return {Op::Ge, kPrecCmp};
+    case Tok::EqEq:
+      return {Op::Eq, kPrecCmp};
+    case Tok::Ne:
+      return {Op::Ne, kPrecCmp};
+    case Tok::Plus:
+      return {Op::Add, kPrecAdd};
+    case Tok::Minus:
+      return {Op::Sub, kPrecAdd};
+    case Tok::Star:
+      return {Op::Mul, kPrecMul};
+    case Tok::Slash:
+      return {Op::Div, kPrecMul};
+    default:
+      return {Op::Number, 0};
   }
 }
 
@@ -135,11 +148,20 @@ class Parser {
     advance();
     SymKind kind = SymKind::Param;
     switch (kw.kind) {
-      case Tok::KwGrad: kind = SymKind::Grad; break;
-      case Tok::KwState: kind = SymKind::State; break;
-      case Tok::KwHyper: kind = SymKind::Hyper; break;
-      case Tok::KwOutput: kind = SymKind::Output; break;
-      default: break;
+      case Tok::KwGrad:
+        kind = SymKind::Grad;
+        break;
+      case Tok::KwState:
+        kind = SymKind::State;
+        break;
+      case Tok::KwHyper:
+        kind = SymKind::Hyper;
+        break;
+      case Tok::KwOutput:
+        kind = SymKind::Output;
+        break;
+      default:
+        break;
     }
     const std::string keyword(kw.text);
     while (true) {
@@ -344,16 +366,26 @@ class Parser {
         expect_close(t, "the '(' ");
         return inner;
       }
-      default: break;
+      default:
+        break;
     }
     std::string hint;
     switch (t.kind) {
-      case Tok::Star: hint = "there are no pointers; '*' multiplies two values"; break;
-      case Tok::RParen: hint = "remove the ')', or put an expression before it"; break;
+      case Tok::Star:
+        hint = "there are no pointers; '*' multiplies two values";
+        break;
+      case Tok::RParen:
+        hint = "remove the ')', or put an expression before it";
+        break;
       case Tok::Newline:
-      case Tok::End: hint = "the expression is missing"; break;
-      case Tok::KwNot: hint = "parenthesize it: '(not x)'"; break;
-      default: break;
+      case Tok::End:
+        hint = "the expression is missing";
+        break;
+      case Tok::KwNot:
+        hint = "parenthesize it: '(not x)'";
+        break;
+      default:
+        break;
     }
     src_.fail(t.loc, "expected an expression, got " + describe(t), hint);
   }

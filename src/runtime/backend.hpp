@@ -44,7 +44,8 @@ class Backend {
   }
   /// Reduction pass `pass` (below body().reduction_passes); `check_grads` also counts
   /// non-finite unscaled gradients in pass 0.
-  virtual void reduce(int pass, float step, float inv_grad_scale, bool check_grads, void* stream) = 0;
+  virtual void reduce(int pass, float step, float inv_grad_scale, bool check_grads,
+                      void* stream) = 0;
   /// Combines pass `pass`'s partials into the totals; with `accumulate` the shared global
   /// totals are combined into rather than replaced (a backend before this one wrote them).
   virtual void finalize(int pass, bool accumulate, void* stream) = 0;

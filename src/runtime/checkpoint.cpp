@@ -3,11 +3,10 @@
 // anything, so a failed load leaves the optimizer as it was.
 #include <fmt/format.h>
 
-#include <optional>
-
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
+#include <optional>
 #include <set>
 
 #include "fusedopt/error.hpp"
@@ -27,9 +26,12 @@ constexpr int kCheckpointFormat = 1;
 
 const char* st_dtype(DType d) {
   switch (d) {
-    case DType::F32: return "F32";
-    case DType::F16: return "F16";
-    case DType::BF16: return "BF16";
+    case DType::F32:
+      return "F32";
+    case DType::F16:
+      return "F16";
+    case DType::BF16:
+      return "BF16";
   }
   return "?";
 }
@@ -43,8 +45,8 @@ std::vector<CheckpointTensor> Optimizer::Impl::checkpoint_tensors() const {
   std::vector<CheckpointTensor> out;
   for (const runtime::ParamSlot& s : params) {
     for (std::size_t k = 0; k < num_states; ++k) {
-      out.push_back({s.name + "/" + state_names[k], options.state_dtype, s.param.numel,
-                     s.states[k]});
+      out.push_back(
+          {s.name + "/" + state_names[k], options.state_dtype, s.param.numel, s.states[k]});
     }
     if (options.master_weights && s.param.dtype != DType::F32) {
       out.push_back({s.name + "/master", DType::F32, s.param.numel, s.master});
@@ -170,7 +172,8 @@ void Optimizer::load(const std::filesystem::path& path) {
     for (const std::string& item : split(groups[g].substr(prefix.size()), ',')) {
       if (item.empty() && m.hyper_names.empty()) continue;  // a rule without hypers
       const std::size_t eq = item.find('=');
-      if (eq == std::string::npos) fail(fmt::format("hyper '{}' of group {} is malformed", item, g));
+      if (eq == std::string::npos)
+        fail(fmt::format("hyper '{}' of group {} is malformed", item, g));
       const std::string name = item.substr(0, eq), value = item.substr(eq + 1);
       std::size_t k = 0;
       try {
@@ -182,7 +185,8 @@ void Optimizer::load(const std::filesystem::path& path) {
       char* stop = nullptr;
       const double x = std::strtod(begin, &stop);
       if (value.empty() || *stop != '\0') {
-        fail(fmt::format("hyper '{}' of group {} has the value '{}', not a number", name, g, value));
+        fail(
+            fmt::format("hyper '{}' of group {} has the value '{}', not a number", name, g, value));
       }
       hypers[g][k] = x;
       seen.insert(k);

@@ -28,7 +28,9 @@ class CudaBackend final : public Backend {
     // aligned, in one allocation.
     const std::size_t k = kernel_.body().scratch.size();
     if (k > 0) {
-      auto padded = [](std::int64_t n) { return (static_cast<std::size_t>(n) * 4 + 255) / 256 * 256; };
+      auto padded = [](std::int64_t n) {
+        return (static_cast<std::size_t>(n) * 4 + 255) / 256 * 256;
+      };
       std::size_t total = 0;
       for (std::int64_t n : tensors.numel) total += k * padded(n);
       scratch_ = cuda::DeviceBuffer(std::max<std::size_t>(total, 256));

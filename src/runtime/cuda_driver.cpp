@@ -282,7 +282,9 @@ void memset32_async(DevicePtr dst, unsigned value, std::size_t count, Stream str
 void synchronize(Stream stream) {
   FUSEDOPT_CU_CHECK(StreamSynchronize, static_cast<CUstream>(stream));
 }
-void context_synchronize() { check(driver().CtxSynchronize(), "cuCtxSynchronize", __FILE__, __LINE__); }
+void context_synchronize() {
+  check(driver().CtxSynchronize(), "cuCtxSynchronize", __FILE__, __LINE__);
+}
 
 SavedCurrentContext::SavedCurrentContext() {
   CUcontext previous = nullptr;

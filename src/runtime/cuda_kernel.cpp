@@ -256,17 +256,19 @@ void CudaKernel::set_tensors(const std::vector<std::vector<DevicePtr>>& ptrs,
         // Pinned host memory is known to the driver too, and a pointer of another device
         // would fault the same way: only device (or managed) memory of this device.
         if (memory_type != CU_MEMORYTYPE_DEVICE && memory_type != CU_MEMORYTYPE_UNIFIED) {
-          throw Error(fmt::format("CudaKernel: tensor {} role {} (0x{:x}) is host memory, not "
-                                  "device memory",
-                                  t, r, p));
+          throw Error(
+              fmt::format("CudaKernel: tensor {} role {} (0x{:x}) is host memory, not "
+                          "device memory",
+                          t, r, p));
         }
         int ordinal = -1;
         if (cuda::driver().PointerGetAttribute(&ordinal, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
                                                static_cast<CUdeviceptr>(p)) == CUDA_SUCCESS &&
             memory_type == CU_MEMORYTYPE_DEVICE && ordinal != impl_->ctx.device()) {
-          throw Error(fmt::format("CudaKernel: tensor {} role {} (0x{:x}) is memory of cuda:{}, "
-                                  "the kernel runs on cuda:{}",
-                                  t, r, p, ordinal, impl_->ctx.device()));
+          throw Error(
+              fmt::format("CudaKernel: tensor {} role {} (0x{:x}) is memory of cuda:{}, "
+                          "the kernel runs on cuda:{}",
+                          t, r, p, ordinal, impl_->ctx.device()));
         }
       }
       all_aligned &= p % 16 == 0;
@@ -288,8 +290,10 @@ void CudaKernel::set_tensors(const std::vector<std::vector<DevicePtr>>& ptrs,
   }
   DeviceBuffer d_partials, d_totals, d_ranges;
   if (k.reduction_passes > 0) {
-    d_partials = DeviceBuffer(std::max<std::size_t>(chunk_table.size(), 1) * body_.max_acc * sizeof(float));
-    d_totals = upload(std::vector<double>(std::max<std::size_t>(n, 1) * body_.num_tensor_slots, 0.0));
+    d_partials =
+        DeviceBuffer(std::max<std::size_t>(chunk_table.size(), 1) * body_.max_acc * sizeof(float));
+    d_totals =
+        upload(std::vector<double>(std::max<std::size_t>(n, 1) * body_.num_tensor_slots, 0.0));
     d_ranges = upload(ranges);
   }
 
@@ -382,7 +386,8 @@ void CudaKernel::finalize(cuda::Stream stream, int pass, bool accumulate) {
   L.global_accumulate = accumulate ? 1 : 0;
   int p = pass;
   void* args[] = {&L, &p};
-  const std::int64_t blocks = std::max<std::int64_t>(1, (k.num_tensors + kCudaBlock - 1) / kCudaBlock);
+  const std::int64_t blocks =
+      std::max<std::int64_t>(1, (k.num_tensors + kCudaBlock - 1) / kCudaBlock);
   k.launch(k.f_finalize, static_cast<CUstream>(stream), args,
            static_cast<unsigned>(std::min<std::int64_t>(blocks, 1024)), kCudaBlock);
 }
@@ -396,7 +401,8 @@ bool CudaKernel::found_nonfinite(cuda::Stream stream) {
   ScopedContext scope(k.ctx);
   cuda::synchronize(stream);
   double count = 0;
-  cuda::copy_to_host(&count, k.global() + (body_.num_global_slots - 1) * sizeof(double), sizeof count);
+  cuda::copy_to_host(&count, k.global() + (body_.num_global_slots - 1) * sizeof(double),
+                     sizeof count);
   return count > 0;
 }
 

@@ -71,8 +71,8 @@ class CudaKernel {
   /// Launches pass `pass`: a reduction pass (below reduction_passes(); `check_grads`: pass
   /// 0 also counts non-finite unscaled gradients) or the update (pass == reduction_passes()).
   /// `capturable_mode` reads the step and grad scale from the device (see below).
-  void run_pass(cuda::Stream stream, int pass, float step, float inv_grad_scale,
-                bool check_grads, bool capturable_mode);
+  void run_pass(cuda::Stream stream, int pass, float step, float inv_grad_scale, bool check_grads,
+                bool capturable_mode);
   /// Launches the finalize of reduction pass `pass` (combine into the global totals with
   /// `accumulate`, else replace them).
   void finalize(cuda::Stream stream, int pass, bool accumulate);

@@ -16,7 +16,8 @@ GradScaler::GradScaler(Options options)
                             options.init_scale));
   }
   if (!(options.growth_factor > 1)) {
-    throw Error(fmt::format("GradScaler: growth_factor must be > 1, not {}", options.growth_factor));
+    throw Error(
+        fmt::format("GradScaler: growth_factor must be > 1, not {}", options.growth_factor));
   }
   if (!(options.backoff_factor > 0 && options.backoff_factor < 1)) {
     throw Error(fmt::format("GradScaler: backoff_factor must be in (0, 1), not {}",
@@ -35,7 +36,8 @@ bool GradScaler::step(Optimizer& opt, void* stream) {
   // torch keeps the scale in an fp32 tensor and multiplies it in fp32 by the factor (a
   // Python float rounded to fp32), so every value here is an fp32 value too.
   if (!taken) {
-    scale_ = static_cast<float>(static_cast<float>(scale_) * static_cast<float>(options_.backoff_factor));
+    scale_ = static_cast<float>(static_cast<float>(scale_) *
+                                static_cast<float>(options_.backoff_factor));
     good_steps_ = 0;
     return false;
   }

@@ -19,7 +19,8 @@ class HostBackend final : public Backend {
               const std::vector<std::vector<float>>& hypers)
       : kernel_(std::move(rule), tensors.dtypes, cache::KernelCache::global(), tensors.strategy),
         prepared_(kernel_.prepare(with_scratch(tensors), tensors.numel, hypers, tensors.group)) {
-    if (tensors.global_totals) prepared_.share_global_totals(static_cast<double*>(tensors.global_totals));
+    if (tensors.global_totals)
+      prepared_.share_global_totals(static_cast<double*>(tensors.global_totals));
   }
 
   void init_states() override { kernel_.init_states(prepared_); }
@@ -66,17 +67,21 @@ class HostBackend final : public Backend {
     if (k == 0) return ptrs;
     std::size_t total = 0;
     for (std::int64_t n : tensors.numel) {
-      total += k * ((static_cast<std::size_t>(n) * 4 + kScratchAlign - 1) / kScratchAlign * kScratchAlign);
+      total += k * ((static_cast<std::size_t>(n) * 4 + kScratchAlign - 1) / kScratchAlign *
+                    kScratchAlign);
     }
     scratch_bytes_ = total;
-    scratch_.reset(static_cast<float*>(std::aligned_alloc(kScratchAlign, std::max<std::size_t>(total, kScratchAlign))));
-    if (!scratch_) throw Error("Optimizer: cannot allocate the scratch memory of the store strategy");
+    scratch_.reset(static_cast<float*>(
+        std::aligned_alloc(kScratchAlign, std::max<std::size_t>(total, kScratchAlign))));
+    if (!scratch_)
+      throw Error("Optimizer: cannot allocate the scratch memory of the store strategy");
     auto* base = reinterpret_cast<std::byte*>(scratch_.get());
     std::size_t offset = 0;
     for (std::size_t t = 0; t < ptrs.size(); ++t) {
       for (std::size_t j = 0; j < k; ++j) {
         ptrs[t].push_back(base + offset);
-        offset += (static_cast<std::size_t>(tensors.numel[t]) * 4 + kScratchAlign - 1) / kScratchAlign * kScratchAlign;
+        offset += (static_cast<std::size_t>(tensors.numel[t]) * 4 + kScratchAlign - 1) /
+                  kScratchAlign * kScratchAlign;
       }
     }
     return ptrs;

@@ -128,8 +128,8 @@ HostKernel::Prepared HostKernel::prepare(const std::vector<std::vector<void*>>& 
     if (numel[t] < 0) throw Error(fmt::format("HostKernel: tensor {} has a negative size", t));
     const int g = group.empty() ? 0 : group[t];
     if (g < 0 || g >= p.num_groups_) {
-      throw Error(fmt::format("HostKernel: tensor {} is in group {}, but there are {} groups", t,
-                              g, hypers.size()));
+      throw Error(fmt::format("HostKernel: tensor {} is in group {}, but there are {} groups", t, g,
+                              hypers.size()));
     }
     for (int r = 0; r < num_roles; ++r) {
       if (numel[t] > 0 && !ptrs[t][r]) {
@@ -158,7 +158,8 @@ void HostKernel::run_pass(Prepared& prepared, int pass, float step, float inv_gr
                           bool check_grads) const {
   const int n = body_.reduction_passes;
   if (pass < 0 || pass > n) {
-    throw InternalError(fmt::format("HostKernel::run_pass({}): the rule has {} passes", pass, n + 1));
+    throw InternalError(
+        fmt::format("HostKernel::run_pass({}): the rule has {} passes", pass, n + 1));
   }
   fo_launch L = prepared.launch(step, inv_grad_scale);
   L.check_grads = check_grads ? 1 : 0;

@@ -66,8 +66,8 @@ class HostKernel {
   };
 
   /// Generates, compiles (or loads from `cache`) and dlopens the host kernel of `rule`.
-  HostKernel(std::shared_ptr<const lang::Rule> rule, DTypeBinding dtypes,
-             cache::KernelCache& cache, codegen::Strategy strategy = codegen::Strategy::Auto);
+  HostKernel(std::shared_ptr<const lang::Rule> rule, DTypeBinding dtypes, cache::KernelCache& cache,
+             codegen::Strategy strategy = codegen::Strategy::Auto);
   ~HostKernel();
   HostKernel(const HostKernel&) = delete;
   HostKernel& operator=(const HostKernel&) = delete;

@@ -13,9 +13,12 @@ namespace {
 
 const char* level_name(LogLevel level) {
   switch (level) {
-    case LogLevel::Warn: return "warning";
-    case LogLevel::Info: return "info";
-    case LogLevel::Debug: return "debug";
+    case LogLevel::Warn:
+      return "warning";
+    case LogLevel::Info:
+      return "info";
+    case LogLevel::Debug:
+      return "debug";
   }
   return "?";
 }
@@ -28,8 +31,10 @@ LogLevel env_level() {
     if (text == nullptr || *text == '\0') return LogLevel::Warn;
     if (std::optional<LogLevel> parsed = parse_log_level(text)) return *parsed;
     // Not an exception: a typo in a logging variable must not stop a training run.
-    std::fprintf(stderr, "fusedopt: warning: FUSEDOPT_LOG=%s is not valid (use warn, info or "
-                 "debug); using warn\n", text);
+    std::fprintf(stderr,
+                 "fusedopt: warning: FUSEDOPT_LOG=%s is not valid (use warn, info or "
+                 "debug); using warn\n",
+                 text);
     return LogLevel::Warn;
   }();
   return level;
@@ -38,8 +43,10 @@ LogLevel env_level() {
 }  // namespace
 
 std::optional<LogLevel> parse_log_level(std::string_view text) {
-  while (!text.empty() && std::isspace(static_cast<unsigned char>(text.front()))) text.remove_prefix(1);
-  while (!text.empty() && std::isspace(static_cast<unsigned char>(text.back()))) text.remove_suffix(1);
+  while (!text.empty() && std::isspace(static_cast<unsigned char>(text.front())))
+    text.remove_prefix(1);
+  while (!text.empty() && std::isspace(static_cast<unsigned char>(text.back())))
+    text.remove_suffix(1);
   std::string lower(text);
   for (char& c : lower) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
   if (lower == "warn" || lower == "warning") return LogLevel::Warn;

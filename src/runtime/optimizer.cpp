@@ -129,7 +129,8 @@ bool Optimizer::Impl::run_step(float inv_grad_scale, bool scaled, void* stream) 
   const auto step = static_cast<float>(step_count + 1);
   for (auto& backend : backends) backend->begin_step(step, inv_grad_scale, stream);
   for (int pass = 0; pass < reduction_passes; ++pass) {
-    for (auto& backend : backends) backend->reduce(pass, step, inv_grad_scale, fold_check && pass == 0, stream);
+    for (auto& backend : backends)
+      backend->reduce(pass, step, inv_grad_scale, fold_check && pass == 0, stream);
     // Fixed binding order: the global totals combine the same way every step.
     for (std::size_t b = 0; b < backends.size(); ++b) backends[b]->finalize(pass, b > 0, stream);
     // The hook first: the grad check's count is a global slot (combined by max), so every

@@ -2,8 +2,6 @@
 // plan.cpp, steps and stats in optimizer.cpp, checkpoints in checkpoint.cpp).
 #pragma once
 
-#include "runtime/cuda_driver.hpp"
-
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
@@ -13,6 +11,7 @@
 
 #include "fusedopt/optimizer.hpp"
 #include "runtime/backend.hpp"
+#include "runtime/cuda_driver.hpp"
 
 namespace fusedopt {
 
@@ -62,9 +61,9 @@ struct Optimizer::Impl {
   /// The CUDA device's primary context (CUDA optimizers only); declared before the arenas
   /// and backends so it outlives them.
   std::unique_ptr<runtime::cuda::PrimaryContext> context;
-  std::vector<std::string> state_names;  ///< rule states, then outputs
-  std::size_t num_states = 0;            ///< how many of state_names are rule states
-  std::vector<std::string> hyper_names;  ///< Rule::hypers order
+  std::vector<std::string> state_names;     ///< rule states, then outputs
+  std::size_t num_states = 0;               ///< how many of state_names are rule states
+  std::vector<std::string> hyper_names;     ///< Rule::hypers order
   std::vector<std::vector<double>> hypers;  ///< [group][hyper], as set (double precision)
   std::vector<runtime::ParamSlot> params;
   std::vector<runtime::Arena> arenas;
@@ -74,8 +73,8 @@ struct Optimizer::Impl {
   std::string fusion_report;
   // Reductions.
   int reduction_passes = 0;
-  std::vector<double> host_global;           ///< shared global totals (host optimizers)
-  runtime::cuda::DeviceBuffer device_global;  ///< shared global totals (CUDA optimizers)
+  std::vector<double> host_global;               ///< shared global totals (host optimizers)
+  runtime::cuda::DeviceBuffer device_global;     ///< shared global totals (CUDA optimizers)
   std::vector<std::vector<int>> binding_params;  ///< per binding: param index of each tensor
   ReductionHook hook;
   std::string schedule_report;

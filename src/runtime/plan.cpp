@@ -2,11 +2,10 @@
 // dtype binding, lay out the state arenas, and plan one backend per binding, once.
 #include <fmt/format.h>
 
-#include <optional>
-
 #include <algorithm>
 #include <cstring>
 #include <map>
+#include <optional>
 #include <set>
 
 #include "fusedopt/error.hpp"
@@ -46,8 +45,8 @@ void validate_pair(const ParamSlot& s) {
     throw Error(fmt::format("{}: param has a negative size ({})", who, s.param.numel));
   }
   if (s.grad.numel != s.param.numel) {
-    throw Error(fmt::format("{}: grad has {} elements, param has {}", who, s.grad.numel,
-                            s.param.numel));
+    throw Error(
+        fmt::format("{}: grad has {} elements, param has {}", who, s.grad.numel, s.param.numel));
   }
   if (s.param.numel > 0 && s.param.data == nullptr) {
     throw Error(fmt::format("{}: param data is null ({} elements)", who, s.param.numel));
@@ -90,22 +89,24 @@ std::string schedule_report(const lang::Rule& r,
         }
       }
       const bool update = static_cast<int>(k) == body.reduction_passes;
-      out += fmt::format(" pass {} {}: reads {}, writes {};", k,
-                         update ? "update" : "[" + what + "]", role_list(body, body.pass_reads[k]),
-                         role_list(body, body.pass_writes[k]));
+      out +=
+          fmt::format(" pass {} {}: reads {}, writes {};", k, update ? "update" : "[" + what + "]",
+                      role_list(body, body.pass_reads[k]), role_list(body, body.pass_writes[k]));
     }
     if (body.store_pass >= 0) {
       std::string held;
       for (const std::string& s : body.scratch) held += (held.empty() ? "" : ", ") + s;
-      out += fmt::format(" store: pass {} keeps {} in fp32 scratch ({} MB) for the update: {} B/element "
-                         "per step, against {} recomputing",
-                         body.store_pass, held.empty() ? "nothing" : held,
-                         static_cast<double>(backends[b]->scratch_bytes()) / 1e6, body.bytes_store,
-                         body.bytes_recompute);
+      out += fmt::format(
+          " store: pass {} keeps {} in fp32 scratch ({} MB) for the update: {} B/element "
+          "per step, against {} recomputing",
+          body.store_pass, held.empty() ? "nothing" : held,
+          static_cast<double>(backends[b]->scratch_bytes()) / 1e6, body.bytes_store,
+          body.bytes_recompute);
     } else {
-      out += fmt::format(" recompute: the update recomputes what it needs: {} B/element per step, "
-                         "against {} storing",
-                         body.bytes_recompute, body.bytes_store);
+      out += fmt::format(
+          " recompute: the update recomputes what it needs: {} B/element per step, "
+          "against {} storing",
+          body.bytes_recompute, body.bytes_store);
     }
   }
   return out;
@@ -113,7 +114,8 @@ std::string schedule_report(const lang::Rule& r,
 
 }  // namespace
 
-Optimizer::Optimizer(const Rule& user_rule, std::vector<ParamGroup> groups, OptimizerOptions options)
+Optimizer::Optimizer(const Rule& user_rule, std::vector<ParamGroup> groups,
+                     OptimizerOptions options)
     : impl_(std::make_unique<Impl>(user_rule)) {
   Impl& m = *impl_;
   m.options = options;
@@ -142,8 +144,10 @@ Optimizer::Optimizer(const Rule& user_rule, std::vector<ParamGroup> groups, Opti
   for (std::size_t g = 0; g < groups.size(); ++g) {
     ParamGroup& group = groups[g];
     if (group.params.size() != group.grads.size()) {
-      throw Error(fmt::format("group {}: {} params but {} grads (every param needs its grad, in "
-                              "the same order)", g, group.params.size(), group.grads.size()));
+      throw Error(
+          fmt::format("group {}: {} params but {} grads (every param needs its grad, in "
+                      "the same order)",
+                      g, group.params.size(), group.grads.size()));
     }
     m.hypers.push_back(defaults);
     for (const auto& [name, value] : group.hypers) {
@@ -234,11 +238,13 @@ Optimizer::Optimizer(const Rule& user_rule, std::vector<ParamGroup> groups, Opti
   // Checkpoints name the master copy "<param>/master": a state of that name would collide.
   const bool any_master = std::any_of(m.bindings.begin(), m.bindings.end(),
                                       [](const DTypeBinding& b) { return b.master; });
-  if (any_master && std::find(m.state_names.begin(), m.state_names.end(), "master") != m.state_names.end()) {
-    throw Error(fmt::format("Optimizer: rule '{}' has a state called 'master', which is the name "
-                            "of the fp32 master copy in checkpoints; rename the state or turn "
-                            "off master_weights",
-                            rule.name()));
+  if (any_master &&
+      std::find(m.state_names.begin(), m.state_names.end(), "master") != m.state_names.end()) {
+    throw Error(
+        fmt::format("Optimizer: rule '{}' has a state called 'master', which is the name "
+                    "of the fp32 master copy in checkpoints; rename the state or turn "
+                    "off master_weights",
+                    rule.name()));
   }
   std::map<DType, std::byte*> base;
   for (const auto& [dtype, bytes] : arena_bytes) {
@@ -248,11 +254,13 @@ Optimizer::Optimizer(const Rule& user_rule, std::vector<ParamGroup> groups, Opti
     if (on_cuda) {
       // cuMemAlloc returns 256-byte aligned memory; zeroed so unused padding is defined.
       a.device_data = runtime::cuda::DeviceBuffer(std::max(bytes, kArenaAlign));
-      runtime::cuda::memset32_async(a.device_data.get(), 0, (std::max(bytes, kArenaAlign) + 3) / 4, nullptr);
+      runtime::cuda::memset32_async(a.device_data.get(), 0, (std::max(bytes, kArenaAlign) + 3) / 4,
+                                    nullptr);
       runtime::cuda::synchronize(nullptr);
       base[dtype] = reinterpret_cast<std::byte*>(static_cast<std::uintptr_t>(a.device_data.get()));
     } else {
-      a.data.reset(static_cast<std::byte*>(std::aligned_alloc(kArenaAlign, std::max(bytes, kArenaAlign))));
+      a.data.reset(
+          static_cast<std::byte*>(std::aligned_alloc(kArenaAlign, std::max(bytes, kArenaAlign))));
       if (!a.data) throw Error(fmt::format("Optimizer: cannot allocate {} bytes of state", bytes));
       std::memset(a.data.get(), 0, bytes);
       base[dtype] = a.data.get();
@@ -274,7 +282,8 @@ Optimizer::Optimizer(const Rule& user_rule, std::vector<ParamGroup> groups, Opti
     }
   }
   codegen::Strategy strategy = codegen::Strategy::Auto;
-  if (options.reduction_strategy == ReductionStrategy::Recompute) strategy = codegen::Strategy::Recompute;
+  if (options.reduction_strategy == ReductionStrategy::Recompute)
+    strategy = codegen::Strategy::Recompute;
   if (options.reduction_strategy == ReductionStrategy::Store) strategy = codegen::Strategy::Store;
   std::vector<runtime::BindingTensors> tensors(m.bindings.size());
   m.binding_params.assign(m.bindings.size(), {});
@@ -316,10 +325,10 @@ Optimizer::Optimizer(const Rule& user_rule, std::vector<ParamGroup> groups, Opti
     nonempty += s.param.numel > 0 ? 1 : 0;
   }
   for (const auto& backend : m.backends) launches += backend->launches_per_step();
-  m.fusion_report = fmt::format("{} over {} tensor{} ({}): {} launch{} per step instead of {}",
-                                rule.name(), m.params.size(), m.params.size() == 1 ? "" : "s",
-                                format_elements(elements), launches, launches == 1 ? "" : "es",
-                                nonempty);
+  m.fusion_report =
+      fmt::format("{} over {} tensor{} ({}): {} launch{} per step instead of {}", rule.name(),
+                  m.params.size(), m.params.size() == 1 ? "" : "s", format_elements(elements),
+                  launches, launches == 1 ? "" : "es", nonempty);
   if (m.bindings.size() > 1) {
     std::string list;
     for (const DTypeBinding& b : m.bindings) list += (list.empty() ? "" : ", ") + b.str();
@@ -335,11 +344,11 @@ Optimizer::Optimizer(const Rule& user_rule, std::vector<ParamGroup> groups, Opti
   if (!m.schedule_report.empty()) runtime::log(runtime::LogLevel::Info, m.schedule_report);
   if (runtime::log_enabled(runtime::LogLevel::Debug)) {
     for (std::size_t b = 0; b < m.backends.size(); ++b) {
-      runtime::log(runtime::LogLevel::Debug,
-                   fmt::format("kernel {} ({}): {} tensors, {} from {} in {:.3f} s",
-                               m.bindings[b].str(), rule.name(), tensors[b].numel.size(),
-                               m.backends[b]->key(), m.backends[b]->origin(),
-                               m.backends[b]->seconds()));
+      runtime::log(
+          runtime::LogLevel::Debug,
+          fmt::format("kernel {} ({}): {} tensors, {} from {} in {:.3f} s", m.bindings[b].str(),
+                      rule.name(), tensors[b].numel.size(), m.backends[b]->key(),
+                      m.backends[b]->origin(), m.backends[b]->seconds()));
     }
   }
 }

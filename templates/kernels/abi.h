@@ -17,25 +17,26 @@ struct fo_chunk {
 /// Everything a launch needs. Pointers are device pointers for CUDA kernels and host
 /// pointers for host kernels.
 struct fo_launch {
-  const fo_chunk* chunks;       ///< the chunk table, sorted by group
+  const fo_chunk* chunks;  ///< the chunk table, sorted by group
   long long num_chunks;
-  void* const* ptrs;            ///< [tensor * FO_NUM_ROLES + role]
-  const float* hypers;          ///< [group * FO_NUM_HYPERS + hyper], declaration order
-  float step;                   ///< 1-based step, used when step_ptr is null
-  float inv_grad_scale;         ///< used when inv_grad_scale_ptr is null
-  const float* step_ptr;        ///< capturable mode: read the step here
+  void* const* ptrs;      ///< [tensor * FO_NUM_ROLES + role]
+  const float* hypers;    ///< [group * FO_NUM_HYPERS + hyper], declaration order
+  float step;             ///< 1-based step, used when step_ptr is null
+  float inv_grad_scale;   ///< used when inv_grad_scale_ptr is null
+  const float* step_ptr;  ///< capturable mode: read the step here
   const float* inv_grad_scale_ptr;
-  const unsigned char* aligned;  ///< per tensor: 1 if every role's pointer is 16-byte aligned (device); null = never vectorise
+  const unsigned char* aligned;  ///< per tensor: 1 if every role's pointer is 16-byte aligned
+                                 ///< (device); null = never vectorise
 
   // Reductions (rules with reduction passes; null/0 otherwise).
-  float* partials;               ///< [chunk * FO_MAX_ACC + j]: each chunk's accumulators
-  double* tensor_totals;         ///< [tensor * FO_NUM_TENSOR_SLOTS + slot]: raw per-tensor totals
-  double* global_totals;         ///< [FO_NUM_GLOBAL_SLOTS]: raw global totals, one row shared
-                                 ///< by every kernel of an optimizer (the last slot: grad check)
+  float* partials;                 ///< [chunk * FO_MAX_ACC + j]: each chunk's accumulators
+  double* tensor_totals;           ///< [tensor * FO_NUM_TENSOR_SLOTS + slot]: raw per-tensor totals
+  double* global_totals;           ///< [FO_NUM_GLOBAL_SLOTS]: raw global totals, one row shared
+                                   ///< by every kernel of an optimizer (the last slot: grad check)
   const long long* tensor_chunks;  ///< [2 * tensor]: first chunk of the tensor, chunk count
   long long num_tensors;
-  int global_accumulate;         ///< finalize: 0 = write the global totals, 1 = combine into them
-  int check_grads;               ///< pass 0 also counts non-finite unscaled gradients
+  int global_accumulate;  ///< finalize: 0 = write the global totals, 1 = combine into them
+  int check_grads;        ///< pass 0 also counts non-finite unscaled gradients
 };
 
 #endif  // FUSEDOPT_ABI_H

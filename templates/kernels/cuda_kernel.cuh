@@ -16,8 +16,8 @@
 // - scalar: everything else (misaligned tensors, a null L.aligned, tails), one element
 //   per thread per iteration. Always correct.
 #ifndef FO_GENERATED
-#include "prelude.h"
 #include "abi.h"
+#include "prelude.h"
 #include "sample_rule.h"
 #endif
 
@@ -136,12 +136,12 @@ FO_FN void fo_vstore(const T*, long long, const fo_vec4<T>&) {}
 #else
 #define FO_ROLE15(X)
 #endif
-#define FO_EACH_ROLE(X)                                                                   \
-  FO_ROLE0(X) FO_ROLE1(X) FO_ROLE2(X) FO_ROLE3(X) FO_ROLE4(X) FO_ROLE5(X) FO_ROLE6(X)     \
-  FO_ROLE7(X) FO_ROLE8(X) FO_ROLE9(X) FO_ROLE10(X) FO_ROLE11(X) FO_ROLE12(X) FO_ROLE13(X) \
-  FO_ROLE14(X) FO_ROLE15(X)
+#define FO_EACH_ROLE(X)                                                                           \
+  FO_ROLE0(X)                                                                                     \
+  FO_ROLE1(X) FO_ROLE2(X) FO_ROLE3(X) FO_ROLE4(X) FO_ROLE5(X) FO_ROLE6(X) FO_ROLE7(X) FO_ROLE8(X) \
+      FO_ROLE9(X) FO_ROLE10(X) FO_ROLE11(X) FO_ROLE12(X) FO_ROLE13(X) FO_ROLE14(X) FO_ROLE15(X)
 
-#define FO_STAGE_LOAD(k)             \
+#define FO_STAGE_LOAD(k)              \
   auto fo_s##k = fo_vload(t.r##k, i); \
   s.r##k = fo_s##k.v;
 #define FO_STAGE_STORE(k) fo_vstore(t.r##k, i, fo_s##k);
@@ -171,7 +171,8 @@ __device__ __forceinline__ void fo_element4(const fo_tensor& t, long long i, con
 /// The per-tensor reduction values of a tensor (zeros when the rule has none).
 __device__ __forceinline__ fo_tvals fo_chunk_values(const fo_launch& L, int tensor) {
   fo_tvals T;
-  fo_tensor_values(L.tensor_totals ? L.tensor_totals + (long long)tensor * FO_NUM_TENSOR_SLOTS : 0, T);
+  fo_tensor_values(L.tensor_totals ? L.tensor_totals + (long long)tensor * FO_NUM_TENSOR_SLOTS : 0,
+                   T);
   return T;
 }
 
@@ -276,11 +277,20 @@ __device__ __forceinline__ void fo_reduce_run(const fo_launch& L) {
 /// Reduction pass `pass` (below FO_REDUCTION_PASSES): every chunk's partials.
 extern "C" __global__ void __launch_bounds__(FO_BLOCK) fusedopt_reduce(fo_launch L, int pass) {
   switch (pass) {
-    case 0: fo_reduce_run<0>(L); break;
-    case 1: fo_reduce_run<1>(L); break;
-    case 2: fo_reduce_run<2>(L); break;
-    case 3: fo_reduce_run<3>(L); break;
-    default: break;
+    case 0:
+      fo_reduce_run<0>(L);
+      break;
+    case 1:
+      fo_reduce_run<1>(L);
+      break;
+    case 2:
+      fo_reduce_run<2>(L);
+      break;
+    case 3:
+      fo_reduce_run<3>(L);
+      break;
+    default:
+      break;
   }
 }
 
@@ -298,7 +308,8 @@ extern "C" __global__ void __launch_bounds__(FO_BLOCK) fusedopt_finalize(fo_laun
         const long long first = L.tensor_chunks[2 * t];
         const long long n = L.tensor_chunks[2 * t + 1];
         double acc = 0.0;
-        for (long long c = first; c < first + n; ++c) acc = fo_combine(is_max, acc, L.partials[c * FO_MAX_ACC + j]);
+        for (long long c = first; c < first + n; ++c)
+          acc = fo_combine(is_max, acc, L.partials[c * FO_MAX_ACC + j]);
         L.tensor_totals[t * FO_NUM_TENSOR_SLOTS + slot] = acc;
       }
     } else if (blockIdx.x == 0) {
@@ -309,7 +320,8 @@ extern "C" __global__ void __launch_bounds__(FO_BLOCK) fusedopt_finalize(fo_laun
       red[threadIdx.x] = acc;
       __syncthreads();
       for (unsigned s = blockDim.x / 2; s > 0; s >>= 1) {
-        if (threadIdx.x < s) red[threadIdx.x] = fo_combine(is_max, red[threadIdx.x], red[threadIdx.x + s]);
+        if (threadIdx.x < s)
+          red[threadIdx.x] = fo_combine(is_max, red[threadIdx.x], red[threadIdx.x + s]);
         __syncthreads();
       }
       if (threadIdx.x == 0) {
@@ -333,7 +345,8 @@ extern "C" __global__ void __launch_bounds__(FO_BLOCK) fusedopt_init(fo_launch L
 
 /// Sets *found_nonfinite to 1 if any unscaled gradient element is not finite (the caller
 /// zeroes it first). Runs before a step with grad scaling, on the same stream.
-extern "C" __global__ void __launch_bounds__(FO_BLOCK) fusedopt_check(fo_launch L, int* found_nonfinite) {
+extern "C" __global__ void __launch_bounds__(FO_BLOCK)
+    fusedopt_check(fo_launch L, int* found_nonfinite) {
   const float inv_grad_scale = L.inv_grad_scale_ptr ? *L.inv_grad_scale_ptr : L.inv_grad_scale;
   fo_uniform U;
   U.inv_grad_scale = inv_grad_scale;

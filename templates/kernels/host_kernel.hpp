@@ -5,8 +5,8 @@
 // The generated part (fo_uniform, fo_tensor, fo_bind, fo_prepare, fo_element,
 // fo_init_element, FO_NUM_ROLES, FO_NUM_HYPERS) comes before this file.
 #ifndef FO_GENERATED
-#include "prelude.h"
 #include "abi.h"
+#include "prelude.h"
 #include "sample_rule.h"
 #endif
 
@@ -17,7 +17,8 @@
 /// The per-tensor reduction values of chunk's tensor (zeros when the rule has none).
 static inline fo_tvals fo_chunk_values(const fo_launch* L, int tensor) {
   fo_tvals T;
-  fo_tensor_values(L->tensor_totals ? L->tensor_totals + (long long)tensor * FO_NUM_TENSOR_SLOTS : 0, T);
+  fo_tensor_values(
+      L->tensor_totals ? L->tensor_totals + (long long)tensor * FO_NUM_TENSOR_SLOTS : 0, T);
   return T;
 }
 
@@ -59,7 +60,9 @@ static void fo_run(const fo_launch* L) {
 // Stage 2 (fusedopt_finalize_host): per tensor and globally, the chunk partials in chunk
 // order, in double.
 
-FO_FN double fo_combine(bool is_max, double a, double b) { return is_max ? fo_maxnan_d(a, b) : a + b; }
+FO_FN double fo_combine(bool is_max, double a, double b) {
+  return is_max ? fo_maxnan_d(a, b) : a + b;
+}
 
 template <int kPass>
 static void fo_reduce_run(const fo_launch* L) {
@@ -99,7 +102,8 @@ static void fo_reduce_run(const fo_launch* L) {
       for (int j = 0; j < count; ++j) {
         const bool is_max = fo_acc_max(kPass, j) != 0;
         float acc = lanes[j][0];
-        for (int l = 1; l < FO_LANES; ++l) acc = is_max ? fo_maxnan(acc, lanes[j][l]) : acc + lanes[j][l];
+        for (int l = 1; l < FO_LANES; ++l)
+          acc = is_max ? fo_maxnan(acc, lanes[j][l]) : acc + lanes[j][l];
         L->partials[c * FO_MAX_ACC + j] = acc;
       }
     }
@@ -109,11 +113,20 @@ static void fo_reduce_run(const fo_launch* L) {
 /// Reduction pass `pass` (0-based, below FO_REDUCTION_PASSES): every chunk's partials.
 FO_EXTERN_C void fusedopt_reduce_host(const fo_launch* L, int pass) {
   switch (pass) {
-    case 0: fo_reduce_run<0>(L); break;
-    case 1: fo_reduce_run<1>(L); break;
-    case 2: fo_reduce_run<2>(L); break;
-    case 3: fo_reduce_run<3>(L); break;
-    default: break;
+    case 0:
+      fo_reduce_run<0>(L);
+      break;
+    case 1:
+      fo_reduce_run<1>(L);
+      break;
+    case 2:
+      fo_reduce_run<2>(L);
+      break;
+    case 3:
+      fo_reduce_run<3>(L);
+      break;
+    default:
+      break;
   }
 }
 
@@ -128,12 +141,14 @@ FO_EXTERN_C void fusedopt_finalize_host(const fo_launch* L, int pass) {
         const long long first = L->tensor_chunks[2 * t];
         const long long n = L->tensor_chunks[2 * t + 1];
         double acc = 0.0;
-        for (long long c = first; c < first + n; ++c) acc = fo_combine(is_max, acc, L->partials[c * FO_MAX_ACC + j]);
+        for (long long c = first; c < first + n; ++c)
+          acc = fo_combine(is_max, acc, L->partials[c * FO_MAX_ACC + j]);
         L->tensor_totals[t * FO_NUM_TENSOR_SLOTS + slot] = acc;
       }
     } else {
       double acc = 0.0;
-      for (long long c = 0; c < L->num_chunks; ++c) acc = fo_combine(is_max, acc, L->partials[c * FO_MAX_ACC + j]);
+      for (long long c = 0; c < L->num_chunks; ++c)
+        acc = fo_combine(is_max, acc, L->partials[c * FO_MAX_ACC + j]);
       double* g = L->global_totals + (-1 - slot);
       *g = L->global_accumulate ? fo_combine(is_max, *g, acc) : acc;
     }

@@ -105,8 +105,12 @@ FO_FN unsigned short fo_f32_to_bf16(float f) {
 }
 
 // Storage types: loads widen to fp32, stores round to nearest even.
-struct fo_f16 { unsigned short bits; };
-struct fo_bf16 { unsigned short bits; };
+struct fo_f16 {
+  unsigned short bits;
+};
+struct fo_bf16 {
+  unsigned short bits;
+};
 FO_FN float fo_load(const float* p, long long i) { return p[i]; }
 FO_FN float fo_load(const fo_f16* p, long long i) { return fo_f16_to_f32(p[i].bits); }
 FO_FN float fo_load(const fo_bf16* p, long long i) { return fo_bf16_to_f32(p[i].bits); }

@@ -43,15 +43,19 @@ FO_FN fo_uniform fo_prepare(const float* h, float step, float inv_grad_scale, co
   U.g[1] = G ? (float)G[1] : 0.0f;
   return U;
 }
-FO_FN void fo_tensor_values(const double* R, fo_tvals& T) { T.v[0] = R ? (float)fo_sqrt_d(R[0]) : 0.0f; }
+FO_FN void fo_tensor_values(const double* R, fo_tvals& T) {
+  T.v[0] = R ? (float)fo_sqrt_d(R[0]) : 0.0f;
+}
 template <int kPass>
-FO_FN void fo_reduce_element(const fo_tensor&, long long, const fo_uniform&, const fo_tvals&, float*, int, bool) {}
+FO_FN void fo_reduce_element(const fo_tensor&, long long, const fo_uniform&, const fo_tvals&,
+                             float*, int, bool) {}
 template <>
-FO_FN void fo_reduce_element<0>(const fo_tensor& t, long long i, const fo_uniform& U, const fo_tvals&,
-                                float* a, int stride, bool check) {
+FO_FN void fo_reduce_element<0>(const fo_tensor& t, long long i, const fo_uniform& U,
+                                const fo_tvals&, float* a, int stride, bool check) {
   const float p = fo_load(t.r0, i);
   a[0] += p * p;
-  if (check) a[stride] = fo_max(a[stride], fo_isfinite(fo_load(t.r1, i) * U.inv_grad_scale) ? 0.0f : 1.0f);
+  if (check)
+    a[stride] = fo_max(a[stride], fo_isfinite(fo_load(t.r1, i) * U.inv_grad_scale) ? 0.0f : 1.0f);
 }
 FO_FN void fo_element(const fo_tensor& t, long long i, const fo_uniform& U, const fo_tvals& T) {
   float p = fo_load(t.r0, i);

@@ -34,8 +34,8 @@ int json_int(const std::string& json, const std::string& field) {
 /// a reason to skip.
 bool nvrtc_available() {
   TempDir d;
-  CliResult r = run_cli({"warmup", "--preset", "sgd", "--target", "sm_80", "--cache-dir",
-                         (d.path() / "c").string()});
+  CliResult r = run_cli(
+      {"warmup", "--preset", "sgd", "--target", "sm_80", "--cache-dir", (d.path() / "c").string()});
   if (r.code == 0) return true;
   INFO(r.out << r.err);
   REQUIRE(r.err.find("NVRTC could not be loaded") != std::string::npos);
@@ -52,7 +52,8 @@ TEST_SUITE("cli") {
     }
     TempDir d;
     std::string dir = (d.path() / "cache").string();
-    CliResult first = run_cli({"warmup", "--preset", "adamw", "--target", "sm_90", "--cache-dir", dir, "--json"});
+    CliResult first =
+        run_cli({"warmup", "--preset", "adamw", "--target", "sm_90", "--cache-dir", dir, "--json"});
     INFO(first.out << first.err);
     REQUIRE(first.code == 0);
     CHECK(json_int(first.out, "compiled") == 1);
@@ -62,7 +63,8 @@ TEST_SUITE("cli") {
     REQUIRE(stat(cubins[0].c_str(), &before) == 0);
     std::string bytes = read_file(cubins[0]);
 
-    CliResult again = run_cli({"warmup", "--preset", "adamw", "--target", "sm_90", "--cache-dir", dir, "--json"});
+    CliResult again =
+        run_cli({"warmup", "--preset", "adamw", "--target", "sm_90", "--cache-dir", dir, "--json"});
     REQUIRE(again.code == 0);
     CHECK(json_int(again.out, "compiled") == 0);
     CHECK(json_int(again.out, "cached") == 1);
@@ -77,7 +79,8 @@ TEST_SUITE("cli") {
   TEST_CASE("verify passes, then names a truncated entry with exit 1, and warmup repairs it") {
     TempDir d;
     std::string dir = (d.path() / "cache").string();
-    std::vector<std::string> warm = {"warmup", "--preset", "adamw", "--preset", "sgd", "--target", "host", "--cache-dir", dir};
+    std::vector<std::string> warm = {"warmup",   "--preset", "adamw",       "--preset", "sgd",
+                                     "--target", "host",     "--cache-dir", dir};
     REQUIRE(run_cli(warm).code == 0);
     CliResult ok = run_cli({"verify", "--cache-dir", dir});
     CHECK(ok.code == 0);
@@ -88,7 +91,8 @@ TEST_SUITE("cli") {
     CHECK(bad.code == 1);
     CHECK(bad.out.find(sos[0].string()) != std::string::npos);
     CHECK(bad.out.find(sos[1].string()) == std::string::npos);
-    CliResult repair = run_cli({"warmup", "--preset", "adamw", "--preset", "sgd", "--target", "host", "--cache-dir", dir, "--json"});
+    CliResult repair = run_cli({"warmup", "--preset", "adamw", "--preset", "sgd", "--target",
+                                "host", "--cache-dir", dir, "--json"});
     REQUIRE(repair.code == 0);
     CHECK(json_int(repair.out, "compiled") == 1);
     CHECK(json_int(repair.out, "cached") == 1);
@@ -138,7 +142,8 @@ TEST_SUITE("cli") {
     }
     const int kernels = static_cast<int>(targets.size()) * 2;
     CHECK(compiled == kernels);
-    CHECK(entries(dir, ".so").size() + entries(dir, ".cubin").size() == static_cast<std::size_t>(kernels));
+    CHECK(entries(dir, ".so").size() + entries(dir, ".cubin").size() ==
+          static_cast<std::size_t>(kernels));
     CHECK(run_cli({"verify", "--cache-dir", dir}).code == 0);
   }
 
@@ -165,7 +170,8 @@ TEST_SUITE("cli") {
   TEST_CASE("check accepts a good rule and warmup builds a rule file") {
     TempDir d;
     fs::path rule = d.path() / "mine.rule";
-    write_file(rule, "param p\ngrad g\nstate m = 0\nhyper lr = 0.1\nm = 0.9 * m + g\np = p - lr * m\n");
+    write_file(rule,
+               "param p\ngrad g\nstate m = 0\nhyper lr = 0.1\nm = 0.9 * m + g\np = p - lr * m\n");
     CliResult r = run_cli({"check", rule.string()});
     CHECK(r.code == 0);
     CHECK(r.out.find("ok: rule 'mine'") != std::string::npos);

@@ -5,8 +5,8 @@
 
 #include "cache/kernel_cache.hpp"
 #include "codegen/codegen.hpp"
-#include "jit/kernel_builder.hpp"
 #include "fusedopt/error.hpp"
+#include "jit/kernel_builder.hpp"
 #include "lang/parse.hpp"
 
 using namespace fusedopt;
@@ -63,7 +63,8 @@ TEST_SUITE("codegen") {
 grad g
 hyper lr = 0.1, b = 0.9
 p = p - lr / (1 - b ^ step) * g + g / (1 - b ^ step)
-)", "twice.rule");
+)",
+                                 "twice.rule");
     codegen::KernelBody body = codegen::generate_body(*rule, DTypeBinding{});
     CHECK(count(body.code, "fo_pow(") == 1);
   }
@@ -103,7 +104,8 @@ v_t = h * load
 U = U + v_t
 i = i + 1
 t = t - U
-)", "names.rule");
+)",
+                                 "names.rule");
     codegen::KernelBody body = codegen::generate_body(*rule, DTypeBinding{});
     CHECK(body.code.find("float v_t = fo_load(t.r0, i);") != std::string::npos);
     CHECK(body.code.find("const float v_h = fo_load(t.r1, i)") != std::string::npos);
@@ -138,8 +140,9 @@ t = t - U
   TEST_CASE("codegen marks a trusted functor as trusted and maps its lines to the functor") {
     codegen::TrustedFunctor f;
     f.name = "my_sgd";
-    f.code = "struct Functor {\n  FO_FN void operator()(float& p, float g, fo_hypers h) const {\n"
-             "    p -= h.lr * g;\n  }\n};";
+    f.code =
+        "struct Functor {\n  FO_FN void operator()(float& p, float g, fo_hypers h) const {\n"
+        "    p -= h.lr * g;\n  }\n};";
     f.hypers = {{"lr", 0.1}};
     codegen::KernelBody body = codegen::generate_functor_body(f, DTypeBinding{});
     CHECK(body.kind == "trusted-functor");

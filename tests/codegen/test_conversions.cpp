@@ -21,9 +21,12 @@ float bits_to_float(std::uint32_t u) {
 double f16_value(std::uint16_t h) {
   int sign = h >> 15, e = (h >> 10) & 31, m = h & 1023;
   double v;
-  if (e == 0) v = std::ldexp(m, -24);
-  else if (e == 31) v = m ? NAN : INFINITY;
-  else v = std::ldexp(1024 + m, e - 25);
+  if (e == 0)
+    v = std::ldexp(m, -24);
+  else if (e == 31)
+    v = m ? NAN : INFINITY;
+  else
+    v = std::ldexp(1024 + m, e - 25);
   return sign ? -v : v;
 }
 
@@ -35,8 +38,10 @@ std::uint16_t f32_to_f16_reference(float f) {
   if (a >= 65520.0) return sign | 0x7c00;
   std::uint16_t best = 0;
   for (std::uint16_t h = 0; h < 0x7c00; ++h) {  // positive finite patterns, ascending
-    if (f16_value(h) <= a) best = h;
-    else break;
+    if (f16_value(h) <= a)
+      best = h;
+    else
+      break;
   }
   double lo = f16_value(best), hi = f16_value(static_cast<std::uint16_t>(best + 1));
   std::uint16_t r = best;
@@ -91,7 +96,8 @@ TEST_SUITE("codegen") {
       double dlo = std::fabs(static_cast<double>(bits_to_float(lo)));
       double dhi = std::fabs(static_cast<double>(bits_to_float(hi)));
       if ((hi & 0x7fffffffu) == 0x7f800000u) dhi = std::ldexp(1.0, 128);  // one ulp past the max
-      std::uint32_t want = (a - dlo > dhi - a || (a - dlo == dhi - a && ((lo >> 16) & 1))) ? hi : lo;
+      std::uint32_t want =
+          (a - dlo > dhi - a || (a - dlo == dhi - a && ((lo >> 16) & 1))) ? hi : lo;
       INFO("input bits 0x" << std::hex << u);
       REQUIRE(fo_f32_to_bf16(f) == static_cast<unsigned short>(want >> 16));
     }

@@ -507,10 +507,11 @@ void run_adamw_storage(const std::string& binding) {
 }  // namespace
 
 TEST_SUITE("presets") {
-  TEST_CASE("the presets are the ten element-wise optimizers this file checks, plus lamb and lars") {
-    const std::vector<std::string> expected = {"adagrad", "adam", "adamax",  "adamw",
-                                               "amsgrad", "bertadam", "lamb", "lars",
-                                               "lion",    "nadam", "rmsprop", "sgd"};
+  TEST_CASE(
+      "the presets are the ten element-wise optimizers this file checks, plus lamb and lars") {
+    const std::vector<std::string> expected = {"adagrad", "adam",     "adamax",  "adamw",
+                                               "amsgrad", "bertadam", "lamb",    "lars",
+                                               "lion",    "nadam",    "rmsprop", "sgd"};
     // A new preset needs a reference test before it ships: element-wise ones here, rules
     // with reductions (lamb, lars) in tests/runtime/test_reductions.cpp.
     CHECK(fusedopt::preset_names() == expected);

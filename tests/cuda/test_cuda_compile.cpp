@@ -39,9 +39,9 @@ bool has_symbol(const std::string& elf, const std::string& name) {
   return elf.find(std::string(1, '\0') + name + std::string(1, '\0')) != std::string::npos;
 }
 
-const char* const kEntryPoints[] = {"fusedopt_step",         "fusedopt_init",
-                                    "fusedopt_check",        "fusedopt_advance_step",
-                                    "fusedopt_reduce",       "fusedopt_finalize"};
+const char* const kEntryPoints[] = {"fusedopt_step",   "fusedopt_init",
+                                    "fusedopt_check",  "fusedopt_advance_step",
+                                    "fusedopt_reduce", "fusedopt_finalize"};
 
 }  // namespace
 
@@ -84,8 +84,8 @@ TEST_SUITE("cuda") {
     }
     cache::KernelCache cache(no_cache());
     const Rule clipped = Rule::preset("adamw").with_grad_clipping(1.0);
-    std::vector<std::shared_ptr<const lang::Rule>> rules = {preset_rule("lamb"), preset_rule("lars"),
-                                                             clipped.impl()};
+    std::vector<std::shared_ptr<const lang::Rule>> rules = {preset_rule("lamb"),
+                                                            preset_rule("lars"), clipped.impl()};
     for (const auto& rule : rules) {
       for (codegen::Strategy s : {codegen::Strategy::Recompute, codegen::Strategy::Store}) {
         for (const char* dt : {"fp32", "bf16:bf16:fp32+master"}) {

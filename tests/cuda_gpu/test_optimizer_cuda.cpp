@@ -33,16 +33,20 @@ struct DeviceModel {
   ParamGroup device_group() {
     ParamGroup g;
     for (std::size_t i = 0; i < sizes.size(); ++i) {
-      g.params.push_back({reinterpret_cast<void*>(static_cast<std::uintptr_t>(dp[i].get())), sizes[i], DType::F32, Device::cuda(0), "p" + std::to_string(i)});
-      g.grads.push_back({reinterpret_cast<void*>(static_cast<std::uintptr_t>(dg[i].get())), sizes[i], DType::F32, Device::cuda(0), "g" + std::to_string(i)});
+      g.params.push_back({reinterpret_cast<void*>(static_cast<std::uintptr_t>(dp[i].get())),
+                          sizes[i], DType::F32, Device::cuda(0), "p" + std::to_string(i)});
+      g.grads.push_back({reinterpret_cast<void*>(static_cast<std::uintptr_t>(dg[i].get())),
+                         sizes[i], DType::F32, Device::cuda(0), "g" + std::to_string(i)});
     }
     return g;
   }
   ParamGroup host_group() {
     ParamGroup g;
     for (std::size_t i = 0; i < sizes.size(); ++i) {
-      g.params.push_back({hp[i].data(), sizes[i], DType::F32, Device::host(), "p" + std::to_string(i)});
-      g.grads.push_back({hg[i].data(), sizes[i], DType::F32, Device::host(), "g" + std::to_string(i)});
+      g.params.push_back(
+          {hp[i].data(), sizes[i], DType::F32, Device::host(), "p" + std::to_string(i)});
+      g.grads.push_back(
+          {hg[i].data(), sizes[i], DType::F32, Device::host(), "g" + std::to_string(i)});
     }
     return g;
   }
@@ -207,7 +211,8 @@ TEST_SUITE("cuda_gpu") {
     }
   }
 
-  TEST_CASE("CUDA LAMB: a NaN gradient skips the step bit for bit; repeated runs give the same bits") {
+  TEST_CASE(
+      "CUDA LAMB: a NaN gradient skips the step bit for bit; repeated runs give the same bits") {
     if (!have_device()) return;
     cu::PrimaryContext ctx(0);
     std::mt19937 rng(std::random_device{}());

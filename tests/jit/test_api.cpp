@@ -24,7 +24,8 @@ TEST_SUITE("jit") {
     CHECK(second.origin == "memory");
     CHECK(second.key == first.key);
     CHECK(second.binary == first.binary);
-    CHECK(std::filesystem::exists(dir.path() / "cache" / first.key.substr(0, 2) / (first.key + ".so")));
+    CHECK(std::filesystem::exists(dir.path() / "cache" / first.key.substr(0, 2) /
+                                  (first.key + ".so")));
 
     CHECK(Rule::preset("adamw").states() == std::vector<std::string>{"m", "v"});
     CHECK(Rule::presets().size() >= 10);

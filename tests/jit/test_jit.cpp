@@ -27,7 +27,11 @@ cache::KernelCache::Options no_cache() {
   return o;
 }
 
-bool is_elf(const std::string& bytes) { return bytes.size() > 4 && bytes.compare(0, 4, "\x7f" "ELF") == 0; }
+bool is_elf(const std::string& bytes) {
+  return bytes.size() > 4 && bytes.compare(0, 4,
+                                           "\x7f"
+                                           "ELF") == 0;
+}
 
 bool have_nvrtc() {
   try {
@@ -87,7 +91,8 @@ buf = mu * buf + clamp(d, -limit, limit)
 delta = -lr * buf
 w = w + delta
 avg = decay * avg + (1 - decay) * w
-)", "mine.rule");
+)",
+                                 "mine.rule");
     testing::TempDir dir;
     cache::KernelCache cache(no_cache());
     runtime::HostKernel k(rule, DTypeBinding{}, cache);
@@ -192,22 +197,28 @@ avg = decay * avg + (1 - decay) * w
   TEST_CASE("a trusted functor compiles for the host and runs") {
     codegen::TrustedFunctor f;
     f.name = "functor_sgd";
-    f.code = "struct Functor {\n  FO_FN void operator()(float& p, float& m, float g, fo_hypers h) const {\n"
-             "    m = h.mu * m + g;\n    p -= h.lr * m;\n  }\n};";
+    f.code =
+        "struct Functor {\n  FO_FN void operator()(float& p, float& m, float g, fo_hypers h) const "
+        "{\n"
+        "    m = h.mu * m + g;\n    p -= h.lr * m;\n  }\n};";
     f.states = {{"m", 0.5}};
     f.hypers = {{"lr", 0.1}, {"mu", 0.9}};
     cache::KernelCache cache(no_cache());
     auto body = codegen::generate_functor_body(f, DTypeBinding{});
     jit::BuiltKernel k = jit::build_kernel(body, DTypeBinding{}, Target::host(), cache);
     CHECK(is_elf(*k.binary));
-    if (have_nvrtc()) CHECK(is_elf(*jit::build_kernel(body, DTypeBinding{}, Target::cuda(90), cache).binary));
+    if (have_nvrtc())
+      CHECK(is_elf(*jit::build_kernel(body, DTypeBinding{}, Target::cuda(90), cache).binary));
   }
 
-  TEST_CASE("a compile error carries the log, the options and the source, mapped to the functor's lines") {
+  TEST_CASE(
+      "a compile error carries the log, the options and the source, mapped to the functor's "
+      "lines") {
     codegen::TrustedFunctor f;
     f.name = "broken_functor";
-    f.code = "struct Functor {\n  FO_FN void operator()(float& p, float g, fo_hypers h) const {\n"
-             "    p -= h.lr * undefined_thing;\n  }\n};";
+    f.code =
+        "struct Functor {\n  FO_FN void operator()(float& p, float g, fo_hypers h) const {\n"
+        "    p -= h.lr * undefined_thing;\n  }\n};";
     f.hypers = {{"lr", 0.1}};
     cache::KernelCache cache(no_cache());
     auto body = codegen::generate_functor_body(f, DTypeBinding{});

@@ -1,6 +1,5 @@
 // The runtime tests' shared fixtures and the preset runner (see runtime_support.hpp).
 #include "runtime/runtime_support.hpp"
-#include "support/temp_dir.hpp"
 
 #include <doctest/doctest.h>
 #include <stdlib.h>  // setenv
@@ -10,6 +9,8 @@
 #include <filesystem>
 #include <mutex>
 #include <stdexcept>
+
+#include "support/temp_dir.hpp"
 
 namespace fusedopt_tests {
 
@@ -48,27 +49,57 @@ const std::vector<PresetRef>& preset_refs() {
     return [n](const Hypers&) { return std::vector<double>(n, 0.0); };
   };
   static const std::vector<PresetRef> table = {
-      {"sgd", with(kSgdDefaults, {{"lr", 1e-2}, {"momentum", 0.9}, {"weight_decay", 0.01}}),
-       {"momentum_buffer"}, zeros(1), sgd_reference},
-      {"adam", with(kAdamDefaults, {{"lr", 1e-2}, {"weight_decay", 0.1}}), {"m", "v"}, zeros(2),
+      {"sgd",
+       with(kSgdDefaults, {{"lr", 1e-2}, {"momentum", 0.9}, {"weight_decay", 0.01}}),
+       {"momentum_buffer"},
+       zeros(1),
+       sgd_reference},
+      {"adam",
+       with(kAdamDefaults, {{"lr", 1e-2}, {"weight_decay", 0.1}}),
+       {"m", "v"},
+       zeros(2),
        [](const Hypers& h) { return adam_reference(h, false, false); }},
-      {"adamw", with(kAdamWDefaults, {{"lr", 1e-2}}), {"m", "v"}, zeros(2),
+      {"adamw",
+       with(kAdamWDefaults, {{"lr", 1e-2}}),
+       {"m", "v"},
+       zeros(2),
        [](const Hypers& h) { return adam_reference(h, true, false); }},
-      {"amsgrad", with(kAdamDefaults, {{"lr", 1e-2}, {"beta2", 0.9}}), {"m", "v", "max_v"},
-       zeros(3), [](const Hypers& h) { return adam_reference(h, false, true); }},
-      {"adagrad", with(kAdagradDefaults, {{"lr_decay", 0.05}, {"initial_accumulator_value", 0.5}}),
+      {"amsgrad",
+       with(kAdamDefaults, {{"lr", 1e-2}, {"beta2", 0.9}}),
+       {"m", "v", "max_v"},
+       zeros(3),
+       [](const Hypers& h) { return adam_reference(h, false, true); }},
+      {"adagrad",
+       with(kAdagradDefaults, {{"lr_decay", 0.05}, {"initial_accumulator_value", 0.5}}),
        {"sum"},
        [](const Hypers& h) { return std::vector<double>{hyper(h, "initial_accumulator_value")}; },
        adagrad_reference},
-      {"rmsprop", with(kRmspropDefaults, {{"lr", 1e-3}, {"centered", 1}, {"momentum", 0.9}}),
-       {"square_avg", "grad_avg", "momentum_buffer"}, zeros(3), rmsprop_reference},
-      {"adamax", with(kAdamaxDefaults, {{"lr", 1e-2}}), {"m", "exp_inf"}, zeros(2),
+      {"rmsprop",
+       with(kRmspropDefaults, {{"lr", 1e-3}, {"centered", 1}, {"momentum", 0.9}}),
+       {"square_avg", "grad_avg", "momentum_buffer"},
+       zeros(3),
+       rmsprop_reference},
+      {"adamax",
+       with(kAdamaxDefaults, {{"lr", 1e-2}}),
+       {"m", "exp_inf"},
+       zeros(2),
        adamax_reference},
-      {"nadam", with(kNadamDefaults, {{"lr", 1e-2}, {"weight_decay", 0.1}}), {"m", "v", "mu_prod"},
-       [](const Hypers&) { return std::vector<double>{0, 0, 1}; }, nadam_reference},
-      {"lion", with(kLionDefaults, {{"lr", 1e-3}, {"weight_decay", 0.1}}), {"m"}, zeros(1),
+      {"nadam",
+       with(kNadamDefaults, {{"lr", 1e-2}, {"weight_decay", 0.1}}),
+       {"m", "v", "mu_prod"},
+       [](const Hypers&) {
+         return std::vector<double>{0, 0, 1};
+       },
+       nadam_reference},
+      {"lion",
+       with(kLionDefaults, {{"lr", 1e-3}, {"weight_decay", 0.1}}),
+       {"m"},
+       zeros(1),
        lion_reference},
-      {"bertadam", with(kBertAdamDefaults, {{"lr", 1e-2}}), {"m", "v"}, zeros(2),
+      {"bertadam",
+       with(kBertAdamDefaults, {{"lr", 1e-2}}),
+       {"m", "v"},
+       zeros(2),
        bertadam_reference},
   };
   return table;
@@ -81,10 +112,11 @@ const PresetRef& preset_ref(const std::string& name) {
   throw std::logic_error("no reference for preset '" + name + "'");
 }
 
-fusedopt::OptimizerStats run_preset_through_optimizer(const std::string& name, const std::vector<std::int64_t>& sizes,
-                                  const std::vector<int>& group_of,
-                                  const std::vector<Hypers>& groups, int steps,
-                                  std::int64_t misalign) {
+fusedopt::OptimizerStats run_preset_through_optimizer(const std::string& name,
+                                                      const std::vector<std::int64_t>& sizes,
+                                                      const std::vector<int>& group_of,
+                                                      const std::vector<Hypers>& groups, int steps,
+                                                      std::int64_t misalign) {
   use_private_cache();
   const PresetRef& pr = preset_ref(name);
   const std::uint32_t seed = fresh_seed();

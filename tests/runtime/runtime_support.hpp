@@ -29,11 +29,11 @@ std::uint32_t fresh_seed();
 class HostTensor {
  public:
   HostTensor(std::int64_t numel, fusedopt::DType dtype, std::int64_t offset = 0)
-      : numel_(numel), dtype_(dtype), offset_(offset),
+      : numel_(numel),
+        dtype_(dtype),
+        offset_(offset),
         storage_(static_cast<std::size_t>((numel + offset) * fusedopt::dtype_size(dtype) + 64)) {}
-  void* data() {
-    return numel_ == 0 ? nullptr : base() + offset_ * fusedopt::dtype_size(dtype_);
-  }
+  void* data() { return numel_ == 0 ? nullptr : base() + offset_ * fusedopt::dtype_size(dtype_); }
   std::int64_t numel() const { return numel_; }
   fusedopt::DType dtype() const { return dtype_; }
   double get(std::int64_t i) const { return read(dtype_, ptr(i)); }
@@ -73,8 +73,7 @@ class HostTensor {
     return storage_.data() + ((64 - addr % 64) % 64);
   }
   const unsigned char* ptr(std::int64_t i) const {
-    return const_cast<HostTensor*>(this)->base() +
-           (offset_ + i) * fusedopt::dtype_size(dtype_);
+    return const_cast<HostTensor*>(this)->base() + (offset_ + i) * fusedopt::dtype_size(dtype_);
   }
   std::int64_t numel_;
   fusedopt::DType dtype_;
@@ -84,8 +83,8 @@ class HostTensor {
 
 /// Element `i` of an optimizer-owned tensor view.
 inline double at(const fusedopt::Tensor& t, std::int64_t i) {
-  return HostTensor::read(t.dtype, static_cast<const unsigned char*>(t.data) +
-                                       i * fusedopt::dtype_size(t.dtype));
+  return HostTensor::read(
+      t.dtype, static_cast<const unsigned char*>(t.data) + i * fusedopt::dtype_size(t.dtype));
 }
 
 /// A preset's float64 reference, state names (declaration order) and initial values.
@@ -109,10 +108,11 @@ inline constexpr double kTol = 1e-5;
 /// Runs preset `name` over tensors of `sizes` (tensor k in group group_of[k]) with the
 /// groups' hypers, for `steps` steps in fp32 through Optimizer, against the float64
 /// reference. Fails the test at the first bad step; returns the optimizer's stats.
-fusedopt::OptimizerStats run_preset_through_optimizer(const std::string& name, const std::vector<std::int64_t>& sizes,
-                                  const std::vector<int>& group_of,
-                                  const std::vector<Hypers>& groups, int steps,
-                                  std::int64_t misalign = 0);
+fusedopt::OptimizerStats run_preset_through_optimizer(const std::string& name,
+                                                      const std::vector<std::int64_t>& sizes,
+                                                      const std::vector<int>& group_of,
+                                                      const std::vector<Hypers>& groups, int steps,
+                                                      std::int64_t misalign = 0);
 
 /// Fills `t` with normal(0, 1) values.
 inline void fill_normal(HostTensor& t, std::mt19937& rng) {

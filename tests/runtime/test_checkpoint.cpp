@@ -1,8 +1,6 @@
 // Checkpoints: a saved and reloaded optimizer takes the same next step, bit for bit; a
 // checkpoint that does not fit is refused with a clear error and changes nothing.
 #include <doctest/doctest.h>
-
-#include "support/temp_dir.hpp"
 #include <stdlib.h>
 
 #include <filesystem>
@@ -12,6 +10,7 @@
 #include "io/safetensors.hpp"
 #include "presets.hpp"
 #include "runtime/runtime_support.hpp"
+#include "support/temp_dir.hpp"
 
 namespace fusedopt_tests {
 namespace {
@@ -53,7 +52,8 @@ struct Model {
 std::vector<std::string> snapshot(Optimizer& opt, Model& model, bool master) {
   std::vector<std::string> out;
   auto bytes = [](const void* d, std::int64_t n, DType t) {
-    return d ? std::string(static_cast<const char*>(d), n * fusedopt::dtype_size(t)) : std::string();
+    return d ? std::string(static_cast<const char*>(d), n * fusedopt::dtype_size(t))
+             : std::string();
   };
   for (std::size_t k = 0; k < model.p.size(); ++k) {
     out.push_back(bytes(model.p[k].data(), model.p[k].numel(), model.p[k].dtype()));
@@ -131,11 +131,12 @@ TEST_SUITE("runtime") {
     Optimizer opt(fusedopt::Rule::preset("adamw"), a.groups(), options);
     opt.step();
     opt.save(dir.path() / "c.safetensors");
-    const fusedopt::io::SafetensorsFile f = fusedopt::io::read_safetensors(dir.path() / "c.safetensors");
+    const fusedopt::io::SafetensorsFile f =
+        fusedopt::io::read_safetensors(dir.path() / "c.safetensors");
     std::vector<std::string> names;
     for (const auto& [name, entry] : f.tensors) names.push_back(name);
-    CHECK(names == std::vector<std::string>{"n0/m", "n0/master", "n0/v", "n1/m", "n1/master",
-                                            "n1/v"});
+    CHECK(names ==
+          std::vector<std::string>{"n0/m", "n0/master", "n0/v", "n1/m", "n1/master", "n1/v"});
     CHECK(f.tensors.at("n0/master").dtype == "F32");
     CHECK(f.tensors.at("n0/m").shape == std::vector<std::int64_t>{3});
     CHECK(f.tensors.at("n1/v").shape == std::vector<std::int64_t>{0});

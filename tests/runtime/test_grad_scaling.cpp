@@ -86,7 +86,8 @@ TEST_SUITE("runtime") {
       do {
         k = std::uniform_int_distribution<std::size_t>(0, model.g.size() - 1)(rng);
       } while (model.g[k].numel() == 0);
-      const std::int64_t i = std::uniform_int_distribution<std::int64_t>(0, model.g[k].numel() - 1)(rng);
+      const std::int64_t i =
+          std::uniform_int_distribution<std::int64_t>(0, model.g[k].numel() - 1)(rng);
       const double bad = bad_values[trial % 3];
       model.g[k].set(i, bad);
       INFO("trial " << trial << ": " << bad << " at tensor " << k << ", element " << i);
@@ -140,9 +141,9 @@ TEST_SUITE("runtime") {
       int tracker;
     };
     const Expect sequence[] = {
-        {true, true, 1024, 1},   {true, true, 1024, 2},  {true, true, 2048, 0},
-        {false, false, 1024, 0}, {true, true, 1024, 1},  {false, false, 512, 0},
-        {false, false, 256, 0},  {true, true, 256, 1},   {true, true, 256, 2},
+        {true, true, 1024, 1},   {true, true, 1024, 2}, {true, true, 2048, 0},
+        {false, false, 1024, 0}, {true, true, 1024, 1}, {false, false, 512, 0},
+        {false, false, 256, 0},  {true, true, 256, 1},  {true, true, 256, 2},
         {true, true, 512, 0},    {true, true, 512, 1},
     };
     std::int64_t taken = 0;

@@ -235,7 +235,8 @@ TEST_SUITE("runtime") {
     CHECK((st.kernel_origin == "compiled" || st.kernel_origin == "disk" ||
            st.kernel_origin == "memory"));
     CHECK(st.kernel_seconds >= 0);
-    CHECK(st.fusion_report == "adamw over 3 tensors (1107 elements): 1 launch per step instead of 2");
+    CHECK(st.fusion_report ==
+          "adamw over 3 tensors (1107 elements): 1 launch per step instead of 2");
 
     fusedopt::OptimizerOptions bf16_moments;
     bf16_moments.state_dtype = DType::BF16;
@@ -291,11 +292,14 @@ TEST_SUITE("runtime") {
     const LogLevel before = fusedopt::runtime::log_level();
     Params x({5, 6});
     fusedopt::runtime::set_log_level(LogLevel::Info);
-    const std::string info = capture_stderr([&] { Optimizer opt(Rule::preset("adamw"), {x.group(0, 2)}); });
+    const std::string info =
+        capture_stderr([&] { Optimizer opt(Rule::preset("adamw"), {x.group(0, 2)}); });
     fusedopt::runtime::set_log_level(LogLevel::Warn);
-    const std::string quiet = capture_stderr([&] { Optimizer opt(Rule::preset("adamw"), {x.group(0, 2)}); });
+    const std::string quiet =
+        capture_stderr([&] { Optimizer opt(Rule::preset("adamw"), {x.group(0, 2)}); });
     fusedopt::runtime::set_log_level(before);
-    CHECK(info == "fusedopt: info: adamw over 2 tensors (11 elements): 1 launch per step instead of 2\n");
+    CHECK(info ==
+          "fusedopt: info: adamw over 2 tensors (11 elements): 1 launch per step instead of 2\n");
     CHECK(quiet.empty());
   }
 
@@ -362,12 +366,14 @@ TEST_SUITE("runtime") {
 }
 
 TEST_SUITE("runtime") {
-  TEST_CASE("a state called 'master' with master weights is refused (checkpoint names would collide)") {
+  TEST_CASE(
+      "a state called 'master' with master weights is refused (checkpoint names would collide)") {
     std::vector<std::uint16_t> p(4), g(4);
     fusedopt::ParamGroup group;
     group.params = {{p.data(), 4, fusedopt::DType::BF16, fusedopt::Device::host(), "w"}};
     group.grads = {{g.data(), 4, fusedopt::DType::BF16, fusedopt::Device::host(), "dw"}};
-    fusedopt::Rule rule = fusedopt::Rule::parse("param p\ngrad g\nstate master = 0\nmaster = master + g\np = p - master\n", "m.rule");
+    fusedopt::Rule rule = fusedopt::Rule::parse(
+        "param p\ngrad g\nstate master = 0\nmaster = master + g\np = p - master\n", "m.rule");
     fusedopt::OptimizerOptions options;
     options.master_weights = true;
     CHECK_THROWS_WITH_AS(fusedopt::Optimizer(rule, {group}, options),

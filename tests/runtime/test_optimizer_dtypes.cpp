@@ -34,8 +34,8 @@ void run_adamw_storage(const StorageCase& c, int steps = 30) {
   const std::uint32_t seed = fresh_seed();
   INFO("adamw, params " << std::string(to_string(c.param)) << ", grads "
                         << std::string(to_string(c.grad)) << ", states "
-                        << std::string(to_string(c.state)) << (c.master ? ", master" : "") << ", misalign "
-                        << c.misalign << ", seed " << seed);
+                        << std::string(to_string(c.state)) << (c.master ? ", master" : "")
+                        << ", misalign " << c.misalign << ", seed " << seed);
   std::mt19937 rng(seed);
   const std::vector<std::int64_t> sizes = {1000, 1, 4099, 0, 77};
   const Hypers h = with(kAdamWDefaults, {{"lr", 1e-2}, {"weight_decay", 0.1}});
@@ -102,8 +102,8 @@ void run_adamw_storage(const StorageCase& c, int steps = 30) {
       }
       if (!ok && bad++ == 0) {
         first_bad = "step " + std::to_string(t) + ", tensor " + std::to_string(k) + ", element " +
-                    std::to_string(i) + ", " + what + ": got " + fmt_double(got) +
-                    ", reference " + fmt_double(want);
+                    std::to_string(i) + ", " + what + ": got " + fmt_double(got) + ", reference " +
+                    fmt_double(want);
       }
     };
     for (std::size_t k = 0; k < sizes.size(); ++k) {
