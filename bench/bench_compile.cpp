@@ -13,8 +13,8 @@
 #include "cache/kernel_cache.hpp"
 #include "codegen/codegen.hpp"
 #include "fusedopt/error.hpp"
-#include "jit/kernel_builder.hpp"
 #include "presets.hpp"
+#include "provider/kernel_provider.hpp"
 
 using namespace fusedopt;
 namespace fs = std::filesystem;
@@ -50,7 +50,7 @@ void BM_ColdCompile(benchmark::State& state, const std::string& preset) {
   std::size_t bytes = 0;
   try {
     for (auto _ : state)
-      bytes = jit::build_kernel(body, DTypeBinding{}, target, cache).binary->size();
+      bytes = provider::provide_body(body, DTypeBinding{}, target, cache).binary->size();
   } catch (const Error& e) {
     state.SkipWithError(e.what());
     return;
@@ -63,7 +63,7 @@ void BM_ColdCompile(benchmark::State& state, const std::string& preset) {
 codegen::KernelBody warm(const std::string& preset, const Target& target) {
   auto body = codegen::generate_body(*preset_rule(preset), DTypeBinding{});
   cache::KernelCache cache(options(cache::KernelCache::Mode::On, bench_dir()));
-  jit::build_kernel(body, DTypeBinding{}, target, cache);
+  provider::provide_body(body, DTypeBinding{}, target, cache);
   return body;
 }
 
@@ -76,7 +76,7 @@ int probe_disk_hit(const std::string& target_text, const std::string& dir) {
     const Target target = Target::parse(target_text);
     cache::KernelCache cache(options(cache::KernelCache::Mode::On, dir));
     auto body = codegen::generate_body(*preset_rule("adamw"), DTypeBinding{});
-    jit::BuiltKernel k = jit::build_kernel(body, DTypeBinding{}, target, cache);
+    provider::ProvidedKernel k = provider::provide_body(body, DTypeBinding{}, target, cache);
     double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     std::printf("%.9f %s\n", s, cache::to_string(k.origin));
     return 0;
@@ -125,7 +125,7 @@ void BM_DiskHit(benchmark::State& state) {
   for (auto _ : state) {
     cache::KernelCache cache(
         options(cache::KernelCache::Mode::On, bench_dir()));  // empty memory tier
-    jit::BuiltKernel k = jit::build_kernel(body, DTypeBinding{}, target, cache);
+    provider::ProvidedKernel k = provider::provide_body(body, DTypeBinding{}, target, cache);
     if (k.origin != cache::Origin::Disk) state.SkipWithError("not a disk hit");
     bytes += k.binary->size();
   }
@@ -139,18 +139,18 @@ void BM_MemoryHit(benchmark::State& state) {
   auto body = codegen::generate_body(*preset_rule("adamw"), DTypeBinding{});
   cache::KernelCache cache(options(cache::KernelCache::Mode::Memory, {}));
   try {
-    jit::build_kernel(body, DTypeBinding{}, target, cache);
+    provider::provide_body(body, DTypeBinding{}, target, cache);
   } catch (const Error& e) {
     state.SkipWithError(e.what());
     return;
   }
   std::string source = codegen::generate_source(body, target);
-  cache::KeyRecord record = jit::kernel_record(body, DTypeBinding{}, target, source);
+  cache::KeyRecord record = provider::kernel_record(body, DTypeBinding{}, target, source);
   const std::string ext = target.kind == Target::Kind::Host ? "so" : "cubin";
   for (auto _ : state) {
     if (with_codegen) {
       // What a new Optimizer pays: generate the source, hash the record, look it up.
-      auto k = jit::build_kernel(body, DTypeBinding{}, target, cache);
+      auto k = provider::provide_body(body, DTypeBinding{}, target, cache);
       benchmark::DoNotOptimize(k.binary);
     } else {
       auto r = cache.get_or_compile(record, ext, [] { return std::string(); });

@@ -1,11 +1,12 @@
-// The public pipeline API (include/fusedopt/kernel.hpp) over lang, codegen, jit and cache.
+// The public pipeline API (include/fusedopt/kernel.hpp) over lang and the kernel provider.
 #include "fusedopt/kernel.hpp"
 
-#include "cache/kernel_cache.hpp"
-#include "codegen/codegen.hpp"
-#include "jit/kernel_builder.hpp"
+#include <fmt/format.h>
+
 #include "lang/parse.hpp"
 #include "presets.hpp"
+#include "provider/kernel_provider.hpp"
+#include "rule_access.hpp"
 
 namespace fusedopt {
 
@@ -18,6 +19,8 @@ Rule Rule::preset(const std::string& name) { return Rule(preset_rule(name)); }
 std::vector<std::string> Rule::presets() { return preset_names(); }
 
 const std::string& Rule::name() const { return impl_->name; }
+
+const std::string& Rule::text() const { return impl_->text; }
 
 std::vector<std::pair<std::string, double>> Rule::hypers() const {
   std::vector<std::pair<std::string, double>> out;
@@ -41,31 +44,74 @@ std::vector<std::string> Rule::states() const {
   return out;
 }
 
+std::string Rule::describe() const {
+  const codegen::KernelBody body = codegen::generate_body(*impl_, DTypeBinding{});
+  auto join = [](const std::vector<std::string>& names) {
+    std::string out;
+    for (const std::string& n : names) out += (out.empty() ? "" : " ") + n;
+    return out;
+  };
+  std::string passes;
+  if (body.reduction_passes > 0) {
+    passes = fmt::format(", {} reduction pass{} before the update (", body.reduction_passes,
+                         body.reduction_passes == 1 ? "" : "es");
+    for (int k = 0; k < body.reduction_passes; ++k) {
+      std::vector<std::string> names;
+      for (const codegen::ReductionSlot& s : body.slots) {
+        if (s.pass == k && s.line > 0) names.push_back(s.name);
+      }
+      passes += fmt::format("{}pass {}: {}", k ? "; " : "", k, join(names));
+    }
+    passes += fmt::format("), {} with fp32 tensors", codegen::to_string(body.strategy));
+  }
+  return fmt::format(
+      "rule '{}': tensors [{}], hypers [{}], {} statements, {} uniform values hoisted out of "
+      "the element loop{}",
+      impl_->name, join(body.roles), join(body.hypers), impl_->stmts.size(), body.num_uniforms,
+      passes);
+}
+
 namespace {
 
-CompiledKernel finish(const codegen::KernelBody& body, const Target& target,
-                      const DTypeBinding& dtypes) {
-  jit::BuiltKernel k = jit::build_kernel(body, dtypes, target, cache::KernelCache::global());
+CompiledKernel compile(const provider::KernelRequest& request, const CompileOptions& options) {
+  cache::KernelCache& cache = provider::cache_at(options.cache_dir);
+  provider::ProvidedKernel k = provider::provide(request, cache);
   CompiledKernel out;
   out.key = k.key.hex();
   out.origin = cache::to_string(k.origin);
   out.seconds = k.seconds;
-  out.target = target;
-  out.dtypes = dtypes;
+  out.target = request.target;
+  out.dtypes = request.dtypes;
   out.binary = k.binary;
   out.source = std::move(k.source);
+  if (const cache::DiskStore* disk = cache.disk()) {
+    std::filesystem::path entry = disk->entry_path(k.key, k.ext);
+    std::error_code ec;
+    if (std::filesystem::exists(entry, ec)) out.disk_entry = std::move(entry);
+  }
+  out.cache_note = cache.last_disk_error();
   return out;
 }
 
 }  // namespace
 
-CompiledKernel compile_kernel(const Rule& rule, const Target& target, const DTypeBinding& dtypes) {
-  return finish(codegen::generate_body(*rule.impl(), dtypes), target, dtypes);
+CompiledKernel compile_kernel(const Rule& rule, const Target& target, const DTypeBinding& dtypes,
+                              const CompileOptions& options) {
+  provider::KernelRequest request;
+  request.rule = detail::RuleAccess::impl(rule);
+  request.dtypes = dtypes;
+  request.target = target;
+  request.strategy = options.reduction_strategy;
+  return compile(request, options);
 }
 
 CompiledKernel compile_trusted_functor(const TrustedFunctor& functor, const Target& target,
-                                       const DTypeBinding& dtypes) {
-  return finish(codegen::generate_functor_body(functor, dtypes), target, dtypes);
+                                       const DTypeBinding& dtypes, const CompileOptions& options) {
+  provider::KernelRequest request;
+  request.functor = &functor;
+  request.dtypes = dtypes;
+  request.target = target;
+  return compile(request, options);
 }
 
 }  // namespace fusedopt

@@ -28,7 +28,7 @@ std::string preset_text(const std::string& name) {
   }
   std::string list;
   for (const std::string& known : preset_names()) list += (list.empty() ? "" : ", ") + known;
-  throw Error(fmt::format("unknown preset '{}' (presets: {})", name, list));
+  throw UsageError(fmt::format("unknown preset '{}' (presets: {})", name, list));
 }
 
 std::shared_ptr<const lang::Rule> preset_rule(const std::string& name) {

@@ -6,10 +6,8 @@
 #include <sstream>
 
 #include "cache/cli/cli.hpp"
-#include "codegen/codegen.hpp"
 #include "fusedopt/error.hpp"
-#include "lang/parse.hpp"
-#include "presets.hpp"
+#include "fusedopt/kernel.hpp"
 
 namespace fusedopt::cli {
 namespace {
@@ -183,29 +181,8 @@ FILE:LINE:COL: error: MESSAGE, then the line and a caret; exit 2 if any file is 
     std::ostringstream ss;
     ss << in.rdbuf();
     try {
-      auto rule = lang::parse_rule(ss.str(), f);
-      codegen::KernelBody body = codegen::generate_body(*rule, DTypeBinding{});
-      std::string hypers;
-      for (const auto& h : body.hypers) hypers += (hypers.empty() ? "" : " ") + h;
-      std::string roles;
-      for (const auto& r : body.roles) roles += (roles.empty() ? "" : " ") + r;
-      std::string passes;
-      if (body.reduction_passes > 0) {
-        passes = fmt::format(", {} reduction pass{} before the update (", body.reduction_passes,
-                             body.reduction_passes == 1 ? "" : "es");
-        for (int k = 0; k < body.reduction_passes; ++k) {
-          std::string names;
-          for (const codegen::ReductionSlot& s : body.slots) {
-            if (s.pass == k && s.line > 0) names += (names.empty() ? "" : " ") + s.name;
-          }
-          passes += fmt::format("{}pass {}: {}", k ? "; " : "", k, names);
-        }
-        passes += fmt::format("), {} with fp32 tensors", codegen::to_string(body.strategy));
-      }
-      fmt::print(
-          "{}: ok: rule '{}': tensors [{}], hypers [{}], {} statements, {} uniform "
-          "values hoisted out of the element loop{}\n",
-          f, rule->name, roles, hypers, rule->stmts.size(), body.num_uniforms, passes);
+      const Rule rule = Rule::parse(ss.str(), f);
+      fmt::print("{}: ok: {}\n", f, rule.describe());
     } catch (const RuleError& e) {
       fmt::print(stderr, "{}\n", e.what());
       status = kExitBadInput;
@@ -219,8 +196,8 @@ int cmd_presets(Args& args) {
   parse_common(args, "usage: fusedopt-cache presets\n\nList the preset rules.\n", &help,
                [](Args&) { return false; });
   if (help) return kExitOk;
-  for (const std::string& name : preset_names()) {
-    std::string text = preset_text(name);
+  for (const std::string& name : Rule::presets()) {
+    const std::string text = Rule::preset(name).text();
     std::string first = text.substr(0, text.find('\n'));
     if (first.rfind("#", 0) == 0) first = first.substr(first.find_first_not_of("# "));
     fmt::print("{:<10} {}\n", name, first);

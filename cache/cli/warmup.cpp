@@ -11,12 +11,8 @@
 #include <thread>
 
 #include "cache/cli/cli.hpp"
-#include "codegen/codegen.hpp"
 #include "fusedopt/error.hpp"
-#include "jit/compiler.hpp"
-#include "jit/kernel_builder.hpp"
-#include "lang/parse.hpp"
-#include "presets.hpp"
+#include "fusedopt/kernel.hpp"
 
 namespace fusedopt::cli {
 namespace {
@@ -41,7 +37,7 @@ exit codes: 0 all kernels ready, 1 a compile failed, 2 bad input.
 )";
 
 struct Item {
-  std::shared_ptr<const lang::Rule> rule;
+  Rule rule;
   Target target;
   DTypeBinding dtypes;
   // results
@@ -134,21 +130,19 @@ int cmd_warmup(Args& args) {
   if (dtypes.empty()) dtypes.push_back("fp32");
 
   // Everything is parsed and checked before anything compiles: bad input exits 2 early.
-  std::vector<std::shared_ptr<const lang::Rule>> rules;
+  std::vector<Rule> rules;
   for (const std::string& p : presets) {
     if (p == "all") {
-      for (const std::string& name : preset_names()) rules.push_back(preset_rule(name));
+      for (const std::string& name : Rule::presets()) rules.push_back(Rule::preset(name));
     } else {
       try {
-        rules.push_back(preset_rule(p));
-      } catch (const RuleError&) {
-        throw;
-      } catch (const Error& e) {
+        rules.push_back(Rule::preset(p));
+      } catch (const fusedopt::UsageError& e) {
         throw UsageError{e.what()};
       }
     }
   }
-  for (const std::string& f : rule_files) rules.push_back(lang::parse_rule(read_rule_file(f), f));
+  for (const std::string& f : rule_files) rules.push_back(Rule::parse(read_rule_file(f), f));
   std::vector<Target> parsed_targets;
   std::vector<DTypeBinding> parsed_dtypes;
   try {
@@ -164,7 +158,9 @@ int cmd_warmup(Args& args) {
     }
   }
 
-  cache::KernelCache cache(cache_options(cache_dir));
+  CompileOptions compile_options;
+  compile_options.cache_dir =
+      cache_options(cache_dir).dir;  // on disk, whatever FUSEDOPT_CACHE says
   Progress progress(items.size(), !json && isatty(STDERR_FILENO));
   std::mutex out_mutex;
   std::atomic<std::size_t> next{0}, done{0};
@@ -173,11 +169,16 @@ int cmd_warmup(Args& args) {
     for (std::size_t i; (i = next++) < items.size();) {
       Item& it = items[i];
       try {
-        codegen::KernelBody body = codegen::generate_body(*it.rule, it.dtypes);
-        jit::BuiltKernel k = jit::build_kernel(body, it.dtypes, it.target, cache);
-        it.status = k.origin == cache::Origin::Compiled ? "compiled" : "cached";
+        const CompiledKernel k = compile_kernel(it.rule, it.target, it.dtypes, compile_options);
+        it.status = k.origin == "compiled" ? "compiled" : "cached";
         it.seconds = k.seconds;
-        it.key = k.key.hex();
+        it.key = k.key;
+        // Filling the cache is warmup's only job: a kernel the disk did not keep is a
+        // failure (the library itself carries on without its disk tier).
+        if (it.status == "compiled" && k.disk_entry.empty()) {
+          it.status = "failed";
+          it.error = "compiled but not stored in the cache: " + k.cache_note;
+        }
       } catch (const Error& e) {
         it.status = "failed";
         it.error = e.what();
@@ -189,23 +190,15 @@ int cmd_warmup(Args& args) {
         it.status = "failed";
         it.error = "unexpected error";
       }
-      // Filling the cache is warmup's only job: a kernel the disk did not keep is a failure
-      // (the library itself carries on without its disk tier).
-      if (it.status == "compiled" && cache.disk() &&
-          !std::filesystem::exists(cache.disk()->entry_path(
-              *cache::Key::from_hex(it.key), jit::compiler_for(it.target).extension()))) {
-        it.status = "failed";
-        it.error = "compiled but not stored in the cache: " + cache.last_disk_error();
-      }
       std::lock_guard<std::mutex> lock(out_mutex);
       ++done;
       if (!json) {
         progress.finish();
-        fmt::print("{:<9} {:<12} {:<7} {:<22} {:>8.3f} s  {}\n", it.status, it.rule->name,
+        fmt::print("{:<9} {:<12} {:<7} {:<22} {:>8.3f} s  {}\n", it.status, it.rule.name(),
                    it.target.str(), it.dtypes.str(), it.seconds, it.key.substr(0, 12));
         if (!it.error.empty()) fmt::print(stderr, "{}\n", it.error);
         std::fflush(stdout);
-        progress.update(done, it.rule->name + " " + it.target.str());
+        progress.update(done, it.rule.name() + " " + it.target.str());
       }
     }
   };
@@ -236,21 +229,22 @@ int cmd_warmup(Args& args) {
       out += fmt::format(
           "{}\n  {{\"rule\": {}, \"target\": {}, \"dtypes\": {}, \"status\": {}, "
           "\"seconds\": {:.6f}, \"key\": {}, \"error\": {}}}",
-          i ? "," : "", json_string(it.rule->name), json_string(it.target.str()),
+          i ? "," : "", json_string(it.rule.name()), json_string(it.target.str()),
           json_string(it.dtypes.str()), json_string(it.status), it.seconds, json_string(it.key),
           json_string(it.error));
     }
     out += fmt::format(
         "\n], \"compiled\": {}, \"cached\": {}, \"failed\": {}, "
         "\"compile_seconds\": {:.6f}, \"wall_seconds\": {:.6f}, \"cache_dir\": {}}}\n",
-        compiled, cached, failed, compile_seconds, wall, json_string(cache.options().dir.string()));
+        compiled, cached, failed, compile_seconds, wall,
+        json_string(compile_options.cache_dir.string()));
     fmt::print("{}", out);
   } else {
     fmt::print(
         "warmup: {} {} in {:.2f} s: {} compiled ({:.2f} s of compiling), {} already "
         "cached, {} failed\ncache: {}\n",
         items.size(), items.size() == 1 ? "kernel" : "kernels", wall, compiled, compile_seconds,
-        cached, failed, cache.options().dir.string());
+        cached, failed, compile_options.cache_dir.string());
   }
   return failed ? kExitFailed : kExitOk;
 }

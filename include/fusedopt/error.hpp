@@ -14,6 +14,20 @@ class Error : public std::runtime_error {
   explicit Error(const std::string& what) : std::runtime_error(what) {}
 };
 
+/// The caller used the API wrongly: a bad argument, dtype or target text, a tensor list
+/// that does not fit, a call out of order. The message names what and why.
+class UsageError : public Error {
+ public:
+  using Error::Error;
+};
+
+/// Something fusedopt needs is not here: NVRTC, the CUDA driver, a device, or a backend
+/// this build left out. The message says how to get it.
+class UnavailableError : public Error {
+ public:
+  using Error::Error;
+};
+
 /// A malformed rule. `what()` is the full compiler-style diagnostic:
 /// `FILE:LINE:COL: error: MESSAGE`, the source line, a caret line and an optional hint.
 class RuleError : public Error {

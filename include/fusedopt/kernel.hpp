@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstddef>
+#include <filesystem>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -18,6 +19,9 @@ namespace fusedopt {
 
 namespace lang {
 struct Rule;
+}
+namespace detail {
+struct RuleAccess;
 }
 
 /// A parsed and checked optimizer rule (immutable, cheap to copy).
@@ -42,10 +46,14 @@ class Rule {
   /// reduction. Named "<name>+clip". Throws RuleError if the rule already uses the name.
   Rule with_grad_clipping(double max_grad_norm = 1.0) const;
 
-  /// The internal representation (for fusedopt's own components).
-  const std::shared_ptr<const lang::Rule>& impl() const { return impl_; }
+  /// The rule's text as parsed (a preset's text for a preset).
+  const std::string& text() const;
+  /// One line on what the rule compiles to (fp32 tensors): its tensors, hypers,
+  /// statements, uniform values hoisted out of the element loop and reduction passes.
+  std::string describe() const;
 
  private:
+  friend struct detail::RuleAccess;
   explicit Rule(std::shared_ptr<const lang::Rule> impl) : impl_(std::move(impl)) {}
   std::shared_ptr<const lang::Rule> impl_;
 };
@@ -62,6 +70,23 @@ struct TrustedFunctor {
   std::vector<std::pair<std::string, double>> hypers;  ///< name, default value
 };
 
+/// How a rule with reductions gets values of its last reduction pass into the update
+/// (e.g. LAMB's update direction u, needed for ||u|| and again for the update).
+enum class ReductionStrategy {
+  Auto,       ///< whichever moves fewer bytes per step (stats() says which; ties: Recompute)
+  Recompute,  ///< the update pass recomputes them from the tensors (no extra memory)
+  Store,      ///< the last reduction pass finishes what it can and stores the values the
+              ///< update needs in fp32 scratch tensors (4 bytes per element each)
+};
+
+/// How compile_kernel gets a kernel.
+struct CompileOptions {
+  ReductionStrategy reduction_strategy = ReductionStrategy::Auto;
+  /// The kernel cache folder. Empty: the process-wide cache (FUSEDOPT_CACHE_DIR,
+  /// FUSEDOPT_CACHE). A folder: a disk cache there, whatever FUSEDOPT_CACHE says.
+  std::filesystem::path cache_dir;
+};
+
 /// A compiled kernel as the cache holds it.
 struct CompiledKernel {
   std::string key;     ///< 32 hex digits (XXH3-128 of the key record)
@@ -71,14 +96,19 @@ struct CompiledKernel {
   DTypeBinding dtypes;
   std::shared_ptr<const std::string> binary;  ///< CUBIN or shared object bytes
   std::string source;                         ///< the generated translation unit
+  /// The cache's disk entry holding the binary, or empty when the disk tier did not keep
+  /// it (memory-only cache, or a disk failure: see `cache_note`).
+  std::filesystem::path disk_entry;
+  std::string cache_note;  ///< the last disk failure the cache worked around, or ""
 };
 
 /// Generates, then compiles or fetches from the process-wide cache (FUSEDOPT_CACHE_DIR,
 /// FUSEDOPT_CACHE). Compiling for sm_XX needs NVRTC but no GPU. Throws CompileError.
 CompiledKernel compile_kernel(const Rule& rule, const Target& target,
-                              const DTypeBinding& dtypes = {});
+                              const DTypeBinding& dtypes = {}, const CompileOptions& options = {});
 /// The same for a trusted functor.
 CompiledKernel compile_trusted_functor(const TrustedFunctor& functor, const Target& target,
-                                       const DTypeBinding& dtypes = {});
+                                       const DTypeBinding& dtypes = {},
+                                       const CompileOptions& options = {});
 
 }  // namespace fusedopt

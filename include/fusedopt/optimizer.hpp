@@ -44,15 +44,6 @@ struct ParamGroup {
   std::vector<std::pair<std::string, double>> hypers;  ///< overrides of the rule's defaults
 };
 
-/// How a rule with reductions gets values of its last reduction pass into the update
-/// (e.g. LAMB's update direction u, needed for ||u|| and again for the update).
-enum class ReductionStrategy {
-  Auto,       ///< whichever moves fewer bytes per step (stats() says which; ties: Recompute)
-  Recompute,  ///< the update pass recomputes them from the tensors (no extra memory)
-  Store,      ///< the last reduction pass finishes what it can and stores the values the
-              ///< update needs in fp32 scratch tensors (4 bytes per element each)
-};
-
 struct OptimizerOptions {
   DType state_dtype = DType::F32;  ///< storage of every state tensor (fp32 or bf16)
   /// Keep an fp32 master copy of fp16/bf16 params (allocated and owned by the optimizer);

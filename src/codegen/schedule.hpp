@@ -9,17 +9,14 @@
 #include <vector>
 
 #include "fusedopt/dtype.hpp"
+#include "fusedopt/kernel.hpp"
 #include "lang/ast.hpp"
 
 namespace fusedopt::codegen {
 
-/// How values computed by the last reduction pass reach the update pass.
-enum class Strategy {
-  Auto,       ///< whichever moves fewer bytes per element (ties: recompute)
-  Recompute,  ///< the update pass recomputes everything from the tensors
-  Store,      ///< the last reduction pass finishes what it can, and stores the values the
-              ///< update needs into fp32 scratch tensors
-};
+/// How values computed by the last reduction pass reach the update pass: the public
+/// ReductionStrategy (Auto: whichever moves fewer bytes per element, ties recompute).
+using Strategy = ReductionStrategy;
 const char* to_string(Strategy s);
 
 /// A value that crosses from the store pass to the update pass through a scratch tensor:

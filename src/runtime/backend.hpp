@@ -1,8 +1,11 @@
-// The seam between the Optimizer and a device: one Backend runs one compiled kernel over
-// the tensors of one dtype binding. The host backend is here; a CUDA backend (CudaKernel,
-// device-resident tables) plugs in behind the same interface.
+// The seam between the Optimizer (and, next, the comm module) and a device. A Backend is
+// one device, host or CUDA: it owns memory (allocate, free, copy to and from the host,
+// fill, synchronise) and makes BoundKernels. A BoundKernel runs one compiled kernel over
+// the tensors of one dtype binding, planned once (runtime::Plan). Nothing above this seam
+// knows which device it runs on.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -10,9 +13,36 @@
 
 #include "codegen/codegen.hpp"
 #include "fusedopt/dtype.hpp"
+#include "fusedopt/optimizer.hpp"
 #include "lang/ast.hpp"
 
 namespace fusedopt::runtime {
+
+class Backend;
+
+/// Memory a Backend allocated: freed through it when the Buffer goes (the Backend must
+/// outlive its Buffers). Host or device addresses, as the Backend's device says.
+class Buffer {
+ public:
+  Buffer() = default;
+  Buffer(Backend* owner, void* data, std::size_t bytes)
+      : owner_(owner), data_(data), bytes_(bytes) {}
+  ~Buffer() { reset(); }
+  Buffer(Buffer&& o) noexcept { *this = std::move(o); }
+  Buffer& operator=(Buffer&& o) noexcept;
+  Buffer(const Buffer&) = delete;
+  Buffer& operator=(const Buffer&) = delete;
+
+  void* data() const { return data_; }
+  std::byte* bytes_data() const { return static_cast<std::byte*>(data_); }
+  std::size_t size() const { return bytes_; }
+  void reset();
+
+ private:
+  Backend* owner_ = nullptr;
+  void* data_ = nullptr;
+  std::size_t bytes_ = 0;
+};
 
 /// The tensors of one binding, in kernel role order (param, grad, states, outputs, master).
 struct BindingTensors {
@@ -20,22 +50,24 @@ struct BindingTensors {
   std::vector<std::vector<void*>> ptrs;
   std::vector<std::int64_t> numel;
   std::vector<int> group;  ///< param group of each tensor
-  /// Raw global reduction totals shared by every backend of one optimizer (host: double*,
-  /// CUDA: a device address); null: the backend keeps its own.
+  /// Raw global reduction totals shared by every kernel of one optimizer (memory of the
+  /// backend's device); null: the kernel keeps its own.
   void* global_totals = nullptr;
   codegen::Strategy strategy = codegen::Strategy::Auto;
+  bool capturable = false;  ///< CUDA: the step and grad scale live in device memory
 };
 
-/// A backend's per-tensor reduction totals: data[t * stride + slot] (host or device memory).
+/// A kernel's per-tensor reduction totals: data[t * stride + slot] (backend memory).
 struct TensorTotalsView {
   double* data = nullptr;
   std::int64_t num_tensors = 0;
   int stride = 0;
 };
 
-class Backend {
+/// One compiled kernel planned over one binding's tensors.
+class BoundKernel {
  public:
-  virtual ~Backend() = default;
+  virtual ~BoundKernel() = default;
   /// Writes every state's initial value (and the master copy).
   virtual void init_states() = 0;
   /// Before any pass of a step (capturable CUDA: advances the device step). Default: nothing.
@@ -47,10 +79,10 @@ class Backend {
   virtual void reduce(int pass, float step, float inv_grad_scale, bool check_grads,
                       void* stream) = 0;
   /// Combines pass `pass`'s partials into the totals; with `accumulate` the shared global
-  /// totals are combined into rather than replaced (a backend before this one wrote them).
+  /// totals are combined into rather than replaced (a kernel before this one wrote them).
   virtual void finalize(int pass, bool accumulate, void* stream) = 0;
   /// Whether the grad check counted a non-finite value (after pass 0's finalize of every
-  /// backend). Synchronous on CUDA.
+  /// kernel). Synchronous on CUDA.
   virtual bool found_nonfinite(void* stream) = 0;
   virtual TensorTotalsView tensor_totals() = 0;
   /// What codegen said about the kernel (schedule, slots, bytes per pass); no code.
@@ -68,21 +100,52 @@ class Backend {
   virtual std::string key() const = 0;
   virtual std::string origin() const = 0;
   virtual double seconds() const = 0;
-  /// Capturable CUDA backends: the steps taken as the device counts them (a replayed graph
+  /// Capturable CUDA kernels: the steps taken as the device counts them (a replayed graph
   /// advances it without the host). Synchronous; not while capturing. -1: not capturable.
   virtual std::int64_t device_steps() const { return -1; }
 };
 
-/// A HostKernel (from the process-wide kernel cache) planned once over `tensors`.
-std::unique_ptr<Backend> make_host_backend(std::shared_ptr<const lang::Rule> rule,
-                                           const BindingTensors& tensors,
-                                           const std::vector<std::vector<float>>& hypers);
+/// One device: its memory and its kernels. Every call makes the device current for its
+/// duration and leaves the caller's current device (CUDA context) as it was.
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual Device device() const = 0;
+  /// "host", "cuda:0".
+  std::string name() const;
 
-/// A CudaKernel on device `device` planned once over `tensors` (device pointers); with
-/// `capturable`, the step lives in device memory (two launches per step).
-std::unique_ptr<Backend> make_cuda_backend(std::shared_ptr<const lang::Rule> rule,
-                                           const BindingTensors& tensors,
-                                           const std::vector<std::vector<float>>& hypers,
-                                           int device, bool capturable);
+  /// `bytes` of zeroed memory, aligned to at least 256 bytes. Throws Error when there is
+  /// not enough.
+  virtual Buffer allocate(std::size_t bytes) = 0;
+  /// Synchronous copies between this device's memory and host memory; they wait for every
+  /// launch queued on the device first, so they see (and are seen by) completed steps.
+  virtual void copy_to_host(void* host_dst, const void* src, std::size_t bytes) = 0;
+  virtual void copy_from_host(void* dst, const void* host_src, std::size_t bytes) = 0;
+  /// Sets `bytes` bytes at `dst` to `value`, ordered on `stream`.
+  virtual void fill(void* dst, unsigned char value, std::size_t bytes, void* stream) = 0;
+  /// Waits for every launch and copy queued on the device, on every stream.
+  virtual void synchronize() = 0;
+  /// `p` (memory of this device) as the host can read it in place, or null when it must be
+  /// copied with copy_to_host.
+  virtual const void* host_address(const void* p) const { return nullptr; }
+
+  /// Gets the kernel of `rule` for `tensors.dtypes` from the kernel provider, loads it and
+  /// plans it over `tensors` (memory of this device).
+  virtual std::unique_ptr<BoundKernel> bind(std::shared_ptr<const lang::Rule> rule,
+                                            const BindingTensors& tensors,
+                                            const std::vector<std::vector<float>>& hypers) = 0;
+
+ protected:
+  friend class Buffer;
+  virtual void release(void* data, std::size_t bytes) noexcept = 0;
+};
+
+/// The backend of `device`. Throws UnavailableError when this build or machine cannot
+/// serve it (fusedopt built without CUDA, no driver, no such device), saying why and how
+/// to get it.
+std::unique_ptr<Backend> make_backend(const Device& device);
+
+/// Whether make_backend(device) can work here; `why` says why not.
+bool backend_available(const Device& device, std::string* why = nullptr);
 
 }  // namespace fusedopt::runtime

@@ -11,7 +11,7 @@
 
 #include "fusedopt/error.hpp"
 #include "io/safetensors.hpp"
-#include "jit/kernel_builder.hpp"
+#include "jit/build.hpp"
 #include "runtime/optimizer_impl.hpp"
 
 namespace fusedopt {
@@ -86,30 +86,27 @@ std::vector<std::string> split(const std::string& text, char sep) {
 void Optimizer::save(const std::filesystem::path& path) const {
   const Impl& m = *impl_;
   std::vector<io::TensorView> views;
-  // Device states are staged through host memory (after every queued step has finished);
-  // host states are written in place.
+  // Memory the host can read is written in place; device memory is staged through host
+  // memory (the backend's copies wait for every queued step first).
   std::vector<std::vector<std::byte>> staged;
-  if (m.context) {
-    runtime::cuda::ContextScope scope(*m.context);
-    runtime::cuda::context_synchronize();
-  }
+  m.backend->synchronize();
   for (const CheckpointTensor& e : m.checkpoint_tensors()) {
     const auto bytes = static_cast<std::size_t>(e.numel) * dtype_size(e.dtype);
-    const void* data = e.data;
-    if (m.device.kind == Device::Kind::Cuda && bytes > 0) {
+    const void* data = m.backend->host_address(e.data);
+    if (!data && bytes > 0) {
       staged.emplace_back(bytes);
-      m.read_memory(staged.back().data(), e.data, bytes);
+      m.backend->copy_to_host(staged.back().data(), e.data, bytes);
       data = staged.back().data();
     }
     views.push_back({e.name, st_dtype(e.dtype), {e.numel}, data, bytes});
   }
   std::string keys;
-  for (const auto& backend : m.backends) keys += (keys.empty() ? "" : ",") + backend->key();
+  for (const auto& kernel : m.kernels) keys += (keys.empty() ? "" : ",") + kernel->key();
   const std::map<std::string, std::string> metadata = {
       {"fusedopt_checkpoint_format", std::to_string(kCheckpointFormat)},
       {"fusedopt_version", jit::version()},
       {"rule", m.rule.name()},
-      {"rule_text", m.rule.impl()->text},
+      {"rule_text", m.rule.text()},
       {"kernel_keys", keys},
       {"step", std::to_string(m.current_step_count())},
       {"hypers", m.hypers_text()},
@@ -145,7 +142,7 @@ void Optimizer::load(const std::filesystem::path& path) {
     fail(fmt::format("it was saved by rule '{}', this optimizer runs rule '{}'", meta("rule"),
                      m.rule.name()));
   }
-  if (meta("rule_text") != m.rule.impl()->text) {
+  if (meta("rule_text") != m.rule.text()) {
     fail(fmt::format("rule '{}' was saved with a different text (the rule changed since)",
                      m.rule.name()));
   }
@@ -221,19 +218,12 @@ void Optimizer::load(const std::filesystem::path& path) {
     }
   }
 
-  // Device state: no queued step may run across the copies (a copy from pageable memory
-  // can return before it lands, so wait after them too).
-  std::optional<runtime::cuda::ContextScope> scope;
-  if (m.context) {
-    scope.emplace(*m.context);
-    runtime::cuda::context_synchronize();
-  }
+  // The backend's copies wait for every queued step and land before they return.
   for (const CheckpointTensor& e : expected) {
     if (e.numel == 0) continue;
-    m.write_memory(e.data, file.tensor_data(e.name),
-                   static_cast<std::size_t>(e.numel) * dtype_size(e.dtype));
+    m.backend->copy_from_host(e.data, file.tensor_data(e.name),
+                              static_cast<std::size_t>(e.numel) * dtype_size(e.dtype));
   }
-  if (m.context) runtime::cuda::context_synchronize();
   m.step_count = step;
   m.hypers = std::move(hypers);
   m.push_hypers();

@@ -1,63 +1,60 @@
-// The CUDA backend of the Optimizer: a CudaKernel planned once over the tensors of one
-// dtype binding (device-resident tables), one launch per pass on the caller's stream, plus
-// the fp32 scratch tensors of the Store strategy.
+// The CUDA Backend: memory of one device (cuMemAlloc in its primary context), kernels from
+// NVRTC loaded into that context (a CudaKernel with an uploaded Plan), one launch per pass
+// on the caller's stream. Every call makes the context current and then restores the
+// caller's.
 #include <fmt/format.h>
 
-#include "cache/kernel_cache.hpp"
 #include "fusedopt/error.hpp"
 #include "runtime/backend.hpp"
+#include "runtime/cuda_driver.hpp"
 #include "runtime/cuda_kernel.hpp"
 
 namespace fusedopt::runtime {
 namespace {
 
-class CudaBackend final : public Backend {
+using cuda::DevicePtr;
+
+DevicePtr dev(const void* p) { return static_cast<DevicePtr>(reinterpret_cast<std::uintptr_t>(p)); }
+void* host_view(DevicePtr p) { return reinterpret_cast<void*>(static_cast<std::uintptr_t>(p)); }
+
+class CudaBoundKernel final : public BoundKernel {
  public:
-  CudaBackend(std::shared_ptr<const lang::Rule> rule, const BindingTensors& tensors,
-              const std::vector<std::vector<float>>& hypers, int device, bool capturable)
-      : kernel_(std::move(rule), tensors.dtypes, device, cache::KernelCache::global(),
+  CudaBoundKernel(Backend& backend, const cuda::PrimaryContext& context,
+                  std::shared_ptr<const lang::Rule> rule, const BindingTensors& tensors,
+                  const std::vector<std::vector<float>>& hypers)
+      : context_(context),
+        kernel_(std::move(rule), tensors.dtypes, context.device(), cache::KernelCache::global(),
                 tensors.strategy),
-        capturable_(capturable) {
-    std::vector<std::vector<cuda::DevicePtr>> ptrs;
-    for (const auto& roles : tensors.ptrs) {
-      std::vector<cuda::DevicePtr> row;
-      for (void* p : roles) row.push_back(reinterpret_cast<cuda::DevicePtr>(p));
-      ptrs.push_back(std::move(row));
+        capturable_(tensors.capturable) {
+    PlanRequest request;
+    request.who = "CudaKernel";
+    request.ptrs = &tensors.ptrs;
+    request.numel = &tensors.numel;
+    request.hypers = &hypers;
+    request.group = &tensors.group;
+    request.chunk_elems = kCudaChunk;
+    request.lay_out_scratch = true;
+    request.scratch_align = 256;
+    Plan plan = Plan::build(kernel_.body(), request);
+    if (plan.scratch_bytes() > 0) {
+      scratch_ = backend.allocate(plan.scratch_bytes());
+      plan.bind_scratch(scratch_.data());
     }
-    // Scratch tensors of the Store strategy: one fp32 view per value and tensor, 256-byte
-    // aligned, in one allocation.
-    const std::size_t k = kernel_.body().scratch.size();
-    if (k > 0) {
-      auto padded = [](std::int64_t n) {
-        return (static_cast<std::size_t>(n) * 4 + 255) / 256 * 256;
-      };
-      std::size_t total = 0;
-      for (std::int64_t n : tensors.numel) total += k * padded(n);
-      scratch_ = cuda::DeviceBuffer(std::max<std::size_t>(total, 256));
-      scratch_bytes_ = static_cast<std::int64_t>(total);
-      std::size_t offset = 0;
-      for (std::size_t t = 0; t < ptrs.size(); ++t) {
-        for (std::size_t j = 0; j < k; ++j) {
-          ptrs[t].push_back(scratch_.get() + offset);
-          offset += padded(tensors.numel[t]);
-        }
-      }
-    }
-    if (tensors.global_totals) {
-      kernel_.share_global_totals(reinterpret_cast<cuda::DevicePtr>(tensors.global_totals));
-    }
-    kernel_.set_tensors(ptrs, tensors.numel, hypers, tensors.group);
-    for (std::int64_t n : tensors.numel) any_elements_ |= n > 0;
-    num_tensors_ = static_cast<std::int64_t>(tensors.numel.size());
+    if (tensors.global_totals) kernel_.share_global_totals(dev(tensors.global_totals));
+    kernel_.set_plan(plan);
+    any_elements_ = !plan.empty();
+    num_tensors_ = plan.num_tensors();
   }
 
   void init_states() override {
+    cuda::ContextScope scope(context_);
     kernel_.init_states(nullptr);
     cuda::synchronize(nullptr);
   }
 
   void begin_step(float step, float inv_grad_scale, void* stream) override {
     if (!capturable_) return;
+    cuda::ContextScope scope(context_);
     // Capturable: the step count lives on the device and advances there, so a captured
     // graph replays correctly. Resynchronise when the host's count moved on its own (a
     // checkpoint load) or the grad scale changed.
@@ -82,26 +79,28 @@ class CudaBackend final : public Backend {
   }
   bool found_nonfinite(void* stream) override { return kernel_.found_nonfinite(stream); }
   TensorTotalsView tensor_totals() override {
-    return {reinterpret_cast<double*>(static_cast<std::uintptr_t>(kernel_.tensor_totals())),
-            num_tensors_, kernel_.body().num_tensor_slots};
+    return {static_cast<double*>(host_view(kernel_.tensor_totals())), num_tensors_,
+            kernel_.body().num_tensor_slots};
   }
   const codegen::KernelBody& body() const override { return kernel_.body(); }
-  std::int64_t scratch_bytes() const override { return scratch_bytes_; }
+  std::int64_t scratch_bytes() const override { return static_cast<std::int64_t>(scratch_.size()); }
 
   void step(float step, float inv_grad_scale, void* stream) override {
     kernel_.run_pass(stream, kernel_.reduction_passes(), step, inv_grad_scale, false, capturable_);
   }
-
   bool grads_finite(float inv_grad_scale, void* stream) override {
     return kernel_.grads_finite(stream, inv_grad_scale);
   }
-
   void set_hypers(const std::vector<std::vector<float>>& hypers) override {
+    // The device hyper table is shared by every launch: wait for queued steps (on any
+    // stream) before replacing it, and for the copy before the next step can start.
+    cuda::ContextScope scope(context_);
+    cuda::context_synchronize();
     for (std::size_t g = 0; g < hypers.size(); ++g) {
       kernel_.set_hypers(static_cast<int>(g), hypers[g], nullptr);
     }
+    cuda::context_synchronize();
   }
-
   int launches_per_step() const override {
     if (!any_elements_) return 0;
     return 1 + 2 * kernel_.reduction_passes() + (capturable_ ? 1 : 0);
@@ -115,9 +114,9 @@ class CudaBackend final : public Backend {
   }
 
  private:
+  const cuda::PrimaryContext& context_;  // the backend's: outlives this kernel
   CudaKernel kernel_;
-  cuda::DeviceBuffer scratch_;
-  std::int64_t scratch_bytes_ = 0;
+  Buffer scratch_;
   std::int64_t num_tensors_ = 0;
   bool capturable_;
   bool any_elements_ = false;
@@ -125,13 +124,105 @@ class CudaBackend final : public Backend {
   std::int64_t device_steps_ = 0;  ///< host mirror of the device's steps taken
 };
 
+class CudaBackend final : public Backend {
+ public:
+  explicit CudaBackend(int device) : context_(make_context(device)) {}
+
+  ~CudaBackend() override {
+    try {
+      cuda::ContextScope scope(*context_);
+      cuda::context_synchronize();
+      owned_.clear();  // cuMemFree with the context current
+    } catch (const Error&) {
+      // A destructor must not throw; the memory goes with the context.
+    }
+  }
+
+  Device device() const override { return Device::cuda(context_->device()); }
+
+  Buffer allocate(std::size_t bytes) override {
+    cuda::ContextScope scope(*context_);
+    // cuMemAlloc returns 256-byte aligned memory; zeroed so unused padding is defined.
+    cuda::DeviceBuffer b(std::max<std::size_t>(bytes, 256));
+    cuda::memset32_async(b.get(), 0, (b.size() + 3) / 4, nullptr);
+    cuda::synchronize(nullptr);
+    const DevicePtr p = b.get();
+    owned_.push_back(std::move(b));
+    return Buffer(this, host_view(p), bytes);
+  }
+
+  void copy_to_host(void* host_dst, const void* src, std::size_t bytes) override {
+    cuda::ContextScope scope(*context_);
+    cuda::context_synchronize();
+    cuda::copy_to_host(host_dst, dev(src), bytes);
+  }
+
+  void copy_from_host(void* dst, const void* host_src, std::size_t bytes) override {
+    cuda::ContextScope scope(*context_);
+    cuda::context_synchronize();
+    cuda::copy_to_device(dev(dst), host_src, bytes);
+    // A copy from pageable memory can return before it lands.
+    cuda::context_synchronize();
+  }
+
+  void fill(void* dst, unsigned char value, std::size_t bytes, void* stream) override {
+    cuda::ContextScope scope(*context_);
+    cuda::memset8_async(dev(dst), value, bytes, stream);
+  }
+
+  void synchronize() override {
+    cuda::ContextScope scope(*context_);
+    cuda::context_synchronize();
+  }
+
+  std::unique_ptr<BoundKernel> bind(std::shared_ptr<const lang::Rule> rule,
+                                    const BindingTensors& tensors,
+                                    const std::vector<std::vector<float>>& hypers) override {
+    cuda::ContextScope scope(*context_);
+    return std::make_unique<CudaBoundKernel>(*this, *context_, std::move(rule), tensors, hypers);
+  }
+
+ protected:
+  void release(void* data, std::size_t) noexcept override {
+    try {
+      cuda::ContextScope scope(*context_);
+      for (auto it = owned_.begin(); it != owned_.end(); ++it) {
+        if (it->get() == dev(data)) {
+          owned_.erase(it);
+          return;
+        }
+      }
+    } catch (const Error&) {
+      // The context could not be made current: the memory goes with the context.
+    }
+  }
+
+ private:
+  static std::unique_ptr<cuda::PrimaryContext> make_context(int device) {
+    // PrimaryContext makes the device's context current: put the caller's back.
+    cuda::SavedCurrentContext saved;
+    return std::make_unique<cuda::PrimaryContext>(device);
+  }
+
+  std::unique_ptr<cuda::PrimaryContext> context_;  // outlives every buffer below
+  std::vector<cuda::DeviceBuffer> owned_;
+};
+
 }  // namespace
 
-std::unique_ptr<Backend> make_cuda_backend(std::shared_ptr<const lang::Rule> rule,
-                                           const BindingTensors& tensors,
-                                           const std::vector<std::vector<float>>& hypers,
-                                           int device, bool capturable) {
-  return std::make_unique<CudaBackend>(std::move(rule), tensors, hypers, device, capturable);
+std::unique_ptr<Backend> make_cuda_backend(int device) {
+  std::string why;
+  if (!cuda::cuda_device_available(&why)) {
+    throw UnavailableError(fmt::format("no CUDA device can be used: {}", why));
+  }
+  const int count = cuda::device_count();
+  if (device < 0 || device >= count) {
+    throw UnavailableError(fmt::format("there is no cuda:{}: this machine has {} CUDA device{}",
+                                       device, count, count == 1 ? "" : "s"));
+  }
+  return std::make_unique<CudaBackend>(device);
 }
+
+bool cuda_backend_available(std::string* why) { return cuda::cuda_device_available(why); }
 
 }  // namespace fusedopt::runtime

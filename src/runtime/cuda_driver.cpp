@@ -110,6 +110,7 @@ Loaded& loaded() {
       FUSEDOPT_CU_BIND(MemcpyDtoH);
       FUSEDOPT_CU_BIND(MemcpyHtoDAsync);
       FUSEDOPT_CU_BIND(MemsetD32Async);
+      FUSEDOPT_CU_BIND(MemsetD8Async);
       FUSEDOPT_CU_BIND(StreamCreate);
       FUSEDOPT_CU_BIND(StreamDestroy);
       FUSEDOPT_CU_BIND(StreamSynchronize);
@@ -279,6 +280,12 @@ void memset32_async(DevicePtr dst, unsigned value, std::size_t count, Stream str
                       static_cast<CUstream>(stream));
   }
 }
+void memset8_async(DevicePtr dst, unsigned char value, std::size_t count, Stream stream) {
+  if (count) {
+    FUSEDOPT_CU_CHECK(MemsetD8Async, static_cast<CUdeviceptr>(dst), value, count,
+                      static_cast<CUstream>(stream));
+  }
+}
 void synchronize(Stream stream) {
   FUSEDOPT_CU_CHECK(StreamSynchronize, static_cast<CUstream>(stream));
 }
@@ -384,6 +391,7 @@ void copy_to_device(DevicePtr, const void*, std::size_t) { no_cuda(); }
 void copy_to_host(void*, DevicePtr, std::size_t) { no_cuda(); }
 void copy_to_device_async(DevicePtr, const void*, std::size_t, Stream) { no_cuda(); }
 void memset32_async(DevicePtr, unsigned, std::size_t, Stream) { no_cuda(); }
+void memset8_async(DevicePtr, unsigned char, std::size_t, Stream) { no_cuda(); }
 void synchronize(Stream) { no_cuda(); }
 void context_synchronize() { no_cuda(); }
 ContextScope::ContextScope(const PrimaryContext&) { no_cuda(); }

@@ -94,6 +94,7 @@ void copy_to_device(DevicePtr dst, const void* src, std::size_t bytes);
 void copy_to_host(void* dst, DevicePtr src, std::size_t bytes);
 void copy_to_device_async(DevicePtr dst, const void* src, std::size_t bytes, Stream stream);
 void memset32_async(DevicePtr dst, unsigned value, std::size_t count, Stream stream);
+void memset8_async(DevicePtr dst, unsigned char value, std::size_t count, Stream stream);
 void synchronize(Stream stream);
 /// Waits for all work of the current context, on every stream (cuCtxSynchronize).
 void context_synchronize();
@@ -140,6 +141,7 @@ struct DriverApi {
   decltype(&::cuMemcpyDtoH) MemcpyDtoH = nullptr;
   decltype(&::cuMemcpyHtoDAsync) MemcpyHtoDAsync = nullptr;
   decltype(&::cuMemsetD32Async) MemsetD32Async = nullptr;
+  decltype(&::cuMemsetD8Async) MemsetD8Async = nullptr;
   decltype(&::cuStreamCreate) StreamCreate = nullptr;
   decltype(&::cuStreamDestroy) StreamDestroy = nullptr;
   decltype(&::cuStreamSynchronize) StreamSynchronize = nullptr;

@@ -6,17 +6,15 @@
 
 #include <algorithm>
 #include <climits>
+#include <functional>
 
 #include "abi.h"
 #include "cache/kernel_cache.hpp"
 #include "codegen/codegen.hpp"
 #include "fusedopt/error.hpp"
-#include "jit/kernel_builder.hpp"
-#include "runtime/chunks.hpp"
+#include "provider/kernel_provider.hpp"
 
 namespace fusedopt::runtime {
-
-#if FUSEDOPT_HAVE_CUDA
 
 using cuda::DeviceBuffer;
 using cuda::DevicePtr;
@@ -165,23 +163,28 @@ struct CudaKernel::Impl {
 
 CudaKernel::CudaKernel(std::shared_ptr<const lang::Rule> rule, DTypeBinding dtypes, int device,
                        cache::KernelCache& cache, codegen::Strategy strategy)
+    : CudaKernel(rule, dtypes, device, [&] {
+        return provider::provide(
+            {rule, nullptr, dtypes, Target::cuda(cuda::device_sm(device)), strategy}, cache);
+      }) {}
+
+CudaKernel::CudaKernel(std::shared_ptr<const lang::Rule> rule, DTypeBinding dtypes, int device,
+                       const std::function<provider::ProvidedKernel()>& provide)
     : rule_(std::move(rule)), dtypes_(dtypes) {
-  if (!rule_) throw Error("CudaKernel: no rule");
+  if (!rule_) throw InternalError("CudaKernel: no rule");
   SavedContext saved;  // PrimaryContext's constructor binds the context: undo that on exit
   impl_ = std::make_unique<Impl>(device);
   Impl& k = *impl_;
   k.sm = cuda::device_sm(device);
   k.sm_count = cuda::device_sm_count(device);
-  codegen::KernelBody body = codegen::generate_body(*rule_, dtypes_, strategy);
-  jit::BuiltKernel built = jit::build_kernel(body, dtypes_, Target::cuda(k.sm), cache);
+  provider::ProvidedKernel built = provide();
   origin_ = cache::to_string(built.origin);
   key_ = built.key.hex();
   seconds_ = built.seconds;
-  k.num_roles = body.num_roles;
-  k.num_hypers = body.num_hypers;
-  k.reduction_passes = body.reduction_passes;
-  body.code.clear();
-  body_ = std::move(body);
+  k.num_roles = built.body.num_roles;
+  k.num_hypers = built.body.num_hypers;
+  k.reduction_passes = built.body.reduction_passes;
+  body_ = std::move(built.body);
 
   ScopedContext scope(k.ctx);
   FUSEDOPT_CU_CHECK(ModuleLoadData, &k.module, built.binary->data());
@@ -213,95 +216,75 @@ void CudaKernel::set_tensors(const std::vector<std::vector<DevicePtr>>& ptrs,
                              const std::vector<std::int64_t>& numel,
                              const std::vector<std::vector<float>>& hypers,
                              const std::vector<int>& group) {
-  Impl& k = *impl_;
-  const std::size_t n = ptrs.size();
-  if (numel.size() != n) {
-    throw Error(fmt::format("CudaKernel: {} pointer lists but {} sizes", n, numel.size()));
+  std::vector<std::vector<void*>> host_ptrs;
+  host_ptrs.reserve(ptrs.size());
+  for (const auto& roles : ptrs) {
+    std::vector<void*> row;
+    for (DevicePtr p : roles)
+      row.push_back(reinterpret_cast<void*>(static_cast<std::uintptr_t>(p)));
+    host_ptrs.push_back(std::move(row));
   }
-  if (hypers.empty()) throw Error("CudaKernel: no hyper group given");
-  if (hypers.size() > static_cast<std::size_t>(INT_MAX)) throw Error("CudaKernel: too many groups");
-  for (std::size_t g = 0; g < hypers.size(); ++g) {
-    if (static_cast<int>(hypers[g].size()) != k.num_hypers) {
-      throw Error(fmt::format("CudaKernel: group {} has {} hyper values, the rule has {}", g,
-                              hypers[g].size(), k.num_hypers));
-    }
-  }
-  std::vector<fo_chunk> chunk_table =
-      build_chunks(numel, group, kCudaChunk, static_cast<int>(hypers.size()));
+  PlanRequest request;
+  request.who = "CudaKernel";
+  request.ptrs = &host_ptrs;
+  request.numel = &numel;
+  request.hypers = &hypers;
+  request.group = &group;
+  request.chunk_elems = kCudaChunk;
+  set_plan(Plan::build(body_, request));
+}
 
-  ScopedContext scope(k.ctx);
-  std::vector<DevicePtr> table(std::max<std::size_t>(n, 1) * k.num_roles, 0);
-  std::vector<unsigned char> aligned(std::max<std::size_t>(n, 1), 0);
-  int num_aligned = 0;
-  for (std::size_t t = 0; t < n; ++t) {
-    if (static_cast<int>(ptrs[t].size()) != k.num_roles) {
-      throw Error(fmt::format("CudaKernel: tensor {} has {} pointers, the kernel needs {}", t,
-                              ptrs[t].size(), k.num_roles));
-    }
-    bool all_aligned = true;
-    for (int r = 0; r < k.num_roles; ++r) {
-      const DevicePtr p = ptrs[t][r];
-      if (numel[t] > 0) {
-        if (!p) throw Error(fmt::format("CudaKernel: tensor {} role {} is a null pointer", t, r));
-        // Catch host pointers early: the kernel would fault (an unrecoverable context error).
-        unsigned int memory_type = 0;
-        CUresult res = cuda::driver().PointerGetAttribute(
-            &memory_type, CU_POINTER_ATTRIBUTE_MEMORY_TYPE, static_cast<CUdeviceptr>(p));
-        if (res != CUDA_SUCCESS) {
-          throw Error(
-              fmt::format("CudaKernel: tensor {} role {} (0x{:x}) is not memory the CUDA "
-                          "driver knows (cuPointerGetAttribute failed with {})",
-                          t, r, p, static_cast<int>(res)));
-        }
-        // Pinned host memory is known to the driver too, and a pointer of another device
-        // would fault the same way: only device (or managed) memory of this device.
-        if (memory_type != CU_MEMORYTYPE_DEVICE && memory_type != CU_MEMORYTYPE_UNIFIED) {
-          throw Error(
-              fmt::format("CudaKernel: tensor {} role {} (0x{:x}) is host memory, not "
-                          "device memory",
-                          t, r, p));
-        }
-        int ordinal = -1;
-        if (cuda::driver().PointerGetAttribute(&ordinal, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
-                                               static_cast<CUdeviceptr>(p)) == CUDA_SUCCESS &&
-            memory_type == CU_MEMORYTYPE_DEVICE && ordinal != impl_->ctx.device()) {
-          throw Error(
-              fmt::format("CudaKernel: tensor {} role {} (0x{:x}) is memory of cuda:{}, "
-                          "the kernel runs on cuda:{}",
-                          t, r, p, ordinal, impl_->ctx.device()));
-        }
+void CudaKernel::check_device_pointers(const Plan& plan) const {
+  const int roles = plan.num_roles() - static_cast<int>(body_.scratch.size());
+  for (std::int64_t t = 0; t < plan.num_tensors(); ++t) {
+    for (int r = 0; r < roles; ++r) {
+      const auto p = reinterpret_cast<std::uintptr_t>(
+          plan.ptrs()[static_cast<std::size_t>(t * plan.num_roles() + r)]);
+      if (p == 0) continue;  // an empty tensor (Plan::build refused null pointers otherwise)
+      // Catch host pointers early: the kernel would fault (an unrecoverable context error).
+      unsigned int memory_type = 0;
+      CUresult res = cuda::driver().PointerGetAttribute(
+          &memory_type, CU_POINTER_ATTRIBUTE_MEMORY_TYPE, static_cast<CUdeviceptr>(p));
+      if (res != CUDA_SUCCESS) {
+        throw UsageError(
+            fmt::format("CudaKernel: tensor {} role {} (0x{:x}) is not memory the CUDA "
+                        "driver knows (cuPointerGetAttribute failed with {})",
+                        t, r, p, static_cast<int>(res)));
       }
-      all_aligned &= p % 16 == 0;
-      table[t * k.num_roles + r] = p;
+      // Pinned host memory is known to the driver too, and a pointer of another device
+      // would fault the same way: only device (or managed) memory of this device.
+      if (memory_type != CU_MEMORYTYPE_DEVICE && memory_type != CU_MEMORYTYPE_UNIFIED) {
+        throw UsageError(fmt::format(
+            "CudaKernel: tensor {} role {} (0x{:x}) is host memory, not device memory", t, r, p));
+      }
+      int ordinal = -1;
+      if (cuda::driver().PointerGetAttribute(&ordinal, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
+                                             static_cast<CUdeviceptr>(p)) == CUDA_SUCCESS &&
+          memory_type == CU_MEMORYTYPE_DEVICE && ordinal != impl_->ctx.device()) {
+        throw UsageError(
+            fmt::format("CudaKernel: tensor {} role {} (0x{:x}) is memory of cuda:{}, "
+                        "the kernel runs on cuda:{}",
+                        t, r, p, ordinal, impl_->ctx.device()));
+      }
     }
-    aligned[t] = all_aligned ? 1 : 0;
-    num_aligned += all_aligned && numel[t] > 0;
   }
-  std::vector<float> flat;
-  for (const auto& h : hypers) flat.insert(flat.end(), h.begin(), h.end());
+}
 
-  // Reductions: each tensor's chunk range (a tensor's chunks are adjacent), the partials
-  // and the per-tensor totals.
-  std::vector<long long> ranges(2 * std::max<std::size_t>(n, 1), 0);
-  for (std::size_t c = 0; c < chunk_table.size(); ++c) {
-    long long* range = &ranges[2 * static_cast<std::size_t>(chunk_table[c].tensor)];
-    if (range[1] == 0) range[0] = static_cast<long long>(c);
-    ++range[1];
-  }
+void CudaKernel::set_plan(const Plan& plan) {
+  Impl& k = *impl_;
+  ScopedContext scope(k.ctx);
+  check_device_pointers(plan);
+  // Build everything before replacing anything: a failed upload leaves the old plan.
   DeviceBuffer d_partials, d_totals, d_ranges;
   if (k.reduction_passes > 0) {
-    d_partials =
-        DeviceBuffer(std::max<std::size_t>(chunk_table.size(), 1) * body_.max_acc * sizeof(float));
-    d_totals =
-        upload(std::vector<double>(std::max<std::size_t>(n, 1) * body_.num_tensor_slots, 0.0));
-    d_ranges = upload(ranges);
+    d_partials = DeviceBuffer(plan.num_partials() * sizeof(float));
+    d_totals = upload(std::vector<double>(plan.num_tensor_totals(), 0.0));
+    d_ranges = upload(plan.tensor_chunks());
   }
-
-  // Build everything before replacing anything: a failed upload leaves the old plan.
-  DeviceBuffer d_chunks = upload(chunk_table);
-  DeviceBuffer d_ptrs = upload(table);
-  DeviceBuffer d_hypers = upload(flat);
-  DeviceBuffer d_aligned = upload(aligned);
+  DeviceBuffer d_chunks = upload(plan.chunks());
+  DeviceBuffer d_ptrs = upload(plan.ptrs());
+  DeviceBuffer d_hypers = upload(plan.hypers());
+  DeviceBuffer d_aligned = upload(plan.aligned());
   const float initial[2] = {0.0f, 1.0f};
   cuda::copy_to_device(k.capturable.get(), initial, sizeof initial);
   // A copy from pageable memory may return before its DMA lands: wait for it, so a launch
@@ -314,11 +297,11 @@ void CudaKernel::set_tensors(const std::vector<std::vector<DevicePtr>>& ptrs,
   k.partials = std::move(d_partials);
   k.tensor_totals = std::move(d_totals);
   k.tensor_chunks = std::move(d_ranges);
-  k.num_tensors = static_cast<std::int64_t>(n);
-  k.host_hypers = std::move(flat);
-  k.num_chunks = static_cast<std::int64_t>(chunk_table.size());
-  k.num_groups = static_cast<int>(hypers.size());
-  k.num_aligned = num_aligned;
+  k.num_tensors = plan.num_tensors();
+  k.host_hypers = plan.hypers();
+  k.num_chunks = plan.num_chunks();
+  k.num_groups = plan.num_groups();
+  k.num_aligned = plan.num_aligned();
   k.planned = true;
 }
 
@@ -477,45 +460,6 @@ DevicePtr CudaKernel::capturable_step_ptr() const { return impl_->capturable.get
 DevicePtr CudaKernel::capturable_inv_grad_scale_ptr() const {
   return impl_->capturable.get() + sizeof(float);
 }
-
-#else  // !FUSEDOPT_HAVE_CUDA
-
-struct CudaKernel::Impl {};
-
-CudaKernel::CudaKernel(std::shared_ptr<const lang::Rule> rule, DTypeBinding dtypes, int,
-                       cache::KernelCache&, codegen::Strategy)
-    : rule_(std::move(rule)), dtypes_(dtypes) {
-  throw Error("fusedopt was built without CUDA (no cuda.h at build time)");
-}
-CudaKernel::~CudaKernel() = default;
-int CudaKernel::num_roles() const { return 0; }
-int CudaKernel::device() const { return -1; }
-int CudaKernel::sm() const { return 0; }
-std::int64_t CudaKernel::num_chunks() const { return 0; }
-unsigned CudaKernel::grid_size() const { return 0; }
-int CudaKernel::num_aligned_tensors() const { return 0; }
-void CudaKernel::set_tensors(const std::vector<std::vector<cuda::DevicePtr>>&,
-                             const std::vector<std::int64_t>&,
-                             const std::vector<std::vector<float>>&, const std::vector<int>&) {}
-void CudaKernel::set_hypers(int, const std::vector<float>&, cuda::Stream) {}
-void CudaKernel::step(cuda::Stream, float, float) {}
-void CudaKernel::init_states(cuda::Stream) {}
-bool CudaKernel::grads_finite(cuda::Stream, float) { return true; }
-void CudaKernel::step_capturable(cuda::Stream) {}
-void CudaKernel::set_capturable_state(float, float) {}
-float CudaKernel::capturable_steps_taken() const { return 0.0f; }
-cuda::DevicePtr CudaKernel::capturable_step_ptr() const { return 0; }
-cuda::DevicePtr CudaKernel::capturable_inv_grad_scale_ptr() const { return 0; }
-int CudaKernel::reduction_passes() const { return 0; }
-void CudaKernel::run_pass(cuda::Stream, int, float, float, bool, bool) {}
-void CudaKernel::finalize(cuda::Stream, int, bool) {}
-void CudaKernel::share_global_totals(cuda::DevicePtr) {}
-cuda::DevicePtr CudaKernel::global_totals() const { return 0; }
-cuda::DevicePtr CudaKernel::tensor_totals() const { return 0; }
-bool CudaKernel::found_nonfinite(cuda::Stream) { return false; }
-void CudaKernel::advance_step(cuda::Stream) {}
-
-#endif  // FUSEDOPT_HAVE_CUDA
 
 std::vector<float> CudaKernel::default_hypers() const {
   std::vector<float> out;

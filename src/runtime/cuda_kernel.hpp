@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -12,11 +13,9 @@
 #include "codegen/codegen.hpp"
 #include "fusedopt/dtype.hpp"
 #include "lang/ast.hpp"
+#include "provider/kernel_provider.hpp"
 #include "runtime/cuda_driver.hpp"
-
-namespace fusedopt::cache {
-class KernelCache;
-}
+#include "runtime/plan.hpp"
 
 namespace fusedopt::runtime {
 
@@ -33,6 +32,9 @@ class CudaKernel {
   /// Throws fusedopt::Error / CudaError (no driver, no device, compile failure).
   CudaKernel(std::shared_ptr<const lang::Rule> rule, DTypeBinding dtypes, int device,
              cache::KernelCache& cache, codegen::Strategy strategy = codegen::Strategy::Auto);
+  /// The same with the kernel from `provide` (called once the device's sm_XX is known).
+  CudaKernel(std::shared_ptr<const lang::Rule> rule, DTypeBinding dtypes, int device,
+             const std::function<provider::ProvidedKernel()>& provide);
   ~CudaKernel();
   CudaKernel(const CudaKernel&) = delete;
   CudaKernel& operator=(const CudaKernel&) = delete;
@@ -54,6 +56,10 @@ class CudaKernel {
                    const std::vector<std::int64_t>& numel,
                    const std::vector<std::vector<float>>& hypers,
                    const std::vector<int>& group = {});
+
+  /// Uploads `plan` (built for this kernel's body with chunks of kCudaChunk elements and
+  /// device pointers), replacing any previous one, as set_tensors() does.
+  void set_plan(const Plan& plan);
 
   /// Replaces group `group`'s hyper values, ordered on `stream` after the work already
   /// queued there (not allowed while `stream` is being captured).
@@ -128,6 +134,8 @@ class CudaKernel {
   double seconds() const { return seconds_; }
 
  private:
+  /// Refuses host memory and memory of another device in `plan`'s pointer table.
+  void check_device_pointers(const Plan& plan) const;
   struct Impl;
   std::shared_ptr<const lang::Rule> rule_;
   DTypeBinding dtypes_;

@@ -1,8 +1,10 @@
-// The host Backend: a HostKernel and its Prepared tables, built once at construction, plus
-// the fp32 scratch tensors of the Store strategy.
-#include <cstdlib>
+// The host Backend: memory from the C++ heap, kernels from the host compiler (a HostKernel
+// and a Plan used in place), launched on the calling thread and its OpenMP team.
+#include <fmt/format.h>
 
-#include "cache/kernel_cache.hpp"
+#include <cstdlib>
+#include <cstring>
+
 #include "fusedopt/error.hpp"
 #include "runtime/backend.hpp"
 #include "runtime/host_kernel.hpp"
@@ -11,16 +13,25 @@ namespace fusedopt::runtime {
 
 namespace {
 
-constexpr std::size_t kScratchAlign = 64;
+constexpr std::size_t kHostAlign = 256;
 
-class HostBackend final : public Backend {
+class HostBoundKernel final : public BoundKernel {
  public:
-  HostBackend(std::shared_ptr<const lang::Rule> rule, const BindingTensors& tensors,
-              const std::vector<std::vector<float>>& hypers)
-      : kernel_(std::move(rule), tensors.dtypes, cache::KernelCache::global(), tensors.strategy),
-        prepared_(kernel_.prepare(with_scratch(tensors), tensors.numel, hypers, tensors.group)) {
-    if (tensors.global_totals)
+  HostBoundKernel(Backend& backend, std::shared_ptr<const lang::Rule> rule,
+                  const BindingTensors& tensors, const std::vector<std::vector<float>>& hypers)
+      : kernel_(std::move(rule), tensors.dtypes, cache::KernelCache::global(), tensors.strategy) {
+    PlanRequest request = kernel_.plan_request(tensors.ptrs, tensors.numel, hypers, tensors.group);
+    request.lay_out_scratch = true;
+    request.scratch_align = 64;
+    Plan plan = Plan::build(kernel_.body(), request);
+    if (plan.scratch_bytes() > 0) {
+      scratch_ = backend.allocate(plan.scratch_bytes());
+      plan.bind_scratch(scratch_.data());
+    }
+    prepared_ = HostKernel::Prepared(std::move(plan));
+    if (tensors.global_totals) {
       prepared_.share_global_totals(static_cast<double*>(tensors.global_totals));
+    }
   }
 
   void init_states() override { kernel_.init_states(prepared_); }
@@ -37,7 +48,7 @@ class HostBackend final : public Backend {
     return {prepared_.tensor_totals(), prepared_.num_tensors(), kernel_.body().num_tensor_slots};
   }
   const codegen::KernelBody& body() const override { return kernel_.body(); }
-  std::int64_t scratch_bytes() const override { return static_cast<std::int64_t>(scratch_bytes_); }
+  std::int64_t scratch_bytes() const override { return static_cast<std::int64_t>(scratch_.size()); }
   void step(float step, float inv_grad_scale, void*) override {
     kernel_.run_pass(prepared_, kernel_.reduction_passes(), step, inv_grad_scale);
   }
@@ -55,50 +66,47 @@ class HostBackend final : public Backend {
   double seconds() const override { return kernel_.seconds(); }
 
  private:
-  struct Free {
-    void operator()(float* p) const { std::free(p); }
-  };
+  HostKernel kernel_;
+  Buffer scratch_;
+  HostKernel::Prepared prepared_;
+};
 
-  // The pointer table with the scratch tensors appended (one fp32 view per scratch value
-  // and tensor, in one allocation).
-  std::vector<std::vector<void*>> with_scratch(const BindingTensors& tensors) {
-    std::vector<std::vector<void*>> ptrs = tensors.ptrs;
-    const std::size_t k = kernel_.body().scratch.size();
-    if (k == 0) return ptrs;
-    std::size_t total = 0;
-    for (std::int64_t n : tensors.numel) {
-      total += k * ((static_cast<std::size_t>(n) * 4 + kScratchAlign - 1) / kScratchAlign *
-                    kScratchAlign);
-    }
-    scratch_bytes_ = total;
-    scratch_.reset(static_cast<float*>(
-        std::aligned_alloc(kScratchAlign, std::max<std::size_t>(total, kScratchAlign))));
-    if (!scratch_)
-      throw Error("Optimizer: cannot allocate the scratch memory of the store strategy");
-    auto* base = reinterpret_cast<std::byte*>(scratch_.get());
-    std::size_t offset = 0;
-    for (std::size_t t = 0; t < ptrs.size(); ++t) {
-      for (std::size_t j = 0; j < k; ++j) {
-        ptrs[t].push_back(base + offset);
-        offset += (static_cast<std::size_t>(tensors.numel[t]) * 4 + kScratchAlign - 1) /
-                  kScratchAlign * kScratchAlign;
-      }
-    }
-    return ptrs;
+class HostBackend final : public Backend {
+ public:
+  Device device() const override { return Device::host(); }
+
+  Buffer allocate(std::size_t bytes) override {
+    const std::size_t size =
+        std::max(kHostAlign, (bytes + kHostAlign - 1) / kHostAlign * kHostAlign);
+    void* data = std::aligned_alloc(kHostAlign, size);
+    if (!data) throw Error(fmt::format("cannot allocate {} bytes of host memory", bytes));
+    std::memset(data, 0, size);
+    return Buffer(this, data, bytes);
+  }
+  void copy_to_host(void* host_dst, const void* src, std::size_t bytes) override {
+    if (bytes) std::memcpy(host_dst, src, bytes);
+  }
+  void copy_from_host(void* dst, const void* host_src, std::size_t bytes) override {
+    if (bytes) std::memcpy(dst, host_src, bytes);
+  }
+  void fill(void* dst, unsigned char value, std::size_t bytes, void*) override {
+    if (bytes) std::memset(dst, value, bytes);
+  }
+  void synchronize() override {}  // host launches return when they are done
+  const void* host_address(const void* p) const override { return p; }
+
+  std::unique_ptr<BoundKernel> bind(std::shared_ptr<const lang::Rule> rule,
+                                    const BindingTensors& tensors,
+                                    const std::vector<std::vector<float>>& hypers) override {
+    return std::make_unique<HostBoundKernel>(*this, std::move(rule), tensors, hypers);
   }
 
-  HostKernel kernel_;
-  std::unique_ptr<float, Free> scratch_;
-  std::size_t scratch_bytes_ = 0;
-  HostKernel::Prepared prepared_;
+ protected:
+  void release(void* data, std::size_t) noexcept override { std::free(data); }
 };
 
 }  // namespace
 
-std::unique_ptr<Backend> make_host_backend(std::shared_ptr<const lang::Rule> rule,
-                                           const BindingTensors& tensors,
-                                           const std::vector<std::vector<float>>& hypers) {
-  return std::make_unique<HostBackend>(std::move(rule), tensors, hypers);
-}
+std::unique_ptr<Backend> make_host_backend() { return std::make_unique<HostBackend>(); }
 
 }  // namespace fusedopt::runtime

@@ -9,8 +9,6 @@
 #include "codegen/codegen.hpp"
 #include "fusedopt/error.hpp"
 #include "jit/dynlib.hpp"
-#include "jit/kernel_builder.hpp"
-#include "runtime/chunks.hpp"
 
 namespace fusedopt::runtime {
 
@@ -31,52 +29,40 @@ struct HostKernel::Impl {
   int num_hypers = 0;
 };
 
-void HostKernel::Prepared::set_hypers(const std::vector<std::vector<float>>& hypers) {
-  if (static_cast<int>(hypers.size()) != num_groups_) {
-    throw Error(fmt::format("HostKernel: {} hyper groups given, the plan has {}", hypers.size(),
-                            num_groups_));
-  }
-  for (std::size_t g = 0; g < hypers.size(); ++g) {
-    if (static_cast<int>(hypers[g].size()) != num_hypers_) {
-      throw Error(fmt::format("HostKernel: group {} has {} hyper values, the rule has {}", g,
-                              hypers[g].size(), num_hypers_));
-    }
-    std::copy(hypers[g].begin(), hypers[g].end(), hypers_.begin() + g * num_hypers_);
-  }
-}
-
-void HostKernel::Prepared::set_hyper(int group, int index, float value) {
-  if (group < 0 || group >= num_groups_ || index < 0 || index >= num_hypers_) {
-    throw InternalError(fmt::format("Prepared::set_hyper({}, {}) out of range", group, index));
-  }
-  hypers_[static_cast<std::size_t>(group) * num_hypers_ + index] = value;
+HostKernel::Prepared::Prepared(Plan plan) : plan_(std::move(plan)) {
+  own_global_.assign(plan_.num_global_totals(), 0.0);
+  partials_.assign(plan_.num_partials(), 0.0f);
+  tensor_totals_.assign(plan_.num_tensor_totals(), 0.0);
 }
 
 fo_launch HostKernel::Prepared::launch(float step, float inv_grad_scale) const {
   fo_launch L{};
-  L.chunks = chunks_.data();
-  L.num_chunks = static_cast<long long>(chunks_.size());
-  L.ptrs = ptrs_.data();
-  L.hypers = hypers_.data();
+  L.chunks = plan_.chunks().data();
+  L.num_chunks = static_cast<long long>(plan_.num_chunks());
+  L.ptrs = plan_.ptrs().data();
+  L.hypers = plan_.hypers().data();
   L.step = step;
   L.inv_grad_scale = inv_grad_scale;
   L.partials = partials_.empty() ? nullptr : partials_.data();
   L.tensor_totals = const_cast<double*>(tensor_totals_.empty() ? nullptr : tensor_totals_.data());
   L.global_totals = const_cast<double*>(global_totals());
-  L.tensor_chunks = tensor_chunks_.empty() ? nullptr : tensor_chunks_.data();
-  L.num_tensors = static_cast<long long>(num_tensors_);
+  L.tensor_chunks = plan_.tensor_chunks().empty() ? nullptr : plan_.tensor_chunks().data();
+  L.num_tensors = static_cast<long long>(plan_.num_tensors());
   return L;
 }
 
 HostKernel::HostKernel(std::shared_ptr<const lang::Rule> rule, DTypeBinding dtypes,
                        cache::KernelCache& cache, codegen::Strategy strategy)
+    : HostKernel(rule, dtypes,
+                 provider::provide({rule, nullptr, dtypes, Target::host(), strategy}, cache)) {}
+
+HostKernel::HostKernel(std::shared_ptr<const lang::Rule> rule, DTypeBinding dtypes,
+                       provider::ProvidedKernel built)
     : rule_(std::move(rule)), dtypes_(dtypes), impl_(std::make_unique<Impl>()) {
-  codegen::KernelBody body = codegen::generate_body(*rule_, dtypes_, strategy);
-  jit::BuiltKernel built = jit::build_kernel(body, dtypes_, Target::host(), cache);
   origin_ = cache::to_string(built.origin);
   key_ = built.key.hex();
   seconds_ = built.seconds;
-  impl_->lib = jit::load_host_module(built.key.hex(), *built.binary, "fusedopt-" + rule_->name);
+  impl_->lib = jit::load_host_module(key_, *built.binary, "fusedopt-" + rule_->name);
   auto abi = reinterpret_cast<int (*)()>(impl_->lib->symbol("fusedopt_abi_version"));
   impl_->step = reinterpret_cast<EntryPoint>(impl_->lib->symbol("fusedopt_step_host"));
   impl_->init = reinterpret_cast<EntryPoint>(impl_->lib->symbol("fusedopt_init_host"));
@@ -89,10 +75,9 @@ HostKernel::HostKernel(std::shared_ptr<const lang::Rule> rule, DTypeBinding dtyp
   if (abi() != FO_ABI_VERSION) {
     throw InternalError(fmt::format("host kernel ABI {} != runtime ABI {}", abi(), FO_ABI_VERSION));
   }
-  impl_->num_roles = body.num_roles;
-  impl_->num_hypers = body.num_hypers;
-  body.code.clear();
-  body_ = std::move(body);
+  impl_->num_roles = built.body.num_roles;
+  impl_->num_hypers = built.body.num_hypers;
+  body_ = std::move(built.body);
 }
 
 int HostKernel::reduction_passes() const { return body_.reduction_passes; }
@@ -101,57 +86,25 @@ HostKernel::~HostKernel() = default;
 
 int HostKernel::num_roles() const { return impl_->num_roles; }
 
+PlanRequest HostKernel::plan_request(const std::vector<std::vector<void*>>& ptrs,
+                                     const std::vector<std::int64_t>& numel,
+                                     const std::vector<std::vector<float>>& hypers,
+                                     const std::vector<int>& group) const {
+  PlanRequest request;
+  request.who = "HostKernel";
+  request.ptrs = &ptrs;
+  request.numel = &numel;
+  request.hypers = &hypers;
+  request.group = &group;
+  request.chunk_elems = kHostChunkElems;
+  return request;
+}
+
 HostKernel::Prepared HostKernel::prepare(const std::vector<std::vector<void*>>& ptrs,
                                          const std::vector<std::int64_t>& numel,
                                          const std::vector<std::vector<float>>& hypers,
                                          const std::vector<int>& group) const {
-  const std::size_t n = ptrs.size();
-  const int num_roles = impl_->num_roles;
-  if (numel.size() != n) {
-    throw Error(fmt::format("HostKernel: {} pointer lists but {} sizes", n, numel.size()));
-  }
-  if (!group.empty() && group.size() != n) {
-    throw Error(fmt::format("HostKernel: {} tensors but {} group indices", n, group.size()));
-  }
-  if (hypers.empty()) throw Error("HostKernel: no hyper group given");
-  Prepared p;
-  p.num_groups_ = static_cast<int>(hypers.size());
-  p.num_hypers_ = impl_->num_hypers;
-  p.hypers_.assign(hypers.size() * impl_->num_hypers + 1, 0.0f);  // never an empty array
-  p.set_hypers(hypers);
-  p.ptrs_.resize(n * num_roles);
-  for (std::size_t t = 0; t < n; ++t) {
-    if (static_cast<int>(ptrs[t].size()) != num_roles) {
-      throw Error(fmt::format("HostKernel: tensor {} has {} pointers, the kernel needs {}", t,
-                              ptrs[t].size(), num_roles));
-    }
-    if (numel[t] < 0) throw Error(fmt::format("HostKernel: tensor {} has a negative size", t));
-    const int g = group.empty() ? 0 : group[t];
-    if (g < 0 || g >= p.num_groups_) {
-      throw Error(fmt::format("HostKernel: tensor {} is in group {}, but there are {} groups", t, g,
-                              hypers.size()));
-    }
-    for (int r = 0; r < num_roles; ++r) {
-      if (numel[t] > 0 && !ptrs[t][r]) {
-        throw Error(fmt::format("HostKernel: tensor {} role {} is a null pointer", t, r));
-      }
-      p.ptrs_[t * num_roles + r] = ptrs[t][r];
-    }
-  }
-  p.chunks_ = build_chunks(numel, group, kHostChunkElems, p.num_groups_);
-  p.num_tensors_ = static_cast<std::int64_t>(n);
-  p.own_global_.assign(static_cast<std::size_t>(body_.num_global_slots), 0.0);
-  if (body_.reduction_passes > 0) {
-    p.partials_.assign(p.chunks_.size() * static_cast<std::size_t>(body_.max_acc), 0.0f);
-    p.tensor_totals_.assign(n * static_cast<std::size_t>(body_.num_tensor_slots), 0.0);
-    p.tensor_chunks_.assign(2 * n, 0);
-    for (std::size_t c = 0; c < p.chunks_.size(); ++c) {  // a tensor's chunks are adjacent
-      long long* range = &p.tensor_chunks_[2 * static_cast<std::size_t>(p.chunks_[c].tensor)];
-      if (range[1] == 0) range[0] = static_cast<long long>(c);
-      ++range[1];
-    }
-  }
-  return p;
+  return Prepared(Plan::build(body_, plan_request(ptrs, numel, hypers, group)));
 }
 
 void HostKernel::run_pass(Prepared& prepared, int pass, float step, float inv_grad_scale,

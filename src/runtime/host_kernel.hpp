@@ -12,10 +12,8 @@
 #include "codegen/codegen.hpp"
 #include "fusedopt/dtype.hpp"
 #include "lang/ast.hpp"
-
-namespace fusedopt::cache {
-class KernelCache;
-}
+#include "provider/kernel_provider.hpp"
+#include "runtime/plan.hpp"
 
 namespace fusedopt::runtime {
 
@@ -25,18 +23,21 @@ inline constexpr std::int64_t kHostChunkElems = 1 << 15;
 
 class HostKernel {
  public:
-  /// Everything a launch needs, built once: the chunk table, the pointer table and the
-  /// hyper table. A step only fills a stack fo_launch from these (no allocation).
+  /// A Plan used in place, plus the reduction buffers its launches write. A step only
+  /// fills a stack fo_launch from these (no allocation).
   class Prepared {
    public:
+    Prepared() = default;
+    explicit Prepared(Plan plan);
     /// Replaces the hyper table (`hypers[g]`: group g's values, Rule::hypers order).
-    void set_hypers(const std::vector<std::vector<float>>& hypers);
+    void set_hypers(const std::vector<std::vector<float>>& hypers) { plan_.set_hypers(hypers); }
     /// Sets one value of one group.
-    void set_hyper(int group, int index, float value);
-    std::int64_t num_chunks() const { return static_cast<std::int64_t>(chunks_.size()); }
-    const std::vector<fo_chunk>& chunks() const { return chunks_; }
+    void set_hyper(int group, int index, float value) { plan_.set_hyper(group, index, value); }
+    std::int64_t num_chunks() const { return plan_.num_chunks(); }
+    const std::vector<fo_chunk>& chunks() const { return plan_.chunks(); }
     /// Whether a launch has any work (false when every tensor is empty).
-    bool empty() const { return chunks_.empty(); }
+    bool empty() const { return plan_.empty(); }
+    const Plan& plan() const { return plan_; }
     /// The launch for `step` and `inv_grad_scale`, pointing into this object.
     fo_launch launch(float step, float inv_grad_scale) const;
     /// Uses `totals` (FO_NUM_GLOBAL_SLOTS doubles, shared with other kernels of one
@@ -47,27 +48,22 @@ class HostKernel {
     double* global_totals() { return global_ ? global_ : own_global_.data(); }
     /// Raw per-tensor totals: [tensor * stride + slot].
     double* tensor_totals() { return tensor_totals_.data(); }
-    std::int64_t num_tensors() const { return num_tensors_; }
+    std::int64_t num_tensors() const { return plan_.num_tensors(); }
 
    private:
-    friend class HostKernel;
-    std::vector<fo_chunk> chunks_;
-    std::vector<void*> ptrs_;
-    std::vector<float> hypers_;  ///< [group * num_hypers + hyper], plus one pad value
-    int num_groups_ = 0;
-    int num_hypers_ = 0;
-    // Reductions: chunk partials, totals, and each tensor's chunk range.
+    Plan plan_;
     mutable std::vector<float> partials_;
     std::vector<double> tensor_totals_;
     std::vector<double> own_global_;
     double* global_ = nullptr;  ///< shared totals, or null: own_global_
-    std::vector<long long> tensor_chunks_;
-    std::int64_t num_tensors_ = 0;
   };
 
   /// Generates, compiles (or loads from `cache`) and dlopens the host kernel of `rule`.
   HostKernel(std::shared_ptr<const lang::Rule> rule, DTypeBinding dtypes, cache::KernelCache& cache,
              codegen::Strategy strategy = codegen::Strategy::Auto);
+  /// Loads a kernel the provider built for the host target.
+  HostKernel(std::shared_ptr<const lang::Rule> rule, DTypeBinding dtypes,
+             provider::ProvidedKernel kernel);
   ~HostKernel();
   HostKernel(const HostKernel&) = delete;
   HostKernel& operator=(const HostKernel&) = delete;
@@ -84,6 +80,11 @@ class HostKernel {
                    const std::vector<std::int64_t>& numel,
                    const std::vector<std::vector<float>>& hypers,
                    const std::vector<int>& group = {}) const;
+  /// The request of prepare() with this kernel's chunk size and name filled in.
+  PlanRequest plan_request(const std::vector<std::vector<void*>>& ptrs,
+                           const std::vector<std::int64_t>& numel,
+                           const std::vector<std::vector<float>>& hypers,
+                           const std::vector<int>& group) const;
 
   /// One step over the prepared tensors; `step` is 1-based. The gradient is multiplied by
   /// `inv_grad_scale` before the rule. A rule with reductions runs every reduction pass and

@@ -1,5 +1,5 @@
 // Optimizer: steps (one launch per dtype binding), hypers, state views and statistics.
-// Construction lives in plan.cpp, checkpoints in checkpoint.cpp.
+// Construction lives in optimizer_build.cpp, checkpoints in checkpoint.cpp.
 #include <fmt/format.h>
 
 #include <cstring>
@@ -28,16 +28,7 @@ std::vector<std::vector<float>> Optimizer::Impl::float_hypers() const {
 
 void Optimizer::Impl::push_hypers() {
   const std::vector<std::vector<float>> h = float_hypers();
-  if (!context) {
-    for (auto& backend : backends) backend->set_hypers(h);
-    return;
-  }
-  // The device hyper table is shared by every launch: wait for queued steps (on any
-  // stream) before replacing it, and for the copy before the next step can start.
-  runtime::cuda::ContextScope scope(*context);
-  runtime::cuda::context_synchronize();
-  for (auto& backend : backends) backend->set_hypers(h);
-  runtime::cuda::context_synchronize();
+  for (auto& kernel : kernels) kernel->set_hypers(h);
 }
 
 int Optimizer::Impl::state_index(const std::string& name) const {
@@ -50,24 +41,6 @@ int Optimizer::Impl::state_index(const std::string& name) const {
   if (options.master_weights) known += (known.empty() ? "" : ", ") + std::string("master");
   throw Error(fmt::format("rule '{}' has no state '{}' (it has: {})", rule.name(), name,
                           known.empty() ? "none" : known));
-}
-
-void Optimizer::Impl::read_memory(void* host_dst, const void* src, std::size_t bytes) const {
-  if (device.kind == Device::Kind::Cuda) {
-    runtime::cuda::ContextScope scope(*context);
-    runtime::cuda::copy_to_host(host_dst, reinterpret_cast<runtime::cuda::DevicePtr>(src), bytes);
-  } else {
-    std::memcpy(host_dst, src, bytes);
-  }
-}
-
-void Optimizer::Impl::write_memory(void* dst, const void* host_src, std::size_t bytes) const {
-  if (device.kind == Device::Kind::Cuda) {
-    runtime::cuda::ContextScope scope(*context);
-    runtime::cuda::copy_to_device(reinterpret_cast<runtime::cuda::DevicePtr>(dst), host_src, bytes);
-  } else {
-    std::memcpy(dst, host_src, bytes);
-  }
 }
 
 Tensor Optimizer::Impl::state_view(int s, std::size_t p) const {
@@ -91,19 +64,15 @@ Tensor Optimizer::Impl::state_view(int s, std::size_t p) const {
 Optimizer::~Optimizer() = default;
 
 Optimizer::Impl::~Impl() {
-  if (!context) return;
-  try {
-    runtime::cuda::ContextScope scope(*context);
-    backends.clear();  // CudaKernels first: their launches use the arenas
-    arenas.clear();
-  } catch (const Error&) {
-    // A destructor must not throw; the memory is lost with the context anyway.
-  }
+  // Kernels first (their launches use the arenas), then the memory, then the backend.
+  kernels.clear();
+  global_totals.reset();
+  arenas.clear();
 }
 
 std::int64_t Optimizer::Impl::current_step_count() const {
-  for (const auto& backend : backends) {
-    const std::int64_t on_device = backend->device_steps();
+  for (const auto& kernel : kernels) {
+    const std::int64_t on_device = kernel->device_steps();
     if (on_device >= 0) return on_device;
   }
   return step_count;
@@ -112,35 +81,33 @@ Optimizer::Optimizer(Optimizer&&) noexcept = default;
 Optimizer& Optimizer::operator=(Optimizer&&) noexcept = default;
 
 bool Optimizer::Impl::run_step(float inv_grad_scale, bool scaled, void* stream) {
-  std::optional<runtime::cuda::ContextScope> scope;
-  if (context) scope.emplace(*context);
   // The grad check rides on pass 0 (one read of the gradient for the unscale, the check and
   // any norm) unless pass 0 writes (the Store strategy with one reduction pass) or the step
   // lives on the device (capturable: the device step must not advance on a skipped step).
   bool fold_check = scaled && reduction_passes > 0 && !options.capturable;
-  for (const auto& backend : backends) fold_check = fold_check && backend->body().store_pass != 0;
+  for (const auto& kernel : kernels) fold_check = fold_check && kernel->body().store_pass != 0;
   if (scaled && !fold_check) {
     // Every binding is checked before any is stepped: a non-finite gradient anywhere must
     // leave every tensor untouched.
-    for (auto& backend : backends) {
-      if (!backend->grads_finite(inv_grad_scale, stream)) return false;
+    for (auto& kernel : kernels) {
+      if (!kernel->grads_finite(inv_grad_scale, stream)) return false;
     }
   }
   const auto step = static_cast<float>(step_count + 1);
-  for (auto& backend : backends) backend->begin_step(step, inv_grad_scale, stream);
+  for (auto& kernel : kernels) kernel->begin_step(step, inv_grad_scale, stream);
   for (int pass = 0; pass < reduction_passes; ++pass) {
-    for (auto& backend : backends)
-      backend->reduce(pass, step, inv_grad_scale, fold_check && pass == 0, stream);
+    for (auto& kernel : kernels)
+      kernel->reduce(pass, step, inv_grad_scale, fold_check && pass == 0, stream);
     // Fixed binding order: the global totals combine the same way every step.
-    for (std::size_t b = 0; b < backends.size(); ++b) backends[b]->finalize(pass, b > 0, stream);
+    for (std::size_t b = 0; b < kernels.size(); ++b) kernels[b]->finalize(pass, b > 0, stream);
     // The hook first: the grad check's count is a global slot (combined by max), so every
     // rank sees the same verdict and skips the same steps.
     if (hook) call_hook(pass, stream);
-    if (pass == 0 && fold_check && !backends.empty() && backends.front()->found_nonfinite(stream)) {
+    if (pass == 0 && fold_check && !kernels.empty() && kernels.front()->found_nonfinite(stream)) {
       return false;
     }
   }
-  for (auto& backend : backends) backend->step(step, inv_grad_scale, stream);
+  for (auto& kernel : kernels) kernel->step(step, inv_grad_scale, stream);
   ++step_count;
   return true;
 }
@@ -150,11 +117,10 @@ void Optimizer::Impl::call_hook(int pass, void* stream) {
   p.pass = pass;
   p.device = device;
   p.stream = stream;
-  if (backends.empty()) return;
-  const codegen::KernelBody& body = backends.front()->body();
+  if (kernels.empty()) return;
+  const codegen::KernelBody& body = kernels.front()->body();
   p.num_global = body.num_global_slots;
-  p.global = context ? reinterpret_cast<double*>(static_cast<std::uintptr_t>(device_global.get()))
-                     : host_global.data();
+  p.global = static_cast<double*>(global_totals.data());
   for (const codegen::ReductionSlot& s : body.slots) {
     if (s.pass != pass) continue;
     ReductionSlotInfo info;
@@ -166,8 +132,8 @@ void Optimizer::Impl::call_hook(int pass, void* stream) {
     info.line = s.line;
     p.slots.push_back(std::move(info));
   }
-  for (std::size_t b = 0; b < backends.size(); ++b) {
-    const runtime::TensorTotalsView v = backends[b]->tensor_totals();
+  for (std::size_t b = 0; b < kernels.size(); ++b) {
+    const runtime::TensorTotalsView v = kernels[b]->tensor_totals();
     ReductionPartials::TensorTotals t;
     t.data = v.data;
     t.num_tensors = v.num_tensors;
@@ -219,7 +185,7 @@ OptimizerStats Optimizer::stats() const {
     st.elements += s.param.numel;
     if (s.binding < 0) continue;
     // What each pass of the binding's kernel reads and writes, per element.
-    const codegen::KernelBody& body = m.backends[static_cast<std::size_t>(s.binding)]->body();
+    const codegen::KernelBody& body = m.kernels[static_cast<std::size_t>(s.binding)]->body();
     std::int64_t per = 0;
     for (const auto* roles : {&body.pass_reads, &body.pass_writes}) {
       for (const std::vector<int>& pass : *roles) {
@@ -231,18 +197,18 @@ OptimizerStats Optimizer::stats() const {
     st.bytes_store += body.bytes_store * s.param.numel;
   }
   st.reduction_passes = m.reduction_passes;
-  if (m.reduction_passes > 0 && !m.backends.empty()) {
-    st.reduction_strategy = codegen::to_string(m.backends.front()->body().strategy);
+  if (m.reduction_passes > 0 && !m.kernels.empty()) {
+    st.reduction_strategy = codegen::to_string(m.kernels.front()->body().strategy);
   }
   st.schedule_report = m.schedule_report;
   static const char* kRank[] = {"memory", "disk", "compiled"};
   int slowest = -1;
-  for (const auto& backend : m.backends) {
-    st.launches_per_step += backend->launches_per_step();
-    st.kernel_keys.push_back(backend->key());
-    st.kernel_seconds += backend->seconds();
+  for (const auto& kernel : m.kernels) {
+    st.launches_per_step += kernel->launches_per_step();
+    st.kernel_keys.push_back(kernel->key());
+    st.kernel_seconds += kernel->seconds();
     for (int k = 0; k < 3; ++k) {
-      if (backend->origin() == kRank[k] && k > slowest) slowest = k;
+      if (kernel->origin() == kRank[k] && k > slowest) slowest = k;
     }
   }
   st.kernel_origin = slowest >= 0 ? kRank[slowest] : "";

@@ -1,5 +1,6 @@
 // The Optimizer's private state, shared by its translation units (construction in
-// plan.cpp, steps and stats in optimizer.cpp, checkpoints in checkpoint.cpp).
+// optimizer_build.cpp, steps and stats in optimizer.cpp, checkpoints in checkpoint.cpp).
+// Device memory and launches go through the backend seam (runtime/backend.hpp).
 #pragma once
 
 #include <cstddef>
@@ -11,22 +12,17 @@
 
 #include "fusedopt/optimizer.hpp"
 #include "runtime/backend.hpp"
-#include "runtime/cuda_driver.hpp"
 
 namespace fusedopt {
 
 namespace runtime {
 
-/// One allocation holding every state (or master) tensor of one dtype, each view 64-byte
-/// aligned.
+/// One allocation of the backend holding every state (or master) tensor of one dtype,
+/// each view 64-byte aligned.
 struct Arena {
-  struct Free {
-    void operator()(std::byte* p) const { std::free(p); }
-  };
   DType dtype = DType::F32;
   std::size_t bytes = 0;
-  std::unique_ptr<std::byte[], Free> data;  ///< host arenas
-  cuda::DeviceBuffer device_data;           ///< CUDA arenas
+  Buffer memory;
 };
 
 /// One parameter and what the optimizer keeps for it.
@@ -38,7 +34,7 @@ struct ParamSlot {
   Tensor grad;
   std::vector<void*> states;  ///< rule states, then outputs (null when empty)
   void* master = nullptr;     ///< fp32 master copy, or null
-  int binding = -1;           ///< index into Impl::backends; -1 for an empty tensor
+  int binding = -1;           ///< index into Impl::kernels; -1 for an empty tensor
 };
 
 /// One tensor of a checkpoint: its name, storage and the optimizer's memory for it.
@@ -58,9 +54,9 @@ struct Optimizer::Impl {
   Rule rule;
   OptimizerOptions options;
   Device device;
-  /// The CUDA device's primary context (CUDA optimizers only); declared before the arenas
-  /// and backends so it outlives them.
-  std::unique_ptr<runtime::cuda::PrimaryContext> context;
+  /// The device: memory and kernels. Declared before the arenas and kernels so it outlives
+  /// them.
+  std::unique_ptr<runtime::Backend> backend;
   std::vector<std::string> state_names;     ///< rule states, then outputs
   std::size_t num_states = 0;               ///< how many of state_names are rule states
   std::vector<std::string> hyper_names;     ///< Rule::hypers order
@@ -68,13 +64,12 @@ struct Optimizer::Impl {
   std::vector<runtime::ParamSlot> params;
   std::vector<runtime::Arena> arenas;
   std::vector<DTypeBinding> bindings;
-  std::vector<std::unique_ptr<runtime::Backend>> backends;  ///< one per binding
+  runtime::Buffer global_totals;  ///< shared global reduction totals (backend memory)
+  std::vector<std::unique_ptr<runtime::BoundKernel>> kernels;  ///< one per binding
   std::int64_t step_count = 0;
   std::string fusion_report;
   // Reductions.
   int reduction_passes = 0;
-  std::vector<double> host_global;               ///< shared global totals (host optimizers)
-  runtime::cuda::DeviceBuffer device_global;     ///< shared global totals (CUDA optimizers)
   std::vector<std::vector<int>> binding_params;  ///< per binding: param index of each tensor
   ReductionHook hook;
   std::string schedule_report;
@@ -87,8 +82,19 @@ struct Optimizer::Impl {
   void call_hook(int pass, void* stream);
 
   explicit Impl(const Rule& r) : rule(r) {}
-  /// Frees device state with the optimizer's context current (then restores the caller's).
   ~Impl();
+
+  // Construction, step by step (optimizer_build.cpp).
+  /// Checks the options and takes the rule's states and hypers (clipping applied).
+  void take_rule(const Rule& user_rule);
+  /// Checks every group and tensor (errors name the tensor) and fills `params`.
+  void validate_groups(std::vector<ParamGroup>& groups);
+  /// Groups tensors by dtype binding and lays the states out in one arena per dtype.
+  void lay_out_arenas();
+  /// Plans one kernel per binding over its tensors and writes the initial states.
+  void bind_kernels();
+  /// The fusion and schedule reports (stats(), FUSEDOPT_LOG=info).
+  void report();
 
   /// The steps taken: the device's count in capturable CUDA mode (graph replays advance it
   /// without the host), else the host's.
@@ -98,15 +104,12 @@ struct Optimizer::Impl {
   std::size_t hyper_index(const std::string& name) const;
   /// `hypers` rounded to fp32 (what the kernels read).
   std::vector<std::vector<float>> float_hypers() const;
-  /// Hands the current hypers to every backend's prepared table.
+  /// Hands the current hypers to every kernel's plan.
   void push_hypers();
   /// Index of state `name` in state_names, -1 for "master", or throws listing them.
   int state_index(const std::string& name) const;
   /// The view of state `s` (or the master for -1) of parameter `p`.
   Tensor state_view(int s, std::size_t p) const;
-  /// Copies `bytes` between the optimizer's memory (host or device) and host memory.
-  void read_memory(void* host_dst, const void* src, std::size_t bytes) const;
-  void write_memory(void* dst, const void* host_src, std::size_t bytes) const;
   /// What a checkpoint holds (checkpoint.cpp).
   std::vector<runtime::CheckpointTensor> checkpoint_tensors() const;
   /// The hypers as checkpoint metadata (checkpoint.cpp).

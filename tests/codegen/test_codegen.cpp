@@ -6,8 +6,8 @@
 #include "cache/kernel_cache.hpp"
 #include "codegen/codegen.hpp"
 #include "fusedopt/error.hpp"
-#include "jit/kernel_builder.hpp"
 #include "lang/parse.hpp"
+#include "provider/kernel_provider.hpp"
 
 using namespace fusedopt;
 
@@ -113,7 +113,7 @@ t = t - U
     CHECK(body.code.find("v_U = (v_U + v_v_t);") != std::string::npos);
     CHECK(body.roles == std::vector<std::string>{"t", "h", "U", "i"});
     cache::KernelCache cache(cache::KernelCache::Options{{}, cache::KernelCache::Mode::Off});
-    CHECK_NOTHROW(jit::build_kernel(body, DTypeBinding{}, Target::host(), cache));
+    CHECK_NOTHROW(provider::provide_body(body, DTypeBinding{}, Target::host(), cache));
   }
 
   TEST_CASE("codegen keeps a hostile file name out of the #line directive") {

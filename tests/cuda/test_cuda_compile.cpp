@@ -10,8 +10,9 @@
 #include "fusedopt/error.hpp"
 #include "fusedopt/kernel.hpp"
 #include "jit/compiler.hpp"
-#include "jit/kernel_builder.hpp"
 #include "presets.hpp"
+#include "provider/kernel_provider.hpp"
+#include "rule_access.hpp"
 
 using namespace fusedopt;
 
@@ -60,7 +61,7 @@ TEST_SUITE("cuda") {
           INFO(name << " sm_" << sm << " " << dt);
           DTypeBinding d = DTypeBinding::parse(dt);
           codegen::KernelBody body = codegen::generate_body(*preset_rule(name), d);
-          jit::BuiltKernel k = jit::build_kernel(body, d, Target::cuda(sm), cache);
+          provider::ProvidedKernel k = provider::provide_body(body, d, Target::cuda(sm), cache);
           REQUIRE(k.binary);
           CHECK(k.binary->compare(0, 4,
                                   "\x7f"
@@ -84,8 +85,8 @@ TEST_SUITE("cuda") {
     }
     cache::KernelCache cache(no_cache());
     const Rule clipped = Rule::preset("adamw").with_grad_clipping(1.0);
-    std::vector<std::shared_ptr<const lang::Rule>> rules = {preset_rule("lamb"),
-                                                            preset_rule("lars"), clipped.impl()};
+    std::vector<std::shared_ptr<const lang::Rule>> rules = {
+        preset_rule("lamb"), preset_rule("lars"), detail::RuleAccess::impl(clipped)};
     for (const auto& rule : rules) {
       for (codegen::Strategy s : {codegen::Strategy::Recompute, codegen::Strategy::Store}) {
         for (const char* dt : {"fp32", "bf16:bf16:fp32+master"}) {
@@ -93,7 +94,7 @@ TEST_SUITE("cuda") {
           DTypeBinding d = DTypeBinding::parse(dt);
           codegen::KernelBody body = codegen::generate_body(*rule, d, s);
           CHECK(body.reduction_passes >= 1);
-          jit::BuiltKernel k = jit::build_kernel(body, d, Target::cuda(90), cache);
+          provider::ProvidedKernel k = provider::provide_body(body, d, Target::cuda(90), cache);
           REQUIRE(k.binary);
           CHECK(has_symbol(*k.binary, "fusedopt_reduce"));
           CHECK(has_symbol(*k.binary, "fusedopt_finalize"));
@@ -128,7 +129,7 @@ TEST_SUITE("cuda") {
                  ", float g, fo_hypers h) const { " + body + " } };";
         DTypeBinding d = master ? DTypeBinding::parse("bf16:bf16:fp32+master") : DTypeBinding{};
         codegen::KernelBody kb = codegen::generate_functor_body(f, d);
-        jit::BuiltKernel k = jit::build_kernel(kb, d, Target::cuda(90), cache);
+        provider::ProvidedKernel k = provider::provide_body(kb, d, Target::cuda(90), cache);
         for (const char* entry : kEntryPoints) CHECK(has_symbol(*k.binary, entry));
       }
     }

@@ -11,9 +11,9 @@
 #include "codegen/codegen.hpp"
 #include "fusedopt/error.hpp"
 #include "jit/compiler.hpp"
-#include "jit/kernel_builder.hpp"
 #include "lang/parse.hpp"
 #include "presets.hpp"
+#include "provider/kernel_provider.hpp"
 #include "runtime/host_kernel.hpp"
 #include "support/temp_dir.hpp"
 
@@ -57,7 +57,7 @@ TEST_SUITE("jit") {
           INFO(name << " sm_" << sm << " " << std::string(dt));
           DTypeBinding d = DTypeBinding::parse(dt);
           auto body = codegen::generate_body(*preset_rule(name), d);
-          jit::BuiltKernel k = jit::build_kernel(body, d, Target::cuda(sm), cache);
+          provider::ProvidedKernel k = provider::provide_body(body, d, Target::cuda(sm), cache);
           CHECK(k.ext == "cubin");
           CHECK(is_elf(*k.binary));
           CHECK(k.source.find("#include") == std::string::npos);
@@ -205,10 +205,11 @@ avg = decay * avg + (1 - decay) * w
     f.hypers = {{"lr", 0.1}, {"mu", 0.9}};
     cache::KernelCache cache(no_cache());
     auto body = codegen::generate_functor_body(f, DTypeBinding{});
-    jit::BuiltKernel k = jit::build_kernel(body, DTypeBinding{}, Target::host(), cache);
+    provider::ProvidedKernel k =
+        provider::provide_body(body, DTypeBinding{}, Target::host(), cache);
     CHECK(is_elf(*k.binary));
     if (have_nvrtc())
-      CHECK(is_elf(*jit::build_kernel(body, DTypeBinding{}, Target::cuda(90), cache).binary));
+      CHECK(is_elf(*provider::provide_body(body, DTypeBinding{}, Target::cuda(90), cache).binary));
   }
 
   TEST_CASE(
@@ -227,7 +228,7 @@ avg = decay * avg + (1 - decay) * w
     for (const Target& t : targets) {
       INFO(t.str());
       try {
-        jit::build_kernel(body, DTypeBinding{}, t, cache);
+        provider::provide_body(body, DTypeBinding{}, t, cache);
         FAIL("expected a CompileError");
       } catch (const CompileError& e) {
         CHECK(e.log().find("undefined_thing") != std::string::npos);
@@ -246,7 +247,8 @@ avg = decay * avg + (1 - decay) * w
     setenv("FUSEDOPT_DUMP_SOURCE", (dir.path() / "dump").c_str(), 1);
     cache::KernelCache cache(no_cache());
     auto body = codegen::generate_body(*preset_rule("sgd"), DTypeBinding{});
-    jit::BuiltKernel k = jit::build_kernel(body, DTypeBinding{}, Target::host(), cache);
+    provider::ProvidedKernel k =
+        provider::provide_body(body, DTypeBinding{}, Target::host(), cache);
     unsetenv("FUSEDOPT_DUMP_SOURCE");
     int files = 0;
     for (const auto& e : std::filesystem::directory_iterator(dir.path() / "dump")) {
@@ -263,7 +265,7 @@ avg = decay * avg + (1 - decay) * w
     auto body16 = codegen::generate_body(*rule, DTypeBinding::parse("bf16"));
     auto key = [](const codegen::KernelBody& b, const char* d, Target t) {
       DTypeBinding dt = DTypeBinding::parse(d);
-      return jit::kernel_record(b, dt, t, codegen::generate_source(b, t)).key();
+      return provider::kernel_record(b, dt, t, codegen::generate_source(b, t)).key();
     };
     cache::Key a = key(body32, "fp32", Target::host());
     CHECK(a == key(body32, "fp32", Target::host()));
@@ -274,8 +276,8 @@ avg = decay * avg + (1 - decay) * w
       CHECK(c80 != c90);
       CHECK(a != c90);
     }
-    cache::KeyRecord r = jit::kernel_record(body32, DTypeBinding{}, Target::host(),
-                                            codegen::generate_source(body32, Target::host()));
+    cache::KeyRecord r = provider::kernel_record(body32, DTypeBinding{}, Target::host(),
+                                                 codegen::generate_source(body32, Target::host()));
     for (const char* field : {"source", "options", "target", "compiler", "fusedopt_version",
                               "format_version", "target_fingerprint", "dtypes"}) {
       INFO(field);

@@ -1,5 +1,5 @@
-// Key record, source dumps and the get-or-compile call for one kernel.
-#include "jit/kernel_builder.hpp"
+// Key record, source dumps and the get-or-compile call for one translation unit.
+#include "jit/build.hpp"
 
 #include <fmt/format.h>
 #include <unistd.h>
@@ -25,17 +25,16 @@ namespace fs = std::filesystem;
 
 const char* version() { return FUSEDOPT_VERSION; }
 
-cache::KeyRecord kernel_record(const codegen::KernelBody& body, const DTypeBinding& dtypes,
-                               const Target& target, const std::string& source) {
+cache::KeyRecord kernel_record(const KernelSource& source, const Target& target) {
   const Compiler& compiler = compiler_for(target);
   std::string options;
   for (const std::string& o : compiler.options(target)) options += o + "\n";
   cache::KeyRecord r;
   r.add("format_version", std::to_string(cache::kFormatVersion))
       .add("fusedopt_version", version())
-      .add("kind", body.kind)
-      .add("name", body.name)
-      .add("dtypes", dtypes.str())
+      .add("kind", source.kind)
+      .add("name", source.name)
+      .add("dtypes", source.dtypes)
       .add("target", target.str())
       .add("target_fingerprint", compiler.target_fingerprint(target))
       .add("compiler", compiler.identity())
@@ -43,7 +42,7 @@ cache::KeyRecord kernel_record(const codegen::KernelBody& body, const DTypeBindi
       // Generated sources include no headers: the prelude and skeletons are pasted into the
       // source itself, so hashing the source covers every "header".
       .add("headers", "")
-      .add("source", source);
+      .add("source", source.text);
   return r;
 }
 
@@ -71,24 +70,23 @@ void dump_source(const std::string& dir, const std::string& name, const std::str
 
 }  // namespace
 
-BuiltKernel build_kernel(const codegen::KernelBody& body, const DTypeBinding& dtypes,
-                         const Target& target, cache::KernelCache& cache) {
-  auto start = std::chrono::steady_clock::now();  // the whole lookup: codegen, key, fetch
+BuiltKernel build(const KernelSource& source, const Target& target, cache::KernelCache& cache) {
+  auto start = std::chrono::steady_clock::now();  // the whole lookup: key, fetch or compile
   BuiltKernel k;
-  k.source = codegen::generate_source(body, target);
   const Compiler& compiler = compiler_for(target);
-  cache::KeyRecord record = kernel_record(body, dtypes, target, k.source);
+  cache::KeyRecord record = kernel_record(source, target);
   k.key = record.key();
   k.ext = compiler.extension();
-  const std::string file = codegen::source_file_name(body, target);
+  const std::string& file = source.file_name;
   if (const char* dir = std::getenv("FUSEDOPT_DUMP_SOURCE"); dir && *dir) {
-    std::string stem = file.substr(0, file.rfind('.'));
-    std::string ext = file.substr(file.rfind('.'));
+    const std::size_t dot = file.rfind('.');
+    const std::string stem = file.substr(0, dot);
+    const std::string ext = dot == std::string::npos ? std::string() : file.substr(dot);
     dump_source(dir, fmt::format("{}-{}-{}{}", stem, target.str(), k.key.hex().substr(0, 16), ext),
-                k.source);
+                source.text);
   }
-  cache::KernelCache::Result r =
-      cache.get_or_compile(record, k.ext, [&] { return compiler.compile(k.source, file, target); });
+  cache::KernelCache::Result r = cache.get_or_compile(
+      record, k.ext, [&] { return compiler.compile(source.text, file, target); });
   k.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   k.binary = r.payload;
   k.origin = r.origin;

@@ -1,0 +1,68 @@
+// The kernel provider: codegen, then jit through the cache.
+#include "provider/kernel_provider.hpp"
+
+#include <map>
+#include <mutex>
+
+#include "fusedopt/error.hpp"
+
+namespace fusedopt::provider {
+
+namespace {
+
+jit::KernelSource source_of(const codegen::KernelBody& body, const DTypeBinding& dtypes,
+                            const Target& target, std::string text) {
+  jit::KernelSource s;
+  s.kind = body.kind;
+  s.name = body.name;
+  s.dtypes = dtypes.str();
+  s.file_name = codegen::source_file_name(body, target);
+  s.text = std::move(text);
+  return s;
+}
+
+}  // namespace
+
+cache::KeyRecord kernel_record(const codegen::KernelBody& body, const DTypeBinding& dtypes,
+                               const Target& target, const std::string& source) {
+  return jit::kernel_record(source_of(body, dtypes, target, source), target);
+}
+
+ProvidedKernel provide_body(codegen::KernelBody body, const DTypeBinding& dtypes,
+                            const Target& target, cache::KernelCache& cache) {
+  ProvidedKernel out;
+  jit::KernelSource source =
+      source_of(body, dtypes, target, codegen::generate_source(body, target));
+  static_cast<jit::BuiltKernel&>(out) = jit::build(source, target, cache);
+  out.source = std::move(source.text);
+  body.code.clear();
+  out.body = std::move(body);
+  return out;
+}
+
+ProvidedKernel provide(const KernelRequest& request, cache::KernelCache& cache) {
+  if (request.functor) {
+    return provide_body(codegen::generate_functor_body(*request.functor, request.dtypes),
+                        request.dtypes, request.target, cache);
+  }
+  if (!request.rule) throw InternalError("provider: a request names no rule and no functor");
+  return provide_body(codegen::generate_body(*request.rule, request.dtypes, request.strategy),
+                      request.dtypes, request.target, cache);
+}
+
+cache::KernelCache& cache_at(const std::filesystem::path& dir) {
+  if (dir.empty()) return cache::KernelCache::global();
+  static std::mutex mutex;
+  static std::map<std::filesystem::path, std::unique_ptr<cache::KernelCache>> caches;
+  std::lock_guard<std::mutex> lock(mutex);
+  std::unique_ptr<cache::KernelCache>& slot = caches[dir.lexically_normal()];
+  if (!slot) {
+    cache::KernelCache::Options options = cache::KernelCache::options_from_env();
+    options.dir = dir;
+    options.mode = cache::KernelCache::Mode::On;
+    slot = std::make_unique<cache::KernelCache>(options);
+  }
+  return *slot;
+}
+
+}  // namespace fusedopt::provider

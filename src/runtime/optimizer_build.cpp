@@ -1,0 +1,342 @@
+// Optimizer construction, in named steps: take the rule, validate the groups (errors name
+// the tensor), make the device's backend, lay out the state arenas (one per dtype), bind
+// one planned kernel per dtype binding, report.
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cstring>
+#include <map>
+#include <optional>
+#include <set>
+
+#include "fusedopt/error.hpp"
+#include "rule_access.hpp"
+#include "runtime/log.hpp"
+#include "runtime/optimizer_impl.hpp"
+
+namespace fusedopt {
+
+namespace runtime {
+
+std::string describe(const ParamSlot& slot) {
+  return fmt::format("group {}, param {} ('{}')", slot.group, slot.index_in_group, slot.name);
+}
+
+}  // namespace runtime
+
+namespace {
+
+using runtime::ParamSlot;
+
+constexpr std::size_t kArenaAlign = 64;
+
+std::size_t round_up(std::size_t n, std::size_t a) { return (n + a - 1) / a * a; }
+
+bool valid_dtype(DType d) { return d == DType::F32 || d == DType::F16 || d == DType::BF16; }
+
+std::string device_str(const Device& d) {
+  return d.kind == Device::Kind::Host ? std::string("host") : fmt::format("cuda:{}", d.index);
+}
+
+/// Checks one param/grad pair on its own.
+void validate_pair(const ParamSlot& s) {
+  const std::string who = runtime::describe(s);
+  if (!valid_dtype(s.param.dtype)) throw UsageError(who + ": param has an unsupported dtype");
+  if (!valid_dtype(s.grad.dtype)) throw UsageError(who + ": grad has an unsupported dtype");
+  if (s.param.numel < 0) {
+    throw UsageError(fmt::format("{}: param has a negative size ({})", who, s.param.numel));
+  }
+  if (s.grad.numel != s.param.numel) {
+    throw UsageError(
+        fmt::format("{}: grad has {} elements, param has {}", who, s.grad.numel, s.param.numel));
+  }
+  if (s.param.numel > 0 && s.param.data == nullptr) {
+    throw UsageError(fmt::format("{}: param data is null ({} elements)", who, s.param.numel));
+  }
+  if (s.param.numel > 0 && s.grad.data == nullptr) {
+    throw UsageError(fmt::format("{}: grad data is null ({} elements)", who, s.grad.numel));
+  }
+  if (!(s.grad.device == s.param.device)) {
+    throw UsageError(fmt::format("{}: grad is on {} but param is on {}", who,
+                                 device_str(s.grad.device), device_str(s.param.device)));
+  }
+}
+
+std::string format_elements(std::int64_t n) {
+  if (n < 10000) return fmt::format("{} element{}", n, n == 1 ? "" : "s");
+  if (n < 1000000) return fmt::format("{:.1f} K elements", static_cast<double>(n) / 1e3);
+  if (n < 1000000000) return fmt::format("{:.1f} M elements", static_cast<double>(n) / 1e6);
+  return fmt::format("{:.2f} G elements", static_cast<double>(n) / 1e9);
+}
+
+std::string role_list(const codegen::KernelBody& body, const std::vector<int>& roles) {
+  std::string out;
+  for (int r : roles) out += (out.empty() ? "" : " ") + body.roles[static_cast<std::size_t>(r)];
+  return out.empty() ? "-" : out;
+}
+
+/// What each pass reads and writes, and why the strategy was chosen, per binding.
+std::string describe_schedule(const lang::Rule& r,
+                              const std::vector<std::unique_ptr<runtime::BoundKernel>>& backends,
+                              const std::vector<DTypeBinding>& bindings) {
+  std::string out;
+  for (std::size_t b = 0; b < backends.size(); ++b) {
+    const codegen::KernelBody& body = backends[b]->body();
+    out += fmt::format("{}{} [{}]:", out.empty() ? "" : "\n", r.name, bindings[b].str());
+    for (std::size_t k = 0; k < body.pass_reads.size(); ++k) {
+      std::string what;
+      for (const codegen::ReductionSlot& s : body.slots) {
+        if (s.pass == static_cast<int>(k) && s.name != "grad_check") {
+          what += (what.empty() ? "" : ", ") + fmt::format("{} (line {})", s.name, s.line);
+        }
+      }
+      const bool update = static_cast<int>(k) == body.reduction_passes;
+      out +=
+          fmt::format(" pass {} {}: reads {}, writes {};", k, update ? "update" : "[" + what + "]",
+                      role_list(body, body.pass_reads[k]), role_list(body, body.pass_writes[k]));
+    }
+    if (body.store_pass >= 0) {
+      std::string held;
+      for (const std::string& s : body.scratch) held += (held.empty() ? "" : ", ") + s;
+      out += fmt::format(
+          " store: pass {} keeps {} in fp32 scratch ({} MB) for the update: {} B/element "
+          "per step, against {} recomputing",
+          body.store_pass, held.empty() ? "nothing" : held,
+          static_cast<double>(backends[b]->scratch_bytes()) / 1e6, body.bytes_store,
+          body.bytes_recompute);
+    } else {
+      out += fmt::format(
+          " recompute: the update recomputes what it needs: {} B/element per step, "
+          "against {} storing",
+          body.bytes_recompute, body.bytes_store);
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+Optimizer::Optimizer(const Rule& user_rule, std::vector<ParamGroup> groups,
+                     OptimizerOptions options)
+    : impl_(std::make_unique<Impl>(user_rule)) {
+  Impl& m = *impl_;
+  m.options = options;
+  m.take_rule(user_rule);
+  m.validate_groups(groups);
+  try {
+    m.backend = runtime::make_backend(m.device);
+  } catch (const UnavailableError& e) {
+    throw UnavailableError(fmt::format("{}: param is on {} but {}",
+                                       runtime::describe(m.params.front()), device_str(m.device),
+                                       e.what()));
+  }
+  m.lay_out_arenas();
+  m.bind_kernels();
+  m.report();
+}
+
+void Optimizer::Impl::take_rule(const Rule& user_rule) {
+  if (!(options.max_grad_norm >= 0.0)) {
+    throw UsageError(
+        fmt::format("OptimizerOptions: max_grad_norm is {}; it must be 0 (off) or positive",
+                    options.max_grad_norm));
+  }
+  if (options.max_grad_norm > 0.0) rule = user_rule.with_grad_clipping(options.max_grad_norm);
+  if (!valid_dtype(options.state_dtype)) {
+    throw UsageError("OptimizerOptions: unsupported state_dtype");
+  }
+  const lang::Rule& r = detail::lang_rule(rule);
+  reduction_passes = r.reduction_passes;
+  for (int s : r.states) state_names.push_back(r.symbols[s].name);
+  num_states = state_names.size();
+  for (int s : r.outputs) state_names.push_back(r.symbols[s].name);
+  for (int h : r.hypers) hyper_names.push_back(r.symbols[h].name);
+}
+
+void Optimizer::Impl::validate_groups(std::vector<ParamGroup>& groups) {
+  if (groups.empty()) throw UsageError("Optimizer: no param groups given");
+  std::vector<double> defaults;
+  for (const auto& [name, value] : rule.hypers()) defaults.push_back(value);
+  std::map<std::string, std::size_t> by_name;
+  std::map<const void*, std::size_t> by_data;
+  for (std::size_t g = 0; g < groups.size(); ++g) {
+    ParamGroup& group = groups[g];
+    if (group.params.size() != group.grads.size()) {
+      throw UsageError(
+          fmt::format("group {}: {} params but {} grads (every param needs its grad, in "
+                      "the same order)",
+                      g, group.params.size(), group.grads.size()));
+    }
+    hypers.push_back(defaults);
+    for (const auto& [name, value] : group.hypers) {
+      std::size_t k = 0;
+      try {
+        k = hyper_index(name);
+      } catch (const Error& e) {
+        throw UsageError(fmt::format("group {}: {}", g, e.what()));
+      }
+      hypers[g][k] = value;
+    }
+    for (std::size_t i = 0; i < group.params.size(); ++i) {
+      ParamSlot s;
+      s.group = static_cast<int>(g);
+      s.index_in_group = static_cast<int>(i);
+      s.param = group.params[i];
+      s.grad = group.grads[i];
+      s.name = s.param.name.empty() ? fmt::format("param{}", params.size()) : s.param.name;
+      validate_pair(s);
+      const std::string who = runtime::describe(s);
+      if (auto [it, fresh] = by_name.emplace(s.name, params.size()); !fresh) {
+        throw UsageError(fmt::format("{}: the name is already used by {} (names key checkpoints)",
+                                     who, runtime::describe(params[it->second])));
+      }
+      if (s.param.numel > 0) {
+        if (auto [it, fresh] = by_data.emplace(s.param.data, params.size()); !fresh) {
+          throw UsageError(fmt::format("{}: the same memory as {} (a param may appear only once)",
+                                       who, runtime::describe(params[it->second])));
+        }
+      }
+      if (!params.empty() && !(s.param.device == params.front().param.device)) {
+        throw UsageError(
+            fmt::format("{}: param is on {} but {} is on {} (one optimizer, one device)", who,
+                        device_str(s.param.device), runtime::describe(params.front()),
+                        device_str(params.front().param.device)));
+      }
+      params.push_back(std::move(s));
+    }
+  }
+  if (params.empty()) throw UsageError("Optimizer: the param groups hold no parameters");
+  device = params.front().param.device;
+}
+
+void Optimizer::Impl::lay_out_arenas() {
+  // Bindings (first-seen order) and arena layout: states and outputs in state_dtype, the
+  // master copies in fp32 (sharing the fp32 arena when the states are fp32 too).
+  std::map<DType, std::size_t> arena_bytes;
+  std::vector<std::vector<std::size_t>> offsets(params.size());  // per state, then master
+  for (std::size_t p = 0; p < params.size(); ++p) {
+    ParamSlot& s = params[p];
+    s.states.assign(state_names.size(), nullptr);
+    if (s.param.numel == 0) continue;
+    DTypeBinding b;
+    b.param = s.param.dtype;
+    b.grad = s.grad.dtype;
+    b.state = options.state_dtype;
+    b.master = options.master_weights && s.param.dtype != DType::F32;
+    auto it = std::find(bindings.begin(), bindings.end(), b);
+    s.binding = static_cast<int>(it - bindings.begin());
+    if (it == bindings.end()) bindings.push_back(b);
+    const auto n = static_cast<std::size_t>(s.param.numel);
+    for (std::size_t k = 0; k < state_names.size(); ++k) {
+      std::size_t& cursor = arena_bytes[options.state_dtype];
+      offsets[p].push_back(cursor);
+      cursor = round_up(cursor + n * dtype_size(options.state_dtype), kArenaAlign);
+    }
+    if (b.master) {
+      std::size_t& cursor = arena_bytes[DType::F32];
+      offsets[p].push_back(cursor);
+      cursor = round_up(cursor + n * 4, kArenaAlign);
+    }
+  }
+  // Checkpoints name the master copy "<param>/master": a state of that name would collide.
+  const bool any_master =
+      std::any_of(bindings.begin(), bindings.end(), [](const DTypeBinding& b) { return b.master; });
+  if (any_master &&
+      std::find(state_names.begin(), state_names.end(), "master") != state_names.end()) {
+    throw UsageError(
+        fmt::format("Optimizer: rule '{}' has a state called 'master', which is the name "
+                    "of the fp32 master copy in checkpoints; rename the state or turn "
+                    "off master_weights",
+                    rule.name()));
+  }
+  std::map<DType, std::byte*> base;
+  for (const auto& [dtype, bytes] : arena_bytes) {
+    runtime::Arena a;
+    a.dtype = dtype;
+    a.bytes = bytes;
+    a.memory = backend->allocate(bytes);  // zeroed, so unused padding is defined
+    base[dtype] = a.memory.bytes_data();
+    arenas.push_back(std::move(a));
+  }
+  for (std::size_t p = 0; p < params.size(); ++p) {
+    ParamSlot& s = params[p];
+    if (s.binding < 0) continue;
+    for (std::size_t k = 0; k < state_names.size(); ++k) {
+      s.states[k] = base[options.state_dtype] + offsets[p][k];
+    }
+    if (bindings[static_cast<std::size_t>(s.binding)].master) {
+      s.master = base[DType::F32] + offsets[p].back();
+    }
+  }
+}
+
+void Optimizer::Impl::bind_kernels() {
+  // The global reduction totals: one row shared by every binding's kernel.
+  if (reduction_passes > 0) {
+    const auto slots = static_cast<std::size_t>(detail::lang_rule(rule).num_global_reductions) + 1;
+    global_totals = backend->allocate(slots * sizeof(double));
+  }
+  std::vector<runtime::BindingTensors> tensors(bindings.size());
+  binding_params.assign(bindings.size(), {});
+  for (std::size_t b = 0; b < bindings.size(); ++b) {
+    tensors[b].dtypes = bindings[b];
+    tensors[b].global_totals = global_totals.data();
+    tensors[b].strategy = options.reduction_strategy;
+    tensors[b].capturable = options.capturable;
+  }
+  for (std::size_t p = 0; p < params.size(); ++p) {
+    const ParamSlot& s = params[p];
+    if (s.binding < 0) continue;
+    runtime::BindingTensors& t = tensors[static_cast<std::size_t>(s.binding)];
+    std::vector<void*> ptrs = {s.param.data, s.grad.data};
+    ptrs.insert(ptrs.end(), s.states.begin(), s.states.end());
+    if (s.master) ptrs.push_back(s.master);
+    t.ptrs.push_back(std::move(ptrs));
+    t.numel.push_back(s.param.numel);
+    t.group.push_back(s.group);
+    binding_params[static_cast<std::size_t>(s.binding)].push_back(static_cast<int>(p));
+  }
+  const std::vector<std::vector<float>> h = float_hypers();
+  for (const runtime::BindingTensors& t : tensors) {
+    kernels.push_back(backend->bind(detail::RuleAccess::impl(rule), t, h));
+  }
+  for (auto& kernel : kernels) kernel->init_states();
+}
+
+void Optimizer::Impl::report() {
+  // What fusing bought: the launches a per-tensor loop would make against ours.
+  std::int64_t elements = 0, nonempty = 0, launches = 0;
+  for (const ParamSlot& s : params) {
+    elements += s.param.numel;
+    nonempty += s.param.numel > 0 ? 1 : 0;
+  }
+  for (const auto& kernel : kernels) launches += kernel->launches_per_step();
+  fusion_report =
+      fmt::format("{} over {} tensor{} ({}): {} launch{} per step instead of {}", rule.name(),
+                  params.size(), params.size() == 1 ? "" : "s", format_elements(elements), launches,
+                  launches == 1 ? "" : "es", nonempty);
+  if (bindings.size() > 1) {
+    std::string list;
+    for (const DTypeBinding& b : bindings) list += (list.empty() ? "" : ", ") + b.str();
+    fusion_report += fmt::format(" (one per dtype binding: {})", list);
+  }
+  if (reduction_passes > 0) {
+    fusion_report +=
+        fmt::format(" ({} reduction pass{} + update{})", reduction_passes,
+                    reduction_passes == 1 ? "" : "es", bindings.size() > 1 ? " per binding" : "");
+    schedule_report = describe_schedule(detail::lang_rule(rule), kernels, bindings);
+  }
+  runtime::log(runtime::LogLevel::Info, fusion_report);
+  if (!schedule_report.empty()) runtime::log(runtime::LogLevel::Info, schedule_report);
+  if (runtime::log_enabled(runtime::LogLevel::Debug)) {
+    for (std::size_t b = 0; b < kernels.size(); ++b) {
+      runtime::log(
+          runtime::LogLevel::Debug,
+          fmt::format("kernel {} ({}) on {}: {} tensors, {} from {} in {:.3f} s", bindings[b].str(),
+                      rule.name(), backend->name(), binding_params[b].size(), kernels[b]->key(),
+                      kernels[b]->origin(), kernels[b]->seconds()));
+    }
+  }
+}
+
+}  // namespace fusedopt

@@ -1,0 +1,95 @@
+// runtime::Plan: everything a launch over one tensor list needs, built once on the host:
+// the chunk table, the pointer table, the hyper table, each tensor's chunk range, the
+// alignment class of each tensor and the layout of the Store strategy's scratch tensors.
+// The host backend launches from it in place; the CUDA backend uploads it.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "abi.h"
+#include "codegen/codegen.hpp"
+
+namespace fusedopt::runtime {
+
+/// Bytes every role pointer of a tensor must be aligned to for the vector path.
+inline constexpr std::size_t kVectorAlign = 16;
+
+/// What a plan is built from.
+struct PlanRequest {
+  const char* who = "plan";  ///< prefixes every error ("HostKernel", "CudaKernel")
+  /// `ptrs[t]`: tensor t's role pointers (param, grad, states, outputs, master), plus the
+  /// scratch tensors unless `lay_out_scratch`.
+  const std::vector<std::vector<void*>>* ptrs = nullptr;
+  const std::vector<std::int64_t>* numel = nullptr;
+  const std::vector<std::vector<float>>* hypers = nullptr;  ///< [group][Rule::hypers order]
+  const std::vector<int>* group = nullptr;  ///< tensor t's group; null or empty: all 0
+  std::int64_t chunk_elems = 1;
+  /// Lay out the Store strategy's scratch tensors (bind_scratch() then points at them)
+  /// instead of taking their pointers from `ptrs`.
+  bool lay_out_scratch = false;
+  std::size_t scratch_align = 64;  ///< alignment of each scratch view, in bytes
+};
+
+class Plan {
+ public:
+  /// Validates the request against `body` (errors name the tensor, role or group) and
+  /// builds every table.
+  static Plan build(const codegen::KernelBody& body, const PlanRequest& request);
+
+  /// Replaces the hyper table (`hypers[g]`: group g's values).
+  void set_hypers(const std::vector<std::vector<float>>& hypers);
+  /// Sets one value of one group.
+  void set_hyper(int group, int index, float value);
+  /// Points the scratch roles at views of one allocation of scratch_bytes() at `base`.
+  void bind_scratch(void* base);
+
+  const std::vector<fo_chunk>& chunks() const { return chunks_; }
+  /// [tensor * num_roles() + role].
+  const std::vector<void*>& ptrs() const { return ptrs_; }
+  /// [group * num_hypers() + hyper], plus one pad value (never empty).
+  const std::vector<float>& hypers() const { return hypers_; }
+  /// [2 * tensor]: first chunk, chunk count (rules with reductions; else empty).
+  const std::vector<long long>& tensor_chunks() const { return tensor_chunks_; }
+  /// Per tensor: 1 when every role pointer is kVectorAlign-aligned.
+  const std::vector<unsigned char>& aligned() const { return aligned_; }
+
+  std::int64_t num_tensors() const { return num_tensors_; }
+  std::int64_t num_chunks() const { return static_cast<std::int64_t>(chunks_.size()); }
+  bool empty() const { return chunks_.empty(); }
+  int num_roles() const { return num_roles_; }
+  int num_hypers() const { return num_hypers_; }
+  int num_groups() const { return num_groups_; }
+  /// Non-empty tensors that take the vector path.
+  int num_aligned() const { return num_aligned_; }
+
+  /// Reduction buffers the launches need: chunk partials (floats), per-tensor totals and
+  /// global totals (doubles). Zero for an element-wise rule, except the global slot count.
+  std::size_t num_partials() const { return num_partials_; }
+  std::size_t num_tensor_totals() const { return num_tensor_totals_; }
+  std::size_t num_global_totals() const { return num_global_totals_; }
+  /// Bytes of the scratch allocation bind_scratch() wants (0: none).
+  std::size_t scratch_bytes() const { return scratch_bytes_; }
+
+ private:
+  std::vector<fo_chunk> chunks_;
+  std::vector<void*> ptrs_;
+  std::vector<float> hypers_;
+  std::vector<long long> tensor_chunks_;
+  std::vector<unsigned char> aligned_;
+  std::vector<std::size_t> scratch_offsets_;  ///< [tensor * scratch values + j], bytes
+  const char* who_ = "plan";
+  std::int64_t num_tensors_ = 0;
+  int num_roles_ = 0;
+  int num_scratch_ = 0;
+  int num_hypers_ = 0;
+  int num_groups_ = 0;
+  int num_aligned_ = 0;
+  std::size_t num_partials_ = 0;
+  std::size_t num_tensor_totals_ = 0;
+  std::size_t num_global_totals_ = 0;
+  std::size_t scratch_bytes_ = 0;
+};
+
+}  // namespace fusedopt::runtime
