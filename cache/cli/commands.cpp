@@ -5,7 +5,7 @@
 #include <fstream>
 #include <sstream>
 
-#include "cache/cli/cli.hpp"
+#include "cli.hpp"
 #include "codegen/codegen.hpp"
 #include "fusedopt/error.hpp"
 #include "lang/parse.hpp"
