@@ -4,7 +4,6 @@
 #include <pwd.h>
 #include <unistd.h>
 
-#include <cctype>
 #include <cstdlib>
 #include <optional>
 #include <vector>
@@ -12,24 +11,17 @@
 #include "cache/kernel_cache.hpp"
 #include "fusedopt/error.hpp"
 #include "support/parse_size.hpp"
+#include "support/text.hpp"
 
 namespace fusedopt::cache {
 
 namespace {
 
+using support::trimmed_lower;
+
 std::string env(const char* name) {
   const char* value = std::getenv(name);
   return value == nullptr ? std::string() : std::string(value);
-}
-
-std::string trimmed_lower(std::string_view text) {
-  std::size_t begin = 0;
-  std::size_t end = text.size();
-  while (begin < end && std::isspace(static_cast<unsigned char>(text[begin]))) ++begin;
-  while (end > begin && std::isspace(static_cast<unsigned char>(text[end - 1]))) --end;
-  std::string out(text.substr(begin, end - begin));
-  for (char& c : out) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-  return out;
 }
 
 KernelCache::Mode parse_mode(const std::string& text) {
