@@ -38,7 +38,8 @@ class Args {
   std::size_t pos_ = 0;
 };
 
-/// Parses "123", "64K", "10M", "2G" (binary units). Throws UsageError.
+/// Parses "123", "64K", "10m", "2GiB" (binary units; support::parse_size, the parser
+/// FUSEDOPT_CACHE_MAX_BYTES uses too). Throws UsageError naming `what`.
 std::uint64_t parse_bytes(const std::string& text, const std::string& what);
 /// "1.5 MiB"-style sizes.
 std::string human_bytes(std::uint64_t bytes);

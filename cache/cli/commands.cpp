@@ -5,7 +5,7 @@
 #include <fstream>
 #include <sstream>
 
-#include "cache/cli/cli.hpp"
+#include "cli.hpp"
 #include "fusedopt/error.hpp"
 #include "fusedopt/kernel.hpp"
 

@@ -6,7 +6,7 @@
 #include <functional>
 #include <map>
 
-#include "cache/cli/cli.hpp"
+#include "cli.hpp"
 #include "fusedopt/error.hpp"
 
 namespace {

@@ -1,9 +1,8 @@
 // Argument parsing and formatting helpers of fusedopt-cache.
 #include <fmt/format.h>
 
-#include <cctype>
-
-#include "cache/cli/cli.hpp"
+#include "cli.hpp"
+#include "support/parse_size.hpp"
 
 namespace fusedopt::cli {
 
@@ -31,28 +30,9 @@ bool Args::flag(const std::string& name) {
 }
 
 std::uint64_t parse_bytes(const std::string& text, const std::string& what) {
-  std::size_t i = 0;
-  std::uint64_t value = 0;
-  while (i < text.size() && std::isdigit(static_cast<unsigned char>(text[i]))) {
-    std::uint64_t d = static_cast<std::uint64_t>(text[i] - '0');
-    if (value > (UINT64_MAX - d) / 10) throw UsageError{what + " '" + text + "' is too large"};
-    value = value * 10 + d;
-    ++i;
-  }
-  if (i == 0) throw UsageError{what + " '" + text + "' is not a size (e.g. 500M, 2G, 1048576)"};
-  std::string suffix = text.substr(i);
-  int shift = 0;
-  if (suffix == "K" || suffix == "KiB" || suffix == "k")
-    shift = 10;
-  else if (suffix == "M" || suffix == "MiB")
-    shift = 20;
-  else if (suffix == "G" || suffix == "GiB")
-    shift = 30;
-  else if (!suffix.empty())
-    throw UsageError{what + " '" + text + "' has an unknown unit (use K, M or G)"};
-  if (shift && value > (UINT64_MAX >> shift))
-    throw UsageError{what + " '" + text + "' is too large"};
-  return value << shift;
+  std::string problem;
+  if (std::optional<std::uint64_t> bytes = support::parse_size(text, &problem)) return *bytes;
+  throw UsageError{what + " '" + text + "' " + problem};
 }
 
 std::string human_bytes(std::uint64_t bytes) {

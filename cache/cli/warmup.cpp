@@ -10,7 +10,7 @@
 #include <sstream>
 #include <thread>
 
-#include "cache/cli/cli.hpp"
+#include "cli.hpp"
 #include "fusedopt/error.hpp"
 #include "fusedopt/kernel.hpp"
 

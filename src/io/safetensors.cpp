@@ -5,13 +5,9 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 #include <sys/stat.h>
-#include <unistd.h>
 
 #include <algorithm>
-#include <atomic>
 #include <cerrno>
-#include <cstring>
-#include <random>
 #include <set>
 #include <string_view>
 #include <tuple>
@@ -19,6 +15,8 @@
 
 #include "fusedopt/error.hpp"
 #include "io/json.hpp"
+#include "support/atomic_write.hpp"
+#include "support/file_io.hpp"
 
 #if !defined(__BYTE_ORDER__) || __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
 #error "fusedopt::io copies tensor bytes verbatim and assumes a little-endian host"
@@ -32,22 +30,6 @@ namespace {
 constexpr std::uint64_t kMaxHeaderBytes = 100'000'000;
 constexpr const char* kMetadataKey = "__metadata__";
 
-// Owns a file descriptor so that every early return and throw closes it.
-class Fd {
- public:
-  explicit Fd(int fd) : fd_(fd) {}
-  ~Fd() {
-    if (fd_ >= 0) ::close(fd_);
-  }
-  Fd(const Fd&) = delete;
-  Fd& operator=(const Fd&) = delete;
-  int get() const { return fd_; }
-  int release() { return std::exchange(fd_, -1); }
-
- private:
-  int fd_;
-};
-
 std::string shape_text(const std::vector<std::int64_t>& shape) {
   return fmt::format("[{}]", fmt::join(shape, ", "));
 }
@@ -60,37 +42,6 @@ bool shape_bytes(const std::vector<std::int64_t>& shape, int elem_bytes, std::ui
     if (__builtin_mul_overflow(n, static_cast<std::uint64_t>(d), &n)) return false;
   }
   *out = n;
-  return true;
-}
-
-// Writes all of [p, p + n), retrying short writes and EINTR; false with errno set on failure.
-bool write_all(int fd, const char* p, std::size_t n) {
-  while (n > 0) {
-    ssize_t w = ::write(fd, p, n);
-    if (w < 0) {
-      if (errno == EINTR) continue;
-      return false;
-    }
-    p += w;
-    n -= static_cast<std::size_t>(w);
-  }
-  return true;
-}
-
-bool read_all(int fd, char* p, std::size_t n) {
-  while (n > 0) {
-    ssize_t r = ::read(fd, p, n);
-    if (r < 0) {
-      if (errno == EINTR) continue;
-      return false;
-    }
-    if (r == 0) {
-      errno = EIO;  // the file shrank while we read it
-      return false;
-    }
-    p += r;
-    n -= static_cast<std::size_t>(r);
-  }
   return true;
 }
 
@@ -152,15 +103,6 @@ void validate_for_write(const std::filesystem::path& path, const std::vector<Ten
   }
 }
 
-// A fresh name beside the target, so that rename() is atomic (same file system) and two
-// concurrent writers never share a temp file.
-std::filesystem::path temp_path_for(const std::filesystem::path& path) {
-  static std::atomic<unsigned> counter{0};
-  thread_local std::mt19937_64 rng{std::random_device{}()};
-  return path.parent_path() /
-         fmt::format(".{}.tmp-{}-{}-{:x}", path.filename().string(), ::getpid(), counter++, rng());
-}
-
 }  // namespace
 
 int dtype_bytes(const std::string& st_dtype) {
@@ -187,52 +129,39 @@ void write_safetensors(const std::filesystem::path& path, const std::vector<Tens
     length[i] = static_cast<char>((static_cast<std::uint64_t>(header.size()) >> (8 * i)) & 0xFF);
   }
 
-  const std::filesystem::path temp = temp_path_for(path);
-  auto fail = [&](const char* op, int err) {
-    throw Error(fmt::format("{}: cannot write ({} {}: {})", path.string(), op, temp.string(),
-                            std::strerror(err)));
-  };
-  // 0666 lets the umask decide the final permissions, as for any ordinary new file.
-  Fd fd(::open(temp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666));
-  if (fd.get() < 0) fail("create", errno);
-  // From here on the temp file exists: remove it on every failure.
-  auto fail_and_remove = [&](const char* op) {
-    int err = errno;
-    ::unlink(temp.c_str());
-    fail(op, err);
-  };
-  bool ok = write_all(fd.get(), length, sizeof length) &&
-            write_all(fd.get(), header.data(), header.size());
-  for (std::size_t i = 0; ok && i < tensors.size(); ++i) {
-    ok = write_all(fd.get(), static_cast<const char*>(tensors[i].data), tensors[i].bytes);
-  }
-  if (!ok) fail_and_remove("write");
-  if (::fsync(fd.get()) != 0) fail_and_remove("fsync");
-  if (::close(fd.release()) != 0) fail_and_remove("close");
-  if (::rename(temp.c_str(), path.c_str()) != 0) fail_and_remove("rename to the target");
-
-  // The rename is durable only once the folder itself is on disk.
-  std::filesystem::path dir = path.parent_path().empty() ? "." : path.parent_path();
-  Fd dir_fd(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
-  if (dir_fd.get() < 0 || (::fsync(dir_fd.get()) != 0 && errno != EINVAL)) {
+  support::AtomicWriteResult written = support::atomic_write(path, [&](int fd) {
+    bool ok = support::write_all(fd, length, sizeof length) &&
+              support::write_all(fd, header.data(), header.size());
+    for (std::size_t i = 0; ok && i < tensors.size(); ++i) {
+      ok = support::write_all(fd, static_cast<const char*>(tensors[i].data), tensors[i].bytes);
+    }
+    return ok;
+  });
+  if (written.ok()) return;
+  if (written.published()) {
+    // The rename is durable only once the folder itself is on disk.
     throw Error(fmt::format("{}: written, but fsync of folder {} failed: {}", path.string(),
-                            dir.string(), std::strerror(errno)));
+                            written.folder.string(), support::errno_text(written.err)));
   }
+  const std::string_view step = written.step;
+  throw Error(fmt::format("{}: cannot write ({} {}: {})", path.string(),
+                          step == "rename" ? "rename to the target" : step, written.temp.string(),
+                          support::errno_text(written.err)));
 }
 
 SafetensorsFile read_safetensors(const std::filesystem::path& path) {
   auto fail = [&](const std::string& what) -> void { throw Error(path.string() + ": " + what); };
-  Fd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
-  if (fd.get() < 0) fail(fmt::format("cannot open: {}", std::strerror(errno)));
+  support::UniqueFd fd(support::open_retry(path.c_str(), O_RDONLY | O_CLOEXEC));
+  if (!fd) fail(fmt::format("cannot open: {}", support::errno_text(errno)));
   struct stat st {};
-  if (::fstat(fd.get(), &st) != 0) fail(fmt::format("cannot stat: {}", std::strerror(errno)));
+  if (::fstat(fd.get(), &st) != 0) fail(fmt::format("cannot stat: {}", support::errno_text(errno)));
   if (!S_ISREG(st.st_mode)) fail("not a regular file");
   const std::uint64_t size = static_cast<std::uint64_t>(st.st_size);
   if (size < 8) fail(fmt::format("file is too short ({} bytes) to hold the header length", size));
 
   unsigned char length_bytes[8];
-  if (!read_all(fd.get(), reinterpret_cast<char*>(length_bytes), 8)) {
-    fail(fmt::format("cannot read: {}", std::strerror(errno)));
+  if (!support::read_exact(fd.get(), reinterpret_cast<char*>(length_bytes), 8)) {
+    fail(fmt::format("cannot read: {}", support::errno_text(errno)));
   }
   std::uint64_t header_len = 0;
   for (int i = 7; i >= 0; --i) header_len = (header_len << 8) | length_bytes[i];
@@ -247,9 +176,9 @@ SafetensorsFile read_safetensors(const std::filesystem::path& path) {
   std::string header(header_len, '\0');
   SafetensorsFile file;
   file.data.resize(size - 8 - header_len);
-  if (!read_all(fd.get(), header.data(), header.size()) ||
-      !read_all(fd.get(), file.data.data(), file.data.size())) {
-    fail(fmt::format("cannot read: {}", std::strerror(errno)));
+  if (!support::read_exact(fd.get(), header.data(), header.size()) ||
+      !support::read_exact(fd.get(), file.data.data(), file.data.size())) {
+    fail(fmt::format("cannot read: {}", support::errno_text(errno)));
   }
 
   JsonValue root;

@@ -2,18 +2,14 @@
 #include "jit/build.hpp"
 
 #include <fmt/format.h>
-#include <unistd.h>
 
-#include <atomic>
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
-#include <fstream>
-#include <functional>
-#include <thread>
 
 #include "fusedopt/error.hpp"
 #include "jit/compiler.hpp"
+#include "support/atomic_write.hpp"
 
 #ifndef FUSEDOPT_VERSION
 #define FUSEDOPT_VERSION "0.0.0"
@@ -50,22 +46,12 @@ namespace {
 
 void dump_source(const std::string& dir, const std::string& name, const std::string& source) {
   std::error_code ec;
-  fs::create_directories(dir, ec);
+  fs::create_directories(dir, ec);  // a failure shows up as the write's error below
   const fs::path final_path = fs::path(dir) / name;
-  // Unique per process and thread: two threads may dump the same kernel at once.
-  static std::atomic<unsigned> counter{0};
-  const fs::path tmp =
-      fs::path(dir) / fmt::format(".{}.{}.{}.{}.tmp", name, getpid(),
-                                  std::hash<std::thread::id>()(std::this_thread::get_id()),
-                                  counter++);
-  {
-    std::ofstream out(tmp, std::ios::binary);
-    out << source;
-    if (!out) throw Error("FUSEDOPT_DUMP_SOURCE: cannot write " + tmp.string());
-  }
-  fs::rename(tmp, final_path, ec);
-  if (ec)
-    throw Error("FUSEDOPT_DUMP_SOURCE: cannot write " + final_path.string() + ": " + ec.message());
+  // Atomic, so that a reader (or a second thread dumping the same kernel) never sees half a
+  // file.
+  support::AtomicWriteResult written = support::atomic_write(final_path, source);
+  if (!written.ok()) throw Error("FUSEDOPT_DUMP_SOURCE: " + written.message(final_path));
 }
 
 }  // namespace

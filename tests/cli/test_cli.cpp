@@ -230,6 +230,19 @@ TEST_SUITE("cli") {
     }
   }
 
+  TEST_CASE("prune --max-bytes takes the sizes FUSEDOPT_CACHE_MAX_BYTES takes") {
+    TempDir d;
+    std::string dir = (d.path() / "c").string();
+    for (const char* size : {"1048576", "512m", "512M", "512MB", "2GiB", "64k"}) {
+      CliResult r = run_cli({"prune", "--max-bytes", size, "--cache-dir", dir});
+      INFO(size << " -> " << r.err);
+      CHECK(r.code == 0);
+    }
+    CliResult r = run_cli({"prune", "--max-bytes", "99999999999999999999", "--cache-dir", dir});
+    CHECK(r.code == 2);
+    CHECK(r.err.find("--max-bytes '99999999999999999999' is too large") != std::string::npos);
+  }
+
   TEST_CASE("a cache folder other users can write to is refused") {
     TempDir d;
     fs::path dir = d.path() / "shared";

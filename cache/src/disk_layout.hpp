@@ -9,7 +9,7 @@
 #include <string_view>
 #include <vector>
 
-#include "cache/kernel_cache.hpp"
+#include "cache/key.hpp"
 
 namespace fusedopt::cache::detail {
 

@@ -4,31 +4,24 @@
 #include <pwd.h>
 #include <unistd.h>
 
-#include <cctype>
 #include <cstdlib>
-#include <limits>
+#include <optional>
 #include <vector>
 
 #include "cache/kernel_cache.hpp"
 #include "fusedopt/error.hpp"
+#include "support/parse_size.hpp"
+#include "support/text.hpp"
 
 namespace fusedopt::cache {
 
 namespace {
 
+using support::trimmed_lower;
+
 std::string env(const char* name) {
   const char* value = std::getenv(name);
   return value == nullptr ? std::string() : std::string(value);
-}
-
-std::string trimmed_lower(std::string_view text) {
-  std::size_t begin = 0;
-  std::size_t end = text.size();
-  while (begin < end && std::isspace(static_cast<unsigned char>(text[begin]))) ++begin;
-  while (end > begin && std::isspace(static_cast<unsigned char>(text[end - 1]))) --end;
-  std::string out(text.substr(begin, end - begin));
-  for (char& c : out) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-  return out;
 }
 
 KernelCache::Mode parse_mode(const std::string& text) {
@@ -39,42 +32,11 @@ KernelCache::Mode parse_mode(const std::string& text) {
   throw CacheError("FUSEDOPT_CACHE=" + text + " is not valid: use off, memory or on");
 }
 
-std::uint64_t parse_size(const std::string& text) {
-  auto fail = [&]() -> std::uint64_t {
-    throw CacheError("FUSEDOPT_CACHE_MAX_BYTES=" + text +
-                     " is not a size: use a number of bytes, optionally followed by K, M or G "
-                     "(powers of 1024), e.g. 512M");
-  };
-  std::string value = trimmed_lower(text);
-  std::size_t pos = 0;
-  std::uint64_t number = 0;
-  constexpr std::uint64_t kMax = std::numeric_limits<std::uint64_t>::max();
-  while (pos < value.size() && std::isdigit(static_cast<unsigned char>(value[pos]))) {
-    std::uint64_t digit = static_cast<std::uint64_t>(value[pos] - '0');
-    if (number > (kMax - digit) / 10) fail();
-    number = number * 10 + digit;
-    ++pos;
-  }
-  if (pos == 0) return fail();
-  std::string suffix = value.substr(pos);
-  // "512M", "512MB" and "512MiB" all mean 512 * 2^20.
-  if (suffix.size() > 1 && (suffix.substr(1) == "b" || suffix.substr(1) == "ib")) {
-    suffix = suffix.substr(0, 1);
-  }
-  int shift = 0;
-  if (suffix.empty() || suffix == "b") {
-    shift = 0;
-  } else if (suffix == "k") {
-    shift = 10;
-  } else if (suffix == "m") {
-    shift = 20;
-  } else if (suffix == "g") {
-    shift = 30;
-  } else {
-    return fail();
-  }
-  if (shift > 0 && number > (kMax >> shift)) fail();
-  return number << shift;
+std::uint64_t parse_max_bytes(const std::string& text) {
+  if (std::optional<std::uint64_t> bytes = support::parse_size(text)) return *bytes;
+  throw CacheError("FUSEDOPT_CACHE_MAX_BYTES=" + text +
+                   " is not a size: use a number of bytes, optionally followed by K, M or G "
+                   "(powers of 1024), e.g. 512M");
 }
 
 /// ${XDG_CACHE_HOME:-$HOME/.cache}/fusedopt; "" when neither can be found.
@@ -102,7 +64,7 @@ KernelCache::Options KernelCache::options_from_env() {
   Options options;
   if (std::string mode = env("FUSEDOPT_CACHE"); !mode.empty()) options.mode = parse_mode(mode);
   if (std::string max = env("FUSEDOPT_CACHE_MAX_BYTES"); !max.empty()) {
-    options.max_disk_bytes = parse_size(max);
+    options.max_disk_bytes = parse_max_bytes(max);
   }
   if (std::string dir = env("FUSEDOPT_CACHE_DIR"); !dir.empty()) {
     options.dir = dir;

@@ -1,5 +1,5 @@
-// POSIX helpers for the disk tier (see file_util.hpp).
-#include "cache/file_util.hpp"
+// POSIX file helpers (see file_io.hpp).
+#include "support/file_io.hpp"
 
 #include <fcntl.h>
 #include <unistd.h>
@@ -7,25 +7,7 @@
 #include <cerrno>
 #include <cstring>
 
-namespace fusedopt::cache::detail {
-
-UniqueFd& UniqueFd::operator=(UniqueFd&& other) noexcept {
-  if (this != &other) reset(other.release());
-  return *this;
-}
-
-void UniqueFd::reset(int fd) {
-  // close() is not retried on EINTR: on Linux the descriptor is released either way.
-  if (fd_ >= 0) ::close(fd_);
-  fd_ = fd;
-}
-
-int UniqueFd::close_checked() {
-  if (fd_ < 0) return 0;
-  int rc = ::close(fd_);
-  fd_ = -1;
-  return rc == 0 ? 0 : errno;
-}
+namespace fusedopt::support {
 
 std::string errno_text(int err) {
   char buf[256];
@@ -70,6 +52,16 @@ long read_full(int fd, char* data, std::size_t n) {
   return static_cast<long>(done);
 }
 
+bool read_exact(int fd, char* data, std::size_t n) {
+  long got = read_full(fd, data, n);
+  if (got < 0) return false;
+  if (static_cast<std::size_t>(got) != n) {
+    errno = EIO;  // the file ended (or shrank while we read it)
+    return false;
+  }
+  return true;
+}
+
 int open_retry(const char* path, int flags, mode_t mode) {
   int fd;
   do {
@@ -91,7 +83,8 @@ bool make_dir(const std::filesystem::path& dir, mode_t mode) {
 }
 
 bool fsync_dir(const std::filesystem::path& dir) {
-  UniqueFd fd(open_retry(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+  const std::filesystem::path folder = dir.empty() ? std::filesystem::path(".") : dir;
+  UniqueFd fd(open_retry(folder.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
   if (!fd) return false;
   if (::fsync(fd.get()) != 0 && errno != EINVAL) return false;  // EINVAL: fs without dir fsync
   return true;
@@ -103,4 +96,4 @@ void unlink_if_same(const std::filesystem::path& path, const struct stat& opened
   if (now.st_dev == opened.st_dev && now.st_ino == opened.st_ino) ::unlink(path.c_str());
 }
 
-}  // namespace fusedopt::cache::detail
+}  // namespace fusedopt::support

@@ -5,7 +5,7 @@
 #include <filesystem>
 #include <optional>
 
-#include "cache/file_util.hpp"
+#include "support/unique_fd.hpp"
 
 namespace fusedopt::cache::detail {
 
@@ -25,9 +25,10 @@ class FileLock {
   const std::filesystem::path& path() const { return path_; }
 
  private:
-  FileLock(std::filesystem::path path, UniqueFd fd) : path_(std::move(path)), fd_(std::move(fd)) {}
+  FileLock(std::filesystem::path path, support::UniqueFd fd)
+      : path_(std::move(path)), fd_(std::move(fd)) {}
   std::filesystem::path path_;
-  UniqueFd fd_;
+  support::UniqueFd fd_;
 };
 
 }  // namespace fusedopt::cache::detail

@@ -1,9 +1,10 @@
 // Keys and key records: the canonical, length-prefixed encoding of everything that went into
 // a binary, and its XXH3-128 hash. See cache/README.md for the byte layout.
+#include "cache/key.hpp"
+
 #include <xxhash.h>
 
-#include "cache/entry_format.hpp"
-#include "cache/kernel_cache.hpp"
+#include "entry_format.hpp"
 
 namespace fusedopt::cache {
 
@@ -90,18 +91,6 @@ std::optional<KeyRecord> KeyRecord::deserialize(std::string_view bytes) {
 }
 
 Key KeyRecord::key() const { return detail::hash128(serialize()); }
-
-const char* to_string(Origin origin) {
-  switch (origin) {
-    case Origin::Memory:
-      return "memory";
-    case Origin::Disk:
-      return "disk";
-    case Origin::Compiled:
-      return "compiled";
-  }
-  return "unknown";
-}
 
 namespace detail {
 

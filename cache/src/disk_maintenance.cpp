@@ -9,11 +9,11 @@
 #include <cerrno>
 #include <ctime>
 
-#include "cache/disk_layout.hpp"
-#include "cache/entry_format.hpp"
-#include "cache/file_lock.hpp"
-#include "cache/file_util.hpp"
-#include "cache/kernel_cache.hpp"
+#include "cache/disk_store.hpp"
+#include "disk_layout.hpp"
+#include "entry_format.hpp"
+#include "file_lock.hpp"
+#include "support/file_io.hpp"
 
 namespace fusedopt::cache {
 
@@ -48,7 +48,7 @@ std::vector<EntryInfo> DiskStore::list() const {
     info.path = file.path;
     info.file_bytes = static_cast<std::uint64_t>(file.st.st_size);
     info.last_used = static_cast<std::int64_t>(file.st.st_mtim.tv_sec);
-    detail::UniqueFd fd(detail::open_retry(file.path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW));
+    support::UniqueFd fd(support::open_retry(file.path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW));
     struct stat st {};
     if (fd && ::fstat(fd.get(), &st) == 0) {
       info.file_bytes = static_cast<std::uint64_t>(st.st_size);
@@ -73,19 +73,19 @@ std::vector<BadEntry> DiskStore::verify(bool remove) const {
       case detail::FileKind::Lock:
         break;
       case detail::FileKind::Entry: {
-        detail::UniqueFd fd(
-            detail::open_retry(file.path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW));
+        support::UniqueFd fd(
+            support::open_retry(file.path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW));
         struct stat st {};
         if (!fd || ::fstat(fd.get(), &st) != 0) {
           int err = errno;
-          if (err != ENOENT) bad.push_back({file.path, "unreadable: " + detail::errno_text(err)});
+          if (err != ENOENT) bad.push_back({file.path, "unreadable: " + support::errno_text(err)});
           break;
         }
         detail::EntryCheck check = detail::read_entry(
             fd.get(), static_cast<std::uint64_t>(st.st_size), file.key, detail::ReadDepth::Full);
         if (!check.problem.empty()) {
           bad.push_back({file.path, check.problem});
-          if (remove) detail::unlink_if_same(file.path, st);
+          if (remove) support::unlink_if_same(file.path, st);
         }
         break;
       }
@@ -94,7 +94,7 @@ std::vector<BadEntry> DiskStore::verify(bool remove) const {
         if (age < kStaleTempSeconds) break;
         bad.push_back({file.path, "stale temp file left by an interrupted store (" +
                                       std::to_string(age / 60) + " minutes old)"});
-        if (remove) detail::unlink_if_same(file.path, file.st);
+        if (remove) support::unlink_if_same(file.path, file.st);
         break;
       }
       case detail::FileKind::Unexpected:

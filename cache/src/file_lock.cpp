@@ -2,7 +2,7 @@
 // processes use them, so after flock() succeeds we check that the path still names the file
 // we locked; if it was unlinked or replaced, we lock the new one instead. Together with
 // deleting a lock file only while holding its lock, this keeps "one holder per key" true.
-#include "cache/file_lock.hpp"
+#include "file_lock.hpp"
 
 #include <fcntl.h>
 #include <sys/file.h>
@@ -11,8 +11,14 @@
 #include <cerrno>
 
 #include "fusedopt/error.hpp"
+#include "support/file_io.hpp"
 
 namespace fusedopt::cache::detail {
+
+using support::errno_text;
+using support::make_dir;
+using support::open_retry;
+using support::UniqueFd;
 
 namespace {
 

@@ -1,26 +1,27 @@
 // The disk tier's read and write paths: folder safety checks, load (every defect is a miss),
 // atomic store (temp file, fsync, rename, fsync the folder) and the per-key file lock that
 // makes one process compile a missing entry while the others wait and re-check.
+#include "cache/disk_store.hpp"
+
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <cstdio>
-#include <random>
 
-#include "cache/disk_layout.hpp"
-#include "cache/entry_format.hpp"
-#include "cache/file_lock.hpp"
-#include "cache/file_util.hpp"
-#include "cache/kernel_cache.hpp"
+#include "disk_layout.hpp"
+#include "entry_format.hpp"
+#include "file_lock.hpp"
 #include "fusedopt/error.hpp"
+#include "support/atomic_write.hpp"
+#include "support/file_io.hpp"
 
 namespace fusedopt::cache {
 
 namespace {
 
-using detail::errno_text;
+using support::errno_text;
 
 std::string octal_mode(mode_t mode) {
   char buf[16];
@@ -41,7 +42,7 @@ void create_folders(const std::filesystem::path& dir) {
       }
       continue;
     }
-    if (!detail::make_dir(prefix, 0700)) {
+    if (!support::make_dir(prefix, 0700)) {
       int err = errno;
       throw CacheError("cannot create cache folder " + dir.string() + ": mkdir " + prefix.string() +
                        ": " + errno_text(err) +
@@ -76,35 +77,6 @@ void check_folder_is_private(const std::filesystem::path& dir) {
   }
 }
 
-std::string random_hex() {
-  // The pid in temp names separates forked processes (which copy this state); the random
-  // part separates threads and hosts sharing the folder.
-  thread_local std::mt19937_64 rng = [] {
-    std::random_device rd;
-    std::seed_seq seed{rd(), rd(), rd(), rd(), static_cast<unsigned>(::getpid())};
-    return std::mt19937_64(seed);
-  }();
-  char buf[17];
-  std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(rng()));
-  return buf;
-}
-
-/// Removes the temp file unless it was published.
-class TempFileGuard {
- public:
-  explicit TempFileGuard(std::filesystem::path path) : path_(std::move(path)) {}
-  ~TempFileGuard() {
-    if (armed_) ::unlink(path_.c_str());
-  }
-  TempFileGuard(const TempFileGuard&) = delete;
-  TempFileGuard& operator=(const TempFileGuard&) = delete;
-  void disarm() { armed_ = false; }
-
- private:
-  std::filesystem::path path_;
-  bool armed_ = true;
-};
-
 }  // namespace
 
 DiskStore::DiskStore(std::filesystem::path dir) : dir_(std::move(dir)) {
@@ -132,7 +104,7 @@ std::optional<std::string> DiskStore::load(const KeyRecord& record, std::string_
   Key key = detail::hash128(record_bytes);
   std::filesystem::path path = entry_path(key, ext);
 
-  detail::UniqueFd fd(detail::open_retry(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW));
+  support::UniqueFd fd(support::open_retry(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW));
   if (!fd) {
     if (errno == ELOOP) ::unlink(path.c_str());  // a symbolic link is never one of ours
     return std::nullopt;
@@ -145,7 +117,7 @@ std::optional<std::string> DiskStore::load(const KeyRecord& record, std::string_
   // Equal keys with different records is a hash collision: comparing the full record
   // bytes means it costs a recompile instead of returning the wrong binary.
   if (!check.problem.empty() || check.record_bytes != record_bytes) {
-    detail::unlink_if_same(path, st);
+    support::unlink_if_same(path, st);
     return std::nullopt;
   }
   ::futimens(fd.get(), nullptr);  // LRU clock; failure (read-only cache) is harmless
@@ -158,45 +130,31 @@ void DiskStore::store(const KeyRecord& record, std::string_view ext,
   std::string record_bytes = record.serialize();
   Key key = detail::hash128(record_bytes);
   std::filesystem::path final_path = entry_path(key, ext);
-  std::filesystem::path shard = final_path.parent_path();
-
-  std::filesystem::path temp;
-  detail::UniqueFd fd;
-  for (int attempt = 0; !fd; ++attempt) {
-    if (!detail::make_dir(shard, 0700)) {
-      int err = errno;
-      throw CacheError("cannot create cache folder " + shard.string() + ": " + errno_text(err));
-    }
-    temp =
-        shard / ("." + key.hex() + "." + std::to_string(::getpid()) + "." + random_hex() + ".tmp");
-    fd.reset(detail::open_retry(temp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW,
-                                0600));
-    // ENOENT: clear() removed the empty sub-folder just now; EEXIST: a name clash.
-    if (!fd && !((errno == ENOENT || errno == EEXIST) && attempt < 3)) {
-      int err = errno;
-      throw CacheError("cannot create cache temp file " + temp.string() + ": " + errno_text(err));
-    }
-  }
-  TempFileGuard guard(temp);
-  auto fail = [&](const char* step, int err) {
-    throw CacheError("cannot write cache entry " + final_path.string() + " (" + step + " " +
-                     temp.string() + "): " + errno_text(err));
-  };
 
   std::string header = detail::encode_header(record_bytes, payload);
-  if (!detail::write_all(fd.get(), header.data(), header.size()) ||
-      !detail::write_all(fd.get(), payload.data(), payload.size())) {
-    fail("write", errno);
+  support::AtomicWriteOptions options;
+  options.mode = 0600;
+  options.create_folder = 0700;  // the shard; clear() may remove it at any time
+  options.temp_stem = key.hex();
+  support::AtomicWriteResult written = support::atomic_write(
+      final_path,
+      [&](int fd) {
+        return support::write_all(fd, header.data(), header.size()) &&
+               support::write_all(fd, payload.data(), payload.size());
+      },
+      options);
+  if (written.ok()) return;
+  const std::string_view step = written.step;
+  const std::string why = errno_text(written.err);
+  if (step == "mkdir") {
+    throw CacheError("cannot create cache folder " + written.folder.string() + ": " + why);
   }
-  if (::fsync(fd.get()) != 0) fail("fsync", errno);
-  if (int err = fd.close_checked(); err != 0) fail("close", err);
-  if (::rename(temp.c_str(), final_path.c_str()) != 0) fail("rename", errno);
-  guard.disarm();
-  if (!detail::fsync_dir(shard)) {
-    int err = errno;
-    throw CacheError("cannot write cache entry " + final_path.string() + " (fsync folder " +
-                     shard.string() + "): " + errno_text(err));
+  if (step == "create") {
+    throw CacheError("cannot create cache temp file " + written.temp.string() + ": " + why);
   }
+  const std::filesystem::path& file = step == "fsync folder" ? written.folder : written.temp;
+  throw CacheError("cannot write cache entry " + final_path.string() + " (" + written.step + " " +
+                   file.string() + "): " + why);
 }
 
 std::pair<std::string, Origin> DiskStore::get_or_compile(
@@ -205,7 +163,7 @@ std::pair<std::string, Origin> DiskStore::get_or_compile(
   if (auto hit = load(record, ext)) return {std::move(*hit), Origin::Disk};
 
   std::filesystem::path path = entry_path(record.key(), ext);
-  if (!detail::make_dir(path.parent_path(), 0700)) {
+  if (!support::make_dir(path.parent_path(), 0700)) {
     int err = errno;
     throw CacheError("cannot create cache folder " + path.parent_path().string() + ": " +
                      errno_text(err));

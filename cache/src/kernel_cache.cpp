@@ -8,8 +8,8 @@
 #include <mutex>
 #include <unordered_map>
 
-#include "cache/disk_layout.hpp"
-#include "cache/entry_format.hpp"
+#include "disk_layout.hpp"
+#include "entry_format.hpp"
 #include "fusedopt/error.hpp"
 
 namespace fusedopt::cache {

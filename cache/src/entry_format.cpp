@@ -1,16 +1,19 @@
 // Encoding and checking of disk-cache entry files. A reader trusts nothing in a file: every
 // length is compared with the file's size before it is used, so a truncated, padded or
 // foreign file is reported, never read past or allocated from.
-#include "cache/entry_format.hpp"
+#include "entry_format.hpp"
 
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
 
-#include "cache/file_util.hpp"
+#include "support/file_io.hpp"
 
 namespace fusedopt::cache::detail {
+
+using support::errno_text;
+using support::read_full;
 
 void put_u32(std::string& out, std::uint32_t v) {
   for (int i = 0; i < 4; ++i) out += static_cast<char>((v >> (8 * i)) & 0xff);

@@ -1,12 +1,11 @@
 // File naming inside the cache folder (see disk_layout.hpp and cache/README.md).
-#include "cache/disk_layout.hpp"
+#include "disk_layout.hpp"
 
 #include <dirent.h>
 
 #include <algorithm>
 #include <cerrno>
 
-#include "cache/file_util.hpp"
 #include "fusedopt/error.hpp"
 
 namespace fusedopt::cache::detail {

@@ -8,7 +8,7 @@
 #include <string>
 #include <string_view>
 
-#include "cache/kernel_cache.hpp"
+#include "cache/key.hpp"
 
 namespace fusedopt::cache::detail {
 

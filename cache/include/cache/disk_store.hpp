@@ -1,0 +1,57 @@
+// The disk tier of the kernel cache: one file per entry in a private folder, published
+// atomically, one compile per key across processes, corrupt entries are misses. On-disk
+// format: cache/README.md.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <functional>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "cache/entry_report.hpp"
+#include "cache/key.hpp"
+#include "cache/origin.hpp"
+
+namespace fusedopt::cache {
+
+/// The disk tier: `<dir>/<2 hex>/<32 hex>.<ext>` files, each a header + payload.
+class DiskStore {
+ public:
+  /// Opens (creating with mode 0700 if needed) the cache folder. Throws CacheError if the
+  /// folder is writable by group or others, or owned by another user.
+  explicit DiskStore(std::filesystem::path dir);
+
+  const std::filesystem::path& dir() const { return dir_; }
+  std::filesystem::path entry_path(const Key& key, std::string_view ext) const;
+
+  /// The payload stored for `record`, or nullopt. A corrupt, truncated or foreign file is
+  /// deleted and reported as a miss. A hit refreshes the file's mtime (for LRU eviction).
+  std::optional<std::string> load(const KeyRecord& record, std::string_view ext) const;
+
+  /// Publishes atomically: temp file in the same folder, fsync, rename, fsync the folder.
+  void store(const KeyRecord& record, std::string_view ext, std::string_view payload) const;
+
+  /// load(); on a miss, takes the per-key file lock, re-checks, and only then calls
+  /// `compile` and stores its result. Exactly one process compiles a given key.
+  std::pair<std::string, Origin> get_or_compile(const KeyRecord& record, std::string_view ext,
+                                                const std::function<std::string()>& compile) const;
+
+  std::vector<EntryInfo> list() const;
+  /// Re-hashes every entry; returns the bad ones (and deletes them when `remove`).
+  std::vector<BadEntry> verify(bool remove = false) const;
+  /// Removes least recently used entries until the total is at most `max_bytes`.
+  /// Returns the number of bytes removed.
+  std::uint64_t prune(std::uint64_t max_bytes) const;
+  /// Removes every entry (and leftover temp and lock files). Returns bytes removed.
+  std::uint64_t clear() const;
+  std::uint64_t total_bytes() const;
+
+ private:
+  std::filesystem::path dir_;
+};
+
+}  // namespace fusedopt::cache

@@ -1,0 +1,55 @@
+// Atomic publish of a whole file: a temp file in the target's folder is written, fsynced and
+// renamed over the target, then the folder is fsynced. Readers see the old file or the new
+// one, never a half-written one, and a failure removes the temp file.
+#pragma once
+
+#include <sys/types.h>
+
+#include <filesystem>
+#include <functional>
+#include <optional>
+#include <string>
+#include <string_view>
+
+namespace fusedopt::support {
+
+struct AtomicWriteOptions {
+  /// Permissions of the new file, before the umask (0666: as for any ordinary new file).
+  mode_t mode = 0666;
+  /// When set, the target's folder is created with this mode if it is missing, also when it
+  /// vanishes (a concurrent clean-up) between the mkdir and the temp file's creation.
+  std::optional<mode_t> create_folder;
+  /// Temp files are named `.<temp_stem>.<pid>.<16 hex>.tmp` beside the target; the default
+  /// stem is the target's file name. The pid separates processes, the random part threads.
+  std::string temp_stem;
+};
+
+/// What atomic_write() did: ok(), or the step that failed and its errno.
+struct AtomicWriteResult {
+  int err = 0;                   ///< errno of the failed step; 0 on success
+  const char* step = "";         ///< "mkdir", "create", "write", "fsync", "close", "rename",
+                                 ///< "fsync folder"; "" on success
+  std::filesystem::path temp;    ///< the temp file (removed again unless renamed)
+  std::filesystem::path folder;  ///< the target's folder ("." for a bare file name)
+
+  bool ok() const { return err == 0; }
+  /// True once the rename happened: the new file is in place even if the folder fsync failed.
+  bool published() const { return ok() || std::string_view(step) == "fsync folder"; }
+  /// "cannot write PATH (STEP FILE): ERRNO TEXT", naming the folder or the temp file.
+  std::string message(const std::filesystem::path& target) const;
+};
+
+/// Writes the file's contents to `fd`; returns false with errno set on failure.
+using FileWriter = std::function<bool(int fd)>;
+
+/// Publishes `bytes` at `path` atomically (see the top of this file).
+[[nodiscard]] AtomicWriteResult atomic_write(const std::filesystem::path& path,
+                                             std::string_view bytes,
+                                             const AtomicWriteOptions& options = {});
+/// Same, with the contents produced by `writer` (which may also throw: the temp file is
+/// removed and the exception passes through).
+[[nodiscard]] AtomicWriteResult atomic_write(const std::filesystem::path& path,
+                                             const FileWriter& writer,
+                                             const AtomicWriteOptions& options = {});
+
+}  // namespace fusedopt::support
