@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "fusedopt/dtype.hpp"
+#include "fusedopt/export.hpp"
 #include "fusedopt/kernel.hpp"
 
 namespace fusedopt {
@@ -130,7 +131,7 @@ struct OptimizerStats {
 
 /// Runs `rule` over every parameter of every group. States are allocated (one arena per
 /// dtype and device) and initialised from the rule at construction.
-class Optimizer {
+class FUSEDOPT_API Optimizer {
  public:
   /// Throws Error naming the tensor and the reason for any misuse (grads missing or of a
   /// different size, null data, a device this build cannot use, an unknown hyper).
@@ -177,7 +178,7 @@ class Optimizer {
 /// Dynamic loss scaling, like torch.cuda.amp.GradScaler: scale the loss by scale(), then
 /// step() unscales inside the kernel; a non-finite gradient skips the step and backs the
 /// scale off, and `growth_interval` good steps in a row grow it.
-class GradScaler {
+class FUSEDOPT_API GradScaler {
  public:
   struct Options {
     double init_scale = 65536.0;
@@ -200,7 +201,7 @@ class GradScaler {
 
 /// Params and grads contiguous, one buffer per dtype (Bagua's do_flatten): add() returns a
 /// view into the arena; the arena owns the memory (host memory only).
-class FlatArena {
+class FUSEDOPT_API FlatArena {
  public:
   FlatArena();
   ~FlatArena();

@@ -13,17 +13,14 @@
 #include <thread>
 
 #include "fusedopt/error.hpp"
+#include "fusedopt/version.hpp"
 #include "jit/compiler.hpp"
-
-#ifndef FUSEDOPT_VERSION
-#define FUSEDOPT_VERSION "0.0.0"
-#endif
 
 namespace fusedopt::jit {
 
 namespace fs = std::filesystem;
 
-const char* version() { return FUSEDOPT_VERSION; }
+const char* version() { return FUSEDOPT_VERSION_STRING; }
 
 cache::KeyRecord kernel_record(const codegen::KernelBody& body, const DTypeBinding& dtypes,
                                const Target& target, const std::string& source) {
