@@ -9,8 +9,8 @@
 #include <vector>
 
 #include "bench/workloads.hpp"
+#include "fusedopt/cuda.hpp"
 #include "fusedopt/optimizer.hpp"
-#include "runtime/cuda_driver.hpp"
 
 using namespace fusedopt;
 
@@ -106,7 +106,7 @@ BENCHMARK(BM_HostStepPerTensor)
 namespace {
 
 struct DeviceModel {
-  std::vector<runtime::cuda::DeviceBuffer> p, g;
+  std::vector<CudaBuffer> p, g;
   std::vector<std::int64_t> sizes;
   explicit DeviceModel(const bench::Workload& w) : sizes(w.sizes) {
     std::vector<float> host;
@@ -114,16 +114,14 @@ struct DeviceModel {
       const std::size_t bytes = static_cast<std::size_t>(n) * 4;
       host.assign(static_cast<std::size_t>(n), 0.5f);
       p.emplace_back(bytes);
-      runtime::cuda::copy_to_device(p.back().get(), host.data(), bytes);
+      p.back().copy_from_host(host.data(), bytes);
       std::fill(host.begin(), host.end(), 0.01f);
       g.emplace_back(bytes);
-      runtime::cuda::copy_to_device(g.back().get(), host.data(), bytes);
+      g.back().copy_from_host(host.data(), bytes);
     }
   }
   ParamGroup group(std::size_t first, std::size_t last) const {
-    auto ptr = [](const runtime::cuda::DeviceBuffer& b) {
-      return reinterpret_cast<void*>(static_cast<std::uintptr_t>(b.get()));
-    };
+    auto ptr = [](const CudaBuffer& b) { return b.data(); };
     ParamGroup pg;
     for (std::size_t i = first; i < last; ++i) {
       pg.params.push_back(
@@ -138,11 +136,11 @@ struct DeviceModel {
 template <typename Step>
 void time_device_steps(benchmark::State& state, Step step) {
   step();
-  runtime::cuda::synchronize(nullptr);
+  cuda_synchronize();
   for (auto _ : state) {
     auto t0 = std::chrono::steady_clock::now();
     step();
-    runtime::cuda::synchronize(nullptr);
+    cuda_synchronize();
     state.SetIterationTime(
         std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
   }
@@ -150,13 +148,12 @@ void time_device_steps(benchmark::State& state, Step step) {
 
 void BM_CudaStep(benchmark::State& state) {
   std::string why;
-  if (!runtime::cuda::cuda_device_available(&why)) {
+  if (!cuda_device_available(&why)) {
     state.SkipWithError(("no CUDA device: " + why.substr(0, why.find('\n'))).c_str());
     return;
   }
   const bench::Workload w = workload(state.range(0));
   const bool fused = state.range(1) != 0;
-  runtime::cuda::PrimaryContext context(0);
   DeviceModel model(w);
   std::vector<Optimizer> opts;
   OptimizerStats total;

@@ -9,8 +9,8 @@
 #include <vector>
 
 #include "bench/workloads.hpp"
+#include "fusedopt/cuda.hpp"
 #include "fusedopt/optimizer.hpp"
-#include "runtime/cuda_driver.hpp"
 
 using namespace fusedopt;
 
@@ -36,34 +36,29 @@ void print_row(const char* name, std::int64_t launches, double seconds, double b
 /// Fused vs one launch per tensor on CUDA device 0 (where there is one): params and grads
 /// copied to the device, each step timed to completion.
 void run_gpu(const bench::Workload& w, int steps, double bytes) {
-  namespace cu = runtime::cuda;
   std::string why;
-  if (!cu::cuda_device_available(&why)) {
+  if (!cuda_device_available(&why)) {
     std::string first = why.substr(0, why.find('\n'));
     if (!first.empty() && first.back() == ':') first.pop_back();
     std::printf("\nGPU: not run: no CUDA device (%s)\n", first.c_str());
     return;
   }
-  cu::PrimaryContext context(0);
-  std::vector<cu::DeviceBuffer> p, g;
+  std::vector<CudaBuffer> p, g;
   std::vector<float> host;
   for (std::int64_t n : w.sizes) {
     host.assign(static_cast<std::size_t>(n), 0.5f);
     p.emplace_back(static_cast<std::size_t>(n) * 4);
-    cu::copy_to_device(p.back().get(), host.data(), host.size() * 4);
+    p.back().copy_from_host(host.data(), host.size() * 4);
     std::fill(host.begin(), host.end(), 0.01f);
     g.emplace_back(static_cast<std::size_t>(n) * 4);
-    cu::copy_to_device(g.back().get(), host.data(), host.size() * 4);
+    g.back().copy_from_host(host.data(), host.size() * 4);
   }
   auto group = [&](std::size_t first, std::size_t last) {
     ParamGroup pg;
     for (std::size_t i = first; i < last; ++i) {
-      auto ptr = [](const cu::DeviceBuffer& b) {
-        return reinterpret_cast<void*>(static_cast<std::uintptr_t>(b.get()));
-      };
       pg.params.push_back(
-          {ptr(p[i]), w.sizes[i], DType::F32, Device::cuda(0), "param" + std::to_string(i)});
-      pg.grads.push_back({ptr(g[i]), w.sizes[i], DType::F32, Device::cuda(0), ""});
+          {p[i].data(), w.sizes[i], DType::F32, Device::cuda(0), "param" + std::to_string(i)});
+      pg.grads.push_back({g[i].data(), w.sizes[i], DType::F32, Device::cuda(0), ""});
     }
     return pg;
   };
@@ -76,11 +71,11 @@ void run_gpu(const bench::Workload& w, int steps, double bytes) {
   for (int s = 0; s <= steps; ++s) {
     auto t0 = std::chrono::steady_clock::now();
     fused.step();
-    cu::synchronize(nullptr);
+    cuda_synchronize();
     if (s) tf.push_back(seconds_since(t0));
     t0 = std::chrono::steady_clock::now();
     for (auto& o : per_tensor) o.step();
-    cu::synchronize(nullptr);
+    cuda_synchronize();
     if (s) tl.push_back(seconds_since(t0));
   }
   std::printf("\n%-24s %10s %12s %10s\n", "GPU (device 0)", "launches", "ms/step", "GB/s");

@@ -5,18 +5,20 @@
 #include <string>
 #include <string_view>
 
+#include "fusedopt/export.hpp"
+
 namespace fusedopt {
 
 /// Storage type of a tensor.
 enum class DType { F32, F16, BF16 };
 
 /// "fp32", "fp16", "bf16".
-const char* to_string(DType dtype);
+FUSEDOPT_API const char* to_string(DType dtype);
 /// Bytes per element.
-int dtype_size(DType dtype);
+FUSEDOPT_API int dtype_size(DType dtype);
 
 /// Storage dtype of each role of a rule.
-struct DTypeBinding {
+struct FUSEDOPT_API DTypeBinding {
   DType param = DType::F32;  ///< the parameter as the model sees it
   DType grad = DType::F32;
   DType state = DType::F32;  ///< every state tensor and extra output

@@ -6,10 +6,12 @@
 #include <string>
 #include <vector>
 
+#include "fusedopt/export.hpp"
+
 namespace fusedopt {
 
 /// Root of every exception fusedopt throws.
-class Error : public std::runtime_error {
+class FUSEDOPT_API Error : public std::runtime_error {
  public:
   explicit Error(const std::string& what) : std::runtime_error(what) {}
 };
@@ -30,7 +32,7 @@ class UnavailableError : public Error {
 
 /// A malformed rule. `what()` is the full compiler-style diagnostic:
 /// `FILE:LINE:COL: error: MESSAGE`, the source line, a caret line and an optional hint.
-class RuleError : public Error {
+class FUSEDOPT_API RuleError : public Error {
  public:
   RuleError(std::string file, int line, int column, std::string message, std::string source_line,
             int length, std::string hint);
@@ -52,7 +54,7 @@ class RuleError : public Error {
 };
 
 /// A generated (or trusted functor) source that a compiler rejected.
-class CompileError : public Error {
+class FUSEDOPT_API CompileError : public Error {
  public:
   CompileError(std::string summary, std::string log, std::vector<std::string> options,
                std::string source);
@@ -67,7 +69,7 @@ class CompileError : public Error {
 };
 
 /// A CUDA driver or NVRTC call that failed; names the call, the result and the site.
-class CudaError : public Error {
+class FUSEDOPT_API CudaError : public Error {
  public:
   CudaError(std::string call, int code, std::string result_name, std::string site);
   const std::string& call() const { return call_; }
@@ -79,13 +81,13 @@ class CudaError : public Error {
 };
 
 /// The kernel cache refused an operation (unsafe folder, I/O failure).
-class CacheError : public Error {
+class FUSEDOPT_API CacheError : public Error {
  public:
   using Error::Error;
 };
 
 /// A bug in fusedopt itself: please report it.
-class InternalError : public Error {
+class FUSEDOPT_API InternalError : public Error {
  public:
   explicit InternalError(const std::string& what)
       : Error("internal error (a fusedopt bug): " + what) {}

@@ -13,6 +13,7 @@
 
 #include "fusedopt/dtype.hpp"
 #include "fusedopt/error.hpp"
+#include "fusedopt/export.hpp"
 #include "fusedopt/target.hpp"
 
 namespace fusedopt {
@@ -25,7 +26,7 @@ struct RuleAccess;
 }
 
 /// A parsed and checked optimizer rule (immutable, cheap to copy).
-class Rule {
+class FUSEDOPT_API Rule {
  public:
   /// Parses and checks `text`; `file` names it in diagnostics. Throws RuleError.
   static Rule parse(std::string_view text, const std::string& file = "<rule>");
@@ -104,11 +105,13 @@ struct CompiledKernel {
 
 /// Generates, then compiles or fetches from the process-wide cache (FUSEDOPT_CACHE_DIR,
 /// FUSEDOPT_CACHE). Compiling for sm_XX needs NVRTC but no GPU. Throws CompileError.
-CompiledKernel compile_kernel(const Rule& rule, const Target& target,
-                              const DTypeBinding& dtypes = {}, const CompileOptions& options = {});
+FUSEDOPT_API CompiledKernel compile_kernel(const Rule& rule, const Target& target,
+                                           const DTypeBinding& dtypes = {},
+                                           const CompileOptions& options = {});
 /// The same for a trusted functor.
-CompiledKernel compile_trusted_functor(const TrustedFunctor& functor, const Target& target,
-                                       const DTypeBinding& dtypes = {},
-                                       const CompileOptions& options = {});
+FUSEDOPT_API CompiledKernel compile_trusted_functor(const TrustedFunctor& functor,
+                                                    const Target& target,
+                                                    const DTypeBinding& dtypes = {},
+                                                    const CompileOptions& options = {});
 
 }  // namespace fusedopt

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "fusedopt/dtype.hpp"
+#include "fusedopt/export.hpp"
 #include "fusedopt/kernel.hpp"
 
 namespace fusedopt {
@@ -121,7 +122,7 @@ struct OptimizerStats {
 
 /// Runs `rule` over every parameter of every group. States are allocated (one arena per
 /// dtype and device) and initialised from the rule at construction.
-class Optimizer {
+class FUSEDOPT_API Optimizer {
  public:
   /// Throws Error naming the tensor and the reason for any misuse (grads missing or of a
   /// different size, null data, a device this build cannot use, an unknown hyper).
@@ -168,7 +169,7 @@ class Optimizer {
 /// Dynamic loss scaling, like torch.cuda.amp.GradScaler: scale the loss by scale(), then
 /// step() unscales inside the kernel; a non-finite gradient skips the step and backs the
 /// scale off, and `growth_interval` good steps in a row grow it.
-class GradScaler {
+class FUSEDOPT_API GradScaler {
  public:
   struct Options {
     double init_scale = 65536.0;
@@ -191,7 +192,7 @@ class GradScaler {
 
 /// Params and grads contiguous, one buffer per dtype (Bagua's do_flatten): add() returns a
 /// view into the arena; the arena owns the memory (host memory only).
-class FlatArena {
+class FUSEDOPT_API FlatArena {
  public:
   FlatArena();
   ~FlatArena();

@@ -5,9 +5,11 @@
 #include <string>
 #include <string_view>
 
+#include "fusedopt/export.hpp"
+
 namespace fusedopt {
 
-struct Target {
+struct FUSEDOPT_API Target {
   enum class Kind { Host, Cuda };
   Kind kind = Kind::Host;
   int sm = 0;                  ///< compute capability * 10 (e.g. 90) for Kind::Cuda

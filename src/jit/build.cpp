@@ -8,18 +8,15 @@
 #include <filesystem>
 
 #include "fusedopt/error.hpp"
+#include "fusedopt/version.hpp"
 #include "jit/compiler.hpp"
 #include "support/atomic_write.hpp"
-
-#ifndef FUSEDOPT_VERSION
-#define FUSEDOPT_VERSION "0.0.0"
-#endif
 
 namespace fusedopt::jit {
 
 namespace fs = std::filesystem;
 
-const char* version() { return FUSEDOPT_VERSION; }
+const char* version() { return FUSEDOPT_VERSION_STRING; }
 
 cache::KeyRecord kernel_record(const KernelSource& source, const Target& target) {
   const Compiler& compiler = compiler_for(target);

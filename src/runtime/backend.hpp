@@ -125,6 +125,8 @@ class Backend {
   virtual void fill(void* dst, unsigned char value, std::size_t bytes, void* stream) = 0;
   /// Waits for every launch and copy queued on the device, on every stream.
   virtual void synchronize() = 0;
+  /// Waits for the work queued on `stream` (nullptr: the device's default stream).
+  virtual void synchronize(void* stream) = 0;
   /// `p` (memory of this device) as the host can read it in place, or null when it must be
   /// copied with copy_to_host.
   virtual const void* host_address(const void* p) const { return nullptr; }

@@ -175,6 +175,11 @@ class CudaBackend final : public Backend {
     cuda::context_synchronize();
   }
 
+  void synchronize(void* stream) override {
+    cuda::ContextScope scope(*context_);
+    cuda::synchronize(stream);
+  }
+
   std::unique_ptr<BoundKernel> bind(std::shared_ptr<const lang::Rule> rule,
                                     const BindingTensors& tensors,
                                     const std::vector<std::vector<float>>& hypers) override {

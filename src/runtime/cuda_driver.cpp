@@ -16,7 +16,6 @@
 
 namespace fusedopt::runtime::cuda {
 
-#if FUSEDOPT_HAVE_CUDA
 namespace {
 
 // The symbol a <cuda.h> name stands for after its version macros (cuMemAlloc ->
@@ -359,54 +358,5 @@ void graph_destroy(Graph graph) {
 void graph_exec_destroy(GraphExec exec) {
   if (exec) FUSEDOPT_CU_CHECK(GraphExecDestroy, static_cast<CUgraphExec>(exec));
 }
-
-#else  // !FUSEDOPT_HAVE_CUDA: every entry point says why it cannot work.
-
-namespace {
-[[noreturn]] void no_cuda() {
-  throw Error("fusedopt was built without CUDA (no cuda.h at build time)");
-}
-}  // namespace
-
-bool cuda_device_available(std::string* why) {
-  if (why) *why = "fusedopt was built without CUDA (no cuda.h at build time)";
-  return false;
-}
-int device_count() { no_cuda(); }
-int device_sm(int) { no_cuda(); }
-int device_sm_count(int) { no_cuda(); }
-PrimaryContext::PrimaryContext(int device) : device_(device) { no_cuda(); }
-PrimaryContext::~PrimaryContext() = default;
-void PrimaryContext::make_current() const { no_cuda(); }
-DeviceBuffer::DeviceBuffer(std::size_t) { no_cuda(); }
-DeviceBuffer::~DeviceBuffer() = default;
-DeviceBuffer::DeviceBuffer(DeviceBuffer&& o) noexcept
-    : ptr_(std::exchange(o.ptr_, 0)), bytes_(std::exchange(o.bytes_, 0)) {}
-DeviceBuffer& DeviceBuffer::operator=(DeviceBuffer&& o) noexcept {
-  ptr_ = std::exchange(o.ptr_, 0);
-  bytes_ = std::exchange(o.bytes_, 0);
-  return *this;
-}
-void copy_to_device(DevicePtr, const void*, std::size_t) { no_cuda(); }
-void copy_to_host(void*, DevicePtr, std::size_t) { no_cuda(); }
-void copy_to_device_async(DevicePtr, const void*, std::size_t, Stream) { no_cuda(); }
-void memset32_async(DevicePtr, unsigned, std::size_t, Stream) { no_cuda(); }
-void memset8_async(DevicePtr, unsigned char, std::size_t, Stream) { no_cuda(); }
-void synchronize(Stream) { no_cuda(); }
-void context_synchronize() { no_cuda(); }
-ContextScope::ContextScope(const PrimaryContext&) { no_cuda(); }
-SavedCurrentContext::SavedCurrentContext() { no_cuda(); }
-SavedCurrentContext::~SavedCurrentContext() = default;
-ContextScope::~ContextScope() = default;
-Stream stream_create() { no_cuda(); }
-void stream_destroy(Stream) { no_cuda(); }
-void begin_capture(Stream) { no_cuda(); }
-Graph end_capture(Stream) { no_cuda(); }
-GraphExec graph_instantiate(Graph) { no_cuda(); }
-void graph_launch(GraphExec, Stream) { no_cuda(); }
-void graph_destroy(Graph) { no_cuda(); }
-void graph_exec_destroy(GraphExec) { no_cuda(); }
-
-#endif  // FUSEDOPT_HAVE_CUDA
 
 }  // namespace fusedopt::runtime::cuda

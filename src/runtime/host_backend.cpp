@@ -93,6 +93,7 @@ class HostBackend final : public Backend {
     if (bytes) std::memset(dst, value, bytes);
   }
   void synchronize() override {}  // host launches return when they are done
+  void synchronize(void*) override {}
   const void* host_address(const void* p) const override { return p; }
 
   std::unique_ptr<BoundKernel> bind(std::shared_ptr<const lang::Rule> rule,

@@ -1,12 +1,76 @@
 #!/usr/bin/env bash
-# Installs the build tree into a temporary prefix, builds tests/consumer against it with
-# find_package(fusedopt), and runs it. Usage: run.sh BUILD_DIR SOURCE_DIR
+# Builds tests/consumer against fusedopt and runs it, one way per MODE:
+#   installed     install BUILD_DIR into a prefix; find_package(fusedopt) on it
+#   build-tree    find_package(fusedopt) on BUILD_DIR itself (its export())
+#   shared        configure, build and install SOURCE_DIR with BUILD_SHARED_LIBS=ON (tests,
+#                 benchmarks and examples off); find_package on that prefix; check that
+#                 libfusedopt.so exports the public API and none of the internals
+#   subdirectory  add_subdirectory(SOURCE_DIR) in tests/consumer/subdirectory
+# Usage: run.sh MODE BUILD_DIR SOURCE_DIR CXX_COMPILER [COMPILER_LAUNCHER]
+# Work goes to BUILD_DIR/consumer-MODE (a fixed path, so a compiler cache hits on re-runs).
 set -euo pipefail
-build="$1"
-src="$2"
-work="$(mktemp -d /tmp/fusedopt-consumer-XXXXXX)"
-trap 'rm -rf "$work"' EXIT
-cmake --install "$build" --prefix "$work/prefix" >/dev/null
-cmake -S "$src/tests/consumer" -B "$work/build" -G Ninja -DCMAKE_PREFIX_PATH="$work/prefix" >/dev/null
-cmake --build "$work/build" >/dev/null
+mode="$1"
+build="$(cd "$2" && pwd)"
+src="$(cd "$3" && pwd)"
+cxx="$4"
+launcher="${5:-}"
+work="$build/consumer-$mode"
+rm -rf "$work"
+mkdir -p "$work"
+common=(-G Ninja -DCMAKE_CXX_COMPILER="$cxx")
+[ -z "$launcher" ] || common+=(-DCMAKE_CXX_COMPILER_LAUNCHER="$launcher")
+log="$work/log.txt"
+step() {  # runs a command with its output in the log; prints the log if it fails
+  if ! "$@" >>"$log" 2>&1; then
+    echo "consumer ($mode): failed: $*" >&2
+    tail -n 60 "$log" >&2
+    exit 1
+  fi
+}
+
+consumer=(cmake -S "$src/tests/consumer" -B "$work/build" "${common[@]}")
+case "$mode" in
+  installed)
+    step cmake --install "$build" --prefix "$work/prefix"
+    step "${consumer[@]}" -DCMAKE_PREFIX_PATH="$work/prefix"
+    ;;
+  build-tree)
+    step "${consumer[@]}" -Dfusedopt_DIR="$build"
+    ;;
+  shared)
+    # No build type: the library is rebuilt only to be linked, so it compiles unoptimised.
+    step cmake -S "$src" -B "$work/fusedopt" "${common[@]}" -DBUILD_SHARED_LIBS=ON \
+      -DFUSEDOPT_BUILD_TESTS=OFF -DFUSEDOPT_BUILD_BENCH=OFF -DFUSEDOPT_BUILD_EXAMPLES=OFF
+    step cmake --build "$work/fusedopt" -j 2
+    step cmake --install "$work/fusedopt" --prefix "$work/prefix"
+    lib="$(find "$work/prefix" -name 'libfusedopt.so.*' -type f | head -n 1)"
+    [ -n "$lib" ] || { echo "consumer (shared): no libfusedopt.so.* installed" >&2; exit 1; }
+    symbols="$(nm -DC --defined-only "$lib")"
+    for api in 'fusedopt::compile_kernel(' 'fusedopt::Rule::preset(' \
+               'fusedopt::Optimizer::step(' 'typeinfo for fusedopt::Error'; do
+      grep -qF "$api" <<<"$symbols" || {
+        echo "consumer (shared): $lib does not export $api" >&2; exit 1; }
+    done
+    internals="$(grep -E 'fusedopt::(lang|codegen|jit|runtime|cache|io)::' <<<"$symbols" || true)"
+    if [ -n "$internals" ]; then
+      echo "consumer (shared): $lib exports internals:" >&2
+      head -n 20 <<<"$internals" >&2
+      exit 1
+    fi
+    echo "consumer (shared): $(basename "$lib") exports $(wc -l <<<"$symbols") symbols," \
+         "no internals"
+    step "${consumer[@]}" -DCMAKE_PREFIX_PATH="$work/prefix" \
+      -DFUSEDOPT_EXPECT_TYPE=SHARED_LIBRARY
+    ;;
+  subdirectory)
+    step cmake -S "$src/tests/consumer/subdirectory" -B "$work/build" "${common[@]}" \
+      -DFUSEDOPT_SOURCE_DIR="$src"
+    ;;
+  *)
+    echo "usage: run.sh installed|build-tree|shared|subdirectory BUILD_DIR SOURCE_DIR CXX [LAUNCHER]" >&2
+    exit 2
+    ;;
+esac
+step cmake --build "$work/build" -j 2
 FUSEDOPT_CACHE_DIR="$work/cache" "$work/build/consumer"
+rm -rf "$work"

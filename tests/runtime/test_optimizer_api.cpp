@@ -13,7 +13,7 @@
 #include "cache/kernel_cache.hpp"
 #include "fusedopt/error.hpp"
 #include "presets.hpp"
-#include "runtime/cuda_driver.hpp"
+#include "runtime/backend.hpp"
 #include "runtime/host_kernel.hpp"
 #include "runtime/log.hpp"
 #include "runtime/runtime_support.hpp"
@@ -351,7 +351,7 @@ TEST_SUITE("runtime") {
 TEST_SUITE("runtime") {
   TEST_CASE("CUDA tensors without a usable CUDA device are a clear error, not a crash") {
     std::string why;
-    if (fusedopt::runtime::cuda::cuda_device_available(&why)) {
+    if (fusedopt::runtime::backend_available(fusedopt::Device::cuda(0), &why)) {
       MESSAGE("a CUDA device is present: this case is covered by the cuda_gpu suite");
       return;
     }
