@@ -48,6 +48,9 @@ std::string json_string(const std::string& s);
 
 /// The cache options: the environment, then `--cache-dir` if given. Always mode On.
 cache::KernelCache::Options cache_options(const std::optional<std::string>& cache_dir);
+/// The disk store of cache_options(cache_dir). A folder that cannot be used (unsafe
+/// permissions, not a folder) is bad input: UsageError. Failures after that are not.
+cache::DiskStore open_store(const std::optional<std::string>& cache_dir);
 
 int cmd_warmup(Args& args);
 int cmd_list(Args& args);

@@ -59,7 +59,7 @@ Show every entry: key, rule, target, dtypes, size and when it was last used.
 )",
                           &help, [&](Args& a) { return (json = json || a.flag("--json")); });
   if (help) return kExitOk;
-  cache::DiskStore store(cache_options(dir).dir);
+  cache::DiskStore store = open_store(dir);
   std::vector<cache::EntryInfo> entries = store.list();
   std::uint64_t total = 0;
   for (const auto& e : entries) total += e.file_bytes;
@@ -102,7 +102,7 @@ Re-read and re-hash every entry. Prints each bad one and exits 1 if there is any
 )",
                           &help, [&](Args& a) { return (remove = remove || a.flag("--remove")); });
   if (help) return kExitOk;
-  cache::DiskStore store(cache_options(dir).dir);
+  cache::DiskStore store = open_store(dir);
   std::vector<cache::BadEntry> bad = store.verify(remove);
   std::size_t total = store.list().size();
   for (const auto& b : bad) {
@@ -134,7 +134,7 @@ Evict least recently used entries until the cache holds at most N bytes
                           });
   if (help) return kExitOk;
   if (!max_bytes) throw UsageError{"prune needs --max-bytes N"};
-  cache::DiskStore store(cache_options(dir).dir);
+  cache::DiskStore store = open_store(dir);
   std::uint64_t removed = store.prune(*max_bytes);
   fmt::print("prune: removed {}; the cache now holds {} ({} entries)\n", human_bytes(removed),
              human_bytes(store.total_bytes()), store.list().size());
@@ -149,7 +149,7 @@ Remove every entry (and leftover temporary and lock files).
 )",
                           &help, [](Args&) { return false; });
   if (help) return kExitOk;
-  cache::DiskStore store(cache_options(dir).dir);
+  cache::DiskStore store = open_store(dir);
   std::uint64_t removed = store.clear();
   fmt::print("clear: removed {} from {}\n", human_bytes(removed), store.dir().string());
   return kExitOk;

@@ -56,10 +56,12 @@ int main(int argc, char** argv) {
   } catch (const fusedopt::RuleError& e) {
     fmt::print(stderr, "{}\n", e.what());
     return kExitBadInput;
-  } catch (const fusedopt::CacheError& e) {
+  } catch (const fusedopt::UsageError& e) {
     fmt::print(stderr, "fusedopt-cache {}: error: {}\n", all[0], e.what());
     return kExitBadInput;
   } catch (const fusedopt::Error& e) {
+    // A failed operation (an unusable cache folder, a disk error, a missing compiler), not
+    // bad input.
     fmt::print(stderr, "fusedopt-cache {}: error: {}\n", all[0], e.what());
     return kExitFailed;
   } catch (const std::exception& e) {

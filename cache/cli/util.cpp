@@ -2,6 +2,7 @@
 #include <fmt/format.h>
 
 #include "cli.hpp"
+#include "fusedopt/error.hpp"
 #include "support/parse_size.hpp"
 
 namespace fusedopt::cli {
@@ -76,13 +77,27 @@ std::string json_string(const std::string& s) {
 }
 
 cache::KernelCache::Options cache_options(const std::optional<std::string>& cache_dir) {
-  cache::KernelCache::Options o = cache::KernelCache::options_from_env();
+  cache::KernelCache::Options o;
+  try {
+    o = cache::KernelCache::options_from_env();
+  } catch (const CacheError& e) {
+    throw UsageError{e.what()};  // a bad FUSEDOPT_CACHE* value is bad input
+  }
   if (cache_dir) {
     if (cache_dir->empty()) throw UsageError{"--cache-dir is empty"};
     o.dir = *cache_dir;
   }
   o.mode = cache::KernelCache::Mode::On;
   return o;
+}
+
+cache::DiskStore open_store(const std::optional<std::string>& cache_dir) {
+  const std::filesystem::path dir = cache_options(cache_dir).dir;
+  try {
+    return cache::DiskStore(dir);
+  } catch (const CacheError& e) {
+    throw UsageError{e.what()};
+  }
 }
 
 }  // namespace fusedopt::cli

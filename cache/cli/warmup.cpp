@@ -159,8 +159,8 @@ int cmd_warmup(Args& args) {
   }
 
   CompileOptions compile_options;
-  compile_options.cache_dir =
-      cache_options(cache_dir).dir;  // on disk, whatever FUSEDOPT_CACHE says
+  // On disk, whatever FUSEDOPT_CACHE says; an unusable folder is refused before compiling.
+  compile_options.cache_dir = open_store(cache_dir).dir();
   Progress progress(items.size(), !json && isatty(STDERR_FILENO));
   std::mutex out_mutex;
   std::atomic<std::size_t> next{0}, done{0};

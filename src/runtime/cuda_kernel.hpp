@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "abi.h"
 #include "codegen/codegen.hpp"
 #include "fusedopt/dtype.hpp"
 #include "lang/ast.hpp"
@@ -19,8 +20,8 @@
 
 namespace fusedopt::runtime {
 
-/// Threads per block of the CUDA kernels (FO_BLOCK in cuda_kernel.cuh).
-constexpr int kCudaBlock = 512;
+/// Threads per block of the CUDA kernels: FO_CUDA_BLOCK of abi.h, which the kernels use.
+constexpr int kCudaBlock = FO_CUDA_BLOCK;
 /// Elements per chunk of the CUDA plan (a multiple of 4, so every chunk can take the
 /// vector path): 32 iterations of 512 threads x 4 elements.
 constexpr std::int64_t kCudaChunk = 1 << 16;

@@ -6,6 +6,10 @@
 // Bump when you change this: any struct below or an exported entry point's signature.
 #define FO_ABI_VERSION 3
 
+// Launch constants shared by the runtime and the kernels (one source for both):
+/// Threads per block of every CUDA kernel (the runtime's kCudaBlock).
+#define FO_CUDA_BLOCK 512
+
 /// One work item: elements [begin, end) of tensor `tensor`, whose hypers are group `group`.
 struct fo_chunk {
   int tensor;

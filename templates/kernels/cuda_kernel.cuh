@@ -21,9 +21,8 @@
 #include "sample_rule.h"
 #endif
 
-#ifndef FO_BLOCK
-#define FO_BLOCK 512
-#endif
+// Threads per block: the runtime launches FO_CUDA_BLOCK (abi.h), so every kernel says so.
+#define FO_BLOCK FO_CUDA_BLOCK
 
 // ---- 4-element register staging for the vector path ----------------------------------
 
@@ -136,10 +135,13 @@ FO_FN void fo_vstore(const T*, long long, const fo_vec4<T>&) {}
 #else
 #define FO_ROLE15(X)
 #endif
-#define FO_EACH_ROLE(X)                                                                           \
-  FO_ROLE0(X)                                                                                     \
-  FO_ROLE1(X) FO_ROLE2(X) FO_ROLE3(X) FO_ROLE4(X) FO_ROLE5(X) FO_ROLE6(X) FO_ROLE7(X) FO_ROLE8(X) \
-      FO_ROLE9(X) FO_ROLE10(X) FO_ROLE11(X) FO_ROLE12(X) FO_ROLE13(X) FO_ROLE14(X) FO_ROLE15(X)
+// clang-format 14 never settles on this macro's line breaks:
+// clang-format off
+#define FO_EACH_ROLE(X)                                                                 \
+  FO_ROLE0(X) FO_ROLE1(X) FO_ROLE2(X) FO_ROLE3(X) FO_ROLE4(X) FO_ROLE5(X) FO_ROLE6(X)   \
+  FO_ROLE7(X) FO_ROLE8(X) FO_ROLE9(X) FO_ROLE10(X) FO_ROLE11(X) FO_ROLE12(X)             \
+  FO_ROLE13(X) FO_ROLE14(X) FO_ROLE15(X)
+// clang-format on
 
 #define FO_STAGE_LOAD(k)              \
   auto fo_s##k = fo_vload(t.r##k, i); \
@@ -276,19 +278,14 @@ __device__ __forceinline__ void fo_reduce_run(const fo_launch& L) {
 
 /// Reduction pass `pass` (below FO_REDUCTION_PASSES): every chunk's partials.
 extern "C" __global__ void __launch_bounds__(FO_BLOCK) fusedopt_reduce(fo_launch L, int pass) {
+  // One case per reduction pass of the rule: FO_FOR_EACH_REDUCTION_PASS comes from codegen.
   switch (pass) {
-    case 0:
-      fo_reduce_run<0>(L);
-      break;
-    case 1:
-      fo_reduce_run<1>(L);
-      break;
-    case 2:
-      fo_reduce_run<2>(L);
-      break;
-    case 3:
-      fo_reduce_run<3>(L);
-      break;
+#define FO_REDUCE_CASE(k) \
+  case k:                 \
+    fo_reduce_run<k>(L);  \
+    break;
+    FO_FOR_EACH_REDUCTION_PASS(FO_REDUCE_CASE)
+#undef FO_REDUCE_CASE
     default:
       break;
   }

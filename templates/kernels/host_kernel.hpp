@@ -112,19 +112,14 @@ static void fo_reduce_run(const fo_launch* L) {
 
 /// Reduction pass `pass` (0-based, below FO_REDUCTION_PASSES): every chunk's partials.
 FO_EXTERN_C void fusedopt_reduce_host(const fo_launch* L, int pass) {
+  // One case per reduction pass of the rule: FO_FOR_EACH_REDUCTION_PASS comes from codegen.
   switch (pass) {
-    case 0:
-      fo_reduce_run<0>(L);
-      break;
-    case 1:
-      fo_reduce_run<1>(L);
-      break;
-    case 2:
-      fo_reduce_run<2>(L);
-      break;
-    case 3:
-      fo_reduce_run<3>(L);
-      break;
+#define FO_REDUCE_CASE(k) \
+  case k:                 \
+    fo_reduce_run<k>(L);  \
+    break;
+    FO_FOR_EACH_REDUCTION_PASS(FO_REDUCE_CASE)
+#undef FO_REDUCE_CASE
     default:
       break;
   }
