@@ -76,30 +76,35 @@ Plan Plan::build(const codegen::KernelBody& body, const PlanRequest& request) {
   p.chunks_ = build_chunks(numel, group, request.chunk_elems, p.num_groups_);
   p.num_tensors_ = static_cast<std::int64_t>(n);
 
-  p.num_global_totals_ = static_cast<std::size_t>(body.num_global_slots);
-  if (body.reduction_passes > 0) {
-    p.num_partials_ =
-        std::max<std::size_t>(p.chunks_.size(), 1) * static_cast<std::size_t>(body.max_acc);
-    p.num_tensor_totals_ =
-        std::max<std::size_t>(n, 1) * static_cast<std::size_t>(body.num_tensor_slots);
-    p.tensor_chunks_.assign(2 * std::max<std::size_t>(n, 1), 0);
-    for (std::size_t c = 0; c < p.chunks_.size(); ++c) {  // a tensor's chunks are adjacent
-      long long* range = &p.tensor_chunks_[2 * static_cast<std::size_t>(p.chunks_[c].tensor)];
-      if (range[1] == 0) range[0] = static_cast<long long>(c);
-      ++range[1];
-    }
-  }
-
-  if (request.lay_out_scratch && p.num_scratch_ > 0) {
-    const std::size_t align = std::max(request.scratch_align, kVectorAlign);
-    for (std::size_t t = 0; t < n; ++t) {
-      for (int j = 0; j < p.num_scratch_; ++j) {
-        p.scratch_offsets_.push_back(p.scratch_bytes_);
-        p.scratch_bytes_ += round_up(static_cast<std::size_t>(numel[t]) * sizeof(float), align);
-      }
-    }
-  }
+  p.lay_out_reductions(body);
+  if (request.lay_out_scratch) p.lay_out_scratch(numel, request.scratch_align);
   return p;
+}
+
+void Plan::lay_out_reductions(const codegen::KernelBody& body) {
+  const auto n = static_cast<std::size_t>(num_tensors_);
+  num_global_totals_ = static_cast<std::size_t>(body.num_global_slots);
+  if (body.reduction_passes == 0) return;
+  num_partials_ = std::max<std::size_t>(chunks_.size(), 1) * static_cast<std::size_t>(body.max_acc);
+  num_tensor_totals_ =
+      std::max<std::size_t>(n, 1) * static_cast<std::size_t>(body.num_tensor_slots);
+  tensor_chunks_.assign(2 * std::max<std::size_t>(n, 1), 0);
+  for (std::size_t c = 0; c < chunks_.size(); ++c) {  // a tensor's chunks are adjacent
+    long long* range = &tensor_chunks_[2 * static_cast<std::size_t>(chunks_[c].tensor)];
+    if (range[1] == 0) range[0] = static_cast<long long>(c);
+    ++range[1];
+  }
+}
+
+void Plan::lay_out_scratch(const std::vector<std::int64_t>& numel, std::size_t scratch_align) {
+  if (num_scratch_ == 0) return;
+  const std::size_t align = std::max(scratch_align, kVectorAlign);
+  for (std::int64_t n : numel) {
+    for (int j = 0; j < num_scratch_; ++j) {
+      scratch_offsets_.push_back(scratch_bytes_);
+      scratch_bytes_ += round_up(static_cast<std::size_t>(n) * sizeof(float), align);
+    }
+  }
 }
 
 void Plan::bind_scratch(void* base) {

@@ -73,6 +73,9 @@ class Plan {
   std::size_t scratch_bytes() const { return scratch_bytes_; }
 
  private:
+  void lay_out_reductions(const codegen::KernelBody& body);
+  void lay_out_scratch(const std::vector<std::int64_t>& numel, std::size_t scratch_align);
+
   std::vector<fo_chunk> chunks_;
   std::vector<void*> ptrs_;
   std::vector<float> hypers_;

@@ -2,10 +2,12 @@
 # Builds tests/consumer against fusedopt and runs it, one way per MODE:
 #   installed     install BUILD_DIR into a prefix; find_package(fusedopt) on it
 #   build-tree    find_package(fusedopt) on BUILD_DIR itself (its export())
-#   shared        configure, build and install SOURCE_DIR with BUILD_SHARED_LIBS=ON (tests,
-#                 benchmarks and examples off); find_package on that prefix; check that
-#                 libfusedopt.so exports the public API and none of the internals
-#   subdirectory  add_subdirectory(SOURCE_DIR) in tests/consumer/subdirectory
+#   shared-subdirectory
+#                 add_subdirectory(SOURCE_DIR) in tests/consumer/subdirectory, with
+#                 BUILD_SHARED_LIBS=ON and FUSEDOPT_CUDA=OFF (so it also proves the build
+#                 without CUDA); run it; install that build (fusedopt's own install rules) into
+#                 a prefix; check that libfusedopt.so exports the public API and none of the
+#                 internals; find_package on that prefix. One library build serves both.
 # Usage: run.sh MODE BUILD_DIR SOURCE_DIR CXX_COMPILER [COMPILER_LAUNCHER]
 # Work goes to BUILD_DIR/consumer-MODE (a fixed path, so a compiler cache hits on re-runs).
 set -euo pipefail
@@ -37,12 +39,14 @@ case "$mode" in
   build-tree)
     step "${consumer[@]}" -Dfusedopt_DIR="$build"
     ;;
-  shared)
+  shared-subdirectory)
     # No build type: the library is rebuilt only to be linked, so it compiles unoptimised.
-    step cmake -S "$src" -B "$work/fusedopt" "${common[@]}" -DBUILD_SHARED_LIBS=ON \
-      -DFUSEDOPT_BUILD_TESTS=OFF -DFUSEDOPT_BUILD_BENCH=OFF -DFUSEDOPT_BUILD_EXAMPLES=OFF
-    step cmake --build "$work/fusedopt" -j 2
-    step cmake --install "$work/fusedopt" --prefix "$work/prefix"
+    step cmake -S "$src/tests/consumer/subdirectory" -B "$work/vendored" "${common[@]}" \
+      -DFUSEDOPT_SOURCE_DIR="$src" -DBUILD_SHARED_LIBS=ON -DFUSEDOPT_CUDA=OFF \
+      -DCMAKE_INSTALL_PREFIX="$work/prefix"
+    step cmake --build "$work/vendored" -j 2
+    FUSEDOPT_CACHE_DIR="$work/cache" "$work/vendored/consumer"
+    step cmake --install "$work/vendored"
     lib="$(find "$work/prefix" -name 'libfusedopt.so.*' -type f | head -n 1)"
     [ -n "$lib" ] || { echo "consumer (shared): no libfusedopt.so.* installed" >&2; exit 1; }
     symbols="$(nm -DC --defined-only "$lib")"
@@ -51,7 +55,8 @@ case "$mode" in
       grep -qF "$api" <<<"$symbols" || {
         echo "consumer (shared): $lib does not export $api" >&2; exit 1; }
     done
-    internals="$(grep -E 'fusedopt::(lang|codegen|jit|runtime|cache|io)::' <<<"$symbols" || true)"
+    internals="$(grep -E 'fusedopt::(lang|codegen|jit|provider|runtime|cache|io|detail)::' \
+                 <<<"$symbols" || true)"
     if [ -n "$internals" ]; then
       echo "consumer (shared): $lib exports internals:" >&2
       head -n 20 <<<"$internals" >&2
@@ -62,12 +67,8 @@ case "$mode" in
     step "${consumer[@]}" -DCMAKE_PREFIX_PATH="$work/prefix" \
       -DFUSEDOPT_EXPECT_TYPE=SHARED_LIBRARY
     ;;
-  subdirectory)
-    step cmake -S "$src/tests/consumer/subdirectory" -B "$work/build" "${common[@]}" \
-      -DFUSEDOPT_SOURCE_DIR="$src"
-    ;;
   *)
-    echo "usage: run.sh installed|build-tree|shared|subdirectory BUILD_DIR SOURCE_DIR CXX [LAUNCHER]" >&2
+    echo "usage: run.sh installed|build-tree|shared-subdirectory BUILD_DIR SOURCE_DIR CXX [LAUNCHER]" >&2
     exit 2
     ;;
 esac
