@@ -461,10 +461,4 @@ DevicePtr CudaKernel::capturable_inv_grad_scale_ptr() const {
   return impl_->capturable.get() + sizeof(float);
 }
 
-std::vector<float> CudaKernel::default_hypers() const {
-  std::vector<float> out;
-  for (int h : rule_->hypers) out.push_back(static_cast<float>(rule_->symbols[h].default_value));
-  return out;
-}
-
 }  // namespace fusedopt::runtime

@@ -125,8 +125,6 @@ class CudaKernel {
   /// Tensors of the plan that take the vector path (all roles 16-byte aligned).
   int num_aligned_tensors() const;
 
-  /// The hyper values of the rule's defaults, in Rule::hypers order.
-  std::vector<float> default_hypers() const;
   const lang::Rule& rule() const { return *rule_; }
   /// Where the binary came from ("compiled", "memory", "disk").
   const std::string& origin() const { return origin_; }

@@ -151,48 +151,4 @@ bool HostKernel::grads_finite(const Prepared& prepared, float inv_grad_scale) co
   return impl_->check(&L) != 0;
 }
 
-void HostKernel::run(const std::vector<std::vector<void*>>& ptrs,
-                     const std::vector<std::int64_t>& numel,
-                     const std::vector<std::vector<float>>& hypers, float step,
-                     const std::vector<int>& group, float inv_grad_scale) const {
-  this->step(prepare(ptrs, numel, hypers, group), step, inv_grad_scale);
-}
-
-void HostKernel::init_states(const std::vector<std::vector<void*>>& ptrs,
-                             const std::vector<std::int64_t>& numel,
-                             const std::vector<std::vector<float>>& hypers,
-                             const std::vector<int>& group) const {
-  init_states(prepare(ptrs, numel, hypers, group));
-}
-
-bool HostKernel::grads_finite(const std::vector<std::vector<void*>>& ptrs,
-                              const std::vector<std::int64_t>& numel,
-                              const std::vector<std::vector<float>>& hypers, float inv_grad_scale,
-                              const std::vector<int>& group) const {
-  return grads_finite(prepare(ptrs, numel, hypers, group), inv_grad_scale);
-}
-
-std::vector<float> HostKernel::default_hypers() const {
-  std::vector<float> out;
-  for (int h : rule_->hypers) out.push_back(static_cast<float>(rule_->symbols[h].default_value));
-  return out;
-}
-
-std::vector<float> HostKernel::with_hyper(std::vector<float> hypers, const std::string& name,
-                                          float value) const {
-  for (std::size_t k = 0; k < rule_->hypers.size(); ++k) {
-    if (rule_->symbols[rule_->hypers[k]].name == name) {
-      if (hypers.size() != rule_->hypers.size()) {
-        throw Error(fmt::format("with_hyper: {} values given, rule '{}' has {} hypers",
-                                hypers.size(), rule_->name, rule_->hypers.size()));
-      }
-      hypers[k] = value;
-      return hypers;
-    }
-  }
-  std::string known;
-  for (int h : rule_->hypers) known += (known.empty() ? "" : ", ") + rule_->symbols[h].name;
-  throw Error(fmt::format("rule '{}' has no hyper '{}' (it has: {})", rule_->name, name, known));
-}
-
 }  // namespace fusedopt::runtime

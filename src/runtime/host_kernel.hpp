@@ -109,25 +109,6 @@ class HostKernel {
   /// gradients; run it before a grad-scaled step).
   bool grads_finite(const Prepared& prepared, float inv_grad_scale) const;
 
-  /// One-shot forms of the above over a temporary Prepared (same arguments as prepare()).
-  void run(const std::vector<std::vector<void*>>& ptrs, const std::vector<std::int64_t>& numel,
-           const std::vector<std::vector<float>>& hypers, float step,
-           const std::vector<int>& group = {}, float inv_grad_scale = 1.0f) const;
-  void init_states(const std::vector<std::vector<void*>>& ptrs,
-                   const std::vector<std::int64_t>& numel,
-                   const std::vector<std::vector<float>>& hypers,
-                   const std::vector<int>& group = {}) const;
-  bool grads_finite(const std::vector<std::vector<void*>>& ptrs,
-                    const std::vector<std::int64_t>& numel,
-                    const std::vector<std::vector<float>>& hypers, float inv_grad_scale,
-                    const std::vector<int>& group = {}) const;
-
-  /// The hyper values of the rule's defaults, in Rule::hypers order.
-  std::vector<float> default_hypers() const;
-  /// Copies `hypers` with `name` set to `value`; throws fusedopt::Error for an unknown name.
-  std::vector<float> with_hyper(std::vector<float> hypers, const std::string& name,
-                                float value) const;
-
   const lang::Rule& rule() const { return *rule_; }
   const DTypeBinding& dtypes() const { return dtypes_; }
   /// Where the binary came from ("compiled", "memory", "disk").
