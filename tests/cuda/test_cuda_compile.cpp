@@ -12,20 +12,11 @@
 #include "jit/compiler.hpp"
 #include "jit/kernel_builder.hpp"
 #include "presets.hpp"
+#include "support/requirements.hpp"
 
 using namespace fusedopt;
 
 namespace {
-
-bool have_nvrtc(std::string* why) {
-  try {
-    (void)jit::compiler_for(Target::cuda(90)).identity();
-    return true;
-  } catch (const Error& e) {
-    *why = e.what();
-    return false;
-  }
-}
 
 cache::KernelCache::Options no_cache() {
   cache::KernelCache::Options o;
@@ -47,12 +38,8 @@ const char* const kEntryPoints[] = {"fusedopt_step",   "fusedopt_init",
 
 TEST_SUITE("cuda") {
   TEST_CASE(
-      "every preset and dtype binding compiles for sm_80 and sm_90 with all CUDA entry points") {
-    std::string why;
-    if (!have_nvrtc(&why)) {
-      MESSAGE("[SKIP] NVRTC is not installed: " << why);
-      return;
-    }
+      "every preset and dtype binding compiles for sm_80 and sm_90 with all CUDA entry points" *
+      testing::needs_nvrtc()) {
     cache::KernelCache cache(no_cache());
     for (const std::string& name : preset_names()) {
       for (int sm : {80, 90}) {
@@ -65,6 +52,9 @@ TEST_SUITE("cuda") {
           CHECK(k.binary->compare(0, 4,
                                   "\x7f"
                                   "ELF") == 0);
+          CHECK(k.ext == "cubin");
+          // Generated sources are self-contained: NVRTC needs no toolkit headers.
+          CHECK(k.source.find("#include") == std::string::npos);
           for (const char* entry : kEntryPoints) {
             INFO(entry);
             CHECK(has_symbol(*k.binary, entry));
@@ -76,12 +66,8 @@ TEST_SUITE("cuda") {
     }
   }
 
-  TEST_CASE("rules with reductions compile for sm_90 under both strategies and with clipping") {
-    std::string why;
-    if (!have_nvrtc(&why)) {
-      MESSAGE("[SKIP] NVRTC is not installed: " << why);
-      return;
-    }
+  TEST_CASE("rules with reductions compile for sm_90 under both strategies and with clipping" *
+            testing::needs_nvrtc()) {
     cache::KernelCache cache(no_cache());
     const Rule clipped = Rule::preset("adamw").with_grad_clipping(1.0);
     std::vector<std::shared_ptr<const lang::Rule>> rules = {preset_rule("lamb"),
@@ -103,12 +89,8 @@ TEST_SUITE("cuda") {
   }
 
   TEST_CASE(
-      "kernels with more roles than the vector path stages compile with the scalar path only") {
-    std::string why;
-    if (!have_nvrtc(&why)) {
-      MESSAGE("[SKIP] NVRTC is not installed: " << why);
-      return;
-    }
+      "kernels with more roles than the vector path stages compile with the scalar path only" *
+      testing::needs_nvrtc()) {
     cache::KernelCache cache(no_cache());
     // 2 + states (+ master) roles: 16 is the last staged count, 17 and 22 fall back.
     for (int states : {0, 14, 15, 20}) {
