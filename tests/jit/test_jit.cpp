@@ -35,6 +35,19 @@ bool is_elf(const std::string& bytes) {
                                            "ELF") == 0;
 }
 
+/// One cache for the cases that are not about caching, so that a kernel two cases build
+/// (sgd on the host) is compiled once per run.
+cache::KernelCache& shared_cache() {
+  static testing::TempDir dir;  // constructed first, so destroyed after the cache
+  static cache::KernelCache cache([] {
+    cache::KernelCache::Options o;
+    o.dir = dir.path();
+    o.mode = cache::KernelCache::Mode::Memory;
+    return o;
+  }());
+  return cache;
+}
+
 codegen::TrustedFunctor functor_sgd() {
   codegen::TrustedFunctor f;
   f.name = "functor_sgd";
@@ -77,11 +90,7 @@ void check_compile_error(const Target& target) {
 
 TEST_SUITE("jit") {
   TEST_CASE("every preset compiles for the host and exports its entry points") {
-    testing::TempDir dir;
-    cache::KernelCache::Options o;
-    o.dir = dir.path();
-    o.mode = cache::KernelCache::Mode::Memory;
-    cache::KernelCache cache(o);
+    cache::KernelCache& cache = shared_cache();
     for (const std::string& name : preset_names()) {
       INFO(name);
       runtime::HostKernel k(preset_rule(name), DTypeBinding{}, cache);
@@ -174,7 +183,7 @@ avg = decay * avg + (1 - decay) * w
   }
 
   TEST_CASE("the host kernel's gradient check finds a non-finite element anywhere") {
-    cache::KernelCache cache(no_cache());
+    cache::KernelCache& cache = shared_cache();
     runtime::HostKernel k(preset_rule("sgd"), DTypeBinding{}, cache);
     std::mt19937 rng(std::random_device{}());
     std::uniform_real_distribution<float> uniform(-1.0f, 1.0f);
@@ -231,7 +240,8 @@ avg = decay * avg + (1 - decay) * w
   TEST_CASE("FUSEDOPT_DUMP_SOURCE writes every generated source") {
     testing::TempDir dir;
     setenv("FUSEDOPT_DUMP_SOURCE", (dir.path() / "dump").c_str(), 1);
-    cache::KernelCache cache(no_cache());
+    // The source is dumped before the cache is asked, so a cached kernel is dumped too.
+    cache::KernelCache& cache = shared_cache();
     auto body = codegen::generate_body(*preset_rule("sgd"), DTypeBinding{});
     jit::BuiltKernel k = jit::build_kernel(body, DTypeBinding{}, Target::host(), cache);
     unsetenv("FUSEDOPT_DUMP_SOURCE");
