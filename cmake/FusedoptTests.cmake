@@ -6,7 +6,10 @@
 # any failing case fails its suite.
 #
 #   fusedopt_add_test_suite(<name> COMMAND <exe> [<arg>...] [LABELS <label>...]
-#                           [SKIP_WHEN_ABSENT] [TIMEOUT <seconds>])
+#                           [SKIP_WHEN_ABSENT] [TIMEOUT <seconds>] [COST <n>])
+#
+# COST: a rough run time in seconds, so that ctest -j starts the longest suites first even
+# before it has timed them once.
 #
 # SKIP_WHEN_ABSENT (GPU-only suites): the suite's main exits with
 # FUSEDOPT_TEST_SKIP_RETURN_CODE, which CTest reports as skipped, only when it ran no case
@@ -15,7 +18,7 @@
 set(FUSEDOPT_TEST_SKIP_RETURN_CODE 77)
 
 function(fusedopt_add_test_suite name)
-  cmake_parse_arguments(PARSE_ARGV 1 arg "SKIP_WHEN_ABSENT" "TIMEOUT" "COMMAND;LABELS")
+  cmake_parse_arguments(PARSE_ARGV 1 arg "SKIP_WHEN_ABSENT" "TIMEOUT;COST" "COMMAND;LABELS")
   if(NOT arg_COMMAND)
     message(FATAL_ERROR "fusedopt_add_test_suite(${name}): COMMAND is required")
   endif()
@@ -31,6 +34,9 @@ function(fusedopt_add_test_suite name)
     set_tests_properties(${name} PROPERTIES SKIP_RETURN_CODE ${FUSEDOPT_TEST_SKIP_RETURN_CODE})
   endif()
   set_tests_properties(${name} PROPERTIES TIMEOUT ${arg_TIMEOUT} ENVIRONMENT "${env}")
+  if(arg_COST)
+    set_tests_properties(${name} PROPERTIES COST ${arg_COST})
+  endif()
   if(arg_LABELS)
     set_tests_properties(${name} PROPERTIES LABELS "${arg_LABELS}")
   endif()
