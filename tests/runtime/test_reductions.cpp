@@ -199,13 +199,13 @@ bool lamb_reference(int t, const std::vector<Hypers>& h, Vecs& p, Vecs& m, Vecs&
     const double wd = hyper(h[k], "weight_decay"), mgn = hyper(h[k], "max_grad_norm");
     const double div = mgn > 0 && gn > mgn ? gn / mgn : 1.0;
     if (k == 0) clipped = div != 1.0;
+    const double bc1 = 1 - std::pow(b1, t), bc2 = 1 - std::pow(b2, t);
+    u[k].reserve(p[k].size());
     for (std::size_t i = 0; i < p[k].size(); ++i) {
       const double gc = g[k][i] / div;
       m[k][i] = b1 * m[k][i] + (1 - b1) * gc;
       v[k][i] = b2 * v[k][i] + (1 - b2) * gc * gc;
-      u[k].push_back((m[k][i] / (1 - std::pow(b1, t))) /
-                         (std::sqrt(v[k][i] / (1 - std::pow(b2, t))) + eps) +
-                     wd * p[k][i]);
+      u[k].push_back((m[k][i] / bc1) / (std::sqrt(v[k][i] / bc2) + eps) + wd * p[k][i]);
     }
   }
   double all_p = 0, all_u = 0;
