@@ -26,7 +26,14 @@
 #include "lang/ast.hpp"
 #include "presets.hpp"
 #include "runtime/host_kernel.hpp"
+#include "support/host_kernel_calls.hpp"
 #include "support/temp_dir.hpp"
+
+using fusedopt::test::default_hypers;
+using fusedopt::test::grads_finite;
+using fusedopt::test::init_states;
+using fusedopt::test::run;
+using fusedopt::test::with_hyper;
 
 namespace fusedopt_tests {
 namespace {
@@ -222,9 +229,9 @@ std::vector<float> kernel_hypers(const HostKernel& kernel, const Hypers& h) {
   std::vector<std::string> expected;
   for (const auto& kv : h) expected.push_back(kv.first);  // std::map: sorted
   REQUIRE(names == expected);
-  std::vector<float> values = kernel.default_hypers();
+  std::vector<float> values = default_hypers(kernel);
   for (const auto& [name, value] : h)
-    values = kernel.with_hyper(values, name, static_cast<float>(value));
+    values = with_hyper(kernel, values, name, static_cast<float>(value));
   return values;
 }
 
@@ -316,7 +323,7 @@ void run_case(const std::string& name, const std::string& label, const std::vect
     for (std::size_t j = 0; j < ns; ++j) ptrs[k].push_back(s[k][j].data());
   }
   // The rule's `state NAME = INIT`, written by the kernel, must be the reference's start.
-  kernel.init_states(ptrs, kSizes, hypers, group);
+  init_states(kernel, ptrs, kSizes, hypers, group);
   for (std::size_t k = 0; k < nt; ++k) {
     for (std::size_t j = 0; j < ns; ++j) {
       const float want = static_cast<float>(inits[group[k]][j]);
@@ -333,7 +340,7 @@ void run_case(const std::string& name, const std::string& label, const std::vect
     for (std::size_t k = 0; k < nt; ++k) {
       for (float& x : g[k]) x = normal(rng);
     }
-    kernel.run(ptrs, kSizes, hypers, static_cast<float>(t), group);
+    run(kernel, ptrs, kSizes, hypers, static_cast<float>(t), group);
     Comparison cmp;
     cmp.step = t;
     Comparison scmp;
@@ -431,7 +438,7 @@ void run_adamw_storage(const std::string& binding) {
     if (b.master) ptrs[k].push_back(master[k].data());
   }
   // init_states zeroes m and v and, with a master, copies the param into it.
-  kernel.init_states(ptrs, kSizes, hypers);
+  init_states(kernel, ptrs, kSizes, hypers);
   for (std::size_t k = 0; k < nt; ++k) {
     for (std::size_t i = 0; i < p[k].size(); ++i) {
       INFO("tensor " << k << ", element " << i);
@@ -455,7 +462,7 @@ void run_adamw_storage(const std::string& binding) {
         if (!b.master) rp[k][i] = decode(b.param, p[k][i]);
       }
     }
-    kernel.run(ptrs, kSizes, hypers, static_cast<float>(t));
+    run(kernel, ptrs, kSizes, hypers, static_cast<float>(t));
     Comparison cmp;
     cmp.step = t;
     double p_scale = 0, m_scale = 0, v_scale = 0;

@@ -1,89 +1,42 @@
-// CUDA kernels compiled with NVRTC, no GPU needed: every preset and dtype binding for
-// sm_80 and sm_90 yields a CUBIN exporting the four entry points the CUDA runtime loads,
-// and kernels with more roles than the vector path stages still compile (scalar path).
+// CUDA kernels compiled with NVRTC, no GPU needed: rules with reductions under both
+// strategies, and kernels with more roles than the vector path stages still compile
+// (scalar path). Every preset and dtype binding: test_presets_sm80.cpp, _sm90.cpp.
 #include <doctest/doctest.h>
 
 #include <string>
 
 #include "cache/kernel_cache.hpp"
 #include "codegen/codegen.hpp"
+#include "cuda/cuda_compile_support.hpp"
 #include "fusedopt/error.hpp"
 #include "fusedopt/kernel.hpp"
 #include "jit/compiler.hpp"
 #include "presets.hpp"
 #include "provider/kernel_provider.hpp"
 #include "rule_access.hpp"
+#include "support/requirements.hpp"
 
 using namespace fusedopt;
+using fusedopt::testing::has_symbol;
+using fusedopt::testing::kEntryPoints;
 
 namespace {
 
-bool have_nvrtc(std::string* why) {
-  try {
-    (void)jit::compiler_for(Target::cuda(90)).identity();
-    return true;
-  } catch (const Error& e) {
-    *why = e.what();
-    return false;
-  }
+cache::KernelCache& shared_cache() {
+  static cache::KernelCache cache([] {
+    cache::KernelCache::Options o;
+    o.mode = cache::KernelCache::Mode::Memory;
+    return o;
+  }());
+  return cache;
 }
-
-cache::KernelCache::Options no_cache() {
-  cache::KernelCache::Options o;
-  o.mode = cache::KernelCache::Mode::Off;
-  return o;
-}
-
-/// Whether the ELF image defines a symbol named exactly `name` (its string table holds
-/// NUL-terminated names).
-bool has_symbol(const std::string& elf, const std::string& name) {
-  return elf.find(std::string(1, '\0') + name + std::string(1, '\0')) != std::string::npos;
-}
-
-const char* const kEntryPoints[] = {"fusedopt_step",   "fusedopt_init",
-                                    "fusedopt_check",  "fusedopt_advance_step",
-                                    "fusedopt_reduce", "fusedopt_finalize"};
 
 }  // namespace
 
 TEST_SUITE("cuda") {
-  TEST_CASE(
-      "every preset and dtype binding compiles for sm_80 and sm_90 with all CUDA entry points") {
-    std::string why;
-    if (!have_nvrtc(&why)) {
-      MESSAGE("[SKIP] NVRTC is not installed: " << why);
-      return;
-    }
-    cache::KernelCache cache(no_cache());
-    for (const std::string& name : preset_names()) {
-      for (int sm : {80, 90}) {
-        for (const char* dt : {"fp32", "bf16:bf16:fp32+master", "fp16:fp16:bf16"}) {
-          INFO(name << " sm_" << sm << " " << dt);
-          DTypeBinding d = DTypeBinding::parse(dt);
-          codegen::KernelBody body = codegen::generate_body(*preset_rule(name), d);
-          provider::ProvidedKernel k = provider::provide_body(body, d, Target::cuda(sm), cache);
-          REQUIRE(k.binary);
-          CHECK(k.binary->compare(0, 4,
-                                  "\x7f"
-                                  "ELF") == 0);
-          for (const char* entry : kEntryPoints) {
-            INFO(entry);
-            CHECK(has_symbol(*k.binary, entry));
-          }
-          // The vector path is compiled in (at most 16 roles) and reads the alignment flags.
-          CHECK(k.source.find("fo_element4") != std::string::npos);
-        }
-      }
-    }
-  }
-
-  TEST_CASE("rules with reductions compile for sm_90 under both strategies and with clipping") {
-    std::string why;
-    if (!have_nvrtc(&why)) {
-      MESSAGE("[SKIP] NVRTC is not installed: " << why);
-      return;
-    }
-    cache::KernelCache cache(no_cache());
+  TEST_CASE("rules with reductions compile for sm_90 under both strategies and with clipping" *
+            testing::needs_nvrtc()) {
+    cache::KernelCache& cache = shared_cache();
     const Rule clipped = Rule::preset("adamw").with_grad_clipping(1.0);
     std::vector<std::shared_ptr<const lang::Rule>> rules = {
         preset_rule("lamb"), preset_rule("lars"), detail::RuleAccess::impl(clipped)};
@@ -104,13 +57,9 @@ TEST_SUITE("cuda") {
   }
 
   TEST_CASE(
-      "kernels with more roles than the vector path stages compile with the scalar path only") {
-    std::string why;
-    if (!have_nvrtc(&why)) {
-      MESSAGE("[SKIP] NVRTC is not installed: " << why);
-      return;
-    }
-    cache::KernelCache cache(no_cache());
+      "kernels with more roles than the vector path stages compile with the scalar path only" *
+      testing::needs_nvrtc()) {
+    cache::KernelCache& cache = shared_cache();
     // 2 + states (+ master) roles: 16 is the last staged count, 17 and 22 fall back.
     for (int states : {0, 14, 15, 20}) {
       for (bool master : {false, true}) {

@@ -2,8 +2,8 @@
 // random data, empty tensors in the middle and at the end), misaligned pointers (scalar
 // path) against aligned ones (vector path), bf16 params with an fp32 master, a captured
 // CUDA graph of capturable steps against eager steps, the gradient check, and 10,000
-// tensors in one launch. Each test prints "[SKIP] no CUDA device: <why>" and returns where
-// there is no usable device (CTest then counts the suite as skipped).
+// tensors in one launch. Where there is no usable device every case is skipped and named
+// ("[SKIP] <case>: no CUDA device: <why>"), and CTest reports the suite skipped.
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -22,20 +22,13 @@
 #include "presets.hpp"
 #include "runtime/cuda_driver.hpp"
 #include "runtime/cuda_kernel.hpp"
+#include "support/requirements.hpp"
 
 using namespace fusedopt;
 using runtime::CudaKernel;
 namespace cuda = fusedopt::runtime::cuda;
 
 namespace {
-
-/// True (after printing the skip line) when there is no usable CUDA device.
-bool skip_without_device() {
-  std::string why;
-  if (cuda::cuda_device_available(&why)) return false;
-  MESSAGE("[SKIP] no CUDA device: " << why);
-  return true;
-}
 
 cache::KernelCache& test_cache() {
   static cache::KernelCache c([] {
@@ -233,8 +226,8 @@ const std::vector<std::int64_t> kSizes = {1, 7, 1000, 65537, 0, 3, 0};
 }  // namespace
 
 TEST_SUITE("cuda") {
-  TEST_CASE("AdamW fp32 on the GPU matches a float64 reference over 100 steps") {
-    if (skip_without_device()) return;
+  TEST_CASE("AdamW fp32 on the GPU matches a float64 reference over 100 steps" *
+            testing::needs_cuda_device()) {
     const std::uint32_t seed = fresh_seed();
     INFO("seed " << seed << " (FUSEDOPT_TEST_SEED replays it)");
     std::mt19937 rng(seed);
@@ -247,8 +240,8 @@ TEST_SUITE("cuda") {
     run.check(1e-4);
   }
 
-  TEST_CASE("misaligned pointers take the scalar path and give the aligned path's results") {
-    if (skip_without_device()) return;
+  TEST_CASE("misaligned pointers take the scalar path and give the aligned path's results" *
+            testing::needs_cuda_device()) {
     const std::uint32_t seed = fresh_seed();
     INFO("seed " << seed);
     std::mt19937 rng_a(seed), rng_b(seed);
@@ -277,8 +270,8 @@ TEST_SUITE("cuda") {
     }
   }
 
-  TEST_CASE("one misaligned role makes its tensor take the scalar path") {
-    if (skip_without_device()) return;
+  TEST_CASE("one misaligned role makes its tensor take the scalar path" *
+            testing::needs_cuda_device()) {
     cuda::PrimaryContext ctx(0);  // current for the test's own buffers and copies
     std::mt19937 rng(fresh_seed());
     const std::vector<std::int64_t> sizes = {4096, 4096};
@@ -311,8 +304,8 @@ TEST_SUITE("cuda") {
       check_close(p.download<float>(t, 4096), rp[t], 1e-4, "p", max_abs(rp));
   }
 
-  TEST_CASE("bf16 params with an fp32 master on the GPU match a float64 reference") {
-    if (skip_without_device()) return;
+  TEST_CASE("bf16 params with an fp32 master on the GPU match a float64 reference" *
+            testing::needs_cuda_device()) {
     cuda::PrimaryContext ctx(0);  // current for the test's own buffers and copies
     const std::uint32_t seed = fresh_seed();
     INFO("seed " << seed);
@@ -368,8 +361,8 @@ TEST_SUITE("cuda") {
     }
   }
 
-  TEST_CASE("a captured graph of capturable steps replayed 10 times matches 10 eager steps") {
-    if (skip_without_device()) return;
+  TEST_CASE("a captured graph of capturable steps replayed 10 times matches 10 eager steps" *
+            testing::needs_cuda_device()) {
     const std::uint32_t seed = fresh_seed();
     INFO("seed " << seed);
     std::mt19937 rng_a(seed), rng_b(seed);
@@ -416,8 +409,8 @@ TEST_SUITE("cuda") {
     cuda::stream_destroy(s);
   }
 
-  TEST_CASE("grads_finite finds a NaN, an overflow after unscaling, and passes finite grads") {
-    if (skip_without_device()) return;
+  TEST_CASE("grads_finite finds a NaN, an overflow after unscaling, and passes finite grads" *
+            testing::needs_cuda_device()) {
     std::mt19937 rng(fresh_seed());
     Fp32AdamWRun run(kSizes, false);
     run.init(rng);
@@ -440,8 +433,8 @@ TEST_SUITE("cuda") {
     cuda::stream_destroy(s);
   }
 
-  TEST_CASE("10,000 tensors step in one launch and match the reference") {
-    if (skip_without_device()) return;
+  TEST_CASE("10,000 tensors step in one launch and match the reference" *
+            testing::needs_cuda_device()) {
     cuda::PrimaryContext ctx(0);  // current for the test's own buffers and copies
     const std::uint32_t seed = fresh_seed();
     INFO("seed " << seed);
@@ -506,8 +499,8 @@ TEST_SUITE("cuda") {
     CHECK(bad == 0);
   }
 
-  TEST_CASE("CudaKernel rejects bad tensor lists with clear errors") {
-    if (skip_without_device()) return;
+  TEST_CASE("CudaKernel rejects bad tensor lists with clear errors" *
+            testing::needs_cuda_device()) {
     cuda::PrimaryContext ctx(0);  // current for the test's own buffers and copies
     CudaKernel k(preset_rule("adamw"), DTypeBinding{}, 0, test_cache());
     AdamW ref;
@@ -530,13 +523,8 @@ TEST_SUITE("cuda") {
                          "CudaKernel::set_hypers: group 1 out of range (1 groups)", Error);
   }
 
-  TEST_CASE("cuda_device_available explains itself and device queries agree") {
-    std::string why;
-    if (!cuda::cuda_device_available(&why)) {
-      CHECK(!why.empty());
-      MESSAGE("[SKIP] no CUDA device: " << why);
-      return;
-    }
+  TEST_CASE("cuda_device_available explains itself and device queries agree" *
+            testing::needs_cuda_device()) {
     CHECK(cuda::device_count() > 0);
     CHECK(cuda::device_sm(0) >= 50);
     CHECK(cuda::device_sm_count(0) > 0);

@@ -11,19 +11,13 @@
 
 #include "fusedopt/optimizer.hpp"
 #include "runtime/cuda_driver.hpp"
+#include "support/requirements.hpp"
 #include "support/temp_dir.hpp"
 
 using namespace fusedopt;
 namespace cu = fusedopt::runtime::cuda;
 
 namespace {
-
-bool have_device() {
-  std::string why;
-  if (cu::cuda_device_available(&why)) return true;
-  MESSAGE("[SKIP] no CUDA device: " << why);
-  return false;
-}
 
 /// Params and grads on the device, mirrored by host copies.
 struct DeviceModel {
@@ -80,8 +74,8 @@ DeviceModel make_model(std::mt19937& rng) {
 }  // namespace
 
 TEST_SUITE("cuda_gpu") {
-  TEST_CASE("a CUDA optimizer matches the host optimizer over 50 AdamW steps") {
-    if (!have_device()) return;
+  TEST_CASE("a CUDA optimizer matches the host optimizer over 50 AdamW steps" *
+            testing::needs_cuda_device()) {
     cu::PrimaryContext ctx(0);
     std::mt19937 rng(std::random_device{}());
     std::normal_distribution<float> normal(0.0f, 1.0f);
@@ -107,8 +101,8 @@ TEST_SUITE("cuda_gpu") {
     }
   }
 
-  TEST_CASE("a CUDA grad-scaled step with a NaN changes nothing, and checkpoints round-trip") {
-    if (!have_device()) return;
+  TEST_CASE("a CUDA grad-scaled step with a NaN changes nothing, and checkpoints round-trip" *
+            testing::needs_cuda_device()) {
     cu::PrimaryContext ctx(0);
     std::mt19937 rng(std::random_device{}());
     DeviceModel m = make_model(rng);
@@ -135,8 +129,7 @@ TEST_SUITE("cuda_gpu") {
     CHECK(cpu.step_count() == 1);
   }
 
-  TEST_CASE("capturable CUDA steps equal eager steps") {
-    if (!have_device()) return;
+  TEST_CASE("capturable CUDA steps equal eager steps" * testing::needs_cuda_device()) {
     cu::PrimaryContext ctx(0);
     std::mt19937 rng(std::random_device{}());
     DeviceModel a = make_model(rng);
@@ -170,8 +163,8 @@ TEST_SUITE("cuda_gpu") {
 // tests/runtime/test_reductions.cpp checks against float64 references), under both
 // strategies, with the grad check folded into pass 0, and capturable.
 TEST_SUITE("cuda_gpu") {
-  TEST_CASE("CUDA LAMB, LARS and AdamW with clipping match the host over 50 steps") {
-    if (!have_device()) return;
+  TEST_CASE("CUDA LAMB, LARS and AdamW with clipping match the host over 50 steps" *
+            testing::needs_cuda_device()) {
     cu::PrimaryContext ctx(0);
     std::mt19937 rng(std::random_device{}());
     std::normal_distribution<float> normal(0.0f, 1.0f);
@@ -212,8 +205,8 @@ TEST_SUITE("cuda_gpu") {
   }
 
   TEST_CASE(
-      "CUDA LAMB: a NaN gradient skips the step bit for bit; repeated runs give the same bits") {
-    if (!have_device()) return;
+      "CUDA LAMB: a NaN gradient skips the step bit for bit; repeated runs give the same bits" *
+      testing::needs_cuda_device()) {
     cu::PrimaryContext ctx(0);
     std::mt19937 rng(std::random_device{}());
     std::normal_distribution<float> normal(0.0f, 1.0f);
@@ -257,8 +250,7 @@ TEST_SUITE("cuda_gpu") {
     }
   }
 
-  TEST_CASE("capturable CUDA LAMB steps equal eager ones") {
-    if (!have_device()) return;
+  TEST_CASE("capturable CUDA LAMB steps equal eager ones" * testing::needs_cuda_device()) {
     cu::PrimaryContext ctx(0);
     std::mt19937 rng(std::random_device{}());
     std::normal_distribution<float> normal(0.0f, 1.0f);

@@ -1,5 +1,6 @@
-// Compilation: NVRTC -> CUBIN for sm_80/sm_90 without a GPU, host -> .so that runs and
-// matches a float64 reference, compile errors, source dumps and the key record.
+// Compilation: host -> .so that runs and matches a float64 reference, compile errors (host
+// and NVRTC), source dumps and the key record. Every preset through NVRTC for sm_80/sm_90
+// is tests/cuda/test_cuda_compile.cpp.
 #include <doctest/doctest.h>
 #include <fmt/format.h>
 
@@ -15,7 +16,15 @@
 #include "presets.hpp"
 #include "provider/kernel_provider.hpp"
 #include "runtime/host_kernel.hpp"
+#include "support/host_kernel_calls.hpp"
+#include "support/requirements.hpp"
 #include "support/temp_dir.hpp"
+
+using fusedopt::test::default_hypers;
+using fusedopt::test::grads_finite;
+using fusedopt::test::init_states;
+using fusedopt::test::run;
+using fusedopt::test::with_hyper;
 
 using namespace fusedopt;
 
@@ -33,45 +42,62 @@ bool is_elf(const std::string& bytes) {
                                            "ELF") == 0;
 }
 
-bool have_nvrtc() {
+/// One cache for the cases that are not about caching, so that a kernel two cases build
+/// (sgd on the host) is compiled once per run.
+cache::KernelCache& shared_cache() {
+  static testing::TempDir dir;  // constructed first, so destroyed after the cache
+  static cache::KernelCache cache([] {
+    cache::KernelCache::Options o;
+    o.dir = dir.path();
+    o.mode = cache::KernelCache::Mode::Memory;
+    return o;
+  }());
+  return cache;
+}
+
+codegen::TrustedFunctor functor_sgd() {
+  codegen::TrustedFunctor f;
+  f.name = "functor_sgd";
+  f.code =
+      "struct Functor {\n  FO_FN void operator()(float& p, float& m, float g, fo_hypers h) const "
+      "{\n"
+      "    m = h.mu * m + g;\n    p -= h.lr * m;\n  }\n};";
+  f.states = {{"m", 0.5}};
+  f.hypers = {{"lr", 0.1}, {"mu", 0.9}};
+  return f;
+}
+
+/// Compiles a functor that uses an undefined name for `target`: the CompileError carries
+/// the log (mapped to the functor's line), the options and the source.
+void check_compile_error(const Target& target) {
+  codegen::TrustedFunctor f;
+  f.name = "broken_functor";
+  f.code =
+      "struct Functor {\n  FO_FN void operator()(float& p, float g, fo_hypers h) const {\n"
+      "    p -= h.lr * undefined_thing;\n  }\n};";
+  f.hypers = {{"lr", 0.1}};
+  cache::KernelCache cache(no_cache());
+  auto body = codegen::generate_functor_body(f, DTypeBinding{});
+  INFO(target.str());
   try {
-    (void)jit::compiler_for(Target::cuda(90)).identity();
-    return true;
-  } catch (const Error&) {
-    return false;
+    provider::provide_body(body, DTypeBinding{}, target, cache);
+    FAIL("expected a CompileError");
+  } catch (const CompileError& e) {
+    CHECK(e.log().find("undefined_thing") != std::string::npos);
+    // g++ says "broken_functor:3:", NVRTC says "broken_functor(3):".
+    bool mapped = e.log().find("broken_functor:3:") != std::string::npos ||
+                  e.log().find("broken_functor(3)") != std::string::npos;
+    CHECK(mapped);
+    CHECK(!e.options().empty());
+    CHECK(e.source().find("undefined_thing") != std::string::npos);
   }
 }
 
 }  // namespace
 
 TEST_SUITE("jit") {
-  TEST_CASE("every preset compiles with NVRTC to CUBIN for sm_80 and sm_90 without a GPU") {
-    if (!have_nvrtc()) {
-      MESSAGE("[SKIP] NVRTC is not installed");
-      return;
-    }
-    cache::KernelCache cache(no_cache());
-    for (const std::string& name : preset_names()) {
-      for (int sm : {80, 90}) {
-        for (const char* dt : {"fp32", "bf16:bf16:fp32+master", "fp16:fp16:bf16"}) {
-          INFO(name << " sm_" << sm << " " << std::string(dt));
-          DTypeBinding d = DTypeBinding::parse(dt);
-          auto body = codegen::generate_body(*preset_rule(name), d);
-          provider::ProvidedKernel k = provider::provide_body(body, d, Target::cuda(sm), cache);
-          CHECK(k.ext == "cubin");
-          CHECK(is_elf(*k.binary));
-          CHECK(k.source.find("#include") == std::string::npos);
-        }
-      }
-    }
-  }
-
   TEST_CASE("every preset compiles for the host and exports its entry points") {
-    testing::TempDir dir;
-    cache::KernelCache::Options o;
-    o.dir = dir.path();
-    o.mode = cache::KernelCache::Mode::Memory;
-    cache::KernelCache cache(o);
+    cache::KernelCache& cache = shared_cache();
     for (const std::string& name : preset_names()) {
       INFO(name);
       runtime::HostKernel k(preset_rule(name), DTypeBinding{}, cache);
@@ -101,9 +127,9 @@ avg = decay * avg + (1 - decay) * w
     std::normal_distribution<float> normal(0.0f, 1.0f);
     const std::vector<std::int64_t> sizes = {1, 0, 70000, 33, 65537};
     const std::vector<int> groups = {0, 1, 1, 0, 1};
-    std::vector<std::vector<float>> hypers = {k.default_hypers(),
-                                              k.with_hyper(k.default_hypers(), "lr", 0.05f)};
-    hypers[1] = k.with_hyper(hypers[1], "limit", 2.0f);
+    std::vector<std::vector<float>> hypers = {default_hypers(k),
+                                              with_hyper(k, default_hypers(k), "lr", 0.05f)};
+    hypers[1] = with_hyper(k, hypers[1], "limit", 2.0f);
     const float inv_scale = 0.25f;
     std::vector<std::vector<float>> w(5), d(5), buf(5), avg(5), delta(5);
     std::vector<std::vector<double>> rw(5), rbuf(5), ravg(5);
@@ -121,12 +147,12 @@ avg = decay * avg + (1 - decay) * w
       ravg[t] = rw[t];
       ptrs[t] = {w[t].data(), d[t].data(), buf[t].data(), avg[t].data(), delta[t].data()};
     }
-    k.init_states(ptrs, sizes, hypers, groups);
+    init_states(k, ptrs, sizes, hypers, groups);
     for (int step = 1; step <= 20; ++step) {
       for (int t = 0; t < 5; ++t) {
         for (auto& x : d[t]) x = 4.0f * normal(rng);
       }
-      k.run(ptrs, sizes, hypers, static_cast<float>(step), groups, inv_scale);
+      run(k, ptrs, sizes, hypers, static_cast<float>(step), groups, inv_scale);
       for (int t = 0; t < 5; ++t) {
         const std::vector<float>& h = hypers[groups[t]];
         double lr = h[0], mu = h[1], decay = h[2], limit = h[3];
@@ -156,7 +182,7 @@ avg = decay * avg + (1 - decay) * w
         std::string text = fmt::format("param p\ngrad g\np = p + {} * g + {}\n", sign, round);
         runtime::HostKernel k(lang::parse_rule(text, "r.rule"), DTypeBinding{}, cache);
         std::vector<float> p = {1.0f, 2.0f}, g = {0.5f, 0.25f};
-        k.run({{p.data(), g.data()}}, {2}, {k.default_hypers()}, 1.0f);
+        run(k, {{p.data(), g.data()}}, {2}, {default_hypers(k)}, 1.0f);
         CHECK(p[0] == 1.0f + sign * 0.5f + round);
         CHECK(p[1] == 2.0f + sign * 0.25f + round);
       }
@@ -164,7 +190,7 @@ avg = decay * avg + (1 - decay) * w
   }
 
   TEST_CASE("the host kernel's gradient check finds a non-finite element anywhere") {
-    cache::KernelCache cache(no_cache());
+    cache::KernelCache& cache = shared_cache();
     runtime::HostKernel k(preset_rule("sgd"), DTypeBinding{}, cache);
     std::mt19937 rng(std::random_device{}());
     std::uniform_real_distribution<float> uniform(-1.0f, 1.0f);
@@ -178,74 +204,52 @@ avg = decay * avg + (1 - decay) * w
       for (auto& x : g[t]) x = uniform(rng);
       ptrs[t] = {p[t].data(), g[t].data(), buf[t].data()};
     }
-    std::vector<std::vector<float>> h = {k.default_hypers()};
-    CHECK(k.grads_finite(ptrs, sizes, h, 1.0f));
+    std::vector<std::vector<float>> h = {default_hypers(k)};
+    CHECK(grads_finite(k, ptrs, sizes, h, 1.0f));
     std::size_t at = std::uniform_int_distribution<std::size_t>(0, g[2].size() - 1)(rng);
     g[2][at] = NAN;
-    CHECK_FALSE(k.grads_finite(ptrs, sizes, h, 1.0f));
+    CHECK_FALSE(grads_finite(k, ptrs, sizes, h, 1.0f));
     g[2][at] = 0.5f;
     g[3][2] = INFINITY;
-    CHECK_FALSE(k.grads_finite(ptrs, sizes, h, 1.0f));
+    CHECK_FALSE(grads_finite(k, ptrs, sizes, h, 1.0f));
     g[3][2] = 0.5f;
-    CHECK(k.grads_finite(ptrs, sizes, h, 1.0f));
+    CHECK(grads_finite(k, ptrs, sizes, h, 1.0f));
     // Finite gradients that overflow once unscaled count as non-finite.
-    CHECK(k.grads_finite(ptrs, sizes, h, 1e38f));  // |g| <= 1: still finite
+    CHECK(grads_finite(k, ptrs, sizes, h, 1e38f));  // |g| <= 1: still finite
     g[0][4] = 8.0f;
-    CHECK_FALSE(k.grads_finite(ptrs, sizes, h, 1e38f));
+    CHECK_FALSE(grads_finite(k, ptrs, sizes, h, 1e38f));
   }
 
   TEST_CASE("a trusted functor compiles for the host and runs") {
-    codegen::TrustedFunctor f;
-    f.name = "functor_sgd";
-    f.code =
-        "struct Functor {\n  FO_FN void operator()(float& p, float& m, float g, fo_hypers h) const "
-        "{\n"
-        "    m = h.mu * m + g;\n    p -= h.lr * m;\n  }\n};";
-    f.states = {{"m", 0.5}};
-    f.hypers = {{"lr", 0.1}, {"mu", 0.9}};
     cache::KernelCache cache(no_cache());
-    auto body = codegen::generate_functor_body(f, DTypeBinding{});
+    auto body = codegen::generate_functor_body(functor_sgd(), DTypeBinding{});
     provider::ProvidedKernel k =
         provider::provide_body(body, DTypeBinding{}, Target::host(), cache);
     CHECK(is_elf(*k.binary));
-    if (have_nvrtc())
-      CHECK(is_elf(*provider::provide_body(body, DTypeBinding{}, Target::cuda(90), cache).binary));
+  }
+
+  TEST_CASE("a trusted functor compiles with NVRTC" * testing::needs_nvrtc()) {
+    cache::KernelCache cache(no_cache());
+    auto body = codegen::generate_functor_body(functor_sgd(), DTypeBinding{});
+    CHECK(is_elf(*provider::provide_body(body, DTypeBinding{}, Target::cuda(90), cache).binary));
   }
 
   TEST_CASE(
       "a compile error carries the log, the options and the source, mapped to the functor's "
       "lines") {
-    codegen::TrustedFunctor f;
-    f.name = "broken_functor";
-    f.code =
-        "struct Functor {\n  FO_FN void operator()(float& p, float g, fo_hypers h) const {\n"
-        "    p -= h.lr * undefined_thing;\n  }\n};";
-    f.hypers = {{"lr", 0.1}};
-    cache::KernelCache cache(no_cache());
-    auto body = codegen::generate_functor_body(f, DTypeBinding{});
-    std::vector<Target> targets = {Target::host()};
-    if (have_nvrtc()) targets.push_back(Target::cuda(90));
-    for (const Target& t : targets) {
-      INFO(t.str());
-      try {
-        provider::provide_body(body, DTypeBinding{}, t, cache);
-        FAIL("expected a CompileError");
-      } catch (const CompileError& e) {
-        CHECK(e.log().find("undefined_thing") != std::string::npos);
-        // g++ says "broken_functor:3:", NVRTC says "broken_functor(3):".
-        bool mapped = e.log().find("broken_functor:3:") != std::string::npos ||
-                      e.log().find("broken_functor(3)") != std::string::npos;
-        CHECK(mapped);
-        CHECK(!e.options().empty());
-        CHECK(e.source().find("undefined_thing") != std::string::npos);
-      }
-    }
+    check_compile_error(Target::host());
+  }
+
+  TEST_CASE("an NVRTC compile error carries the log, the options and the source, mapped too" *
+            testing::needs_nvrtc()) {
+    check_compile_error(Target::cuda(90));
   }
 
   TEST_CASE("FUSEDOPT_DUMP_SOURCE writes every generated source") {
     testing::TempDir dir;
     setenv("FUSEDOPT_DUMP_SOURCE", (dir.path() / "dump").c_str(), 1);
-    cache::KernelCache cache(no_cache());
+    // The source is dumped before the cache is asked, so a cached kernel is dumped too.
+    cache::KernelCache& cache = shared_cache();
     auto body = codegen::generate_body(*preset_rule("sgd"), DTypeBinding{});
     provider::ProvidedKernel k =
         provider::provide_body(body, DTypeBinding{}, Target::host(), cache);
@@ -270,12 +274,6 @@ avg = decay * avg + (1 - decay) * w
     cache::Key a = key(body32, "fp32", Target::host());
     CHECK(a == key(body32, "fp32", Target::host()));
     CHECK(a != key(body16, "bf16", Target::host()));
-    if (have_nvrtc()) {
-      cache::Key c80 = key(body32, "fp32", Target::cuda(80));
-      cache::Key c90 = key(body32, "fp32", Target::cuda(90));
-      CHECK(c80 != c90);
-      CHECK(a != c90);
-    }
     cache::KeyRecord r = provider::kernel_record(body32, DTypeBinding{}, Target::host(),
                                                  codegen::generate_source(body32, Target::host()));
     for (const char* field : {"source", "options", "target", "compiler", "fusedopt_version",
@@ -283,6 +281,19 @@ avg = decay * avg + (1 - decay) * w
       INFO(field);
       CHECK(!r.get(field).empty());
     }
+  }
+
+  TEST_CASE("the cache key changes with the CUDA architecture" * testing::needs_nvrtc()) {
+    auto body32 = codegen::generate_body(*preset_rule("adamw"), DTypeBinding{});
+    auto key = [&](Target t) {
+      DTypeBinding dt = DTypeBinding::parse("fp32");
+      return provider::kernel_record(body32, dt, t, codegen::generate_source(body32, t)).key();
+    };
+    cache::Key a = key(Target::host());
+    cache::Key c80 = key(Target::cuda(80));
+    cache::Key c90 = key(Target::cuda(90));
+    CHECK(c80 != c90);
+    CHECK(a != c90);
   }
 
   TEST_CASE("bad targets and dtypes are clear errors") {

@@ -17,6 +17,7 @@
 #include "runtime/host_kernel.hpp"
 #include "runtime/log.hpp"
 #include "runtime/runtime_support.hpp"
+#include "support/host_kernel_calls.hpp"
 
 namespace fusedopt_tests {
 namespace {
@@ -327,7 +328,8 @@ TEST_SUITE("runtime") {
                                     fusedopt::cache::KernelCache::global());
     static float dummy[3];
     std::vector<std::vector<void*>> ptrs(4, {dummy, dummy + 1, dummy + 2});
-    const auto prepared = k.prepare(ptrs, numel, {k.default_hypers(), k.default_hypers()}, group);
+    const std::vector<float> defaults = fusedopt::test::default_hypers(k);
+    const auto prepared = k.prepare(ptrs, numel, {defaults, defaults}, group);
     REQUIRE(prepared.num_chunks() == expect);
     const std::vector<fo_chunk>& chunks = prepared.chunks();
     CHECK(chunks.front().tensor == 2);  // group 0 first

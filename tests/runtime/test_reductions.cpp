@@ -199,13 +199,13 @@ bool lamb_reference(int t, const std::vector<Hypers>& h, Vecs& p, Vecs& m, Vecs&
     const double wd = hyper(h[k], "weight_decay"), mgn = hyper(h[k], "max_grad_norm");
     const double div = mgn > 0 && gn > mgn ? gn / mgn : 1.0;
     if (k == 0) clipped = div != 1.0;
+    const double bc1 = 1 - std::pow(b1, t), bc2 = 1 - std::pow(b2, t);
+    u[k].reserve(p[k].size());
     for (std::size_t i = 0; i < p[k].size(); ++i) {
       const double gc = g[k][i] / div;
       m[k][i] = b1 * m[k][i] + (1 - b1) * gc;
       v[k][i] = b2 * v[k][i] + (1 - b2) * gc * gc;
-      u[k].push_back((m[k][i] / (1 - std::pow(b1, t))) /
-                         (std::sqrt(v[k][i] / (1 - std::pow(b2, t))) + eps) +
-                     wd * p[k][i]);
+      u[k].push_back((m[k][i] / bc1) / (std::sqrt(v[k][i] / bc2) + eps) + wd * p[k][i]);
     }
   }
   double all_p = 0, all_u = 0;
@@ -254,16 +254,26 @@ bool clip_reference(Vecs& g, double max_norm) {
 // ---------------------------------------------------------------------------------------
 // Comparison.
 
-/// Counts values outside their bound, remembering the first one.
+/// Counts values outside their bound, remembering the first one. `what` is a string or a
+/// callable that returns one: the tests check millions of elements, so they pass a lambda
+/// and the label is only built for the first value out of bounds.
 struct Tally {
   long long bad = 0;
   std::string first;
-  void check(const std::string& what, double got, double want, double allowed) {
+  template <typename What>
+  void check(const What& what, double got, double want, double allowed) {
     const double d = std::abs(got - want);
     if (!(d <= allowed) && bad++ == 0) {  // NaN fails too
-      first = what + ": got " + fmt_double(got) + ", reference " + fmt_double(want) + ", allowed " +
-              fmt_double(allowed);
+      first = label_of(what) + ": got " + fmt_double(got) + ", reference " + fmt_double(want) +
+              ", allowed " + fmt_double(allowed);
     }
+  }
+
+ private:
+  static std::string label_of(const std::string& what) { return what; }
+  template <typename F>
+  static std::string label_of(const F& what) {
+    return what();
   }
 };
 
@@ -273,7 +283,10 @@ void check_params(Tally& tally, const std::string& label, const Vecs& got, const
   for (std::size_t k = 0; k < ref.size(); ++k) {
     for (std::size_t i = 0; i < ref[k].size(); ++i) {
       tally.check(
-          label + " param of tensor " + std::to_string(k) + ", element " + std::to_string(i),
+          [&] {
+            return label + " param of tensor " + std::to_string(k) + ", element " +
+                   std::to_string(i);
+          },
           got[k][i], ref[k][i], tol * (1 + std::abs(ref[k][i])));
     }
   }
@@ -284,8 +297,11 @@ void check_state(Tally& tally, const std::string& label, const Vecs& got, const 
   const double scale = max_abs(ref);
   for (std::size_t k = 0; k < ref.size(); ++k) {
     for (std::size_t i = 0; i < ref[k].size(); ++i) {
-      tally.check(label + " of tensor " + std::to_string(k) + ", element " + std::to_string(i),
-                  got[k][i], ref[k][i], kStateTol * (std::abs(ref[k][i]) + scale));
+      tally.check(
+          [&] {
+            return label + " of tensor " + std::to_string(k) + ", element " + std::to_string(i);
+          },
+          got[k][i], ref[k][i], kStateTol * (std::abs(ref[k][i]) + scale));
     }
   }
 }
@@ -1164,9 +1180,12 @@ TEST_SUITE("runtime") {
       const Vecs stored = net.params();
       for (std::size_t k = 0; k < nt; ++k) {
         for (std::size_t i = 0; i < stored[k].size(); ++i) {
-          tally.check(label + " bf16 param of tensor " + std::to_string(k) + ", element " +
-                          std::to_string(i),
-                      stored[k][i], round_to(DType::BF16, master[k][i]), 0.0);
+          tally.check(
+              [&] {
+                return label + " bf16 param of tensor " + std::to_string(k) + ", element " +
+                       std::to_string(i);
+              },
+              stored[k][i], round_to(DType::BF16, master[k][i]), 0.0);
         }
       }
       if (tally.bad) {

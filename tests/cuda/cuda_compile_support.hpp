@@ -1,0 +1,57 @@
+// Shared by the NVRTC compile tests: the entry points a CUBIN must export, and the check
+// that every preset and dtype binding compiles for one architecture (one executable per
+// architecture, so that ctest -j runs them side by side).
+#pragma once
+
+#include <doctest/doctest.h>
+
+#include <string>
+
+#include "cache/kernel_cache.hpp"
+#include "codegen/codegen.hpp"
+#include "fusedopt/target.hpp"
+#include "presets.hpp"
+#include "provider/kernel_provider.hpp"
+
+namespace fusedopt::testing {
+
+/// Whether the ELF image defines a symbol named exactly `name` (its string table holds
+/// NUL-terminated names).
+inline bool has_symbol(const std::string& elf, const std::string& name) {
+  return elf.find(std::string(1, '\0') + name + std::string(1, '\0')) != std::string::npos;
+}
+
+inline const char* const kEntryPoints[] = {"fusedopt_step",   "fusedopt_init",
+                                           "fusedopt_check",  "fusedopt_advance_step",
+                                           "fusedopt_reduce", "fusedopt_finalize"};
+
+/// Every preset in every dtype binding compiles for sm_<sm> to a CUBIN with all CUDA entry
+/// points, from a self-contained source with the vector path compiled in.
+inline void check_every_preset_compiles(int sm) {
+  cache::KernelCache::Options o;
+  o.mode = cache::KernelCache::Mode::Off;
+  cache::KernelCache cache(o);
+  for (const std::string& name : preset_names()) {
+    for (const char* dt : {"fp32", "bf16:bf16:fp32+master", "fp16:fp16:bf16"}) {
+      INFO(name << " sm_" << sm << " " << dt);
+      DTypeBinding d = DTypeBinding::parse(dt);
+      codegen::KernelBody body = codegen::generate_body(*preset_rule(name), d);
+      provider::ProvidedKernel k = provider::provide_body(body, d, Target::cuda(sm), cache);
+      REQUIRE(k.binary);
+      CHECK(k.binary->compare(0, 4,
+                              "\x7f"
+                              "ELF") == 0);
+      CHECK(k.ext == "cubin");
+      // Generated sources are self-contained: NVRTC needs no toolkit headers.
+      CHECK(k.source.find("#include") == std::string::npos);
+      for (const char* entry : kEntryPoints) {
+        INFO(entry);
+        CHECK(has_symbol(*k.binary, entry));
+      }
+      // The vector path is compiled in (at most 16 roles) and reads the alignment flags.
+      CHECK(k.source.find("fo_element4") != std::string::npos);
+    }
+  }
+}
+
+}  // namespace fusedopt::testing

@@ -1,0 +1,13 @@
+// Every preset and dtype binding through NVRTC for sm_80, no GPU needed (its own
+// executable: see cuda_compile_support.hpp).
+#include <doctest/doctest.h>
+
+#include "cuda/cuda_compile_support.hpp"
+#include "support/requirements.hpp"
+
+TEST_SUITE("cuda") {
+  TEST_CASE("every preset and dtype binding compiles for sm_80 with all CUDA entry points" *
+            fusedopt::testing::needs_nvrtc()) {
+    fusedopt::testing::check_every_preset_compiles(80);
+  }
+}

@@ -1,0 +1,58 @@
+// What the NVRTC and GPU test cases need, probed once per process through the library
+// itself: `TEST_CASE("..." * needs_nvrtc())`, `TEST_CASE("..." * needs_cuda_device())`.
+// Only a real absence skips (NVRTC that cannot be loaded, a build without CUDA, no usable
+// device); any other probe failure leaves the case to run and fail with the real error.
+#pragma once
+
+#include <exception>
+#include <string>
+
+#include "fusedopt/error.hpp"
+#include "fusedopt/target.hpp"
+#include "jit/compiler.hpp"
+#include "runtime/cuda_driver.hpp"
+#include "support/skip.hpp"
+
+namespace fusedopt::testing {
+
+inline const Availability& nvrtc_availability() {
+  static const Availability a = [] {
+    Availability out;
+    try {
+      (void)jit::compiler_for(Target::cuda(90)).identity();
+    } catch (const Error& e) {
+      const std::string what = e.what();
+      if (what.find("NVRTC could not be loaded") != std::string::npos ||
+          what.find("built without CUDA") != std::string::npos) {
+        out.present = false;
+        out.why = "NVRTC is not installed: " + what;
+      }
+    } catch (const std::exception&) {
+      // Not an absence: the case runs and reports the error.
+    }
+    return out;
+  }();
+  return a;
+}
+
+inline const Availability& cuda_device_availability() {
+  static const Availability a = [] {
+    Availability out;
+    std::string why;
+    if (!runtime::cuda::cuda_device_available(&why)) {
+      out.present = false;
+      out.why = "no CUDA device: " + why;
+    } else if (!nvrtc_availability().present) {
+      out = nvrtc_availability();
+    }
+    return out;
+  }();
+  return a;
+}
+
+/// Decorator for a case that compiles with NVRTC (no GPU needed).
+inline Requires needs_nvrtc() { return Requires(nvrtc_availability()); }
+/// Decorator for a case that runs on a CUDA device (and so also needs NVRTC).
+inline Requires needs_cuda_device() { return Requires(cuda_device_availability()); }
+
+}  // namespace fusedopt::testing
