@@ -9,7 +9,7 @@
 #                 a prefix; check that libfusedopt.so exports the public API and none of the
 #                 internals; find_package on that prefix. One library build serves both.
 # Usage: run.sh MODE BUILD_DIR SOURCE_DIR CXX_COMPILER [COMPILER_LAUNCHER]
-# Work goes to BUILD_DIR/consumer-MODE (a fixed path, so a compiler cache hits on re-runs).
+# Work goes to BUILD_DIR/consumer-MODE.
 set -euo pipefail
 mode="$1"
 build="$(cd "$2" && pwd)"
@@ -17,7 +17,9 @@ src="$(cd "$3" && pwd)"
 cxx="$4"
 launcher="${5:-}"
 work="$build/consumer-$mode"
-rm -rf "$work"
+# The vendored library build is kept between runs (incremental, like the main build); the
+# install prefix, the consumer build and its cache are made anew each time.
+rm -rf "$work/prefix" "$work/build" "$work/cache" "$work/log.txt"
 mkdir -p "$work"
 common=(-G Ninja -DCMAKE_CXX_COMPILER="$cxx")
 [ -z "$launcher" ] || common+=(-DCMAKE_CXX_COMPILER_LAUNCHER="$launcher")
@@ -74,4 +76,4 @@ case "$mode" in
 esac
 step cmake --build "$work/build" -j 2
 FUSEDOPT_CACHE_DIR="$work/cache" "$work/build/consumer"
-rm -rf "$work"
+rm -rf "$work/prefix" "$work/build" "$work/cache"

@@ -23,12 +23,13 @@ struct StorageCase {
 /// decoded param; the decoded states), so lossy storage cannot make the trajectories drift.
 /// fp32 values must match within kTol * (|ref| + scale); 16-bit values must be the
 /// reference rounded, or one ulp apart where the exact value is within fp32 rounding of a
-/// rounding boundary. That is rare, but not as rare as fp32's 16 extra bits suggest when
-/// the inputs are 16-bit too: m + 0.1 * (g - m) of two bf16 values lands a few fp32 ulps
-/// from a bf16 midpoint whenever g - m is 5 times a power of two (measured: 0.4% of the
-/// values with bf16 grads and states, under 0.05% otherwise). A store that truncated, or
-/// rounded ties away from zero, sets far more apart, so at most 1 in 100 may be. With a
-/// master, the param must be exactly the master rounded to nearest even.
+/// rounding boundary (fp32 rounding of the operands, 2^-22 of the scale, is allowed on top). That
+/// is rare, but not as rare as fp32's 16 extra bits suggest when the inputs are 16-bit too: m + 0.1
+/// * (g - m) of two bf16 values lands a few fp32 ulps from a bf16 midpoint whenever g - m is 5
+/// times a power of two (measured: 0.4% of the values with bf16 grads and states, under 0.05%
+/// otherwise). A store that truncated, or rounded ties away from zero, sets far more apart, so at
+/// most 1 in 100 may be. With a master, the param must be exactly the master rounded to nearest
+/// even.
 void run_adamw_storage(const StorageCase& c, int steps = 30) {
   use_private_cache();
   const std::uint32_t seed = fresh_seed();
@@ -97,7 +98,11 @@ void run_adamw_storage(const StorageCase& c, int steps = 30) {
       } else {
         ++values16;
         const double rounded = round_to(d, want);
-        ok = std::abs(got - rounded) <= ulp(d, got, rounded);
+        // Plus fp32's rounding of the operands: the kernel computes in fp32, so where terms
+        // of magnitude ~s nearly cancel (m = 0.9 m + 0.1 g), its value before the 16-bit
+        // store can be a few fp32 ulps of s away from the exact one, which is more than a
+        // 16-bit ulp of a tiny result (seed 4229465175: m = -1.6e-6 from terms of ~0.1).
+        ok = std::abs(got - rounded) <= ulp(d, got, rounded) + 0x1p-22 * s;
         if (got != rounded) ++apart;
       }
       if (!ok && bad++ == 0) {
