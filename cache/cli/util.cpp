@@ -4,6 +4,7 @@
 #include "cli.hpp"
 #include "fusedopt/error.hpp"
 #include "support/parse_size.hpp"
+#include "support/text.hpp"
 
 namespace fusedopt::cli {
 
@@ -48,32 +49,9 @@ std::string human_bytes(std::uint64_t bytes) {
 }
 
 std::string json_string(const std::string& s) {
-  std::string out = "\"";
-  for (unsigned char c : s) {
-    switch (c) {
-      case '"':
-        out += "\\\"";
-        break;
-      case '\\':
-        out += "\\\\";
-        break;
-      case '\n':
-        out += "\\n";
-        break;
-      case '\t':
-        out += "\\t";
-        break;
-      case '\r':
-        out += "\\r";
-        break;
-      default:
-        if (c < 0x20 || c >= 0x7f)
-          out += fmt::format("\\u{:04x}", c);
-        else
-          out += static_cast<char>(c);
-    }
-  }
-  return out + "\"";
+  std::string out;
+  support::append_json_string(out, s, true);  // paths need not be UTF-8: ASCII out
+  return out;
 }
 
 cache::KernelCache::Options cache_options(const std::optional<std::string>& cache_dir) {

@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 
 #include "fusedopt/error.hpp"
+#include "support/text.hpp"
 
 namespace fusedopt::io {
 namespace {
@@ -304,40 +305,7 @@ bool is_valid_utf8(std::string_view s) {
 
 void append_json_string(std::string& out, std::string_view s) {
   if (!is_valid_utf8(s)) throw Error("string is not valid UTF-8");
-  out += '"';
-  for (char ch : s) {
-    unsigned char c = static_cast<unsigned char>(ch);
-    switch (c) {
-      case '"':
-        out += "\\\"";
-        break;
-      case '\\':
-        out += "\\\\";
-        break;
-      case '\n':
-        out += "\\n";
-        break;
-      case '\r':
-        out += "\\r";
-        break;
-      case '\t':
-        out += "\\t";
-        break;
-      case '\b':
-        out += "\\b";
-        break;
-      case '\f':
-        out += "\\f";
-        break;
-      default:
-        if (c < 0x20) {
-          out += fmt::format("\\u{:04x}", c);
-        } else {
-          out += ch;  // UTF-8 passes through; JSON allows it unescaped
-        }
-    }
-  }
-  out += '"';
+  support::append_json_string(out, s, false);  // UTF-8 passes through: JSON allows it
 }
 
 }  // namespace fusedopt::io

@@ -8,44 +8,9 @@
 namespace fusedopt::lang {
 
 const char* op_name(Op op) {
-  switch (op) {
-    case Op::Number:
-      return "number";
-    case Op::Ref:
-      return "ref";
-    case Op::Neg:
-      return "neg";
-    case Op::Not:
-      return "not";
-    case Op::Add:
-      return "+";
-    case Op::Sub:
-      return "-";
-    case Op::Mul:
-      return "*";
-    case Op::Div:
-      return "/";
-    case Op::Pow:
-      return "^";
-    case Op::Lt:
-      return "<";
-    case Op::Le:
-      return "<=";
-    case Op::Gt:
-      return ">";
-    case Op::Ge:
-      return ">=";
-    case Op::Eq:
-      return "==";
-    case Op::Ne:
-      return "!=";
-    case Op::And:
-      return "and";
-    case Op::Or:
-      return "or";
-    default:
-      break;
-  }
+  if (op == Op::Number) return "number";
+  if (op == Op::Ref) return "ref";
+  if (const OperatorInfo* o = operator_of(op)) return o->text;
   const FunctionInfo* fn = function_of(op);
   return fn != nullptr ? fn->name : "?";
 }

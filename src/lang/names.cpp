@@ -42,37 +42,68 @@ bool contains(const std::string_view (&table)[N], std::string_view name) {
 const std::vector<FunctionInfo>& functions() {
   // clang-format off
   static const std::vector<FunctionInfo> table = {
-      // name      op            arity  signature           boolean reduction
-      {"where",    Op::Where,    3, "where(cond, a, b)",  false, false},
-      {"sqrt",     Op::Sqrt,     1, "sqrt(x)",            false, false},
-      {"rsqrt",    Op::Rsqrt,    1, "rsqrt(x)",           false, false},
-      {"exp",      Op::Exp,      1, "exp(x)",             false, false},
-      {"log",      Op::Log,      1, "log(x)",             false, false},
-      {"abs",      Op::Abs,      1, "abs(x)",             false, false},
-      {"sign",     Op::Sign,     1, "sign(x)",            false, false},
-      {"min",      Op::Min,      2, "min(a, b)",          false, false},
-      {"max",      Op::Max,      2, "max(a, b)",          false, false},
-      {"clamp",    Op::Clamp,    3, "clamp(x, lo, hi)",   false, false},
-      {"isfinite", Op::IsFinite, 1, "isfinite(x)",        true,  false},
-      {"pow",      Op::PowFn,    2, "pow(a, b)",          false, false},
-      {"tanh",     Op::Tanh,     1, "tanh(x)",            false, false},
-      {"log1p",    Op::Log1p,    1, "log1p(x)",           false, false},
-      {"expm1",    Op::Expm1,    1, "expm1(x)",           false, false},
-      {"floor",    Op::Floor,    1, "floor(x)",           false, false},
+      // name, op, arity, signature, emitted as (the prelude function), boolean, reduction
+      {"where", Op::Where, 3, "where(cond, a, b)", nullptr, false, false},
+      {"sqrt", Op::Sqrt, 1, "sqrt(x)", "fo_sqrt", false, false},
+      {"rsqrt", Op::Rsqrt, 1, "rsqrt(x)", "fo_rsqrt", false, false},
+      {"exp", Op::Exp, 1, "exp(x)", "fo_exp", false, false},
+      {"log", Op::Log, 1, "log(x)", "fo_log", false, false},
+      {"abs", Op::Abs, 1, "abs(x)", "fo_abs", false, false},
+      {"sign", Op::Sign, 1, "sign(x)", "fo_sign", false, false},
+      {"min", Op::Min, 2, "min(a, b)", "fo_min", false, false},
+      {"max", Op::Max, 2, "max(a, b)", "fo_max", false, false},
+      {"clamp", Op::Clamp, 3, "clamp(x, lo, hi)", "fo_clamp", false, false},
+      {"isfinite", Op::IsFinite, 1, "isfinite(x)", nullptr, true, false},
+      {"pow", Op::PowFn, 2, "pow(a, b)", "fo_pow", false, false},
+      {"tanh", Op::Tanh, 1, "tanh(x)", "fo_tanh", false, false},
+      {"log1p", Op::Log1p, 1, "log1p(x)", "fo_log1p", false, false},
+      {"expm1", Op::Expm1, 1, "expm1(x)", "fo_expm1", false, false},
+      {"floor", Op::Floor, 1, "floor(x)", "fo_floor", false, false},
       // reductions: per tensor, then over every tensor of the step
-      {"tensor_sum",           Op::Reduce, 1, "tensor_sum(x)",           false, true, ReduceKind::Sum,          Scope::Tensor},
-      {"tensor_sumsq",         Op::Reduce, 1, "tensor_sumsq(x)",         false, true, ReduceKind::SumSq,        Scope::Tensor},
-      {"tensor_norm",          Op::Reduce, 1, "tensor_norm(x)",          false, true, ReduceKind::Norm,         Scope::Tensor},
-      {"tensor_maxabs",        Op::Reduce, 1, "tensor_maxabs(x)",        false, true, ReduceKind::MaxAbs,       Scope::Tensor},
-      {"tensor_any_nonfinite", Op::Reduce, 1, "tensor_any_nonfinite(x)", true,  true, ReduceKind::AnyNonFinite, Scope::Tensor},
-      {"global_sum",           Op::Reduce, 1, "global_sum(x)",           false, true, ReduceKind::Sum,          Scope::Global},
-      {"global_sumsq",         Op::Reduce, 1, "global_sumsq(x)",         false, true, ReduceKind::SumSq,        Scope::Global},
-      {"global_norm",          Op::Reduce, 1, "global_norm(x)",          false, true, ReduceKind::Norm,         Scope::Global},
-      {"global_maxabs",        Op::Reduce, 1, "global_maxabs(x)",        false, true, ReduceKind::MaxAbs,       Scope::Global},
-      {"global_any_nonfinite", Op::Reduce, 1, "global_any_nonfinite(x)", true,  true, ReduceKind::AnyNonFinite, Scope::Global},
+      {"tensor_sum",           Op::Reduce, 1, "tensor_sum(x)", nullptr,           false, true, ReduceKind::Sum,          Scope::Tensor},
+      {"tensor_sumsq",         Op::Reduce, 1, "tensor_sumsq(x)", nullptr,         false, true, ReduceKind::SumSq,        Scope::Tensor},
+      {"tensor_norm",          Op::Reduce, 1, "tensor_norm(x)", nullptr,          false, true, ReduceKind::Norm,         Scope::Tensor},
+      {"tensor_maxabs",        Op::Reduce, 1, "tensor_maxabs(x)", nullptr,        false, true, ReduceKind::MaxAbs,       Scope::Tensor},
+      {"tensor_any_nonfinite", Op::Reduce, 1, "tensor_any_nonfinite(x)", nullptr, true,  true, ReduceKind::AnyNonFinite, Scope::Tensor},
+      {"global_sum",           Op::Reduce, 1, "global_sum(x)", nullptr,           false, true, ReduceKind::Sum,          Scope::Global},
+      {"global_sumsq",         Op::Reduce, 1, "global_sumsq(x)", nullptr,         false, true, ReduceKind::SumSq,        Scope::Global},
+      {"global_norm",          Op::Reduce, 1, "global_norm(x)", nullptr,          false, true, ReduceKind::Norm,         Scope::Global},
+      {"global_maxabs",        Op::Reduce, 1, "global_maxabs(x)", nullptr,        false, true, ReduceKind::MaxAbs,       Scope::Global},
+      {"global_any_nonfinite", Op::Reduce, 1, "global_any_nonfinite(x)", nullptr, true,  true, ReduceKind::AnyNonFinite, Scope::Global},
   };
   // clang-format on
   return table;
+}
+
+const std::vector<OperatorInfo>& operators() {
+  // clang-format off
+  static const std::vector<OperatorInfo> table = {
+      // op       rule   C++ (binary operators emitted as such)
+      {Op::Neg,   "neg", nullptr},
+      {Op::Not,   "not", nullptr},
+      {Op::Add,   "+",   "+"},
+      {Op::Sub,   "-",   "-"},
+      {Op::Mul,   "*",   "*"},
+      {Op::Div,   "/",   "/"},
+      {Op::Pow,   "^",   nullptr},
+      {Op::Lt,    "<",   "<"},
+      {Op::Le,    "<=",  "<="},
+      {Op::Gt,    ">",   ">"},
+      {Op::Ge,    ">=",  ">="},
+      {Op::Eq,    "==",  "=="},
+      {Op::Ne,    "!=",  "!="},
+      {Op::And,   "and", nullptr},
+      {Op::Or,    "or",  nullptr},
+  };
+  // clang-format on
+  return table;
+}
+
+const OperatorInfo* operator_of(Op op) {
+  for (const OperatorInfo& o : operators()) {
+    if (o.op == op) return &o;
+  }
+  return nullptr;
 }
 
 const FunctionInfo* find_function(std::string_view name) {

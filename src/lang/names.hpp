@@ -16,11 +16,26 @@ struct FunctionInfo {
   Op op;
   int arity;
   const char* signature;                ///< for arity hints: "clamp(x, lo, hi)"
+  const char* emit;                     ///< the prelude function codegen calls ("fo_sqrt"),
+                                        ///< or nullptr where codegen has its own form
   bool boolean;                         ///< returns a truth value (isfinite, *_any_nonfinite)
   bool reduction;                       ///< reduces over a tensor or over all tensors of the step
   ReduceKind reduce = ReduceKind::Sum;  ///< reductions: what it computes
   Scope scope = Scope::Tensor;          ///< reductions: over what
 };
+
+/// One operator: how rules spell it and, for the binary operators C++ has too, how codegen
+/// emits it.
+struct OperatorInfo {
+  Op op;
+  const char* text;  ///< in rules and dumps ("neg" for unary minus)
+  const char* cxx;   ///< emitted as this binary operator, or nullptr (codegen's own form)
+};
+
+/// Every operator.
+const std::vector<OperatorInfo>& operators();
+/// The operator row of `op`, or nullptr (Number, Ref and functions have none).
+const OperatorInfo* operator_of(Op op);
 
 /// Every built-in function, in the order hints list them.
 const std::vector<FunctionInfo>& functions();

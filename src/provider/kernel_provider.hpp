@@ -27,10 +27,20 @@ struct KernelRequest {
   codegen::Strategy strategy = codegen::Strategy::Auto;  ///< rules with reductions only
 };
 
+/// What a loaded kernel keeps of how it was provided: no binary, no source.
+struct KernelInfo {
+  std::string key;           ///< 32 hex digits
+  std::string origin;        ///< "compiled", "memory" or "disk"
+  double seconds = 0;        ///< time to get the binary
+  codegen::KernelBody body;  ///< schedule, slots, roles, bytes per pass (code cleared)
+};
+
 /// A binary and what codegen said about it.
 struct ProvidedKernel : jit::BuiltKernel {
   std::string source;        ///< the generated translation unit
   codegen::KernelBody body;  ///< schedule, slots, roles, bytes per pass (code cleared)
+  /// The part a loaded kernel keeps (moves the body out).
+  KernelInfo take_info() { return {key.hex(), cache::to_string(origin), seconds, std::move(body)}; }
 };
 
 /// Generates the kernel of `request`, then fetches its binary from `cache` or compiles it.

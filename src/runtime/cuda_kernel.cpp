@@ -75,7 +75,6 @@ struct CudaKernel::Impl {
   CUfunction f_advance = nullptr;
   CUfunction f_reduce = nullptr;
   CUfunction f_finalize = nullptr;
-  int num_roles = 0;
   int num_hypers = 0;
   int sm = 0;
   int sm_count = 0;
@@ -178,16 +177,13 @@ CudaKernel::CudaKernel(std::shared_ptr<const lang::Rule> rule, DTypeBinding dtyp
   k.sm = cuda::device_sm(device);
   k.sm_count = cuda::device_sm_count(device);
   provider::ProvidedKernel built = provide();
-  origin_ = cache::to_string(built.origin);
-  key_ = built.key.hex();
-  seconds_ = built.seconds;
-  k.num_roles = built.body.num_roles;
-  k.num_hypers = built.body.num_hypers;
   k.reduction_passes = built.body.reduction_passes;
-  body_ = std::move(built.body);
+  k.num_hypers = built.body.num_hypers;
+  const std::shared_ptr<const std::string> binary = built.binary;
+  info_ = built.take_info();
 
   ScopedContext scope(k.ctx);
-  FUSEDOPT_CU_CHECK(ModuleLoadData, &k.module, built.binary->data());
+  FUSEDOPT_CU_CHECK(ModuleLoadData, &k.module, binary->data());
   FUSEDOPT_CU_CHECK(ModuleGetFunction, &k.f_step, k.module, "fusedopt_step");
   FUSEDOPT_CU_CHECK(ModuleGetFunction, &k.f_init, k.module, "fusedopt_init");
   FUSEDOPT_CU_CHECK(ModuleGetFunction, &k.f_check, k.module, "fusedopt_check");
@@ -195,7 +191,7 @@ CudaKernel::CudaKernel(std::shared_ptr<const lang::Rule> rule, DTypeBinding dtyp
   FUSEDOPT_CU_CHECK(ModuleGetFunction, &k.f_reduce, k.module, "fusedopt_reduce");
   FUSEDOPT_CU_CHECK(ModuleGetFunction, &k.f_finalize, k.module, "fusedopt_finalize");
   k.flag = DeviceBuffer(sizeof(int));
-  const std::vector<double> zeros(static_cast<std::size_t>(body_.num_global_slots), 0.0);
+  const std::vector<double> zeros(static_cast<std::size_t>(info_.body.num_global_slots), 0.0);
   k.own_global = upload(zeros);
   k.capturable = DeviceBuffer(2 * sizeof(float));
   const float initial[2] = {0.0f, 1.0f};
@@ -205,7 +201,7 @@ CudaKernel::CudaKernel(std::shared_ptr<const lang::Rule> rule, DTypeBinding dtyp
 
 CudaKernel::~CudaKernel() = default;
 
-int CudaKernel::num_roles() const { return impl_->num_roles; }
+int CudaKernel::num_roles() const { return info_.body.num_roles; }
 int CudaKernel::device() const { return impl_->ctx.device(); }
 int CudaKernel::sm() const { return impl_->sm; }
 std::int64_t CudaKernel::num_chunks() const { return impl_->num_chunks; }
@@ -231,11 +227,11 @@ void CudaKernel::set_tensors(const std::vector<std::vector<DevicePtr>>& ptrs,
   request.hypers = &hypers;
   request.group = &group;
   request.chunk_elems = kCudaChunk;
-  set_plan(Plan::build(body_, request));
+  set_plan(Plan::build(info_.body, request));
 }
 
 void CudaKernel::check_device_pointers(const Plan& plan) const {
-  const int roles = plan.num_roles() - static_cast<int>(body_.scratch.size());
+  const int roles = plan.num_roles() - static_cast<int>(info_.body.scratch.size());
   for (std::int64_t t = 0; t < plan.num_tensors(); ++t) {
     for (int r = 0; r < roles; ++r) {
       const auto p = reinterpret_cast<std::uintptr_t>(
@@ -384,7 +380,7 @@ bool CudaKernel::found_nonfinite(cuda::Stream stream) {
   ScopedContext scope(k.ctx);
   cuda::synchronize(stream);
   double count = 0;
-  cuda::copy_to_host(&count, k.global() + (body_.num_global_slots - 1) * sizeof(double),
+  cuda::copy_to_host(&count, k.global() + (info_.body.num_global_slots - 1) * sizeof(double),
                      sizeof count);
   return count > 0;
 }

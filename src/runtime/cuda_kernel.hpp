@@ -93,7 +93,7 @@ class CudaKernel {
   /// Capturable mode: advances the device step by one (one tiny launch).
   void advance_step(cuda::Stream stream);
   /// What codegen said about the kernel (no code).
-  const codegen::KernelBody& body() const { return body_; }
+  const codegen::KernelBody& body() const { return info_.body; }
   /// Writes every state tensor's initial value (one launch).
   void init_states(cuda::Stream stream);
   /// Whether every gradient element times `inv_grad_scale` is finite: zeroes a device
@@ -127,10 +127,10 @@ class CudaKernel {
 
   const lang::Rule& rule() const { return *rule_; }
   /// Where the binary came from ("compiled", "memory", "disk").
-  const std::string& origin() const { return origin_; }
+  const std::string& origin() const { return info_.origin; }
   /// The kernel's cache key (32 hex digits) and the time it took to get the binary.
-  const std::string& key() const { return key_; }
-  double seconds() const { return seconds_; }
+  const std::string& key() const { return info_.key; }
+  double seconds() const { return info_.seconds; }
 
  private:
   /// Refuses host memory and memory of another device in `plan`'s pointer table.
@@ -138,10 +138,7 @@ class CudaKernel {
   struct Impl;
   std::shared_ptr<const lang::Rule> rule_;
   DTypeBinding dtypes_;
-  std::string origin_;
-  std::string key_;
-  double seconds_ = 0;
-  codegen::KernelBody body_;
+  provider::KernelInfo info_;
   std::unique_ptr<Impl> impl_;
 };
 

@@ -25,8 +25,6 @@ struct HostKernel::Impl {
   CheckPoint check = nullptr;
   PassPoint reduce = nullptr;
   PassPoint finalize = nullptr;
-  int num_roles = 0;
-  int num_hypers = 0;
 };
 
 HostKernel::Prepared::Prepared(Plan plan) : plan_(std::move(plan)) {
@@ -59,10 +57,7 @@ HostKernel::HostKernel(std::shared_ptr<const lang::Rule> rule, DTypeBinding dtyp
 HostKernel::HostKernel(std::shared_ptr<const lang::Rule> rule, DTypeBinding dtypes,
                        provider::ProvidedKernel built)
     : rule_(std::move(rule)), dtypes_(dtypes), impl_(std::make_unique<Impl>()) {
-  origin_ = cache::to_string(built.origin);
-  key_ = built.key.hex();
-  seconds_ = built.seconds;
-  impl_->lib = jit::load_host_module(key_, *built.binary, "fusedopt-" + rule_->name);
+  impl_->lib = jit::load_host_module(built.key.hex(), *built.binary, "fusedopt-" + rule_->name);
   auto abi = reinterpret_cast<int (*)()>(impl_->lib->symbol("fusedopt_abi_version"));
   impl_->step = reinterpret_cast<EntryPoint>(impl_->lib->symbol("fusedopt_step_host"));
   impl_->init = reinterpret_cast<EntryPoint>(impl_->lib->symbol("fusedopt_init_host"));
@@ -75,16 +70,14 @@ HostKernel::HostKernel(std::shared_ptr<const lang::Rule> rule, DTypeBinding dtyp
   if (abi() != FO_ABI_VERSION) {
     throw InternalError(fmt::format("host kernel ABI {} != runtime ABI {}", abi(), FO_ABI_VERSION));
   }
-  impl_->num_roles = built.body.num_roles;
-  impl_->num_hypers = built.body.num_hypers;
-  body_ = std::move(built.body);
+  info_ = built.take_info();
 }
 
-int HostKernel::reduction_passes() const { return body_.reduction_passes; }
+int HostKernel::reduction_passes() const { return info_.body.reduction_passes; }
 
 HostKernel::~HostKernel() = default;
 
-int HostKernel::num_roles() const { return impl_->num_roles; }
+int HostKernel::num_roles() const { return info_.body.num_roles; }
 
 PlanRequest HostKernel::plan_request(const std::vector<std::vector<void*>>& ptrs,
                                      const std::vector<std::int64_t>& numel,
@@ -104,12 +97,12 @@ HostKernel::Prepared HostKernel::prepare(const std::vector<std::vector<void*>>& 
                                          const std::vector<std::int64_t>& numel,
                                          const std::vector<std::vector<float>>& hypers,
                                          const std::vector<int>& group) const {
-  return Prepared(Plan::build(body_, plan_request(ptrs, numel, hypers, group)));
+  return Prepared(Plan::build(info_.body, plan_request(ptrs, numel, hypers, group)));
 }
 
 void HostKernel::run_pass(Prepared& prepared, int pass, float step, float inv_grad_scale,
                           bool check_grads) const {
-  const int n = body_.reduction_passes;
+  const int n = info_.body.reduction_passes;
   if (pass < 0 || pass > n) {
     throw InternalError(
         fmt::format("HostKernel::run_pass({}): the rule has {} passes", pass, n + 1));
@@ -132,11 +125,11 @@ void HostKernel::finalize(Prepared& prepared, int pass, bool accumulate) const {
 void HostKernel::step(const Prepared& prepared, float step, float inv_grad_scale) const {
   if (prepared.empty()) return;
   auto& p = const_cast<Prepared&>(prepared);  // only the reduction scratch changes
-  for (int pass = 0; pass < body_.reduction_passes; ++pass) {
+  for (int pass = 0; pass < info_.body.reduction_passes; ++pass) {
     run_pass(p, pass, step, inv_grad_scale);
     finalize(p, pass, false);
   }
-  run_pass(p, body_.reduction_passes, step, inv_grad_scale);
+  run_pass(p, info_.body.reduction_passes, step, inv_grad_scale);
 }
 
 void HostKernel::init_states(const Prepared& prepared) const {

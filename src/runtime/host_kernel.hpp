@@ -101,7 +101,7 @@ class HostKernel {
   /// the global totals are combined into (another kernel wrote them first), not replaced.
   void finalize(Prepared& prepared, int pass, bool accumulate) const;
   /// What codegen said about the kernel (no code): schedule, slots, bytes per pass.
-  const codegen::KernelBody& body() const { return body_; }
+  const codegen::KernelBody& body() const { return info_.body; }
   /// Writes every state tensor's initial value (the rule's `state NAME = INIT`; with a
   /// master copy, the master from the param first).
   void init_states(const Prepared& prepared) const;
@@ -112,19 +112,16 @@ class HostKernel {
   const lang::Rule& rule() const { return *rule_; }
   const DTypeBinding& dtypes() const { return dtypes_; }
   /// Where the binary came from ("compiled", "memory", "disk").
-  const std::string& origin() const { return origin_; }
+  const std::string& origin() const { return info_.origin; }
   /// The cache key (32 hex digits) and the time it took to get the binary.
-  const std::string& key() const { return key_; }
-  double seconds() const { return seconds_; }
+  const std::string& key() const { return info_.key; }
+  double seconds() const { return info_.seconds; }
 
  private:
   struct Impl;
   std::shared_ptr<const lang::Rule> rule_;
   DTypeBinding dtypes_;
-  std::string origin_;
-  std::string key_;
-  double seconds_ = 0;
-  codegen::KernelBody body_;
+  provider::KernelInfo info_;
   std::unique_ptr<Impl> impl_;
 };
 
