@@ -53,10 +53,12 @@ void emit_common_prologue(Writer& w, const KernelBody& body) {
   w.line(fmt::format("#define FO_NUM_HYPERS {}", body.num_hypers));
   w.line(fmt::format("#define FO_REDUCTION_PASSES {}", body.reduction_passes));
   // The kernels' pass dispatch: exactly the rule's reduction passes, from the same count
-  // the runtime launches.
-  std::string passes;
-  for (int k = 0; k < body.reduction_passes; ++k) passes += fmt::format(" X({})", k);
-  w.line("#define FO_FOR_EACH_REDUCTION_PASS(X)" + passes);
+  // the runtime launches (fo_reduce_run is the skeleton's).
+  std::string cases;
+  for (int k = 0; k < body.reduction_passes; ++k) {
+    cases += fmt::format(" case {0}: fo_reduce_run<{0}>(L); break;", k);
+  }
+  w.line("#define FO_REDUCE_DISPATCH(L, pass) switch (pass) {" + cases + " default: break; }");
   w.line(fmt::format("#define FO_NUM_TENSOR_SLOTS {}", body.num_tensor_slots));
   w.line(fmt::format("#define FO_NUM_GLOBAL_SLOTS {}", body.num_global_slots));
   w.line(fmt::format("#define FO_MAX_ACC {}", body.max_acc));

@@ -278,17 +278,7 @@ __device__ __forceinline__ void fo_reduce_run(const fo_launch& L) {
 
 /// Reduction pass `pass` (below FO_REDUCTION_PASSES): every chunk's partials.
 extern "C" __global__ void __launch_bounds__(FO_BLOCK) fusedopt_reduce(fo_launch L, int pass) {
-  // One case per reduction pass of the rule: FO_FOR_EACH_REDUCTION_PASS comes from codegen.
-  switch (pass) {
-#define FO_REDUCE_CASE(k) \
-  case k:                 \
-    fo_reduce_run<k>(L);  \
-    break;
-    FO_FOR_EACH_REDUCTION_PASS(FO_REDUCE_CASE)
-#undef FO_REDUCE_CASE
-    default:
-      break;
-  }
+  FO_REDUCE_DISPATCH(L, pass);  // one case per reduction pass of the rule (codegen)
 }
 
 /// Combines pass `pass`'s chunk partials: per-tensor totals (one thread per tensor) and,

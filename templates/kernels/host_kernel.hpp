@@ -112,17 +112,7 @@ static void fo_reduce_run(const fo_launch* L) {
 
 /// Reduction pass `pass` (0-based, below FO_REDUCTION_PASSES): every chunk's partials.
 FO_EXTERN_C void fusedopt_reduce_host(const fo_launch* L, int pass) {
-  // One case per reduction pass of the rule: FO_FOR_EACH_REDUCTION_PASS comes from codegen.
-  switch (pass) {
-#define FO_REDUCE_CASE(k) \
-  case k:                 \
-    fo_reduce_run<k>(L);  \
-    break;
-    FO_FOR_EACH_REDUCTION_PASS(FO_REDUCE_CASE)
-#undef FO_REDUCE_CASE
-    default:
-      break;
-  }
+  FO_REDUCE_DISPATCH(L, pass);  // one case per reduction pass of the rule (codegen)
 }
 
 /// Combines pass `pass`'s chunk partials into the per-tensor and global totals.

@@ -6,7 +6,14 @@
 #define FO_NUM_ROLES 2
 #define FO_NUM_HYPERS 2
 #define FO_REDUCTION_PASSES 1
-#define FO_FOR_EACH_REDUCTION_PASS(X) X(0)
+#define FO_REDUCE_DISPATCH(L, pass) \
+  switch (pass) {                   \
+    case 0:                         \
+      fo_reduce_run<0>(L);          \
+      break;                        \
+    default:                        \
+      break;                        \
+  }
 #define FO_NUM_TENSOR_SLOTS 1
 #define FO_NUM_GLOBAL_SLOTS 2
 #define FO_MAX_ACC 2
