@@ -30,7 +30,7 @@ DType parse_dtype(std::string_view s, std::string_view whole) {
   if (s == "fp32" || s == "f32" || s == "float32") return DType::F32;
   if (s == "fp16" || s == "f16" || s == "float16" || s == "half") return DType::F16;
   if (s == "bf16" || s == "bfloat16") return DType::BF16;
-  throw Error(fmt::format("bad dtype '{}' in '{}': expected fp32, fp16 or bf16", s, whole));
+  throw UsageError(fmt::format("bad dtype '{}' in '{}': expected fp32, fp16 or bf16", s, whole));
 }
 
 }  // namespace
@@ -54,7 +54,7 @@ DTypeBinding DTypeBinding::parse(std::string_view text) {
   } else {
     std::size_t c2 = rest.find(':', c1 + 1);
     if (c2 == std::string_view::npos || rest.find(':', c2 + 1) != std::string_view::npos) {
-      throw Error(
+      throw UsageError(
           fmt::format("bad dtypes '{}': expected PARAM:GRAD:STATE[+master], e.g. "
                       "bf16:bf16:fp32+master, or one dtype for all",
                       text));
@@ -64,7 +64,7 @@ DTypeBinding DTypeBinding::parse(std::string_view text) {
     b.state = parse_dtype(rest.substr(c2 + 1), text);
   }
   if (b.master && b.param == DType::F32) {
-    throw Error(
+    throw UsageError(
         fmt::format("bad dtypes '{}': an fp32 master copy needs fp16 or bf16 params", text));
   }
   return b;
@@ -87,7 +87,7 @@ Target Target::parse(std::string_view text) {
     }
     if (ok && sm >= 50) return Target{Kind::Cuda, sm, arch_specific};
   }
-  throw Error(
+  throw UsageError(
       fmt::format("bad target '{}': expected 'host' or a CUDA architecture like "
                   "sm_80, sm_90 or sm_90a",
                   text));

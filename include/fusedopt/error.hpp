@@ -18,14 +18,21 @@ class FUSEDOPT_API Error : public std::runtime_error {
 
 /// The caller used the API wrongly: a bad argument, dtype or target text, a tensor list
 /// that does not fit, a call out of order. The message names what and why.
-class UsageError : public Error {
+class FUSEDOPT_API UsageError : public Error {
  public:
   using Error::Error;
 };
 
 /// Something fusedopt needs is not here: NVRTC, the CUDA driver, a device, or a backend
 /// this build left out. The message says how to get it.
-class UnavailableError : public Error {
+class FUSEDOPT_API UnavailableError : public Error {
+ public:
+  using Error::Error;
+};
+
+/// A file could not be read or written, or holds something malformed (a checkpoint, a
+/// safetensors file): the message names the file and what went wrong.
+class FUSEDOPT_API IoError : public Error {
  public:
   using Error::Error;
 };

@@ -191,13 +191,13 @@ bool valid_identifier(const std::string& s) {
 KernelBody generate_functor_body(const TrustedFunctor& functor, const DTypeBinding& dtypes) {
   for (const auto& [name, value] : functor.hypers) {
     if (!valid_identifier(name) || name == "step") {
-      throw Error(
+      throw UsageError(
           fmt::format("trusted functor '{}': hyper name '{}' is not a C++ identifier "
                       "(or is the reserved 'step')",
                       functor.name, name));
     }
   }
-  if (functor.code.empty()) throw Error("trusted functor '" + functor.name + "' has no code");
+  if (functor.code.empty()) throw UsageError("trusted functor '" + functor.name + "' has no code");
   KernelBody body;
   body.kind = "trusted-functor";
   body.name = functor.name;

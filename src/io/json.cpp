@@ -74,7 +74,7 @@ class Parser {
 
  private:
   [[noreturn]] void fail(const std::string& what) const {
-    throw Error(fmt::format("malformed JSON at byte {}: {}", pos_, what));
+    throw IoError(fmt::format("malformed JSON at byte {}: {}", pos_, what));
   }
 
   bool at_end() const { return pos_ >= text_.size(); }
@@ -304,7 +304,7 @@ bool is_valid_utf8(std::string_view s) {
 }
 
 void append_json_string(std::string& out, std::string_view s) {
-  if (!is_valid_utf8(s)) throw Error("string is not valid UTF-8");
+  if (!is_valid_utf8(s)) throw IoError("string is not valid UTF-8");
   support::append_json_string(out, s, false);  // UTF-8 passes through: JSON allows it
 }
 

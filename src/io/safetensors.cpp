@@ -16,6 +16,7 @@
 #include "fusedopt/error.hpp"
 #include "io/json.hpp"
 #include "support/atomic_write.hpp"
+#include "support/check.hpp"
 #include "support/file_io.hpp"
 
 #if !defined(__BYTE_ORDER__) || __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
@@ -76,7 +77,7 @@ std::string header_json(const std::vector<TensorView>& tensors,
 
 void validate_for_write(const std::filesystem::path& path, const std::vector<TensorView>& tensors,
                         const std::map<std::string, std::string>& metadata) {
-  auto fail = [&](const std::string& what) { throw Error(path.string() + ": " + what); };
+  auto fail = [&](const std::string& what) { throw IoError(path.string() + ": " + what); };
   std::set<std::string_view> names;
   for (const TensorView& t : tensors) {
     if (t.name.empty()) fail("a tensor has an empty name");
@@ -116,7 +117,7 @@ int dtype_bytes(const std::string& st_dtype) {
 
 const void* SafetensorsFile::tensor_data(const std::string& name) const {
   auto it = tensors.find(name);
-  if (it == tensors.end()) throw Error(fmt::format("no tensor named '{}' in the file", name));
+  FUSEDOPT_CHECK_USAGE(it != tensors.end(), "no tensor named '{}' in the file", name);
   return data.data() + it->second.begin;
 }
 
@@ -140,17 +141,17 @@ void write_safetensors(const std::filesystem::path& path, const std::vector<Tens
   if (written.ok()) return;
   if (written.published()) {
     // The rename is durable only once the folder itself is on disk.
-    throw Error(fmt::format("{}: written, but fsync of folder {} failed: {}", path.string(),
-                            written.folder.string(), support::errno_text(written.err)));
+    throw IoError(fmt::format("{}: written, but fsync of folder {} failed: {}", path.string(),
+                              written.folder.string(), support::errno_text(written.err)));
   }
   const std::string_view step = written.step;
-  throw Error(fmt::format("{}: cannot write ({} {}: {})", path.string(),
-                          step == "rename" ? "rename to the target" : step, written.temp.string(),
-                          support::errno_text(written.err)));
+  throw IoError(fmt::format("{}: cannot write ({} {}: {})", path.string(),
+                            step == "rename" ? "rename to the target" : step, written.temp.string(),
+                            support::errno_text(written.err)));
 }
 
 SafetensorsFile read_safetensors(const std::filesystem::path& path) {
-  auto fail = [&](const std::string& what) -> void { throw Error(path.string() + ": " + what); };
+  auto fail = [&](const std::string& what) -> void { throw IoError(path.string() + ": " + what); };
   support::UniqueFd fd(support::open_retry(path.c_str(), O_RDONLY | O_CLOEXEC));
   if (!fd) fail(fmt::format("cannot open: {}", support::errno_text(errno)));
   struct stat st {};

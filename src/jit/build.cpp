@@ -48,7 +48,7 @@ void dump_source(const std::string& dir, const std::string& name, const std::str
   // Atomic, so that a reader (or a second thread dumping the same kernel) never sees half a
   // file.
   support::AtomicWriteResult written = support::atomic_write(final_path, source);
-  if (!written.ok()) throw Error("FUSEDOPT_DUMP_SOURCE: " + written.message(final_path));
+  if (!written.ok()) throw IoError("FUSEDOPT_DUMP_SOURCE: " + written.message(final_path));
 }
 
 }  // namespace

@@ -39,7 +39,7 @@ std::unique_ptr<DynLib> DynLib::from_bytes(const std::string& bytes, const std::
   } else {
     fd = mkstemps(tmpl, 3);
     if (fd < 0)
-      throw Error(std::string("cannot create a file to load a kernel: ") + std::strerror(errno));
+      throw IoError(std::string("cannot create a file to load a kernel: ") + std::strerror(errno));
     path = tmpl;
   }
   std::size_t done = 0;
@@ -50,7 +50,7 @@ std::unique_ptr<DynLib> DynLib::from_bytes(const std::string& bytes, const std::
       int e = errno;
       close(fd);
       if (path == tmpl) unlink(tmpl);
-      throw Error(std::string("cannot write a kernel to load it: ") + std::strerror(e));
+      throw IoError(std::string("cannot write a kernel to load it: ") + std::strerror(e));
     }
     done += static_cast<std::size_t>(n);
   }
@@ -64,7 +64,7 @@ std::unique_ptr<DynLib> DynLib::from_bytes(const std::string& bytes, const std::
   // hand back an earlier kernel instead of loading this one.
   if (!h) close(fd);
   if (path == tmpl) unlink(tmpl);
-  if (!h) throw Error("cannot load kernel '" + name + "': " + message);
+  if (!h) throw IoError("cannot load kernel '" + name + "': " + message);
   return std::unique_ptr<DynLib>(new DynLib(h, name));
 }
 

@@ -47,11 +47,11 @@ class TempDir {
     std::error_code ec;
     fs::path base = fs::temp_directory_path(ec);
     if (ec)
-      throw Error("no temporary folder for the host compiler (check TMPDIR): " + ec.message());
+      throw IoError("no temporary folder for the host compiler (check TMPDIR): " + ec.message());
     std::string tmpl = (base / "fusedopt-build-XXXXXX").string();
     if (!mkdtemp(tmpl.data())) {
-      throw Error("cannot create a temporary folder for the host compiler in " + base.string() +
-                  ": " + std::strerror(errno));
+      throw IoError("cannot create a temporary folder for the host compiler in " + base.string() +
+                    ": " + std::strerror(errno));
     }
     path_ = tmpl;
   }
@@ -121,7 +121,7 @@ class HostCompiler final : public Compiler {
     {
       std::ofstream f(src, std::ios::binary);
       f << source;
-      if (!f) throw Error("cannot write " + src);
+      if (!f) throw IoError("cannot write " + src);
     }
     std::vector<std::string> opts = options(target);
     std::vector<std::string> argv = host_compiler_command();

@@ -10,6 +10,7 @@
 #include "fusedopt/error.hpp"
 #include "jit/compiler.hpp"
 #include "jit/dynlib.hpp"
+#include "support/check.hpp"
 
 #if FUSEDOPT_HAVE_CUDA
 #include <nvrtc.h>
@@ -38,7 +39,7 @@ struct NvrtcApi {
 template <typename F>
 void bind(const DynLib& lib, const char* name, F* out) {
   *out = reinterpret_cast<F>(lib.symbol(name));
-  if (!*out) throw Error(fmt::format("{} has no symbol {}: NVRTC too old", lib.path(), name));
+  FUSEDOPT_CHECK_AVAILABLE(*out, "{} has no symbol {}: NVRTC too old", lib.path(), name);
 }
 
 const NvrtcApi& nvrtc() {
@@ -76,7 +77,7 @@ const NvrtcApi& nvrtc() {
       api.lib.reset();
     }
   });
-  if (!api.lib) throw Error(failure);
+  if (!api.lib) throw UnavailableError(failure);
   return api;
 }
 
@@ -150,7 +151,7 @@ const Compiler& nvrtc_compiler() {
 }
 #else
 const Compiler& nvrtc_compiler() {
-  throw Error("fusedopt was built without CUDA: cannot compile for CUDA targets");
+  throw UnavailableError("fusedopt was built without CUDA: cannot compile for CUDA targets");
 }
 #endif
 

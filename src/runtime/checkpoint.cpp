@@ -119,13 +119,13 @@ void Optimizer::save(const std::filesystem::path& path) const {
 void Optimizer::load(const std::filesystem::path& path) {
   Impl& m = *impl_;
   auto fail = [&](const std::string& what) {
-    throw Error(fmt::format("cannot load checkpoint {}: {}", path.string(), what));
+    throw UsageError(fmt::format("cannot load checkpoint {}: {}", path.string(), what));
   };
   io::SafetensorsFile file;
   try {
     file = io::read_safetensors(path);
   } catch (const Error& e) {
-    throw Error(fmt::format("cannot load checkpoint: {}", e.what()));
+    throw IoError(fmt::format("cannot load checkpoint: {}", e.what()));
   }
   auto meta = [&](const char* key) -> const std::string& {
     auto it = file.metadata.find(key);

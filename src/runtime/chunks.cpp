@@ -8,6 +8,7 @@
 #include <numeric>
 
 #include "fusedopt/error.hpp"
+#include "support/check.hpp"
 
 namespace fusedopt::runtime {
 
@@ -15,20 +16,19 @@ std::vector<fo_chunk> build_chunks(const std::vector<std::int64_t>& numel,
                                    const std::vector<int>& group, std::int64_t chunk_elems,
                                    int num_groups) {
   const std::size_t n = numel.size();
-  if (chunk_elems < 1) throw Error(fmt::format("chunk size {} is below 1", chunk_elems));
-  if (!group.empty() && group.size() != n) {
-    throw Error(fmt::format("{} tensors but {} group indices", n, group.size()));
-  }
+  FUSEDOPT_CHECK_USAGE(chunk_elems >= 1, "chunk size {} is below 1", chunk_elems);
+  FUSEDOPT_CHECK_USAGE(!(!group.empty() && group.size() != n), "{} tensors but {} group indices", n,
+                       group.size());
   if (n > static_cast<std::size_t>(INT_MAX))
-    throw Error(fmt::format("{} tensors: at most {}", n, INT_MAX));
+    throw UsageError(fmt::format("{} tensors: at most {}", n, INT_MAX));
   auto group_of = [&](std::size_t t) { return group.empty() ? 0 : group[t]; };
   std::size_t total = 0;
   for (std::size_t t = 0; t < n; ++t) {
-    if (numel[t] < 0) throw Error(fmt::format("tensor {} has a negative size ({})", t, numel[t]));
+    FUSEDOPT_CHECK_USAGE(numel[t] >= 0, "tensor {} has a negative size ({})", t, numel[t]);
     const int g = group_of(t);
-    if (g < 0) throw Error(fmt::format("tensor {} has a negative group ({})", t, g));
+    FUSEDOPT_CHECK_USAGE(g >= 0, "tensor {} has a negative group ({})", t, g);
     if (num_groups >= 0 && g >= num_groups) {
-      throw Error(
+      throw UsageError(
           fmt::format("tensor {} is in group {}, but there are {} groups", t, g, num_groups));
     }
     // Ceiling division without overflow (numel may be close to INT64_MAX).

@@ -8,6 +8,7 @@
 #include "runtime/backend.hpp"
 #include "runtime/cuda_driver.hpp"
 #include "runtime/cuda_kernel.hpp"
+#include "support/check.hpp"
 
 namespace fusedopt::runtime {
 namespace {
@@ -217,14 +218,12 @@ class CudaBackend final : public Backend {
 
 std::unique_ptr<Backend> make_cuda_backend(int device) {
   std::string why;
-  if (!cuda::cuda_device_available(&why)) {
-    throw UnavailableError(fmt::format("no CUDA device can be used: {}", why));
-  }
+  FUSEDOPT_CHECK_AVAILABLE(cuda::cuda_device_available(&why), "no CUDA device can be used: {}",
+                           why);
   const int count = cuda::device_count();
-  if (device < 0 || device >= count) {
-    throw UnavailableError(fmt::format("there is no cuda:{}: this machine has {} CUDA device{}",
-                                       device, count, count == 1 ? "" : "s"));
-  }
+  FUSEDOPT_CHECK_AVAILABLE(!(device < 0 || device >= count),
+                           "there is no cuda:{}: this machine has {} CUDA device{}", device, count,
+                           count == 1 ? "" : "s");
   return std::make_unique<CudaBackend>(device);
 }
 

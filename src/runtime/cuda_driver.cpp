@@ -13,6 +13,7 @@
 
 #include "fusedopt/error.hpp"
 #include "jit/dynlib.hpp"
+#include "support/check.hpp"
 
 namespace fusedopt::runtime::cuda {
 
@@ -60,7 +61,7 @@ template <typename F>
 void bind(const jit::DynLib& lib, GetProcAddress gpa, const char* symbol, F* out) {
   *out = reinterpret_cast<F>(resolve(lib, gpa, symbol));
   if (!*out) {
-    throw Error(
+    throw UnavailableError(
         fmt::format("{} has no entry point {}: the CUDA driver is older than the "
                     "CUDA {}.{} headers fusedopt was built with",
                     lib.path(), symbol, CUDA_VERSION / 1000, CUDA_VERSION % 1000 / 10));
@@ -150,7 +151,7 @@ std::string result_name(const DriverApi& api, CUresult r) {
 
 const DriverApi& driver() {
   Loaded& l = loaded();
-  if (!l.failure.empty()) throw Error(l.failure);
+  if (!l.failure.empty()) throw UnavailableError(l.failure);
   if (l.init_result != CUDA_SUCCESS) {
     throw CudaError("cuInit", static_cast<int>(l.init_result), result_name(l.api, l.init_result),
                     "fusedopt CUDA driver loader");
@@ -207,10 +208,9 @@ int device_sm_count(int device) {
 
 PrimaryContext::PrimaryContext(int device) : device_(device) {
   const int count = device_count();
-  if (device < 0 || device >= count) {
-    throw Error(fmt::format("CUDA device {} does not exist ({} device{})", device, count,
-                            count == 1 ? "" : "s"));
-  }
+  FUSEDOPT_CHECK_AVAILABLE(!(device < 0 || device >= count),
+                           "CUDA device {} does not exist ({} device{})", device, count,
+                           count == 1 ? "" : "s");
   CUdevice dev = 0;
   FUSEDOPT_CU_CHECK(DeviceGet, &dev, device);
   CUcontext ctx = nullptr;

@@ -13,6 +13,7 @@
 #include "codegen/codegen.hpp"
 #include "fusedopt/error.hpp"
 #include "provider/kernel_provider.hpp"
+#include "support/check.hpp"
 
 namespace fusedopt::runtime {
 
@@ -122,7 +123,7 @@ struct CudaKernel::Impl {
   }
 
   void require_plan(const char* what) const {
-    if (!planned) throw Error(fmt::format("CudaKernel::{}: call set_tensors() first", what));
+    FUSEDOPT_CHECK_USAGE(planned, "CudaKernel::{}: call set_tensors() first", what);
   }
 
   unsigned grid() const {
@@ -249,10 +250,9 @@ void CudaKernel::check_device_pointers(const Plan& plan) const {
       }
       // Pinned host memory is known to the driver too, and a pointer of another device
       // would fault the same way: only device (or managed) memory of this device.
-      if (memory_type != CU_MEMORYTYPE_DEVICE && memory_type != CU_MEMORYTYPE_UNIFIED) {
-        throw UsageError(fmt::format(
-            "CudaKernel: tensor {} role {} (0x{:x}) is host memory, not device memory", t, r, p));
-      }
+      FUSEDOPT_CHECK_USAGE(
+          !(memory_type != CU_MEMORYTYPE_DEVICE && memory_type != CU_MEMORYTYPE_UNIFIED),
+          "CudaKernel: tensor {} role {} (0x{:x}) is host memory, not device memory", t, r, p);
       int ordinal = -1;
       if (cuda::driver().PointerGetAttribute(&ordinal, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
                                              static_cast<CUdeviceptr>(p)) == CUDA_SUCCESS &&
@@ -304,14 +304,12 @@ void CudaKernel::set_plan(const Plan& plan) {
 void CudaKernel::set_hypers(int group, const std::vector<float>& values, cuda::Stream stream) {
   Impl& k = *impl_;
   k.require_plan("set_hypers");
-  if (group < 0 || group >= k.num_groups) {
-    throw Error(fmt::format("CudaKernel::set_hypers: group {} out of range ({} groups)", group,
-                            k.num_groups));
-  }
-  if (static_cast<int>(values.size()) != k.num_hypers) {
-    throw Error(fmt::format("CudaKernel::set_hypers: {} values given, the rule has {} hypers",
-                            values.size(), k.num_hypers));
-  }
+  FUSEDOPT_CHECK_USAGE(!(group < 0 || group >= k.num_groups),
+                       "CudaKernel::set_hypers: group {} out of range ({} groups)", group,
+                       k.num_groups);
+  FUSEDOPT_CHECK_USAGE(static_cast<int>(values.size()) == k.num_hypers,
+                       "CudaKernel::set_hypers: {} values given, the rule has {} hypers",
+                       values.size(), k.num_hypers);
   if (k.num_hypers == 0) return;
   ScopedContext scope(k.ctx);
   const std::size_t offset = static_cast<std::size_t>(group) * k.num_hypers;
@@ -339,10 +337,9 @@ void CudaKernel::run_pass(cuda::Stream stream, int pass, float step, float inv_g
                           bool check_grads, bool capturable_mode) {
   Impl& k = *impl_;
   k.require_plan("run_pass");
-  if (pass < 0 || pass > k.reduction_passes) {
-    throw InternalError(fmt::format("CudaKernel::run_pass({}): the rule has {} passes", pass,
-                                    k.reduction_passes + 1));
-  }
+  FUSEDOPT_CHECK_INTERNAL(!(pass < 0 || pass > k.reduction_passes),
+                          "CudaKernel::run_pass({}): the rule has {} passes", pass,
+                          k.reduction_passes + 1);
   if (k.num_chunks == 0) return;
   ScopedContext scope(k.ctx);
   fo_launch L = k.make_launch(step, inv_grad_scale, capturable_mode);

@@ -8,6 +8,7 @@
 
 #include "fusedopt/error.hpp"
 #include "fusedopt/optimizer.hpp"
+#include "support/check.hpp"
 
 namespace fusedopt {
 
@@ -32,10 +33,9 @@ struct FlatArena::Impl {
   bool finalized = false;
 
   Tensor view(std::size_t i, bool grad) const {
-    if (!finalized) throw Error("FlatArena: call finalize() before taking views");
-    if (i >= entries.size()) {
-      throw Error(fmt::format("FlatArena: no tensor {} (the arena holds {})", i, entries.size()));
-    }
+    if (!finalized) throw UsageError("FlatArena: call finalize() before taking views");
+    FUSEDOPT_CHECK_USAGE(i < entries.size(), "FlatArena: no tensor {} (the arena holds {})", i,
+                         entries.size());
     const Entry& e = entries[i];
     Tensor t;
     t.numel = e.numel;
@@ -53,8 +53,8 @@ FlatArena::FlatArena(FlatArena&&) noexcept = default;
 FlatArena& FlatArena::operator=(FlatArena&&) noexcept = default;
 
 void FlatArena::add(const std::string& name, std::int64_t numel, DType dtype) {
-  if (impl_->finalized) throw Error("FlatArena: add('" + name + "') after finalize()");
-  if (numel < 0) throw Error(fmt::format("FlatArena: '{}' has a negative size ({})", name, numel));
+  if (impl_->finalized) throw UsageError("FlatArena: add('" + name + "') after finalize()");
+  FUSEDOPT_CHECK_USAGE(numel >= 0, "FlatArena: '{}' has a negative size ({})", name, numel);
   std::size_t& cursor = impl_->bytes[dtype];
   impl_->entries.push_back({name, numel, dtype, cursor});
   const std::size_t size = static_cast<std::size_t>(numel) * dtype_size(dtype);
@@ -62,10 +62,11 @@ void FlatArena::add(const std::string& name, std::int64_t numel, DType dtype) {
 }
 
 void FlatArena::finalize() {
-  if (impl_->finalized) throw Error("FlatArena: finalize() called twice");
+  if (impl_->finalized) throw UsageError("FlatArena: finalize() called twice");
   auto allocate = [](std::size_t bytes) {
     Buffer b(static_cast<std::byte*>(std::aligned_alloc(kAlign, std::max(bytes, kAlign))));
-    if (!b) throw Error(fmt::format("FlatArena: cannot allocate {} bytes", bytes));
+    if (!b)
+      throw Error(fmt::format("FlatArena: cannot allocate {} bytes", bytes));  // out of memory
     std::memset(b.get(), 0, bytes);
     return b;
   };

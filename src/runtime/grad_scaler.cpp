@@ -6,27 +6,25 @@
 
 #include "fusedopt/error.hpp"
 #include "fusedopt/optimizer.hpp"
+#include "support/check.hpp"
 
 namespace fusedopt {
 
 GradScaler::GradScaler(Options options)
     : options_(options), scale_(static_cast<float>(options.init_scale)) {
-  if (!(options.init_scale > 0) || !std::isfinite(options.init_scale)) {
-    throw Error(fmt::format("GradScaler: init_scale must be positive and finite, not {}",
-                            options.init_scale));
-  }
+  FUSEDOPT_CHECK_USAGE(!(!(options.init_scale > 0) || !std::isfinite(options.init_scale)),
+                       "GradScaler: init_scale must be positive and finite, not {}",
+                       options.init_scale);
   if (!(options.growth_factor > 1)) {
-    throw Error(
+    throw UsageError(
         fmt::format("GradScaler: growth_factor must be > 1, not {}", options.growth_factor));
   }
-  if (!(options.backoff_factor > 0 && options.backoff_factor < 1)) {
-    throw Error(fmt::format("GradScaler: backoff_factor must be in (0, 1), not {}",
-                            options.backoff_factor));
-  }
-  if (options.growth_interval < 1) {
-    throw Error(fmt::format("GradScaler: growth_interval must be at least 1, not {}",
-                            options.growth_interval));
-  }
+  FUSEDOPT_CHECK_USAGE((options.backoff_factor > 0 && options.backoff_factor < 1),
+                       "GradScaler: backoff_factor must be in (0, 1), not {}",
+                       options.backoff_factor);
+  FUSEDOPT_CHECK_USAGE(options.growth_interval >= 1,
+                       "GradScaler: growth_interval must be at least 1, not {}",
+                       options.growth_interval);
 }
 
 bool GradScaler::step(Optimizer& opt, void* stream) {

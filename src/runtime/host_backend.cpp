@@ -79,6 +79,7 @@ class HostBackend final : public Backend {
     const std::size_t size =
         std::max(kHostAlign, (bytes + kHostAlign - 1) / kHostAlign * kHostAlign);
     void* data = std::aligned_alloc(kHostAlign, size);
+    // Out of memory: the root Error (no narrower kind fits).
     if (!data) throw Error(fmt::format("cannot allocate {} bytes of host memory", bytes));
     std::memset(data, 0, size);
     return Buffer(this, data, bytes);

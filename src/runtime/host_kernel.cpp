@@ -9,6 +9,7 @@
 #include "codegen/codegen.hpp"
 #include "fusedopt/error.hpp"
 #include "jit/dynlib.hpp"
+#include "support/check.hpp"
 
 namespace fusedopt::runtime {
 
@@ -67,9 +68,8 @@ HostKernel::HostKernel(std::shared_ptr<const lang::Rule> rule, DTypeBinding dtyp
   if (!abi || !impl_->step || !impl_->init || !impl_->check || !impl_->reduce || !impl_->finalize) {
     throw InternalError("host kernel for '" + rule_->name + "' lacks its entry points");
   }
-  if (abi() != FO_ABI_VERSION) {
-    throw InternalError(fmt::format("host kernel ABI {} != runtime ABI {}", abi(), FO_ABI_VERSION));
-  }
+  FUSEDOPT_CHECK_INTERNAL(abi() == FO_ABI_VERSION, "host kernel ABI {} != runtime ABI {}", abi(),
+                          FO_ABI_VERSION);
   info_ = built.take_info();
 }
 

@@ -7,6 +7,7 @@
 
 #include "fusedopt/error.hpp"
 #include "runtime/optimizer_impl.hpp"
+#include "support/check.hpp"
 
 namespace fusedopt {
 
@@ -16,8 +17,8 @@ std::size_t Optimizer::Impl::hyper_index(const std::string& name) const {
   }
   std::string known;
   for (const std::string& h : hyper_names) known += (known.empty() ? "" : ", ") + h;
-  throw Error(fmt::format("rule '{}' has no hyper '{}' (it has: {})", rule.name(), name,
-                          known.empty() ? "none" : known));
+  throw UsageError(fmt::format("rule '{}' has no hyper '{}' (it has: {})", rule.name(), name,
+                               known.empty() ? "none" : known));
 }
 
 std::vector<std::vector<float>> Optimizer::Impl::float_hypers() const {
@@ -39,8 +40,8 @@ int Optimizer::Impl::state_index(const std::string& name) const {
   std::string known;
   for (const std::string& s : state_names) known += (known.empty() ? "" : ", ") + s;
   if (options.master_weights) known += (known.empty() ? "" : ", ") + std::string("master");
-  throw Error(fmt::format("rule '{}' has no state '{}' (it has: {})", rule.name(), name,
-                          known.empty() ? "none" : known));
+  throw UsageError(fmt::format("rule '{}' has no state '{}' (it has: {})", rule.name(), name,
+                               known.empty() ? "none" : known));
 }
 
 Tensor Optimizer::Impl::state_view(int s, std::size_t p) const {
@@ -155,10 +156,9 @@ void Optimizer::set_reduction_hook(ReductionHook hook) { impl_->hook = std::move
 void Optimizer::set_hyper(const std::string& name, double value, std::optional<int> group) {
   const std::size_t k = impl_->hyper_index(name);
   const int groups = static_cast<int>(impl_->hypers.size());
-  if (group && (*group < 0 || *group >= groups)) {
-    throw Error(fmt::format("set_hyper('{}'): there is no group {} (the optimizer has {} group{})",
-                            name, *group, groups, groups == 1 ? "" : "s"));
-  }
+  FUSEDOPT_CHECK_USAGE(!(group && (*group < 0 || *group >= groups)),
+                       "set_hyper('{}'): there is no group {} (the optimizer has {} group{})", name,
+                       *group, groups, groups == 1 ? "" : "s");
   for (int g = 0; g < groups; ++g) {
     if (!group || *group == g) impl_->hypers[static_cast<std::size_t>(g)][k] = value;
   }
@@ -168,10 +168,9 @@ void Optimizer::set_hyper(const std::string& name, double value, std::optional<i
 double Optimizer::hyper(const std::string& name, int group) const {
   const std::size_t k = impl_->hyper_index(name);
   const int groups = static_cast<int>(impl_->hypers.size());
-  if (group < 0 || group >= groups) {
-    throw Error(fmt::format("hyper('{}'): there is no group {} (the optimizer has {} group{})",
-                            name, group, groups, groups == 1 ? "" : "s"));
-  }
+  FUSEDOPT_CHECK_USAGE(!(group < 0 || group >= groups),
+                       "hyper('{}'): there is no group {} (the optimizer has {} group{})", name,
+                       group, groups, groups == 1 ? "" : "s");
   return impl_->hypers[static_cast<std::size_t>(group)][k];
 }
 
@@ -218,10 +217,10 @@ OptimizerStats Optimizer::stats() const {
 
 Tensor Optimizer::state(const std::string& name, int param_index) const {
   const int s = impl_->state_index(name);
-  if (param_index < 0 || static_cast<std::size_t>(param_index) >= impl_->params.size()) {
-    throw Error(fmt::format("state('{}', {}): there is no param {} (the optimizer has {})", name,
-                            param_index, param_index, impl_->params.size()));
-  }
+  FUSEDOPT_CHECK_USAGE(
+      !(param_index < 0 || static_cast<std::size_t>(param_index) >= impl_->params.size()),
+      "state('{}', {}): there is no param {} (the optimizer has {})", name, param_index,
+      param_index, impl_->params.size());
   return impl_->state_view(s, static_cast<std::size_t>(param_index));
 }
 

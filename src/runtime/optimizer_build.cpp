@@ -13,6 +13,7 @@
 #include "rule_access.hpp"
 #include "runtime/log.hpp"
 #include "runtime/optimizer_impl.hpp"
+#include "support/check.hpp"
 
 namespace fusedopt {
 
@@ -43,23 +44,18 @@ void validate_pair(const ParamSlot& s) {
   const std::string who = runtime::describe(s);
   if (!valid_dtype(s.param.dtype)) throw UsageError(who + ": param has an unsupported dtype");
   if (!valid_dtype(s.grad.dtype)) throw UsageError(who + ": grad has an unsupported dtype");
-  if (s.param.numel < 0) {
-    throw UsageError(fmt::format("{}: param has a negative size ({})", who, s.param.numel));
-  }
+  FUSEDOPT_CHECK_USAGE(s.param.numel >= 0, "{}: param has a negative size ({})", who,
+                       s.param.numel);
   if (s.grad.numel != s.param.numel) {
     throw UsageError(
         fmt::format("{}: grad has {} elements, param has {}", who, s.grad.numel, s.param.numel));
   }
-  if (s.param.numel > 0 && s.param.data == nullptr) {
-    throw UsageError(fmt::format("{}: param data is null ({} elements)", who, s.param.numel));
-  }
-  if (s.param.numel > 0 && s.grad.data == nullptr) {
-    throw UsageError(fmt::format("{}: grad data is null ({} elements)", who, s.grad.numel));
-  }
-  if (!(s.grad.device == s.param.device)) {
-    throw UsageError(fmt::format("{}: grad is on {} but param is on {}", who,
-                                 device_str(s.grad.device), device_str(s.param.device)));
-  }
+  FUSEDOPT_CHECK_USAGE(!(s.param.numel > 0 && s.param.data == nullptr),
+                       "{}: param data is null ({} elements)", who, s.param.numel);
+  FUSEDOPT_CHECK_USAGE(!(s.param.numel > 0 && s.grad.data == nullptr),
+                       "{}: grad data is null ({} elements)", who, s.grad.numel);
+  FUSEDOPT_CHECK_USAGE((s.grad.device == s.param.device), "{}: grad is on {} but param is on {}",
+                       who, device_str(s.grad.device), device_str(s.param.device));
 }
 
 std::string format_elements(std::int64_t n) {
@@ -186,15 +182,13 @@ void Optimizer::Impl::validate_groups(std::vector<ParamGroup>& groups) {
       s.name = s.param.name.empty() ? fmt::format("param{}", params.size()) : s.param.name;
       validate_pair(s);
       const std::string who = runtime::describe(s);
-      if (auto [it, fresh] = by_name.emplace(s.name, params.size()); !fresh) {
-        throw UsageError(fmt::format("{}: the name is already used by {} (names key checkpoints)",
-                                     who, runtime::describe(params[it->second])));
-      }
+      const auto [same_name, fresh_name] = by_name.emplace(s.name, params.size());
+      FUSEDOPT_CHECK_USAGE(fresh_name, "{}: the name is already used by {} (names key checkpoints)",
+                           who, runtime::describe(params[same_name->second]));
       if (s.param.numel > 0) {
-        if (auto [it, fresh] = by_data.emplace(s.param.data, params.size()); !fresh) {
-          throw UsageError(fmt::format("{}: the same memory as {} (a param may appear only once)",
-                                       who, runtime::describe(params[it->second])));
-        }
+        const auto [same_data, fresh_data] = by_data.emplace(s.param.data, params.size());
+        FUSEDOPT_CHECK_USAGE(fresh_data, "{}: the same memory as {} (a param may appear only once)",
+                             who, runtime::describe(params[same_data->second]));
       }
       if (!params.empty() && !(s.param.device == params.front().param.device)) {
         throw UsageError(

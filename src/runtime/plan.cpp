@@ -10,6 +10,7 @@
 
 #include "fusedopt/error.hpp"
 #include "runtime/chunks.hpp"
+#include "support/check.hpp"
 
 namespace fusedopt::runtime {
 
@@ -33,16 +34,13 @@ Plan Plan::build(const codegen::KernelBody& body, const PlanRequest& request) {
   p.num_scratch_ = static_cast<int>(body.scratch.size());
   p.num_hypers_ = body.num_hypers;
   const int given_roles = p.num_roles_ - (request.lay_out_scratch ? p.num_scratch_ : 0);
-  if (numel.size() != n) {
-    throw UsageError(fmt::format("{}: {} pointer lists but {} sizes", who, n, numel.size()));
-  }
-  if (!group.empty() && group.size() != n) {
-    throw UsageError(fmt::format("{}: {} tensors but {} group indices", who, n, group.size()));
-  }
-  if (hypers.empty()) throw UsageError(fmt::format("{}: no hyper group given", who));
-  if (hypers.size() > static_cast<std::size_t>(INT_MAX)) {
-    throw UsageError(fmt::format("{}: too many groups", who));
-  }
+  FUSEDOPT_CHECK_USAGE(numel.size() == n, "{}: {} pointer lists but {} sizes", who, n,
+                       numel.size());
+  FUSEDOPT_CHECK_USAGE(!(!group.empty() && group.size() != n),
+                       "{}: {} tensors but {} group indices", who, n, group.size());
+  FUSEDOPT_CHECK_USAGE(!hypers.empty(), "{}: no hyper group given", who);
+  FUSEDOPT_CHECK_USAGE(hypers.size() <= static_cast<std::size_t>(INT_MAX), "{}: too many groups",
+                       who);
   p.num_groups_ = static_cast<int>(hypers.size());
   p.hypers_.assign(hypers.size() * static_cast<std::size_t>(p.num_hypers_) + 1, 0.0f);
   p.set_hypers(hypers);
@@ -50,22 +48,19 @@ Plan Plan::build(const codegen::KernelBody& body, const PlanRequest& request) {
   p.ptrs_.assign(std::max<std::size_t>(n, 1) * static_cast<std::size_t>(p.num_roles_), nullptr);
   p.aligned_.assign(std::max<std::size_t>(n, 1), 0);
   for (std::size_t t = 0; t < n; ++t) {
-    if (static_cast<int>(ptrs[t].size()) != given_roles) {
-      throw UsageError(fmt::format("{}: tensor {} has {} pointers, the kernel needs {}", who, t,
-                                   ptrs[t].size(), given_roles));
-    }
-    if (numel[t] < 0) throw UsageError(fmt::format("{}: tensor {} has a negative size", who, t));
+    FUSEDOPT_CHECK_USAGE(static_cast<int>(ptrs[t].size()) == given_roles,
+                         "{}: tensor {} has {} pointers, the kernel needs {}", who, t,
+                         ptrs[t].size(), given_roles);
+    FUSEDOPT_CHECK_USAGE(numel[t] >= 0, "{}: tensor {} has a negative size", who, t);
     const int g = group.empty() ? 0 : group[t];
-    if (g < 0 || g >= p.num_groups_) {
-      throw UsageError(fmt::format("{}: tensor {} is in group {}, but there are {} groups", who, t,
-                                   g, hypers.size()));
-    }
+    FUSEDOPT_CHECK_USAGE(!(g < 0 || g >= p.num_groups_),
+                         "{}: tensor {} is in group {}, but there are {} groups", who, t, g,
+                         hypers.size());
     bool all_aligned = true;
     for (int r = 0; r < given_roles; ++r) {
       void* ptr = ptrs[t][static_cast<std::size_t>(r)];
-      if (numel[t] > 0 && !ptr) {
-        throw UsageError(fmt::format("{}: tensor {} role {} is a null pointer", who, t, r));
-      }
+      FUSEDOPT_CHECK_USAGE(numel[t] == 0 || ptr, "{}: tensor {} role {} is a null pointer", who, t,
+                           r);
       all_aligned &= reinterpret_cast<std::uintptr_t>(ptr) % kVectorAlign == 0;
       p.ptrs_[t * static_cast<std::size_t>(p.num_roles_) + static_cast<std::size_t>(r)] = ptr;
     }
@@ -122,24 +117,21 @@ void Plan::bind_scratch(void* base) {
 }
 
 void Plan::set_hypers(const std::vector<std::vector<float>>& hypers) {
-  if (static_cast<int>(hypers.size()) != num_groups_) {
-    throw UsageError(fmt::format("{}: {} hyper groups given, the plan has {}", who_, hypers.size(),
-                                 num_groups_));
-  }
+  FUSEDOPT_CHECK_USAGE(static_cast<int>(hypers.size()) == num_groups_,
+                       "{}: {} hyper groups given, the plan has {}", who_, hypers.size(),
+                       num_groups_);
   for (std::size_t g = 0; g < hypers.size(); ++g) {
-    if (static_cast<int>(hypers[g].size()) != num_hypers_) {
-      throw UsageError(fmt::format("{}: group {} has {} hyper values, the rule has {}", who_, g,
-                                   hypers[g].size(), num_hypers_));
-    }
+    FUSEDOPT_CHECK_USAGE(static_cast<int>(hypers[g].size()) == num_hypers_,
+                         "{}: group {} has {} hyper values, the rule has {}", who_, g,
+                         hypers[g].size(), num_hypers_);
     std::copy(hypers[g].begin(), hypers[g].end(),
               hypers_.begin() + static_cast<std::ptrdiff_t>(g * num_hypers_));
   }
 }
 
 void Plan::set_hyper(int group, int index, float value) {
-  if (group < 0 || group >= num_groups_ || index < 0 || index >= num_hypers_) {
-    throw InternalError(fmt::format("{}: set_hyper({}, {}) out of range", who_, group, index));
-  }
+  FUSEDOPT_CHECK_INTERNAL(!(group < 0 || group >= num_groups_ || index < 0 || index >= num_hypers_),
+                          "{}: set_hyper({}, {}) out of range", who_, group, index);
   hypers_[static_cast<std::size_t>(group) * static_cast<std::size_t>(num_hypers_) +
           static_cast<std::size_t>(index)] = value;
 }
