@@ -19,8 +19,8 @@
 #include <utility>
 #include <vector>
 
-#include "bench/workloads.hpp"
 #include "fusedopt/optimizer.hpp"
+#include "workloads.hpp"
 
 using namespace fusedopt;
 

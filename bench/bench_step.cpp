@@ -8,9 +8,9 @@
 #include <memory>
 #include <vector>
 
-#include "bench/workloads.hpp"
 #include "fusedopt/cuda.hpp"
 #include "fusedopt/optimizer.hpp"
+#include "workloads.hpp"
 
 using namespace fusedopt;
 
