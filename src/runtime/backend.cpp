@@ -41,6 +41,18 @@ void Buffer::reset() {
   bytes_ = 0;
 }
 
+Plan plan_binding(Backend& backend, const codegen::KernelBody& body, PlanRequest request,
+                  std::size_t scratch_align, Buffer* scratch) {
+  request.lay_out_scratch = true;
+  request.scratch_align = scratch_align;
+  Plan plan = Plan::build(body, request);
+  if (plan.scratch_bytes() > 0) {
+    *scratch = backend.allocate(plan.scratch_bytes());
+    plan.bind_scratch(scratch->data());
+  }
+  return plan;
+}
+
 std::string Backend::name() const {
   const Device d = device();
   return d.kind == Device::Kind::Host ? std::string("host") : fmt::format("cuda:{}", d.index);

@@ -15,6 +15,7 @@
 #include "fusedopt/dtype.hpp"
 #include "fusedopt/optimizer.hpp"
 #include "lang/ast.hpp"
+#include "runtime/plan.hpp"
 
 namespace fusedopt::runtime {
 
@@ -141,6 +142,11 @@ class Backend {
   friend class Buffer;
   virtual void release(void* data, std::size_t bytes) noexcept = 0;
 };
+
+/// The plan of one binding with the Store strategy's scratch tensors laid out and allocated
+/// from `backend` into `*scratch` (views `scratch_align`-aligned).
+Plan plan_binding(Backend& backend, const codegen::KernelBody& body, PlanRequest request,
+                  std::size_t scratch_align, Buffer* scratch);
 
 /// The backend of `device`. Throws UnavailableError when this build or machine cannot
 /// serve it (fusedopt built without CUDA, no driver, no such device), saying why and how

@@ -27,20 +27,10 @@ class CudaBoundKernel final : public BoundKernel {
         kernel_(std::move(rule), tensors.dtypes, context.device(), cache::KernelCache::global(),
                 tensors.strategy),
         capturable_(tensors.capturable) {
-    PlanRequest request;
-    request.who = "CudaKernel";
-    request.ptrs = &tensors.ptrs;
-    request.numel = &tensors.numel;
-    request.hypers = &hypers;
-    request.group = &tensors.group;
-    request.chunk_elems = kCudaChunk;
-    request.lay_out_scratch = true;
-    request.scratch_align = 256;
-    Plan plan = Plan::build(kernel_.body(), request);
-    if (plan.scratch_bytes() > 0) {
-      scratch_ = backend.allocate(plan.scratch_bytes());
-      plan.bind_scratch(scratch_.data());
-    }
+    const Plan plan = plan_binding(
+        backend, kernel_.body(),
+        PlanRequest("CudaKernel", tensors.ptrs, tensors.numel, hypers, tensors.group, kCudaChunk),
+        256, &scratch_);
     if (tensors.global_totals) kernel_.share_global_totals(dev(tensors.global_totals));
     kernel_.set_plan(plan);
     any_elements_ = !plan.empty();

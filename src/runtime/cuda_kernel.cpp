@@ -221,14 +221,8 @@ void CudaKernel::set_tensors(const std::vector<std::vector<DevicePtr>>& ptrs,
       row.push_back(reinterpret_cast<void*>(static_cast<std::uintptr_t>(p)));
     host_ptrs.push_back(std::move(row));
   }
-  PlanRequest request;
-  request.who = "CudaKernel";
-  request.ptrs = &host_ptrs;
-  request.numel = &numel;
-  request.hypers = &hypers;
-  request.group = &group;
-  request.chunk_elems = kCudaChunk;
-  set_plan(Plan::build(info_.body, request));
+  set_plan(Plan::build(info_.body,
+                       PlanRequest("CudaKernel", host_ptrs, numel, hypers, group, kCudaChunk)));
 }
 
 void CudaKernel::check_device_pointers(const Plan& plan) const {

@@ -20,15 +20,9 @@ class HostBoundKernel final : public BoundKernel {
   HostBoundKernel(Backend& backend, std::shared_ptr<const lang::Rule> rule,
                   const BindingTensors& tensors, const std::vector<std::vector<float>>& hypers)
       : kernel_(std::move(rule), tensors.dtypes, cache::KernelCache::global(), tensors.strategy) {
-    PlanRequest request = kernel_.plan_request(tensors.ptrs, tensors.numel, hypers, tensors.group);
-    request.lay_out_scratch = true;
-    request.scratch_align = 64;
-    Plan plan = Plan::build(kernel_.body(), request);
-    if (plan.scratch_bytes() > 0) {
-      scratch_ = backend.allocate(plan.scratch_bytes());
-      plan.bind_scratch(scratch_.data());
-    }
-    prepared_ = HostKernel::Prepared(std::move(plan));
+    prepared_ = HostKernel::Prepared(plan_binding(
+        backend, kernel_.body(),
+        kernel_.plan_request(tensors.ptrs, tensors.numel, hypers, tensors.group), 64, &scratch_));
     if (tensors.global_totals) {
       prepared_.share_global_totals(static_cast<double*>(tensors.global_totals));
     }

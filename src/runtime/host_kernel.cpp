@@ -83,14 +83,7 @@ PlanRequest HostKernel::plan_request(const std::vector<std::vector<void*>>& ptrs
                                      const std::vector<std::int64_t>& numel,
                                      const std::vector<std::vector<float>>& hypers,
                                      const std::vector<int>& group) const {
-  PlanRequest request;
-  request.who = "HostKernel";
-  request.ptrs = &ptrs;
-  request.numel = &numel;
-  request.hypers = &hypers;
-  request.group = &group;
-  request.chunk_elems = kHostChunkElems;
-  return request;
+  return PlanRequest("HostKernel", ptrs, numel, hypers, group, kHostChunkElems);
 }
 
 HostKernel::Prepared HostKernel::prepare(const std::vector<std::vector<void*>>& ptrs,

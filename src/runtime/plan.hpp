@@ -18,6 +18,18 @@ inline constexpr std::size_t kVectorAlign = 16;
 
 /// What a plan is built from.
 struct PlanRequest {
+  PlanRequest() = default;
+  PlanRequest(const char* who_, const std::vector<std::vector<void*>>& ptrs_,
+              const std::vector<std::int64_t>& numel_,
+              const std::vector<std::vector<float>>& hypers_, const std::vector<int>& group_,
+              std::int64_t chunk_elems_)
+      : who(who_),
+        ptrs(&ptrs_),
+        numel(&numel_),
+        hypers(&hypers_),
+        group(&group_),
+        chunk_elems(chunk_elems_) {}
+
   const char* who = "plan";  ///< prefixes every error ("HostKernel", "CudaKernel")
   /// `ptrs[t]`: tensor t's role pointers (param, grad, states, outputs, master), plus the
   /// scratch tensors unless `lay_out_scratch`.
