@@ -8,6 +8,7 @@
 #include <map>
 
 #include "codegen/writer.hpp"
+#include "lang/names.hpp"
 #include "fusedopt/error.hpp"
 
 namespace fusedopt::codegen {
@@ -18,66 +19,15 @@ using lang::Op;
 using lang::Rule;
 using lang::SymKind;
 
+// Both from the language's tables (lang/names): a new function or operator is one row there.
 const char* function_name(Op op) {
-  switch (op) {
-    case Op::Sqrt:
-      return "fo_sqrt";
-    case Op::Rsqrt:
-      return "fo_rsqrt";
-    case Op::Exp:
-      return "fo_exp";
-    case Op::Log:
-      return "fo_log";
-    case Op::Abs:
-      return "fo_abs";
-    case Op::Sign:
-      return "fo_sign";
-    case Op::Min:
-      return "fo_min";
-    case Op::Max:
-      return "fo_max";
-    case Op::Clamp:
-      return "fo_clamp";
-    case Op::PowFn:
-      return "fo_pow";
-    case Op::Tanh:
-      return "fo_tanh";
-    case Op::Log1p:
-      return "fo_log1p";
-    case Op::Expm1:
-      return "fo_expm1";
-    case Op::Floor:
-      return "fo_floor";
-    default:
-      return nullptr;
-  }
+  const lang::FunctionInfo* fn = lang::function_of(op);
+  return fn != nullptr ? fn->emit : nullptr;
 }
 
 const char* binary_operator(Op op) {
-  switch (op) {
-    case Op::Add:
-      return "+";
-    case Op::Sub:
-      return "-";
-    case Op::Mul:
-      return "*";
-    case Op::Div:
-      return "/";
-    case Op::Lt:
-      return "<";
-    case Op::Le:
-      return "<=";
-    case Op::Gt:
-      return ">";
-    case Op::Ge:
-      return ">=";
-    case Op::Eq:
-      return "==";
-    case Op::Ne:
-      return "!=";
-    default:
-      return nullptr;
-  }
+  const lang::OperatorInfo* o = lang::operator_of(op);
+  return o != nullptr ? o->cxx : nullptr;
 }
 
 /// Emits the expressions of one rule. Two contexts: "uniform" (inside fo_prepare, where
