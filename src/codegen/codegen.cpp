@@ -7,9 +7,10 @@
 
 #include <map>
 
+#include "codegen/expr_emitter.hpp"
 #include "codegen/writer.hpp"
-#include "lang/names.hpp"
 #include "fusedopt/error.hpp"
+#include "lang/names.hpp"
 
 namespace fusedopt::codegen {
 namespace {
@@ -18,169 +19,6 @@ using lang::Expr;
 using lang::Op;
 using lang::Rule;
 using lang::SymKind;
-
-// Both from the language's tables (lang/names): a new function or operator is one row there.
-const char* function_name(Op op) {
-  const lang::FunctionInfo* fn = lang::function_of(op);
-  return fn != nullptr ? fn->emit : nullptr;
-}
-
-const char* binary_operator(Op op) {
-  const lang::OperatorInfo* o = lang::operator_of(op);
-  return o != nullptr ? o->cxx : nullptr;
-}
-
-/// Emits the expressions of one rule. Two contexts: "uniform" (inside fo_prepare, where
-/// only hypers, step and hoisted values exist) and "element" (inside fo_element).
-class ExprEmitter {
- public:
-  explicit ExprEmitter(const Rule& rule) : rule_(rule) {}
-
-  /// Element-context text of `e`; every non-trivial uniform subtree becomes U.u[k].
-  std::string element(const Expr& e) { return emit(e); }
-  /// Records that statement `stmt` (a uniform temporary) lives in a slot.
-  void define_uniform_temp(int stmt, const Expr& value) {
-    temp_slot_[stmt] = slot_for(node(value, true), value.loc);
-  }
-
-  /// Lines for fo_prepare, in dependency order.
-  const std::vector<PrepareLine>& prepare_lines() const { return prepare_; }
-  int num_slots() const { return static_cast<int>(prepare_.size()); }
-
- private:
-  // Every non-trivial uniform node gets a slot, keyed by its text (whose children are
-  // already slots): identical uniform subexpressions anywhere in the rule are computed once.
-  int slot_for(const std::string& text, lang::Loc loc) {
-    auto it = slot_by_text_.find(text);
-    if (it != slot_by_text_.end()) return it->second;
-    int slot = static_cast<int>(prepare_.size());
-    prepare_.push_back({loc.line, fmt::format("U.u[{}] = {};", slot, text)});
-    slot_by_text_.emplace(text, slot);
-    return slot;
-  }
-
-  static bool trivial(const Expr& e) {
-    return e.op == Op::Number || e.op == Op::Ref || e.op == Op::Reduce;
-  }
-
-  std::string ref(const Expr& e, bool uniform_ctx) {
-    const lang::Symbol& s = rule_.symbols.at(e.sym);
-    if (!uniform_ctx) {
-      if (e.def >= 0) {
-        if (auto it = def_override_.find(e.def); it != def_override_.end()) return it->second;
-      } else if (auto it = orig_override_.find(e.sym); it != orig_override_.end()) {
-        return it->second;
-      }
-    }
-    switch (s.kind) {
-      case SymKind::Hyper:
-        return fmt::format("U.h[{}]", s.index);
-      case SymKind::Step:
-        return "U.step";
-      case SymKind::Temp: {
-        auto it = temp_slot_.find(e.def);
-        if (it != temp_slot_.end()) return fmt::format("U.u[{}]", it->second);
-        if (uniform_ctx) throw InternalError("non-uniform temporary in a uniform expression");
-        return "v_" + s.name;
-      }
-      default:
-        if (uniform_ctx) throw InternalError("tensor in a uniform expression");
-        return "v_" + s.name;
-    }
-  }
-
-  /// The text of `e` as a value: a slot if it is uniform, else the node itself.
-  std::string emit(const Expr& e) {
-    if (e.uniform && !trivial(e)) return fmt::format("U.u[{}]", slot_for(node(e, true), e.loc));
-    return node(e, e.uniform);
-  }
-
-  /// The text of `e` as a truth value.
-  std::string cond(const Expr& e) {
-    if (e.uniform && !trivial(e)) return fmt::format("({} != 0.0f)", emit(e));
-    return cond_node(e);
-  }
-
-  /// The truth value of `e`'s own operator over its (emitted) operands.
-  std::string cond_node(const Expr& e) {
-    switch (e.op) {
-      case Op::Lt:
-      case Op::Le:
-      case Op::Gt:
-      case Op::Ge:
-      case Op::Eq:
-      case Op::Ne:
-        return fmt::format("({} {} {})", emit(*e.args[0]), binary_operator(e.op), emit(*e.args[1]));
-      // Bitwise on bools: no short-circuit branches, so the loop still vectorises.
-      case Op::And:
-        return fmt::format("({} & {})", cond(*e.args[0]), cond(*e.args[1]));
-      case Op::Or:
-        return fmt::format("({} | {})", cond(*e.args[0]), cond(*e.args[1]));
-      case Op::Not:
-        return fmt::format("(!{})", cond(*e.args[0]));
-      case Op::IsFinite:
-        return fmt::format("fo_isfinite({})", emit(*e.args[0]));
-      default:
-        return fmt::format("({} != 0.0f)", node(e, e.uniform));
-    }
-  }
-
-  /// The operator of `e` applied to its (emitted) operands.
-  std::string node(const Expr& e, bool uniform_ctx) {
-    // A boolean operator (not a where or a reference that merely holds a truth value).
-    if (e.boolean && e.op != Op::Where && !trivial(e))
-      return fmt::format("fo_bool({})", cond_node(e));
-    switch (e.op) {
-      case Op::Number:
-        return float_literal(e.number);
-      case Op::Ref:
-        return ref(e, uniform_ctx);
-      case Op::Neg:
-        return fmt::format("(-{})", emit(*e.args[0]));
-      case Op::Pow: {
-        const Expr& exponent = *e.args[1];
-        if (exponent.op == Op::Number && exponent.number == 2.0) {
-          return fmt::format("fo_sq({})", emit(*e.args[0]));
-        }
-        if (exponent.op == Op::Number && exponent.number == 1.0) return emit(*e.args[0]);
-        return fmt::format("fo_pow({}, {})", emit(*e.args[0]), emit(exponent));
-      }
-      case Op::Where:
-        return fmt::format("({} ? {} : {})", cond(*e.args[0]), emit(*e.args[1]), emit(*e.args[2]));
-      case Op::Reduce: {
-        const lang::Reduction& r = rule_.reductions.at(e.reduction);
-        if (r.scope == lang::Scope::Global) return fmt::format("U.g[{}]", r.slot);
-        if (uniform_ctx) throw InternalError("per-tensor reduction in a uniform expression");
-        return fmt::format("T.v[{}]", r.slot);
-      }
-      default:
-        break;
-    }
-    if (const char* op = binary_operator(e.op)) {
-      return fmt::format("({} {} {})", emit(*e.args[0]), op, emit(*e.args[1]));
-    }
-    if (const char* fn = function_name(e.op)) {
-      std::string out = fmt::format("{}(", fn);
-      for (std::size_t i = 0; i < e.args.size(); ++i) out += (i ? ", " : "") + emit(*e.args[i]);
-      return out + ")";
-    }
-    throw InternalError(
-        fmt::format("codegen has no emitter for operator {}", static_cast<int>(e.op)));
-  }
-
-  const Rule& rule_;
-  std::map<int, int> temp_slot_;
-
- public:
-  /// Element-context reads redirected to other locals (scratch values in the update pass
-  /// of the Store strategy): by reaching definition, or by symbol for original values.
-  std::map<int, std::string> def_override_;
-  std::map<int, std::string> orig_override_;
-
- private:
-  std::map<std::string, int> slot_by_text_;
-  std::vector<PrepareLine> prepare_;
-};
 
 bool is_tensor(SymKind k) {
   return k == SymKind::Param || k == SymKind::Grad || k == SymKind::State || k == SymKind::Output;
@@ -235,23 +73,44 @@ class BodyEmitter {
   }
 
   ExprEmitter& em() { return em_; }
+  const ExprEmitter& em() const { return em_; }
   const std::vector<int>& pass_acc_count() const { return pass_acc_count_; }
   int check_acc() const { return check_acc_; }
   int acc_of(int reduction) const { return acc_[reduction]; }
 
   /// fo_reduce_element<pass> (pass < reduction_passes) or fo_element (the update).
   std::string pass_function(int pass) {
-    const PassPlan& plan = s_.passes.at(pass);
-    const bool update = pass == rule_.reduction_passes;
-    const bool store = pass == s_.store_pass;
-    const bool update_after_store = update && s_.store_pass >= 0;
-    std::set<int> compute(plan.stmts.begin(), plan.stmts.end());
+    const PassShape p{
+        pass,
+        s_.passes.at(pass),
+        pass == rule_.reduction_passes,
+        pass == s_.store_pass,
+        pass == rule_.reduction_passes && s_.store_pass >= 0,
+        std::set<int>(s_.passes.at(pass).stmts.begin(), s_.passes.at(pass).stmts.end())};
     em_.def_override_.clear();
     em_.orig_override_.clear();
-
     Writer loads, body, stores;
+    emit_loads(p, loads);
+    emit_statements(p, body);
+    emit_stores(p, stores);
+    return wrap_pass(p, loads, body, stores);
+  }
+
+ private:
+  /// What one pass is: which statements it computes, and its role in the schedule.
+  struct PassShape {
+    int pass;
+    const PassPlan& plan;
+    bool update;              ///< the last pass
+    bool store;               ///< the Store strategy's pass that writes scratch tensors
+    bool update_after_store;  ///< the update of the Store strategy
+    std::set<int> compute;    ///< statements this pass computes
+  };
+
+  /// The locals a pass starts from: scratch values, tensor reads, zeroed temporaries.
+  void emit_loads(const PassShape& p, Writer& loads) {
     // The update of the Store strategy reads what crossed through scratch tensors.
-    if (update_after_store) {
+    if (p.update_after_store) {
       for (std::size_t c = 0; c < s_.crossings.size(); ++c) {
         const Crossing& x = s_.crossings[c];
         const std::string local = fmt::format("fo_x{}", c);
@@ -266,7 +125,7 @@ class BodyEmitter {
       // Final values of fp32 tensors finished early are read back from the tensors.
       for (int sym : s_.early_syms) {
         const int role = role_of(rule_, s_, sym);
-        if (!plan.reads.count(role)) continue;
+        if (!p.plan.reads.count(role)) continue;
         const std::string local = fmt::format("fo_r_{}", rule_.symbols[sym].name);
         loads.line(fmt::format("  const float {} = fo_load(t.r{}, i);", local, role));
         em_.def_override_[last_def_.at(sym)] = local;
@@ -283,9 +142,9 @@ class BodyEmitter {
         }
       });
     };
-    for (int i : plan.stmts) scan(*rule_.stmts[i].value);
-    for (int r : plan.reductions) scan(*rule_.reductions[r].arg);
-    if (store) {
+    for (int i : p.plan.stmts) scan(*rule_.stmts[i].value);
+    for (int r : p.plan.reductions) scan(*rule_.reductions[r].arg);
+    if (p.store) {
       for (const Crossing& x : s_.crossings) {
         if (x.def < 0) originals.insert(x.sym);
       }
@@ -305,7 +164,7 @@ class BodyEmitter {
         loads.line(fmt::format("  float v_{} = 0.0f;", x.name));
       }
     }
-    if (store) {
+    if (p.store) {
       for (std::size_t c = 0; c < s_.crossings.size(); ++c) {
         const Crossing& x = s_.crossings[c];
         if (x.def < 0) {
@@ -314,24 +173,27 @@ class BodyEmitter {
         }
       }
     }
+  }
 
+  /// The statements (and, in a reduction pass, the accumulations of its reductions).
+  void emit_statements(const PassShape& p, Writer& body) {
     for (std::size_t i = 0; i < rule_.stmts.size(); ++i) {
       const lang::Stmt& st = rule_.stmts[i];
-      if (!update) {
+      if (!p.update) {
         std::vector<const Expr*> calls;
         collect_reductions(*st.value, calls);
         for (const Expr* call : calls) {
           const lang::Reduction& r = rule_.reductions[call->reduction];
-          if (r.pass != pass) continue;
+          if (r.pass != p.pass) continue;
           body.line_directive(call->loc.line, file_);
           body.line("  " + accumulate(r.kind, acc_[call->reduction], em_.element(*r.arg)));
         }
       }
-      if (!compute.count(static_cast<int>(i))) continue;
+      if (!p.compute.count(static_cast<int>(i))) continue;
       const lang::Symbol& target = rule_.symbols.at(st.target);
       body.line_directive(st.loc.line, file_);
       body.line(fmt::format("  v_{} = {};", target.name, em_.element(*st.value)));
-      if (store) {
+      if (p.store) {
         for (std::size_t c = 0; c < s_.crossings.size(); ++c) {
           if (s_.crossings[c].def == static_cast<int>(i)) {
             body.line(fmt::format("  fo_store(t.r{}, i, v_{});",
@@ -341,14 +203,17 @@ class BodyEmitter {
       }
     }
     body.restore_line();
+  }
 
+  /// What the pass writes back, and the grad check of pass 0.
+  void emit_stores(const PassShape& p, Writer& stores) {
     // Stores: the update stores what it finished; the store pass what it finished early.
     std::set<int> finished;
-    if (update) {
+    if (p.update) {
       for (const auto& [sym, def] : last_def_) {
-        if (!update_after_store || !s_.early_syms.count(sym)) finished.insert(sym);
+        if (!p.update_after_store || !s_.early_syms.count(sym)) finished.insert(sym);
       }
-    } else if (store) {
+    } else if (p.store) {
       finished = s_.early_syms;
     }
     for (int sym : finished) {
@@ -358,7 +223,7 @@ class BodyEmitter {
         stores.line(fmt::format("  fo_store(t.r0, i, v_{});", x.name));
       }
     }
-    if (pass == 0 && check_acc_ >= 0) {
+    if (p.pass == 0 && check_acc_ >= 0) {
       stores.line(fmt::format("  if (fo_check) {{ {} }}",
                               accumulate(lang::ReduceKind::AnyNonFinite, check_acc_,
                                          fmt::format("fo_load(t.r1, i) * U.inv_grad_scale"))));
@@ -367,9 +232,13 @@ class BodyEmitter {
       if (is_tensor(x.kind) || x.kind == SymKind::Temp)
         stores.line(fmt::format("  (void)v_{};", x.name));
     }
+  }
 
+  /// The function around the three parts.
+  std::string wrap_pass(const PassShape& p, const Writer& loads, const Writer& body,
+                        const Writer& stores) {
     Writer w;
-    if (update) {
+    if (p.update) {
       w.line(
           "FO_FN void fo_element(const fo_tensor& t, long long i, const fo_uniform& U, "
           "const fo_tvals& T) {");
@@ -379,10 +248,10 @@ class BodyEmitter {
           fmt::format("FO_FN void fo_reduce_element<{}>(const fo_tensor& t, long long i, "
                       "const fo_uniform& U, const fo_tvals& T, float* fo_a, int fo_stride, "
                       "bool fo_check) {{",
-                      pass));
+                      p.pass));
     }
     w.line("  (void)T;");
-    if (!update) w.line("  (void)fo_a; (void)fo_stride; (void)fo_check;");
+    if (!p.update) w.line("  (void)fo_a; (void)fo_stride; (void)fo_check;");
     w.append(loads);
     w.append(body);
     w.append(stores);
@@ -390,6 +259,7 @@ class BodyEmitter {
     return w.str();
   }
 
+ public:
   /// fo_init_element: state initial values (and the master from the param).
   std::string init_function() {
     em_.def_override_.clear();
@@ -429,20 +299,18 @@ class BodyEmitter {
 
 }  // namespace
 
-KernelBody generate_body(const Rule& rule, const DTypeBinding& dtypes, Strategy strategy) {
-  const Schedule schedule = plan_schedule(rule, dtypes, strategy);
-  KernelBody body;
-  body.kind = "rule";
-  body.name = rule.name;
-  const std::string file = line_file_name(rule.file);
+namespace {
 
+/// The roles of `rule` for `dtypes` in pointer order: names for reports, declarations for
+/// fo_tensor; the Store strategy's scratch tensors are described in body.scratch.
+void lay_out_roles(const Rule& rule, const DTypeBinding& dtypes, const Schedule& schedule,
+                   KernelBody& body, std::vector<std::string>& role_names,
+                   std::vector<RoleDecl>& decls) {
   const lang::Symbol& param = rule.symbols.at(rule.param);
   // With clipping the gradient symbol is the internal fo_grad_raw: reports say "grad".
   const std::string& grad_name = rule.symbols.at(rule.grad).name;
-  std::vector<std::string> role_names = {param.name,
-                                         grad_name.rfind("fo_", 0) == 0 ? "grad" : grad_name};
-  std::vector<RoleDecl> decls = {{storage_type(dtypes.param), param.written},
-                                 {storage_type(dtypes.grad), false}};
+  role_names = {param.name, grad_name.rfind("fo_", 0) == 0 ? "grad" : grad_name};
+  decls = {{storage_type(dtypes.param), param.written}, {storage_type(dtypes.grad), false}};
   for (int s : rule.states) {
     role_names.push_back(rule.symbols[s].name);
     decls.push_back({storage_type(dtypes.state), true});
@@ -462,13 +330,12 @@ KernelBody generate_body(const Rule& rule, const DTypeBinding& dtypes, Strategy 
         c.def >= 0 ? fmt::format("'{}' as assigned at line {}", c.name, rule.stmts[c.def].loc.line)
                    : fmt::format("'{}' before the step", c.name));
   }
+}
 
-  BodyEmitter be(rule, dtypes, schedule);
-  std::vector<std::string> passes;
-  for (int k = 0; k <= rule.reduction_passes; ++k) passes.push_back(be.pass_function(k));
-  const std::string init = be.init_function();
-
-  body.num_roles = static_cast<int>(decls.size());
+/// What the runtime and reports need to know: counts, the schedule, bytes and the slots.
+void describe(const Rule& rule, const Schedule& schedule, const BodyEmitter& be,
+              const std::vector<std::string>& role_names, std::size_t num_roles, KernelBody& body) {
+  body.num_roles = static_cast<int>(num_roles);
   body.num_hypers = static_cast<int>(rule.hypers.size());
   body.num_uniforms = be.em().num_slots();
   body.roles = role_names;
@@ -506,15 +373,11 @@ KernelBody generate_body(const Rule& rule, const DTypeBinding& dtypes, Strategy 
     body.slots.push_back(check);
   }
   for (int c : be.pass_acc_count()) body.max_acc = std::max(body.max_acc, c);
+}
 
-  Writer w;
-  w.line(
-      fmt::format("// Generated by fusedopt from rule '{}' (dtypes {}, {} reduction pass{}, {}).",
-                  sanitize_comment(rule.name), dtypes.str(), rule.reduction_passes,
-                  rule.reduction_passes == 1 ? "" : "es", to_string(schedule.strategy)));
-  emit_common_prologue(w, body);
-
-  // Which accumulator of which pass feeds which total, and how it combines.
+/// fo_acc_count, fo_acc_max and fo_acc_slot: which accumulator of which pass feeds which
+/// total, and how it combines.
+Writer accumulator_tables(const Rule& rule, const KernelBody& body, const BodyEmitter& be) {
   Writer meta;
   meta.line("FO_FN int fo_acc_count(int pass) {");
   for (std::size_t k = 0; k < be.pass_acc_count().size() && rule.reduction_passes > 0; ++k) {
@@ -541,17 +404,12 @@ KernelBody generate_body(const Rule& rule, const DTypeBinding& dtypes, Strategy 
   acc_table("fo_acc_slot", [](const ReductionSlot& s) {
     return s.scope == lang::Scope::Tensor ? s.slot : -1 - s.slot;
   });
-  w.append(meta);
 
-  emit_tensor_binding(w, decls);
-  std::vector<std::string> globals;
-  for (const lang::Reduction& r : rule.reductions) {
-    if (r.scope == lang::Scope::Global) {
-      globals.push_back(
-          fmt::format("U.g[{}] = {};", r.slot, finish_value(r.kind, fmt::format("G[{}]", r.slot))));
-    }
-  }
-  emit_prepare(w, body, globals, be.em().prepare_lines(), file);
+  return meta;
+}
+
+/// fo_tensor_values: each per-tensor total as the value later passes read.
+void emit_tensor_values(Writer& w, const Rule& rule) {
   w.line("FO_FN void fo_tensor_values(const double* FO_RESTRICT R, fo_tvals& T) {");
   w.line("  (void)R;");
   w.line("  T.v[0] = 0.0f;");
@@ -562,6 +420,47 @@ KernelBody generate_body(const Rule& rule, const DTypeBinding& dtypes, Strategy 
     }
   }
   w.line("}");
+}
+
+}  // namespace
+
+KernelBody generate_body(const Rule& rule, const DTypeBinding& dtypes, Strategy strategy) {
+  const Schedule schedule = plan_schedule(rule, dtypes, strategy);
+  KernelBody body;
+  body.kind = "rule";
+  body.name = rule.name;
+  const std::string file = line_file_name(rule.file);
+
+  std::vector<std::string> role_names;
+  std::vector<RoleDecl> decls;
+  lay_out_roles(rule, dtypes, schedule, body, role_names, decls);
+
+  BodyEmitter be(rule, dtypes, schedule);
+  std::vector<std::string> passes;
+  for (int k = 0; k <= rule.reduction_passes; ++k) passes.push_back(be.pass_function(k));
+  const std::string init = be.init_function();
+
+  describe(rule, schedule, be, role_names, decls.size(), body);
+
+  Writer w;
+  w.line(
+      fmt::format("// Generated by fusedopt from rule '{}' (dtypes {}, {} reduction pass{}, {}).",
+                  sanitize_comment(rule.name), dtypes.str(), rule.reduction_passes,
+                  rule.reduction_passes == 1 ? "" : "es", to_string(schedule.strategy)));
+  emit_common_prologue(w, body);
+
+  w.append(accumulator_tables(rule, body, be));
+
+  emit_tensor_binding(w, decls);
+  std::vector<std::string> globals;
+  for (const lang::Reduction& r : rule.reductions) {
+    if (r.scope == lang::Scope::Global) {
+      globals.push_back(
+          fmt::format("U.g[{}] = {};", r.slot, finish_value(r.kind, fmt::format("G[{}]", r.slot))));
+    }
+  }
+  emit_prepare(w, body, globals, be.em().prepare_lines(), file);
+  emit_tensor_values(w, rule);
   w.line("template <int kPass>");
   w.line(
       "FO_FN void fo_reduce_element(const fo_tensor&, long long, const fo_uniform&, "

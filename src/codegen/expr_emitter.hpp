@@ -1,0 +1,182 @@
+// Emits the expressions of one checked rule as C++ text: element expressions (inside
+// fo_element) and uniform ones hoisted into fo_prepare slots (identical ones share a slot).
+// Names come from the checked AST with a prefix; functions and operators from lang/names.
+#pragma once
+
+#include <fmt/format.h>
+
+#include <map>
+#include <string>
+#include <vector>
+
+#include "codegen/writer.hpp"
+#include "fusedopt/error.hpp"
+#include "lang/ast.hpp"
+#include "lang/names.hpp"
+
+namespace fusedopt::codegen {
+
+// Both from the language's tables (lang/names): a new function or operator is one row there.
+inline const char* function_name(lang::Op op) {
+  const lang::FunctionInfo* fn = lang::function_of(op);
+  return fn != nullptr ? fn->emit : nullptr;
+}
+
+inline const char* binary_operator(lang::Op op) {
+  const lang::OperatorInfo* o = lang::operator_of(op);
+  return o != nullptr ? o->cxx : nullptr;
+}
+
+/// Emits the expressions of one rule. Two contexts: "uniform" (inside fo_prepare, where
+/// only hypers, step and hoisted values exist) and "element" (inside fo_element).
+class ExprEmitter {
+ public:
+  explicit ExprEmitter(const lang::Rule& rule) : rule_(rule) {}
+
+  /// Element-context text of `e`; every non-trivial uniform subtree becomes U.u[k].
+  std::string element(const lang::Expr& e) { return emit(e); }
+  /// Records that statement `stmt` (a uniform temporary) lives in a slot.
+  void define_uniform_temp(int stmt, const lang::Expr& value) {
+    temp_slot_[stmt] = slot_for(node(value, true), value.loc);
+  }
+
+  /// Lines for fo_prepare, in dependency order.
+  const std::vector<PrepareLine>& prepare_lines() const { return prepare_; }
+  int num_slots() const { return static_cast<int>(prepare_.size()); }
+
+ private:
+  // Every non-trivial uniform node gets a slot, keyed by its text (whose children are
+  // already slots): identical uniform subexpressions anywhere in the rule are computed once.
+  int slot_for(const std::string& text, lang::Loc loc) {
+    auto it = slot_by_text_.find(text);
+    if (it != slot_by_text_.end()) return it->second;
+    int slot = static_cast<int>(prepare_.size());
+    prepare_.push_back({loc.line, fmt::format("U.u[{}] = {};", slot, text)});
+    slot_by_text_.emplace(text, slot);
+    return slot;
+  }
+
+  static bool trivial(const lang::Expr& e) {
+    return e.op == lang::Op::Number || e.op == lang::Op::Ref || e.op == lang::Op::Reduce;
+  }
+
+  std::string ref(const lang::Expr& e, bool uniform_ctx) {
+    const lang::Symbol& s = rule_.symbols.at(e.sym);
+    if (!uniform_ctx) {
+      if (e.def >= 0) {
+        if (auto it = def_override_.find(e.def); it != def_override_.end()) return it->second;
+      } else if (auto it = orig_override_.find(e.sym); it != orig_override_.end()) {
+        return it->second;
+      }
+    }
+    switch (s.kind) {
+      case lang::SymKind::Hyper:
+        return fmt::format("U.h[{}]", s.index);
+      case lang::SymKind::Step:
+        return "U.step";
+      case lang::SymKind::Temp: {
+        auto it = temp_slot_.find(e.def);
+        if (it != temp_slot_.end()) return fmt::format("U.u[{}]", it->second);
+        if (uniform_ctx) throw InternalError("non-uniform temporary in a uniform expression");
+        return "v_" + s.name;
+      }
+      default:
+        if (uniform_ctx) throw InternalError("tensor in a uniform expression");
+        return "v_" + s.name;
+    }
+  }
+
+  /// The text of `e` as a value: a slot if it is uniform, else the node itself.
+  std::string emit(const lang::Expr& e) {
+    if (e.uniform && !trivial(e)) return fmt::format("U.u[{}]", slot_for(node(e, true), e.loc));
+    return node(e, e.uniform);
+  }
+
+  /// The text of `e` as a truth value.
+  std::string cond(const lang::Expr& e) {
+    if (e.uniform && !trivial(e)) return fmt::format("({} != 0.0f)", emit(e));
+    return cond_node(e);
+  }
+
+  /// The truth value of `e`'s own operator over its (emitted) operands.
+  std::string cond_node(const lang::Expr& e) {
+    switch (e.op) {
+      case lang::Op::Lt:
+      case lang::Op::Le:
+      case lang::Op::Gt:
+      case lang::Op::Ge:
+      case lang::Op::Eq:
+      case lang::Op::Ne:
+        return fmt::format("({} {} {})", emit(*e.args[0]), binary_operator(e.op), emit(*e.args[1]));
+      // Bitwise on bools: no short-circuit branches, so the loop still vectorises.
+      case lang::Op::And:
+        return fmt::format("({} & {})", cond(*e.args[0]), cond(*e.args[1]));
+      case lang::Op::Or:
+        return fmt::format("({} | {})", cond(*e.args[0]), cond(*e.args[1]));
+      case lang::Op::Not:
+        return fmt::format("(!{})", cond(*e.args[0]));
+      case lang::Op::IsFinite:
+        return fmt::format("fo_isfinite({})", emit(*e.args[0]));
+      default:
+        return fmt::format("({} != 0.0f)", node(e, e.uniform));
+    }
+  }
+
+  /// The operator of `e` applied to its (emitted) operands.
+  std::string node(const lang::Expr& e, bool uniform_ctx) {
+    // A boolean operator (not a where or a reference that merely holds a truth value).
+    if (e.boolean && e.op != lang::Op::Where && !trivial(e))
+      return fmt::format("fo_bool({})", cond_node(e));
+    switch (e.op) {
+      case lang::Op::Number:
+        return float_literal(e.number);
+      case lang::Op::Ref:
+        return ref(e, uniform_ctx);
+      case lang::Op::Neg:
+        return fmt::format("(-{})", emit(*e.args[0]));
+      case lang::Op::Pow: {
+        const lang::Expr& exponent = *e.args[1];
+        if (exponent.op == lang::Op::Number && exponent.number == 2.0) {
+          return fmt::format("fo_sq({})", emit(*e.args[0]));
+        }
+        if (exponent.op == lang::Op::Number && exponent.number == 1.0) return emit(*e.args[0]);
+        return fmt::format("fo_pow({}, {})", emit(*e.args[0]), emit(exponent));
+      }
+      case lang::Op::Where:
+        return fmt::format("({} ? {} : {})", cond(*e.args[0]), emit(*e.args[1]), emit(*e.args[2]));
+      case lang::Op::Reduce: {
+        const lang::Reduction& r = rule_.reductions.at(e.reduction);
+        if (r.scope == lang::Scope::Global) return fmt::format("U.g[{}]", r.slot);
+        if (uniform_ctx) throw InternalError("per-tensor reduction in a uniform expression");
+        return fmt::format("T.v[{}]", r.slot);
+      }
+      default:
+        break;
+    }
+    if (const char* op = binary_operator(e.op)) {
+      return fmt::format("({} {} {})", emit(*e.args[0]), op, emit(*e.args[1]));
+    }
+    if (const char* fn = function_name(e.op)) {
+      std::string out = fmt::format("{}(", fn);
+      for (std::size_t i = 0; i < e.args.size(); ++i) out += (i ? ", " : "") + emit(*e.args[i]);
+      return out + ")";
+    }
+    throw InternalError(
+        fmt::format("codegen has no emitter for operator {}", static_cast<int>(e.op)));
+  }
+
+  const lang::Rule& rule_;
+  std::map<int, int> temp_slot_;
+
+ public:
+  /// Element-context reads redirected to other locals (scratch values in the update pass
+  /// of the Store strategy): by reaching definition, or by symbol for original values.
+  std::map<int, std::string> def_override_;
+  std::map<int, std::string> orig_override_;
+
+ private:
+  std::map<std::string, int> slot_by_text_;
+  std::vector<PrepareLine> prepare_;
+};
+
+}  // namespace fusedopt::codegen
