@@ -86,52 +86,64 @@ class Progress {
 
 }  // namespace
 
-int cmd_warmup(Args& args) {
+namespace {
+
+/// The command line of warmup, as given.
+struct WarmupArgs {
   std::optional<std::string> cache_dir;
   std::vector<std::string> presets, rule_files, targets, dtypes;
   bool json = false;
+  bool help = false;
   unsigned jobs = std::max(1u, std::thread::hardware_concurrency());
+};
+
+WarmupArgs parse_warmup_args(Args& args) {
+  WarmupArgs w;
   while (!args.done()) {
     if (args.flag("--help") || args.flag("-h")) {
-      std::fputs(kHelp, stdout);
-      return kExitOk;
+      w.help = true;
+      return w;
     }
     if (auto v = args.option("--cache-dir"))
-      cache_dir = v;
+      w.cache_dir = v;
     else if (auto p = args.option("--preset"))
-      for (auto& x : split_commas(*p)) presets.push_back(x);
+      for (auto& x : split_commas(*p)) w.presets.push_back(x);
     else if (args.flag("--all-presets"))
-      presets.push_back("all");
+      w.presets.push_back("all");
     else if (auto r = args.option("--rule"))
-      rule_files.push_back(*r);
+      w.rule_files.push_back(*r);
     else if (auto t = args.option("--target"))
-      for (auto& x : split_commas(*t)) targets.push_back(x);
+      for (auto& x : split_commas(*t)) w.targets.push_back(x);
     else if (auto d = args.option("--dtypes"))
-      for (auto& x : split_commas(*d)) dtypes.push_back(x);
+      for (auto& x : split_commas(*d)) w.dtypes.push_back(x);
     else if (auto j = args.option("--jobs")) {
       try {
         int n = std::stoi(*j);
         if (n < 1 || n > 256) throw std::out_of_range("jobs");
-        jobs = static_cast<unsigned>(n);
+        w.jobs = static_cast<unsigned>(n);
       } catch (const std::exception&) {
         throw UsageError{"--jobs needs a number from 1 to 256, got '" + *j + "'"};
       }
     } else if (args.flag("--json"))
-      json = true;
+      w.json = true;
     else if (args.peek().rfind("-", 0) == 0)
       throw UsageError{"unknown option '" + args.peek() + "'"};
     else
-      rule_files.push_back(args.next());
+      w.rule_files.push_back(args.next());
   }
-  if (presets.empty() && rule_files.empty()) {
+  if (w.presets.empty() && w.rule_files.empty()) {
     throw UsageError{"nothing to warm: give --preset NAME, --all-presets or rule files"};
   }
-  if (targets.empty()) targets.push_back("host");
-  if (dtypes.empty()) dtypes.push_back("fp32");
+  if (w.targets.empty()) w.targets.push_back("host");
+  if (w.dtypes.empty()) w.dtypes.push_back("fp32");
+  return w;
+}
 
-  // Everything is parsed and checked before anything compiles: bad input exits 2 early.
+/// Every rule x target x dtype binding, parsed and checked before anything compiles: bad
+/// input exits 2 early.
+std::vector<Item> expand_items(const WarmupArgs& w) {
   std::vector<Rule> rules;
-  for (const std::string& p : presets) {
+  for (const std::string& p : w.presets) {
     if (p == "all") {
       for (const std::string& name : Rule::presets()) rules.push_back(Rule::preset(name));
     } else {
@@ -142,54 +154,59 @@ int cmd_warmup(Args& args) {
       }
     }
   }
-  for (const std::string& f : rule_files) rules.push_back(Rule::parse(read_rule_file(f), f));
-  std::vector<Target> parsed_targets;
-  std::vector<DTypeBinding> parsed_dtypes;
+  for (const std::string& f : w.rule_files) rules.push_back(Rule::parse(read_rule_file(f), f));
+  std::vector<Target> targets;
+  std::vector<DTypeBinding> dtypes;
   try {
-    for (const std::string& t : targets) parsed_targets.push_back(Target::parse(t));
-    for (const std::string& d : dtypes) parsed_dtypes.push_back(DTypeBinding::parse(d));
+    for (const std::string& t : w.targets) targets.push_back(Target::parse(t));
+    for (const std::string& d : w.dtypes) dtypes.push_back(DTypeBinding::parse(d));
   } catch (const Error& e) {
     throw UsageError{e.what()};
   }
   std::vector<Item> items;
   for (const auto& rule : rules) {
-    for (const Target& t : parsed_targets) {
-      for (const DTypeBinding& d : parsed_dtypes) items.push_back({rule, t, d, "", 0, "", ""});
+    for (const Target& t : targets) {
+      for (const DTypeBinding& d : dtypes) items.push_back({rule, t, d, "", 0, "", ""});
     }
   }
+  return items;
+}
 
-  CompileOptions compile_options;
-  // On disk, whatever FUSEDOPT_CACHE says; an unusable folder is refused before compiling.
-  compile_options.cache_dir = open_store(cache_dir).dir();
+/// Gets one item's kernel into the cache. Never throws: every failure is the item's.
+void warm_one(Item& it, const CompileOptions& options) {
+  try {
+    const CompiledKernel k = compile_kernel(it.rule, it.target, it.dtypes, options);
+    it.status = k.origin == "compiled" ? "compiled" : "cached";
+    it.seconds = k.seconds;
+    it.key = k.key;
+    // Filling the cache is warmup's only job: a kernel the disk did not keep is a
+    // failure (the library itself carries on without its disk tier).
+    if (it.status == "compiled" && k.disk_entry.empty()) {
+      it.status = "failed";
+      it.error = "compiled but not stored in the cache: " + k.cache_note;
+    }
+  } catch (const Error& e) {
+    it.status = "failed";
+    it.error = e.what();
+  } catch (const std::exception& e) {
+    // Nothing may escape a worker thread (std::terminate).
+    it.status = "failed";
+    it.error = std::string("unexpected error: ") + e.what();
+  } catch (...) {
+    it.status = "failed";
+    it.error = "unexpected error";
+  }
+}
+
+/// Warms every item on `jobs` threads, printing each result as it lands (unless JSON).
+void warm_all(std::vector<Item>& items, const CompileOptions& options, unsigned jobs, bool json) {
   Progress progress(items.size(), !json && isatty(STDERR_FILENO));
   std::mutex out_mutex;
   std::atomic<std::size_t> next{0}, done{0};
-  auto start = std::chrono::steady_clock::now();
   auto worker = [&] {
     for (std::size_t i; (i = next++) < items.size();) {
       Item& it = items[i];
-      try {
-        const CompiledKernel k = compile_kernel(it.rule, it.target, it.dtypes, compile_options);
-        it.status = k.origin == "compiled" ? "compiled" : "cached";
-        it.seconds = k.seconds;
-        it.key = k.key;
-        // Filling the cache is warmup's only job: a kernel the disk did not keep is a
-        // failure (the library itself carries on without its disk tier).
-        if (it.status == "compiled" && k.disk_entry.empty()) {
-          it.status = "failed";
-          it.error = "compiled but not stored in the cache: " + k.cache_note;
-        }
-      } catch (const Error& e) {
-        it.status = "failed";
-        it.error = e.what();
-      } catch (const std::exception& e) {
-        // Nothing may escape a worker thread (std::terminate): every failure is the item's.
-        it.status = "failed";
-        it.error = std::string("unexpected error: ") + e.what();
-      } catch (...) {
-        it.status = "failed";
-        it.error = "unexpected error";
-      }
+      warm_one(it, options);
       std::lock_guard<std::mutex> lock(out_mutex);
       ++done;
       if (!json) {
@@ -208,8 +225,11 @@ int cmd_warmup(Args& args) {
   worker();
   for (auto& t : threads) t.join();
   progress.finish();
-  double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
 
+/// The summary, as text or JSON; returns the number of failed items.
+std::size_t report(const std::vector<Item>& items, const std::string& cache_dir, double wall,
+                   bool json) {
   std::size_t compiled = 0, cached = 0, failed = 0;
   double compile_seconds = 0;
   for (const Item& it : items) {
@@ -236,17 +256,35 @@ int cmd_warmup(Args& args) {
     out += fmt::format(
         "\n], \"compiled\": {}, \"cached\": {}, \"failed\": {}, "
         "\"compile_seconds\": {:.6f}, \"wall_seconds\": {:.6f}, \"cache_dir\": {}}}\n",
-        compiled, cached, failed, compile_seconds, wall,
-        json_string(compile_options.cache_dir.string()));
+        compiled, cached, failed, compile_seconds, wall, json_string(cache_dir));
     fmt::print("{}", out);
   } else {
     fmt::print(
         "warmup: {} {} in {:.2f} s: {} compiled ({:.2f} s of compiling), {} already "
         "cached, {} failed\ncache: {}\n",
         items.size(), items.size() == 1 ? "kernel" : "kernels", wall, compiled, compile_seconds,
-        cached, failed, compile_options.cache_dir.string());
+        cached, failed, cache_dir);
   }
-  return failed ? kExitFailed : kExitOk;
+  return failed;
+}
+
+}  // namespace
+
+int cmd_warmup(Args& args) {
+  const WarmupArgs w = parse_warmup_args(args);
+  if (w.help) {
+    std::fputs(kHelp, stdout);
+    return kExitOk;
+  }
+  std::vector<Item> items = expand_items(w);
+  CompileOptions options;
+  // On disk, whatever FUSEDOPT_CACHE says; an unusable folder is refused before compiling.
+  options.cache_dir = open_store(w.cache_dir).dir();
+  const auto start = std::chrono::steady_clock::now();
+  warm_all(items, options, w.jobs, w.json);
+  const double wall =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  return report(items, options.cache_dir.string(), wall, w.json) ? kExitFailed : kExitOk;
 }
 
 }  // namespace fusedopt::cli
