@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <functional>
 #include <set>
 #include <string_view>
 #include <tuple>
@@ -150,8 +151,13 @@ void write_safetensors(const std::filesystem::path& path, const std::vector<Tens
                             support::errno_text(written.err)));
 }
 
-SafetensorsFile read_safetensors(const std::filesystem::path& path) {
-  auto fail = [&](const std::string& what) -> void { throw IoError(path.string() + ": " + what); };
+namespace {
+
+using Fail = std::function<void(const std::string&)>;
+
+/// Reads the file whole: the header text, and the data section into `file.data`.
+std::string read_header_and_data(const std::filesystem::path& path, const Fail& fail,
+                                 SafetensorsFile& file) {
   support::UniqueFd fd(support::open_retry(path.c_str(), O_RDONLY | O_CLOEXEC));
   if (!fd) fail(fmt::format("cannot open: {}", support::errno_text(errno)));
   struct stat st {};
@@ -175,13 +181,102 @@ SafetensorsFile read_safetensors(const std::filesystem::path& path) {
         fmt::format("header length {} runs past the end of the file ({} bytes)", header_len, size));
   }
   std::string header(header_len, '\0');
-  SafetensorsFile file;
   file.data.resize(size - 8 - header_len);
   if (!support::read_exact(fd.get(), header.data(), header.size()) ||
       !support::read_exact(fd.get(), file.data.data(), file.data.size())) {
     fail(fmt::format("cannot read: {}", support::errno_text(errno)));
   }
 
+  return header;
+}
+
+/// One tensor's entry of the header, checked against the data section.
+SafetensorsFile::Entry read_entry(const std::string& name, const JsonValue& value,
+                                  std::uint64_t data_bytes, const Fail& fail) {
+  auto bad = [&](const std::string& what) { fail(fmt::format("tensor '{}': {}", name, what)); };
+  if (name.empty()) fail("header: a tensor has an empty name");
+  if (value.kind != JsonValue::Kind::kObject) bad("entry is not an object");
+  const JsonValue* dtype = nullptr;
+  const JsonValue* shape = nullptr;
+  const JsonValue* offsets = nullptr;
+  for (const auto& [key, v] : value.object) {
+    if (key == "dtype") {
+      dtype = &v;
+    } else if (key == "shape") {
+      shape = &v;
+    } else if (key == "data_offsets") {
+      offsets = &v;
+    } else {
+      bad(fmt::format("unexpected key \"{}\"", key));
+    }
+  }
+  if (!dtype || !shape || !offsets) bad("needs \"dtype\", \"shape\" and \"data_offsets\"");
+  if (dtype->kind != JsonValue::Kind::kString) bad("dtype is not a string");
+  SafetensorsFile::Entry entry;
+  entry.dtype = dtype->string;
+  int elem = dtype_bytes(entry.dtype);
+  if (elem == 0) bad(fmt::format("unknown dtype \"{}\"", entry.dtype));
+  if (shape->kind != JsonValue::Kind::kArray) bad("shape is not an array");
+  for (const JsonValue& d : shape->array) {
+    if (d.kind != JsonValue::Kind::kInteger || d.integer < 0) {
+      bad("shape holds something other than a non-negative integer");
+    }
+    entry.shape.push_back(d.integer);
+  }
+  if (offsets->kind != JsonValue::Kind::kArray || offsets->array.size() != 2 ||
+      offsets->array[0].kind != JsonValue::Kind::kInteger ||
+      offsets->array[1].kind != JsonValue::Kind::kInteger || offsets->array[0].integer < 0 ||
+      offsets->array[1].integer < 0) {
+    bad("data_offsets is not a pair of non-negative integers");
+  }
+  entry.begin = static_cast<std::uint64_t>(offsets->array[0].integer);
+  entry.end = static_cast<std::uint64_t>(offsets->array[1].integer);
+  if (entry.end < entry.begin) {
+    bad(fmt::format("data_offsets [{}, {}] end before they begin", entry.begin, entry.end));
+  }
+  if (entry.end > data_bytes) {
+    bad(fmt::format("data_offsets [{}, {}] run past the data section ({} bytes)", entry.begin,
+                    entry.end, data_bytes));
+  }
+  std::uint64_t expected = 0;
+  if (!shape_bytes(entry.shape, elem, &expected)) {
+    bad(fmt::format("shape {} overflows", shape_text(entry.shape)));
+  }
+  if (expected != entry.end - entry.begin) {
+    bad(fmt::format("shape {} of {} needs {} bytes but data_offsets [{}, {}] hold {}",
+                    shape_text(entry.shape), entry.dtype, expected, entry.begin, entry.end,
+                    entry.end - entry.begin));
+  }
+  return entry;
+}
+
+/// The tensors must tile the data section: no overlap, no gap, nothing left over.
+void check_tiling(std::vector<std::tuple<std::uint64_t, std::uint64_t, std::string>> ranges,
+                  std::uint64_t data_bytes, const Fail& fail) {
+  std::sort(ranges.begin(), ranges.end());
+  std::uint64_t covered = 0;
+  for (const auto& [begin, end, name] : ranges) {
+    if (begin < covered) {
+      fail(fmt::format("tensor '{}': data_offsets [{}, {}] overlap another tensor", name, begin,
+                       end));
+    }
+    if (begin > covered) {
+      fail(fmt::format("bytes [{}, {}) of the data section belong to no tensor", covered, begin));
+    }
+    covered = end;
+  }
+  if (covered != data_bytes) {
+    fail(
+        fmt::format("bytes [{}, {}) of the data section belong to no tensor", covered, data_bytes));
+  }
+}
+
+}  // namespace
+
+SafetensorsFile read_safetensors(const std::filesystem::path& path) {
+  const Fail fail = [&](const std::string& what) { throw IoError(path.string() + ": " + what); };
+  SafetensorsFile file;
+  const std::string header = read_header_and_data(path, fail, file);
   JsonValue root;
   try {
     root = parse_json(header);
@@ -203,81 +298,13 @@ SafetensorsFile read_safetensors(const std::filesystem::path& path) {
       }
       continue;
     }
-    auto bad = [&](const std::string& what) { fail(fmt::format("tensor '{}': {}", name, what)); };
-    if (name.empty()) fail("header: a tensor has an empty name");
-    if (value.kind != JsonValue::Kind::kObject) bad("entry is not an object");
-    const JsonValue* dtype = nullptr;
-    const JsonValue* shape = nullptr;
-    const JsonValue* offsets = nullptr;
-    for (const auto& [key, v] : value.object) {
-      if (key == "dtype") {
-        dtype = &v;
-      } else if (key == "shape") {
-        shape = &v;
-      } else if (key == "data_offsets") {
-        offsets = &v;
-      } else {
-        bad(fmt::format("unexpected key \"{}\"", key));
-      }
-    }
-    if (!dtype || !shape || !offsets) bad("needs \"dtype\", \"shape\" and \"data_offsets\"");
-    if (dtype->kind != JsonValue::Kind::kString) bad("dtype is not a string");
-    SafetensorsFile::Entry entry;
-    entry.dtype = dtype->string;
-    int elem = dtype_bytes(entry.dtype);
-    if (elem == 0) bad(fmt::format("unknown dtype \"{}\"", entry.dtype));
-    if (shape->kind != JsonValue::Kind::kArray) bad("shape is not an array");
-    for (const JsonValue& d : shape->array) {
-      if (d.kind != JsonValue::Kind::kInteger || d.integer < 0) {
-        bad("shape holds something other than a non-negative integer");
-      }
-      entry.shape.push_back(d.integer);
-    }
-    if (offsets->kind != JsonValue::Kind::kArray || offsets->array.size() != 2 ||
-        offsets->array[0].kind != JsonValue::Kind::kInteger ||
-        offsets->array[1].kind != JsonValue::Kind::kInteger || offsets->array[0].integer < 0 ||
-        offsets->array[1].integer < 0) {
-      bad("data_offsets is not a pair of non-negative integers");
-    }
-    entry.begin = static_cast<std::uint64_t>(offsets->array[0].integer);
-    entry.end = static_cast<std::uint64_t>(offsets->array[1].integer);
-    if (entry.end < entry.begin) {
-      bad(fmt::format("data_offsets [{}, {}] end before they begin", entry.begin, entry.end));
-    }
-    if (entry.end > file.data.size()) {
-      bad(fmt::format("data_offsets [{}, {}] run past the data section ({} bytes)", entry.begin,
-                      entry.end, file.data.size()));
-    }
-    std::uint64_t expected = 0;
-    if (!shape_bytes(entry.shape, elem, &expected)) {
-      bad(fmt::format("shape {} overflows", shape_text(entry.shape)));
-    }
-    if (expected != entry.end - entry.begin) {
-      bad(fmt::format("shape {} of {} needs {} bytes but data_offsets [{}, {}] hold {}",
-                      shape_text(entry.shape), entry.dtype, expected, entry.begin, entry.end,
-                      entry.end - entry.begin));
-    }
+    SafetensorsFile::Entry entry = read_entry(name, value, file.data.size(), fail);
     ranges.emplace_back(entry.begin, entry.end, name);
     // The JSON parser already rejected duplicate keys, so this never replaces an entry.
     file.tensors.emplace(name, std::move(entry));
   }
 
-  std::sort(ranges.begin(), ranges.end());
-  std::uint64_t covered = 0;
-  for (const auto& [begin, end, name] : ranges) {
-    if (begin < covered) {
-      fail(fmt::format("tensor '{}': data_offsets [{}, {}] overlap another tensor", name, begin,
-                       end));
-    }
-    if (begin > covered) {
-      fail(fmt::format("bytes [{}, {}) of the data section belong to no tensor", covered, begin));
-    }
-    covered = end;
-  }
-  if (covered != file.data.size()) {
-    fail(fmt::format("bytes [{}, {}) of the data section belong to no tensor", covered,
-                     file.data.size()));
-  }
+  check_tiling(std::move(ranges), file.data.size(), fail);
   return file;
 }
 
