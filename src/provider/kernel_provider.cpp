@@ -5,6 +5,7 @@
 #include <mutex>
 
 #include "fusedopt/error.hpp"
+#include "runtime/log.hpp"
 
 namespace fusedopt::provider {
 
@@ -50,8 +51,36 @@ ProvidedKernel provide(const KernelRequest& request, cache::KernelCache& cache) 
                       request.dtypes, request.target, cache);
 }
 
+namespace {
+
+/// The process-wide cache, or, when its disk folder cannot be used (cannot be created or
+/// written, or refused as unsafe), a memory-only cache with one warning: the cache is an
+/// optimisation, so training goes on. An invalid FUSEDOPT_CACHE* value still throws.
+cache::KernelCache& default_cache() {
+  (void)cache::KernelCache::options_from_env();  // bad environment: CacheError, every call
+  try {
+    return cache::KernelCache::global();
+  } catch (const CacheError& e) {
+    static std::mutex mutex;
+    static std::unique_ptr<cache::KernelCache> fallback;
+    std::lock_guard<std::mutex> lock(mutex);
+    if (!fallback) {
+      cache::KernelCache::Options options = cache::KernelCache::options_from_env();
+      options.mode = cache::KernelCache::Mode::Memory;
+      fallback = std::make_unique<cache::KernelCache>(options);
+      runtime::log(runtime::LogLevel::Warn,
+                   std::string("the kernel cache folder cannot be used, so kernels are kept in "
+                               "memory only (compiled again by every process): ") +
+                       e.what());
+    }
+    return *fallback;
+  }
+}
+
+}  // namespace
+
 cache::KernelCache& cache_at(const std::filesystem::path& dir) {
-  if (dir.empty()) return cache::KernelCache::global();
+  if (dir.empty()) return default_cache();
   static std::mutex mutex;
   static std::map<std::filesystem::path, std::unique_ptr<cache::KernelCache>> caches;
   std::lock_guard<std::mutex> lock(mutex);

@@ -56,8 +56,9 @@ ProvidedKernel provide_body(codegen::KernelBody body, const DTypeBinding& dtypes
 cache::KeyRecord kernel_record(const codegen::KernelBody& body, const DTypeBinding& dtypes,
                                const Target& target, const std::string& source);
 
-/// The process-wide cache (empty `dir`: FUSEDOPT_CACHE_DIR, FUSEDOPT_CACHE), or a disk cache
-/// at `dir` (mode on; FUSEDOPT_CACHE_MAX_BYTES), one per folder for the whole process.
+/// The process-wide cache (empty `dir`: FUSEDOPT_CACHE_DIR, FUSEDOPT_CACHE; a folder that
+/// cannot be used gives a memory-only cache and one warning), or a disk cache at `dir`
+/// (mode on; FUSEDOPT_CACHE_MAX_BYTES; refused if unusable), one per folder per process.
 cache::KernelCache& cache_at(const std::filesystem::path& dir);
 
 }  // namespace fusedopt::provider

@@ -153,6 +153,9 @@ void Optimizer::load(const std::filesystem::path& path) {
   if (step_text.empty() || *end != '\0' || errno != 0 || step < 0) {
     fail(fmt::format("step '{}' is not a step count", step_text));
   }
+  if (step > kMaxSteps) {
+    fail(fmt::format("step {} is above the most steps an optimizer takes (2^53)", step_text));
+  }
 
   std::vector<std::vector<double>> hypers = m.hypers;
   const std::vector<std::string> groups = split(meta("hypers"), ';');

@@ -24,7 +24,7 @@ class CudaBoundKernel final : public BoundKernel {
                   std::shared_ptr<const lang::Rule> rule, const BindingTensors& tensors,
                   const std::vector<std::vector<float>>& hypers)
       : context_(context),
-        kernel_(std::move(rule), tensors.dtypes, context.device(), cache::KernelCache::global(),
+        kernel_(std::move(rule), tensors.dtypes, context.device(), provider::cache_at({}),
                 tensors.strategy),
         capturable_(tensors.capturable) {
     const Plan plan = plan_binding(

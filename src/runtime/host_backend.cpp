@@ -19,7 +19,7 @@ class HostBoundKernel final : public BoundKernel {
  public:
   HostBoundKernel(Backend& backend, std::shared_ptr<const lang::Rule> rule,
                   const BindingTensors& tensors, const std::vector<std::vector<float>>& hypers)
-      : kernel_(std::move(rule), tensors.dtypes, cache::KernelCache::global(), tensors.strategy) {
+      : kernel_(std::move(rule), tensors.dtypes, provider::cache_at({}), tensors.strategy) {
     prepared_ = HostKernel::Prepared(plan_binding(
         backend, kernel_.body(),
         kernel_.plan_request(tensors.ptrs, tensors.numel, hypers, tensors.group), 64, &scratch_));

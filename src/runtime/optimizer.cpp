@@ -94,6 +94,8 @@ bool Optimizer::Impl::run_step(float inv_grad_scale, bool scaled, void* stream) 
       if (!kernel->grads_finite(inv_grad_scale, stream)) return false;
     }
   }
+  FUSEDOPT_CHECK_USAGE(step_count < kMaxSteps,
+                       "the optimizer has taken {} steps, the most it takes (2^53)", step_count);
   const auto step = static_cast<float>(step_count + 1);
   for (auto& kernel : kernels) kernel->begin_step(step, inv_grad_scale, stream);
   for (int pass = 0; pass < reduction_passes; ++pass) {

@@ -50,6 +50,10 @@ std::string describe(const ParamSlot& slot);
 
 }  // namespace runtime
 
+/// The most steps an optimizer takes (2^53: every count is exact as a double, and the
+/// counter can never overflow); a checkpoint claiming more is refused.
+inline constexpr std::int64_t kMaxSteps = std::int64_t{1} << 53;
+
 struct Optimizer::Impl {
   Rule rule;
   OptimizerOptions options;

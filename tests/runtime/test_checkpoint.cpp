@@ -230,6 +230,45 @@ TEST_SUITE("runtime") {
     refused("cannot load checkpoint " + where +
             ": rule 'adamw' was saved with a different text (the rule changed since)");
   }
+
+  TEST_CASE("a checkpoint whose step count is out of range is refused, and the count never wraps") {
+    use_private_cache();
+    TempFolder dir;
+    const std::string where = (dir.path() / "ckpt.safetensors").string();
+    Model m({7, 3}, {DType::F32});
+    std::mt19937 rng(fresh_seed());
+    for (HostTensor& t : m.p) fill_normal(t, rng);
+    Optimizer opt(fusedopt::Rule::preset("adamw"), m.groups());
+    opt.step();
+    opt.save(where);
+    // The same file with another step count in its metadata.
+    auto with_step = [&](const std::string& step) {
+      fusedopt::io::SafetensorsFile f = fusedopt::io::read_safetensors(where);
+      std::vector<fusedopt::io::TensorView> views;
+      for (const auto& [name, e] : f.tensors) {
+        views.push_back({name, e.dtype, e.shape, f.tensor_data(name), e.end - e.begin});
+      }
+      f.metadata["step"] = step;
+      const std::string out = (dir.path() / ("step-" + step + ".safetensors")).string();
+      fusedopt::io::write_safetensors(out, views, f.metadata);
+      return out;
+    };
+    const std::string huge = with_step("9223372036854775807");
+    CHECK_THROWS_WITH_AS(opt.load(huge),
+                         ("cannot load checkpoint " + huge +
+                          ": step 9223372036854775807 is above the most steps an optimizer "
+                          "takes (2^53)")
+                             .c_str(),
+                         fusedopt::UsageError);
+    CHECK(opt.step_count() == 1);
+    // 2^53 itself loads; the next step would pass the limit and is refused, not wrapped.
+    opt.load(with_step("9007199254740992"));
+    CHECK(opt.step_count() == (std::int64_t{1} << 53));
+    CHECK_THROWS_WITH_AS(opt.step(),
+                         "the optimizer has taken 9007199254740992 steps, the most it takes (2^53)",
+                         fusedopt::UsageError);
+    CHECK(opt.step_count() == (std::int64_t{1} << 53));
+  }
 }
 
 }  // namespace fusedopt_tests
