@@ -79,11 +79,12 @@ Target Target::parse(std::string_view text) {
       arch_specific = true;
       digits.remove_suffix(1);
     }
+    // At most three digits, so the value always fits (no overflow on "sm_99999999999").
     bool ok = !digits.empty() && digits.size() <= 3;
     int sm = 0;
-    for (char ch : digits) {
-      if (!std::isdigit(static_cast<unsigned char>(ch))) ok = false;
-      sm = sm * 10 + (ch - '0');
+    for (std::size_t i = 0; ok && i < digits.size(); ++i) {
+      if (!std::isdigit(static_cast<unsigned char>(digits[i]))) ok = false;
+      sm = sm * 10 + (digits[i] - '0');
     }
     if (ok && sm >= 50) return Target{Kind::Cuda, sm, arch_specific};
   }

@@ -97,6 +97,13 @@ struct WarmupArgs {
   unsigned jobs = std::max(1u, std::thread::hardware_concurrency());
 };
 
+/// The comma-separated items of `--name value`; an empty list is bad input, not a default.
+std::vector<std::string> list_value(const char* name, const std::string& value) {
+  std::vector<std::string> items = split_commas(value);
+  if (items.empty()) throw UsageError{std::string(name) + " needs a value, got ''"};
+  return items;
+}
+
 WarmupArgs parse_warmup_args(Args& args) {
   WarmupArgs w;
   while (!args.done()) {
@@ -113,9 +120,9 @@ WarmupArgs parse_warmup_args(Args& args) {
     else if (auto r = args.option("--rule"))
       w.rule_files.push_back(*r);
     else if (auto t = args.option("--target"))
-      for (auto& x : split_commas(*t)) w.targets.push_back(x);
+      for (auto& x : list_value("--target", *t)) w.targets.push_back(x);
     else if (auto d = args.option("--dtypes"))
-      for (auto& x : split_commas(*d)) w.dtypes.push_back(x);
+      for (auto& x : list_value("--dtypes", *d)) w.dtypes.push_back(x);
     else if (auto j = args.option("--jobs")) {
       try {
         int n = std::stoi(*j);

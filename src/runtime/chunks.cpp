@@ -39,6 +39,12 @@ std::vector<fo_chunk> build_chunks(const std::vector<std::int64_t>& numel,
   std::stable_sort(order.begin(), order.end(),
                    [&](std::size_t a, std::size_t b) { return group_of(a) < group_of(b); });
   std::vector<fo_chunk> chunks;
+  // A bound on the table (2^31 chunks: 2^46 elements at the host's chunk size), so that a
+  // request of 2^62 elements is refused rather than failing to allocate the table.
+  FUSEDOPT_CHECK_USAGE(total <= static_cast<std::size_t>(INT_MAX),
+                       "{} chunks of {} elements: the tensors are too large for one plan "
+                       "(at most {} chunks)",
+                       total, chunk_elems, INT_MAX);
   chunks.reserve(total);
   for (std::size_t t : order) {
     const std::int64_t size = numel[t];

@@ -33,6 +33,20 @@ constexpr std::size_t kArenaAlign = 64;
 
 std::size_t round_up(std::size_t n, std::size_t a) { return (n + a - 1) / a * a; }
 
+/// The most bytes of state one optimizer lays out (2^56: far beyond any machine, and far
+/// from where the arithmetic of the layout could overflow).
+constexpr std::size_t kMaxArenaBytes = std::size_t{1} << 56;
+
+/// `cursor` moved past `n` elements of `bytes` each, aligned; refuses a layout past
+/// kMaxArenaBytes (a tensor of 2^62 elements) instead of wrapping around.
+std::size_t advance(std::size_t cursor, std::size_t n, std::size_t bytes, const ParamSlot& s) {
+  FUSEDOPT_CHECK_USAGE(n <= kMaxArenaBytes / bytes && cursor <= kMaxArenaBytes - n * bytes,
+                       "{}: {} elements need more optimizer state than fusedopt lays out "
+                       "(at most 2^56 bytes)",
+                       runtime::describe(s), n);
+  return round_up(cursor + n * bytes, kArenaAlign);
+}
+
 bool valid_dtype(DType d) { return d == DType::F32 || d == DType::F16 || d == DType::BF16; }
 
 std::string device_str(const Device& d) {
@@ -224,12 +238,12 @@ void Optimizer::Impl::lay_out_arenas() {
     for (std::size_t k = 0; k < state_names.size(); ++k) {
       std::size_t& cursor = arena_bytes[options.state_dtype];
       offsets[p].push_back(cursor);
-      cursor = round_up(cursor + n * dtype_size(options.state_dtype), kArenaAlign);
+      cursor = advance(cursor, n, dtype_size(options.state_dtype), s);
     }
     if (b.master) {
       std::size_t& cursor = arena_bytes[DType::F32];
       offsets[p].push_back(cursor);
-      cursor = round_up(cursor + n * 4, kArenaAlign);
+      cursor = advance(cursor, n, 4, s);
     }
   }
   // Checkpoints name the master copy "<param>/master": a state of that name would collide.

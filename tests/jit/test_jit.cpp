@@ -299,6 +299,9 @@ avg = decay * avg + (1 - decay) * w
   TEST_CASE("bad targets and dtypes are clear errors") {
     CHECK_THROWS_WITH_AS(Target::parse("sm_9x"), doctest::Contains("bad target 'sm_9x'"), Error);
     CHECK_THROWS_WITH_AS(Target::parse("gpu"), doctest::Contains("sm_80"), Error);
+    // Too many digits is a bad target, not an int overflow (UBSan).
+    CHECK_THROWS_WITH_AS(Target::parse("sm_99999999999"),
+                         doctest::Contains("bad target 'sm_99999999999'"), UsageError);
     CHECK_THROWS_WITH_AS(DTypeBinding::parse("fp8"), doctest::Contains("bad dtype 'fp8'"), Error);
     CHECK_THROWS_WITH_AS(DTypeBinding::parse("fp32+master"), doctest::Contains("master"), Error);
     CHECK(DTypeBinding::parse("bf16:fp16:fp32+master").str() == "bf16:fp16:fp32+master");

@@ -383,4 +383,29 @@ TEST_SUITE("runtime") {
     options.master_weights = false;
     CHECK_NOTHROW(fusedopt::Optimizer(rule, {group}, options));
   }
+
+  TEST_CASE("a request of 2^62 elements is a fusedopt::Error, not an allocation failure") {
+    fusedopt_tests::use_private_cache();
+    // Addresses that are never touched: the request is refused while it is laid out.
+    auto* p = reinterpret_cast<void*>(std::uintptr_t{1} << 12);
+    auto* g = reinterpret_cast<void*>(std::uintptr_t{1} << 40);
+    const std::int64_t huge = std::int64_t{1} << 62;
+    fusedopt::ParamGroup group;
+    group.params = {{p, huge, fusedopt::DType::F32, fusedopt::Device::host(), "w"}};
+    group.grads = {{g, huge, fusedopt::DType::F32, fusedopt::Device::host(), "dw"}};
+    // With states (their arena), and without (the chunk table).
+    for (const char* text : {"param p\ngrad g\nstate m = 0\nhyper lr = 0.1\nm = m + g\n"
+                             "p = p - lr * m\n",
+                             "param p\ngrad g\nhyper lr = 0.1\np = p - lr * g\n"}) {
+      INFO(std::string(text));
+      bool refused = false;
+      try {
+        fusedopt::Optimizer opt(fusedopt::Rule::parse(text, "huge.rule"), {group});
+      } catch (const fusedopt::Error& e) {
+        refused = true;
+        MESSAGE(std::string(e.what()));
+      }
+      CHECK(refused);
+    }
+  }
 }
