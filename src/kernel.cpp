@@ -3,10 +3,13 @@
 
 #include <fmt/format.h>
 
+#include <cmath>
+
 #include "lang/parse.hpp"
 #include "presets.hpp"
 #include "provider/kernel_provider.hpp"
 #include "rule_access.hpp"
+#include "support/check.hpp"
 
 namespace fusedopt {
 
@@ -32,6 +35,10 @@ std::vector<std::pair<std::string, double>> Rule::hypers() const {
 int Rule::reduction_passes() const { return impl_->reduction_passes; }
 
 Rule Rule::with_grad_clipping(double max_grad_norm) const {
+  // As OptimizerOptions::max_grad_norm: NaN, infinite or not positive is refused.
+  FUSEDOPT_CHECK_USAGE(max_grad_norm > 0.0 && std::isfinite(max_grad_norm),
+                       "with_grad_clipping: max_grad_norm is {}; it must be positive and finite",
+                       max_grad_norm);
   lang::ParseOptions options;
   options.clip_grad_norm = true;
   options.max_grad_norm = max_grad_norm;

@@ -189,7 +189,9 @@ void Optimizer::load(const std::filesystem::path& path) {
             fmt::format("hyper '{}' of group {} has the value '{}', not a number", name, g, value));
       }
       hypers[g][k] = x;
-      seen.insert(k);
+      if (!seen.insert(k).second) {
+        fail(fmt::format("hyper '{}' appears twice in group {}", name, g));
+      }
     }
     if (seen.size() != m.hyper_names.size()) {
       fail(fmt::format("group {} lacks some of the rule's hypers", g));

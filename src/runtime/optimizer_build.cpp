@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <map>
 #include <optional>
@@ -146,11 +147,10 @@ Optimizer::Optimizer(const Rule& user_rule, std::vector<ParamGroup> groups,
 }
 
 void Optimizer::Impl::take_rule(const Rule& user_rule) {
-  if (!(options.max_grad_norm >= 0.0)) {
-    throw UsageError(
-        fmt::format("OptimizerOptions: max_grad_norm is {}; it must be 0 (off) or positive",
-                    options.max_grad_norm));
-  }
+  FUSEDOPT_CHECK_USAGE(options.max_grad_norm >= 0.0 && std::isfinite(options.max_grad_norm),
+                       "OptimizerOptions: max_grad_norm is {}; it must be 0 (off) or positive "
+                       "and finite",
+                       options.max_grad_norm);
   if (options.max_grad_norm > 0.0) rule = user_rule.with_grad_clipping(options.max_grad_norm);
   if (!valid_dtype(options.state_dtype)) {
     throw UsageError("OptimizerOptions: unsupported state_dtype");
@@ -178,6 +178,7 @@ void Optimizer::Impl::validate_groups(std::vector<ParamGroup>& groups) {
                       g, group.params.size(), group.grads.size()));
     }
     hypers.push_back(defaults);
+    std::set<std::size_t> given;
     for (const auto& [name, value] : group.hypers) {
       std::size_t k = 0;
       try {
@@ -185,6 +186,8 @@ void Optimizer::Impl::validate_groups(std::vector<ParamGroup>& groups) {
       } catch (const Error& e) {
         throw UsageError(fmt::format("group {}: {}", g, e.what()));
       }
+      FUSEDOPT_CHECK_USAGE(given.insert(k).second,
+                           "group {}: hyper '{}' is given twice (which one should win?)", g, name);
       hypers[g][k] = value;
     }
     for (std::size_t i = 0; i < group.params.size(); ++i) {

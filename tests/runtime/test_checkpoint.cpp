@@ -231,7 +231,7 @@ TEST_SUITE("runtime") {
             ": rule 'adamw' was saved with a different text (the rule changed since)");
   }
 
-  TEST_CASE("a checkpoint whose step count is out of range is refused, and the count never wraps") {
+  TEST_CASE("a checkpoint with a step count out of range or a hyper given twice is refused") {
     use_private_cache();
     TempFolder dir;
     const std::string where = (dir.path() / "ckpt.safetensors").string();
@@ -253,6 +253,22 @@ TEST_SUITE("runtime") {
       fusedopt::io::write_safetensors(out, views, f.metadata);
       return out;
     };
+    {
+      // A hyper twice in a group (the last group here): refused, not "the last one wins".
+      fusedopt::io::SafetensorsFile f = fusedopt::io::read_safetensors(where);
+      std::vector<fusedopt::io::TensorView> views;
+      for (const auto& [name, e] : f.tensors) {
+        views.push_back({name, e.dtype, e.shape, f.tensor_data(name), e.end - e.begin});
+      }
+      const std::string hypers = f.metadata.at("hypers");
+      f.metadata["hypers"] = hypers + ",lr=0.5";
+      const std::string twice = (dir.path() / "twice.safetensors").string();
+      fusedopt::io::write_safetensors(twice, views, f.metadata);
+      CHECK_THROWS_WITH_AS(
+          opt.load(twice),
+          ("cannot load checkpoint " + twice + ": hyper 'lr' appears twice in group 1").c_str(),
+          fusedopt::UsageError);
+    }
     const std::string huge = with_step("9223372036854775807");
     CHECK_THROWS_WITH_AS(opt.load(huge),
                          ("cannot load checkpoint " + huge +

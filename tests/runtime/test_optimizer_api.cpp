@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstdio>
 #include <fstream>
+#include <limits>
 #include <sstream>
 
 #include "cache/kernel_cache.hpp"
@@ -407,5 +408,30 @@ TEST_SUITE("runtime") {
       }
       CHECK(refused);
     }
+  }
+
+  TEST_CASE("a hyper given twice, or a clipping norm that is not positive and finite, is refused") {
+    fusedopt_tests::use_private_cache();
+    std::vector<float> p(4, 1.0f), g(4, 0.5f);
+    fusedopt::ParamGroup group;
+    group.params = {{p.data(), 4, fusedopt::DType::F32, fusedopt::Device::host(), "w"}};
+    group.grads = {{g.data(), 4, fusedopt::DType::F32, fusedopt::Device::host(), "dw"}};
+    group.hypers = {{"lr", 0.1}, {"lr", 0.2}};
+    CHECK_THROWS_WITH_AS(fusedopt::Optimizer(fusedopt::Rule::preset("sgd"), {group}),
+                         "group 0: hyper 'lr' is given twice (which one should win?)",
+                         fusedopt::UsageError);
+    const fusedopt::Rule sgd = fusedopt::Rule::preset("sgd");
+    for (double bad : {std::nan(""), std::numeric_limits<double>::infinity(), 0.0, -1.0}) {
+      INFO(bad);
+      CHECK_THROWS_WITH_AS(sgd.with_grad_clipping(bad),
+                           doctest::Contains("it must be positive and finite"),
+                           fusedopt::UsageError);
+    }
+    group.hypers.clear();
+    fusedopt::OptimizerOptions options;
+    options.max_grad_norm = std::numeric_limits<double>::infinity();
+    CHECK_THROWS_WITH_AS(fusedopt::Optimizer(sgd, {group}, options),
+                         doctest::Contains("it must be 0 (off) or positive and finite"),
+                         fusedopt::UsageError);
   }
 }
