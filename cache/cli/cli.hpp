@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 #include <vector>
@@ -41,8 +42,15 @@ class Args {
 /// Parses "123", "64K", "10m", "2GiB" (binary units; support::parse_size, the parser
 /// FUSEDOPT_CACHE_MAX_BYTES uses too). Throws UsageError naming `what`.
 std::uint64_t parse_bytes(const std::string& text, const std::string& what);
+/// The text of a rule file. A missing file, a folder or a read failure is a UsageError that
+/// names the file and says which.
+std::string read_rule_file(const std::string& path);
 /// "1.5 MiB"-style sizes.
 std::string human_bytes(std::uint64_t bytes);
+/// Runs `body`; when it throws and `json` is set, first prints {"error": MESSAGE} on stdout,
+/// so that --json always prints JSON, then lets the exception go on to main (exit code and
+/// message as without --json).
+int json_errors(bool json, const std::function<int()>& body);
 /// JSON string literal.
 std::string json_string(const std::string& s);
 

@@ -59,38 +59,41 @@ Show every entry: key, rule, target, dtypes, size and when it was last used.
 )",
                           &help, [&](Args& a) { return (json = json || a.flag("--json")); });
   if (help) return kExitOk;
-  cache::DiskStore store = open_store(dir);
-  std::vector<cache::EntryInfo> entries = store.list();
-  std::uint64_t total = 0;
-  for (const auto& e : entries) total += e.file_bytes;
-  if (json) {
-    std::string out = "{\"cache_dir\": " + json_string(store.dir().string()) + ", \"entries\": [";
-    for (std::size_t i = 0; i < entries.size(); ++i) {
-      const auto& e = entries[i];
-      out += fmt::format(
-          "{}\n  {{\"key\": {}, \"ext\": {}, \"path\": {}, \"file_bytes\": {}, "
-          "\"payload_bytes\": {}, \"last_used\": {}, \"kind\": {}, \"name\": {}, \"target\": {}, "
-          "\"dtypes\": {}, \"compiler\": {}, \"fusedopt_version\": {}}}",
-          i ? "," : "", json_string(e.key.hex()), json_string(e.ext), json_string(e.path.string()),
-          e.file_bytes, e.payload_bytes, e.last_used, json_string(e.record.get("kind")),
-          json_string(e.record.get("name")), json_string(e.record.get("target")),
-          json_string(e.record.get("dtypes")), json_string(one_line(e.record.get("compiler"))),
-          json_string(e.record.get("fusedopt_version")));
+  return json_errors(json, [&] {
+    cache::DiskStore store = open_store(dir);
+    std::vector<cache::EntryInfo> entries = store.list();
+    std::uint64_t total = 0;
+    for (const auto& e : entries) total += e.file_bytes;
+    if (json) {
+      std::string out = "{\"cache_dir\": " + json_string(store.dir().string()) + ", \"entries\": [";
+      for (std::size_t i = 0; i < entries.size(); ++i) {
+        const auto& e = entries[i];
+        out += fmt::format(
+            "{}\n  {{\"key\": {}, \"ext\": {}, \"path\": {}, \"file_bytes\": {}, "
+            "\"payload_bytes\": {}, \"last_used\": {}, \"kind\": {}, \"name\": {}, \"target\": {}, "
+            "\"dtypes\": {}, \"compiler\": {}, \"fusedopt_version\": {}}}",
+            i ? "," : "", json_string(e.key.hex()), json_string(e.ext),
+            json_string(e.path.string()), e.file_bytes, e.payload_bytes, e.last_used,
+            json_string(e.record.get("kind")), json_string(e.record.get("name")),
+            json_string(e.record.get("target")), json_string(e.record.get("dtypes")),
+            json_string(one_line(e.record.get("compiler"))),
+            json_string(e.record.get("fusedopt_version")));
+      }
+      out += fmt::format("\n], \"count\": {}, \"total_bytes\": {}}}\n", entries.size(), total);
+      fmt::print("{}", out);
+      return kExitOk;
     }
-    out += fmt::format("\n], \"count\": {}, \"total_bytes\": {}}}\n", entries.size(), total);
-    fmt::print("{}", out);
+    fmt::print("{:<14} {:<6} {:<16} {:<8} {:<22} {:>10}  {}\n", "KEY", "TYPE", "RULE", "TARGET",
+               "DTYPES", "SIZE", "LAST USED");
+    for (const auto& e : entries) {
+      std::string name = e.record.get("name");
+      fmt::print("{:<14} {:<6} {:<16.16} {:<8} {:<22} {:>10}  {}\n", e.key.hex().substr(0, 12),
+                 e.ext, name.empty() ? "(unreadable)" : name, e.record.get("target"),
+                 e.record.get("dtypes"), human_bytes(e.file_bytes), format_time(e.last_used));
+    }
+    fmt::print("{} entries, {} in {}\n", entries.size(), human_bytes(total), store.dir().string());
     return kExitOk;
-  }
-  fmt::print("{:<14} {:<6} {:<16} {:<8} {:<22} {:>10}  {}\n", "KEY", "TYPE", "RULE", "TARGET",
-             "DTYPES", "SIZE", "LAST USED");
-  for (const auto& e : entries) {
-    std::string name = e.record.get("name");
-    fmt::print("{:<14} {:<6} {:<16.16} {:<8} {:<22} {:>10}  {}\n", e.key.hex().substr(0, 12), e.ext,
-               name.empty() ? "(unreadable)" : name, e.record.get("target"), e.record.get("dtypes"),
-               human_bytes(e.file_bytes), format_time(e.last_used));
-  }
-  fmt::print("{} entries, {} in {}\n", entries.size(), human_bytes(total), store.dir().string());
-  return kExitOk;
+  });
 }
 
 int cmd_verify(Args& args) {
@@ -172,16 +175,16 @@ FILE:LINE:COL: error: MESSAGE, then the line and a caret; exit 2 if any file is 
   if (files.empty()) throw UsageError{"check needs at least one rule file"};
   int status = kExitOk;
   for (const std::string& f : files) {
-    std::ifstream in(f, std::ios::binary);
-    if (!in) {
-      fmt::print(stderr, "{}: error: cannot read the file\n", f);
+    std::string text;
+    try {
+      text = read_rule_file(f);
+    } catch (const UsageError& e) {
+      fmt::print(stderr, "{}: error: {}\n", f, e.message);
       status = kExitBadInput;
       continue;
     }
-    std::ostringstream ss;
-    ss << in.rdbuf();
     try {
-      const Rule rule = Rule::parse(ss.str(), f);
+      const Rule rule = Rule::parse(text, f);
       fmt::print("{}: ok: {}\n", f, rule.describe());
     } catch (const RuleError& e) {
       fmt::print(stderr, "{}\n", e.what());

@@ -1,6 +1,10 @@
 // Argument parsing and formatting helpers of fusedopt-cache.
 #include <fmt/format.h>
 
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
 #include "cli.hpp"
 #include "fusedopt/error.hpp"
 #include "support/parse_size.hpp"
@@ -46,6 +50,34 @@ std::string human_bytes(std::uint64_t bytes) {
     ++u;
   }
   return u == 0 ? fmt::format("{} B", bytes) : fmt::format("{:.1f} {}", v, units[u]);
+}
+
+std::string read_rule_file(const std::string& path) {
+  std::error_code ec;
+  const std::filesystem::file_status st = std::filesystem::status(path, ec);
+  if (!std::filesystem::exists(st)) {
+    throw UsageError{"cannot read rule file '" + path + "': there is no such file"};
+  }
+  if (std::filesystem::is_directory(st)) {
+    throw UsageError{"'" + path + "' is a folder, not a rule file"};
+  }
+  std::ifstream in(path, std::ios::binary);
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  if (!in || in.bad()) throw UsageError{"cannot read rule file '" + path + "'"};
+  return ss.str();
+}
+
+int json_errors(bool json, const std::function<int()>& body) {
+  try {
+    return body();
+  } catch (const UsageError& e) {
+    if (json) fmt::print("{{\"error\": {}}}\n", json_string(e.message));
+    throw;
+  } catch (const std::exception& e) {
+    if (json) fmt::print("{{\"error\": {}}}\n", json_string(e.what()));
+    throw;
+  }
 }
 
 std::string json_string(const std::string& s) {

@@ -56,14 +56,6 @@ std::vector<std::string> split_commas(const std::string& s) {
   return out;
 }
 
-std::string read_rule_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw UsageError{"cannot read rule file '" + path + "'"};
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
 class Progress {
  public:
   Progress(std::size_t total, bool enabled) : total_(total), enabled_(enabled) {}
@@ -283,15 +275,17 @@ int cmd_warmup(Args& args) {
     std::fputs(kHelp, stdout);
     return kExitOk;
   }
-  std::vector<Item> items = expand_items(w);
-  CompileOptions options;
-  // On disk, whatever FUSEDOPT_CACHE says; an unusable folder is refused before compiling.
-  options.cache_dir = open_store(w.cache_dir).dir();
-  const auto start = std::chrono::steady_clock::now();
-  warm_all(items, options, w.jobs, w.json);
-  const double wall =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  return report(items, options.cache_dir.string(), wall, w.json) ? kExitFailed : kExitOk;
+  return json_errors(w.json, [&] {
+    std::vector<Item> items = expand_items(w);
+    CompileOptions options;
+    // On disk, whatever FUSEDOPT_CACHE says; an unusable folder is refused before compiling.
+    options.cache_dir = open_store(w.cache_dir).dir();
+    const auto start = std::chrono::steady_clock::now();
+    warm_all(items, options, w.jobs, w.json);
+    const double wall =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    return report(items, options.cache_dir.string(), wall, w.json) ? kExitFailed : kExitOk;
+  });
 }
 
 }  // namespace fusedopt::cli

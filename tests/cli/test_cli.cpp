@@ -288,4 +288,19 @@ TEST_SUITE("cli") {
     CHECK(run_cli({"clear", "--cache-dir", dir}).code == 0);
     CHECK(entries(dir, ".so").empty());
   }
+
+  TEST_CASE("a folder is not a rule file, and --json prints JSON even when the input is bad") {
+    TempDir d;
+    const std::string dir = (d.path() / "c").string();
+    CliResult check = run_cli({"check", d.path().string()});
+    CHECK(check.code == 2);
+    CHECK(check.err.find("is a folder, not a rule file") != std::string::npos);
+    CliResult warm = run_cli({"warmup", d.path().string(), "--cache-dir", dir});
+    CHECK(warm.code == 2);
+    CHECK(warm.err.find("is a folder, not a rule file") != std::string::npos);
+    CliResult json = run_cli({"warmup", "--preset", "adamm", "--json", "--cache-dir", dir});
+    CHECK(json.code == 2);
+    CHECK(json.out.rfind("{\"error\": \"unknown preset 'adamm'", 0) == 0);
+    CHECK(json.out.find("}") != std::string::npos);
+  }
 }
