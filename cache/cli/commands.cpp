@@ -109,7 +109,7 @@ Re-read and re-hash every entry. Prints each bad one and exits 1 if there is any
   std::vector<cache::BadEntry> bad = store.verify(remove);
   std::size_t total = store.list().size();
   for (const auto& b : bad) {
-    fmt::print("bad: {}: {}{}\n", b.path.string(), b.reason, remove ? " (removed)" : "");
+    fmt::print("bad: {}: {}{}\n", b.path.string(), b.reason, b.removed ? " (removed)" : "");
   }
   if (bad.empty()) {
     fmt::print("verify: {} entries, all good ({})\n", total, store.dir().string());

@@ -2,11 +2,16 @@
 #include "disk_layout.hpp"
 
 #include <dirent.h>
+#include <fcntl.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
 
 #include "fusedopt/error.hpp"
+#include "support/file_io.hpp"
+#include "support/unique_fd.hpp"
+#include "trusted_open.hpp"
 
 namespace fusedopt::cache::detail {
 
@@ -28,11 +33,17 @@ bool ends_with(std::string_view s, std::string_view suffix) {
   return s.size() >= suffix.size() && s.substr(s.size() - suffix.size()) == suffix;
 }
 
-/// Names in a folder, without "." and "..". Empty when the folder cannot be read.
-std::vector<std::string> names_in(const std::filesystem::path& dir) {
+/// Names in the folder open on `dir_fd`, without "." and "..". Empty when it cannot be read.
+std::vector<std::string> names_in(int dir_fd) {
   std::vector<std::string> names;
-  DIR* d = ::opendir(dir.c_str());
-  if (d == nullptr) return names;
+  // fdopendir takes the descriptor it is given: hand it a second one.
+  int own = ::openat(dir_fd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (own < 0) return names;
+  DIR* d = ::fdopendir(own);
+  if (d == nullptr) {
+    ::close(own);
+    return names;
+  }
   while (dirent* e = ::readdir(d)) {
     std::string_view name = e->d_name;
     if (name != "." && name != "..") names.emplace_back(name);
@@ -40,6 +51,12 @@ std::vector<std::string> names_in(const std::filesystem::path& dir) {
   ::closedir(d);
   std::sort(names.begin(), names.end());
   return names;
+}
+
+std::vector<std::string> names_in(const std::filesystem::path& dir) {
+  support::UniqueFd fd(support::open_retry(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+  if (!fd) return {};
+  return names_in(fd.get());
 }
 
 void classify(std::string_view shard, std::string_view name, ScannedFile& file) {
@@ -86,23 +103,47 @@ std::vector<std::filesystem::path> shard_dirs(const std::filesystem::path& dir) 
 
 std::vector<ScannedFile> scan(const std::filesystem::path& dir) {
   std::vector<ScannedFile> files;
-  for (const std::string& name : names_in(dir)) {
+  support::UniqueFd top(support::open_retry(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+  if (!top) return files;
+  for (const std::string& name : names_in(top.get())) {
     ScannedFile file;
     file.path = dir / name;
-    if (::lstat(file.path.c_str(), &file.st) != 0) continue;
+    if (::fstatat(top.get(), name.c_str(), &file.st, AT_SYMLINK_NOFOLLOW) != 0) continue;
     file.is_dir = S_ISDIR(file.st.st_mode);
-    if (file.is_dir && name.size() == 2 && is_lower_hex(name)) {
-      for (const std::string& inner : names_in(file.path)) {
-        ScannedFile f;
-        f.path = file.path / inner;
-        if (::lstat(f.path.c_str(), &f.st) != 0) continue;
-        f.is_dir = S_ISDIR(f.st.st_mode);
-        if (S_ISREG(f.st.st_mode)) classify(name, inner, f);
-        files.push_back(std::move(f));
-      }
+    if (name.size() != 2 || !is_lower_hex(name)) {
+      files.push_back(std::move(file));  // unexpected at the top level
       continue;
     }
-    files.push_back(std::move(file));  // unexpected at the top level
+    file.kind = FileKind::Unsafe;
+    if (!file.is_dir) {
+      file.reason = S_ISLNK(file.st.st_mode) ? "a symbolic link, not a folder" : "not a folder";
+      files.push_back(std::move(file));
+      continue;
+    }
+    support::UniqueFd shard(
+        ::openat(top.get(), name.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
+    if (!shard) {
+      int err = errno;
+      if (err == ENOENT) continue;  // removed by a concurrent clear()
+      file.reason = err == ELOOP || err == ENOTDIR ? "not a folder"
+                                                   : "unreadable: " + support::errno_text(err);
+      files.push_back(std::move(file));
+      continue;
+    }
+    if (::fstat(shard.get(), &file.st) != 0) continue;
+    file.reason = untrusted_reason(file.st);
+    if (!file.reason.empty()) {
+      files.push_back(std::move(file));
+      continue;
+    }
+    for (const std::string& inner : names_in(shard.get())) {
+      ScannedFile f;
+      f.path = file.path / inner;
+      if (::fstatat(shard.get(), inner.c_str(), &f.st, AT_SYMLINK_NOFOLLOW) != 0) continue;
+      f.is_dir = S_ISDIR(f.st.st_mode);
+      if (S_ISREG(f.st.st_mode)) classify(name, inner, f);
+      files.push_back(std::move(f));
+    }
   }
   return files;
 }

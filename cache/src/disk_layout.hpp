@@ -24,6 +24,7 @@ enum class FileKind {
   Lock,        ///< `<2 hex>/<32 hex>.<ext>.lock`
   Temp,        ///< `<2 hex>/.<...>.tmp`, a store in progress or an interrupted one
   Unexpected,  ///< anything else (never deleted by the cache)
+  Unsafe,      ///< a `<2 hex>` sub-folder we must not trust (`reason` says why); not entered
 };
 
 struct ScannedFile {
@@ -33,10 +34,13 @@ struct ScannedFile {
   std::string ext;  ///< Entry only
   struct stat st {};
   bool is_dir = false;
+  std::string reason;  ///< Unsafe only: "a symbolic link, not a folder", "owned by uid ..."
 };
 
 /// Every file in the cache folder's sub-folders, plus anything unexpected at the top.
-/// Files that vanish during the scan (concurrent prune, store) are skipped.
+/// Files that vanish during the scan (concurrent prune, store) are skipped. Sub-folders are
+/// opened relative to the cache folder without following links; one that is a link, not
+/// ours, or writable by group or others is reported as Unsafe and not entered.
 std::vector<ScannedFile> scan(const std::filesystem::path& dir);
 
 /// The sub-folders `<dir>/<2 hex>` that exist.

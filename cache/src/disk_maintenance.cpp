@@ -13,7 +13,9 @@
 #include "disk_layout.hpp"
 #include "entry_format.hpp"
 #include "file_lock.hpp"
+#include "fusedopt/error.hpp"
 #include "support/file_io.hpp"
+#include "trusted_open.hpp"
 
 namespace fusedopt::cache {
 
@@ -36,10 +38,37 @@ bool mtime_before(const detail::ScannedFile& a, const detail::ScannedFile& b) {
   return a.path < b.path;
 }
 
+/// An entry found by scan(), opened again through descriptors: its sub-folder (re-checked,
+/// without following links) and the file itself (checked on the descriptor that is read).
+struct ReopenedEntry {
+  support::UniqueFd shard;
+  std::string name;
+  detail::OpenedEntry entry;
+};
+
+ReopenedEntry reopen(int top_fd, const std::filesystem::path& dir,
+                     const std::filesystem::path& path) {
+  ReopenedEntry out;
+  out.name = path.filename().string();
+  try {
+    out.shard = detail::open_sub_folder(top_fd, dir, path.parent_path().filename().string(), false);
+  } catch (const CacheError& e) {
+    out.entry.problem = std::string("in an unsafe sub-folder: ") + e.what();
+    return out;
+  }
+  if (!out.shard) {
+    out.entry.err = ENOENT;  // the sub-folder vanished: a concurrent clear()
+    return out;
+  }
+  out.entry = detail::open_entry(out.shard.get(), out.name);
+  return out;
+}
+
 }  // namespace
 
 std::vector<EntryInfo> DiskStore::list() const {
   std::vector<EntryInfo> entries;
+  support::UniqueFd top = detail::open_cache_folder(dir_);
   for (const detail::ScannedFile& file : detail::scan(dir_)) {
     if (file.kind != detail::FileKind::Entry) continue;
     EntryInfo info;
@@ -48,13 +77,16 @@ std::vector<EntryInfo> DiskStore::list() const {
     info.path = file.path;
     info.file_bytes = static_cast<std::uint64_t>(file.st.st_size);
     info.last_used = static_cast<std::int64_t>(file.st.st_mtim.tv_sec);
-    support::UniqueFd fd(support::open_retry(file.path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW));
-    struct stat st {};
-    if (fd && ::fstat(fd.get(), &st) == 0) {
-      info.file_bytes = static_cast<std::uint64_t>(st.st_size);
-      info.last_used = static_cast<std::int64_t>(st.st_mtim.tv_sec);
+    ReopenedEntry opened = reopen(top.get(), dir_, file.path);
+    const detail::OpenedEntry& entry = opened.entry;
+    if (entry.fd) {
+      info.file_bytes = static_cast<std::uint64_t>(entry.st.st_size);
+      info.last_used = static_cast<std::int64_t>(entry.st.st_mtim.tv_sec);
+    }
+    // An entry we must not trust is listed, but its header is not read.
+    if (entry.fd && entry.problem.empty()) {
       detail::EntryCheck check =
-          detail::read_entry(fd.get(), info.file_bytes, file.key, detail::ReadDepth::Header);
+          detail::read_entry(entry.fd.get(), info.file_bytes, file.key, detail::ReadDepth::Header);
       if (check.problem.empty()) {
         info.payload_bytes = check.payload_bytes;
         if (auto record = KeyRecord::deserialize(check.record_bytes)) info.record = *record;
@@ -68,32 +100,52 @@ std::vector<EntryInfo> DiskStore::list() const {
 std::vector<BadEntry> DiskStore::verify(bool remove) const {
   std::vector<BadEntry> bad;
   std::time_t now = std::time(nullptr);
+  support::UniqueFd top = detail::open_cache_folder(dir_);
   for (const detail::ScannedFile& file : detail::scan(dir_)) {
     switch (file.kind) {
       case detail::FileKind::Lock:
         break;
       case detail::FileKind::Entry: {
-        support::UniqueFd fd(
-            support::open_retry(file.path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW));
-        struct stat st {};
-        if (!fd || ::fstat(fd.get(), &st) != 0) {
-          int err = errno;
-          if (err != ENOENT) bad.push_back({file.path, "unreadable: " + support::errno_text(err)});
+        ReopenedEntry opened = reopen(top.get(), dir_, file.path);
+        detail::OpenedEntry& entry = opened.entry;
+        if (entry.err == ENOENT) break;  // removed meanwhile
+        if (!entry.problem.empty()) {
+          // Not ours, writable by others, a link, not a regular file: never read.
+          BadEntry b{file.path, entry.problem};
+          if (remove && opened.shard && entry.err != ENOENT) {
+            if (entry.fd) {
+              detail::unlink_at_if_same(opened.shard.get(), opened.name, entry.st);
+            } else if (entry.err == ELOOP) {
+              ::unlinkat(opened.shard.get(), opened.name.c_str(), 0);
+            }
+            struct stat left {};
+            b.removed =
+                ::fstatat(opened.shard.get(), opened.name.c_str(), &left, AT_SYMLINK_NOFOLLOW) != 0;
+          }
+          bad.push_back(std::move(b));
           break;
         }
-        detail::EntryCheck check = detail::read_entry(
-            fd.get(), static_cast<std::uint64_t>(st.st_size), file.key, detail::ReadDepth::Full);
+        detail::EntryCheck check =
+            detail::read_entry(entry.fd.get(), static_cast<std::uint64_t>(entry.st.st_size),
+                               file.key, detail::ReadDepth::Full);
         if (!check.problem.empty()) {
-          bad.push_back({file.path, check.problem});
-          if (remove) support::unlink_if_same(file.path, st);
+          bad.push_back({file.path, check.problem, remove});
+          if (remove) detail::unlink_at_if_same(opened.shard.get(), opened.name, entry.st);
         }
         break;
       }
+      case detail::FileKind::Unsafe:
+        // Left in place: it may hold another user's files, and only a person should decide.
+        bad.push_back({file.path, detail::unsafe_sub_folder_message(file.path, file.reason) +
+                                      " (left in place; its contents were not examined)"});
+        break;
       case detail::FileKind::Temp: {
         std::time_t age = now - file.st.st_mtim.tv_sec;
         if (age < kStaleTempSeconds) break;
-        bad.push_back({file.path, "stale temp file left by an interrupted store (" +
-                                      std::to_string(age / 60) + " minutes old)"});
+        bad.push_back({file.path,
+                       "stale temp file left by an interrupted store (" + std::to_string(age / 60) +
+                           " minutes old)",
+                       remove});
         if (remove) support::unlink_if_same(file.path, file.st);
         break;
       }
@@ -147,6 +199,7 @@ std::uint64_t DiskStore::clear() const {
         remove_lock_if_free(file.path);
         break;
       case detail::FileKind::Unexpected:
+      case detail::FileKind::Unsafe:
         break;
     }
   }

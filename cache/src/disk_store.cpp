@@ -16,18 +16,13 @@
 #include "fusedopt/error.hpp"
 #include "support/atomic_write.hpp"
 #include "support/file_io.hpp"
+#include "trusted_open.hpp"
 
 namespace fusedopt::cache {
 
 namespace {
 
 using support::errno_text;
-
-std::string octal_mode(mode_t mode) {
-  char buf[16];
-  std::snprintf(buf, sizeof buf, "%04o", static_cast<unsigned>(mode & 07777));
-  return buf;
-}
 
 /// mkdir -p with mode 0700 for every folder it creates (existing ones are left alone).
 void create_folders(const std::filesystem::path& dir) {
@@ -51,32 +46,6 @@ void create_folders(const std::filesystem::path& dir) {
   }
 }
 
-/// Refuses a folder that someone else could plant entries in: cached shared objects are
-/// dlopen'ed, so a writable-by-others cache is a code-injection hole. stat() follows
-/// symbolic links, so a link is judged by the folder it points to.
-void check_folder_is_private(const std::filesystem::path& dir) {
-  struct stat st {};
-  if (::stat(dir.c_str(), &st) != 0) {
-    int err = errno;
-    throw CacheError("cannot open cache folder " + dir.string() + ": " + errno_text(err));
-  }
-  if (!S_ISDIR(st.st_mode)) {
-    throw CacheError("cache folder " + dir.string() +
-                     " is not a folder: remove it or set FUSEDOPT_CACHE_DIR");
-  }
-  if (st.st_uid != ::geteuid()) {
-    throw CacheError("cache folder " + dir.string() + " is owned by uid " +
-                     std::to_string(st.st_uid) + ", not by you (uid " +
-                     std::to_string(::geteuid()) +
-                     "): use a folder you own by setting FUSEDOPT_CACHE_DIR");
-  }
-  if ((st.st_mode & (S_IWGRP | S_IWOTH)) != 0) {
-    throw CacheError("cache folder " + dir.string() + " is writable by group or others (mode " +
-                     octal_mode(st.st_mode) + "): run `chmod go-w " + dir.string() +
-                     "` or set FUSEDOPT_CACHE_DIR");
-  }
-}
-
 }  // namespace
 
 DiskStore::DiskStore(std::filesystem::path dir) : dir_(std::move(dir)) {
@@ -90,7 +59,7 @@ DiskStore::DiskStore(std::filesystem::path dir) : dir_(std::move(dir)) {
     dir_ = dir_.parent_path();  // drop a trailing separator so messages read cleanly
   }
   create_folders(dir_);
-  check_folder_is_private(dir_);
+  (void)detail::open_cache_folder(dir_);  // refuses a folder others could plant entries in
 }
 
 std::filesystem::path DiskStore::entry_path(const Key& key, std::string_view ext) const {
@@ -102,25 +71,36 @@ std::optional<std::string> DiskStore::load(const KeyRecord& record, std::string_
   detail::check_ext(ext);
   std::string record_bytes = record.serialize();
   Key key = detail::hash128(record_bytes);
-  std::filesystem::path path = entry_path(key, ext);
+  const std::string hex = key.hex();
+  const std::string name = hex + "." + std::string(ext);
 
-  support::UniqueFd fd(support::open_retry(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW));
-  if (!fd) {
-    if (errno == ELOOP) ::unlink(path.c_str());  // a symbolic link is never one of ours
+  // Every step below the cache folder is opened relative to its parent, without following
+  // links, and checked on the descriptor that is then read (no check-then-open race).
+  support::UniqueFd top = detail::open_cache_folder(dir_);
+  support::UniqueFd shard = detail::open_sub_folder(top.get(), dir_, hex.substr(0, 2), false);
+  if (!shard) return std::nullopt;
+  detail::OpenedEntry entry = detail::open_entry(shard.get(), name);
+  if (!entry.fd) {
+    // A symbolic link is never one of ours; the sub-folder is, so it may be removed.
+    if (entry.err == ELOOP) ::unlinkat(shard.get(), name.c_str(), 0);
     return std::nullopt;
   }
-  struct stat st {};
-  if (::fstat(fd.get(), &st) != 0 || !S_ISREG(st.st_mode)) return std::nullopt;
+  if (!entry.problem.empty()) {
+    // Not ours or writable by others: never read. The sub-folder is ours and private, so
+    // deleting what someone else left in it is ours to do; the caller stores a good entry.
+    detail::unlink_at_if_same(shard.get(), name, entry.st);
+    return std::nullopt;
+  }
 
-  detail::EntryCheck check = detail::read_entry(fd.get(), static_cast<std::uint64_t>(st.st_size),
-                                                key, detail::ReadDepth::Full);
+  detail::EntryCheck check = detail::read_entry(
+      entry.fd.get(), static_cast<std::uint64_t>(entry.st.st_size), key, detail::ReadDepth::Full);
   // Equal keys with different records is a hash collision: comparing the full record
   // bytes means it costs a recompile instead of returning the wrong binary.
   if (!check.problem.empty() || check.record_bytes != record_bytes) {
-    support::unlink_if_same(path, st);
+    detail::unlink_at_if_same(shard.get(), name, entry.st);
     return std::nullopt;
   }
-  ::futimens(fd.get(), nullptr);  // LRU clock; failure (read-only cache) is harmless
+  ::futimens(entry.fd.get(), nullptr);  // LRU clock; failure (read-only cache) is harmless
   return std::move(check.payload);
 }
 
@@ -131,6 +111,11 @@ void DiskStore::store(const KeyRecord& record, std::string_view ext,
   Key key = detail::hash128(record_bytes);
   std::filesystem::path final_path = entry_path(key, ext);
 
+  {
+    // Creates the sub-folder (0700) if needed and refuses one that is not ours and private.
+    support::UniqueFd top = detail::open_cache_folder(dir_);
+    (void)detail::open_sub_folder(top.get(), dir_, key.hex().substr(0, 2), true);
+  }
   std::string header = detail::encode_header(record_bytes, payload);
   support::AtomicWriteOptions options;
   options.mode = 0600;
@@ -163,10 +148,9 @@ std::pair<std::string, Origin> DiskStore::get_or_compile(
   if (auto hit = load(record, ext)) return {std::move(*hit), Origin::Disk};
 
   std::filesystem::path path = entry_path(record.key(), ext);
-  if (!support::make_dir(path.parent_path(), 0700)) {
-    int err = errno;
-    throw CacheError("cannot create cache folder " + path.parent_path().string() + ": " +
-                     errno_text(err));
+  {
+    support::UniqueFd top = detail::open_cache_folder(dir_);
+    (void)detail::open_sub_folder(top.get(), dir_, path.parent_path().filename().string(), true);
   }
   detail::FileLock lock(detail::lock_path_for(path));
   // Whoever held the lock before us may have stored the entry while we waited.

@@ -106,6 +106,28 @@ TEST_SUITE("cli") {
     CHECK(run_cli({"verify", "--cache-dir", dir}).code == 0);
   }
 
+  TEST_CASE("verify names an open sub-folder and an entry others can write, with exit 1") {
+    TempDir d;
+    std::string dir = (d.path() / "cache").string();
+    REQUIRE(run_cli({"warmup", "--preset", "adamw", "--preset", "sgd", "--target", "host",
+                     "--cache-dir", dir})
+                .code == 0);
+    auto sos = entries(dir, ".so");
+    REQUIRE(sos.size() == 2);
+    REQUIRE(sos[0].parent_path() != sos[1].parent_path());
+    fs::permissions(sos[0].parent_path(), fs::perms::all);  // 0777: anyone could plant here
+    fs::permissions(sos[1], fs::perms::others_write, fs::perm_options::add);
+    CliResult bad = run_cli({"verify", "--cache-dir", dir});
+    CHECK(bad.code == 1);
+    CHECK(bad.out.find("bad: " + sos[0].parent_path().string() + ": cache sub-folder " +
+                       sos[0].parent_path().string() +
+                       " is writable by group or others (mode 0777)") != std::string::npos);
+    CHECK(bad.out.find("rm -rf " + sos[0].parent_path().string()) != std::string::npos);
+    CHECK(bad.out.find("bad: " + sos[1].string() + ": writable by group or others (mode 0602)") !=
+          std::string::npos);
+    CHECK(bad.out.find("all good") == std::string::npos);
+  }
+
   TEST_CASE("8 processes warming the same rule into an empty cache compile each kernel once") {
     TempDir d;
     std::string dir = (d.path() / "cache").string();

@@ -24,7 +24,8 @@ struct EntryInfo {
 /// What `verify` found wrong with one file.
 struct BadEntry {
   std::filesystem::path path;
-  std::string reason;  ///< e.g. "truncated: payload is 812 bytes, header says 6960"
+  std::string reason;    ///< e.g. "truncated: payload is 812 bytes, header says 6960"
+  bool removed = false;  ///< verify(true) deleted it (files and folders it does not own are left)
 };
 
 }  // namespace fusedopt::cache
