@@ -122,6 +122,9 @@ struct OptimizerStats {
 
 /// Runs `rule` over every parameter of every group. States are allocated (one arena per
 /// dtype and device) and initialised from the rule at construction.
+///
+/// A moved-from Optimizer may be destroyed or assigned to; its other methods throw
+/// UsageError ("Optimizer::step: this Optimizer was moved from").
 class FUSEDOPT_API Optimizer {
  public:
   /// Throws Error naming the tensor and the reason for any misuse (grads missing or of a
@@ -163,12 +166,16 @@ class FUSEDOPT_API Optimizer {
 
  private:
   struct Impl;
+  /// The Impl, or UsageError("Optimizer::<method>: this Optimizer was moved from").
+  Impl& live(const char* method) const;
   std::unique_ptr<Impl> impl_;
 };
 
 /// Dynamic loss scaling, like torch.cuda.amp.GradScaler: scale the loss by scale(), then
 /// step() unscales inside the kernel; a non-finite gradient skips the step and backs the
-/// scale off, and `growth_interval` good steps in a row grow it.
+/// scale off, and `growth_interval` good steps in a row grow it. A plain value: copying or
+/// moving it copies the scale and the tracker, so a moved-from GradScaler stays valid and
+/// unchanged.
 class FUSEDOPT_API GradScaler {
  public:
   struct Options {
@@ -191,7 +198,9 @@ class FUSEDOPT_API GradScaler {
 };
 
 /// Params and grads contiguous, one buffer per dtype (Bagua's do_flatten): add() returns a
-/// view into the arena; the arena owns the memory (host memory only).
+/// view into the arena; the arena owns the memory (host memory only). A moved-from arena
+/// may be destroyed or assigned to; its other methods throw UsageError (the views it handed
+/// out now belong to the arena it was moved into).
 class FUSEDOPT_API FlatArena {
  public:
   FlatArena();
@@ -210,6 +219,8 @@ class FUSEDOPT_API FlatArena {
 
  private:
   struct Impl;
+  /// The Impl, or UsageError("FlatArena::<method>: this FlatArena was moved from").
+  Impl& live(const char* method) const;
   std::unique_ptr<Impl> impl_;
 };
 

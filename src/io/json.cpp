@@ -3,6 +3,8 @@
 
 #include <fmt/format.h>
 
+#include <unordered_set>
+
 #include "fusedopt/error.hpp"
 #include "support/text.hpp"
 
@@ -117,16 +119,17 @@ class Parser {
       ++pos_;
       return v;
     }
+    std::unordered_set<std::string> keys;
     for (;;) {
       skip_whitespace();
       std::size_t key_pos = pos_;
       if (at_end() || peek() != '"') fail("expected a string key");
       std::string key = parse_string();
-      for (const auto& member : v.object) {
-        if (member.first == key) {
-          pos_ = key_pos;
-          fail(fmt::format("duplicate key \"{}\"", key));
-        }
+      // A hash set keeps duplicate detection linear in the number of keys (a header holds a
+      // key per tensor, hundreds of thousands in a large checkpoint).
+      if (!keys.insert(key).second) {
+        pos_ = key_pos;
+        fail(fmt::format("duplicate key \"{}\"", key));
       }
       skip_whitespace();
       expect(':');

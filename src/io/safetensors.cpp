@@ -30,20 +30,34 @@ namespace {
 // The reference implementation refuses headers above 100 MB; so do we, which also bounds
 // what a corrupt length field can make us allocate.
 constexpr std::uint64_t kMaxHeaderBytes = 100'000'000;
+// At most this many tensors in one file. The smallest entry takes about 50 header bytes, so
+// the header limit alone allows about 2 M; this bound is stated on its own so that the
+// refusal names the count. An Optimizer checkpoint holds (states + master) per param, far
+// below it.
+constexpr std::size_t kMaxTensors = 1'000'000;
+// At most this many dimensions per shape (torch allows 64 too).
+constexpr std::size_t kMaxDims = 64;
 constexpr const char* kMetadataKey = "__metadata__";
 
 std::string shape_text(const std::vector<std::int64_t>& shape) {
   return fmt::format("[{}]", fmt::join(shape, ", "));
 }
 
-// Elements times element size, or false on a negative dimension or overflow.
+// Elements times element size, or false on a negative dimension or when the product of the
+// nonzero dimensions times the element size leaves int64 (a zero dimension elsewhere must not
+// hide [0, 2^62, 2^62], whose element count a reader multiplying in another order overflows).
 bool shape_bytes(const std::vector<std::int64_t>& shape, int elem_bytes, std::uint64_t* out) {
-  std::uint64_t n = static_cast<std::uint64_t>(elem_bytes);
+  std::int64_t n = elem_bytes;
+  bool empty = false;
   for (std::int64_t d : shape) {
     if (d < 0) return false;
-    if (__builtin_mul_overflow(n, static_cast<std::uint64_t>(d), &n)) return false;
+    if (d == 0) {
+      empty = true;
+      continue;
+    }
+    if (__builtin_mul_overflow(n, d, &n)) return false;
   }
-  *out = n;
+  *out = empty ? 0 : static_cast<std::uint64_t>(n);
   return true;
 }
 
@@ -79,6 +93,10 @@ std::string header_json(const std::vector<TensorView>& tensors,
 void validate_for_write(const std::filesystem::path& path, const std::vector<TensorView>& tensors,
                         const std::map<std::string, std::string>& metadata) {
   auto fail = [&](const std::string& what) { throw IoError(path.string() + ": " + what); };
+  // What read_safetensors() refuses is never written.
+  if (tensors.size() > kMaxTensors) {
+    fail(fmt::format("{} tensors, above the limit of {}", tensors.size(), kMaxTensors));
+  }
   std::set<std::string_view> names;
   for (const TensorView& t : tensors) {
     if (t.name.empty()) fail("a tensor has an empty name");
@@ -126,19 +144,28 @@ void write_safetensors(const std::filesystem::path& path, const std::vector<Tens
                        const std::map<std::string, std::string>& metadata) {
   validate_for_write(path, tensors, metadata);
   const std::string header = header_json(tensors, metadata);
+  if (header.size() > kMaxHeaderBytes) {
+    throw IoError(fmt::format("{}: the header takes {} bytes, above the limit of {}", path.string(),
+                              header.size(), kMaxHeaderBytes));
+  }
   char length[8];
   for (int i = 0; i < 8; ++i) {
     length[i] = static_cast<char>((static_cast<std::uint64_t>(header.size()) >> (8 * i)) & 0xFF);
   }
 
-  support::AtomicWriteResult written = support::atomic_write(path, [&](int fd) {
-    bool ok = support::write_all(fd, length, sizeof length) &&
-              support::write_all(fd, header.data(), header.size());
-    for (std::size_t i = 0; ok && i < tensors.size(); ++i) {
-      ok = support::write_all(fd, static_cast<const char*>(tensors[i].data), tensors[i].bytes);
-    }
-    return ok;
-  });
+  support::AtomicWriteOptions options;
+  options.remove_stale_temps = true;  // a crashed save's temp must not pile up beside it
+  support::AtomicWriteResult written = support::atomic_write(
+      path,
+      [&](int fd) {
+        bool ok = support::write_all(fd, length, sizeof length) &&
+                  support::write_all(fd, header.data(), header.size());
+        for (std::size_t i = 0; ok && i < tensors.size(); ++i) {
+          ok = support::write_all(fd, static_cast<const char*>(tensors[i].data), tensors[i].bytes);
+        }
+        return ok;
+      },
+      options);
   if (written.ok()) return;
   if (written.published()) {
     // The rename is durable only once the folder itself is on disk.
@@ -217,6 +244,10 @@ SafetensorsFile::Entry read_entry(const std::string& name, const JsonValue& valu
   int elem = dtype_bytes(entry.dtype);
   if (elem == 0) bad(fmt::format("unknown dtype \"{}\"", entry.dtype));
   if (shape->kind != JsonValue::Kind::kArray) bad("shape is not an array");
+  if (shape->array.size() > kMaxDims) {
+    bad(fmt::format("shape has {} dimensions, above the limit of {}", shape->array.size(),
+                    kMaxDims));
+  }
   for (const JsonValue& d : shape->array) {
     if (d.kind != JsonValue::Kind::kInteger || d.integer < 0) {
       bad("shape holds something other than a non-negative integer");
@@ -284,6 +315,10 @@ SafetensorsFile read_safetensors(const std::filesystem::path& path) {
     fail(std::string("header: ") + e.what());
   }
   if (root.kind != JsonValue::Kind::kObject) fail("header: not a JSON object");
+  const std::size_t count = root.object.size();
+  if (count > kMaxTensors + 1) {  // + 1: __metadata__
+    fail(fmt::format("header: {} entries, above the limit of {} tensors", count, kMaxTensors));
+  }
 
   // (begin, end, name) of every tensor, to check that they tile the data section.
   std::vector<std::tuple<std::uint64_t, std::uint64_t, std::string>> ranges;

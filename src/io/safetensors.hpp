@@ -23,8 +23,10 @@ struct TensorView {
 
 /// Writes atomically (temp file in the same folder, fsync, rename, fsync folder); tensors are
 /// written in the order given; names must be unique and non-empty; bytes must equal
-/// product(shape) * dtype size; throws fusedopt::Error naming the tensor and the problem;
-/// never leaves a half-written file at `path`.
+/// product(shape) * dtype size; at most 1 M tensors and a 100 MB header (what
+/// read_safetensors() accepts); a stale temp file of a crashed writer in the folder is
+/// removed, and an overwritten file keeps its permissions; throws fusedopt::Error naming the tensor
+/// and the problem; never leaves a half-written file at `path`.
 void write_safetensors(const std::filesystem::path& path, const std::vector<TensorView>& tensors,
                        const std::map<std::string, std::string>& metadata);
 
@@ -43,9 +45,10 @@ struct SafetensorsFile {
 };
 
 /// Reads and validates the whole file; any defect (too short, header length beyond the file
-/// or above 100 MB, malformed JSON, unknown dtype, shape/offset size mismatch, offsets out of
-/// bounds or overlapping or not covering the data exactly, duplicate names, non-string
-/// metadata) throws fusedopt::Error("<path>: <what is wrong>").
+/// or above 100 MB, more than 1 M tensors or 64 dimensions, malformed JSON, unknown dtype,
+/// shape/offset size mismatch, offsets out of bounds or overlapping or not covering the data
+/// exactly, duplicate names, non-string metadata) throws fusedopt::Error("<path>: <what is
+/// wrong>").
 SafetensorsFile read_safetensors(const std::filesystem::path& path);
 
 /// Bytes per element of a safetensors dtype (F32 4, F16 2, BF16 2, F64 8, I64 8, I32 4,

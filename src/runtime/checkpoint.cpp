@@ -84,7 +84,7 @@ std::vector<std::string> split(const std::string& text, char sep) {
 }  // namespace
 
 void Optimizer::save(const std::filesystem::path& path) const {
-  const Impl& m = *impl_;
+  const Impl& m = live("save");
   std::vector<io::TensorView> views;
   // Memory the host can read is written in place; device memory is staged through host
   // memory (the backend's copies wait for every queued step first).
@@ -117,7 +117,7 @@ void Optimizer::save(const std::filesystem::path& path) const {
 }
 
 void Optimizer::load(const std::filesystem::path& path) {
-  Impl& m = *impl_;
+  Impl& m = live("load");
   auto fail = [&](const std::string& what) {
     throw UsageError(fmt::format("cannot load checkpoint {}: {}", path.string(), what));
   };

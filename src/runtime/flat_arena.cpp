@@ -52,7 +52,13 @@ FlatArena::~FlatArena() = default;
 FlatArena::FlatArena(FlatArena&&) noexcept = default;
 FlatArena& FlatArena::operator=(FlatArena&&) noexcept = default;
 
+FlatArena::Impl& FlatArena::live(const char* method) const {
+  FUSEDOPT_CHECK_USAGE(impl_ != nullptr, "FlatArena::{}: this FlatArena was moved from", method);
+  return *impl_;
+}
+
 void FlatArena::add(const std::string& name, std::int64_t numel, DType dtype) {
+  live("add");
   if (impl_->finalized) throw UsageError("FlatArena: add('" + name + "') after finalize()");
   FUSEDOPT_CHECK_USAGE(numel >= 0, "FlatArena: '{}' has a negative size ({})", name, numel);
   std::size_t& cursor = impl_->bytes[dtype];
@@ -62,6 +68,7 @@ void FlatArena::add(const std::string& name, std::int64_t numel, DType dtype) {
 }
 
 void FlatArena::finalize() {
+  live("finalize");
   if (impl_->finalized) throw UsageError("FlatArena: finalize() called twice");
   auto allocate = [](std::size_t bytes) {
     Buffer b(static_cast<std::byte*>(std::aligned_alloc(kAlign, std::max(bytes, kAlign))));
@@ -77,8 +84,8 @@ void FlatArena::finalize() {
   impl_->finalized = true;
 }
 
-Tensor FlatArena::param(std::size_t i) const { return impl_->view(i, false); }
-Tensor FlatArena::grad(std::size_t i) const { return impl_->view(i, true); }
-std::size_t FlatArena::size() const { return impl_->entries.size(); }
+Tensor FlatArena::param(std::size_t i) const { return live("param").view(i, false); }
+Tensor FlatArena::grad(std::size_t i) const { return live("grad").view(i, true); }
+std::size_t FlatArena::size() const { return live("size").entries.size(); }
 
 }  // namespace fusedopt

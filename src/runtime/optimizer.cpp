@@ -81,6 +81,12 @@ std::int64_t Optimizer::Impl::current_step_count() const {
 Optimizer::Optimizer(Optimizer&&) noexcept = default;
 Optimizer& Optimizer::operator=(Optimizer&&) noexcept = default;
 
+// A moved-from Optimizer has no Impl: every method but destruction and assignment refuses.
+Optimizer::Impl& Optimizer::live(const char* method) const {
+  FUSEDOPT_CHECK_USAGE(impl_ != nullptr, "Optimizer::{}: this Optimizer was moved from", method);
+  return *impl_;
+}
+
 bool Optimizer::Impl::run_step(float inv_grad_scale, bool scaled, void* stream) {
   // The grad check rides on pass 0 (one read of the gradient for the unscale, the check and
   // any norm) unless pass 0 writes (the Store strategy with one reduction pass) or the step
@@ -147,15 +153,18 @@ void Optimizer::Impl::call_hook(int pass, void* stream) {
   hook(p);
 }
 
-void Optimizer::step(void* stream) { impl_->run_step(1.0f, false, stream); }
+void Optimizer::step(void* stream) { live("step").run_step(1.0f, false, stream); }
 
 bool Optimizer::step_scaled(float inv_grad_scale, void* stream) {
-  return impl_->run_step(inv_grad_scale, true, stream);
+  return live("step_scaled").run_step(inv_grad_scale, true, stream);
 }
 
-void Optimizer::set_reduction_hook(ReductionHook hook) { impl_->hook = std::move(hook); }
+void Optimizer::set_reduction_hook(ReductionHook hook) {
+  live("set_reduction_hook").hook = std::move(hook);
+}
 
 void Optimizer::set_hyper(const std::string& name, double value, std::optional<int> group) {
+  live("set_hyper");
   const std::size_t k = impl_->hyper_index(name);
   const int groups = static_cast<int>(impl_->hypers.size());
   FUSEDOPT_CHECK_USAGE(!(group && (*group < 0 || *group >= groups)),
@@ -168,6 +177,7 @@ void Optimizer::set_hyper(const std::string& name, double value, std::optional<i
 }
 
 double Optimizer::hyper(const std::string& name, int group) const {
+  live("hyper");
   const std::size_t k = impl_->hyper_index(name);
   const int groups = static_cast<int>(impl_->hypers.size());
   FUSEDOPT_CHECK_USAGE(!(group < 0 || group >= groups),
@@ -176,10 +186,10 @@ double Optimizer::hyper(const std::string& name, int group) const {
   return impl_->hypers[static_cast<std::size_t>(group)][k];
 }
 
-std::int64_t Optimizer::step_count() const { return impl_->current_step_count(); }
+std::int64_t Optimizer::step_count() const { return live("step_count").current_step_count(); }
 
 OptimizerStats Optimizer::stats() const {
-  const Impl& m = *impl_;
+  const Impl& m = live("stats");
   OptimizerStats st;
   st.tensors = static_cast<std::int64_t>(m.params.size());
   for (const runtime::ParamSlot& s : m.params) {
@@ -218,7 +228,7 @@ OptimizerStats Optimizer::stats() const {
 }
 
 Tensor Optimizer::state(const std::string& name, int param_index) const {
-  const int s = impl_->state_index(name);
+  const int s = live("state").state_index(name);
   FUSEDOPT_CHECK_USAGE(
       !(param_index < 0 || static_cast<std::size_t>(param_index) >= impl_->params.size()),
       "state('{}', {}): there is no param {} (the optimizer has {})", name, param_index,

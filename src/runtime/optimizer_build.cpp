@@ -5,10 +5,12 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <cstring>
 #include <map>
 #include <optional>
 #include <set>
+#include <tuple>
 
 #include "fusedopt/error.hpp"
 #include "rule_access.hpp"
@@ -71,6 +73,56 @@ void validate_pair(const ParamSlot& s) {
                        "{}: grad data is null ({} elements)", who, s.grad.numel);
   FUSEDOPT_CHECK_USAGE((s.grad.device == s.param.device), "{}: grad is on {} but param is on {}",
                        who, device_str(s.grad.device), device_str(s.param.device));
+}
+
+/// One tensor's bytes, for the overlap check: [begin, end) of slot `slot`'s param or grad.
+struct ByteRange {
+  std::uintptr_t begin = 0, end = 0;
+  std::size_t slot = 0;
+  bool grad = false;
+  bool operator<(const ByteRange& o) const {
+    return std::tie(begin, slot, grad) < std::tie(o.begin, o.slot, o.grad);
+  }
+};
+
+std::vector<ByteRange> byte_ranges(const std::vector<ParamSlot>& params) {
+  std::vector<ByteRange> ranges;
+  ranges.reserve(2 * params.size());
+  for (std::size_t p = 0; p < params.size(); ++p) {
+    for (const bool grad : {false, true}) {
+      const Tensor& t = grad ? params[p].grad : params[p].param;
+      if (t.numel <= 0) continue;
+      std::uintptr_t bytes = 0, end = 0;
+      const auto begin = reinterpret_cast<std::uintptr_t>(t.data);
+      const bool overflow = __builtin_mul_overflow(static_cast<std::uint64_t>(t.numel),
+                                                   dtype_size(t.dtype), &bytes) ||
+                            __builtin_add_overflow(begin, bytes, &end);
+      FUSEDOPT_CHECK_USAGE(!overflow,
+                           "{}: {} of {} elements runs past the end of the address space",
+                           runtime::describe(params[p]), grad ? "grad" : "param", t.numel);
+      ranges.push_back({begin, end, p, grad});
+    }
+  }
+  return ranges;
+}
+
+/// Refuses params and grads that share any byte (the fused kernel would race on them), in
+/// O(n log n): the ranges sorted by start, each compared with the furthest-reaching range
+/// before it (which also catches one range nested in a longer one). Addresses only, so host
+/// and device tensors alike.
+void check_no_overlap(const std::vector<ParamSlot>& params) {
+  std::vector<ByteRange> ranges = byte_ranges(params);
+  std::sort(ranges.begin(), ranges.end());
+  const ByteRange* reach = nullptr;
+  for (const ByteRange& r : ranges) {
+    if (reach && r.begin < reach->end) {
+      throw UsageError(fmt::format(
+          "{}: {} overlaps the {} of {} in memory (params and grads must not share any byte)",
+          runtime::describe(params[r.slot]), r.grad ? "grad" : "param",
+          reach->grad ? "grad" : "param", runtime::describe(params[reach->slot])));
+    }
+    if (!reach || r.end > reach->end) reach = &r;
+  }
 }
 
 std::string format_elements(std::int64_t n) {
@@ -217,6 +269,7 @@ void Optimizer::Impl::validate_groups(std::vector<ParamGroup>& groups) {
     }
   }
   if (params.empty()) throw UsageError("Optimizer: the param groups hold no parameters");
+  check_no_overlap(params);
   device = params.front().param.device;
 }
 

@@ -1,10 +1,12 @@
 // Atomic publish of a whole file: a temp file in the target's folder is written, fsynced and
 // renamed over the target, then the folder is fsynced. Readers see the old file or the new
-// one, never a half-written one, and a failure removes the temp file.
+// one, never a half-written one, and a failure removes the temp file. A file that is
+// overwritten keeps its permission bits.
 #pragma once
 
 #include <sys/types.h>
 
+#include <cstddef>
 #include <filesystem>
 #include <functional>
 #include <optional>
@@ -14,22 +16,36 @@
 namespace fusedopt::support {
 
 struct AtomicWriteOptions {
-  /// Permissions of the new file, before the umask (0666: as for any ordinary new file).
+  /// Permissions of a new file, before the umask (0666: as for any ordinary new file). A
+  /// file that already exists at the target keeps its own permission bits instead.
   mode_t mode = 0666;
   /// When set, the target's folder is created with this mode if it is missing, also when it
   /// vanishes (a concurrent clean-up) between the mkdir and the temp file's creation.
   std::optional<mode_t> create_folder;
   /// Temp files are named `.<temp_stem>.<pid>.<16 hex>.tmp` beside the target; the default
   /// stem is the target's file name. The pid separates processes, the random part threads.
+  /// Only the stem's first kMaxTempStemBytes bytes are used, so that the temp name of any
+  /// valid target name (up to 255 bytes) is itself valid.
   std::string temp_stem;
+  /// Before writing, removes temp files of this shape in the target's folder whose pid is not
+  /// a live process on this host (a writer that crashed). Folders shared between hosts must
+  /// leave this off: another host's pids cannot be checked from here.
+  bool remove_stale_temps = false;
 };
+
+/// The longest temp stem used (longer stems are cut): the temp name stays under 70 bytes.
+inline constexpr std::size_t kMaxTempStemBytes = 32;
+
+/// Whether `name` is a temp name atomic_write() makes, `.<stem>.<pid>.<16 hex>.tmp`; if so,
+/// its pid goes to `*pid`.
+bool parse_temp_name(const std::string& name, pid_t* pid);
 
 /// What atomic_write() did: ok(), or the step that failed and its errno.
 struct AtomicWriteResult {
-  int err = 0;                   ///< errno of the failed step; 0 on success
-  const char* step = "";         ///< "mkdir", "create", "write", "fsync", "close", "rename",
-                                 ///< "fsync folder"; "" on success
-  std::filesystem::path temp;    ///< the temp file (removed again unless renamed)
+  int err = 0;                 ///< errno of the failed step; 0 on success
+  const char* step = "";       ///< "mkdir", "create", "chmod", "write", "fsync", "close", "rename",
+                               ///< "fsync folder"; "" on success
+  std::filesystem::path temp;  ///< the temp file (removed again unless renamed)
   std::filesystem::path folder;  ///< the target's folder ("." for a bare file name)
 
   bool ok() const { return err == 0; }

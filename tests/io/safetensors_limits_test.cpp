@@ -1,0 +1,200 @@
+// Checkpoint files at scale and at the edges: header parsing stays linear in the number of
+// tensors, the stated limits are refused with a clear message, numbers from the file are
+// range-checked, and saves use short temp names, clean up after crashed writers and keep an
+// overwritten file's mode.
+#include <doctest/doctest.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "fusedopt/error.hpp"
+#include "io/safetensors.hpp"
+#include "io/st_test_support.hpp"
+#include "support/atomic_write.hpp"
+#include "support/temp_dir.hpp"
+
+namespace fs = std::filesystem;
+using fusedopt::IoError;
+using fusedopt::io::read_safetensors;
+using fusedopt::io::TensorView;
+using fusedopt::io::write_safetensors;
+using fusedopt::testing::raw_safetensors;
+using fusedopt::testing::TempDir;
+using fusedopt::testing::write_file;
+
+namespace {
+
+/// `n` one-element F32 tensors with fresh random values, written by write_safetensors.
+std::vector<float> write_many(const fs::path& path, std::size_t n, std::mt19937& rng) {
+  std::vector<float> values(n);
+  std::uniform_real_distribution<float> uniform(-1.0f, 1.0f);
+  for (float& v : values) v = uniform(rng);
+  std::vector<TensorView> views;
+  views.reserve(n);
+  for (std::size_t i = 0; i < n; ++i) {
+    views.push_back({"layer" + std::to_string(i) + "/m", "F32", {1}, &values[i], 4});
+  }
+  write_safetensors(path, views, {{"step", "1"}});
+  return values;
+}
+
+/// The fastest of `runs` reads of `path`, in seconds (the minimum rejects noise from other
+/// processes on the machine).
+double read_seconds(const fs::path& path, int runs) {
+  double best = 1e30;
+  for (int r = 0; r < runs; ++r) {
+    const auto t0 = std::chrono::steady_clock::now();
+    const auto file = read_safetensors(path);
+    const auto t1 = std::chrono::steady_clock::now();
+    best = std::min(best, std::chrono::duration<double>(t1 - t0).count());
+    CHECK(!file.tensors.empty());
+  }
+  return best;
+}
+
+mode_t mode_of(const fs::path& p) {
+  struct stat st {};
+  REQUIRE(::stat(p.c_str(), &st) == 0);
+  return st.st_mode & 07777;
+}
+
+/// A pid that is certainly not alive: a child that exited and was reaped.
+pid_t dead_pid() {
+  const pid_t child = ::fork();
+  REQUIRE(child >= 0);
+  if (child == 0) ::_exit(0);
+  int status = 0;
+  REQUIRE(::waitpid(child, &status, 0) == child);
+  return child;
+}
+
+std::string error_of(const fs::path& p) {
+  try {
+    read_safetensors(p);
+  } catch (const IoError& e) {
+    return e.what();
+  }
+  return "";
+}
+
+}  // namespace
+
+TEST_SUITE("io") {
+  TEST_CASE("a 100 k tensor file loads and 4x the tensors costs less than 8x the time") {
+    TempDir dir;
+    std::mt19937 rng(std::random_device{}());
+    const fs::path small = dir.path() / "small.safetensors";
+    const fs::path large = dir.path() / "large.safetensors";
+    write_many(small, 25'000, rng);
+    const std::vector<float> values = write_many(large, 100'000, rng);
+    const auto file = read_safetensors(large);
+    REQUIRE(file.tensors.size() == 100'000);
+    for (std::size_t i : {std::size_t{0}, std::size_t{4321}, std::size_t{99'999}}) {
+      float got = 0;
+      std::memcpy(&got, file.tensor_data("layer" + std::to_string(i) + "/m"), 4);
+      CHECK(got == values[i]);  // bytes are copied verbatim: exact
+    }
+    // Quadratic duplicate detection made 4x the keys 16x the time; linear work is ~4x (a
+    // sort and a map insert add a log factor). 8x leaves room for noise.
+    const double t_small = read_seconds(small, 3);
+    const double t_large = read_seconds(large, 3);
+    MESSAGE("25 k tensors: " << t_small << " s, 100 k: " << t_large << " s");
+    CHECK(t_large < 8 * t_small);
+  }
+
+  TEST_CASE("more tensors or dimensions than the stated limits are refused by name") {
+    TempDir dir;
+    const fs::path p = dir.path() / "x.safetensors";
+    // 65 dimensions of size 1: a valid product, but beyond the limit of 64.
+    std::string shape = "[1";
+    for (int i = 1; i < 65; ++i) shape += ",1";
+    shape += "]";
+    write_file(
+        p, raw_safetensors(R"({"t":{"dtype":"U8","shape":)" + shape + R"(,"data_offsets":[0,1]}})",
+                           "x"));
+    CHECK(error_of(p) ==
+          p.string() + ": tensor 't': shape has 65 dimensions, above the limit of 64");
+    // Writing more than 1 M tensors is refused before anything is written.
+    std::vector<TensorView> views(1'000'001, TensorView{"", "F32", {0}, nullptr, 0});
+    for (std::size_t i = 0; i < views.size(); ++i) views[i].name = std::to_string(i);
+    CHECK_THROWS_WITH_AS(write_safetensors(p, views, {}),
+                         (p.string() + ": 1000001 tensors, above the limit of 1000000").c_str(),
+                         IoError);
+  }
+
+  TEST_CASE("a shape whose nonzero dimensions overflow int64 is refused even with a zero") {
+    TempDir dir;
+    const fs::path p = dir.path() / "x.safetensors";
+    // 2^62 * 2^62 elements (times 0): zero bytes, but no element count fits in int64.
+    write_file(p, raw_safetensors(
+                      R"({"t":{"dtype":"U8","shape":[0,4611686018427387904,4611686018427387904],)"
+                      R"("data_offsets":[0,0]}})",
+                      ""));
+    CHECK(error_of(p) ==
+          p.string() +
+              ": tensor 't': shape [0, 4611686018427387904, 4611686018427387904] overflows");
+    // Offsets past int64 are refused by the JSON reader before they are used.
+    write_file(
+        p, raw_safetensors(
+               R"({"t":{"dtype":"U8","shape":[1],"data_offsets":[0,9223372036854775808]}})", "x"));
+    CHECK(error_of(p).find("integer out of range") != std::string::npos);
+  }
+
+  TEST_CASE("a target with a 255-byte name saves and loads") {
+    TempDir dir;
+    const std::string name = std::string(255 - 12, 'n') + ".safetensors";
+    REQUIRE(name.size() == 255);
+    const fs::path p = dir.path() / name;
+    std::mt19937 rng(std::random_device{}());
+    const float v = std::uniform_real_distribution<float>(1.0f, 2.0f)(rng);
+    write_safetensors(p, {{"w", "F32", {1}, &v, 4}}, {});
+    float got = 0;
+    std::memcpy(&got, read_safetensors(p).tensor_data("w"), 4);
+    CHECK(got == v);
+    std::vector<std::string> names;
+    for (const auto& e : fs::directory_iterator(dir.path())) names.push_back(e.path().filename());
+    CHECK(names == std::vector<std::string>{name});  // no temp left behind
+  }
+
+  TEST_CASE("a save removes stale temp files of dead processes and keeps live ones") {
+    TempDir dir;
+    const pid_t dead = dead_pid();
+    const std::string hex = "0123456789abcdef";
+    const fs::path stale =
+        dir.path() / (".old.safetensors." + std::to_string(dead) + "." + hex + ".tmp");
+    const fs::path live =
+        dir.path() / (".old.safetensors." + std::to_string(::getppid()) + "." + hex + ".tmp");
+    const fs::path other = dir.path() / ".notes.txt";  // not a temp name: never touched
+    write_file(stale, "partial");
+    write_file(live, "in progress");
+    write_file(other, "keep");
+    pid_t parsed = 0;
+    CHECK(fusedopt::support::parse_temp_name(stale.filename().string(), &parsed));
+    CHECK(parsed == dead);
+    CHECK_FALSE(fusedopt::support::parse_temp_name(".x.1.2.tmp", &parsed));
+    const float v = 1.5f;
+    write_safetensors(dir.path() / "new.safetensors", {{"w", "F32", {1}, &v, 4}}, {});
+    CHECK_FALSE(fs::exists(stale));
+    CHECK(fs::exists(live));
+    CHECK(fs::exists(other));
+  }
+
+  TEST_CASE("an overwritten file keeps its mode: 0600 stays 0600, 0640 stays 0640") {
+    TempDir dir;
+    const fs::path p = dir.path() / "ckpt.safetensors";
+    const float v = 2.5f;
+    write_safetensors(p, {{"w", "F32", {1}, &v, 4}}, {});
+    for (mode_t mode : {mode_t{0600}, mode_t{0640}}) {
+      REQUIRE(::chmod(p.c_str(), mode) == 0);
+      write_safetensors(p, {{"w", "F32", {1}, &v, 4}}, {});
+      CHECK(mode_of(p) == mode);
+    }
+  }
+}
