@@ -9,9 +9,11 @@
 
 #include <algorithm>
 #include <chrono>
+#include <csignal>
 #include <cstring>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "fusedopt/error.hpp"
@@ -195,6 +197,59 @@ TEST_SUITE("io") {
       REQUIRE(::chmod(p.c_str(), mode) == 0);
       write_safetensors(p, {{"w", "F32", {1}, &v, 4}}, {});
       CHECK(mode_of(p) == mode);
+    }
+  }
+
+  TEST_CASE(
+      "saves killed with SIGKILL 20 times leave the last good file and, after the next "
+      "save, no temporary") {
+    TempDir dir;
+    const fs::path p = dir.path() / "ckpt.safetensors";
+    std::mt19937 rng(std::random_device{}());
+    // 8 MB a save, so that a kill often lands inside one: two versions, told apart by value.
+    std::vector<float> a(1 << 21), b(1 << 21);
+    std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+    for (float& x : a) x = u(rng);
+    for (float& x : b) x = u(rng);
+    auto save = [&](const std::vector<float>& v, const char* version) {
+      write_safetensors(
+          p, {{"w", "F32", {static_cast<std::int64_t>(v.size())}, v.data(), v.size() * 4}},
+          {{"version", version}});
+    };
+    save(a, "a");
+    for (int round = 0; round < 20; ++round) {
+      const pid_t child = ::fork();
+      REQUIRE(child >= 0);
+      if (child == 0) {  // saves b, a, b, ... until killed; never returns to doctest
+        for (int k = 0;; ++k) {
+          try {
+            save(k % 2 ? a : b, k % 2 ? "a" : "b");
+          } catch (...) {
+            ::_exit(3);
+          }
+        }
+      }
+      std::this_thread::sleep_for(
+          std::chrono::microseconds(std::uniform_int_distribution<int>(0, 60'000)(rng)));
+      ::kill(child, SIGKILL);
+      int status = 0;
+      REQUIRE(::waitpid(child, &status, 0) == child);
+      REQUIRE(WIFSIGNALED(status));
+      // Whatever the kill interrupted, the file is one whole version.
+      const auto file = read_safetensors(p);
+      const std::string version = file.metadata.at("version");
+      const std::vector<float>& want = version == "a" ? a : b;
+      INFO("round " << round << ", version " << version);
+      CHECK(std::memcmp(file.tensor_data("w"), want.data(), want.size() * 4) == 0);
+    }
+    int left = 0;
+    for (const auto& entry : fs::directory_iterator(dir.path())) {
+      left += entry.path().filename() != "ckpt.safetensors";
+    }
+    MESSAGE(left << " temporary files left by the killed saves");
+    save(a, "a");  // removes what the killed saves left behind
+    for (const auto& entry : fs::directory_iterator(dir.path())) {
+      CHECK(entry.path().filename() == "ckpt.safetensors");
     }
   }
 }
