@@ -33,4 +33,10 @@ const Compiler& compiler_for(const Target& target);
 /// The host compiler command: FUSEDOPT_HOST_CXX, else the compiler fusedopt was built with.
 std::vector<std::string> host_compiler_command();
 
+/// How long one host compile may run before it is stopped (a CompileError).
+inline constexpr double kDefaultCompileTimeoutSeconds = 120;
+/// FUSEDOPT_COMPILE_TIMEOUT in seconds (0: no limit), else kDefaultCompileTimeoutSeconds.
+/// Throws UsageError for a value that is not a number of seconds.
+double compile_timeout_seconds();
+
 }  // namespace fusedopt::jit

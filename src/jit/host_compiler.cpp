@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -14,6 +15,7 @@
 #include "fusedopt/error.hpp"
 #include "jit/compiler.hpp"
 #include "jit/process.hpp"
+#include "support/check.hpp"
 
 #ifndef FUSEDOPT_DEFAULT_HOST_CXX
 #define FUSEDOPT_DEFAULT_HOST_CXX "c++"
@@ -36,6 +38,16 @@ std::vector<std::string> host_compiler_command() {
     return words_out;
   }();
   return cmd;
+}
+
+double compile_timeout_seconds() {
+  const char* env = std::getenv("FUSEDOPT_COMPILE_TIMEOUT");
+  if (!env || !*env) return kDefaultCompileTimeoutSeconds;
+  char* end = nullptr;
+  const double seconds = std::strtod(env, &end);
+  FUSEDOPT_CHECK_USAGE(*end == '\0' && seconds >= 0 && std::isfinite(seconds),
+                       "FUSEDOPT_COMPILE_TIMEOUT={} is not a number of seconds (0: no limit)", env);
+  return seconds;
 }
 
 namespace {
@@ -127,7 +139,14 @@ class HostCompiler final : public Compiler {
     std::vector<std::string> argv = host_compiler_command();
     argv.insert(argv.end(), opts.begin(), opts.end());
     argv.insert(argv.end(), {"-o", out, src});
-    ProcessResult r = run_process(argv, tmp.path());
+    const double limit = compile_timeout_seconds();
+    ProcessResult r = run_process(argv, tmp.path(), limit);
+    if (r.timed_out) {
+      throw CompileError(fmt::format("the host compiler did not finish {} within {} s "
+                                     "(FUSEDOPT_COMPILE_TIMEOUT); it was stopped",
+                                     file_name, limit),
+                         r.output, opts, source);
+    }
     if (r.exit_code != 0) {
       throw CompileError(
           fmt::format("the host compiler failed to compile {} (exit {})", file_name, r.exit_code),

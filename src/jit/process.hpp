@@ -8,11 +8,14 @@
 namespace fusedopt::jit {
 
 struct ProcessResult {
-  int exit_code = -1;  ///< -1 when it could not start or died of a signal
-  std::string output;  ///< stdout and stderr together
+  int exit_code = -1;      ///< -1 when it could not start, died of a signal or timed out
+  bool timed_out = false;  ///< killed (with everything it started) at the time limit
+  std::string output;      ///< stdout and stderr together
 };
 
-/// Runs argv[0] (looked up in PATH) with `argv`, in `work_dir`.
-ProcessResult run_process(const std::vector<std::string>& argv, const std::string& work_dir);
+/// Runs argv[0] (looked up in PATH) with `argv`, in `work_dir`, in a process group of its
+/// own. With `timeout_seconds` > 0, the group is killed (SIGKILL) when it runs longer.
+ProcessResult run_process(const std::vector<std::string>& argv, const std::string& work_dir,
+                          double timeout_seconds = 0);
 
 }  // namespace fusedopt::jit

@@ -2,6 +2,7 @@
 #include <doctest/doctest.h>
 #include <sys/stat.h>
 
+#include <chrono>
 #include <filesystem>
 #include <fstream>
 #include <regex>
@@ -324,5 +325,31 @@ TEST_SUITE("cli") {
     CHECK(json.code == 2);
     CHECK(json.out.rfind("{\"error\": \"unknown preset 'adamm'", 0) == 0);
     CHECK(json.out.find("}") != std::string::npos);
+  }
+
+  TEST_CASE("a host compile that runs past FUSEDOPT_COMPILE_TIMEOUT is stopped and fails") {
+    TempDir d;
+    // A "compiler" that answers --version at once and then never finishes a compile.
+    const fs::path cxx = d.path() / "slow-cxx";
+    {
+      std::ofstream f(cxx);
+      f << "#!/bin/sh\nif [ \"$1\" = --version ]; then echo slow 1.0; exit 0; fi\nsleep 60\n";
+    }
+    fs::permissions(cxx, fs::perms::owner_all);
+    const auto start = std::chrono::steady_clock::now();
+    CliResult r = run_cli({"warmup", "--preset", "sgd", "--cache-dir", (d.path() / "c").string()},
+                          {"FUSEDOPT_HOST_CXX=" + cxx.string(), "FUSEDOPT_COMPILE_TIMEOUT=1"});
+    const double seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    INFO(r.err);
+    CHECK(r.code == 1);
+    CHECK(r.err.find("did not finish fusedopt_sgd.cpp within 1 s (FUSEDOPT_COMPILE_TIMEOUT)") !=
+          std::string::npos);
+    CHECK(seconds < 30);  // stopped at the limit, not after the compiler's 60 s
+    CliResult bad = run_cli({"warmup", "--preset", "sgd", "--cache-dir", (d.path() / "c").string()},
+                            {"FUSEDOPT_COMPILE_TIMEOUT=soon"});
+    CHECK(bad.code == 1);
+    CHECK(bad.err.find("FUSEDOPT_COMPILE_TIMEOUT=soon is not a number of seconds") !=
+          std::string::npos);
   }
 }
