@@ -6,14 +6,9 @@
 #include <string_view>
 
 #include "lang/ast.hpp"
+#include "lang/limits.hpp"
 
 namespace fusedopt::lang {
-
-/// Largest rule text accepted, in bytes (a clear RuleError beyond it).
-inline constexpr std::size_t kMaxRuleBytes = 1 << 20;
-/// Deepest expression tree accepted (parentheses, unary chains and operator chains all
-/// count); deeper input is a RuleError, never a stack overflow.
-inline constexpr int kMaxExprDepth = 256;
 
 /// Changes applied to a rule while it is built.
 struct ParseOptions {

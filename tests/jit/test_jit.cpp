@@ -4,6 +4,7 @@
 #include <doctest/doctest.h>
 #include <fmt/format.h>
 
+#include <chrono>
 #include <cmath>
 #include <cstdlib>
 #include <random>
@@ -18,6 +19,7 @@
 #include "runtime/host_kernel.hpp"
 #include "support/host_kernel_calls.hpp"
 #include "support/requirements.hpp"
+#include "support/sized_rule.hpp"
 #include "support/temp_dir.hpp"
 
 using fusedopt::test::default_hypers;
@@ -103,6 +105,28 @@ TEST_SUITE("jit") {
       runtime::HostKernel k(preset_rule(name), DTypeBinding{}, cache);
       CHECK(k.num_roles() >= 2);
     }
+  }
+
+  TEST_CASE("the largest legal rule compiles for the host and loads, in seconds") {
+    // lang/limits.hpp bounds rules so that this stays a few seconds (README: Limits); the
+    // time is reported, not asserted.
+    cache::KernelCache cache(no_cache());
+    auto rule = lang::parse_rule(testing::sized_rule({}), "largest.rule");
+    const auto start = std::chrono::steady_clock::now();
+    runtime::HostKernel k(rule, DTypeBinding{}, cache);
+    MESSAGE("host compile of the largest legal rule: ",
+            std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(), " s");
+    CHECK(k.num_roles() == 2 + 32);  // param, grad, 31 states and one output
+  }
+
+  TEST_CASE("the largest legal rule compiles with NVRTC, in seconds" * testing::needs_nvrtc()) {
+    cache::KernelCache cache(no_cache());
+    auto rule = lang::parse_rule(testing::sized_rule({}), "largest.rule");
+    const auto start = std::chrono::steady_clock::now();
+    auto body = codegen::generate_body(*rule, DTypeBinding{});
+    CHECK(is_elf(*provider::provide_body(body, DTypeBinding{}, Target::cuda(90), cache).binary));
+    MESSAGE("sm_90 compile of the largest legal rule: ",
+            std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(), " s");
   }
 
   TEST_CASE("a user rule on the host matches a float64 reference, with groups, init and scaling") {
