@@ -35,6 +35,17 @@ class FUSEDOPT_API Rule {
   /// The preset names.
   static std::vector<std::string> presets();
 
+  Rule(const Rule&) = default;
+  Rule& operator=(const Rule&) = default;
+  /// Moving a Rule copies it (one shared pointer): a moved-from Rule is still the same
+  /// rule, so no method can meet an empty one.
+  Rule(Rule&& other) noexcept : impl_(other.impl_) {}
+  Rule& operator=(Rule&& other) noexcept {
+    impl_ = other.impl_;
+    return *this;
+  }
+  ~Rule() = default;
+
   const std::string& name() const;
   /// Hyper names with their defaults, in declaration order.
   std::vector<std::pair<std::string, double>> hypers() const;

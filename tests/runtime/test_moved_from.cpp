@@ -1,6 +1,6 @@
-// Moved-from Optimizer, FlatArena and GradScaler: every public method either refuses with a
-// UsageError that says the object was moved from, or (destruction, assignment, the value-type
-// GradScaler) stays valid.
+// Moved-from Optimizer, FlatArena, Rule and GradScaler: every public method either refuses
+// with a UsageError that says the object was moved from, or (destruction, assignment, the
+// value types Rule and GradScaler, whose moves copy) stays valid.
 #include <doctest/doctest.h>
 
 #include <cmath>
@@ -126,6 +126,33 @@ TEST_SUITE("runtime") {
     b.add("u", 2, DType::BF16);
     b.finalize();
     CHECK(b.param(0).dtype == DType::BF16);
+    // NOLINTEND(bugprone-use-after-move)
+  }
+
+  TEST_CASE("a moved-from Rule is the same rule: every method works and it still trains") {
+    use_private_cache();
+    Rule a = Rule::preset("adamw");
+    const std::string text = a.text();
+    Rule b(std::move(a));
+    Rule c = Rule::preset("sgd");
+    c = std::move(b);
+    // NOLINTBEGIN(bugprone-use-after-move): using the moved-from objects is the point.
+    for (const Rule* r : {&a, &b, &c}) {
+      CHECK(r->name() == "adamw");
+      CHECK(r->text() == text);
+      CHECK(r->hypers().size() == 6);
+      CHECK(r->states() == std::vector<std::string>{"m", "v"});
+      CHECK(r->reduction_passes() == 0);
+      CHECK(r->with_grad_clipping(1.0).name() == "adamw+clip");
+      CHECK(r->describe().find("adamw") != std::string::npos);
+    }
+    Rule sgd = Rule::preset("sgd");
+    Rule taken(std::move(sgd));
+    OneParam x;
+    Optimizer opt(sgd, {x.group("w")});  // built from the moved-from Rule
+    opt.set_hyper("lr", 0.5);
+    opt.step();
+    x.check_sgd_step(0.5);
     // NOLINTEND(bugprone-use-after-move)
   }
 
