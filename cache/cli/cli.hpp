@@ -11,10 +11,19 @@
 
 namespace fusedopt::cli {
 
-/// Exit codes (STYLE.md): success, a failed check, bad input.
+/// Exit codes (STYLE.md), the same for every command: success, a failed operation, bad
+/// input. kExitCodesHelp says so at the end of every --help.
 inline constexpr int kExitOk = 0;
 inline constexpr int kExitFailed = 1;
 inline constexpr int kExitBadInput = 2;
+inline constexpr const char* kExitCodesHelp = R"(
+exit codes (every command):
+  0  success
+  1  a failed operation: a bad entry found, a compile that failed, an entry
+     that could not be stored or removed, a disk error
+  2  bad input: arguments, rule files (errors at FILE:LINE:COL), an unusable
+     cache folder, a bad FUSEDOPT_CACHE* value
+)";
 
 /// Bad command-line input: reported as "fusedopt-cache: error: ..." with exit 2.
 struct UsageError {

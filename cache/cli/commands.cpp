@@ -21,6 +21,7 @@ std::optional<std::string> parse_common(Args& args, const char* help, bool* want
   while (!args.done()) {
     if (args.flag("--help") || args.flag("-h")) {
       std::fputs(help, stdout);
+      std::fputs(kExitCodesHelp, stdout);
       *wants_help = true;
       return cache_dir;
     }
@@ -31,6 +32,14 @@ std::optional<std::string> parse_common(Args& args, const char* help, bool* want
     }
   }
   return cache_dir;
+}
+
+/// Names on stderr each file `command` could not remove; returns how many.
+std::size_t report_leftovers(const char* command, const cache::Removal& removal) {
+  for (const cache::Leftover& l : removal.leftovers) {
+    fmt::print(stderr, "{}: could not remove {}: {}\n", command, l.path.string(), l.reason);
+  }
+  return removal.leftovers.size();
 }
 
 std::string format_time(std::int64_t t) {
@@ -126,7 +135,8 @@ int cmd_prune(Args& args) {
   auto dir = parse_common(args, R"(usage: fusedopt-cache prune --max-bytes N [--cache-dir DIR]
 
 Evict least recently used entries until the cache holds at most N bytes
-(N may end in K, M or G).
+(N may end in K, M or G). Exits 1, naming each one, when entries cannot be
+removed (a read-only folder) and the cache stays over N.
 )",
                           &help, [&](Args& a) {
                             if (auto v = a.option("--max-bytes")) {
@@ -138,24 +148,31 @@ Evict least recently used entries until the cache holds at most N bytes
   if (help) return kExitOk;
   if (!max_bytes) throw UsageError{"prune needs --max-bytes N"};
   cache::DiskStore store = open_store(dir);
-  std::uint64_t removed = store.prune(*max_bytes);
-  fmt::print("prune: removed {}; the cache now holds {} ({} entries)\n", human_bytes(removed),
-             human_bytes(store.total_bytes()), store.list().size());
-  return kExitOk;
+  const cache::Removal removal = store.prune(*max_bytes);
+  const std::uint64_t total = store.total_bytes();
+  fmt::print("prune: removed {}; the cache now holds {} ({} entries)\n",
+             human_bytes(removal.removed_bytes), human_bytes(total), store.list().size());
+  if (report_leftovers("prune", removal) == 0) return kExitOk;
+  fmt::print(stderr, "prune: the cache holds {}, more than the {} asked for\n", human_bytes(total),
+             human_bytes(*max_bytes));
+  return kExitFailed;
 }
 
 int cmd_clear(Args& args) {
   bool help = false;
   auto dir = parse_common(args, R"(usage: fusedopt-cache clear [--cache-dir DIR]
 
-Remove every entry (and leftover temporary and lock files).
+Remove every entry (and leftover temporary and lock files). Exits 1, naming each
+one, when an entry cannot be removed (a read-only folder) or a sub-folder is not
+trusted (not entered). Files that are not the cache's are left alone.
 )",
                           &help, [](Args&) { return false; });
   if (help) return kExitOk;
   cache::DiskStore store = open_store(dir);
-  std::uint64_t removed = store.clear();
-  fmt::print("clear: removed {} from {}\n", human_bytes(removed), store.dir().string());
-  return kExitOk;
+  const cache::Removal removal = store.clear();
+  fmt::print("clear: removed {} from {}\n", human_bytes(removal.removed_bytes),
+             store.dir().string());
+  return report_leftovers("clear", removal) == 0 ? kExitOk : kExitFailed;
 }
 
 int cmd_check(Args& args) {

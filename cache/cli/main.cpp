@@ -26,7 +26,6 @@ commands:
 
 Every command takes --cache-dir DIR (default: $FUSEDOPT_CACHE_DIR, else
 ${XDG_CACHE_HOME:-$HOME/.cache}/fusedopt) and --help.
-exit codes: 0 success, 1 a failed check or compile, 2 bad input.
 )";
 
 }  // namespace
@@ -35,7 +34,9 @@ int main(int argc, char** argv) {
   using namespace fusedopt::cli;
   std::vector<std::string> all(argv + 1, argv + argc);
   if (all.empty() || all[0] == "--help" || all[0] == "-h" || all[0] == "help") {
-    std::fputs(kUsage, all.empty() ? stderr : stdout);
+    std::FILE* out = all.empty() ? stderr : stdout;
+    std::fputs(kUsage, out);
+    std::fputs(kExitCodesHelp, out);
     return all.empty() ? kExitBadInput : kExitOk;
   }
   const std::map<std::string, std::function<int(Args&)>> commands = {

@@ -33,7 +33,6 @@ options:
   --jobs N          compile N kernels at once (default: the number of cores)
   --json            print the results as JSON
   --cache-dir DIR   the cache folder (default: $FUSEDOPT_CACHE_DIR)
-exit codes: 0 all kernels ready, 1 a compile failed, 2 bad input.
 )";
 
 struct Item {
@@ -273,6 +272,7 @@ int cmd_warmup(Args& args) {
   const WarmupArgs w = parse_warmup_args(args);
   if (w.help) {
     std::fputs(kHelp, stdout);
+    std::fputs(kExitCodesHelp, stdout);
     return kExitOk;
   }
   return json_errors(w.json, [&] {

@@ -160,7 +160,7 @@ std::vector<BadEntry> DiskStore::verify(bool remove) const {
   return bad;
 }
 
-std::uint64_t DiskStore::prune(std::uint64_t max_bytes) const {
+Removal DiskStore::prune(std::uint64_t max_bytes) const {
   std::vector<detail::ScannedFile> entries;
   std::uint64_t total = 0;
   for (detail::ScannedFile& file : detail::scan(dir_)) {
@@ -168,45 +168,53 @@ std::uint64_t DiskStore::prune(std::uint64_t max_bytes) const {
     total += static_cast<std::uint64_t>(file.st.st_size);
     entries.push_back(std::move(file));
   }
-  if (total <= max_bytes) return 0;
+  Removal out;
+  if (total <= max_bytes) return out;
   std::sort(entries.begin(), entries.end(), mtime_before);
-  std::uint64_t removed = 0;
   for (const detail::ScannedFile& file : entries) {
     if (total <= max_bytes) break;
     auto size = static_cast<std::uint64_t>(file.st.st_size);
     // A file someone else already removed no longer counts either.
     if (::unlink(file.path.c_str()) == 0) {
-      removed += size;
+      out.removed_bytes += size;
     } else if (errno != ENOENT) {
+      out.leftovers.push_back({file.path, support::errno_text(errno)});
       continue;
     }
     total -= size;
     remove_lock_if_free(detail::lock_path_for(file.path));
   }
-  return removed;
+  return out;
 }
 
-std::uint64_t DiskStore::clear() const {
-  std::uint64_t removed = 0;
+Removal DiskStore::clear() const {
+  Removal out;
   for (const detail::ScannedFile& file : detail::scan(dir_)) {
     switch (file.kind) {
       case detail::FileKind::Entry:
       case detail::FileKind::Temp:
-        if (::unlink(file.path.c_str()) == 0)
-          removed += static_cast<std::uint64_t>(file.st.st_size);
+        if (::unlink(file.path.c_str()) == 0) {
+          out.removed_bytes += static_cast<std::uint64_t>(file.st.st_size);
+        } else if (errno != ENOENT) {
+          out.leftovers.push_back({file.path, support::errno_text(errno)});
+        }
         break;
       case detail::FileKind::Lock:
         remove_lock_if_free(file.path);
         break;
-      case detail::FileKind::Unexpected:
       case detail::FileKind::Unsafe:
+        // Not entered: it may hold another user's files (see verify).
+        out.leftovers.push_back(
+            {file.path, detail::unsafe_sub_folder_message(file.path, file.reason)});
+        break;
+      case detail::FileKind::Unexpected:
         break;
     }
   }
   for (const std::filesystem::path& shard : detail::shard_dirs(dir_)) {
     ::rmdir(shard.c_str());  // fails, harmlessly, unless the sub-folder is now empty
   }
-  return removed;
+  return out;
 }
 
 std::uint64_t DiskStore::total_bytes() const {

@@ -172,17 +172,17 @@ TEST_SUITE("cache") {
 
     std::uint64_t each = entry_bytes(path(a));
     CHECK(store.total_bytes() == 3 * each);
-    CHECK(store.prune(2 * each) == each);
+    CHECK(store.prune(2 * each).removed_bytes == each);
     CHECK_FALSE(std::filesystem::exists(path(b)));
     CHECK(std::filesystem::exists(path(a)));
     CHECK(std::filesystem::exists(path(c)));
     CHECK(store.total_bytes() == 2 * each);
 
-    CHECK(store.prune(2 * each) == 0);  // already within the limit
-    CHECK(store.prune(each) == each);
+    CHECK(store.prune(2 * each).removed_bytes == 0);  // already within the limit
+    CHECK(store.prune(each).removed_bytes == each);
     CHECK_FALSE(std::filesystem::exists(path(c)));
     CHECK(std::filesystem::exists(path(a)));
-    CHECK(store.prune(0) == each);
+    CHECK(store.prune(0).removed_bytes == each);
     CHECK(store.list().empty());
   }
 
@@ -194,7 +194,7 @@ TEST_SUITE("cache") {
     auto path = store.entry_path(a.key(), "so");
     write_raw(path.parent_path() / ".big.1.2.tmp", binary_payload(100000));
     CHECK(store.total_bytes() == entry_bytes(path));
-    CHECK(store.prune(entry_bytes(path)) == 0);
+    CHECK(store.prune(entry_bytes(path)).removed_bytes == 0);
     CHECK(std::filesystem::exists(path));
   }
 
@@ -211,12 +211,12 @@ TEST_SUITE("cache") {
     write_raw(shard / ".old.1.2.tmp", "12345");
     expected += 5;
 
-    CHECK(store.clear() == expected);
+    CHECK(store.clear().removed_bytes == expected);
     CHECK(store.list().empty());
     CHECK(store.total_bytes() == 0);
     CHECK(std::filesystem::is_directory(tmp.path()));
     CHECK(std::filesystem::is_empty(tmp.path()));
-    CHECK(store.clear() == 0);
+    CHECK(store.clear().removed_bytes == 0);
 
     // The cache still works after a clear.
     KeyRecord r = make_record("again");
@@ -232,7 +232,7 @@ TEST_SUITE("cache") {
     auto shard = store.entry_path(r.key(), "so").parent_path();
     write_raw(shard / "mine.txt", "keep me");
     write_raw(tmp.path() / "README", "keep me too");
-    store.clear();
+    CHECK(store.clear().leftovers.empty());  // not the cache's: left alone, not leftovers
     CHECK(std::filesystem::exists(shard / "mine.txt"));
     CHECK(std::filesystem::exists(tmp.path() / "README"));
     CHECK(store.list().empty());

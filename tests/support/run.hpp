@@ -3,9 +3,11 @@
 #pragma once
 
 #include <fcntl.h>
+#include <grp.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -19,9 +21,15 @@ struct CliResult {
   std::string err;
 };
 
-/// Execs the CLI in a child with stdout/stderr in files; `env` adds NAME=VALUE pairs.
-inline CliResult run_cli(const std::vector<std::string>& args,
-                         const std::vector<std::string>& env = {}) {
+/// How to run it: extra environment, and optionally another binary and another user.
+struct RunOptions {
+  std::vector<std::string> env;  ///< NAME=VALUE pairs added to the environment
+  std::string binary;            ///< default: FUSEDOPT_CACHE_CLI
+  std::optional<uid_t> as_user;  ///< run as this uid and gid (needs root)
+};
+
+/// Execs the CLI in a child with stdout/stderr in files.
+inline CliResult run_cli(const std::vector<std::string>& args, const RunOptions& options) {
   TempDir io;
   std::string out_path = (io.path() / "out").string(), err_path = (io.path() / "err").string();
   pid_t pid = fork();
@@ -30,9 +38,13 @@ inline CliResult run_cli(const std::vector<std::string>& args,
     int e = open(err_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
     dup2(o, 1);
     dup2(e, 2);
-    for (const std::string& kv : env) putenv(const_cast<char*>(kv.c_str()));
+    for (const std::string& kv : options.env) putenv(const_cast<char*>(kv.c_str()));
+    if (options.as_user) {
+      const uid_t id = *options.as_user;
+      if (setgroups(0, nullptr) != 0 || setgid(id) != 0 || setuid(id) != 0) _exit(126);
+    }
     std::vector<char*> argv;
-    std::string cli = FUSEDOPT_CACHE_CLI;
+    std::string cli = options.binary.empty() ? std::string(FUSEDOPT_CACHE_CLI) : options.binary;
     argv.push_back(cli.data());
     for (const std::string& a : args) argv.push_back(const_cast<char*>(a.c_str()));
     argv.push_back(nullptr);
@@ -46,6 +58,14 @@ inline CliResult run_cli(const std::vector<std::string>& args,
   r.out = read_file(out_path);
   r.err = read_file(err_path);
   return r;
+}
+
+/// run_cli with `env` (NAME=VALUE pairs) added to the environment.
+inline CliResult run_cli(const std::vector<std::string>& args,
+                         const std::vector<std::string>& env = {}) {
+  RunOptions options;
+  options.env = env;
+  return run_cli(args, options);
 }
 
 }  // namespace fusedopt::testing

@@ -43,11 +43,13 @@ class DiskStore {
   std::vector<EntryInfo> list() const;
   /// Re-hashes every entry; returns the bad ones (and deletes them when `remove`).
   std::vector<BadEntry> verify(bool remove = false) const;
-  /// Removes least recently used entries until the total is at most `max_bytes`.
-  /// Returns the number of bytes removed.
-  std::uint64_t prune(std::uint64_t max_bytes) const;
-  /// Removes every entry (and leftover temp and lock files). Returns bytes removed.
-  std::uint64_t clear() const;
+  /// Removes least recently used entries until the total is at most `max_bytes`. An entry
+  /// that cannot be removed (a read-only folder) is a leftover, and the next one is tried.
+  Removal prune(std::uint64_t max_bytes) const;
+  /// Removes every entry (and stale temp and lock files). Entries that cannot be removed
+  /// and sub-folders that are not trusted (not entered) are leftovers; files that are not
+  /// the cache's are left alone.
+  Removal clear() const;
   std::uint64_t total_bytes() const;
 
  private:
