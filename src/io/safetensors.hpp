@@ -12,6 +12,11 @@
 
 namespace fusedopt::io {
 
+/// The metadata entry holding the XXH3-64 (16 hex digits) of the whole data section:
+/// write_safetensors() always adds it, read_safetensors() checks it when present (files from
+/// other writers have none, and load unchecked, as safetensors itself has no checksum).
+inline constexpr const char* kDataChecksumKey = "fusedopt_data_xxh3_64";
+
 /// One tensor to write: its bytes are borrowed, not copied, and must stay alive for the call.
 struct TensorView {
   std::string name;
@@ -25,8 +30,9 @@ struct TensorView {
 /// written in the order given; names must be unique and non-empty; bytes must equal
 /// product(shape) * dtype size; at most 1 M tensors and a 100 MB header (what
 /// read_safetensors() accepts); a stale temp file of a crashed writer in the folder is
-/// removed, and an overwritten file keeps its permissions; throws fusedopt::Error naming the tensor
-/// and the problem; never leaves a half-written file at `path`.
+/// removed, and an overwritten file keeps its permissions; adds kDataChecksumKey to the
+/// metadata (which must not hold it); throws fusedopt::Error naming the tensor and the
+/// problem; never leaves a half-written file at `path`.
 void write_safetensors(const std::filesystem::path& path, const std::vector<TensorView>& tensors,
                        const std::map<std::string, std::string>& metadata);
 
@@ -37,9 +43,10 @@ struct SafetensorsFile {
     std::vector<std::int64_t> shape;
     std::uint64_t begin = 0, end = 0;  ///< byte range within `data`
   };
-  std::map<std::string, std::string> metadata;
+  std::map<std::string, std::string> metadata;  ///< as written (without kDataChecksumKey)
   std::map<std::string, Entry> tensors;
-  std::string data;  ///< the whole data section
+  bool data_checked = false;  ///< the file had kDataChecksumKey, and the data matched it
+  std::string data;           ///< the whole data section
   /// Pointer to a tensor's bytes; throws fusedopt::Error if absent.
   const void* tensor_data(const std::string& name) const;
 };
@@ -47,8 +54,8 @@ struct SafetensorsFile {
 /// Reads and validates the whole file; any defect (too short, header length beyond the file
 /// or above 100 MB, more than 1 M tensors or 64 dimensions, malformed JSON, unknown dtype,
 /// shape/offset size mismatch, offsets out of bounds or overlapping or not covering the data
-/// exactly, duplicate names, non-string metadata) throws fusedopt::Error("<path>: <what is
-/// wrong>").
+/// exactly, duplicate names, non-string metadata, a data section that does not match its
+/// kDataChecksumKey) throws fusedopt::Error("<path>: <what is wrong>").
 SafetensorsFile read_safetensors(const std::filesystem::path& path);
 
 /// Bytes per element of a safetensors dtype (F32 4, F16 2, BF16 2, F64 8, I64 8, I32 4,

@@ -211,6 +211,22 @@ TEST_SUITE("runtime") {
       CHECK(what.rfind("cannot load checkpoint: " + where + ": ", 0) == 0);
     }
     CHECK(snapshot(opt, target, false) == before);
+    // One flipped bit in a state's bytes: a well-formed file, caught by the data checksum.
+    saved_by("adamw", sizes);
+    {
+      std::fstream f(where, std::ios::binary | std::ios::in | std::ios::out);
+      f.seekg(-5, std::ios::end);
+      const char c = static_cast<char>(f.get());
+      f.seekp(-5, std::ios::end);
+      f.put(static_cast<char>(c ^ 0x10));
+    }
+    try {
+      opt.load(where);
+      FAIL("a checkpoint with a flipped bit loaded");
+    } catch (const fusedopt::Error& e) {
+      CHECK(std::string(e.what()).find("does not match its checksum") != std::string::npos);
+    }
+    CHECK(snapshot(opt, target, false) == before);
     {
       std::ofstream junk(where, std::ios::binary | std::ios::trunc);
       junk << "this is not a safetensors file at all";
