@@ -3,6 +3,7 @@
 
 #include <map>
 #include <mutex>
+#include <string>
 
 #include "fusedopt/error.hpp"
 #include "runtime/log.hpp"
@@ -22,6 +23,20 @@ jit::KernelSource source_of(const codegen::KernelBody& body, const DTypeBinding&
   return s;
 }
 
+/// Says once per process that a cache folder could not be written to: kernels then live in
+/// memory only. The cache is an optimisation, so nothing fails.
+void warn_once_if_unwritable(const cache::KernelCache& cache) {
+  const std::string error = cache.last_disk_error();
+  if (error.empty()) return;
+  static std::once_flag once;
+  std::call_once(once, [&] {
+    runtime::log(runtime::LogLevel::Warn,
+                 "the kernel cache folder cannot be written, so kernels are kept in memory only "
+                 "(compiled again by every process): " +
+                     error);
+  });
+}
+
 }  // namespace
 
 cache::KeyRecord kernel_record(const codegen::KernelBody& body, const DTypeBinding& dtypes,
@@ -35,6 +50,7 @@ ProvidedKernel provide_body(codegen::KernelBody body, const DTypeBinding& dtypes
   jit::KernelSource source =
       source_of(body, dtypes, target, codegen::generate_source(body, target));
   static_cast<jit::BuiltKernel&>(out) = jit::build(source, target, cache);
+  warn_once_if_unwritable(cache);
   out.source = std::move(source.text);
   body.code.clear();
   out.body = std::move(body);
