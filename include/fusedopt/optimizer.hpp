@@ -46,7 +46,7 @@ struct ParamGroup {
 };
 
 struct OptimizerOptions {
-  DType state_dtype = DType::F32;  ///< storage of every state tensor (fp32 or bf16)
+  DType state_dtype = DType::F32;  ///< storage of every state tensor (fp32, bf16 or fp16)
   /// Keep an fp32 master copy of fp16/bf16 params (allocated and owned by the optimizer);
   /// the kernel updates the master and stores the rounded value into the param.
   bool master_weights = false;

@@ -153,6 +153,10 @@ TEST_SUITE("runtime") {
     run_adamw_storage({DType::F32, DType::F32, DType::BF16, false});
   }
 
+  TEST_CASE("fp16 states with fp32 params match the reference rounded to fp16") {
+    run_adamw_storage({DType::F32, DType::F32, DType::F16, false});
+  }
+
   TEST_CASE("fp16 params with bf16 states and an fp32 master match the reference") {
     run_adamw_storage({DType::F16, DType::BF16, DType::BF16, true});
   }
