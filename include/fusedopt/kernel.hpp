@@ -99,7 +99,8 @@ struct CompileOptions {
   std::filesystem::path cache_dir;
 };
 
-/// A compiled kernel as the cache holds it.
+/// A compiled kernel as the cache holds it. A plain value: copies and moves are member-wise,
+/// and a moved-from one is empty (null `binary`), as a moved-from std::string is.
 struct CompiledKernel {
   std::string key;     ///< 32 hex digits (XXH3-128 of the key record)
   std::string origin;  ///< "compiled", "memory" or "disk"
