@@ -41,16 +41,21 @@ std::string accumulate(lang::ReduceKind kind, int j, const std::string& x) {
   return "";
 }
 
-/// The value a later pass sees, from a raw total `raw` (a double expression).
-std::string finish_value(lang::ReduceKind kind, const std::string& raw) {
+/// The value a later pass sees, in double, from a raw total `raw` (a double expression).
+std::string finish_value_d(lang::ReduceKind kind, const std::string& raw) {
   switch (kind) {
     case lang::ReduceKind::Norm:
-      return fmt::format("(float)fo_sqrt_d({})", raw);
+      return fmt::format("fo_sqrt_d({})", raw);
     case lang::ReduceKind::AnyNonFinite:
-      return fmt::format("({} > 0.0 ? 1.0f : 0.0f)", raw);
+      return fmt::format("({} > 0.0 ? 1.0 : 0.0)", raw);
     default:
-      return fmt::format("(float){}", raw);
+      return raw;
   }
+}
+
+/// The same value rounded to float, as the element loop uses it.
+std::string finish_value(lang::ReduceKind kind, const std::string& raw) {
+  return fmt::format("(float){}", finish_value_d(kind, raw));
 }
 
 /// Emits the generated functions of one rule and binding.
@@ -455,8 +460,9 @@ KernelBody generate_body(const Rule& rule, const DTypeBinding& dtypes, Strategy 
   std::vector<std::string> globals;
   for (const lang::Reduction& r : rule.reductions) {
     if (r.scope == lang::Scope::Global) {
-      globals.push_back(
-          fmt::format("U.g[{}] = {};", r.slot, finish_value(r.kind, fmt::format("G[{}]", r.slot))));
+      // fo_g<slot>: the double that uniform values in fo_prepare compute from.
+      globals.push_back(fmt::format("const double fo_g{0} = {1}; U.g[{0}] = (float)fo_g{0};",
+                                    r.slot, finish_value_d(r.kind, fmt::format("G[{}]", r.slot))));
     }
   }
   emit_prepare(w, body, globals, be.em().prepare_lines(), file);

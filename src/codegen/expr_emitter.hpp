@@ -36,9 +36,7 @@ class ExprEmitter {
   /// Element-context text of `e`; every non-trivial uniform subtree becomes U.u[k].
   std::string element(const lang::Expr& e) { return emit(e); }
   /// Records that statement `stmt` (a uniform temporary) lives in a slot.
-  void define_uniform_temp(int stmt, const lang::Expr& value) {
-    temp_slot_[stmt] = slot_for(node(value, true), value.loc);
-  }
+  void define_uniform_temp(int stmt, const lang::Expr& value) { temp_slot_[stmt] = hoist(value); }
 
   /// Lines for fo_prepare, in dependency order.
   const std::vector<PrepareLine>& prepare_lines() const { return prepare_; }
@@ -47,13 +45,31 @@ class ExprEmitter {
  private:
   // Every non-trivial uniform node gets a slot, keyed by its text (whose children are
   // already slots): identical uniform subexpressions anywhere in the rule are computed once.
+  // fo_prepare computes each slot in double (from the double hypers and step), as torch
+  // computes its Python-float scalars, and rounds it to float once for the element loop.
   int slot_for(const std::string& text, lang::Loc loc) {
     auto it = slot_by_text_.find(text);
     if (it != slot_by_text_.end()) return it->second;
     int slot = static_cast<int>(prepare_.size());
-    prepare_.push_back({loc.line, fmt::format("U.u[{}] = {};", slot, text)});
+    prepare_.push_back(
+        {loc.line,
+         fmt::format("const double fo_d{0} = {1}; U.u[{0}] = (float)fo_d{0};", slot, text)});
     slot_by_text_.emplace(text, slot);
     return slot;
+  }
+
+  /// The slot of uniform `e`, its text built in fo_prepare's double context.
+  int hoist(const lang::Expr& e) {
+    const bool outer = in_prepare_;
+    in_prepare_ = true;
+    const std::string text = node(e, true);
+    in_prepare_ = outer;
+    return slot_for(text, e.loc);
+  }
+
+  /// A slot as the current context reads it: the double in fo_prepare, the float after.
+  std::string slot_ref(int slot) const {
+    return in_prepare_ ? fmt::format("fo_d{}", slot) : fmt::format("U.u[{}]", slot);
   }
 
   static bool trivial(const lang::Expr& e) {
@@ -71,12 +87,12 @@ class ExprEmitter {
     }
     switch (s.kind) {
       case lang::SymKind::Hyper:
-        return fmt::format("U.h[{}]", s.index);
+        return in_prepare_ ? fmt::format("h[{}]", s.index) : fmt::format("U.h[{}]", s.index);
       case lang::SymKind::Step:
-        return "U.step";
+        return in_prepare_ ? "step" : "U.step";
       case lang::SymKind::Temp: {
         auto it = temp_slot_.find(e.def);
-        if (it != temp_slot_.end()) return fmt::format("U.u[{}]", it->second);
+        if (it != temp_slot_.end()) return slot_ref(it->second);
         if (uniform_ctx) throw InternalError("non-uniform temporary in a uniform expression");
         return "v_" + s.name;
       }
@@ -88,7 +104,7 @@ class ExprEmitter {
 
   /// The text of `e` as a value: a slot if it is uniform, else the node itself.
   std::string emit(const lang::Expr& e) {
-    if (e.uniform && !trivial(e)) return fmt::format("U.u[{}]", slot_for(node(e, true), e.loc));
+    if (e.uniform && !trivial(e)) return slot_ref(hoist(e));
     return node(e, e.uniform);
   }
 
@@ -126,10 +142,10 @@ class ExprEmitter {
   std::string node(const lang::Expr& e, bool uniform_ctx) {
     // A boolean operator (not a where or a reference that merely holds a truth value).
     if (e.boolean && e.op != lang::Op::Where && !trivial(e))
-      return fmt::format("fo_bool({})", cond_node(e));
+      return fmt::format(in_prepare_ ? "fo_bool_d({})" : "fo_bool({})", cond_node(e));
     switch (e.op) {
       case lang::Op::Number:
-        return float_literal(e.number);
+        return in_prepare_ ? double_literal(e.number) : float_literal(e.number);
       case lang::Op::Ref:
         return ref(e, uniform_ctx);
       case lang::Op::Neg:
@@ -146,7 +162,9 @@ class ExprEmitter {
         return fmt::format("({} ? {} : {})", cond(*e.args[0]), emit(*e.args[1]), emit(*e.args[2]));
       case lang::Op::Reduce: {
         const lang::Reduction& r = rule_.reductions.at(e.reduction);
-        if (r.scope == lang::Scope::Global) return fmt::format("U.g[{}]", r.slot);
+        if (r.scope == lang::Scope::Global) {
+          return fmt::format(in_prepare_ ? "fo_g{}" : "U.g[{}]", r.slot);
+        }
         if (uniform_ctx) throw InternalError("per-tensor reduction in a uniform expression");
         return fmt::format("T.v[{}]", r.slot);
       }
@@ -177,6 +195,7 @@ class ExprEmitter {
  private:
   std::map<std::string, int> slot_by_text_;
   std::vector<PrepareLine> prepare_;
+  bool in_prepare_ = false;  ///< emitting a uniform value for fo_prepare (double context)
 };
 
 }  // namespace fusedopt::codegen

@@ -37,6 +37,14 @@ std::string float_literal(double value) {
   return s[0] == '-' ? "(" + s + ")" : s;
 }
 
+std::string double_literal(double value) {
+  if (std::isinf(value)) return value > 0 ? "fo_inf_d()" : "(-fo_inf_d())";
+  if (std::isnan(value)) return "(fo_inf_d() - fo_inf_d())";
+  std::string s = fmt::format("{}", value);  // shortest text that reads back exactly
+  if (s.find_first_of(".e") == std::string::npos) s += ".0";
+  return s[0] == '-' ? "(" + s + ")" : s;
+}
+
 std::string sanitize_comment(const std::string& text) {
   std::string out;
   for (char c : text) {
@@ -105,13 +113,14 @@ void emit_tensor_binding(Writer& w, const std::vector<RoleDecl>& roles) {
 void emit_prepare(Writer& w, const KernelBody& body, const std::vector<std::string>& globals,
                   const std::vector<PrepareLine>& lines, const std::string& file) {
   w.line(
-      "FO_FN fo_uniform fo_prepare(const float* FO_RESTRICT h, float step, float inv_grad_scale, "
-      "const double* FO_RESTRICT G) {");
+      "FO_FN fo_uniform fo_prepare(const double* FO_RESTRICT h, double step, "
+      "float inv_grad_scale, const double* FO_RESTRICT G) {");
   w.line("  fo_uniform U;");
+  w.line("  (void)h;");
   w.line("  (void)G;");
-  for (int k = 0; k < body.num_hypers; ++k) w.line(fmt::format("  U.h[{}] = h[{}];", k, k));
+  for (int k = 0; k < body.num_hypers; ++k) w.line(fmt::format("  U.h[{}] = (float)h[{}];", k, k));
   if (body.num_hypers == 0) w.line("  U.h[0] = 0.0f;");
-  w.line("  U.step = step;");
+  w.line("  U.step = (float)step;");
   w.line("  U.inv_grad_scale = inv_grad_scale;");
   for (int k = 0; k < body.num_global_slots; ++k) w.line(fmt::format("  U.g[{}] = 0.0f;", k));
   for (const std::string& g : globals) w.line("  " + g);

@@ -36,6 +36,8 @@ class Writer {
 std::string line_file_name(const std::string& file);
 /// A C++ float literal for `value` rounded to fp32 ("1.0f", "9.99999994e-09f", fo_inf()).
 std::string float_literal(double value);
+/// A C++ double literal for `value`, exact ("0.999", "1.0000000000000001e-08", fo_inf_d()).
+std::string double_literal(double value);
 /// Text safe inside a // comment (no line breaks, no backslash at the end).
 std::string sanitize_comment(const std::string& text);
 /// `#define FO_NUM_ROLES ...` and `FO_NUM_HYPERS`.

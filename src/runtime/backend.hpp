@@ -72,12 +72,12 @@ class BoundKernel {
   /// Writes every state's initial value (and the master copy).
   virtual void init_states() = 0;
   /// Before any pass of a step (capturable CUDA: advances the device step). Default: nothing.
-  virtual void begin_step(float step, float inv_grad_scale, void* stream) {
+  virtual void begin_step(double step, float inv_grad_scale, void* stream) {
     (void)step, (void)inv_grad_scale, (void)stream;
   }
   /// Reduction pass `pass` (below body().reduction_passes); `check_grads` also counts
   /// non-finite unscaled gradients in pass 0.
-  virtual void reduce(int pass, float step, float inv_grad_scale, bool check_grads,
+  virtual void reduce(int pass, double step, float inv_grad_scale, bool check_grads,
                       void* stream) = 0;
   /// Combines pass `pass`'s partials into the totals; with `accumulate` the shared global
   /// totals are combined into rather than replaced (a kernel before this one wrote them).
@@ -91,11 +91,11 @@ class BoundKernel {
   /// Scratch memory of the Store strategy, in bytes.
   virtual std::int64_t scratch_bytes() const = 0;
   /// The update pass: `step` (1-based) and grads times `inv_grad_scale`.
-  virtual void step(float step, float inv_grad_scale, void* stream) = 0;
+  virtual void step(double step, float inv_grad_scale, void* stream) = 0;
   /// Whether every gradient times `inv_grad_scale` is finite.
   virtual bool grads_finite(float inv_grad_scale, void* stream) = 0;
   /// Replaces the hyper table: `hypers[g]` is group g's values in Rule::hypers order.
-  virtual void set_hypers(const std::vector<std::vector<float>>& hypers) = 0;
+  virtual void set_hypers(const std::vector<std::vector<double>>& hypers) = 0;
   /// Launches per step (0 when every tensor is empty).
   virtual int launches_per_step() const = 0;
   virtual std::string key() const = 0;
@@ -136,7 +136,7 @@ class Backend {
   /// plans it over `tensors` (memory of this device).
   virtual std::unique_ptr<BoundKernel> bind(std::shared_ptr<const lang::Rule> rule,
                                             const BindingTensors& tensors,
-                                            const std::vector<std::vector<float>>& hypers) = 0;
+                                            const std::vector<std::vector<double>>& hypers) = 0;
 
  protected:
   friend class Buffer;

@@ -22,7 +22,7 @@ class CudaBoundKernel final : public BoundKernel {
  public:
   CudaBoundKernel(Backend& backend, const cuda::PrimaryContext& context,
                   std::shared_ptr<const lang::Rule> rule, const BindingTensors& tensors,
-                  const std::vector<std::vector<float>>& hypers)
+                  const std::vector<std::vector<double>>& hypers)
       : context_(context),
         kernel_(std::move(rule), tensors.dtypes, context.device(), provider::cache_at({}),
                 tensors.strategy),
@@ -43,7 +43,7 @@ class CudaBoundKernel final : public BoundKernel {
     cuda::synchronize(nullptr);
   }
 
-  void begin_step(float step, float inv_grad_scale, void* stream) override {
+  void begin_step(double step, float inv_grad_scale, void* stream) override {
     if (!capturable_) return;
     cuda::ContextScope scope(context_);
     // Capturable: the step count lives on the device and advances there, so a captured
@@ -62,7 +62,8 @@ class CudaBoundKernel final : public BoundKernel {
     ++device_steps_;
   }
 
-  void reduce(int pass, float step, float inv_grad_scale, bool check_grads, void* stream) override {
+  void reduce(int pass, double step, float inv_grad_scale, bool check_grads,
+              void* stream) override {
     kernel_.run_pass(stream, pass, step, inv_grad_scale, check_grads, capturable_);
   }
   void finalize(int pass, bool accumulate, void* stream) override {
@@ -76,13 +77,13 @@ class CudaBoundKernel final : public BoundKernel {
   const codegen::KernelBody& body() const override { return kernel_.body(); }
   std::int64_t scratch_bytes() const override { return static_cast<std::int64_t>(scratch_.size()); }
 
-  void step(float step, float inv_grad_scale, void* stream) override {
+  void step(double step, float inv_grad_scale, void* stream) override {
     kernel_.run_pass(stream, kernel_.reduction_passes(), step, inv_grad_scale, false, capturable_);
   }
   bool grads_finite(float inv_grad_scale, void* stream) override {
     return kernel_.grads_finite(stream, inv_grad_scale);
   }
-  void set_hypers(const std::vector<std::vector<float>>& hypers) override {
+  void set_hypers(const std::vector<std::vector<double>>& hypers) override {
     // The device hyper table is shared by every launch: wait for queued steps (on any
     // stream) before replacing it, and for the copy before the next step can start.
     cuda::ContextScope scope(context_);
@@ -173,7 +174,7 @@ class CudaBackend final : public Backend {
 
   std::unique_ptr<BoundKernel> bind(std::shared_ptr<const lang::Rule> rule,
                                     const BindingTensors& tensors,
-                                    const std::vector<std::vector<float>>& hypers) override {
+                                    const std::vector<std::vector<double>>& hypers) override {
     cuda::ContextScope scope(*context_);
     return std::make_unique<CudaBoundKernel>(*this, *context_, std::move(rule), tensors, hypers);
   }

@@ -95,7 +95,7 @@ struct CudaKernel::Impl {
   DevicePtr shared_global = 0;
   std::int64_t num_tensors = 0;
   int reduction_passes = 0;
-  std::vector<float> host_hypers;
+  std::vector<double> host_hypers;
   std::int64_t num_chunks = 0;
   int num_groups = 0;
   int num_aligned = 0;
@@ -131,12 +131,12 @@ struct CudaKernel::Impl {
     return static_cast<unsigned>(std::max<std::int64_t>(1, std::min(num_chunks, cap)));
   }
 
-  fo_launch make_launch(float step, float inv_grad_scale, bool capturable_mode) const {
+  fo_launch make_launch(double step, float inv_grad_scale, bool capturable_mode) const {
     fo_launch L{};
     L.chunks = as_device_pointer<const fo_chunk>(chunks.get());
     L.num_chunks = static_cast<long long>(num_chunks);
     L.ptrs = as_device_pointer<void* const>(ptrs.get());
-    L.hypers = as_device_pointer<const float>(hypers.get());
+    L.hypers = as_device_pointer<const double>(hypers.get());
     L.step = step;
     L.inv_grad_scale = inv_grad_scale;
     if (capturable_mode) {
@@ -211,7 +211,7 @@ int CudaKernel::num_aligned_tensors() const { return impl_->num_aligned; }
 
 void CudaKernel::set_tensors(const std::vector<std::vector<DevicePtr>>& ptrs,
                              const std::vector<std::int64_t>& numel,
-                             const std::vector<std::vector<float>>& hypers,
+                             const std::vector<std::vector<double>>& hypers,
                              const std::vector<int>& group) {
   std::vector<std::vector<void*>> host_ptrs;
   host_ptrs.reserve(ptrs.size());
@@ -295,7 +295,7 @@ void CudaKernel::set_plan(const Plan& plan) {
   k.planned = true;
 }
 
-void CudaKernel::set_hypers(int group, const std::vector<float>& values, cuda::Stream stream) {
+void CudaKernel::set_hypers(int group, const std::vector<double>& values, cuda::Stream stream) {
   Impl& k = *impl_;
   k.require_plan("set_hypers");
   FUSEDOPT_CHECK_USAGE(!(group < 0 || group >= k.num_groups),
@@ -310,11 +310,11 @@ void CudaKernel::set_hypers(int group, const std::vector<float>& values, cuda::S
   std::copy(values.begin(), values.end(),
             k.host_hypers.begin() + static_cast<std::ptrdiff_t>(offset));
   // From pageable memory: the driver stages the bytes before returning, so `values` may go.
-  cuda::copy_to_device_async(k.hypers.get() + offset * sizeof(float), values.data(),
-                             values.size() * sizeof(float), stream);
+  cuda::copy_to_device_async(k.hypers.get() + offset * sizeof(double), values.data(),
+                             values.size() * sizeof(double), stream);
 }
 
-void CudaKernel::step(cuda::Stream stream, float step, float inv_grad_scale) {
+void CudaKernel::step(cuda::Stream stream, double step, float inv_grad_scale) {
   Impl& k = *impl_;
   k.require_plan("step");
   if (k.num_chunks == 0) return;
@@ -327,7 +327,7 @@ void CudaKernel::step(cuda::Stream stream, float step, float inv_grad_scale) {
 
 int CudaKernel::reduction_passes() const { return impl_->reduction_passes; }
 
-void CudaKernel::run_pass(cuda::Stream stream, int pass, float step, float inv_grad_scale,
+void CudaKernel::run_pass(cuda::Stream stream, int pass, double step, float inv_grad_scale,
                           bool check_grads, bool capturable_mode) {
   Impl& k = *impl_;
   k.require_plan("run_pass");

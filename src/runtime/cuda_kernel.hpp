@@ -55,7 +55,7 @@ class CudaKernel {
   /// the capturable step to 0 steps taken and the capturable inverse grad scale to 1.
   void set_tensors(const std::vector<std::vector<cuda::DevicePtr>>& ptrs,
                    const std::vector<std::int64_t>& numel,
-                   const std::vector<std::vector<float>>& hypers,
+                   const std::vector<std::vector<double>>& hypers,
                    const std::vector<int>& group = {});
 
   /// Uploads `plan` (built for this kernel's body with chunks of kCudaChunk elements and
@@ -64,13 +64,13 @@ class CudaKernel {
 
   /// Replaces group `group`'s hyper values, ordered on `stream` after the work already
   /// queued there (not allowed while `stream` is being captured).
-  void set_hypers(int group, const std::vector<float>& values, cuda::Stream stream = nullptr);
+  void set_hypers(int group, const std::vector<double>& values, cuda::Stream stream = nullptr);
 
   /// One optimizer step over the plan: ONE launch for an element-wise rule (none when every
   /// tensor is empty); a rule with reductions runs each reduction pass and its finalize
   /// first (its global totals are this kernel's alone). `step` is 1-based; the gradient
   /// is multiplied by `inv_grad_scale` before the rule.
-  void step(cuda::Stream stream, float step, float inv_grad_scale = 1.0f);
+  void step(cuda::Stream stream, double step, float inv_grad_scale = 1.0f);
 
   // Reductions, pass by pass (the Optimizer interleaves the kernels of several bindings).
   /// Reduction passes before the update (0: element-wise).
@@ -78,7 +78,7 @@ class CudaKernel {
   /// Launches pass `pass`: a reduction pass (below reduction_passes(); `check_grads`: pass
   /// 0 also counts non-finite unscaled gradients) or the update (pass == reduction_passes()).
   /// `capturable_mode` reads the step and grad scale from the device (see below).
-  void run_pass(cuda::Stream stream, int pass, float step, float inv_grad_scale, bool check_grads,
+  void run_pass(cuda::Stream stream, int pass, double step, float inv_grad_scale, bool check_grads,
                 bool capturable_mode);
   /// Launches the finalize of reduction pass `pass` (combine into the global totals with
   /// `accumulate`, else replace them).

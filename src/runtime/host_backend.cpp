@@ -18,7 +18,7 @@ constexpr std::size_t kHostAlign = 256;
 class HostBoundKernel final : public BoundKernel {
  public:
   HostBoundKernel(Backend& backend, std::shared_ptr<const lang::Rule> rule,
-                  const BindingTensors& tensors, const std::vector<std::vector<float>>& hypers)
+                  const BindingTensors& tensors, const std::vector<std::vector<double>>& hypers)
       : kernel_(std::move(rule), tensors.dtypes, provider::cache_at({}), tensors.strategy) {
     prepared_ = HostKernel::Prepared(plan_binding(
         backend, kernel_.body(),
@@ -29,7 +29,7 @@ class HostBoundKernel final : public BoundKernel {
   }
 
   void init_states() override { kernel_.init_states(prepared_); }
-  void reduce(int pass, float step, float inv_grad_scale, bool check_grads, void*) override {
+  void reduce(int pass, double step, float inv_grad_scale, bool check_grads, void*) override {
     kernel_.run_pass(prepared_, pass, step, inv_grad_scale, check_grads);
   }
   void finalize(int pass, bool accumulate, void*) override {
@@ -43,13 +43,13 @@ class HostBoundKernel final : public BoundKernel {
   }
   const codegen::KernelBody& body() const override { return kernel_.body(); }
   std::int64_t scratch_bytes() const override { return static_cast<std::int64_t>(scratch_.size()); }
-  void step(float step, float inv_grad_scale, void*) override {
+  void step(double step, float inv_grad_scale, void*) override {
     kernel_.run_pass(prepared_, kernel_.reduction_passes(), step, inv_grad_scale);
   }
   bool grads_finite(float inv_grad_scale, void*) override {
     return kernel_.grads_finite(prepared_, inv_grad_scale);
   }
-  void set_hypers(const std::vector<std::vector<float>>& hypers) override {
+  void set_hypers(const std::vector<std::vector<double>>& hypers) override {
     prepared_.set_hypers(hypers);
   }
   int launches_per_step() const override {
@@ -93,7 +93,7 @@ class HostBackend final : public Backend {
 
   std::unique_ptr<BoundKernel> bind(std::shared_ptr<const lang::Rule> rule,
                                     const BindingTensors& tensors,
-                                    const std::vector<std::vector<float>>& hypers) override {
+                                    const std::vector<std::vector<double>>& hypers) override {
     return std::make_unique<HostBoundKernel>(*this, std::move(rule), tensors, hypers);
   }
 

@@ -34,7 +34,7 @@ HostKernel::Prepared::Prepared(Plan plan) : plan_(std::move(plan)) {
   tensor_totals_.assign(plan_.num_tensor_totals(), 0.0);
 }
 
-fo_launch HostKernel::Prepared::launch(float step, float inv_grad_scale) const {
+fo_launch HostKernel::Prepared::launch(double step, float inv_grad_scale) const {
   fo_launch L{};
   L.chunks = plan_.chunks().data();
   L.num_chunks = static_cast<long long>(plan_.num_chunks());
@@ -81,19 +81,19 @@ int HostKernel::num_roles() const { return info_.body.num_roles; }
 
 PlanRequest HostKernel::plan_request(const std::vector<std::vector<void*>>& ptrs,
                                      const std::vector<std::int64_t>& numel,
-                                     const std::vector<std::vector<float>>& hypers,
+                                     const std::vector<std::vector<double>>& hypers,
                                      const std::vector<int>& group) const {
   return PlanRequest("HostKernel", ptrs, numel, hypers, group, kHostChunkElems);
 }
 
 HostKernel::Prepared HostKernel::prepare(const std::vector<std::vector<void*>>& ptrs,
                                          const std::vector<std::int64_t>& numel,
-                                         const std::vector<std::vector<float>>& hypers,
+                                         const std::vector<std::vector<double>>& hypers,
                                          const std::vector<int>& group) const {
   return Prepared(Plan::build(info_.body, plan_request(ptrs, numel, hypers, group)));
 }
 
-void HostKernel::run_pass(Prepared& prepared, int pass, float step, float inv_grad_scale,
+void HostKernel::run_pass(Prepared& prepared, int pass, double step, float inv_grad_scale,
                           bool check_grads) const {
   const int n = info_.body.reduction_passes;
   if (pass < 0 || pass > n) {
@@ -115,7 +115,7 @@ void HostKernel::finalize(Prepared& prepared, int pass, bool accumulate) const {
   impl_->finalize(&L, pass);
 }
 
-void HostKernel::step(const Prepared& prepared, float step, float inv_grad_scale) const {
+void HostKernel::step(const Prepared& prepared, double step, float inv_grad_scale) const {
   if (prepared.empty()) return;
   auto& p = const_cast<Prepared&>(prepared);  // only the reduction scratch changes
   for (int pass = 0; pass < info_.body.reduction_passes; ++pass) {

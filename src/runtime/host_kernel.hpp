@@ -30,16 +30,16 @@ class HostKernel {
     Prepared() = default;
     explicit Prepared(Plan plan);
     /// Replaces the hyper table (`hypers[g]`: group g's values, Rule::hypers order).
-    void set_hypers(const std::vector<std::vector<float>>& hypers) { plan_.set_hypers(hypers); }
+    void set_hypers(const std::vector<std::vector<double>>& hypers) { plan_.set_hypers(hypers); }
     /// Sets one value of one group.
-    void set_hyper(int group, int index, float value) { plan_.set_hyper(group, index, value); }
+    void set_hyper(int group, int index, double value) { plan_.set_hyper(group, index, value); }
     std::int64_t num_chunks() const { return plan_.num_chunks(); }
     const std::vector<fo_chunk>& chunks() const { return plan_.chunks(); }
     /// Whether a launch has any work (false when every tensor is empty).
     bool empty() const { return plan_.empty(); }
     const Plan& plan() const { return plan_; }
     /// The launch for `step` and `inv_grad_scale`, pointing into this object.
-    fo_launch launch(float step, float inv_grad_scale) const;
+    fo_launch launch(double step, float inv_grad_scale) const;
     /// Uses `totals` (FO_NUM_GLOBAL_SLOTS doubles, shared with other kernels of one
     /// optimizer) for the global totals instead of this plan's own.
     void share_global_totals(double* totals) { global_ = totals; }
@@ -78,24 +78,24 @@ class HostKernel {
   /// group 0). The pointers must stay valid while the Prepared is used.
   Prepared prepare(const std::vector<std::vector<void*>>& ptrs,
                    const std::vector<std::int64_t>& numel,
-                   const std::vector<std::vector<float>>& hypers,
+                   const std::vector<std::vector<double>>& hypers,
                    const std::vector<int>& group = {}) const;
   /// The request of prepare() with this kernel's chunk size and name filled in.
   PlanRequest plan_request(const std::vector<std::vector<void*>>& ptrs,
                            const std::vector<std::int64_t>& numel,
-                           const std::vector<std::vector<float>>& hypers,
+                           const std::vector<std::vector<double>>& hypers,
                            const std::vector<int>& group) const;
 
   /// One step over the prepared tensors; `step` is 1-based. The gradient is multiplied by
   /// `inv_grad_scale` before the rule. A rule with reductions runs every reduction pass and
   /// its finalize, then the update (its global totals are this plan's alone).
-  void step(const Prepared& prepared, float step, float inv_grad_scale = 1.0f) const;
+  void step(const Prepared& prepared, double step, float inv_grad_scale = 1.0f) const;
 
   /// Reduction passes before the update (0: element-wise).
   int reduction_passes() const;
   /// Pass `pass` alone: a reduction pass (pass < reduction_passes(); with `check_grads`,
   /// pass 0 also counts non-finite unscaled gradients) or the update (the last pass).
-  void run_pass(Prepared& prepared, int pass, float step, float inv_grad_scale,
+  void run_pass(Prepared& prepared, int pass, double step, float inv_grad_scale,
                 bool check_grads = false) const;
   /// Combines reduction pass `pass`'s chunk partials into the totals; with `accumulate`,
   /// the global totals are combined into (another kernel wrote them first), not replaced.

@@ -21,14 +21,14 @@ std::size_t Optimizer::Impl::hyper_index(const std::string& name) const {
                                known.empty() ? "none" : known));
 }
 
-std::vector<std::vector<float>> Optimizer::Impl::float_hypers() const {
-  std::vector<std::vector<float>> out;
+std::vector<std::vector<double>> Optimizer::Impl::hyper_values() const {
+  std::vector<std::vector<double>> out;
   for (const auto& group : hypers) out.emplace_back(group.begin(), group.end());
   return out;
 }
 
 void Optimizer::Impl::push_hypers() {
-  const std::vector<std::vector<float>> h = float_hypers();
+  const std::vector<std::vector<double>> h = hyper_values();
   for (auto& kernel : kernels) kernel->set_hypers(h);
 }
 

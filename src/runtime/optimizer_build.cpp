@@ -360,7 +360,7 @@ void Optimizer::Impl::bind_kernels() {
     t.group.push_back(s.group);
     binding_params[static_cast<std::size_t>(s.binding)].push_back(static_cast<int>(p));
   }
-  const std::vector<std::vector<float>> h = float_hypers();
+  const std::vector<std::vector<double>> h = hyper_values();
   for (const runtime::BindingTensors& t : tensors) {
     kernels.push_back(backend->bind(detail::RuleAccess::impl(rule), t, h));
   }

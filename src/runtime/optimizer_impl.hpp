@@ -106,8 +106,8 @@ struct Optimizer::Impl {
 
   /// Index of hyper `name`; throws Error listing the rule's hypers otherwise.
   std::size_t hyper_index(const std::string& name) const;
-  /// `hypers` rounded to fp32 (what the kernels read).
-  std::vector<std::vector<float>> float_hypers() const;
+  /// `hypers` as the kernels read them (double: fo_prepare rounds each use once).
+  std::vector<std::vector<double>> hyper_values() const;
   /// Hands the current hypers to every kernel's plan.
   void push_hypers();
   /// Index of state `name` in state_names, -1 for "master", or throws listing them.

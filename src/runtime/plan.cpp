@@ -42,7 +42,7 @@ Plan Plan::build(const codegen::KernelBody& body, const PlanRequest& request) {
   FUSEDOPT_CHECK_USAGE(hypers.size() <= static_cast<std::size_t>(INT_MAX), "{}: too many groups",
                        who);
   p.num_groups_ = static_cast<int>(hypers.size());
-  p.hypers_.assign(hypers.size() * static_cast<std::size_t>(p.num_hypers_) + 1, 0.0f);
+  p.hypers_.assign(hypers.size() * static_cast<std::size_t>(p.num_hypers_) + 1, 0.0);
   p.set_hypers(hypers);
 
   p.ptrs_.assign(std::max<std::size_t>(n, 1) * static_cast<std::size_t>(p.num_roles_), nullptr);
@@ -116,7 +116,7 @@ void Plan::bind_scratch(void* base) {
   }
 }
 
-void Plan::set_hypers(const std::vector<std::vector<float>>& hypers) {
+void Plan::set_hypers(const std::vector<std::vector<double>>& hypers) {
   FUSEDOPT_CHECK_USAGE(static_cast<int>(hypers.size()) == num_groups_,
                        "{}: {} hyper groups given, the plan has {}", who_, hypers.size(),
                        num_groups_);
@@ -129,7 +129,7 @@ void Plan::set_hypers(const std::vector<std::vector<float>>& hypers) {
   }
 }
 
-void Plan::set_hyper(int group, int index, float value) {
+void Plan::set_hyper(int group, int index, double value) {
   FUSEDOPT_CHECK_INTERNAL(!(group < 0 || group >= num_groups_ || index < 0 || index >= num_hypers_),
                           "{}: set_hyper({}, {}) out of range", who_, group, index);
   hypers_[static_cast<std::size_t>(group) * static_cast<std::size_t>(num_hypers_) +

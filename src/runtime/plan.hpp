@@ -21,7 +21,7 @@ struct PlanRequest {
   PlanRequest() = default;
   PlanRequest(const char* who_, const std::vector<std::vector<void*>>& ptrs_,
               const std::vector<std::int64_t>& numel_,
-              const std::vector<std::vector<float>>& hypers_, const std::vector<int>& group_,
+              const std::vector<std::vector<double>>& hypers_, const std::vector<int>& group_,
               std::int64_t chunk_elems_)
       : who(who_),
         ptrs(&ptrs_),
@@ -35,7 +35,7 @@ struct PlanRequest {
   /// scratch tensors unless `lay_out_scratch`.
   const std::vector<std::vector<void*>>* ptrs = nullptr;
   const std::vector<std::int64_t>* numel = nullptr;
-  const std::vector<std::vector<float>>* hypers = nullptr;  ///< [group][Rule::hypers order]
+  const std::vector<std::vector<double>>* hypers = nullptr;  ///< [group][Rule::hypers order]
   const std::vector<int>* group = nullptr;  ///< tensor t's group; null or empty: all 0
   std::int64_t chunk_elems = 1;
   /// Lay out the Store strategy's scratch tensors (bind_scratch() then points at them)
@@ -51,9 +51,9 @@ class Plan {
   static Plan build(const codegen::KernelBody& body, const PlanRequest& request);
 
   /// Replaces the hyper table (`hypers[g]`: group g's values).
-  void set_hypers(const std::vector<std::vector<float>>& hypers);
+  void set_hypers(const std::vector<std::vector<double>>& hypers);
   /// Sets one value of one group.
-  void set_hyper(int group, int index, float value);
+  void set_hyper(int group, int index, double value);
   /// Points the scratch roles at views of one allocation of scratch_bytes() at `base`.
   void bind_scratch(void* base);
 
@@ -61,7 +61,7 @@ class Plan {
   /// [tensor * num_roles() + role].
   const std::vector<void*>& ptrs() const { return ptrs_; }
   /// [group * num_hypers() + hyper], plus one pad value (never empty).
-  const std::vector<float>& hypers() const { return hypers_; }
+  const std::vector<double>& hypers() const { return hypers_; }
   /// [2 * tensor]: first chunk, chunk count (rules with reductions; else empty).
   const std::vector<long long>& tensor_chunks() const { return tensor_chunks_; }
   /// Per tensor: 1 when every role pointer is kVectorAlign-aligned.
@@ -90,7 +90,7 @@ class Plan {
 
   std::vector<fo_chunk> chunks_;
   std::vector<void*> ptrs_;
-  std::vector<float> hypers_;
+  std::vector<double> hypers_;
   std::vector<long long> tensor_chunks_;
   std::vector<unsigned char> aligned_;
   std::vector<std::size_t> scratch_offsets_;  ///< [tensor * scratch values + j], bytes

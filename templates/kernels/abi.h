@@ -4,7 +4,7 @@
 #define FUSEDOPT_ABI_H
 
 // Bump when you change this: any struct below or an exported entry point's signature.
-#define FO_ABI_VERSION 3
+#define FO_ABI_VERSION 4
 
 // Launch constants shared by the runtime and the kernels (one source for both):
 /// Threads per block of every CUDA kernel (the runtime's kCudaBlock).
@@ -24,10 +24,11 @@ struct fo_launch {
   const fo_chunk* chunks;  ///< the chunk table, sorted by group
   long long num_chunks;
   void* const* ptrs;      ///< [tensor * FO_NUM_ROLES + role]
-  const float* hypers;    ///< [group * FO_NUM_HYPERS + hyper], declaration order
-  float step;             ///< 1-based step, used when step_ptr is null
+  const double* hypers;   ///< [group * FO_NUM_HYPERS + hyper], declaration order (fo_prepare
+                          ///< computes uniform values from them in double)
+  double step;            ///< 1-based step, used when step_ptr is null
   float inv_grad_scale;   ///< used when inv_grad_scale_ptr is null
-  const float* step_ptr;  ///< capturable mode: read the step here
+  const float* step_ptr;  ///< capturable mode: read the step here (exact to 2^24 steps)
   const float* inv_grad_scale_ptr;
   const unsigned char* aligned;  ///< per tensor: 1 if every role's pointer is 16-byte aligned
                                  ///< (device); null = never vectorise

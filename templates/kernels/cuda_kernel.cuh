@@ -181,7 +181,7 @@ __device__ __forceinline__ fo_tvals fo_chunk_values(const fo_launch& L, int tens
 template <bool kInit>
 __device__ __forceinline__ void fo_run(const fo_launch& L) {
   __shared__ fo_uniform shared_uniform;
-  const float step = L.step_ptr ? *L.step_ptr : L.step;
+  const double step = L.step_ptr ? (double)*L.step_ptr : L.step;
   const float inv_grad_scale = L.inv_grad_scale_ptr ? *L.inv_grad_scale_ptr : L.inv_grad_scale;
   int group = -1;
   fo_uniform U;
@@ -232,7 +232,7 @@ template <int kPass>
 __device__ __forceinline__ void fo_reduce_run(const fo_launch& L) {
   __shared__ fo_uniform shared_uniform;
   __shared__ float red[FO_BLOCK];
-  const float step = L.step_ptr ? *L.step_ptr : L.step;
+  const double step = L.step_ptr ? (double)*L.step_ptr : L.step;
   const float inv_grad_scale = L.inv_grad_scale_ptr ? *L.inv_grad_scale_ptr : L.inv_grad_scale;
   const bool check = kPass == 0 && L.check_grads != 0;
   int group = -1;

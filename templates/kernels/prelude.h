@@ -25,6 +25,20 @@ FO_FN float fo_min(float a, float b) { return fminf(a, b); }
 FO_FN float fo_max(float a, float b) { return fmaxf(a, b); }
 FO_FN bool fo_isfinite(float x) { return isfinite(x); }
 FO_FN double fo_sqrt_d(double x) { return sqrt(x); }
+// Double overloads: fo_prepare computes uniform values (hypers, step) in double.
+FO_FN double fo_sqrt(double x) { return sqrt(x); }
+FO_FN double fo_rsqrt(double x) { return rsqrt(x); }
+FO_FN double fo_exp(double x) { return exp(x); }
+FO_FN double fo_log(double x) { return log(x); }
+FO_FN double fo_pow(double a, double b) { return pow(a, b); }
+FO_FN double fo_tanh(double x) { return tanh(x); }
+FO_FN double fo_log1p(double x) { return log1p(x); }
+FO_FN double fo_expm1(double x) { return expm1(x); }
+FO_FN double fo_floor(double x) { return floor(x); }
+FO_FN double fo_abs(double x) { return fabs(x); }
+FO_FN double fo_min(double a, double b) { return fmin(a, b); }
+FO_FN double fo_max(double a, double b) { return fmax(a, b); }
+FO_FN bool fo_isfinite(double x) { return isfinite(x); }
 // Hardware conversions, round to nearest even.
 FO_FN float fo_f16_to_f32(unsigned short h) {
   float f;
@@ -58,6 +72,20 @@ FO_FN float fo_min(float a, float b) { return __builtin_fminf(a, b); }
 FO_FN float fo_max(float a, float b) { return __builtin_fmaxf(a, b); }
 FO_FN bool fo_isfinite(float x) { return __builtin_isfinite(x); }
 FO_FN double fo_sqrt_d(double x) { return __builtin_sqrt(x); }
+// Double overloads: fo_prepare computes uniform values (hypers, step) in double.
+FO_FN double fo_sqrt(double x) { return __builtin_sqrt(x); }
+FO_FN double fo_rsqrt(double x) { return 1.0 / __builtin_sqrt(x); }
+FO_FN double fo_exp(double x) { return __builtin_exp(x); }
+FO_FN double fo_log(double x) { return __builtin_log(x); }
+FO_FN double fo_pow(double a, double b) { return __builtin_pow(a, b); }
+FO_FN double fo_tanh(double x) { return __builtin_tanh(x); }
+FO_FN double fo_log1p(double x) { return __builtin_log1p(x); }
+FO_FN double fo_expm1(double x) { return __builtin_expm1(x); }
+FO_FN double fo_floor(double x) { return __builtin_floor(x); }
+FO_FN double fo_abs(double x) { return __builtin_fabs(x); }
+FO_FN double fo_min(double a, double b) { return __builtin_fmin(a, b); }
+FO_FN double fo_max(double a, double b) { return __builtin_fmax(a, b); }
+FO_FN bool fo_isfinite(double x) { return __builtin_isfinite(x); }
 // Software conversions, round to nearest even (same results as the GPU's cvt.rn).
 FO_FN float fo_f16_to_f32(unsigned short h) {
   unsigned int sign = (unsigned int)(h & 0x8000u) << 16;
@@ -92,6 +120,11 @@ FO_FN float fo_clamp(float x, float lo, float hi) { return fo_min(fo_max(x, lo),
 FO_FN float fo_bool(bool b) { return b ? 1.0f : 0.0f; }
 FO_FN float fo_sq(float x) { return x * x; }
 FO_FN float fo_inf() { return fo_as_float(0x7f800000u); }
+FO_FN double fo_sign(double x) { return (double)(x > 0.0) - (double)(x < 0.0); }
+FO_FN double fo_clamp(double x, double lo, double hi) { return fo_min(fo_max(x, lo), hi); }
+FO_FN double fo_bool_d(bool b) { return b ? 1.0 : 0.0; }
+FO_FN double fo_sq(double x) { return x * x; }
+FO_FN double fo_inf_d() { return (double)fo_inf(); }
 /// max that lets NaN win (a NaN anywhere in a max reduction shows in its result).
 FO_FN float fo_maxnan(float a, float b) { return (b > a || b != b) ? b : a; }
 FO_FN double fo_maxnan_d(double a, double b) { return (b > a || b != b) ? b : a; }

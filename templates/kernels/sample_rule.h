@@ -41,12 +41,12 @@ FO_FN fo_tensor fo_bind(void* const* p) {
   t.r1 = (const float*)p[1];
   return t;
 }
-FO_FN fo_uniform fo_prepare(const float* h, float step, float inv_grad_scale, const double* G) {
+FO_FN fo_uniform fo_prepare(const double* h, double step, float inv_grad_scale, const double* G) {
   fo_uniform U;
-  for (int k = 0; k < FO_NUM_HYPERS; ++k) U.h[k] = h[k];
-  U.step = step;
+  for (int k = 0; k < FO_NUM_HYPERS; ++k) U.h[k] = (float)h[k];
+  U.step = (float)step;
   U.inv_grad_scale = inv_grad_scale;
-  U.u[0] = U.h[0] * U.h[1];
+  U.u[0] = (float)(h[0] * h[1]);  // uniform values in double, rounded once
   U.g[0] = 0.0f;
   U.g[1] = G ? (float)G[1] : 0.0f;
   return U;

@@ -223,15 +223,14 @@ std::vector<double> rule_init(const fusedopt::lang::Rule& rule, const Hypers& h)
 }
 
 /// The kernel's hyper vector for `h`, after checking the rule has exactly those hypers.
-std::vector<float> kernel_hypers(const HostKernel& kernel, const Hypers& h) {
+std::vector<double> kernel_hypers(const HostKernel& kernel, const Hypers& h) {
   std::vector<std::string> names = names_of(kernel.rule(), kernel.rule().hypers);
   std::sort(names.begin(), names.end());
   std::vector<std::string> expected;
   for (const auto& kv : h) expected.push_back(kv.first);  // std::map: sorted
   REQUIRE(names == expected);
-  std::vector<float> values = default_hypers(kernel);
-  for (const auto& [name, value] : h)
-    values = with_hyper(kernel, values, name, static_cast<float>(value));
+  std::vector<double> values = default_hypers(kernel);
+  for (const auto& [name, value] : h) values = with_hyper(kernel, values, name, value);
   return values;
 }
 
@@ -287,7 +286,7 @@ void run_case(const std::string& name, const std::string& label, const std::vect
   const std::size_t ns = sp.states.size();
   REQUIRE(kernel.num_roles() == static_cast<int>(2 + ns));
 
-  std::vector<std::vector<float>> hypers;
+  std::vector<std::vector<double>> hypers;
   std::vector<RefStep> refs;
   std::vector<std::vector<double>> inits;
   for (const Hypers& h : groups) {
@@ -412,7 +411,7 @@ void run_adamw_storage(const std::string& binding) {
   HostKernel kernel(fusedopt::preset_rule("adamw"), b, test_cache());
   REQUIRE(kernel.num_roles() == (b.master ? 5 : 4));
   const Hypers h = with(kAdamWDefaults, {{"lr", 1e-2}, {"weight_decay", 0.1}});
-  const std::vector<std::vector<float>> hypers = {kernel_hypers(kernel, h)};
+  const std::vector<std::vector<double>> hypers = {kernel_hypers(kernel, h)};
   const RefStep ref = adam_reference(h, true, false);
   const double tol = spec("adamw").tol;
 

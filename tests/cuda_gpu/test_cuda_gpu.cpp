@@ -67,10 +67,7 @@ float from_bf16(std::uint16_t h) {
 struct AdamW {
   double lr = 1e-2, beta1 = 0.9, beta2 = 0.999, eps = 1e-8, weight_decay = 1e-2;
   /// Kernel hyper values in the preset's declaration order.
-  std::vector<float> hypers() const {
-    return {static_cast<float>(lr),  static_cast<float>(beta1),        static_cast<float>(beta2),
-            static_cast<float>(eps), static_cast<float>(weight_decay), 0.0f};
-  }
+  std::vector<double> hypers() const { return {lr, beta1, beta2, eps, weight_decay, 0.0}; }
   void step(std::vector<double>& p, std::vector<double>& m, std::vector<double>& v,
             const std::vector<double>& g, int t) const {
     const double bias1 = 1.0 - std::pow(beta1, t);

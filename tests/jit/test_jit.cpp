@@ -151,8 +151,8 @@ avg = decay * avg + (1 - decay) * w
     std::normal_distribution<float> normal(0.0f, 1.0f);
     const std::vector<std::int64_t> sizes = {1, 0, 70000, 33, 65537};
     const std::vector<int> groups = {0, 1, 1, 0, 1};
-    std::vector<std::vector<float>> hypers = {default_hypers(k),
-                                              with_hyper(k, default_hypers(k), "lr", 0.05f)};
+    std::vector<std::vector<double>> hypers = {default_hypers(k),
+                                               with_hyper(k, default_hypers(k), "lr", 0.05f)};
     hypers[1] = with_hyper(k, hypers[1], "limit", 2.0f);
     const float inv_scale = 0.25f;
     std::vector<std::vector<float>> w(5), d(5), buf(5), avg(5), delta(5);
@@ -178,7 +178,7 @@ avg = decay * avg + (1 - decay) * w
       }
       run(k, ptrs, sizes, hypers, static_cast<float>(step), groups, inv_scale);
       for (int t = 0; t < 5; ++t) {
-        const std::vector<float>& h = hypers[groups[t]];
+        const std::vector<double>& h = hypers[groups[t]];
         double lr = h[0], mu = h[1], decay = h[2], limit = h[3];
         for (std::size_t i = 0; i < rw[t].size(); ++i) {
           double g = static_cast<double>(d[t][i]) * inv_scale;
@@ -228,7 +228,7 @@ avg = decay * avg + (1 - decay) * w
       for (auto& x : g[t]) x = uniform(rng);
       ptrs[t] = {p[t].data(), g[t].data(), buf[t].data()};
     }
-    std::vector<std::vector<float>> h = {default_hypers(k)};
+    std::vector<std::vector<double>> h = {default_hypers(k)};
     CHECK(grads_finite(k, ptrs, sizes, h, 1.0f));
     std::size_t at = std::uniform_int_distribution<std::size_t>(0, g[2].size() - 1)(rng);
     g[2][at] = NAN;

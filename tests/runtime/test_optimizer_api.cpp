@@ -329,7 +329,7 @@ TEST_SUITE("runtime") {
                                     fusedopt::cache::KernelCache::global());
     static float dummy[3];
     std::vector<std::vector<void*>> ptrs(4, {dummy, dummy + 1, dummy + 2});
-    const std::vector<float> defaults = fusedopt::test::default_hypers(k);
+    const std::vector<double> defaults = fusedopt::test::default_hypers(k);
     const auto prepared = k.prepare(ptrs, numel, {defaults, defaults}, group);
     REQUIRE(prepared.num_chunks() == expect);
     const std::vector<fo_chunk>& chunks = prepared.chunks();

@@ -26,10 +26,11 @@ struct StorageCase {
 /// rounding boundary (fp32 rounding of the operands, 2^-22 of the scale, is allowed on top). That
 /// is rare, but not as rare as fp32's 16 extra bits suggest when the inputs are 16-bit too: m + 0.1
 /// * (g - m) of two bf16 values lands a few fp32 ulps from a bf16 midpoint whenever g - m is 5
-/// times a power of two (measured: 0.4% of the values with bf16 grads and states, under 0.05%
-/// otherwise). A store that truncated, or rounded ties away from zero, sets far more apart, so at
-/// most 1 in 100 may be. With a master, the param must be exactly the master rounded to nearest
-/// even.
+/// times a power of two. Since 1 - beta1 is computed in double and rounded once (float(0.1),
+/// not 1 - float(0.9)), the fp32 product often lands exactly on the midpoint (measured: 1.1%
+/// of the values with bf16 grads and states, under 0.05% otherwise). A store that truncated, or
+/// rounded ties away from zero, sets far more apart (a quarter or more), so at most 2 in 100
+/// may be. With a master, the param must be exactly the master rounded to nearest even.
 void run_adamw_storage(const StorageCase& c, int steps = 30) {
   use_private_cache();
   const std::uint32_t seed = fresh_seed();
@@ -134,7 +135,7 @@ void run_adamw_storage(const StorageCase& c, int steps = 30) {
     }
   }
   CHECK_MESSAGE(bad == 0, bad << " values out of tolerance; first: " << first_bad);
-  CHECK_MESSAGE(apart * 100 <= std::max(values16, 100LL),
+  CHECK_MESSAGE(apart * 50 <= std::max(values16, 50LL),
                 apart << " of " << values16 << " 16-bit values rounded one ulp apart");
 }
 

@@ -13,16 +13,15 @@
 namespace fusedopt::test {
 
 /// The hyper values of the rule's defaults, in Rule::hypers order.
-inline std::vector<float> default_hypers(const runtime::HostKernel& k) {
-  std::vector<float> out;
-  for (int h : k.rule().hypers)
-    out.push_back(static_cast<float>(k.rule().symbols[h].default_value));
+inline std::vector<double> default_hypers(const runtime::HostKernel& k) {
+  std::vector<double> out;
+  for (int h : k.rule().hypers) out.push_back(k.rule().symbols[h].default_value);
   return out;
 }
 
 /// `hypers` with `name` set to `value`; throws fusedopt::Error for an unknown name.
-inline std::vector<float> with_hyper(const runtime::HostKernel& k, std::vector<float> hypers,
-                                     const std::string& name, float value) {
+inline std::vector<double> with_hyper(const runtime::HostKernel& k, std::vector<double> hypers,
+                                      const std::string& name, double value) {
   const lang::Rule& rule = k.rule();
   for (std::size_t i = 0; i < rule.hypers.size(); ++i) {
     if (rule.symbols[rule.hypers[i]].name == name) {
@@ -40,7 +39,7 @@ inline std::vector<float> with_hyper(const runtime::HostKernel& k, std::vector<f
 /// One step over a temporary plan (the arguments of HostKernel::prepare).
 inline void run(const runtime::HostKernel& k, const std::vector<std::vector<void*>>& ptrs,
                 const std::vector<std::int64_t>& numel,
-                const std::vector<std::vector<float>>& hypers, float step,
+                const std::vector<std::vector<double>>& hypers, double step,
                 const std::vector<int>& group = {}, float inv_grad_scale = 1.0f) {
   k.step(k.prepare(ptrs, numel, hypers, group), step, inv_grad_scale);
 }
@@ -48,7 +47,7 @@ inline void run(const runtime::HostKernel& k, const std::vector<std::vector<void
 /// Writes every state's initial value over a temporary plan.
 inline void init_states(const runtime::HostKernel& k, const std::vector<std::vector<void*>>& ptrs,
                         const std::vector<std::int64_t>& numel,
-                        const std::vector<std::vector<float>>& hypers,
+                        const std::vector<std::vector<double>>& hypers,
                         const std::vector<int>& group = {}) {
   k.init_states(k.prepare(ptrs, numel, hypers, group));
 }
@@ -56,7 +55,7 @@ inline void init_states(const runtime::HostKernel& k, const std::vector<std::vec
 /// Whether every gradient times `inv_grad_scale` is finite, over a temporary plan.
 inline bool grads_finite(const runtime::HostKernel& k, const std::vector<std::vector<void*>>& ptrs,
                          const std::vector<std::int64_t>& numel,
-                         const std::vector<std::vector<float>>& hypers, float inv_grad_scale,
+                         const std::vector<std::vector<double>>& hypers, float inv_grad_scale,
                          const std::vector<int>& group = {}) {
   return k.grads_finite(k.prepare(ptrs, numel, hypers, group), inv_grad_scale);
 }
