@@ -23,6 +23,13 @@ ensure_deps() {
   fi
   if [ ! -f /usr/local/cuda/include/nvrtc.h ]; then
     echo "note: no CUDA toolkit in /usr/local/cuda: building without CUDA (host kernels only)"
+  elif ! python3 -c 'import nvidia, os, sys; sys.exit(not os.path.exists(os.path.join(list(nvidia.__path__)[0], "cu13", "bin", "cuobjdump")))' 2>/dev/null; then
+    # tests/cuda/test_sass.cpp reads the SASS of our CUBINs with cuobjdump (not in the
+    # toolkit's Debian layout here; NVIDIA ships it on PyPI).
+    echo "installing: nvidia-cuda-cuobjdump nvidia-cuda-nvdisasm (pip)"
+    python3 -m pip install --quiet nvidia-cuda-cuobjdump nvidia-cuda-nvdisasm ||
+      echo "note: could not install cuobjdump: the SASS test will be skipped"
+    chmod +x "$(python3 -c 'import nvidia; print(list(nvidia.__path__)[0])')"/cu13/bin/* 2>/dev/null || true
   fi
 }
 

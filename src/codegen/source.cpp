@@ -5,6 +5,9 @@
 #include <algorithm>
 #include <cctype>
 #include <cmath>
+#include <cstdlib>
+#include <set>
+#include <utility>
 
 #include "codegen/codegen.hpp"
 #include "codegen/writer.hpp"
@@ -138,6 +141,52 @@ void emit_grad_finite(Writer& w) {
   w.line("FO_FN bool fo_grad_finite(const fo_tensor& t, long long i, const fo_uniform& U) {");
   w.line("  return fo_isfinite(fo_load(t.r1, i) * U.inv_grad_scale);");
   w.line("}");
+}
+
+namespace {
+
+/// The roles `fn` (one generated function's text) loads and stores, from its fo_load(t.rK
+/// and fo_store(t.rK calls.
+void scan_roles(const std::string& fn, std::set<int>& loads, std::set<int>& stores) {
+  for (const auto& [call, out] :
+       {std::pair<const char*, std::set<int>*>{"fo_load(t.r", &loads},
+        std::pair<const char*, std::set<int>*>{"fo_store(t.r", &stores}}) {
+    const std::string needle = call;
+    for (std::size_t at = fn.find(needle); at != std::string::npos; at = fn.find(needle, at + 1)) {
+      out->insert(std::atoi(fn.c_str() + at + needle.size()));
+    }
+  }
+}
+
+/// `#define NAME_STAGE(LOAD, DECL)`: LOAD(k) for each role `fn` loads, DECL(k) for each it
+/// only stores; `#define NAME_STORES(STORE)`: STORE(k) for each it stores.
+void emit_staging(Writer& w, const std::string& name, const std::string& code,
+                  const std::string& signature) {
+  const std::size_t begin = code.find(signature);
+  if (begin == std::string::npos) throw InternalError("codegen: no " + signature);
+  const std::size_t end = code.find("\n}\n", begin);
+  std::set<int> loads, stores;
+  scan_roles(code.substr(begin, end - begin), loads, stores);
+  std::string stage = fmt::format("#define {}_STAGE(LOAD, DECL)", name);
+  std::string store = fmt::format("#define {}_STORES(STORE)", name);
+  for (int r : loads) stage += fmt::format(" LOAD({})", r);
+  for (int r : stores) {
+    if (!loads.count(r)) stage += fmt::format(" DECL({})", r);
+    store += fmt::format(" STORE({})", r);
+  }
+  w.line(stage);
+  w.line(store);
+}
+
+}  // namespace
+
+std::string staging_macros(const std::string& code) {
+  Writer w;
+  w.line("// The roles each vector-path function loads and stores, read from its code above:");
+  w.line("// a pass moves exactly these.");
+  emit_staging(w, "FO_UPDATE", code, "FO_FN void fo_element(");
+  emit_staging(w, "FO_INIT", code, "FO_FN void fo_init_element(");
+  return w.str();
 }
 
 std::string source_file_name(const KernelBody& body, const Target& target) {
@@ -278,6 +327,7 @@ KernelBody generate_functor_body(const TrustedFunctor& functor, const DTypeBindi
   }
   w.line("}");
   body.code = uniform_struct(body) + w.str();
+  body.code += staging_macros(body.code);
   return body;
 }
 

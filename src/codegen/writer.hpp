@@ -44,6 +44,9 @@ std::string sanitize_comment(const std::string& text);
 void emit_common_prologue(Writer& w, const KernelBody& body);
 /// The fo_uniform struct for the body's hyper and uniform counts.
 std::string uniform_struct(const KernelBody& body);
+/// FO_UPDATE_STAGE/STORES and FO_INIT_STAGE/STORES for the CUDA vector path: the roles that
+/// fo_element and fo_init_element in `code` load and store (see cuda_kernel.cuh).
+std::string staging_macros(const std::string& code);
 
 /// C++ storage type of a dtype in generated code ("float", "fo_f16", "fo_bf16").
 const char* storage_type(DType dtype);

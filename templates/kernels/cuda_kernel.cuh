@@ -7,9 +7,10 @@
 // Two element paths, chosen per chunk (the same for the whole block, so no divergence):
 // - vector: when the runtime marked the tensor aligned (every role's pointer 16-byte
 //   aligned, L.aligned[tensor] == 1) and the chunk begins at a multiple of 4, each thread
-//   loads 4 consecutive elements of every role with one 16-byte (fp32) or 8-byte (fp16,
-//   bf16) load into registers, runs the generated fo_element on those registers, and
-//   stores each writable role back with one wide store (ILP 4, as apex). Explicit wide
+//   loads 4 consecutive elements of each role the pass reads with one 16-byte (fp32) or
+//   8-byte (fp16, bf16) load into registers, runs the generated fo_element on those
+//   registers, and stores each role the pass writes with one wide store (ILP 4, as apex);
+//   the roles come from the generated FO_UPDATE_*/FO_INIT_* lists. Explicit wide
 //   loads, because the compiler cannot prove the alignment of fo_element's scalar loads
 //   and cannot reorder them across the stores of other roles (which it cannot prove do
 //   not alias). The chunk's last (end - begin) % 4 elements take the scalar path.
@@ -41,132 +42,84 @@ struct alignas(8) fo_vec4<fo_bf16> {
   fo_bf16 v[4];
 };
 
+// Role data lives in global memory, but the pointers come from a table, so the compiler
+// would emit generic loads (LD.E): these say global in PTX. Loads do not allocate in L1 (the
+// data is streamed once per step; L2 still holds it), which also marks them in the SASS
+// (LDG.E.NA) for tests/cuda/test_sass.cpp. volatile keeps the order of a thread's own
+// accesses (the store of a role after its load).
 /// Elements [i, i+4) of p in one load; p + i must be aligned to sizeof(fo_vec4<T>).
+FO_FN fo_vec4<float> fo_vload(const float* p, long long i) {
+  fo_vec4<float> r;
+  asm volatile("ld.global.L1::no_allocate.v4.f32 {%0, %1, %2, %3}, [%4];"
+               : "=f"(r.v[0]), "=f"(r.v[1]), "=f"(r.v[2]), "=f"(r.v[3])
+               : "l"(p + i));
+  return r;
+}
+/// The 4 16-bit elements of a 16-bit role in one 8-byte load (element 0 in the low half).
 template <typename T>
 FO_FN fo_vec4<T> fo_vload(const T* p, long long i) {
-  return *reinterpret_cast<const fo_vec4<T>*>(p + i);
+  unsigned int a, b;
+  asm volatile("ld.global.L1::no_allocate.v2.u32 {%0, %1}, [%2];" : "=r"(a), "=r"(b) : "l"(p + i));
+  fo_vec4<T> r;
+  r.v[0].bits = (unsigned short)(a & 0xffffu);
+  r.v[1].bits = (unsigned short)(a >> 16);
+  r.v[2].bits = (unsigned short)(b & 0xffffu);
+  r.v[3].bits = (unsigned short)(b >> 16);
+  return r;
 }
 /// Writes elements [i, i+4) of a writable role in one store.
+FO_FN void fo_vstore(float* p, long long i, const fo_vec4<float>& s) {
+  asm volatile("st.global.v4.f32 [%0], {%1, %2, %3, %4};" ::"l"(p + i), "f"(s.v[0]), "f"(s.v[1]),
+               "f"(s.v[2]), "f"(s.v[3]));
+}
 template <typename T>
 FO_FN void fo_vstore(T* p, long long i, const fo_vec4<T>& s) {
-  *reinterpret_cast<fo_vec4<T>*>(p + i) = s;
+  const unsigned int a = (unsigned int)s.v[0].bits | ((unsigned int)s.v[1].bits << 16);
+  const unsigned int b = (unsigned int)s.v[2].bits | ((unsigned int)s.v[3].bits << 16);
+  asm volatile("st.global.v2.u32 [%0], {%1, %2};" ::"l"(p + i), "r"(a), "r"(b));
 }
 /// Read-only roles (the gradient) are never written back.
 template <typename T>
 FO_FN void fo_vstore(const T*, long long, const fo_vec4<T>&) {}
 
-// FO_ROLEk(X) expands to X(k) when the kernel has a role k. fo_tensor's members are named
-// r0, r1, ...: the expansion touches only members that exist. Kernels with more than 16
-// roles use the scalar path only.
-#if FO_NUM_ROLES <= 16
-#define FO_VECTOR_PATH 1
-#else
-#define FO_VECTOR_PATH 0
-#endif
-#define FO_ROLE0(X) X(0)
-#define FO_ROLE1(X) X(1)
-#if FO_NUM_ROLES > 2
-#define FO_ROLE2(X) X(2)
-#else
-#define FO_ROLE2(X)
-#endif
-#if FO_NUM_ROLES > 3
-#define FO_ROLE3(X) X(3)
-#else
-#define FO_ROLE3(X)
-#endif
-#if FO_NUM_ROLES > 4
-#define FO_ROLE4(X) X(4)
-#else
-#define FO_ROLE4(X)
-#endif
-#if FO_NUM_ROLES > 5
-#define FO_ROLE5(X) X(5)
-#else
-#define FO_ROLE5(X)
-#endif
-#if FO_NUM_ROLES > 6
-#define FO_ROLE6(X) X(6)
-#else
-#define FO_ROLE6(X)
-#endif
-#if FO_NUM_ROLES > 7
-#define FO_ROLE7(X) X(7)
-#else
-#define FO_ROLE7(X)
-#endif
-#if FO_NUM_ROLES > 8
-#define FO_ROLE8(X) X(8)
-#else
-#define FO_ROLE8(X)
-#endif
-#if FO_NUM_ROLES > 9
-#define FO_ROLE9(X) X(9)
-#else
-#define FO_ROLE9(X)
-#endif
-#if FO_NUM_ROLES > 10
-#define FO_ROLE10(X) X(10)
-#else
-#define FO_ROLE10(X)
-#endif
-#if FO_NUM_ROLES > 11
-#define FO_ROLE11(X) X(11)
-#else
-#define FO_ROLE11(X)
-#endif
-#if FO_NUM_ROLES > 12
-#define FO_ROLE12(X) X(12)
-#else
-#define FO_ROLE12(X)
-#endif
-#if FO_NUM_ROLES > 13
-#define FO_ROLE13(X) X(13)
-#else
-#define FO_ROLE13(X)
-#endif
-#if FO_NUM_ROLES > 14
-#define FO_ROLE14(X) X(14)
-#else
-#define FO_ROLE14(X)
-#endif
-#if FO_NUM_ROLES > 15
-#define FO_ROLE15(X) X(15)
-#else
-#define FO_ROLE15(X)
-#endif
-// clang-format 14 never settles on this macro's line breaks:
-// clang-format off
-#define FO_EACH_ROLE(X)                                                                 \
-  FO_ROLE0(X) FO_ROLE1(X) FO_ROLE2(X) FO_ROLE3(X) FO_ROLE4(X) FO_ROLE5(X) FO_ROLE6(X)   \
-  FO_ROLE7(X) FO_ROLE8(X) FO_ROLE9(X) FO_ROLE10(X) FO_ROLE11(X) FO_ROLE12(X)             \
-  FO_ROLE13(X) FO_ROLE14(X) FO_ROLE15(X)
-// clang-format on
-
+// Staging: the generated FO_UPDATE_STAGE(LOAD, DECL) names each role fo_element loads
+// (LOAD) and each it only stores (DECL); FO_UPDATE_STORES(STORE) each role it stores; the
+// same for fo_init_element (FO_INIT_*). They are read from the generated functions' code,
+// so the vector path moves exactly the roles the pass reads and writes: a role the pass
+// does not touch is neither loaded nor stored, a read-only one is never stored.
 #define FO_STAGE_LOAD(k)              \
   auto fo_s##k = fo_vload(t.r##k, i); \
   s.r##k = fo_s##k.v;
+#define FO_STAGE_DECL(k)            \
+  auto fo_s##k = fo_vempty(t.r##k); \
+  s.r##k = fo_s##k.v;
 #define FO_STAGE_STORE(k) fo_vstore(t.r##k, i, fo_s##k);
 
-#if FO_VECTOR_PATH
+/// An unloaded staging vector for a role the pass only writes.
+template <typename T>
+FO_FN fo_vec4<T> fo_vempty(const T*) {
+  return fo_vec4<T>{};
+}
+
 /// Elements [i, i+4) of tensor t through registers: i is a multiple of 4 and every role
 /// pointer of t is 16-byte aligned (the caller checked both).
 template <bool kInit>
 __device__ __forceinline__ void fo_element4(const fo_tensor& t, long long i, const fo_uniform& U,
                                             const fo_tvals& T) {
-  fo_tensor s = t;  // the same roles, pointing at the register copies
-  FO_EACH_ROLE(FO_STAGE_LOAD)
+  fo_tensor s = t;  // the same roles; the staged ones point at the register copies
+  if (kInit) {
+    FO_INIT_STAGE(FO_STAGE_LOAD, FO_STAGE_DECL)
 #pragma unroll
-  for (int j = 0; j < 4; ++j) {
-    if (kInit) {
-      fo_init_element(s, j, U);
-    } else {
-      fo_element(s, j, U, T);
-    }
+    for (int j = 0; j < 4; ++j) fo_init_element(s, j, U);
+    FO_INIT_STORES(FO_STAGE_STORE)
+  } else {
+    FO_UPDATE_STAGE(FO_STAGE_LOAD, FO_STAGE_DECL)
+#pragma unroll
+    for (int j = 0; j < 4; ++j) fo_element(s, j, U, T);
+    FO_UPDATE_STORES(FO_STAGE_STORE)
   }
-  FO_EACH_ROLE(FO_STAGE_STORE)
+  (void)T;
 }
-#endif
 
 // ---- the entry points ------------------------------------------------------------------
 
@@ -200,7 +153,6 @@ __device__ __forceinline__ void fo_run(const fo_launch& L) {
     const fo_tensor t = fo_bind(L.ptrs + (long long)chunk.tensor * FO_NUM_ROLES);
     const fo_tvals T = fo_chunk_values(L, chunk.tensor);
     long long scalar_begin = chunk.begin;
-#if FO_VECTOR_PATH
     if (L.aligned && L.aligned[chunk.tensor] && (chunk.begin & 3) == 0) {
       const long long groups = (chunk.end - chunk.begin) >> 2;  // whole 4-element groups
       for (long long q = threadIdx.x; q < groups; q += blockDim.x) {
@@ -208,7 +160,6 @@ __device__ __forceinline__ void fo_run(const fo_launch& L) {
       }
       scalar_begin = chunk.begin + 4 * groups;  // the 0..3 element tail
     }
-#endif
     for (long long i = scalar_begin + threadIdx.x; i < chunk.end; i += blockDim.x) {
       if (kInit) {
         fo_init_element(t, i, U);

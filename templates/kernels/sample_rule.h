@@ -75,4 +75,9 @@ FO_FN bool fo_grad_finite(const fo_tensor& t, long long i, const fo_uniform& U) 
   return fo_isfinite(fo_load(t.r1, i) * U.inv_grad_scale);
 }
 FO_FN void fo_init_element(const fo_tensor&, long long, const fo_uniform&) {}
+// What codegen's staging_macros would read from the two functions above.
+#define FO_UPDATE_STAGE(LOAD, DECL) LOAD(0) LOAD(1)
+#define FO_UPDATE_STORES(STORE) STORE(0)
+#define FO_INIT_STAGE(LOAD, DECL)
+#define FO_INIT_STORES(STORE)
 #endif

@@ -48,8 +48,9 @@ inline void check_every_preset_compiles(int sm) {
         INFO(entry);
         CHECK(has_symbol(*k.binary, entry));
       }
-      // The vector path is compiled in (at most 16 roles) and reads the alignment flags.
+      // The vector path is compiled in, with the staging lists of the update.
       CHECK(k.source.find("fo_element4") != std::string::npos);
+      CHECK(k.source.find("#define FO_UPDATE_STAGE(LOAD, DECL)") != std::string::npos);
     }
   }
 }
