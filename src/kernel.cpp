@@ -4,7 +4,12 @@
 #include <fmt/format.h>
 
 #include <cmath>
+#include <cstdio>
+#include <sstream>
+#include <string>
+#include <vector>
 
+#include "jit/compiler.hpp"
 #include "lang/parse.hpp"
 #include "presets.hpp"
 #include "provider/kernel_provider.hpp"
@@ -80,6 +85,37 @@ std::string Rule::describe() const {
 
 namespace {
 
+/// The entry points of a ptxas -v log, in the order it reports them.
+std::vector<KernelFunction> parse_ptxas_log(const std::string& log) {
+  std::vector<KernelFunction> out;
+  std::istringstream in(log);
+  for (std::string line; std::getline(in, line);) {
+    const std::string props = "Function properties for ";
+    if (auto at = line.find(props); at != std::string::npos) {
+      out.push_back({line.substr(at + props.size()), 0, 0, 0, 0});
+      continue;
+    }
+    if (line.find("Compile time") != std::string::npos) continue;
+    if (out.empty()) continue;
+    KernelFunction& f = out.back();
+    if (line.find("bytes stack frame") != std::string::npos) {
+      std::sscanf(line.c_str() + line.find_first_of("0123456789"),
+                  "%d bytes stack frame, %d bytes spill stores, %d bytes spill loads",
+                  &f.stack_bytes, &f.spill_store_bytes, &f.spill_load_bytes);
+    } else if (auto used = line.find("Used "); used != std::string::npos) {
+      std::sscanf(line.c_str() + used, "Used %d registers", &f.registers);
+    }
+  }
+  return out;
+}
+
+std::vector<std::string> role_names(const codegen::KernelBody& body,
+                                    const std::vector<int>& roles) {
+  std::vector<std::string> out;
+  for (int r : roles) out.push_back(body.roles.at(static_cast<std::size_t>(r)));
+  return out;
+}
+
 CompiledKernel compile(const provider::KernelRequest& request, const CompileOptions& options) {
   cache::KernelCache& cache = provider::cache_at(options.cache_dir);
   provider::ProvidedKernel k = provider::provide(request, cache);
@@ -119,6 +155,35 @@ CompiledKernel compile_trusted_functor(const TrustedFunctor& functor, const Targ
   request.dtypes = dtypes;
   request.target = target;
   return compile(request, options);
+}
+
+KernelReport report_kernel(const Rule& rule, const Target& target, const DTypeBinding& dtypes,
+                           ReductionStrategy strategy) {
+  const codegen::KernelBody body =
+      codegen::generate_body(*detail::RuleAccess::impl(rule), dtypes, strategy);
+  KernelReport out;
+  out.strategy = body.strategy;
+  for (std::size_t k = 0; k < body.pass_reads.size(); ++k) {
+    KernelPass pass;
+    pass.update = k + 1 == body.pass_reads.size();
+    pass.reads = role_names(body, body.pass_reads[k]);
+    pass.writes = role_names(body, body.pass_writes[k]);
+    for (const auto* roles : {&body.pass_reads[k], &body.pass_writes[k]}) {
+      for (int r : *roles)
+        pass.bytes_per_element += body.role_bytes.at(static_cast<std::size_t>(r));
+    }
+    out.bytes_per_element += pass.bytes_per_element;
+    out.passes.push_back(std::move(pass));
+  }
+  if (target.kind == Target::Kind::Cuda) {
+    const std::string source = codegen::generate_source(body, target);
+    // The entry points only (math helpers such as pow's slow path are functions too).
+    for (KernelFunction& f : parse_ptxas_log(
+             jit::nvrtc_resource_log(source, codegen::source_file_name(body, target), target))) {
+      if (f.name.rfind("fusedopt_", 0) == 0) out.functions.push_back(std::move(f));
+    }
+  }
+  return out;
 }
 
 }  // namespace fusedopt

@@ -54,6 +54,10 @@ std::uint64_t parse_bytes(const std::string& text, const std::string& what);
 /// The text of a rule file. A missing file, a folder or a read failure is a UsageError that
 /// names the file and says which.
 std::string read_rule_file(const std::string& path);
+/// The non-empty comma-separated parts of `s`.
+std::vector<std::string> split_commas(const std::string& s);
+/// The comma-separated items of `--name value`; an empty list is bad input, not a default.
+std::vector<std::string> list_value(const char* name, const std::string& value);
 /// "1.5 MiB"-style sizes.
 std::string human_bytes(std::uint64_t bytes);
 /// Runs `body`; when it throws and `json` is set, first prints {"error": MESSAGE} on stdout,

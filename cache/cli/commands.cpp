@@ -175,21 +175,92 @@ trusted (not entered). Files that are not the cache's are left alone.
   return report_leftovers("clear", removal) == 0 ? kExitOk : kExitFailed;
 }
 
+namespace {
+
+std::string join_names(const std::vector<std::string>& names) {
+  std::string out;
+  for (const std::string& n : names) out += (out.empty() ? "" : " ") + n;
+  return out.empty() ? "-" : out;
+}
+
+const char* strategy_name(ReductionStrategy s) {
+  switch (s) {
+    case ReductionStrategy::Auto:
+      return "auto";
+    case ReductionStrategy::Recompute:
+      return "recompute";
+    case ReductionStrategy::Store:
+      return "store";
+  }
+  return "?";
+}
+
+/// What `rule` compiles to for each target and binding: per pass, the tensors read and
+/// written and the bytes per element; per CUDA entry point, registers and spills.
+void print_reports(const Rule& rule, const std::vector<Target>& targets,
+                   const std::vector<DTypeBinding>& dtypes) {
+  for (const Target& t : targets) {
+    for (const DTypeBinding& d : dtypes) {
+      const KernelReport r = report_kernel(rule, t, d);
+      fmt::print("  {} {}: {} B/element per step{}\n", t.str(), d.str(), r.bytes_per_element,
+                 r.passes.size() > 1 ? fmt::format(" ({})", strategy_name(r.strategy)) : "");
+      for (std::size_t k = 0; k < r.passes.size(); ++k) {
+        const KernelPass& p = r.passes[k];
+        fmt::print("    pass {} ({}): reads {}; writes {}; {} B/element\n", k,
+                   p.update ? "update" : "reduction", join_names(p.reads), join_names(p.writes),
+                   p.bytes_per_element);
+      }
+      for (const KernelFunction& f : r.functions) {
+        fmt::print("    {}: {} registers, {} B stack, {} B spill stores, {} B spill loads\n",
+                   f.name, f.registers, f.stack_bytes, f.spill_store_bytes, f.spill_load_bytes);
+      }
+    }
+  }
+}
+
+}  // namespace
+
 int cmd_check(Args& args) {
   std::vector<std::string> files;
+  std::vector<std::string> target_names, dtype_names;
   bool help = false;
-  parse_common(args, R"(usage: fusedopt-cache check RULE_FILE...
+  parse_common(args, R"(usage: fusedopt-cache check RULE_FILE... [--target T] [--dtypes D]
 
-Parse and check rule files without compiling. Errors are printed as
-FILE:LINE:COL: error: MESSAGE, then the line and a caret; exit 2 if any file is bad.
+Parse and check rule files. Errors are printed as FILE:LINE:COL: error: MESSAGE,
+then the line and a caret; exit 2 if any file is bad.
+
+With --target (host, sm_80, sm_90, ...; comma-separated) and optionally --dtypes
+(default fp32), also tells what each kernel does and costs, without a GPU: per
+pass, the tensors it reads and writes and the bytes per element; for CUDA
+targets, each entry point's registers, stack and spills (from NVRTC's ptxas).
 )",
                &help, [&](Args& a) {
+                 if (auto v = a.option("--target")) {
+                   for (auto& x : list_value("--target", *v)) target_names.push_back(x);
+                   return true;
+                 }
+                 if (auto v = a.option("--dtypes")) {
+                   for (auto& x : list_value("--dtypes", *v)) dtype_names.push_back(x);
+                   return true;
+                 }
                  if (a.peek().rfind("-", 0) == 0 && a.peek() != "-") return false;
                  files.push_back(a.next());
                  return true;
                });
   if (help) return kExitOk;
   if (files.empty()) throw UsageError{"check needs at least one rule file"};
+  if (!dtype_names.empty() && target_names.empty()) {
+    throw UsageError{"--dtypes needs --target (what to report on)"};
+  }
+  if (dtype_names.empty()) dtype_names.push_back("fp32");
+  std::vector<Target> targets;
+  std::vector<DTypeBinding> dtypes;
+  try {
+    for (const std::string& t : target_names) targets.push_back(Target::parse(t));
+    for (const std::string& d : dtype_names) dtypes.push_back(DTypeBinding::parse(d));
+  } catch (const Error& e) {
+    throw UsageError{e.what()};
+  }
   int status = kExitOk;
   for (const std::string& f : files) {
     std::string text;
@@ -203,6 +274,7 @@ FILE:LINE:COL: error: MESSAGE, then the line and a caret; exit 2 if any file is 
     try {
       const Rule rule = Rule::parse(text, f);
       fmt::print("{}: ok: {}\n", f, rule.describe());
+      print_reports(rule, targets, dtypes);
     } catch (const RuleError& e) {
       fmt::print(stderr, "{}\n", e.what());
       status = kExitBadInput;

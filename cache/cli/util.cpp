@@ -110,4 +110,19 @@ cache::DiskStore open_store(const std::optional<std::string>& cache_dir) {
   }
 }
 
+std::vector<std::string> split_commas(const std::string& s) {
+  std::vector<std::string> out;
+  std::stringstream ss(s);
+  for (std::string part; std::getline(ss, part, ',');) {
+    if (!part.empty()) out.push_back(part);
+  }
+  return out;
+}
+
+std::vector<std::string> list_value(const char* name, const std::string& value) {
+  std::vector<std::string> items = split_commas(value);
+  if (items.empty()) throw UsageError{std::string(name) + " needs a value, got ''"};
+  return items;
+}
+
 }  // namespace fusedopt::cli

@@ -46,15 +46,6 @@ struct Item {
   std::string error;
 };
 
-std::vector<std::string> split_commas(const std::string& s) {
-  std::vector<std::string> out;
-  std::stringstream ss(s);
-  for (std::string part; std::getline(ss, part, ',');) {
-    if (!part.empty()) out.push_back(part);
-  }
-  return out;
-}
-
 class Progress {
  public:
   Progress(std::size_t total, bool enabled) : total_(total), enabled_(enabled) {}
@@ -87,13 +78,6 @@ struct WarmupArgs {
   bool help = false;
   unsigned jobs = std::max(1u, std::thread::hardware_concurrency());
 };
-
-/// The comma-separated items of `--name value`; an empty list is bad input, not a default.
-std::vector<std::string> list_value(const char* name, const std::string& value) {
-  std::vector<std::string> items = split_commas(value);
-  if (items.empty()) throw UsageError{std::string(name) + " needs a value, got ''"};
-  return items;
-}
 
 WarmupArgs parse_warmup_args(Args& args) {
   WarmupArgs w;

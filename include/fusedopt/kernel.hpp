@@ -115,6 +115,37 @@ struct CompiledKernel {
   std::string cache_note;  ///< the last disk failure the cache worked around, or ""
 };
 
+/// One pass over the data of a kernel: the tensors (roles) it reads and writes.
+struct KernelPass {
+  bool update = false;  ///< the last pass; the others are reduction passes
+  std::vector<std::string> reads;
+  std::vector<std::string> writes;
+  int bytes_per_element = 0;  ///< read + written, with the binding's storage sizes
+};
+
+/// Registers and local memory of one CUDA entry point, as NVRTC's ptxas reports them.
+struct KernelFunction {
+  std::string name;  ///< e.g. "fusedopt_step"
+  int registers = 0;
+  int stack_bytes = 0;
+  int spill_store_bytes = 0;
+  int spill_load_bytes = 0;
+};
+
+/// What a rule compiles to for a target and binding, and what it costs, without a GPU.
+struct KernelReport {
+  ReductionStrategy strategy = ReductionStrategy::Recompute;  ///< the one chosen
+  std::vector<KernelPass> passes;                             ///< reduction passes, then the update
+  int bytes_per_element = 0;                                  ///< per step: the sum over the passes
+  std::vector<KernelFunction> functions;  ///< CUDA targets only (needs NVRTC); host: empty
+};
+
+/// Plans and, for a CUDA target, compiles `rule` once more with ptxas's report (not
+/// cached). Throws CompileError, or UnavailableError without NVRTC.
+FUSEDOPT_API KernelReport report_kernel(const Rule& rule, const Target& target,
+                                        const DTypeBinding& dtypes = {},
+                                        ReductionStrategy strategy = ReductionStrategy::Auto);
+
 /// Generates, then compiles or fetches from the process-wide cache (FUSEDOPT_CACHE_DIR,
 /// FUSEDOPT_CACHE). Compiling for sm_XX needs NVRTC but no GPU. Throws CompileError.
 FUSEDOPT_API CompiledKernel compile_kernel(const Rule& rule, const Target& target,

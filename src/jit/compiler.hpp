@@ -30,6 +30,11 @@ class Compiler {
 /// the host). Throws fusedopt::Error when NVRTC cannot be loaded.
 const Compiler& compiler_for(const Target& target);
 
+/// NVRTC's log of compiling `source` for CUDA `target` with `-Xptxas -v`: ptxas's
+/// registers, stack, spill stores and spill loads of every entry point. Not cached.
+std::string nvrtc_resource_log(const std::string& source, const std::string& file_name,
+                               const Target& target);
+
 /// The host compiler command: FUSEDOPT_HOST_CXX, else the compiler fusedopt was built with.
 std::vector<std::string> host_compiler_command();
 

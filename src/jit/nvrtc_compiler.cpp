@@ -110,6 +110,12 @@ class NvrtcCompiler final : public Compiler {
 
   std::string compile(const std::string& source, const std::string& file_name,
                       const Target& target) const override {
+    return run(source, file_name, target, {}, nullptr);
+  }
+
+  /// Compiles with `extra` options after the usual ones; the log goes to `log_out`.
+  std::string run(const std::string& source, const std::string& file_name, const Target& target,
+                  const std::vector<std::string>& extra, std::string* log_out) const {
     const NvrtcApi& api = nvrtc();
     nvrtcProgram prog = nullptr;
     check(api, api.create(&prog, source.c_str(), file_name.c_str(), 0, nullptr, nullptr),
@@ -120,6 +126,7 @@ class NvrtcCompiler final : public Compiler {
       ~Guard() { api.destroy(prog); }
     } guard{api, &prog};
     std::vector<std::string> opts = options(target);
+    opts.insert(opts.end(), extra.begin(), extra.end());
     std::vector<const char*> argv;
     for (const std::string& o : opts) argv.push_back(o.c_str());
     nvrtcResult r = api.compile(prog, static_cast<int>(argv.size()), argv.data());
@@ -135,6 +142,7 @@ class NvrtcCompiler final : public Compiler {
                                      target.str(), api.error_string(r)),
                          log, opts, source);
     }
+    if (log_out != nullptr) *log_out = log;
     std::size_t size = 0;
     check(api, api.cubin_size(prog, &size), "nvrtcGetCUBINSize");
     std::string cubin(size, '\0');
@@ -143,14 +151,27 @@ class NvrtcCompiler final : public Compiler {
   }
 };
 
-}  // namespace
-
-const Compiler& nvrtc_compiler() {
+const NvrtcCompiler& the_nvrtc_compiler() {
   static NvrtcCompiler compiler;
   return compiler;
 }
+
+}  // namespace
+
+const Compiler& nvrtc_compiler() { return the_nvrtc_compiler(); }
+
+std::string nvrtc_resource_log(const std::string& source, const std::string& file_name,
+                               const Target& target) {
+  std::string log;
+  the_nvrtc_compiler().run(source, file_name, target, {"--ptxas-options=-v"}, &log);
+  return log;
+}
 #else
 const Compiler& nvrtc_compiler() {
+  throw UnavailableError("fusedopt was built without CUDA: cannot compile for CUDA targets");
+}
+
+std::string nvrtc_resource_log(const std::string&, const std::string&, const Target&) {
   throw UnavailableError("fusedopt was built without CUDA: cannot compile for CUDA targets");
 }
 #endif
