@@ -104,6 +104,7 @@ Loaded& loaded() {
       FUSEDOPT_CU_BIND(ModuleUnload);
       FUSEDOPT_CU_BIND(LaunchKernel);
       FUSEDOPT_CU_BIND(FuncSetAttribute);
+      FUSEDOPT_CU_BIND(OccupancyMaxActiveBlocksPerMultiprocessor);
       FUSEDOPT_CU_BIND(MemAlloc);
       FUSEDOPT_CU_BIND(MemFree);
       FUSEDOPT_CU_BIND(MemcpyHtoD);

@@ -135,6 +135,8 @@ struct DriverApi {
   decltype(&::cuModuleUnload) ModuleUnload = nullptr;
   decltype(&::cuLaunchKernel) LaunchKernel = nullptr;
   decltype(&::cuFuncSetAttribute) FuncSetAttribute = nullptr;
+  decltype(&::cuOccupancyMaxActiveBlocksPerMultiprocessor)
+      OccupancyMaxActiveBlocksPerMultiprocessor = nullptr;
   decltype(&::cuMemAlloc) MemAlloc = nullptr;
   decltype(&::cuMemFree) MemFree = nullptr;
   decltype(&::cuMemcpyHtoD) MemcpyHtoD = nullptr;

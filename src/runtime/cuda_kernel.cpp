@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <climits>
 #include <functional>
+#include <map>
 
 #include "abi.h"
 #include "cache/kernel_cache.hpp"
@@ -76,6 +77,7 @@ struct CudaKernel::Impl {
   CUfunction f_advance = nullptr;
   CUfunction f_reduce = nullptr;
   CUfunction f_finalize = nullptr;
+  std::map<CUfunction, int> blocks_per_sm;  // occupancy at kCudaBlock threads
   int num_hypers = 0;
   int sm = 0;
   int sm_count = 0;
@@ -126,8 +128,12 @@ struct CudaKernel::Impl {
     FUSEDOPT_CHECK_USAGE(planned, "CudaKernel::{}: call set_tensors() first", what);
   }
 
-  unsigned grid() const {
-    const std::int64_t cap = std::max<std::int64_t>(1, 4 * static_cast<std::int64_t>(sm_count));
+  /// One wave: as many blocks as fit on the device at once (the occupancy of `f` at
+  /// kCudaBlock threads, times the SMs), never more than there are chunks.
+  unsigned grid(CUfunction f) const {
+    auto it = blocks_per_sm.find(f);
+    const int per_sm = it == blocks_per_sm.end() ? 1 : std::max(1, it->second);
+    const std::int64_t cap = static_cast<std::int64_t>(per_sm) * std::max(1, sm_count);
     return static_cast<unsigned>(std::max<std::int64_t>(1, std::min(num_chunks, cap)));
   }
 
@@ -191,6 +197,11 @@ CudaKernel::CudaKernel(std::shared_ptr<const lang::Rule> rule, DTypeBinding dtyp
   FUSEDOPT_CU_CHECK(ModuleGetFunction, &k.f_advance, k.module, "fusedopt_advance_step");
   FUSEDOPT_CU_CHECK(ModuleGetFunction, &k.f_reduce, k.module, "fusedopt_reduce");
   FUSEDOPT_CU_CHECK(ModuleGetFunction, &k.f_finalize, k.module, "fusedopt_finalize");
+  for (CUfunction f : {k.f_step, k.f_init, k.f_check, k.f_reduce}) {
+    int n = 0;
+    FUSEDOPT_CU_CHECK(OccupancyMaxActiveBlocksPerMultiprocessor, &n, f, kCudaBlock, 0);
+    k.blocks_per_sm[f] = n;
+  }
   k.flag = DeviceBuffer(sizeof(int));
   const std::vector<double> zeros(static_cast<std::size_t>(info_.body.num_global_slots), 0.0);
   k.own_global = upload(zeros);
@@ -206,7 +217,7 @@ int CudaKernel::num_roles() const { return info_.body.num_roles; }
 int CudaKernel::device() const { return impl_->ctx.device(); }
 int CudaKernel::sm() const { return impl_->sm; }
 std::int64_t CudaKernel::num_chunks() const { return impl_->num_chunks; }
-unsigned CudaKernel::grid_size() const { return impl_->grid(); }
+unsigned CudaKernel::grid_size() const { return impl_->grid(impl_->f_step); }
 int CudaKernel::num_aligned_tensors() const { return impl_->num_aligned; }
 
 void CudaKernel::set_tensors(const std::vector<std::vector<DevicePtr>>& ptrs,
@@ -340,11 +351,11 @@ void CudaKernel::run_pass(cuda::Stream stream, int pass, double step, float inv_
   L.check_grads = check_grads ? 1 : 0;
   if (pass == k.reduction_passes) {
     void* args[] = {&L};
-    k.launch(k.f_step, static_cast<CUstream>(stream), args, k.grid(), kCudaBlock);
+    k.launch(k.f_step, static_cast<CUstream>(stream), args, k.grid(k.f_step), kCudaBlock);
   } else {
     int p = pass;
     void* args[] = {&L, &p};
-    k.launch(k.f_reduce, static_cast<CUstream>(stream), args, k.grid(), kCudaBlock);
+    k.launch(k.f_reduce, static_cast<CUstream>(stream), args, k.grid(k.f_reduce), kCudaBlock);
   }
 }
 
@@ -391,7 +402,7 @@ void CudaKernel::init_states(cuda::Stream stream) {
   ScopedContext scope(k.ctx);
   fo_launch L = k.make_launch(0.0f, 1.0f, false);
   void* args[] = {&L};
-  k.launch(k.f_init, static_cast<CUstream>(stream), args, k.grid(), kCudaBlock);
+  k.launch(k.f_init, static_cast<CUstream>(stream), args, k.grid(k.f_init), kCudaBlock);
 }
 
 bool CudaKernel::grads_finite(cuda::Stream stream, float inv_grad_scale) {
@@ -403,7 +414,7 @@ bool CudaKernel::grads_finite(cuda::Stream stream, float inv_grad_scale) {
   fo_launch L = k.make_launch(0.0f, inv_grad_scale, false);
   CUdeviceptr flag = static_cast<CUdeviceptr>(k.flag.get());
   void* args[] = {&L, &flag};
-  k.launch(k.f_check, static_cast<CUstream>(stream), args, k.grid(), kCudaBlock);
+  k.launch(k.f_check, static_cast<CUstream>(stream), args, k.grid(k.f_check), kCudaBlock);
   // The stream may be non-blocking: wait for it before the (legacy-stream) copy.
   cuda::synchronize(stream);
   int found_nonfinite = 0;

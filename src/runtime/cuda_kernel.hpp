@@ -119,10 +119,11 @@ class CudaKernel {
   cuda::DevicePtr capturable_step_ptr() const;
   cuda::DevicePtr capturable_inv_grad_scale_ptr() const;
 
-  /// The plan's number of chunks and the grid a launch uses: min(chunks, 4 * SMs).
+  /// The plan's number of chunks and the grid a step launch uses: min(chunks, one wave:
+  /// the step kernel's occupancy at 512 threads times the SMs).
   std::int64_t num_chunks() const;
   unsigned grid_size() const;
-  /// Tensors of the plan that take the vector path (all roles 16-byte aligned).
+  /// Tensors of the plan that take the vector path (each role aligned to 4 of its elements).
   int num_aligned_tensors() const;
 
   const lang::Rule& rule() const { return *rule_; }

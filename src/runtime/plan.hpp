@@ -13,8 +13,12 @@
 
 namespace fusedopt::runtime {
 
-/// Bytes every role pointer of a tensor must be aligned to for the vector path.
+/// The widest alignment the vector path asks of a role pointer (an fp32 role's 4 elements).
 inline constexpr std::size_t kVectorAlign = 16;
+
+/// Bytes role `role`'s pointer must be aligned to for the vector path: 4 elements of it
+/// (16 for fp32, 8 for fp16/bf16).
+std::size_t vector_align(const codegen::KernelBody& body, int role);
 
 /// What a plan is built from.
 struct PlanRequest {
@@ -64,7 +68,7 @@ class Plan {
   const std::vector<double>& hypers() const { return hypers_; }
   /// [2 * tensor]: first chunk, chunk count (rules with reductions; else empty).
   const std::vector<long long>& tensor_chunks() const { return tensor_chunks_; }
-  /// Per tensor: 1 when every role pointer is kVectorAlign-aligned.
+  /// Per tensor: 1 when every role pointer is aligned to its vector_align().
   const std::vector<unsigned char>& aligned() const { return aligned_; }
 
   std::int64_t num_tensors() const { return num_tensors_; }

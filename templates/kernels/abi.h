@@ -30,7 +30,8 @@ struct fo_launch {
   float inv_grad_scale;   ///< used when inv_grad_scale_ptr is null
   const float* step_ptr;  ///< capturable mode: read the step here (exact to 2^24 steps)
   const float* inv_grad_scale_ptr;
-  const unsigned char* aligned;  ///< per tensor: 1 if every role's pointer is 16-byte aligned
+  const unsigned char* aligned;  ///< per tensor: 1 if every role's pointer is aligned to 4
+                                 ///< of its elements (16 bytes fp32, 8 bytes 16-bit)
                                  ///< (device); null = never vectorise
 
   // Reductions (rules with reduction passes; null/0 otherwise).

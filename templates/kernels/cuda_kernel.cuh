@@ -5,15 +5,15 @@
 // fo_init_element, fo_grad_finite, FO_NUM_ROLES, FO_NUM_HYPERS) comes before this file.
 //
 // Two element paths, chosen per chunk (the same for the whole block, so no divergence):
-// - vector: when the runtime marked the tensor aligned (every role's pointer 16-byte
-//   aligned, L.aligned[tensor] == 1) and the chunk begins at a multiple of 4, each thread
-//   loads 4 consecutive elements of each role the pass reads with one 16-byte (fp32) or
-//   8-byte (fp16, bf16) load into registers, runs the generated fo_element on those
-//   registers, and stores each role the pass writes with one wide store (ILP 4, as apex);
-//   the roles come from the generated FO_UPDATE_*/FO_INIT_* lists. Explicit wide
-//   loads, because the compiler cannot prove the alignment of fo_element's scalar loads
-//   and cannot reorder them across the stores of other roles (which it cannot prove do
-//   not alias). The chunk's last (end - begin) % 4 elements take the scalar path.
+// - vector: when the runtime marked the tensor aligned (every role's pointer aligned to
+//   4 of its elements: 16 bytes for fp32, 8 for 16-bit; L.aligned[tensor] == 1) and the
+//   chunk begins at a multiple of 4, each thread loads 4 consecutive elements of each role the pass
+//   reads with one 16-byte (fp32) or 8-byte (fp16, bf16) load into registers, runs the generated
+//   fo_element on those registers, and stores each role the pass writes with one wide store (ILP 4,
+//   as apex); the roles come from the generated FO_UPDATE_*/FO_INIT_* lists. Explicit wide loads,
+//   because the compiler cannot prove the alignment of fo_element's scalar loads and cannot reorder
+//   them across the stores of other roles (which it cannot prove do not alias). The chunk's last
+//   (end - begin) % 4 elements take the scalar path.
 // - scalar: everything else (misaligned tensors, a null L.aligned, tails), one element
 //   per thread per iteration. Always correct.
 #ifndef FO_GENERATED
@@ -102,7 +102,7 @@ FO_FN fo_vec4<T> fo_vempty(const T*) {
 }
 
 /// Elements [i, i+4) of tensor t through registers: i is a multiple of 4 and every role
-/// pointer of t is 16-byte aligned (the caller checked both).
+/// pointer of t is aligned to 4 of its elements (the caller checked both).
 template <bool kInit>
 __device__ __forceinline__ void fo_element4(const fo_tensor& t, long long i, const fo_uniform& U,
                                             const fo_tvals& T) {
