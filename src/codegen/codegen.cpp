@@ -477,7 +477,7 @@ KernelBody generate_body(const Rule& rule, const DTypeBinding& dtypes, Strategy 
 
   // The hoisted slots are known only now: declare fo_uniform ahead of everything.
   body.code = uniform_struct(body) + w.str();
-  body.code += staging_macros(body.code);
+  body.code += staging_macros(body.code, rule.reduction_passes);
   return body;
 }
 

@@ -70,6 +70,11 @@ void emit_common_prologue(Writer& w, const KernelBody& body) {
     cases += fmt::format(" case {0}: fo_reduce_run<{0}>(L); break;", k);
   }
   w.line("#define FO_REDUCE_DISPATCH(L, pass) switch (pass) {" + cases + " default: break; }");
+  // CUDA: one kernel per reduction pass (fusedopt_reduce_<k>), so one pass's register use
+  // does not limit another's occupancy.
+  std::string kernels = "#define FO_REDUCE_KERNELS(X)";
+  for (int k = 0; k < body.reduction_passes; ++k) kernels += fmt::format(" X({})", k);
+  w.line(kernels);
   w.line(fmt::format("#define FO_NUM_TENSOR_SLOTS {}", body.num_tensor_slots));
   w.line(fmt::format("#define FO_NUM_GLOBAL_SLOTS {}", body.num_global_slots));
   w.line(fmt::format("#define FO_MAX_ACC {}", body.max_acc));
@@ -180,12 +185,16 @@ void emit_staging(Writer& w, const std::string& name, const std::string& code,
 
 }  // namespace
 
-std::string staging_macros(const std::string& code) {
+std::string staging_macros(const std::string& code, int reduction_passes) {
   Writer w;
   w.line("// The roles each vector-path function loads and stores, read from its code above:");
   w.line("// a pass moves exactly these.");
   emit_staging(w, "FO_UPDATE", code, "FO_FN void fo_element(");
   emit_staging(w, "FO_INIT", code, "FO_FN void fo_init_element(");
+  for (int k = 0; k < reduction_passes; ++k) {
+    emit_staging(w, fmt::format("FO_REDUCE{}", k), code,
+                 fmt::format("FO_FN void fo_reduce_element<{}>(", k));
+  }
   return w.str();
 }
 
@@ -327,7 +336,7 @@ KernelBody generate_functor_body(const TrustedFunctor& functor, const DTypeBindi
   }
   w.line("}");
   body.code = uniform_struct(body) + w.str();
-  body.code += staging_macros(body.code);
+  body.code += staging_macros(body.code, 0);
   return body;
 }
 

@@ -44,9 +44,10 @@ std::string sanitize_comment(const std::string& text);
 void emit_common_prologue(Writer& w, const KernelBody& body);
 /// The fo_uniform struct for the body's hyper and uniform counts.
 std::string uniform_struct(const KernelBody& body);
-/// FO_UPDATE_STAGE/STORES and FO_INIT_STAGE/STORES for the CUDA vector path: the roles that
-/// fo_element and fo_init_element in `code` load and store (see cuda_kernel.cuh).
-std::string staging_macros(const std::string& code);
+/// FO_UPDATE_STAGE/STORES, FO_INIT_STAGE/STORES and FO_REDUCE<k>_STAGE/STORES for the CUDA
+/// vector path: the roles that fo_element, fo_init_element and fo_reduce_element<k> in
+/// `code` load and store (see cuda_kernel.cuh).
+std::string staging_macros(const std::string& code, int reduction_passes);
 
 /// C++ storage type of a dtype in generated code ("float", "fo_f16", "fo_bf16").
 const char* storage_type(DType dtype);

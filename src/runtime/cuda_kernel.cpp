@@ -75,7 +75,7 @@ struct CudaKernel::Impl {
   CUfunction f_init = nullptr;
   CUfunction f_check = nullptr;
   CUfunction f_advance = nullptr;
-  CUfunction f_reduce = nullptr;
+  std::vector<CUfunction> f_reduce;  // fusedopt_reduce_<pass>, one per reduction pass
   CUfunction f_finalize = nullptr;
   std::map<CUfunction, int> blocks_per_sm;  // occupancy at kCudaBlock threads
   int num_hypers = 0;
@@ -195,9 +195,16 @@ CudaKernel::CudaKernel(std::shared_ptr<const lang::Rule> rule, DTypeBinding dtyp
   FUSEDOPT_CU_CHECK(ModuleGetFunction, &k.f_init, k.module, "fusedopt_init");
   FUSEDOPT_CU_CHECK(ModuleGetFunction, &k.f_check, k.module, "fusedopt_check");
   FUSEDOPT_CU_CHECK(ModuleGetFunction, &k.f_advance, k.module, "fusedopt_advance_step");
-  FUSEDOPT_CU_CHECK(ModuleGetFunction, &k.f_reduce, k.module, "fusedopt_reduce");
+  k.f_reduce.assign(static_cast<std::size_t>(k.reduction_passes), nullptr);
+  for (int pass = 0; pass < k.reduction_passes; ++pass) {
+    const std::string name = fmt::format("fusedopt_reduce_{}", pass);
+    FUSEDOPT_CU_CHECK(ModuleGetFunction, &k.f_reduce[static_cast<std::size_t>(pass)], k.module,
+                      name.c_str());
+  }
   FUSEDOPT_CU_CHECK(ModuleGetFunction, &k.f_finalize, k.module, "fusedopt_finalize");
-  for (CUfunction f : {k.f_step, k.f_init, k.f_check, k.f_reduce}) {
+  std::vector<CUfunction> sized = {k.f_step, k.f_init, k.f_check};
+  sized.insert(sized.end(), k.f_reduce.begin(), k.f_reduce.end());
+  for (CUfunction f : sized) {
     int n = 0;
     FUSEDOPT_CU_CHECK(OccupancyMaxActiveBlocksPerMultiprocessor, &n, f, kCudaBlock, 0);
     k.blocks_per_sm[f] = n;
@@ -353,9 +360,9 @@ void CudaKernel::run_pass(cuda::Stream stream, int pass, double step, float inv_
     void* args[] = {&L};
     k.launch(k.f_step, static_cast<CUstream>(stream), args, k.grid(k.f_step), kCudaBlock);
   } else {
-    int p = pass;
-    void* args[] = {&L, &p};
-    k.launch(k.f_reduce, static_cast<CUstream>(stream), args, k.grid(k.f_reduce), kCudaBlock);
+    CUfunction f = k.f_reduce.at(static_cast<std::size_t>(pass));
+    void* args[] = {&L};
+    k.launch(f, static_cast<CUstream>(stream), args, k.grid(f), kCudaBlock);
   }
 }
 
@@ -367,10 +374,11 @@ void CudaKernel::finalize(cuda::Stream stream, int pass, bool accumulate) {
   L.global_accumulate = accumulate ? 1 : 0;
   int p = pass;
   void* args[] = {&L, &p};
-  const std::int64_t blocks =
-      std::max<std::int64_t>(1, (k.num_tensors + kCudaBlock - 1) / kCudaBlock);
-  k.launch(k.f_finalize, static_cast<CUstream>(stream), args,
-           static_cast<unsigned>(std::min<std::int64_t>(blocks, 1024)), kCudaBlock);
+  // One block per tensor (its threads share the tensor's chunk partials), at most one wave.
+  const std::int64_t cap = 4 * static_cast<std::int64_t>(std::max(1, k.sm_count));
+  const std::int64_t blocks = std::max<std::int64_t>(1, std::min(k.num_tensors, cap));
+  k.launch(k.f_finalize, static_cast<CUstream>(stream), args, static_cast<unsigned>(blocks),
+           kCudaBlock);
 }
 
 void CudaKernel::share_global_totals(DevicePtr totals) { impl_->shared_global = totals; }

@@ -171,13 +171,35 @@ __device__ __forceinline__ void fo_run(const fo_launch& L) {
 }
 
 // ---- reductions: two fixed-order stages, the same bits on every run ----------------------
-// Stage 1 (fusedopt_reduce): one block per chunk at a time; each thread accumulates a fixed
-// stride of elements in fp32, then a shared-memory tree (fixed shape) gives the chunk's
-// partial. Stage 2 (fusedopt_finalize): the chunk partials in chunk order, in double.
+// Stage 1 (fusedopt_reduce_<pass>, one kernel per pass): one block per chunk at a time; on
+// the vector path each thread takes two 4-element groups per iteration (blockDim.x groups
+// apart) into two independent accumulator sets, combined at the end; the tail goes one
+// element at a time into the first set. Then a shared-memory tree (fixed shape) gives the
+// chunk's partial. Stage 2 (fusedopt_finalize): the chunk partials, combined in double in a
+// fixed order: per tensor, one block per tensor (threads stride over its chunks, then a
+// fixed tree); globally, block 0 alone.
 
 __device__ __forceinline__ double fo_combine(bool is_max, double a, double b) {
   return is_max ? fo_maxnan_d(a, b) : a + b;
 }
+
+/// Elements [i, i+4) of tensor t into the accumulators `a` of reduction pass kPass,
+/// through registers (the roles the pass reads, loaded once; those it writes, stored once).
+template <int kPass>
+__device__ __forceinline__ void fo_reduce4(const fo_tensor& t, long long i, const fo_uniform& U,
+                                           const fo_tvals& T, float* a, bool check);
+#define FO_REDUCE_GROUP(k)                                                                     \
+  template <>                                                                                  \
+  __device__ __forceinline__ void fo_reduce4<k>(const fo_tensor& t, long long i,               \
+                                                const fo_uniform& U, const fo_tvals& T,        \
+                                                float* a, bool check) {                        \
+    fo_tensor s = t;                                                                           \
+    FO_REDUCE##k##_STAGE(FO_STAGE_LOAD, FO_STAGE_DECL) _Pragma("unroll") for (int j = 0; j < 4; \
+                                                                              ++j)             \
+        fo_reduce_element<k>(s, j, U, T, a, 1, check);                                         \
+    FO_REDUCE##k##_STORES(FO_STAGE_STORE)                                                      \
+  }
+FO_REDUCE_KERNELS(FO_REDUCE_GROUP)
 
 template <int kPass>
 __device__ __forceinline__ void fo_reduce_run(const fo_launch& L) {
@@ -205,7 +227,26 @@ __device__ __forceinline__ void fo_reduce_run(const fo_launch& L) {
     float a[FO_MAX_ACC];
 #pragma unroll
     for (int j = 0; j < FO_MAX_ACC; ++j) a[j] = 0.0f;
-    for (long long i = chunk.begin + threadIdx.x; i < chunk.end; i += blockDim.x) {
+    long long scalar_begin = chunk.begin;
+    if (L.aligned && L.aligned[chunk.tensor] && (chunk.begin & 3) == 0) {
+      const long long groups = (chunk.end - chunk.begin) >> 2;
+      float b[FO_MAX_ACC];
+#pragma unroll
+      for (int j = 0; j < FO_MAX_ACC; ++j) b[j] = 0.0f;
+      long long q = threadIdx.x;
+      for (; q + blockDim.x < groups; q += 2 * (long long)blockDim.x) {
+        fo_reduce4<kPass>(t, chunk.begin + 4 * q, U, T, a, check);
+        fo_reduce4<kPass>(t, chunk.begin + 4 * (q + blockDim.x), U, T, b, check);
+      }
+      if (q < groups) fo_reduce4<kPass>(t, chunk.begin + 4 * q, U, T, a, check);
+#pragma unroll
+      for (int j = 0; j < FO_MAX_ACC; ++j) {
+        if (j >= fo_acc_count(kPass)) break;
+        a[j] = fo_acc_max(kPass, j) != 0 ? fo_maxnan(a[j], b[j]) : a[j] + b[j];
+      }
+      scalar_begin = chunk.begin + 4 * groups;  // the 0..3 element tail
+    }
+    for (long long i = scalar_begin + threadIdx.x; i < chunk.end; i += blockDim.x) {
       fo_reduce_element<kPass>(t, i, U, T, a, 1, check);
     }
 #pragma unroll
@@ -227,13 +268,24 @@ __device__ __forceinline__ void fo_reduce_run(const fo_launch& L) {
   }
 }
 
-/// Reduction pass `pass` (below FO_REDUCTION_PASSES): every chunk's partials.
-extern "C" __global__ void __launch_bounds__(FO_BLOCK) fusedopt_reduce(fo_launch L, int pass) {
-  FO_REDUCE_DISPATCH(L, pass);  // one case per reduction pass of the rule (codegen)
+/// Reduction pass k of the rule: every chunk's partials.
+#define FO_REDUCE_KERNEL(k)                                                                   \
+  extern "C" __global__ void __launch_bounds__(FO_BLOCK) fusedopt_reduce_##k(fo_launch L) { \
+    fo_reduce_run<k>(L);                                                                      \
+  }
+FO_REDUCE_KERNELS(FO_REDUCE_KERNEL)
+
+/// A fixed-shape tree over red[0, blockDim.x) in shared memory; the result in red[0].
+__device__ __forceinline__ void fo_tree(double* red, bool is_max) {
+  __syncthreads();
+  for (unsigned s = blockDim.x / 2; s > 0; s >>= 1) {
+    if (threadIdx.x < s) red[threadIdx.x] = fo_combine(is_max, red[threadIdx.x], red[threadIdx.x + s]);
+    __syncthreads();
+  }
 }
 
-/// Combines pass `pass`'s chunk partials: per-tensor totals (one thread per tensor) and,
-/// in block 0, the global totals (strided over chunks, then a fixed tree).
+/// Combines pass `pass`'s chunk partials: per-tensor totals (one block per tensor, its
+/// threads striding over the tensor's chunks) and, in block 0, the global totals.
 extern "C" __global__ void __launch_bounds__(FO_BLOCK) fusedopt_finalize(fo_launch L, int pass) {
   __shared__ double red[FO_BLOCK];
   const int count = fo_acc_count(pass);
@@ -241,14 +293,16 @@ extern "C" __global__ void __launch_bounds__(FO_BLOCK) fusedopt_finalize(fo_laun
     const bool is_max = fo_acc_max(pass, j) != 0;
     const int slot = fo_acc_slot(pass, j);
     if (slot >= 0) {
-      for (long long t = (long long)blockIdx.x * blockDim.x + threadIdx.x; t < L.num_tensors;
-           t += (long long)gridDim.x * blockDim.x) {
+      for (long long t = blockIdx.x; t < L.num_tensors; t += gridDim.x) {
         const long long first = L.tensor_chunks[2 * t];
         const long long n = L.tensor_chunks[2 * t + 1];
         double acc = 0.0;
-        for (long long c = first; c < first + n; ++c)
+        for (long long c = first + threadIdx.x; c < first + n; c += blockDim.x)
           acc = fo_combine(is_max, acc, L.partials[c * FO_MAX_ACC + j]);
-        L.tensor_totals[t * FO_NUM_TENSOR_SLOTS + slot] = acc;
+        red[threadIdx.x] = acc;
+        fo_tree(red, is_max);
+        if (threadIdx.x == 0) L.tensor_totals[t * FO_NUM_TENSOR_SLOTS + slot] = red[0];
+        __syncthreads();
       }
     } else if (blockIdx.x == 0) {
       double acc = 0.0;
@@ -256,12 +310,7 @@ extern "C" __global__ void __launch_bounds__(FO_BLOCK) fusedopt_finalize(fo_laun
         acc = fo_combine(is_max, acc, L.partials[c * FO_MAX_ACC + j]);
       }
       red[threadIdx.x] = acc;
-      __syncthreads();
-      for (unsigned s = blockDim.x / 2; s > 0; s >>= 1) {
-        if (threadIdx.x < s)
-          red[threadIdx.x] = fo_combine(is_max, red[threadIdx.x], red[threadIdx.x + s]);
-        __syncthreads();
-      }
+      fo_tree(red, is_max);
       if (threadIdx.x == 0) {
         double* g = L.global_totals + (-1 - slot);
         *g = L.global_accumulate ? fo_combine(is_max, *g, red[0]) : red[0];

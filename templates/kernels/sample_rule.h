@@ -14,6 +14,7 @@
     default:                        \
       break;                        \
   }
+#define FO_REDUCE_KERNELS(X) X(0)
 #define FO_NUM_TENSOR_SLOTS 1
 #define FO_NUM_GLOBAL_SLOTS 2
 #define FO_MAX_ACC 2
@@ -80,4 +81,6 @@ FO_FN void fo_init_element(const fo_tensor&, long long, const fo_uniform&) {}
 #define FO_UPDATE_STORES(STORE) STORE(0)
 #define FO_INIT_STAGE(LOAD, DECL)
 #define FO_INIT_STORES(STORE)
+#define FO_REDUCE0_STAGE(LOAD, DECL) LOAD(0) LOAD(1)
+#define FO_REDUCE0_STORES(STORE)
 #endif

@@ -21,9 +21,8 @@ inline bool has_symbol(const std::string& elf, const std::string& name) {
   return elf.find(std::string(1, '\0') + name + std::string(1, '\0')) != std::string::npos;
 }
 
-inline const char* const kEntryPoints[] = {"fusedopt_step",   "fusedopt_init",
-                                           "fusedopt_check",  "fusedopt_advance_step",
-                                           "fusedopt_reduce", "fusedopt_finalize"};
+inline const char* const kEntryPoints[] = {"fusedopt_step", "fusedopt_init", "fusedopt_check",
+                                           "fusedopt_advance_step", "fusedopt_finalize"};
 
 /// Every preset in every dtype binding compiles for sm_<sm> to a CUBIN with all CUDA entry
 /// points, from a self-contained source with the vector path compiled in.
@@ -47,6 +46,12 @@ inline void check_every_preset_compiles(int sm) {
       for (const char* entry : kEntryPoints) {
         INFO(entry);
         CHECK(has_symbol(*k.binary, entry));
+      }
+      // One reduction kernel per pass of the rule, and no other.
+      for (int pass = 0; pass <= body.reduction_passes; ++pass) {
+        INFO("fusedopt_reduce_" << pass);
+        CHECK(has_symbol(*k.binary, "fusedopt_reduce_" + std::to_string(pass)) ==
+              (pass < body.reduction_passes));
       }
       // The vector path is compiled in, with the staging lists of the update.
       CHECK(k.source.find("fo_element4") != std::string::npos);

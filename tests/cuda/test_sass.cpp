@@ -1,7 +1,8 @@
 // The SASS of the sm_90 CUBINs (cuobjdump from the CUDA packages on PyPI, which
 // scripts/test installs) moves exactly what the planner counts: fusedopt_step's vector path
 // has one wide global load per role the update reads and one wide global store per role it
-// writes (16 bytes for fp32 roles, 8 for 16-bit ones), and no kernel spills to local memory.
+// writes (16 bytes for fp32 roles, 8 for 16-bit ones); each reduction pass's own kernel
+// stages exactly that pass's roles; and no kernel spills to local memory.
 #include <doctest/doctest.h>
 #include <sys/wait.h>
 
@@ -114,6 +115,35 @@ TEST_SUITE("cuda") {
         const std::regex stg("STG\\.E\\." + std::to_string(bits) + "[ .]");
         CHECK(count(step, ldg) == want_loads[bits]);
         CHECK(count(step, stg) == want_stores[bits]);
+      }
+      // Each reduction pass has its own kernel; its vector path stages the pass's roles once
+      // per 4-element group it handles (two per loop iteration and one for an odd group:
+      // the same multiple for every role), and nothing else wide.
+      for (int k = 0; k < body.reduction_passes; ++k) {
+        const std::string name = "fusedopt_reduce_" + std::to_string(k);
+        CAPTURE(name);
+        REQUIRE(sass.count(name) == 1);
+        const std::string& text = sass.at(name);
+        std::map<int, int> loads, stores;
+        for (int r : body.pass_reads[k]) ++loads[body.role_bytes[r] == 4 ? 128 : 64];
+        for (int r : body.pass_writes[k]) ++stores[body.role_bytes[r] == 4 ? 128 : 64];
+        int groups = -1;  // the multiple, from the first role class present
+        for (auto* want : {&loads, &stores}) {
+          const char* op = want == &loads ? "LDG\\.E\\.NA\\." : "STG\\.E\\.";
+          for (int bits : {64, 128}) {
+            CAPTURE(bits);
+            const int got = count(text, std::regex(op + std::to_string(bits) + "[ .]"));
+            const int n = (*want)[bits];
+            if (n == 0) {
+              CHECK(got == 0);
+              continue;
+            }
+            CHECK(got % n == 0);
+            if (groups < 0) groups = got / n;
+            CHECK(got == groups * n);
+          }
+        }
+        CHECK(groups >= 1);
       }
       for (const auto& [fn, text] : sass) {
         CAPTURE(fn);

@@ -114,11 +114,14 @@ struct DeviceRole {
   std::size_t elem = 4;
 
   DeviceRole(const std::vector<std::int64_t>& numel, std::size_t elem_size, bool misalign)
+      : DeviceRole(numel, elem_size, std::size_t{misalign ? 4u : 0u}) {}
+  /// Each tensor `offset` bytes past the start of its allocation (256-byte aligned).
+  DeviceRole(const std::vector<std::int64_t>& numel, std::size_t elem_size, std::size_t offset)
       : elem(elem_size) {
     for (std::int64_t n : numel) {
-      const std::size_t bytes = static_cast<std::size_t>(n) * elem + (misalign ? 4 : 0);
+      const std::size_t bytes = static_cast<std::size_t>(n) * elem + offset;
       buffers.emplace_back(std::max<std::size_t>(bytes, 16));
-      ptrs.push_back(buffers.back().get() + (misalign ? 4 : 0));
+      ptrs.push_back(buffers.back().get() + offset);
     }
   }
   template <typename T>
@@ -222,6 +225,68 @@ const std::vector<std::int64_t> kSizes = {1, 7, 1000, 65537, 0, 3, 0};
 
 }  // namespace
 
+namespace {
+
+/// AdamW bf16:bf16:fp32+master over 100 steps against float64, with the bf16 roles
+/// `offset16` bytes past their allocation.
+void check_bf16_master(std::size_t offset16) {
+  cuda::PrimaryContext ctx(0);  // current for the test's own buffers and copies
+  const std::uint32_t seed = fresh_seed();
+  INFO("seed " << seed);
+  std::mt19937 rng(seed);
+  const DTypeBinding d = DTypeBinding::parse("bf16:bf16:fp32+master");
+  CudaKernel k(preset_rule("adamw"), d, 0, test_cache());
+  REQUIRE(k.num_roles() == 5);  // p, g, m, v, master
+  const std::vector<std::int64_t>& numel = kSizes;
+  const std::size_t nt = numel.size();
+  DeviceRole p(numel, 2, offset16), g(numel, 2, offset16), m(numel, 4, false), v(numel, 4, false),
+      master(numel, 4, false);
+  AdamW ref;
+  k.set_tensors(pointer_lists({&p, &g, &m, &v, &master}, nt), numel, {ref.hypers()});
+  CHECK(k.num_aligned_tensors() == 5);
+  std::vector<std::vector<double>> rp(nt), rm(nt), rv(nt);
+  for (std::size_t t = 0; t < nt; ++t) {
+    const std::size_t n = static_cast<std::size_t>(numel[t]);
+    std::vector<std::uint16_t> bits(n);
+    rp[t].resize(n);
+    for (std::size_t i = 0; i < n; ++i) {
+      bits[i] = to_bf16(random_floats(rng, 1, 1.0)[0]);
+      rp[t][i] = from_bf16(bits[i]);  // the master starts from the rounded param
+    }
+    p.upload(t, bits);
+    rm[t].assign(n, 0.0);
+    rv[t].assign(n, 0.0);
+  }
+  k.init_states(nullptr);  // copies p into the master, zeroes m and v
+  for (int step = 1; step <= 100; ++step) {
+    for (std::size_t t = 0; t < nt; ++t) {
+      const std::size_t n = static_cast<std::size_t>(numel[t]);
+      std::vector<std::uint16_t> bits(n);
+      std::vector<double> gd(n);
+      for (std::size_t i = 0; i < n; ++i) {
+        bits[i] = to_bf16(random_floats(rng, 1, 1.0)[0]);
+        gd[i] = from_bf16(bits[i]);
+      }
+      g.upload(t, bits);
+      ref.step(rp[t], rm[t], rv[t], gd, step);
+    }
+    k.step(nullptr, static_cast<float>(step));
+  }
+  const double sp = max_abs(rp), sm = max_abs(rm), sv = max_abs(rv);
+  for (std::size_t t = 0; t < nt; ++t) {
+    INFO("tensor " << t);
+    const std::size_t n = static_cast<std::size_t>(numel[t]);
+    std::vector<float> mf = master.download<float>(t, n);
+    check_close(mf, rp[t], 1e-4, "master", sp);
+    check_close(m.download<float>(t, n), rm[t], 1e-4, "m", sm);
+    check_close(v.download<float>(t, n), rv[t], 1e-4, "v", sv);
+    std::vector<std::uint16_t> pb = p.download<std::uint16_t>(t, n);
+    for (std::size_t i = 0; i < n; ++i) CHECK(pb[i] == to_bf16(mf[i]));  // p = bf16(master)
+  }
+}
+
+}  // namespace
+
 TEST_SUITE("cuda") {
   TEST_CASE("AdamW fp32 on the GPU matches a float64 reference over 100 steps" *
             testing::needs_cuda_device()) {
@@ -303,58 +368,11 @@ TEST_SUITE("cuda") {
 
   TEST_CASE("bf16 params with an fp32 master on the GPU match a float64 reference" *
             testing::needs_cuda_device()) {
-    cuda::PrimaryContext ctx(0);  // current for the test's own buffers and copies
-    const std::uint32_t seed = fresh_seed();
-    INFO("seed " << seed);
-    std::mt19937 rng(seed);
-    const DTypeBinding d = DTypeBinding::parse("bf16:bf16:fp32+master");
-    CudaKernel k(preset_rule("adamw"), d, 0, test_cache());
-    REQUIRE(k.num_roles() == 5);  // p, g, m, v, master
-    const std::vector<std::int64_t>& numel = kSizes;
-    const std::size_t nt = numel.size();
-    DeviceRole p(numel, 2, false), g(numel, 2, false), m(numel, 4, false), v(numel, 4, false),
-        master(numel, 4, false);
-    AdamW ref;
-    k.set_tensors(pointer_lists({&p, &g, &m, &v, &master}, nt), numel, {ref.hypers()});
-    CHECK(k.num_aligned_tensors() == 5);
-    std::vector<std::vector<double>> rp(nt), rm(nt), rv(nt);
-    for (std::size_t t = 0; t < nt; ++t) {
-      const std::size_t n = static_cast<std::size_t>(numel[t]);
-      std::vector<std::uint16_t> bits(n);
-      rp[t].resize(n);
-      for (std::size_t i = 0; i < n; ++i) {
-        bits[i] = to_bf16(random_floats(rng, 1, 1.0)[0]);
-        rp[t][i] = from_bf16(bits[i]);  // the master starts from the rounded param
-      }
-      p.upload(t, bits);
-      rm[t].assign(n, 0.0);
-      rv[t].assign(n, 0.0);
-    }
-    k.init_states(nullptr);  // copies p into the master, zeroes m and v
-    for (int step = 1; step <= 100; ++step) {
-      for (std::size_t t = 0; t < nt; ++t) {
-        const std::size_t n = static_cast<std::size_t>(numel[t]);
-        std::vector<std::uint16_t> bits(n);
-        std::vector<double> gd(n);
-        for (std::size_t i = 0; i < n; ++i) {
-          bits[i] = to_bf16(random_floats(rng, 1, 1.0)[0]);
-          gd[i] = from_bf16(bits[i]);
-        }
-        g.upload(t, bits);
-        ref.step(rp[t], rm[t], rv[t], gd, step);
-      }
-      k.step(nullptr, static_cast<float>(step));
-    }
-    const double sp = max_abs(rp), sm = max_abs(rm), sv = max_abs(rv);
-    for (std::size_t t = 0; t < nt; ++t) {
-      INFO("tensor " << t);
-      const std::size_t n = static_cast<std::size_t>(numel[t]);
-      std::vector<float> mf = master.download<float>(t, n);
-      check_close(mf, rp[t], 1e-4, "master", sp);
-      check_close(m.download<float>(t, n), rm[t], 1e-4, "m", sm);
-      check_close(v.download<float>(t, n), rv[t], 1e-4, "v", sv);
-      std::vector<std::uint16_t> pb = p.download<std::uint16_t>(t, n);
-      for (std::size_t i = 0; i < n; ++i) CHECK(pb[i] == to_bf16(mf[i]));  // p = bf16(master)
+    // Offset 8: the bf16 roles sit 8 bytes past a 16-byte boundary, which is 4 of their
+    // elements, so every tensor still takes the vector path.
+    for (std::size_t offset16 : {std::size_t{0}, std::size_t{8}}) {
+      CAPTURE(offset16);
+      check_bf16_master(offset16);
     }
   }
 

@@ -66,10 +66,14 @@ TEST_SUITE("jit") {
         CHECK(f.spill_store_bytes == 0);
         CHECK(f.spill_load_bytes == 0);
       }
-      for (const char* entry : {"fusedopt_step", "fusedopt_init", "fusedopt_reduce",
-                                "fusedopt_finalize", "fusedopt_check"}) {
+      for (const char* entry :
+           {"fusedopt_step", "fusedopt_init", "fusedopt_finalize", "fusedopt_check"}) {
         CHECK(std::find(names.begin(), names.end(), entry) != names.end());
       }
+      // One reduction kernel per pass: LAMB has two, AdamW none.
+      const bool lamb = std::string(preset) == "lamb";
+      CHECK((std::find(names.begin(), names.end(), "fusedopt_reduce_1") != names.end()) == lamb);
+      CHECK((std::find(names.begin(), names.end(), "fusedopt_reduce_0") != names.end()) == lamb);
     }
   }
 
