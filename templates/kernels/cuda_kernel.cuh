@@ -188,16 +188,21 @@ __device__ __forceinline__ double fo_combine(bool is_max, double a, double b) {
 template <int kPass>
 __device__ __forceinline__ void fo_reduce4(const fo_tensor& t, long long i, const fo_uniform& U,
                                            const fo_tvals& T, float* a, bool check);
-#define FO_REDUCE_GROUP(k)                                                                     \
-  template <>                                                                                  \
-  __device__ __forceinline__ void fo_reduce4<k>(const fo_tensor& t, long long i,               \
-                                                const fo_uniform& U, const fo_tvals& T,        \
-                                                float* a, bool check) {                        \
-    fo_tensor s = t;                                                                           \
-    FO_REDUCE##k##_STAGE(FO_STAGE_LOAD, FO_STAGE_DECL) _Pragma("unroll") for (int j = 0; j < 4; \
-                                                                              ++j)             \
-        fo_reduce_element<k>(s, j, U, T, a, 1, check);                                         \
-    FO_REDUCE##k##_STORES(FO_STAGE_STORE)                                                      \
+/// fo_reduce_element<kPass> over the 4 staged elements.
+template <int kPass>
+__device__ __forceinline__ void fo_reduce_staged(const fo_tensor& s, const fo_uniform& U,
+                                                 const fo_tvals& T, float* a, bool check) {
+#pragma unroll
+  for (int j = 0; j < 4; ++j) fo_reduce_element<kPass>(s, j, U, T, a, 1, check);
+}
+#define FO_REDUCE_GROUP(k)                                                                        \
+  template <>                                                                                     \
+  __device__ __forceinline__ void fo_reduce4<k>(const fo_tensor& t, long long i,                  \
+                                                const fo_uniform& U, const fo_tvals& T, float* a, \
+                                                bool check) {                                     \
+    fo_tensor s = t;                                                                              \
+    FO_REDUCE##k##_STAGE(FO_STAGE_LOAD, FO_STAGE_DECL) fo_reduce_staged<k>(s, U, T, a, check);    \
+    FO_REDUCE##k##_STORES(FO_STAGE_STORE)                                                         \
   }
 FO_REDUCE_KERNELS(FO_REDUCE_GROUP)
 
@@ -269,9 +274,9 @@ __device__ __forceinline__ void fo_reduce_run(const fo_launch& L) {
 }
 
 /// Reduction pass k of the rule: every chunk's partials.
-#define FO_REDUCE_KERNEL(k)                                                                   \
+#define FO_REDUCE_KERNEL(k)                                                                 \
   extern "C" __global__ void __launch_bounds__(FO_BLOCK) fusedopt_reduce_##k(fo_launch L) { \
-    fo_reduce_run<k>(L);                                                                      \
+    fo_reduce_run<k>(L);                                                                    \
   }
 FO_REDUCE_KERNELS(FO_REDUCE_KERNEL)
 
@@ -279,7 +284,8 @@ FO_REDUCE_KERNELS(FO_REDUCE_KERNEL)
 __device__ __forceinline__ void fo_tree(double* red, bool is_max) {
   __syncthreads();
   for (unsigned s = blockDim.x / 2; s > 0; s >>= 1) {
-    if (threadIdx.x < s) red[threadIdx.x] = fo_combine(is_max, red[threadIdx.x], red[threadIdx.x + s]);
+    if (threadIdx.x < s)
+      red[threadIdx.x] = fo_combine(is_max, red[threadIdx.x], red[threadIdx.x + s]);
     __syncthreads();
   }
 }

@@ -56,9 +56,8 @@ TEST_SUITE("cuda") {
     }
   }
 
-  TEST_CASE(
-      "kernels with many roles compile, the vector path staging each one the update touches" *
-      testing::needs_nvrtc()) {
+  TEST_CASE("kernels with many roles compile, the vector path staging each one the update touches" *
+            testing::needs_nvrtc()) {
     cache::KernelCache& cache = shared_cache();
     // 2 + states (+ master) roles: up to 23 (the staging lists come from the code, not a
     // fixed table of 16 roles as before).
