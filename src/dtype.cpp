@@ -72,10 +72,11 @@ DTypeBinding DTypeBinding::parse(std::string_view text) {
 
 Target Target::parse(std::string_view text) {
   if (text == "host" || text == "cpu") return Target::host();
-  if (text.size() > 3 && text.substr(0, 3) == "sm_") {
-    std::string_view digits = text.substr(3);
+  const bool ptx = text.size() > 8 && text.substr(0, 8) == "compute_";
+  if ((text.size() > 3 && text.substr(0, 3) == "sm_") || ptx) {
+    std::string_view digits = text.substr(ptx ? 8 : 3);
     bool arch_specific = false;
-    if (!digits.empty() && digits.back() == 'a') {
+    if (!ptx && !digits.empty() && digits.back() == 'a') {
       arch_specific = true;
       digits.remove_suffix(1);
     }
@@ -86,16 +87,17 @@ Target Target::parse(std::string_view text) {
       if (!std::isdigit(static_cast<unsigned char>(digits[i]))) ok = false;
       sm = sm * 10 + (digits[i] - '0');
     }
-    if (ok && sm >= 50) return Target{Kind::Cuda, sm, arch_specific};
+    if (ok && sm >= 50) return Target{Kind::Cuda, sm, arch_specific, ptx};
   }
   throw UsageError(
       fmt::format("bad target '{}': expected 'host' or a CUDA architecture like "
-                  "sm_80, sm_90 or sm_90a",
+                  "sm_80, sm_90, sm_90a or compute_90 (PTX)",
                   text));
 }
 
 std::string Target::str() const {
   if (kind == Kind::Host) return "host";
+  if (ptx) return fmt::format("compute_{}", sm);
   return fmt::format("sm_{}{}", sm, arch_specific ? "a" : "");
 }
 

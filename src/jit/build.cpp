@@ -59,7 +59,7 @@ BuiltKernel build(const KernelSource& source, const Target& target, cache::Kerne
   const Compiler& compiler = compiler_for(target);
   cache::KeyRecord record = kernel_record(source, target);
   k.key = record.key();
-  k.ext = compiler.extension();
+  k.ext = compiler.extension(target);
   const std::string& file = source.file_name;
   if (const char* dir = std::getenv("FUSEDOPT_DUMP_SOURCE"); dir && *dir) {
     const std::size_t dot = file.rfind('.');

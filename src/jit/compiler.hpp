@@ -3,6 +3,7 @@
 #pragma once
 
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "fusedopt/target.hpp"
@@ -18,8 +19,8 @@ class Compiler {
   virtual std::vector<std::string> options(const Target& target) const = 0;
   /// Extra target facts that change the output (host: the CPU's model and features).
   virtual std::string target_fingerprint(const Target& target) const = 0;
-  /// File extension of the binary: "cubin" or "so".
-  virtual std::string extension() const = 0;
+  /// File extension of the binary for `target`: "cubin", "ptx" or "so".
+  virtual std::string extension(const Target& target) const = 0;
   /// Compiles `source` (named `file_name` in diagnostics). Throws CompileError with the log,
   /// the options and the source.
   virtual std::string compile(const std::string& source, const std::string& file_name,
@@ -29,6 +30,11 @@ class Compiler {
 /// The process-wide compiler for `target` (NVRTC for CUDA targets, the host compiler for
 /// the host). Throws fusedopt::Error when NVRTC cannot be loaded.
 const Compiler& compiler_for(const Target& target);
+
+/// NVRTC's version (major, minor) and the architectures it compiles for (75, 80, ...).
+/// Throws fusedopt::Error when NVRTC cannot be loaded.
+std::pair<int, int> nvrtc_version();
+std::vector<int> nvrtc_supported_archs();
 
 /// NVRTC's log of compiling `source` for CUDA `target` with `-Xptxas -v`: ptxas's
 /// registers, stack, spill stores and spill loads of every entry point. Not cached.

@@ -123,7 +123,7 @@ class HostCompiler final : public Compiler {
     });
     return cpu_;
   }
-  std::string extension() const override { return "so"; }
+  std::string extension(const Target&) const override { return "so"; }
 
   std::string compile(const std::string& source, const std::string& file_name,
                       const Target& target) const override {

@@ -3,6 +3,7 @@
 #include <dlfcn.h>
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <filesystem>
 #include <mutex>
@@ -34,6 +35,10 @@ struct NvrtcApi {
   decltype(&nvrtcGetProgramLog) log = nullptr;
   decltype(&nvrtcGetCUBINSize) cubin_size = nullptr;
   decltype(&nvrtcGetCUBIN) cubin = nullptr;
+  decltype(&nvrtcGetPTXSize) ptx_size = nullptr;
+  decltype(&nvrtcGetPTX) ptx = nullptr;
+  decltype(&nvrtcGetNumSupportedArchs) num_archs = nullptr;
+  decltype(&nvrtcGetSupportedArchs) archs = nullptr;
 };
 
 template <typename F>
@@ -71,6 +76,10 @@ const NvrtcApi& nvrtc() {
       bind(*api.lib, "nvrtcGetProgramLog", &api.log);
       bind(*api.lib, "nvrtcGetCUBINSize", &api.cubin_size);
       bind(*api.lib, "nvrtcGetCUBIN", &api.cubin);
+      bind(*api.lib, "nvrtcGetPTXSize", &api.ptx_size);
+      bind(*api.lib, "nvrtcGetPTX", &api.ptx);
+      bind(*api.lib, "nvrtcGetNumSupportedArchs", &api.num_archs);
+      bind(*api.lib, "nvrtcGetSupportedArchs", &api.archs);
       api.version(&api.major, &api.minor);
     } catch (const Error& e) {
       failure = e.what();
@@ -106,7 +115,9 @@ class NvrtcCompiler final : public Compiler {
     return {"--gpu-architecture=" + target.str(), "--std=c++17", "-lineinfo"};
   }
   std::string target_fingerprint(const Target& target) const override { return target.str(); }
-  std::string extension() const override { return "cubin"; }
+  std::string extension(const Target& target) const override {
+    return target.ptx ? "ptx" : "cubin";
+  }
 
   std::string compile(const std::string& source, const std::string& file_name,
                       const Target& target) const override {
@@ -144,6 +155,12 @@ class NvrtcCompiler final : public Compiler {
     }
     if (log_out != nullptr) *log_out = log;
     std::size_t size = 0;
+    if (target.ptx) {  // PTX text for the driver to finish (its NUL included, as it loads)
+      check(api, api.ptx_size(prog, &size), "nvrtcGetPTXSize");
+      std::string ptx(size, '\0');
+      check(api, api.ptx(prog, ptx.data()), "nvrtcGetPTX");
+      return ptx;
+    }
     check(api, api.cubin_size(prog, &size), "nvrtcGetCUBINSize");
     std::string cubin(size, '\0');
     check(api, api.cubin(prog, cubin.data()), "nvrtcGetCUBIN");
@@ -160,6 +177,20 @@ const NvrtcCompiler& the_nvrtc_compiler() {
 
 const Compiler& nvrtc_compiler() { return the_nvrtc_compiler(); }
 
+std::pair<int, int> nvrtc_version() {
+  const NvrtcApi& api = nvrtc();
+  return {api.major, api.minor};
+}
+
+std::vector<int> nvrtc_supported_archs() {
+  const NvrtcApi& api = nvrtc();
+  int n = 0;
+  check(api, api.num_archs(&n), "nvrtcGetNumSupportedArchs");
+  std::vector<int> out(static_cast<std::size_t>(std::max(n, 0)));
+  if (n > 0) check(api, api.archs(out.data()), "nvrtcGetSupportedArchs");
+  return out;
+}
+
 std::string nvrtc_resource_log(const std::string& source, const std::string& file_name,
                                const Target& target) {
   std::string log;
@@ -173,6 +204,14 @@ const Compiler& nvrtc_compiler() {
 
 std::string nvrtc_resource_log(const std::string&, const std::string&, const Target&) {
   throw UnavailableError("fusedopt was built without CUDA: cannot compile for CUDA targets");
+}
+
+std::pair<int, int> nvrtc_version() {
+  throw UnavailableError("fusedopt was built without CUDA: no NVRTC");
+}
+
+std::vector<int> nvrtc_supported_archs() {
+  throw UnavailableError("fusedopt was built without CUDA: no NVRTC");
 }
 #endif
 

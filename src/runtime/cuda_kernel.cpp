@@ -8,12 +8,15 @@
 #include <climits>
 #include <functional>
 #include <map>
+#include <tuple>
 
 #include "abi.h"
 #include "cache/kernel_cache.hpp"
 #include "codegen/codegen.hpp"
 #include "fusedopt/error.hpp"
+#include "jit/compiler.hpp"
 #include "provider/kernel_provider.hpp"
+#include "runtime/device_target.hpp"
 #include "support/check.hpp"
 
 namespace fusedopt::runtime {
@@ -75,6 +78,7 @@ struct CudaKernel::Impl {
   CUfunction f_init = nullptr;
   CUfunction f_check = nullptr;
   CUfunction f_advance = nullptr;
+  Target target;  // what was loaded: sm_XX, or compute_XX (PTX the driver compiled)
   std::vector<CUfunction> f_reduce;  // fusedopt_reduce_<pass>, one per reduction pass
   CUfunction f_finalize = nullptr;
   std::map<CUfunction, int> blocks_per_sm;  // occupancy at kCudaBlock threads
@@ -169,13 +173,24 @@ struct CudaKernel::Impl {
 
 CudaKernel::CudaKernel(std::shared_ptr<const lang::Rule> rule, DTypeBinding dtypes, int device,
                        cache::KernelCache& cache, codegen::Strategy strategy)
-    : CudaKernel(rule, dtypes, device, [&] {
-        return provider::provide(
-            {rule, nullptr, dtypes, Target::cuda(cuda::device_sm(device)), strategy}, cache);
+    : CudaKernel(rule, dtypes, device, [&](const Target& target) {
+        return provider::provide({rule, nullptr, dtypes, target, strategy}, cache);
       }) {}
 
+namespace {
+
+CudaVersions cuda_versions() {
+  CudaVersions v;
+  v.driver = cuda::driver().driver_version;
+  std::tie(v.nvrtc_major, v.nvrtc_minor) = jit::nvrtc_version();
+  v.nvrtc_archs = jit::nvrtc_supported_archs();
+  return v;
+}
+
+}  // namespace
+
 CudaKernel::CudaKernel(std::shared_ptr<const lang::Rule> rule, DTypeBinding dtypes, int device,
-                       const std::function<provider::ProvidedKernel()>& provide)
+                       const std::function<provider::ProvidedKernel(const Target&)>& provide)
     : rule_(std::move(rule)), dtypes_(dtypes) {
   if (!rule_) throw InternalError("CudaKernel: no rule");
   SavedContext saved;  // PrimaryContext's constructor binds the context: undo that on exit
@@ -183,14 +198,27 @@ CudaKernel::CudaKernel(std::shared_ptr<const lang::Rule> rule, DTypeBinding dtyp
   Impl& k = *impl_;
   k.sm = cuda::device_sm(device);
   k.sm_count = cuda::device_sm_count(device);
-  provider::ProvidedKernel built = provide();
+  // A CUBIN for the device when NVRTC knows it, else PTX (device_target.hpp); a CUBIN the
+  // driver refuses is retried once as PTX.
+  const CudaVersions versions = cuda_versions();
+  Target target = choose_cuda_target(k.sm, versions);
+  provider::ProvidedKernel built = provide(target);
+  ScopedContext scope(k.ctx);
+  CUresult loaded = cuda::driver().ModuleLoadData(&k.module, built.binary->data());
+  if (loaded != CUDA_SUCCESS && !target.ptx) {
+    const char* name = nullptr;
+    cuda::driver().GetErrorName(loaded, &name);
+    target = ptx_fallback(k.sm, versions,
+                          fmt::format("cuModuleLoadData: {}", name ? name : "unknown error"));
+    built = provide(target);
+    loaded = cuda::driver().ModuleLoadData(&k.module, built.binary->data());
+  }
+  cuda::check(loaded, "cuModuleLoadData", __FILE__, __LINE__);
+  k.target = target;
   k.reduction_passes = built.body.reduction_passes;
   k.num_hypers = built.body.num_hypers;
-  const std::shared_ptr<const std::string> binary = built.binary;
   info_ = built.take_info();
 
-  ScopedContext scope(k.ctx);
-  FUSEDOPT_CU_CHECK(ModuleLoadData, &k.module, binary->data());
   FUSEDOPT_CU_CHECK(ModuleGetFunction, &k.f_step, k.module, "fusedopt_step");
   FUSEDOPT_CU_CHECK(ModuleGetFunction, &k.f_init, k.module, "fusedopt_init");
   FUSEDOPT_CU_CHECK(ModuleGetFunction, &k.f_check, k.module, "fusedopt_check");

@@ -33,9 +33,10 @@ class CudaKernel {
   /// Throws fusedopt::Error / CudaError (no driver, no device, compile failure).
   CudaKernel(std::shared_ptr<const lang::Rule> rule, DTypeBinding dtypes, int device,
              cache::KernelCache& cache, codegen::Strategy strategy = codegen::Strategy::Auto);
-  /// The same with the kernel from `provide` (called once the device's sm_XX is known).
+  /// The same with the kernel from `provide(target)`: a CUBIN for the device, or PTX
+  /// (device_target.hpp); called again with a PTX target if the driver refuses the CUBIN.
   CudaKernel(std::shared_ptr<const lang::Rule> rule, DTypeBinding dtypes, int device,
-             const std::function<provider::ProvidedKernel()>& provide);
+             const std::function<provider::ProvidedKernel(const Target&)>& provide);
   ~CudaKernel();
   CudaKernel(const CudaKernel&) = delete;
   CudaKernel& operator=(const CudaKernel&) = delete;

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "fusedopt/kernel.hpp"
+#include "jit/compiler.hpp"
 #include "support/requirements.hpp"
 #include "support/run.hpp"
 
@@ -94,5 +95,25 @@ TEST_SUITE("jit") {
     testing::CliResult bad = testing::run_cli({"check", rule, "--dtypes", "fp32"});
     CHECK(bad.code == 2);
     CHECK(bad.err.find("--dtypes needs --target") != std::string::npos);
+  }
+
+  TEST_CASE("NVRTC reports its version and architectures, and compiles PTX for compute_XX" *
+            testing::needs_nvrtc()) {
+    const auto [major, minor] = jit::nvrtc_version();
+    CHECK(major >= 12);
+    CHECK(minor >= 0);
+    const std::vector<int> archs = jit::nvrtc_supported_archs();
+    CHECK(std::find(archs.begin(), archs.end(), 90) != archs.end());
+    testing::TempDir d;
+    CompileOptions options;
+    options.cache_dir = d.path();
+    const CompiledKernel ptx =
+        compile_kernel(Rule::preset("adamw"), Target::cuda_ptx(90), {}, options);
+    const CompiledKernel cubin =
+        compile_kernel(Rule::preset("adamw"), Target::cuda(90), {}, options);
+    CHECK(ptx.key != cubin.key);  // the cache key records which
+    CHECK(ptx.disk_entry.extension() == ".ptx");
+    CHECK(ptx.binary->find(".target sm_90") != std::string::npos);
+    CHECK(ptx.binary->find(".entry fusedopt_step(") != std::string::npos);
   }
 }
