@@ -125,6 +125,13 @@ struct OptimizerStats {
 ///
 /// A moved-from Optimizer may be destroyed or assigned to; its other methods throw
 /// UsageError ("Optimizer::step: this Optimizer was moved from").
+///
+/// CUDA ordering: step() and step_scaled() launch on `stream`, and the reduction hook is
+/// called with it. set_hyper(), save(), load() and step_count() first wait for all work
+/// queued on the device (every stream of its context), then read or write device memory,
+/// so they are safe after steps on any stream. step_scaled() waits for `stream` to read
+/// the gradient check back. state() is a view of device memory: read it in stream order
+/// after the steps (or after a synchronize).
 class FUSEDOPT_API Optimizer {
  public:
   /// Throws Error naming the tensor and the reason for any misuse (grads missing or of a
@@ -158,7 +165,7 @@ class FUSEDOPT_API Optimizer {
 
   /// Writes a safetensors file: one tensor "<param name>/<state>" per (parameter, state)
   /// pair (and "<param name>/master"), metadata with the rule, its key, the step and the
-  /// hypers. Atomic. CUDA: the streams that ran the steps must have completed.
+  /// hypers. Atomic. CUDA: waits for the device's queued work first.
   void save(const std::filesystem::path& path) const;
   /// Reads a file written by save(); a mismatched name, shape or dtype is an Error and
   /// changes nothing. The next step is bit-identical to the saver's next step.

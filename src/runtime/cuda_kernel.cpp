@@ -486,6 +486,9 @@ float CudaKernel::capturable_steps_taken() const {
   Impl& k = *impl_;
   ScopedContext scope(k.ctx);
   float steps = 0.0f;
+  // The steps may have run on a non-blocking stream, which the legacy-stream copy does not
+  // wait for: wait for the whole context first.
+  cuda::context_synchronize();
   cuda::copy_to_host(&steps, k.capturable.get(), sizeof steps);
   return steps;
 }

@@ -102,7 +102,7 @@ bool Optimizer::Impl::run_step(float inv_grad_scale, bool scaled, void* stream) 
   }
   FUSEDOPT_CHECK_USAGE(step_count < kMaxSteps,
                        "the optimizer has taken {} steps, the most it takes (2^53)", step_count);
-  const auto step = static_cast<float>(step_count + 1);
+  const auto step = static_cast<double>(step_count + 1);  // exact: step_count < 2^53
   for (auto& kernel : kernels) kernel->begin_step(step, inv_grad_scale, stream);
   for (int pass = 0; pass < reduction_passes; ++pass) {
     for (auto& kernel : kernels)

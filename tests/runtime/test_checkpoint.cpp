@@ -301,6 +301,42 @@ TEST_SUITE("runtime") {
                          fusedopt::UsageError);
     CHECK(opt.step_count() == (std::int64_t{1} << 53));
   }
+
+  TEST_CASE("the step reaches the kernel exactly past 2^24 (it is a double, not a float)") {
+    use_private_cache();
+    TempFolder dir;
+    const std::string where = (dir.path() / "ckpt.safetensors").string();
+    Model m({9}, {DType::F32});
+    std::mt19937 rng(fresh_seed());
+    for (HostTensor& t : m.p) fill_normal(t, rng);
+    // The update is (step - 2^25) * g: 1 * g at step 2^25 + 1, which a float step (2^25 + 1
+    // rounds to 2^25) would make 0.
+    std::vector<fusedopt::ParamGroup> groups = m.groups();
+    groups.resize(1);  // the tensor is in group 0; group 1 (empty) would set an lr
+    Optimizer opt(
+        fusedopt::Rule::parse("param p\ngrad g\np = p - (step - 33554432) * g\n", "steps.rule"),
+        groups);
+    opt.save(where);
+    fusedopt::io::SafetensorsFile f = fusedopt::io::read_safetensors(where);
+    std::vector<fusedopt::io::TensorView> views;
+    for (const auto& [name, e] : f.tensors) {
+      views.push_back({name, e.dtype, e.shape, f.tensor_data(name), e.end - e.begin});
+    }
+    f.metadata["step"] = "33554432";
+    const std::string moved = (dir.path() / "moved.safetensors").string();
+    fusedopt::io::write_safetensors(moved, views, f.metadata);
+    opt.load(moved);
+    fill_grads(m, rng);
+    std::vector<double> want;
+    for (std::int64_t i = 0; i < m.p[0].numel(); ++i) {
+      want.push_back(m.p[0].get(i) - 1.0 * m.g[0].get(i));
+    }
+    opt.step();
+    CHECK(opt.step_count() == 33554433);
+    for (std::int64_t i = 0; i < m.p[0].numel(); ++i) {
+      CHECK(m.p[0].get(i) == doctest::Approx(want[static_cast<std::size_t>(i)]).epsilon(1e-6));
+    }
+  }
 }
 
 }  // namespace fusedopt_tests
