@@ -181,7 +181,8 @@ namespace {
 
 CudaVersions cuda_versions() {
   CudaVersions v;
-  v.driver = cuda::driver().driver_version;
+  // Asked each time (not the value cached at cuInit): cheap, and exact if it ever changes.
+  if (cuda::driver().DriverGetVersion(&v.driver) != CUDA_SUCCESS) v.driver = 0;
   std::tie(v.nvrtc_major, v.nvrtc_minor) = jit::nvrtc_version();
   v.nvrtc_archs = jit::nvrtc_supported_archs();
   return v;

@@ -1,0 +1,166 @@
+// The host side of the CUDA runtime on the fake driver (tests/fake_cuda/fake_libcuda.cpp,
+// loaded through FUSEDOPT_CUDA_DRIVER_LIBRARY), so it is exercised on machines without a
+// GPU: what an Optimizer loads (a CUBIN for the device, PTX when the driver refuses it, a
+// clear error for an old driver), the launches of a step (one kernel per reduction pass,
+// one wave of blocks) and that a step issues no synchronisation, copy or allocation.
+// Kernels compile with the real NVRTC; nothing runs on a device.
+#include <dlfcn.h>
+#include <doctest/doctest.h>
+
+#include <cstdint>
+#include <sstream>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "fusedopt/error.hpp"
+#include "fusedopt/optimizer.hpp"
+#include "runtime/cuda_driver.hpp"
+#include "support/requirements.hpp"
+
+using namespace fusedopt;
+namespace cu = fusedopt::runtime::cuda;
+
+namespace {
+
+/// The fake driver's own controls (the library the runtime loaded: same path, same handle).
+struct Fake {
+  const char* (*log)() = nullptr;
+  void (*reset)() = nullptr;
+  void (*set)(const char*, long long) = nullptr;
+  Fake() {
+    void* lib = dlopen(FUSEDOPT_FAKE_CUDA, RTLD_NOW);
+    REQUIRE_MESSAGE(lib != nullptr, dlerror());
+    log = reinterpret_cast<const char* (*)()>(dlsym(lib, "fake_cuda_log"));
+    reset = reinterpret_cast<void (*)()>(dlsym(lib, "fake_cuda_reset"));
+    set = reinterpret_cast<void (*)(const char*, long long)>(dlsym(lib, "fake_cuda_set"));
+    const bool found = log != nullptr && reset != nullptr && set != nullptr;
+    REQUIRE_MESSAGE(found, "the fake driver lacks its controls");
+  }
+  std::vector<std::string> lines() const {
+    std::vector<std::string> out;
+    std::istringstream in(log());
+    for (std::string l; std::getline(in, l);) out.push_back(l);
+    return out;
+  }
+  int count(const std::string& prefix) const {
+    int n = 0;
+    for (const std::string& l : lines()) n += l.rfind(prefix, 0) == 0;
+    return n;
+  }
+};
+
+/// Params and grads in the fake device's memory.
+struct Model {
+  std::vector<std::int64_t> sizes;
+  std::vector<cu::DeviceBuffer> p, g;
+  explicit Model(std::vector<std::int64_t> s = {1000, 70000, 3}) : sizes(std::move(s)) {
+    for (std::int64_t n : sizes) {
+      p.emplace_back(n * 4);
+      g.emplace_back(n * 4);
+    }
+  }
+  ParamGroup group() {
+    ParamGroup out;
+    for (std::size_t i = 0; i < sizes.size(); ++i) {
+      auto ptr = [](const cu::DeviceBuffer& b) {
+        return reinterpret_cast<void*>(static_cast<std::uintptr_t>(b.get()));
+      };
+      out.params.push_back(
+          {ptr(p[i]), sizes[i], DType::F32, Device::cuda(0), "p" + std::to_string(i)});
+      out.grads.push_back(
+          {ptr(g[i]), sizes[i], DType::F32, Device::cuda(0), "g" + std::to_string(i)});
+    }
+    return out;
+  }
+};
+
+}  // namespace
+
+TEST_SUITE("cuda_fake") {
+  TEST_CASE("an Optimizer loads a CUBIN for the device and a LAMB step is 5 launches, one wave" *
+            testing::needs_nvrtc()) {
+    Fake fake;
+    Model m;
+    fake.reset();
+    Optimizer opt(Rule::preset("lamb"), {m.group()});
+    CHECK(fake.count("cuModuleLoadData cubin") == 1);
+    CHECK(fake.count("cuModuleLoadData ptx") == 0);
+    cu::Stream stream = cu::stream_create();
+    fake.reset();
+    opt.step(stream);
+    // 1000, 70000 and 3 elements in 64 K chunks: 4 chunks, far below one wave (2 blocks x
+    // 132 SMs); finalize runs one block per tensor.
+    const std::vector<std::string> want = {
+        "cuLaunchKernel fusedopt_reduce_0 grid 4 block 512 stream",
+        "cuLaunchKernel fusedopt_finalize grid 3 block 512 stream",
+        "cuLaunchKernel fusedopt_reduce_1 grid 4 block 512 stream",
+        "cuLaunchKernel fusedopt_finalize grid 3 block 512 stream",
+        "cuLaunchKernel fusedopt_step grid 4 block 512 stream"};
+    INFO(std::string(fake.log()));
+    CHECK(fake.lines() == want);
+    // 600 tensors: 600 chunks; the grid is one wave, the occupancy (2) times the SMs (132).
+    Model many(std::vector<std::int64_t>(600, 10));
+    Optimizer wide(Rule::preset("sgd"), {many.group()});
+    fake.reset();
+    wide.step(stream);
+    CHECK(fake.lines() ==
+          std::vector<std::string>{"cuLaunchKernel fusedopt_step grid 264 block 512 stream"});
+    cu::stream_destroy(stream);
+  }
+
+  TEST_CASE("step and capturable steps issue no synchronisation, copy or allocation" *
+            testing::needs_nvrtc()) {
+    Fake fake;
+    for (bool capturable : {false, true}) {
+      CAPTURE(capturable);
+      Model m;
+      OptimizerOptions options;
+      options.capturable = capturable;
+      Optimizer opt(Rule::preset("adamw"), {m.group()}, options);
+      cu::Stream stream = cu::stream_create();
+      opt.step(stream);  // a capturable optimizer sets its device state up once
+      fake.reset();
+      for (int i = 0; i < 3; ++i) opt.step(stream);
+      INFO(std::string(fake.log()));
+      CHECK(fake.count("cuLaunchKernel") == (capturable ? 6 : 3));
+      CHECK(fake.count("cuLaunchKernel fusedopt_step") == 3);
+      for (const char* banned : {"cuCtxSynchronize", "cuStreamSynchronize", "cuMemcpy",
+                                 "cuMemAlloc", "cuMemFree", "cuMemset"}) {
+        CAPTURE(banned);
+        CHECK(fake.count(banned) == 0);
+      }
+      cu::stream_destroy(stream);
+    }
+  }
+
+  TEST_CASE("a CUBIN the driver refuses is loaded as PTX" * testing::needs_nvrtc()) {
+    Fake fake;
+    fake.set("refuse_cubin", 1);
+    Model m;
+    fake.reset();
+    // A rule of its own: a kernel this process has not loaded yet.
+    Optimizer opt(Rule::parse("param p\ngrad g\nhyper lr = 0.5\np = p - lr * g * 0.25\n", "r.rule"),
+                  {m.group()});
+    fake.set("refuse_cubin", 0);
+    const std::vector<std::string> lines = fake.lines();
+    std::vector<std::string> loads;
+    for (const std::string& l : lines) {
+      if (l.rfind("cuModuleLoadData", 0) == 0) loads.push_back(l);
+    }
+    CHECK(loads == std::vector<std::string>{"cuModuleLoadData cubin", "cuModuleLoadData ptx"});
+  }
+
+  TEST_CASE("a driver older than NVRTC is an error naming both versions" * testing::needs_nvrtc()) {
+    Fake fake;
+    fake.set("driver_version", 12090);
+    Model m;
+    try {
+      Optimizer opt(Rule::preset("sgd"), {m.group()});
+      FAIL("an Optimizer was built on a CUDA 12.9 driver with NVRTC 13");
+    } catch (const UnavailableError& e) {
+      CHECK(std::string(e.what()).find("driver CUDA 12.9, NVRTC 13.") != std::string::npos);
+    }
+    fake.set("driver_version", 13000);
+  }
+}
