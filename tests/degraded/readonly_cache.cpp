@@ -2,7 +2,7 @@
 // kept in memory, one warning says so, and the folder stays empty. Root ignores modes, so
 // as root the training runs in a child as another uid that owns the folder; the parent
 // keeps root to clean up. Exits 0 when the steps match a float64 reference; the caller
-// (readonly_cache.cmake) counts the warnings.
+// (one_warning.cmake) counts the warnings.
 #include <grp.h>
 #include <stdlib.h>
 #include <sys/stat.h>

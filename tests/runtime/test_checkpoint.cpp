@@ -48,6 +48,19 @@ struct Model {
   }
 };
 
+/// A copy of checkpoint `from` at `to` with metadata `key` set to `value` (the tensors as they
+/// are), as a tool editing the file would write it.
+void rewrite_metadata(const std::string& from, const std::string& to, const std::string& key,
+                      const std::string& value) {
+  fusedopt::io::SafetensorsFile f = fusedopt::io::read_safetensors(from);
+  std::vector<fusedopt::io::TensorView> views;
+  for (const auto& [name, e] : f.tensors) {
+    views.push_back({name, e.dtype, e.shape, f.tensor_data(name), e.end - e.begin});
+  }
+  f.metadata[key] = value;
+  fusedopt::io::write_safetensors(to, views, f.metadata);
+}
+
 /// Every byte an optimizer holds for `model`: params, states, masters, step, hypers.
 std::vector<std::string> snapshot(Optimizer& opt, Model& model, bool master) {
   std::vector<std::string> out;
@@ -259,27 +272,15 @@ TEST_SUITE("runtime") {
     opt.save(where);
     // The same file with another step count in its metadata.
     auto with_step = [&](const std::string& step) {
-      fusedopt::io::SafetensorsFile f = fusedopt::io::read_safetensors(where);
-      std::vector<fusedopt::io::TensorView> views;
-      for (const auto& [name, e] : f.tensors) {
-        views.push_back({name, e.dtype, e.shape, f.tensor_data(name), e.end - e.begin});
-      }
-      f.metadata["step"] = step;
       const std::string out = (dir.path() / ("step-" + step + ".safetensors")).string();
-      fusedopt::io::write_safetensors(out, views, f.metadata);
+      rewrite_metadata(where, out, "step", step);
       return out;
     };
     {
       // A hyper twice in a group (the last group here): refused, not "the last one wins".
-      fusedopt::io::SafetensorsFile f = fusedopt::io::read_safetensors(where);
-      std::vector<fusedopt::io::TensorView> views;
-      for (const auto& [name, e] : f.tensors) {
-        views.push_back({name, e.dtype, e.shape, f.tensor_data(name), e.end - e.begin});
-      }
-      const std::string hypers = f.metadata.at("hypers");
-      f.metadata["hypers"] = hypers + ",lr=0.5";
+      const std::string hypers = fusedopt::io::read_safetensors(where).metadata.at("hypers");
       const std::string twice = (dir.path() / "twice.safetensors").string();
-      fusedopt::io::write_safetensors(twice, views, f.metadata);
+      rewrite_metadata(where, twice, "hypers", hypers + ",lr=0.5");
       CHECK_THROWS_WITH_AS(
           opt.load(twice),
           ("cannot load checkpoint " + twice + ": hyper 'lr' appears twice in group 1").c_str(),
@@ -317,14 +318,8 @@ TEST_SUITE("runtime") {
         fusedopt::Rule::parse("param p\ngrad g\np = p - (step - 33554432) * g\n", "steps.rule"),
         groups);
     opt.save(where);
-    fusedopt::io::SafetensorsFile f = fusedopt::io::read_safetensors(where);
-    std::vector<fusedopt::io::TensorView> views;
-    for (const auto& [name, e] : f.tensors) {
-      views.push_back({name, e.dtype, e.shape, f.tensor_data(name), e.end - e.begin});
-    }
-    f.metadata["step"] = "33554432";
     const std::string moved = (dir.path() / "moved.safetensors").string();
-    fusedopt::io::write_safetensors(moved, views, f.metadata);
+    rewrite_metadata(where, moved, "step", "33554432");
     opt.load(moved);
     fill_grads(m, rng);
     std::vector<double> want;
