@@ -101,6 +101,63 @@ FO_FN fo_vec4<T> fo_vempty(const T*) {
   return fo_vec4<T>{};
 }
 
+// The scalar path (tails, misaligned tensors) stages one element the same way, so it too
+// moves only the pass's roles, with global (not generic) loads and stores.
+template <typename T>
+struct fo_vec1 {
+  T v[1];
+};
+FO_FN fo_vec1<float> fo_sload(const float* p, long long i) {
+  fo_vec1<float> r;
+  asm volatile("ld.global.L1::no_allocate.f32 %0, [%1];" : "=f"(r.v[0]) : "l"(p + i));
+  return r;
+}
+template <typename T>
+FO_FN fo_vec1<T> fo_sload(const T* p, long long i) {
+  unsigned short h;
+  asm volatile("ld.global.L1::no_allocate.u16 %0, [%1];" : "=h"(h) : "l"(p + i));
+  fo_vec1<T> r;
+  r.v[0].bits = h;
+  return r;
+}
+FO_FN void fo_sstore(float* p, long long i, const fo_vec1<float>& s) {
+  asm volatile("st.global.f32 [%0], %1;" ::"l"(p + i), "f"(s.v[0]));
+}
+template <typename T>
+FO_FN void fo_sstore(T* p, long long i, const fo_vec1<T>& s) {
+  asm volatile("st.global.u16 [%0], %1;" ::"l"(p + i), "h"(s.v[0].bits));
+}
+template <typename T>
+FO_FN void fo_sstore(const T*, long long, const fo_vec1<T>&) {}
+template <typename T>
+FO_FN fo_vec1<T> fo_sempty(const T*) {
+  return fo_vec1<T>{};
+}
+#define FO_STAGE_LOAD1(k)             \
+  auto fo_s##k = fo_sload(t.r##k, i); \
+  s.r##k = fo_s##k.v;
+#define FO_STAGE_DECL1(k)           \
+  auto fo_s##k = fo_sempty(t.r##k); \
+  s.r##k = fo_s##k.v;
+#define FO_STAGE_STORE1(k) fo_sstore(t.r##k, i, fo_s##k);
+
+/// Element i of tensor t through registers (the scalar path).
+template <bool kInit>
+__device__ __forceinline__ void fo_element1(const fo_tensor& t, long long i, const fo_uniform& U,
+                                            const fo_tvals& T) {
+  fo_tensor s = t;
+  if (kInit) {
+    FO_INIT_STAGE(FO_STAGE_LOAD1, FO_STAGE_DECL1)
+    fo_init_element(s, 0, U);
+    FO_INIT_STORES(FO_STAGE_STORE1)
+  } else {
+    FO_UPDATE_STAGE(FO_STAGE_LOAD1, FO_STAGE_DECL1)
+    fo_element(s, 0, U, T);
+    FO_UPDATE_STORES(FO_STAGE_STORE1)
+  }
+  (void)T;
+}
+
 /// Elements [i, i+4) of tensor t through registers: i is a multiple of 4 and every role
 /// pointer of t is aligned to 4 of its elements (the caller checked both).
 template <bool kInit>
@@ -161,11 +218,7 @@ __device__ __forceinline__ void fo_run(const fo_launch& L) {
       scalar_begin = chunk.begin + 4 * groups;  // the 0..3 element tail
     }
     for (long long i = scalar_begin + threadIdx.x; i < chunk.end; i += blockDim.x) {
-      if (kInit) {
-        fo_init_element(t, i, U);
-      } else {
-        fo_element(t, i, U, T);
-      }
+      fo_element1<kInit>(t, i, U, T);
     }
   }
 }
@@ -183,27 +236,31 @@ __device__ __forceinline__ double fo_combine(bool is_max, double a, double b) {
   return is_max ? fo_maxnan_d(a, b) : a + b;
 }
 
-/// Elements [i, i+4) of tensor t into the accumulators `a` of reduction pass kPass,
-/// through registers (the roles the pass reads, loaded once; those it writes, stored once).
-template <int kPass>
-__device__ __forceinline__ void fo_reduce4(const fo_tensor& t, long long i, const fo_uniform& U,
-                                           const fo_tvals& T, float* a, bool check);
-/// fo_reduce_element<kPass> over the 4 staged elements.
-template <int kPass>
+/// Elements [i, i+kN) of tensor t (kN = 4: the vector path, 1: the scalar path) into the
+/// accumulators `a` of reduction pass kPass, through registers (the roles the pass reads,
+/// loaded once; those it writes, stored once).
+template <int kPass, int kN>
+__device__ __forceinline__ void fo_reduce_n(const fo_tensor& t, long long i, const fo_uniform& U,
+                                            const fo_tvals& T, float* a, bool check);
+/// fo_reduce_element<kPass> over the kN staged elements.
+template <int kPass, int kN>
 __device__ __forceinline__ void fo_reduce_staged(const fo_tensor& s, const fo_uniform& U,
                                                  const fo_tvals& T, float* a, bool check) {
 #pragma unroll
-  for (int j = 0; j < 4; ++j) fo_reduce_element<kPass>(s, j, U, T, a, 1, check);
+  for (int j = 0; j < kN; ++j) fo_reduce_element<kPass>(s, j, U, T, a, 1, check);
 }
-#define FO_REDUCE_GROUP(k)                                                                        \
-  template <>                                                                                     \
-  __device__ __forceinline__ void fo_reduce4<k>(const fo_tensor& t, long long i,                  \
-                                                const fo_uniform& U, const fo_tvals& T, float* a, \
-                                                bool check) {                                     \
-    fo_tensor s = t;                                                                              \
-    FO_REDUCE##k##_STAGE(FO_STAGE_LOAD, FO_STAGE_DECL) fo_reduce_staged<k>(s, U, T, a, check);    \
-    FO_REDUCE##k##_STORES(FO_STAGE_STORE)                                                         \
+#define FO_REDUCE_WIDTH(k, n, LOAD, DECL, STORE)                                            \
+  template <>                                                                               \
+  __device__ __forceinline__ void fo_reduce_n<k, n>(const fo_tensor& t, long long i,        \
+                                                    const fo_uniform& U, const fo_tvals& T, \
+                                                    float* a, bool check) {                 \
+    fo_tensor s = t;                                                                        \
+    FO_REDUCE##k##_STAGE(LOAD, DECL) fo_reduce_staged<k, n>(s, U, T, a, check);             \
+    FO_REDUCE##k##_STORES(STORE)                                                            \
   }
+#define FO_REDUCE_GROUP(k)                                            \
+  FO_REDUCE_WIDTH(k, 4, FO_STAGE_LOAD, FO_STAGE_DECL, FO_STAGE_STORE) \
+  FO_REDUCE_WIDTH(k, 1, FO_STAGE_LOAD1, FO_STAGE_DECL1, FO_STAGE_STORE1)
 FO_REDUCE_KERNELS(FO_REDUCE_GROUP)
 
 template <int kPass>
@@ -240,10 +297,10 @@ __device__ __forceinline__ void fo_reduce_run(const fo_launch& L) {
       for (int j = 0; j < FO_MAX_ACC; ++j) b[j] = 0.0f;
       long long q = threadIdx.x;
       for (; q + blockDim.x < groups; q += 2 * (long long)blockDim.x) {
-        fo_reduce4<kPass>(t, chunk.begin + 4 * q, U, T, a, check);
-        fo_reduce4<kPass>(t, chunk.begin + 4 * (q + blockDim.x), U, T, b, check);
+        fo_reduce_n<kPass, 4>(t, chunk.begin + 4 * q, U, T, a, check);
+        fo_reduce_n<kPass, 4>(t, chunk.begin + 4 * (q + blockDim.x), U, T, b, check);
       }
-      if (q < groups) fo_reduce4<kPass>(t, chunk.begin + 4 * q, U, T, a, check);
+      if (q < groups) fo_reduce_n<kPass, 4>(t, chunk.begin + 4 * q, U, T, a, check);
 #pragma unroll
       for (int j = 0; j < FO_MAX_ACC; ++j) {
         if (j >= fo_acc_count(kPass)) break;
@@ -252,7 +309,7 @@ __device__ __forceinline__ void fo_reduce_run(const fo_launch& L) {
       scalar_begin = chunk.begin + 4 * groups;  // the 0..3 element tail
     }
     for (long long i = scalar_begin + threadIdx.x; i < chunk.end; i += blockDim.x) {
-      fo_reduce_element<kPass>(t, i, U, T, a, 1, check);
+      fo_reduce_n<kPass, 1>(t, i, U, T, a, check);
     }
 #pragma unroll
     for (int j = 0; j < FO_MAX_ACC; ++j) {

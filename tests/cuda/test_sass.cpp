@@ -2,7 +2,8 @@
 // scripts/test installs) moves exactly what the planner counts: fusedopt_step's vector path
 // has one wide global load per role the update reads and one wide global store per role it
 // writes (16 bytes for fp32 roles, 8 for 16-bit ones); each reduction pass's own kernel
-// stages exactly that pass's roles; and no kernel spills to local memory.
+// stages exactly that pass's roles; the scalar path (tails) moves the same roles with 4- or
+// 2-byte global accesses; no generic loads or stores remain; no kernel spills.
 #include <doctest/doctest.h>
 #include <sys/wait.h>
 
@@ -116,6 +117,15 @@ TEST_SUITE("cuda") {
         CHECK(count(step, ldg) == want_loads[bits]);
         CHECK(count(step, stg) == want_stores[bits]);
       }
+      // The scalar path (tails, misaligned tensors): one global access per role and
+      // direction too, 4 bytes for fp32 roles, 2 for 16-bit ones (LDG.E.NA / .U16).
+      std::map<int, int> scalar_loads, scalar_stores;
+      for (int r : body.pass_reads.back()) ++scalar_loads[body.role_bytes[r]];
+      for (int r : body.pass_writes.back()) ++scalar_stores[body.role_bytes[r]];
+      CHECK(count(step, std::regex(R"(LDG\.E\.NA )")) == scalar_loads[4]);
+      CHECK(count(step, std::regex(R"(LDG\.E\.NA\.U16 )")) == scalar_loads[2]);
+      CHECK(count(step, std::regex(R"(STG\.E )")) == scalar_stores[4]);
+      CHECK(count(step, std::regex(R"(STG\.E\.U16 )")) == scalar_stores[2]);
       // Each reduction pass has its own kernel; its vector path stages the pass's roles once
       // per 4-element group it handles (two per loop iteration and one for an odd group:
       // the same multiple for every role), and nothing else wide.
@@ -148,6 +158,11 @@ TEST_SUITE("cuda") {
       for (const auto& [fn, text] : sass) {
         CAPTURE(fn);
         CHECK(count(text, std::regex(R"(\b(STL|LDL)\b)")) == 0);  // no local memory: no spills
+        if (fn == "fusedopt_step" || fn.rfind("fusedopt_reduce_", 0) == 0) {
+          // Every access to tensor data is global: no generic LD/ST (which the compiler
+          // emits for pointers it cannot place).
+          CHECK(count(text, std::regex(R"(\b(LD|ST)\.E)")) == 0);
+        }
       }
     }
   }
