@@ -101,6 +101,45 @@ TEST_SUITE("cuda_gpu") {
     }
   }
 
+  TEST_CASE("CUDA AdamW's second moment has no offset from float64: uniforms in double" *
+            testing::needs_cuda_device()) {
+    // tests/runtime/test_uniform_precision.cpp on the device: 1 - beta2 computed in double
+    // and rounded once (float(0.001)), not 1 - float(0.999), which left v 1.25e-5 too small.
+    cu::PrimaryContext ctx(0);
+    std::mt19937 rng(std::random_device{}());
+    std::normal_distribution<float> normal(0.0f, 1.0f);
+    DeviceModel m = make_model(rng);
+    Optimizer gpu(Rule::preset("adamw"), {m.device_group()});
+    const double b2 = 0.999;
+    std::vector<std::vector<double>> v64(m.sizes.size());
+    for (std::size_t i = 0; i < m.sizes.size(); ++i) v64[i].assign(m.sizes[i], 0.0);
+    for (int step = 0; step < 100; ++step) {
+      for (std::size_t i = 0; i < m.sizes.size(); ++i) {
+        for (std::size_t k = 0; k < m.hg[i].size(); ++k) {
+          const float g = normal(rng);
+          m.hg[i][k] = g;
+          v64[i][k] = b2 * v64[i][k] + (1 - b2) * double(g) * g;
+        }
+      }
+      m.upload_grads();
+      gpu.step();
+    }
+    cu::synchronize(nullptr);
+    double sum = 0;
+    std::int64_t n = 0;
+    for (std::size_t i = 0; i < m.sizes.size(); ++i) {
+      if (m.sizes[i] == 0) continue;
+      std::vector<float> v(m.sizes[i]);
+      const Tensor t = gpu.state("v", static_cast<int>(i));
+      cu::copy_to_host(v.data(),
+                       static_cast<cu::DevicePtr>(reinterpret_cast<std::uintptr_t>(t.data)),
+                       v.size() * 4);
+      for (std::size_t k = 0; k < v.size(); ++k, ++n) sum += (v[k] - v64[i][k]) / v64[i][k];
+    }
+    // What remains is beta2 * v with float(0.999), as in torch: about 7e-7 after 100 steps.
+    CHECK(std::fabs(sum / static_cast<double>(n)) < 2e-6);
+  }
+
   TEST_CASE("a CUDA grad-scaled step with a NaN changes nothing, and checkpoints round-trip" *
             testing::needs_cuda_device()) {
     cu::PrimaryContext ctx(0);
