@@ -50,8 +50,8 @@ class CudaKernel {
   /// tensor t's num_roles() device pointers, `numel[t]` its size (0 allowed: skipped),
   /// `hypers[g]` group g's values in Rule::hypers order, `group[t]` tensor t's group
   /// (empty: all 0). Uploads the chunk table, the pointer table, per-tensor alignment flags
-  /// (every role aligned to 4 of its elements: the vector path) and the hypers, synchronously (complete
-  /// on return, so a launch on any stream sees them). Do not call it while a step that
+  /// (every role aligned to 4 of its elements: the vector path) and the hypers, synchronously
+  /// (complete on return, so a launch on any stream sees them). Do not call it while a step that
   /// uses the previous plan may still run: its buffers are freed here. Resets
   /// the capturable step to 0 steps taken and the capturable inverse grad scale to 1.
   void set_tensors(const std::vector<std::vector<cuda::DevicePtr>>& ptrs,
