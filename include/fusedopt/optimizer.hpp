@@ -146,7 +146,9 @@ class FUSEDOPT_API Optimizer {
   void step(void* stream = nullptr);
   /// A step with the gradients multiplied by `inv_grad_scale` in the kernel. If any
   /// unscaled gradient is not finite, nothing changes (params, state and the step count
-  /// stay bit for bit) and it returns false.
+  /// stay bit for bit) and it returns false. With `capturable` on CUDA the check and the
+  /// skip happen on the device and nothing waits (it can be captured in a CUDA graph): it
+  /// returns true, and step_count() (read from the device) tells whether the step was taken.
   bool step_scaled(float inv_grad_scale, void* stream = nullptr);
 
   /// Called after each reduction pass of a step with this process's raw totals (see

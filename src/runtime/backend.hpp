@@ -104,6 +104,21 @@ class BoundKernel {
   /// Capturable CUDA kernels: the steps taken as the device counts them (a replayed graph
   /// advances it without the host). Synchronous; not while capturing. -1: not capturable.
   virtual std::int64_t device_steps() const { return -1; }
+  /// The host's step count changed on its own (a checkpoint load): a capturable kernel
+  /// writes it to the device before its next step. Default: nothing.
+  virtual void reset_device_steps() {}
+
+  /// Whether grad-scaled steps are checked and skipped on the device (capturable CUDA),
+  /// with nothing waiting on the host.
+  virtual bool checks_on_device() const { return false; }
+  /// Device-side check: sets the double at `flag` (device memory, zeroed by the caller) to
+  /// 1 if a gradient times `inv_grad_scale` is not finite, and makes the launches of this
+  /// step (advance, reductions, update) do nothing when it is set. Ends with end_step().
+  virtual void check_grads_on_device(float inv_grad_scale, void* flag, void* stream) {
+    (void)inv_grad_scale, (void)flag, (void)stream;
+  }
+  /// After a step's last launch: no more skipping on the flag.
+  virtual void end_step() {}
 };
 
 /// One device: its memory and its kernels. Every call makes the device current for its

@@ -104,6 +104,15 @@ class CudaBoundKernel final : public BoundKernel {
     if (!capturable_) return -1;
     return static_cast<std::int64_t>(kernel_.capturable_steps_taken());
   }
+  void reset_device_steps() override { device_steps_ = -1; }  // resynchronised next step
+
+  bool checks_on_device() const override { return capturable_; }
+  void check_grads_on_device(float inv_grad_scale, void* flag, void* stream) override {
+    cuda::ContextScope scope(context_);
+    kernel_.check_grads_into(stream, inv_grad_scale, capturable_, dev(flag));
+    kernel_.set_skip_flag(dev(flag));
+  }
+  void end_step() override { kernel_.set_skip_flag(0); }
 
  private:
   const cuda::PrimaryContext& context_;  // the backend's: outlives this kernel

@@ -99,6 +99,7 @@ struct CudaKernel::Impl {
   DeviceBuffer tensor_chunks;  // long long[2 * num_tensors]
   DeviceBuffer own_global;     // double[global slots]
   DevicePtr shared_global = 0;
+  DevicePtr skip = 0;  // set_skip_flag: launches do nothing when this double is non-zero
   std::int64_t num_tensors = 0;
   int reduction_passes = 0;
   std::vector<double> host_hypers;
@@ -149,6 +150,7 @@ struct CudaKernel::Impl {
     L.hypers = as_device_pointer<const double>(hypers.get());
     L.step = step;
     L.inv_grad_scale = inv_grad_scale;
+    L.skip_if_set = skip ? as_device_pointer<const double>(skip) : nullptr;
     if (capturable_mode) {
       L.step_ptr = as_device_pointer<const float>(capturable.get());
       L.inv_grad_scale_ptr = as_device_pointer<const float>(capturable.get() + sizeof(float));
@@ -238,7 +240,7 @@ CudaKernel::CudaKernel(std::shared_ptr<const lang::Rule> rule, DTypeBinding dtyp
     FUSEDOPT_CU_CHECK(OccupancyMaxActiveBlocksPerMultiprocessor, &n, f, kCudaBlock, 0);
     k.blocks_per_sm[f] = n;
   }
-  k.flag = DeviceBuffer(sizeof(int));
+  k.flag = DeviceBuffer(sizeof(double));
   const std::vector<double> zeros(static_cast<std::size_t>(info_.body.num_global_slots), 0.0);
   k.own_global = upload(zeros);
   k.capturable = DeviceBuffer(2 * sizeof(float));
@@ -428,8 +430,24 @@ void CudaKernel::advance_step(cuda::Stream stream) {
   Impl& k = *impl_;
   ScopedContext scope(k.ctx);
   CUdeviceptr step_ptr = static_cast<CUdeviceptr>(k.capturable.get());
-  void* advance_args[] = {&step_ptr};
+  CUdeviceptr skip = static_cast<CUdeviceptr>(k.skip);
+  void* advance_args[] = {&step_ptr, &skip};
   k.launch(k.f_advance, static_cast<CUstream>(stream), advance_args, 1, 1);
+}
+
+void CudaKernel::set_skip_flag(DevicePtr flag) { impl_->skip = flag; }
+
+void CudaKernel::check_grads_into(cuda::Stream stream, float inv_grad_scale, bool capturable_mode,
+                                  DevicePtr flag) {
+  Impl& k = *impl_;
+  k.require_plan("check_grads_into");
+  if (k.num_chunks == 0) return;
+  ScopedContext scope(k.ctx);
+  fo_launch L = k.make_launch(0.0f, inv_grad_scale, capturable_mode);
+  L.skip_if_set = nullptr;  // the check itself always runs
+  CUdeviceptr found = static_cast<CUdeviceptr>(flag);
+  void* args[] = {&L, &found};
+  k.launch(k.f_check, static_cast<CUstream>(stream), args, k.grid(k.f_check), kCudaBlock);
 }
 
 void CudaKernel::init_states(cuda::Stream stream) {
@@ -447,16 +465,17 @@ bool CudaKernel::grads_finite(cuda::Stream stream, float inv_grad_scale) {
   k.require_plan("grads_finite");
   if (k.num_chunks == 0) return true;
   ScopedContext scope(k.ctx);
-  cuda::memset32_async(k.flag.get(), 0u, 1, stream);
+  cuda::memset32_async(k.flag.get(), 0u, 2, stream);
   fo_launch L = k.make_launch(0.0f, inv_grad_scale, false);
+  L.skip_if_set = nullptr;
   CUdeviceptr flag = static_cast<CUdeviceptr>(k.flag.get());
   void* args[] = {&L, &flag};
   k.launch(k.f_check, static_cast<CUstream>(stream), args, k.grid(k.f_check), kCudaBlock);
   // The stream may be non-blocking: wait for it before the (legacy-stream) copy.
   cuda::synchronize(stream);
-  int found_nonfinite = 0;
+  double found_nonfinite = 0;
   cuda::copy_to_host(&found_nonfinite, k.flag.get(), sizeof found_nonfinite);
-  return found_nonfinite == 0;
+  return found_nonfinite == 0.0;
 }
 
 void CudaKernel::step_capturable(cuda::Stream stream) {
@@ -465,7 +484,8 @@ void CudaKernel::step_capturable(cuda::Stream stream) {
   ScopedContext scope(k.ctx);
   // The step is advanced even with no chunk, so the count stays the number of steps.
   CUdeviceptr step_ptr = static_cast<CUdeviceptr>(k.capturable.get());
-  void* advance_args[] = {&step_ptr};
+  CUdeviceptr skip = static_cast<CUdeviceptr>(k.skip);
+  void* advance_args[] = {&step_ptr, &skip};
   k.launch(k.f_advance, static_cast<CUstream>(stream), advance_args, 1, 1);
   if (k.num_chunks == 0) return;
   for (int pass = 0; pass < k.reduction_passes; ++pass) {

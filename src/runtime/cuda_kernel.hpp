@@ -113,6 +113,13 @@ class CudaKernel {
   /// and the inverse grad scale the capturable step reads. Synchronous (complete on
   /// return); not while a stream is being captured.
   void set_capturable_state(float steps_taken, float inv_grad_scale = 1.0f);
+  /// Device-side grad check: launches the check on `stream`, setting the double at `flag`
+  /// to 1 if an unscaled gradient is not finite (the caller zeroes it first). Nothing waits.
+  void check_grads_into(cuda::Stream stream, float inv_grad_scale, bool capturable_mode,
+                        cuda::DevicePtr flag);
+  /// From now on every step, reduction and advance launch does nothing when the double at
+  /// `flag` is non-zero (0: never skip).
+  void set_skip_flag(cuda::DevicePtr flag);
   /// The number of steps taken by step_capturable (synchronous read: not while capturing).
   float capturable_steps_taken() const;
   /// Device addresses of the capturable step (float, steps taken) and inverse grad scale

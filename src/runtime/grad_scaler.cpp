@@ -30,7 +30,11 @@ GradScaler::GradScaler(Options options)
 bool GradScaler::step(Optimizer& opt, void* stream) {
   // torch computes the inverse in double and hands the kernel an fp32 value.
   const auto inv = static_cast<float>(1.0 / scale_);
-  const bool taken = opt.step_scaled(inv, stream);
+  // A capturable CUDA optimizer checks and skips on the device and returns true without
+  // waiting; its step count, read from the device, says whether the step was taken (one
+  // synchronisation each: keeping the scale on the device too is not done yet).
+  const std::int64_t before = opt.step_count();
+  const bool taken = opt.step_scaled(inv, stream) && opt.step_count() > before;
   // torch keeps the scale in an fp32 tensor and multiplies it in fp32 by the factor (a
   // Python float rounded to fp32), so every value here is an fp32 value too.
   if (!taken) {

@@ -6,6 +6,7 @@
 #include <optional>
 
 #include "fusedopt/error.hpp"
+#include "rule_access.hpp"
 #include "runtime/optimizer_impl.hpp"
 #include "support/check.hpp"
 
@@ -93,7 +94,16 @@ bool Optimizer::Impl::run_step(float inv_grad_scale, bool scaled, void* stream) 
   // lives on the device (capturable: the device step must not advance on a skipped step).
   bool fold_check = scaled && reduction_passes > 0 && !options.capturable;
   for (const auto& kernel : kernels) fold_check = fold_check && kernel->body().store_pass != 0;
-  if (scaled && !fold_check) {
+  // Capturable CUDA: the check and the skip happen on the device and nothing waits. The
+  // shared grad-check slot is zeroed, every binding's check may set it, and every launch of
+  // the step (the step advance included) does nothing when it is set.
+  const bool on_device = scaled && !kernels.empty() && kernels.front()->checks_on_device();
+  if (on_device) {
+    double* flag = static_cast<double*>(global_totals.data()) +
+                   (detail::lang_rule(rule).num_global_reductions);  // the last slot
+    backend->fill(flag, 0, sizeof(double), stream);
+    for (auto& kernel : kernels) kernel->check_grads_on_device(inv_grad_scale, flag, stream);
+  } else if (scaled && !fold_check) {
     // Every binding is checked before any is stepped: a non-finite gradient anywhere must
     // leave every tensor untouched.
     for (auto& kernel : kernels) {
@@ -117,7 +127,10 @@ bool Optimizer::Impl::run_step(float inv_grad_scale, bool scaled, void* stream) 
     }
   }
   for (auto& kernel : kernels) kernel->step(step, inv_grad_scale, stream);
-  ++step_count;
+  if (on_device) {
+    for (auto& kernel : kernels) kernel->end_step();
+  }
+  ++step_count;  // the host's count; a capturable optimizer's step_count() reads the device
   return true;
 }
 

@@ -4,7 +4,7 @@
 #define FUSEDOPT_ABI_H
 
 // Bump when you change this: any struct below or an exported entry point's signature.
-#define FO_ABI_VERSION 4
+#define FO_ABI_VERSION 5
 
 // Launch constants shared by the runtime and the kernels (one source for both):
 /// Threads per block of every CUDA kernel (the runtime's kCudaBlock).
@@ -43,6 +43,9 @@ struct fo_launch {
   long long num_tensors;
   int global_accumulate;  ///< finalize: 0 = write the global totals, 1 = combine into them
   int check_grads;        ///< pass 0 also counts non-finite unscaled gradients
+  /// Non-null (CUDA, capturable grad scaling): when *skip_if_set != 0 (a non-finite
+  /// gradient was found on the device), the launch does nothing.
+  const double* skip_if_set;
 };
 
 #endif  // FUSEDOPT_ABI_H

@@ -188,8 +188,15 @@ __device__ __forceinline__ fo_tvals fo_chunk_values(const fo_launch& L, int tens
   return T;
 }
 
+/// True when the launch must do nothing: a gradient check on the device found a
+/// non-finite value (the same for every thread, so an early return before any barrier).
+__device__ __forceinline__ bool fo_skipped(const fo_launch& L) {
+  return L.skip_if_set != 0 && *L.skip_if_set != 0.0;
+}
+
 template <bool kInit>
 __device__ __forceinline__ void fo_run(const fo_launch& L) {
+  if (fo_skipped(L)) return;
   __shared__ fo_uniform shared_uniform;
   const double step = L.step_ptr ? (double)*L.step_ptr : L.step;
   const float inv_grad_scale = L.inv_grad_scale_ptr ? *L.inv_grad_scale_ptr : L.inv_grad_scale;
@@ -265,6 +272,7 @@ FO_REDUCE_KERNELS(FO_REDUCE_GROUP)
 
 template <int kPass>
 __device__ __forceinline__ void fo_reduce_run(const fo_launch& L) {
+  if (fo_skipped(L)) return;
   __shared__ fo_uniform shared_uniform;
   __shared__ float red[FO_BLOCK];
   const double step = L.step_ptr ? (double)*L.step_ptr : L.step;
@@ -350,6 +358,7 @@ __device__ __forceinline__ void fo_tree(double* red, bool is_max) {
 /// Combines pass `pass`'s chunk partials: per-tensor totals (one block per tensor, its
 /// threads striding over the tensor's chunks) and, in block 0, the global totals.
 extern "C" __global__ void __launch_bounds__(FO_BLOCK) fusedopt_finalize(fo_launch L, int pass) {
+  if (fo_skipped(L)) return;
   __shared__ double red[FO_BLOCK];
   const int count = fo_acc_count(pass);
   for (int j = 0; j < count; ++j) {
@@ -396,7 +405,7 @@ extern "C" __global__ void __launch_bounds__(FO_BLOCK) fusedopt_init(fo_launch L
 /// Sets *found_nonfinite to 1 if any unscaled gradient element is not finite (the caller
 /// zeroes it first). Runs before a step with grad scaling, on the same stream.
 extern "C" __global__ void __launch_bounds__(FO_BLOCK)
-    fusedopt_check(fo_launch L, int* found_nonfinite) {
+    fusedopt_check(fo_launch L, double* found_nonfinite) {
   const float inv_grad_scale = L.inv_grad_scale_ptr ? *L.inv_grad_scale_ptr : L.inv_grad_scale;
   fo_uniform U;
   U.inv_grad_scale = inv_grad_scale;
@@ -408,12 +417,13 @@ extern "C" __global__ void __launch_bounds__(FO_BLOCK)
       bad |= !fo_grad_finite(t, i, U);
     }
   }
-  if (__syncthreads_or(bad) && threadIdx.x == 0) *found_nonfinite = 1;
+  if (__syncthreads_or(bad) && threadIdx.x == 0) *found_nonfinite = 1.0;
 }
 
-/// Capturable mode: advances the device-resident step by one. The runtime launches it
-/// (one thread) right before fusedopt_step, so a captured CUDA graph replays with a fresh
-/// step each time; it is the one extra launch that capturable mode costs.
-extern "C" __global__ void fusedopt_advance_step(float* step) {
-  if (blockIdx.x == 0 && threadIdx.x == 0) *step += 1.0f;
+/// Capturable mode: advances the device-resident step by one, unless `skip` is set (a
+/// non-finite gradient found on the device: the step is not taken). The runtime launches it
+/// (one thread) right before the step's passes, so a captured CUDA graph replays with a
+/// fresh step each time; it is the one extra launch that capturable mode costs.
+extern "C" __global__ void fusedopt_advance_step(float* step, const double* skip) {
+  if (blockIdx.x == 0 && threadIdx.x == 0 && (skip == 0 || *skip == 0.0)) *step += 1.0f;
 }

@@ -134,6 +134,39 @@ TEST_SUITE("cuda_fake") {
     }
   }
 
+  TEST_CASE("a capturable step_scaled checks and skips on the device: no sync, copy or alloc" *
+            testing::needs_nvrtc()) {
+    Fake fake;
+    for (const char* preset : {"adamw", "lamb"}) {
+      CAPTURE(preset);
+      Model m;
+      OptimizerOptions options;
+      options.capturable = true;
+      Optimizer opt(Rule::preset(preset), {m.group()}, options);
+      cu::Stream stream = cu::stream_create();
+      CHECK(opt.step_scaled(0.5f, stream));  // the first sets the device scale up (waits)
+      fake.reset();
+      for (int i = 0; i < 3; ++i) CHECK(opt.step_scaled(0.5f, stream));
+      INFO(std::string(fake.log()));
+      for (const char* banned :
+           {"cuCtxSynchronize", "cuStreamSynchronize", "cuMemcpy", "cuMemAlloc", "cuMemFree"}) {
+        CAPTURE(banned);
+        CHECK(fake.count(banned) == 0);
+      }
+      // Per step: the flag zeroed (8 bytes), the check, the advance, then the passes.
+      CHECK(fake.count("cuMemsetD8Async 8") == 3);
+      CHECK(fake.count("cuLaunchKernel fusedopt_check") == 3);
+      CHECK(fake.count("cuLaunchKernel fusedopt_advance_step") == 3);
+      CHECK(fake.count("cuLaunchKernel fusedopt_step") == 3);
+      const std::vector<std::string> lines = fake.lines();
+      REQUIRE(lines.size() >= 4);
+      CHECK(lines[0] == "cuMemsetD8Async 8");
+      CHECK(lines[1].rfind("cuLaunchKernel fusedopt_check ", 0) == 0);
+      CHECK(lines[2].rfind("cuLaunchKernel fusedopt_advance_step ", 0) == 0);
+      cu::stream_destroy(stream);
+    }
+  }
+
   TEST_CASE("a CUBIN the driver refuses is loaded as PTX" * testing::needs_nvrtc()) {
     Fake fake;
     fake.set("refuse_cubin", 1);
