@@ -46,20 +46,26 @@ class CudaBoundKernel final : public BoundKernel {
   void begin_step(double step, float inv_grad_scale, void* stream) override {
     if (!capturable_) return;
     cuda::ContextScope scope(context_);
-    // Capturable: the step count lives on the device and advances there, so a captured
-    // graph replays correctly. Resynchronise when the host's count moved on its own (a
-    // checkpoint load) or the grad scale changed.
-    const auto taken = static_cast<std::int64_t>(step) - 1;
-    if (taken != device_steps_ || inv_grad_scale != capturable_inv_scale_) {
+    // Capturable: the step count lives on the device and advances there (not on a step
+    // the device skipped), so a captured graph replays correctly. The host writes it only
+    // when its own count moved on its own (a checkpoint load: reset_device_steps), and the
+    // scale only when it changed; never the count for a scale change, which would count
+    // the steps the device skipped.
+    const bool write_steps = !steps_in_sync_;
+    if (write_steps || inv_grad_scale != capturable_inv_scale_) {
       // Steps still queued on the stream read the device state: let them finish first.
       cuda::synchronize(stream);
-      kernel_.set_capturable_state(static_cast<float>(taken), inv_grad_scale);
+      if (write_steps) {
+        const auto taken = static_cast<std::int64_t>(step) - 1;
+        kernel_.set_capturable_state(static_cast<float>(taken), inv_grad_scale);
+      } else {
+        kernel_.set_capturable_scale(inv_grad_scale);
+      }
       capturable_inv_scale_ = inv_grad_scale;
-      device_steps_ = taken;
+      steps_in_sync_ = true;
     }
     // The step is advanced even with no chunk, so the count stays the number of steps.
     kernel_.advance_step(stream);
-    ++device_steps_;
   }
 
   void reduce(int pass, double step, float inv_grad_scale, bool check_grads,
@@ -104,7 +110,7 @@ class CudaBoundKernel final : public BoundKernel {
     if (!capturable_) return -1;
     return static_cast<std::int64_t>(kernel_.capturable_steps_taken());
   }
-  void reset_device_steps() override { device_steps_ = -1; }  // resynchronised next step
+  void reset_device_steps() override { steps_in_sync_ = false; }  // written next step
 
   bool checks_on_device() const override { return capturable_; }
   void check_grads_on_device(float inv_grad_scale, void* flag, void* stream) override {
@@ -122,7 +128,7 @@ class CudaBoundKernel final : public BoundKernel {
   bool capturable_;
   bool any_elements_ = false;
   float capturable_inv_scale_ = 1.0f;
-  std::int64_t device_steps_ = 0;  ///< host mirror of the device's steps taken
+  bool steps_in_sync_ = true;  ///< the device's step count needs no write (both start at 0)
 };
 
 class CudaBackend final : public Backend {

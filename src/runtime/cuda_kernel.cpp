@@ -503,6 +503,13 @@ void CudaKernel::set_capturable_state(float steps_taken, float inv_grad_scale) {
   cuda::synchronize(nullptr);  // landed before any stream's next launch reads it
 }
 
+void CudaKernel::set_capturable_scale(float inv_grad_scale) {
+  Impl& k = *impl_;
+  ScopedContext scope(k.ctx);
+  cuda::copy_to_device(k.capturable.get() + sizeof(float), &inv_grad_scale, sizeof(float));
+  cuda::synchronize(nullptr);  // landed before any stream's next launch reads it
+}
+
 float CudaKernel::capturable_steps_taken() const {
   Impl& k = *impl_;
   ScopedContext scope(k.ctx);

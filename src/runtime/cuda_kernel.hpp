@@ -113,6 +113,8 @@ class CudaKernel {
   /// and the inverse grad scale the capturable step reads. Synchronous (complete on
   /// return); not while a stream is being captured.
   void set_capturable_state(float steps_taken, float inv_grad_scale = 1.0f);
+  /// Sets only the capturable inverse grad scale (synchronously), leaving the step count.
+  void set_capturable_scale(float inv_grad_scale);
   /// Device-side grad check: launches the check on `stream`, setting the double at `flag`
   /// to 1 if an unscaled gradient is not finite (the caller zeroes it first). Nothing waits.
   void check_grads_into(cuda::Stream stream, float inv_grad_scale, bool capturable_mode,

@@ -163,6 +163,12 @@ TEST_SUITE("cuda_fake") {
       CHECK(lines[0] == "cuMemsetD8Async 8");
       CHECK(lines[1].rfind("cuLaunchKernel fusedopt_check ", 0) == 0);
       CHECK(lines[2].rfind("cuLaunchKernel fusedopt_advance_step ", 0) == 0);
+      // A new scale (a GradScaler backing off after a skipped step) is written alone: the
+      // device's step count, which did not count the skipped step, is left as it is.
+      fake.reset();
+      CHECK(opt.step_scaled(0.25f, stream));
+      CHECK(fake.count("cuMemcpyHtoD 4") == 1);
+      CHECK(fake.count("cuMemcpyHtoD 8") == 0);
       cu::stream_destroy(stream);
     }
   }
