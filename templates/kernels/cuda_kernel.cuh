@@ -42,13 +42,22 @@ struct alignas(8) fo_vec4<fo_bf16> {
   fo_bf16 v[4];
 };
 
+// Staging moves kN elements (4: the vector path, 1: the scalar path for tails and
+// misaligned tensors) of each role through registers. fo_width<kN> picks the width.
+template <int kN>
+struct fo_width {};
+template <typename T>
+struct fo_vec1 {
+  T v[1];
+};
+
 // Role data lives in global memory, but the pointers come from a table, so the compiler
 // would emit generic loads (LD.E): these say global in PTX. Loads do not allocate in L1 (the
 // data is streamed once per step; L2 still holds it), which also marks them in the SASS
 // (LDG.E.NA) for tests/cuda/test_sass.cpp. volatile keeps the order of a thread's own
 // accesses (the store of a role after its load).
 /// Elements [i, i+4) of p in one load; p + i must be aligned to sizeof(fo_vec4<T>).
-FO_FN fo_vec4<float> fo_vload(const float* p, long long i) {
+FO_FN fo_vec4<float> fo_load_n(fo_width<4>, const float* p, long long i) {
   fo_vec4<float> r;
   asm volatile("ld.global.L1::no_allocate.v4.f32 {%0, %1, %2, %3}, [%4];"
                : "=f"(r.v[0]), "=f"(r.v[1]), "=f"(r.v[2]), "=f"(r.v[3])
@@ -57,7 +66,7 @@ FO_FN fo_vec4<float> fo_vload(const float* p, long long i) {
 }
 /// The 4 16-bit elements of a 16-bit role in one 8-byte load (element 0 in the low half).
 template <typename T>
-FO_FN fo_vec4<T> fo_vload(const T* p, long long i) {
+FO_FN fo_vec4<T> fo_load_n(fo_width<4>, const T* p, long long i) {
   unsigned int a, b;
   asm volatile("ld.global.L1::no_allocate.v2.u32 {%0, %1}, [%2];" : "=r"(a), "=r"(b) : "l"(p + i));
   fo_vec4<T> r;
@@ -67,112 +76,78 @@ FO_FN fo_vec4<T> fo_vload(const T* p, long long i) {
   r.v[3].bits = (unsigned short)(b >> 16);
   return r;
 }
-/// Writes elements [i, i+4) of a writable role in one store.
-FO_FN void fo_vstore(float* p, long long i, const fo_vec4<float>& s) {
-  asm volatile("st.global.v4.f32 [%0], {%1, %2, %3, %4};" ::"l"(p + i), "f"(s.v[0]), "f"(s.v[1]),
-               "f"(s.v[2]), "f"(s.v[3]));
-}
-template <typename T>
-FO_FN void fo_vstore(T* p, long long i, const fo_vec4<T>& s) {
-  const unsigned int a = (unsigned int)s.v[0].bits | ((unsigned int)s.v[1].bits << 16);
-  const unsigned int b = (unsigned int)s.v[2].bits | ((unsigned int)s.v[3].bits << 16);
-  asm volatile("st.global.v2.u32 [%0], {%1, %2};" ::"l"(p + i), "r"(a), "r"(b));
-}
-/// Read-only roles (the gradient) are never written back.
-template <typename T>
-FO_FN void fo_vstore(const T*, long long, const fo_vec4<T>&) {}
-
-// Staging: the generated FO_UPDATE_STAGE(LOAD, DECL) names each role fo_element loads
-// (LOAD) and each it only stores (DECL); FO_UPDATE_STORES(STORE) each role it stores; the
-// same for fo_init_element (FO_INIT_*). They are read from the generated functions' code,
-// so the vector path moves exactly the roles the pass reads and writes: a role the pass
-// does not touch is neither loaded nor stored, a read-only one is never stored.
-#define FO_STAGE_LOAD(k)              \
-  auto fo_s##k = fo_vload(t.r##k, i); \
-  s.r##k = fo_s##k.v;
-#define FO_STAGE_DECL(k)            \
-  auto fo_s##k = fo_vempty(t.r##k); \
-  s.r##k = fo_s##k.v;
-#define FO_STAGE_STORE(k) fo_vstore(t.r##k, i, fo_s##k);
-
-/// An unloaded staging vector for a role the pass only writes.
-template <typename T>
-FO_FN fo_vec4<T> fo_vempty(const T*) {
-  return fo_vec4<T>{};
-}
-
-// The scalar path (tails, misaligned tensors) stages one element the same way, so it too
-// moves only the pass's roles, with global (not generic) loads and stores.
-template <typename T>
-struct fo_vec1 {
-  T v[1];
-};
-FO_FN fo_vec1<float> fo_sload(const float* p, long long i) {
+FO_FN fo_vec1<float> fo_load_n(fo_width<1>, const float* p, long long i) {
   fo_vec1<float> r;
   asm volatile("ld.global.L1::no_allocate.f32 %0, [%1];" : "=f"(r.v[0]) : "l"(p + i));
   return r;
 }
 template <typename T>
-FO_FN fo_vec1<T> fo_sload(const T* p, long long i) {
+FO_FN fo_vec1<T> fo_load_n(fo_width<1>, const T* p, long long i) {
   unsigned short h;
   asm volatile("ld.global.L1::no_allocate.u16 %0, [%1];" : "=h"(h) : "l"(p + i));
   fo_vec1<T> r;
   r.v[0].bits = h;
   return r;
 }
-FO_FN void fo_sstore(float* p, long long i, const fo_vec1<float>& s) {
+/// An unloaded staging copy for a role the pass only writes.
+template <typename T>
+FO_FN fo_vec4<T> fo_empty_n(fo_width<4>, const T*) {
+  return fo_vec4<T>{};
+}
+template <typename T>
+FO_FN fo_vec1<T> fo_empty_n(fo_width<1>, const T*) {
+  return fo_vec1<T>{};
+}
+/// Writes the staged elements of a writable role back, in one store.
+FO_FN void fo_store_n(float* p, long long i, const fo_vec4<float>& s) {
+  asm volatile("st.global.v4.f32 [%0], {%1, %2, %3, %4};" ::"l"(p + i), "f"(s.v[0]), "f"(s.v[1]),
+               "f"(s.v[2]), "f"(s.v[3]));
+}
+template <typename T>
+FO_FN void fo_store_n(T* p, long long i, const fo_vec4<T>& s) {
+  const unsigned int a = (unsigned int)s.v[0].bits | ((unsigned int)s.v[1].bits << 16);
+  const unsigned int b = (unsigned int)s.v[2].bits | ((unsigned int)s.v[3].bits << 16);
+  asm volatile("st.global.v2.u32 [%0], {%1, %2};" ::"l"(p + i), "r"(a), "r"(b));
+}
+FO_FN void fo_store_n(float* p, long long i, const fo_vec1<float>& s) {
   asm volatile("st.global.f32 [%0], %1;" ::"l"(p + i), "f"(s.v[0]));
 }
 template <typename T>
-FO_FN void fo_sstore(T* p, long long i, const fo_vec1<T>& s) {
+FO_FN void fo_store_n(T* p, long long i, const fo_vec1<T>& s) {
   asm volatile("st.global.u16 [%0], %1;" ::"l"(p + i), "h"(s.v[0].bits));
 }
-template <typename T>
-FO_FN void fo_sstore(const T*, long long, const fo_vec1<T>&) {}
-template <typename T>
-FO_FN fo_vec1<T> fo_sempty(const T*) {
-  return fo_vec1<T>{};
-}
-#define FO_STAGE_LOAD1(k)             \
-  auto fo_s##k = fo_sload(t.r##k, i); \
-  s.r##k = fo_s##k.v;
-#define FO_STAGE_DECL1(k)           \
-  auto fo_s##k = fo_sempty(t.r##k); \
-  s.r##k = fo_s##k.v;
-#define FO_STAGE_STORE1(k) fo_sstore(t.r##k, i, fo_s##k);
+/// Read-only roles (the gradient) are never written back.
+template <typename T, typename V>
+FO_FN void fo_store_n(const T*, long long, const V&) {}
 
-/// Element i of tensor t through registers (the scalar path).
-template <bool kInit>
-__device__ __forceinline__ void fo_element1(const fo_tensor& t, long long i, const fo_uniform& U,
-                                            const fo_tvals& T) {
-  fo_tensor s = t;
-  if (kInit) {
-    FO_INIT_STAGE(FO_STAGE_LOAD1, FO_STAGE_DECL1)
-    fo_init_element(s, 0, U);
-    FO_INIT_STORES(FO_STAGE_STORE1)
-  } else {
-    FO_UPDATE_STAGE(FO_STAGE_LOAD1, FO_STAGE_DECL1)
-    fo_element(s, 0, U, T);
-    FO_UPDATE_STORES(FO_STAGE_STORE1)
-  }
-  (void)T;
-}
+// The generated FO_UPDATE_STAGE(LOAD, DECL) names each role fo_element loads (LOAD) and
+// each it only stores (DECL); FO_UPDATE_STORES(STORE) each role it stores; the same for
+// fo_init_element (FO_INIT_*) and each reduction pass (FO_REDUCE<k>_*). They are read from
+// the generated functions' code, so both paths move exactly the roles a pass reads and
+// writes. The macros expect t (the tensor), s (its staged copy), i and kN in scope.
+#define FO_STAGE_LOAD(k)                               \
+  auto fo_s##k = fo_load_n(fo_width<kN>(), t.r##k, i); \
+  s.r##k = fo_s##k.v;
+#define FO_STAGE_DECL(k)                             \
+  auto fo_s##k = fo_empty_n(fo_width<kN>(), t.r##k); \
+  s.r##k = fo_s##k.v;
+#define FO_STAGE_STORE(k) fo_store_n(t.r##k, i, fo_s##k);
 
-/// Elements [i, i+4) of tensor t through registers: i is a multiple of 4 and every role
-/// pointer of t is aligned to 4 of its elements (the caller checked both).
-template <bool kInit>
-__device__ __forceinline__ void fo_element4(const fo_tensor& t, long long i, const fo_uniform& U,
-                                            const fo_tvals& T) {
+/// Elements [i, i+kN) of tensor t through registers. kN = 4: i is a multiple of 4 and
+/// every role pointer of t is aligned to 4 of its elements (the caller checked both).
+template <bool kInit, int kN>
+__device__ __forceinline__ void fo_element_n(const fo_tensor& t, long long i, const fo_uniform& U,
+                                             const fo_tvals& T) {
   fo_tensor s = t;  // the same roles; the staged ones point at the register copies
   if (kInit) {
     FO_INIT_STAGE(FO_STAGE_LOAD, FO_STAGE_DECL)
 #pragma unroll
-    for (int j = 0; j < 4; ++j) fo_init_element(s, j, U);
+    for (int j = 0; j < kN; ++j) fo_init_element(s, j, U);
     FO_INIT_STORES(FO_STAGE_STORE)
   } else {
     FO_UPDATE_STAGE(FO_STAGE_LOAD, FO_STAGE_DECL)
 #pragma unroll
-    for (int j = 0; j < 4; ++j) fo_element(s, j, U, T);
+    for (int j = 0; j < kN; ++j) fo_element(s, j, U, T);
     FO_UPDATE_STORES(FO_STAGE_STORE)
   }
   (void)T;
@@ -220,12 +195,12 @@ __device__ __forceinline__ void fo_run(const fo_launch& L) {
     if (L.aligned && L.aligned[chunk.tensor] && (chunk.begin & 3) == 0) {
       const long long groups = (chunk.end - chunk.begin) >> 2;  // whole 4-element groups
       for (long long q = threadIdx.x; q < groups; q += blockDim.x) {
-        fo_element4<kInit>(t, chunk.begin + 4 * q, U, T);
+        fo_element_n<kInit, 4>(t, chunk.begin + 4 * q, U, T);
       }
       scalar_begin = chunk.begin + 4 * groups;  // the 0..3 element tail
     }
     for (long long i = scalar_begin + threadIdx.x; i < chunk.end; i += blockDim.x) {
-      fo_element1<kInit>(t, i, U, T);
+      fo_element_n<kInit, 1>(t, i, U, T);
     }
   }
 }
@@ -243,31 +218,29 @@ __device__ __forceinline__ double fo_combine(bool is_max, double a, double b) {
   return is_max ? fo_maxnan_d(a, b) : a + b;
 }
 
-/// Elements [i, i+kN) of tensor t (kN = 4: the vector path, 1: the scalar path) into the
-/// accumulators `a` of reduction pass kPass, through registers (the roles the pass reads,
-/// loaded once; those it writes, stored once).
+/// Elements [i, i+kN) of tensor t into the accumulators `a` of reduction pass kPass,
+/// through registers (the roles the pass reads, loaded once; those it writes, stored once).
+/// One specialisation per pass, since the staging lists are per pass.
+template <int kPass>
+struct fo_reduce_staging;
+#define FO_REDUCE_GROUP(k)                                                                       \
+  template <>                                                                                    \
+  struct fo_reduce_staging<k> {                                                                  \
+    template <int kN>                                                                            \
+    static __device__ __forceinline__ void run(const fo_tensor& t, long long i,                  \
+                                               const fo_uniform& U, const fo_tvals& T, float* a, \
+                                               bool check) {                                     \
+      fo_tensor s = t;                                                                           \
+      FO_REDUCE##k##_STAGE(FO_STAGE_LOAD, FO_STAGE_DECL) for (int j = 0; j < kN; ++j)            \
+          fo_reduce_element<k>(s, j, U, T, a, 1, check);                                         \
+      FO_REDUCE##k##_STORES(FO_STAGE_STORE)                                                      \
+    }                                                                                            \
+  };
 template <int kPass, int kN>
 __device__ __forceinline__ void fo_reduce_n(const fo_tensor& t, long long i, const fo_uniform& U,
-                                            const fo_tvals& T, float* a, bool check);
-/// fo_reduce_element<kPass> over the kN staged elements.
-template <int kPass, int kN>
-__device__ __forceinline__ void fo_reduce_staged(const fo_tensor& s, const fo_uniform& U,
-                                                 const fo_tvals& T, float* a, bool check) {
-#pragma unroll
-  for (int j = 0; j < kN; ++j) fo_reduce_element<kPass>(s, j, U, T, a, 1, check);
+                                            const fo_tvals& T, float* a, bool check) {
+  fo_reduce_staging<kPass>::template run<kN>(t, i, U, T, a, check);
 }
-#define FO_REDUCE_WIDTH(k, n, LOAD, DECL, STORE)                                            \
-  template <>                                                                               \
-  __device__ __forceinline__ void fo_reduce_n<k, n>(const fo_tensor& t, long long i,        \
-                                                    const fo_uniform& U, const fo_tvals& T, \
-                                                    float* a, bool check) {                 \
-    fo_tensor s = t;                                                                        \
-    FO_REDUCE##k##_STAGE(LOAD, DECL) fo_reduce_staged<k, n>(s, U, T, a, check);             \
-    FO_REDUCE##k##_STORES(STORE)                                                            \
-  }
-#define FO_REDUCE_GROUP(k)                                            \
-  FO_REDUCE_WIDTH(k, 4, FO_STAGE_LOAD, FO_STAGE_DECL, FO_STAGE_STORE) \
-  FO_REDUCE_WIDTH(k, 1, FO_STAGE_LOAD1, FO_STAGE_DECL1, FO_STAGE_STORE1)
 FO_REDUCE_KERNELS(FO_REDUCE_GROUP)
 
 template <int kPass>

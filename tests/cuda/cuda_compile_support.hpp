@@ -54,7 +54,7 @@ inline void check_every_preset_compiles(int sm) {
               (pass < body.reduction_passes));
       }
       // The vector path is compiled in, with the staging lists of the update.
-      CHECK(k.source.find("fo_element4") != std::string::npos);
+      CHECK(k.source.find("fo_element_n<kInit, 4>") != std::string::npos);
       CHECK(k.source.find("#define FO_UPDATE_STAGE(LOAD, DECL)") != std::string::npos);
     }
   }
