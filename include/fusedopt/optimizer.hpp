@@ -120,6 +120,8 @@ struct OptimizerStats {
                               ///< step instead of 201"
 };
 
+class GradScaler;
+
 /// Runs `rule` over every parameter of every group. States are allocated (one arena per
 /// dtype and device) and initialised from the rule at construction.
 ///
@@ -129,9 +131,11 @@ struct OptimizerStats {
 /// CUDA ordering: step() and step_scaled() launch on `stream`, and the reduction hook is
 /// called with it. set_hyper(), save(), load() and step_count() first wait for all work
 /// queued on the device (every stream of its context), then read or write device memory,
-/// so they are safe after steps on any stream. step_scaled() waits for `stream` to read
-/// the gradient check back. state() is a view of device memory: read it in stream order
-/// after the steps (or after a synchronize).
+/// so they are safe after steps on any stream. Without `capturable`, step_scaled() waits for
+/// `stream` to read the gradient check back (it returns the verdict); with it, step(),
+/// step_scaled() and a device GradScaler's step() only launch: no synchronisation, no copy,
+/// no allocation. state() is a view of device memory: read it in stream order after the
+/// steps (or after a synchronize).
 class FUSEDOPT_API Optimizer {
  public:
   /// Throws Error naming the tensor and the reason for any misuse (grads missing or of a
@@ -174,17 +178,25 @@ class FUSEDOPT_API Optimizer {
   void load(const std::filesystem::path& path);
 
  private:
+  friend class GradScaler;  // a device GradScaler steps with its scale in device memory
   struct Impl;
   /// The Impl, or UsageError("Optimizer::<method>: this Optimizer was moved from").
   Impl& live(const char* method) const;
   std::unique_ptr<Impl> impl_;
 };
 
-/// Dynamic loss scaling, like torch.cuda.amp.GradScaler: scale the loss by scale(), then
-/// step() unscales inside the kernel; a non-finite gradient skips the step and backs the
-/// scale off, and `growth_interval` good steps in a row grow it. A plain value: copying or
-/// moving it copies the scale and the tracker, so a moved-from GradScaler stays valid and
-/// unchanged.
+/// Dynamic loss scaling, like torch.amp.GradScaler: scale the loss by scale(), then step()
+/// unscales inside the kernel; a non-finite gradient skips the step and backs the scale off,
+/// and `growth_interval` good steps in a row grow it (torch's _amp_update_scale_, in fp32).
+///
+/// A host GradScaler (the default) keeps its scale on the host: a plain value, copying or
+/// moving it copies the scale and the tracker (a moved-from one stays valid and unchanged).
+/// It steps any optimizer; on CUDA it reads the verdict of each step back (a
+/// synchronisation). A device GradScaler (on_device()) keeps the scale, the growth tracker
+/// and the last verdict in device memory and updates them there: its step() only launches
+/// (no synchronisation, copy or allocation), so a whole GradScaler step can be captured in
+/// a CUDA graph, and the host reads the state back only when asked (scale(),
+/// growth_tracker(), last_step_taken()). Copies of a device GradScaler share its state.
 class FUSEDOPT_API GradScaler {
  public:
   struct Options {
@@ -195,15 +207,40 @@ class FUSEDOPT_API GradScaler {
   };
   GradScaler() : GradScaler(Options{}) {}
   explicit GradScaler(Options options);
-  double scale() const { return scale_; }
-  /// Steps `opt` with the inverse scale; returns whether the step was taken.
+  /// A device GradScaler for `opt`, which must be a capturable CUDA optimizer with at least
+  /// one element: its state lives in memory of `opt`'s device (allocated and written here,
+  /// once). It then steps any capturable optimizer of that device.
+  static GradScaler on_device(const Optimizer& opt, Options options);
+  static GradScaler on_device(const Optimizer& opt) { return on_device(opt, Options{}); }
+
+  GradScaler(const GradScaler&) = default;  // no move members: a move copies
+  GradScaler& operator=(const GradScaler&) = default;
+  ~GradScaler();
+
+  bool is_on_device() const { return device_ != nullptr; }
+  /// The current scale (an fp32 value). A device GradScaler reads it from the device,
+  /// after every queued launch.
+  double scale() const;
+  /// Good steps in a row since the scale last changed (read like scale()).
+  int growth_tracker() const;
+  /// Device address of the fp32 scale, to multiply the loss by inside a captured graph;
+  /// null for a host GradScaler.
+  const float* device_scale() const;
+  /// Steps `opt` with the inverse scale and updates the scale. A host GradScaler returns
+  /// whether the step was taken; a device GradScaler returns true without waiting (the
+  /// verdict stays on the device: last_step_taken()). `stream` as for Optimizer::step.
   bool step(Optimizer& opt, void* stream = nullptr);
-  int growth_tracker() const { return good_steps_; }
+  /// Whether the last step() was taken (false: skipped for a non-finite gradient); true
+  /// before any. A device GradScaler reads it from the device, after every queued launch.
+  bool last_step_taken() const;
 
  private:
+  struct DeviceState;
   Options options_;
   double scale_;
   int good_steps_ = 0;
+  bool last_taken_ = true;
+  std::shared_ptr<DeviceState> device_;  ///< null: a host GradScaler
 };
 
 /// Params and grads contiguous, one buffer per dtype (Bagua's do_flatten): add() returns a

@@ -104,21 +104,31 @@ class BoundKernel {
   /// Capturable CUDA kernels: the steps taken as the device counts them (a replayed graph
   /// advances it without the host). Synchronous; not while capturing. -1: not capturable.
   virtual std::int64_t device_steps() const { return -1; }
-  /// The host's step count changed on its own (a checkpoint load): a capturable kernel
-  /// writes it to the device before its next step. Default: nothing.
-  virtual void reset_device_steps() {}
+  /// Sets the device's count of steps taken (a checkpoint load), synchronously: complete on
+  /// return, after every queued step. Default (the count lives on the host): nothing.
+  virtual void set_device_steps(std::int64_t taken) { (void)taken; }
 
   /// Whether grad-scaled steps are checked and skipped on the device (capturable CUDA),
   /// with nothing waiting on the host.
   virtual bool checks_on_device() const { return false; }
   /// Device-side check: sets the double at `flag` (device memory, zeroed by the caller) to
-  /// 1 if a gradient times `inv_grad_scale` is not finite, and makes the launches of this
-  /// step (advance, reductions, update) do nothing when it is set. Ends with end_step().
-  virtual void check_grads_on_device(float inv_grad_scale, void* flag, void* stream) {
-    (void)inv_grad_scale, (void)flag, (void)stream;
+  /// 1 if a gradient times the inverse scale is not finite, and makes the launches of this
+  /// step (advance, reductions, update) do nothing when it is set. The inverse scale is
+  /// `inv_grad_scale`, or the float at `device_inv_scale` (device memory) when non-null, for
+  /// the check and every launch of the step. Ends with end_step().
+  virtual void check_grads_on_device(float inv_grad_scale, const void* device_inv_scale, void* flag,
+                                     void* stream) {
+    (void)inv_grad_scale, (void)device_inv_scale, (void)flag, (void)stream;
   }
-  /// After a step's last launch: no more skipping on the flag.
+  /// After a step's last launch: no more skipping on the flag, no device inverse scale.
   virtual void end_step() {}
+  /// A device GradScaler's update after a step, on `stream` (one tiny launch): the
+  /// fo_scaler at `scaler` from the step's grad-check flag at `flag` (abi.h's
+  /// fo_update_scale). Only where checks_on_device().
+  virtual void update_scaler(void* scaler, const void* flag, float growth, float backoff,
+                             int interval, void* stream) {
+    (void)scaler, (void)flag, (void)growth, (void)backoff, (void)interval, (void)stream;
+  }
 };
 
 /// One device: its memory and its kernels. Every call makes the device current for its

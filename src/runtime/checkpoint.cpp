@@ -230,7 +230,7 @@ void Optimizer::load(const std::filesystem::path& path) {
                               static_cast<std::size_t>(e.numel) * dtype_size(e.dtype));
   }
   m.step_count = step;
-  for (auto& kernel : m.kernels) kernel->reset_device_steps();
+  for (auto& kernel : m.kernels) kernel->set_device_steps(step);
   m.hypers = std::move(hypers);
   m.push_hypers();
 }

@@ -43,28 +43,13 @@ class CudaBoundKernel final : public BoundKernel {
     cuda::synchronize(nullptr);
   }
 
-  void begin_step(double step, float inv_grad_scale, void* stream) override {
+  void begin_step(double, float, void* stream) override {
     if (!capturable_) return;
-    cuda::ContextScope scope(context_);
-    // Capturable: the step count lives on the device and advances there (not on a step
-    // the device skipped), so a captured graph replays correctly. The host writes it only
-    // when its own count moved on its own (a checkpoint load: reset_device_steps), and the
-    // scale only when it changed; never the count for a scale change, which would count
-    // the steps the device skipped.
-    const bool write_steps = !steps_in_sync_;
-    if (write_steps || inv_grad_scale != capturable_inv_scale_) {
-      // Steps still queued on the stream read the device state: let them finish first.
-      cuda::synchronize(stream);
-      if (write_steps) {
-        const auto taken = static_cast<std::int64_t>(step) - 1;
-        kernel_.set_capturable_state(static_cast<float>(taken), inv_grad_scale);
-      } else {
-        kernel_.set_capturable_scale(inv_grad_scale);
-      }
-      capturable_inv_scale_ = inv_grad_scale;
-      steps_in_sync_ = true;
-    }
+    // Capturable: the step count lives on the device and advances there (not on a step the
+    // device skipped), so a captured graph replays correctly; the inverse scale goes by value
+    // in the launches (or from a device GradScaler), so nothing is written from the host.
     // The step is advanced even with no chunk, so the count stays the number of steps.
+    cuda::ContextScope scope(context_);
     kernel_.advance_step(stream);
   }
 
@@ -110,15 +95,30 @@ class CudaBoundKernel final : public BoundKernel {
     if (!capturable_) return -1;
     return static_cast<std::int64_t>(kernel_.capturable_steps_taken());
   }
-  void reset_device_steps() override { steps_in_sync_ = false; }  // written next step
+  void set_device_steps(std::int64_t taken) override {
+    if (!capturable_) return;
+    cuda::ContextScope scope(context_);
+    cuda::context_synchronize();  // no queued step may still read or advance it
+    kernel_.set_capturable_state(static_cast<double>(taken));
+  }
 
   bool checks_on_device() const override { return capturable_; }
-  void check_grads_on_device(float inv_grad_scale, void* flag, void* stream) override {
+  void check_grads_on_device(float inv_grad_scale, const void* device_inv_scale, void* flag,
+                             void* stream) override {
     cuda::ContextScope scope(context_);
+    kernel_.set_scale_source(dev(device_inv_scale));
     kernel_.check_grads_into(stream, inv_grad_scale, capturable_, dev(flag));
     kernel_.set_skip_flag(dev(flag));
   }
-  void end_step() override { kernel_.set_skip_flag(0); }
+  void end_step() override {
+    kernel_.set_skip_flag(0);
+    kernel_.set_scale_source(0);
+  }
+  void update_scaler(void* scaler, const void* flag, float growth, float backoff, int interval,
+                     void* stream) override {
+    cuda::ContextScope scope(context_);
+    kernel_.update_scale(stream, dev(scaler), dev(flag), growth, backoff, interval);
+  }
 
  private:
   const cuda::PrimaryContext& context_;  // the backend's: outlives this kernel
@@ -127,8 +127,6 @@ class CudaBoundKernel final : public BoundKernel {
   std::int64_t num_tensors_ = 0;
   bool capturable_;
   bool any_elements_ = false;
-  float capturable_inv_scale_ = 1.0f;
-  bool steps_in_sync_ = true;  ///< the device's step count needs no write (both start at 0)
 };
 
 class CudaBackend final : public Backend {

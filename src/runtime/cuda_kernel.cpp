@@ -78,6 +78,7 @@ struct CudaKernel::Impl {
   CUfunction f_init = nullptr;
   CUfunction f_check = nullptr;
   CUfunction f_advance = nullptr;
+  CUfunction f_update_scale = nullptr;
   Target target;  // what was loaded: sm_XX, or compute_XX (PTX the driver compiled)
   std::vector<CUfunction> f_reduce;  // fusedopt_reduce_<pass>, one per reduction pass
   CUfunction f_finalize = nullptr;
@@ -92,14 +93,15 @@ struct CudaKernel::Impl {
   DeviceBuffer hypers;
   DeviceBuffer aligned;
   DeviceBuffer flag;        // int: fusedopt_check's result
-  DeviceBuffer capturable;  // float[2]: steps taken, inverse grad scale
+  DeviceBuffer capturable;  // double: steps taken
   // Reductions.
   DeviceBuffer partials;       // float[num_chunks * max_acc]
   DeviceBuffer tensor_totals;  // double[num_tensors * tensor slots]
   DeviceBuffer tensor_chunks;  // long long[2 * num_tensors]
   DeviceBuffer own_global;     // double[global slots]
   DevicePtr shared_global = 0;
-  DevicePtr skip = 0;  // set_skip_flag: launches do nothing when this double is non-zero
+  DevicePtr skip = 0;          // set_skip_flag: launches do nothing when this double is non-zero
+  DevicePtr scale_source = 0;  // set_scale_source: the float the launches read as inv scale
   std::int64_t num_tensors = 0;
   int reduction_passes = 0;
   std::vector<double> host_hypers;
@@ -151,10 +153,8 @@ struct CudaKernel::Impl {
     L.step = step;
     L.inv_grad_scale = inv_grad_scale;
     L.skip_if_set = skip ? as_device_pointer<const double>(skip) : nullptr;
-    if (capturable_mode) {
-      L.step_ptr = as_device_pointer<const float>(capturable.get());
-      L.inv_grad_scale_ptr = as_device_pointer<const float>(capturable.get() + sizeof(float));
-    }
+    if (capturable_mode) L.step_ptr = as_device_pointer<const double>(capturable.get());
+    if (scale_source) L.inv_grad_scale_ptr = as_device_pointer<const float>(scale_source);
     L.aligned = as_device_pointer<const unsigned char>(aligned.get());
     if (reduction_passes > 0) {
       L.partials = as_device_pointer<float>(partials.get());
@@ -226,6 +226,7 @@ CudaKernel::CudaKernel(std::shared_ptr<const lang::Rule> rule, DTypeBinding dtyp
   FUSEDOPT_CU_CHECK(ModuleGetFunction, &k.f_init, k.module, "fusedopt_init");
   FUSEDOPT_CU_CHECK(ModuleGetFunction, &k.f_check, k.module, "fusedopt_check");
   FUSEDOPT_CU_CHECK(ModuleGetFunction, &k.f_advance, k.module, "fusedopt_advance_step");
+  FUSEDOPT_CU_CHECK(ModuleGetFunction, &k.f_update_scale, k.module, "fusedopt_update_scale");
   k.f_reduce.assign(static_cast<std::size_t>(k.reduction_passes), nullptr);
   for (int pass = 0; pass < k.reduction_passes; ++pass) {
     const std::string name = fmt::format("fusedopt_reduce_{}", pass);
@@ -243,9 +244,9 @@ CudaKernel::CudaKernel(std::shared_ptr<const lang::Rule> rule, DTypeBinding dtyp
   k.flag = DeviceBuffer(sizeof(double));
   const std::vector<double> zeros(static_cast<std::size_t>(info_.body.num_global_slots), 0.0);
   k.own_global = upload(zeros);
-  k.capturable = DeviceBuffer(2 * sizeof(float));
-  const float initial[2] = {0.0f, 1.0f};
-  cuda::copy_to_device(k.capturable.get(), initial, sizeof initial);
+  k.capturable = DeviceBuffer(sizeof(double));
+  const double no_steps = 0.0;
+  cuda::copy_to_device(k.capturable.get(), &no_steps, sizeof no_steps);
   cuda::synchronize(nullptr);
 }
 
@@ -324,8 +325,8 @@ void CudaKernel::set_plan(const Plan& plan) {
   DeviceBuffer d_ptrs = upload(plan.ptrs());
   DeviceBuffer d_hypers = upload(plan.hypers());
   DeviceBuffer d_aligned = upload(plan.aligned());
-  const float initial[2] = {0.0f, 1.0f};
-  cuda::copy_to_device(k.capturable.get(), initial, sizeof initial);
+  const double no_steps = 0.0;
+  cuda::copy_to_device(k.capturable.get(), &no_steps, sizeof no_steps);
   // A copy from pageable memory may return before its DMA lands: wait for it, so a launch
   // on any stream (non-blocking ones do not order after the legacy stream) sees the plan.
   cuda::synchronize(nullptr);
@@ -436,6 +437,17 @@ void CudaKernel::advance_step(cuda::Stream stream) {
 }
 
 void CudaKernel::set_skip_flag(DevicePtr flag) { impl_->skip = flag; }
+void CudaKernel::set_scale_source(DevicePtr inv_scale) { impl_->scale_source = inv_scale; }
+
+void CudaKernel::update_scale(cuda::Stream stream, DevicePtr scaler, DevicePtr found, float growth,
+                              float backoff, int interval) {
+  Impl& k = *impl_;
+  ScopedContext scope(k.ctx);
+  CUdeviceptr s = static_cast<CUdeviceptr>(scaler);
+  CUdeviceptr f = static_cast<CUdeviceptr>(found);
+  void* args[] = {&s, &f, &growth, &backoff, &interval};
+  k.launch(k.f_update_scale, static_cast<CUstream>(stream), args, 1, 1);
+}
 
 void CudaKernel::check_grads_into(cuda::Stream stream, float inv_grad_scale, bool capturable_mode,
                                   DevicePtr flag) {
@@ -495,25 +507,17 @@ void CudaKernel::step_capturable(cuda::Stream stream) {
   run_pass(stream, k.reduction_passes, 0.0f, 1.0f, false, true);
 }
 
-void CudaKernel::set_capturable_state(float steps_taken, float inv_grad_scale) {
+void CudaKernel::set_capturable_state(double steps_taken) {
   Impl& k = *impl_;
   ScopedContext scope(k.ctx);
-  const float values[2] = {steps_taken, inv_grad_scale};
-  cuda::copy_to_device(k.capturable.get(), values, sizeof values);
+  cuda::copy_to_device(k.capturable.get(), &steps_taken, sizeof steps_taken);
   cuda::synchronize(nullptr);  // landed before any stream's next launch reads it
 }
 
-void CudaKernel::set_capturable_scale(float inv_grad_scale) {
+double CudaKernel::capturable_steps_taken() const {
   Impl& k = *impl_;
   ScopedContext scope(k.ctx);
-  cuda::copy_to_device(k.capturable.get() + sizeof(float), &inv_grad_scale, sizeof(float));
-  cuda::synchronize(nullptr);  // landed before any stream's next launch reads it
-}
-
-float CudaKernel::capturable_steps_taken() const {
-  Impl& k = *impl_;
-  ScopedContext scope(k.ctx);
-  float steps = 0.0f;
+  double steps = 0.0;
   // The steps may have run on a non-blocking stream, which the legacy-stream copy does not
   // wait for: wait for the whole context first.
   cuda::context_synchronize();
@@ -522,8 +526,5 @@ float CudaKernel::capturable_steps_taken() const {
 }
 
 DevicePtr CudaKernel::capturable_step_ptr() const { return impl_->capturable.get(); }
-DevicePtr CudaKernel::capturable_inv_grad_scale_ptr() const {
-  return impl_->capturable.get() + sizeof(float);
-}
 
 }  // namespace fusedopt::runtime

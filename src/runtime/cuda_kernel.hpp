@@ -53,7 +53,7 @@ class CudaKernel {
   /// (every role aligned to 4 of its elements: the vector path) and the hypers, synchronously
   /// (complete on return, so a launch on any stream sees them). Do not call it while a step that
   /// uses the previous plan may still run: its buffers are freed here. Resets
-  /// the capturable step to 0 steps taken and the capturable inverse grad scale to 1.
+  /// the capturable step to 0 steps taken.
   void set_tensors(const std::vector<std::vector<cuda::DevicePtr>>& ptrs,
                    const std::vector<std::int64_t>& numel,
                    const std::vector<std::vector<double>>& hypers,
@@ -101,7 +101,7 @@ class CudaKernel {
   /// flag, launches the check, synchronizes `stream` and reads the flag back.
   bool grads_finite(cuda::Stream stream, float inv_grad_scale);
 
-  // Capturable mode: the step count and the inverse grad scale live in device memory, so a
+  // Capturable mode: the step count lives in device memory, so a
   // sequence of step_capturable() calls can be captured into a CUDA graph and replayed.
   // It costs one extra tiny launch per step (fusedopt_advance_step), as PyTorch's
   // capturable optimizers pay for their device-side step increment.
@@ -109,12 +109,9 @@ class CudaKernel {
   /// Advances the device step by one, then runs the step with it (two launches, no host
   /// synchronisation, no host-side state: safe to capture and replay).
   void step_capturable(cuda::Stream stream);
-  /// Sets the number of steps already taken (the next step_capturable uses steps_taken+1)
-  /// and the inverse grad scale the capturable step reads. Synchronous (complete on
-  /// return); not while a stream is being captured.
-  void set_capturable_state(float steps_taken, float inv_grad_scale = 1.0f);
-  /// Sets only the capturable inverse grad scale (synchronously), leaving the step count.
-  void set_capturable_scale(float inv_grad_scale);
+  /// Sets the number of steps already taken (the next step_capturable uses steps_taken+1).
+  /// Synchronous (complete on return); not while a stream is being captured.
+  void set_capturable_state(double steps_taken);
   /// Device-side grad check: launches the check on `stream`, setting the double at `flag`
   /// to 1 if an unscaled gradient is not finite (the caller zeroes it first). Nothing waits.
   void check_grads_into(cuda::Stream stream, float inv_grad_scale, bool capturable_mode,
@@ -122,12 +119,18 @@ class CudaKernel {
   /// From now on every step, reduction and advance launch does nothing when the double at
   /// `flag` is non-zero (0: never skip).
   void set_skip_flag(cuda::DevicePtr flag);
+  /// From now on every launch reads the inverse grad scale from the float at `inv_scale`
+  /// (device memory: a device GradScaler's fo_scaler::inv_scale) instead of its argument
+  /// (0: the argument again).
+  void set_scale_source(cuda::DevicePtr inv_scale);
+  /// A device GradScaler's update (fusedopt_update_scale, one thread): the fo_scaler at
+  /// `scaler` from the step's grad-check flag at `found` (torch's _amp_update_scale_).
+  void update_scale(cuda::Stream stream, cuda::DevicePtr scaler, cuda::DevicePtr found,
+                    float growth, float backoff, int interval);
   /// The number of steps taken by step_capturable (synchronous read: not while capturing).
-  float capturable_steps_taken() const;
-  /// Device addresses of the capturable step (float, steps taken) and inverse grad scale
-  /// (float), for device-side updates such as a grad scaler's.
+  double capturable_steps_taken() const;
+  /// Device address of the capturable step (double, steps taken).
   cuda::DevicePtr capturable_step_ptr() const;
-  cuda::DevicePtr capturable_inv_grad_scale_ptr() const;
 
   /// The plan's number of chunks and the grid a step launch uses: min(chunks, one wave:
   /// the step kernel's occupancy at 512 threads times the SMs).

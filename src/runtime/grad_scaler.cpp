@@ -1,14 +1,32 @@
-// GradScaler: torch.cuda.amp.GradScaler's update rule on top of Optimizer::step_scaled.
+// GradScaler: torch.amp.GradScaler's update rule (abi.h's fo_update_scale, the same code on
+// the host and the device) on top of Optimizer::step_scaled, with the state on the host or
+// in device memory.
 #include <fmt/format.h>
 
-#include <cfloat>
 #include <cmath>
+#include <cstddef>
 
+#include "abi.h"
 #include "fusedopt/error.hpp"
 #include "fusedopt/optimizer.hpp"
+#include "runtime/optimizer_impl.hpp"
 #include "support/check.hpp"
 
 namespace fusedopt {
+
+/// A device GradScaler's state: an fo_scaler in memory of the optimizer's backend, which it
+/// keeps alive (declared first: outlives the memory).
+struct GradScaler::DeviceState {
+  std::shared_ptr<runtime::Backend> backend;
+  runtime::Buffer block;  ///< one fo_scaler
+  Device device;
+
+  fo_scaler read() const {
+    fo_scaler s{};
+    backend->copy_to_host(&s, block.data(), sizeof s);  // waits for every queued launch
+    return s;
+  }
+};
 
 GradScaler::GradScaler(Options options)
     : options_(options), scale_(static_cast<float>(options.init_scale)) {
@@ -27,29 +45,86 @@ GradScaler::GradScaler(Options options)
                        options.growth_interval);
 }
 
+GradScaler::~GradScaler() = default;
+
+namespace {
+
+/// The fo_scaler of `scale` and `tracker`: the inverse as torch computes it (in double,
+/// handed to the kernel in fp32).
+fo_scaler make_scaler(double scale, int tracker, bool last_taken) {
+  fo_scaler s{};
+  s.scale = static_cast<float>(scale);
+  s.inv_scale = static_cast<float>(1.0 / static_cast<double>(s.scale));
+  s.growth_tracker = tracker;
+  s.found_inf = last_taken ? 0 : 1;
+  return s;
+}
+
+}  // namespace
+
+GradScaler GradScaler::on_device(const Optimizer& opt, Options options) {
+  GradScaler scaler(options);
+  const Optimizer::Impl& m = opt.live("GradScaler::on_device");
+  FUSEDOPT_CHECK_USAGE(m.device.kind == Device::Kind::Cuda && m.options.capturable,
+                       "GradScaler::on_device: the optimizer must be a capturable CUDA one "
+                       "(OptimizerOptions::capturable on cuda tensors); this one runs on {}{}",
+                       m.backend->name(), m.options.capturable ? "" : ", not capturable");
+  FUSEDOPT_CHECK_USAGE(!m.kernels.empty(),
+                       "GradScaler::on_device: the optimizer has no elements to step (every "
+                       "tensor is empty)");
+  auto state = std::make_shared<DeviceState>();
+  state->backend = m.backend;
+  state->device = m.device;
+  state->block = m.backend->allocate(sizeof(fo_scaler));
+  const fo_scaler initial = make_scaler(scaler.scale_, 0, true);
+  m.backend->copy_from_host(state->block.data(), &initial, sizeof initial);
+  scaler.device_ = std::move(state);
+  return scaler;
+}
+
+double GradScaler::scale() const { return device_ ? device_->read().scale : scale_; }
+
+int GradScaler::growth_tracker() const {
+  return device_ ? device_->read().growth_tracker : good_steps_;
+}
+
+bool GradScaler::last_step_taken() const {
+  return device_ ? device_->read().found_inf == 0 : last_taken_;
+}
+
+const float* GradScaler::device_scale() const {
+  if (!device_) return nullptr;
+  return reinterpret_cast<const float*>(device_->block.bytes_data() + offsetof(fo_scaler, scale));
+}
+
 bool GradScaler::step(Optimizer& opt, void* stream) {
+  const auto growth = static_cast<float>(options_.growth_factor);
+  const auto backoff = static_cast<float>(options_.backoff_factor);
+  if (device_) {
+    Optimizer::Impl& m = opt.live("GradScaler::step");
+    FUSEDOPT_CHECK_USAGE(
+        m.device == device_->device && m.options.capturable && !m.kernels.empty(),
+        "GradScaler::step: this device GradScaler lives on {} and steps only capturable "
+        "optimizers there with at least one element; this optimizer runs on {}{}",
+        device_->backend->name(), m.backend->name(),
+        m.options.capturable ? "" : " and is not capturable");
+    const Optimizer::Impl::DeviceScaler launch{device_->block.data(), growth, backoff,
+                                               options_.growth_interval};
+    m.run_step(1.0f, true, stream, &launch);
+    return true;
+  }
   // torch computes the inverse in double and hands the kernel an fp32 value.
-  const auto inv = static_cast<float>(1.0 / scale_);
+  fo_scaler s = make_scaler(scale_, good_steps_, last_taken_);
   // A capturable CUDA optimizer checks and skips on the device and returns true without
   // waiting; its step count, read from the device, says whether the step was taken (one
-  // synchronisation each: keeping the scale on the device too is not done yet).
+  // synchronisation each: a device GradScaler does not wait).
   const std::int64_t before = opt.step_count();
-  const bool taken = opt.step_scaled(inv, stream) && opt.step_count() > before;
-  // torch keeps the scale in an fp32 tensor and multiplies it in fp32 by the factor (a
-  // Python float rounded to fp32), so every value here is an fp32 value too.
-  if (!taken) {
-    scale_ = static_cast<float>(static_cast<float>(scale_) *
-                                static_cast<float>(options_.backoff_factor));
-    good_steps_ = 0;
-    return false;
-  }
-  if (++good_steps_ == options_.growth_interval) {
-    // ... and grows it only while the result stays finite.
-    const float grown = static_cast<float>(scale_) * static_cast<float>(options_.growth_factor);
-    if (std::isfinite(grown)) scale_ = grown;
-    good_steps_ = 0;
-  }
-  return true;
+  const bool taken = opt.step_scaled(s.inv_scale, stream) && opt.step_count() > before;
+  fo_update_scale(&s, taken ? 0 : 1, growth, backoff, options_.growth_interval);
+  scale_ = s.scale;
+  good_steps_ = s.growth_tracker;
+  last_taken_ = taken;
+  return taken;
 }
 
 }  // namespace fusedopt

@@ -2,9 +2,11 @@
 // Construction lives in optimizer_build.cpp, checkpoints in checkpoint.cpp.
 #include <fmt/format.h>
 
+#include <cstddef>
 #include <cstring>
 #include <optional>
 
+#include "abi.h"
 #include "fusedopt/error.hpp"
 #include "rule_access.hpp"
 #include "runtime/optimizer_impl.hpp"
@@ -88,7 +90,10 @@ Optimizer::Impl& Optimizer::live(const char* method) const {
   return *impl_;
 }
 
-bool Optimizer::Impl::run_step(float inv_grad_scale, bool scaled, void* stream) {
+bool Optimizer::Impl::run_step(float inv_grad_scale, bool scaled, void* stream,
+                               const DeviceScaler* scaler) {
+  FUSEDOPT_CHECK_USAGE(step_count < kMaxSteps,
+                       "the optimizer has taken {} steps, the most it takes (2^53)", step_count);
   // The grad check rides on pass 0 (one read of the gradient for the unscale, the check and
   // any norm) unless pass 0 writes (the Store strategy with one reduction pass) or the step
   // lives on the device (capturable: the device step must not advance on a skipped step).
@@ -98,11 +103,18 @@ bool Optimizer::Impl::run_step(float inv_grad_scale, bool scaled, void* stream) 
   // shared grad-check slot is zeroed, every binding's check may set it, and every launch of
   // the step (the step advance included) does nothing when it is set.
   const bool on_device = scaled && !kernels.empty() && kernels.front()->checks_on_device();
+  FUSEDOPT_CHECK_INTERNAL(scaler == nullptr || on_device,
+                          "a device GradScaler steps only a capturable CUDA optimizer");
+  double* flag = nullptr;
   if (on_device) {
-    double* flag = static_cast<double*>(global_totals.data()) +
-                   (detail::lang_rule(rule).num_global_reductions);  // the last slot
+    flag = static_cast<double*>(global_totals.data()) +
+           (detail::lang_rule(rule).num_global_reductions);  // the last slot
+    const void* device_inv_scale =
+        scaler ? static_cast<const std::byte*>(scaler->scaler) + offsetof(fo_scaler, inv_scale)
+               : nullptr;
     backend->fill(flag, 0, sizeof(double), stream);
-    for (auto& kernel : kernels) kernel->check_grads_on_device(inv_grad_scale, flag, stream);
+    for (auto& kernel : kernels)
+      kernel->check_grads_on_device(inv_grad_scale, device_inv_scale, flag, stream);
   } else if (scaled && !fold_check) {
     // Every binding is checked before any is stepped: a non-finite gradient anywhere must
     // leave every tensor untouched.
@@ -110,8 +122,6 @@ bool Optimizer::Impl::run_step(float inv_grad_scale, bool scaled, void* stream) 
       if (!kernel->grads_finite(inv_grad_scale, stream)) return false;
     }
   }
-  FUSEDOPT_CHECK_USAGE(step_count < kMaxSteps,
-                       "the optimizer has taken {} steps, the most it takes (2^53)", step_count);
   const auto step = static_cast<double>(step_count + 1);  // exact: step_count < 2^53
   for (auto& kernel : kernels) kernel->begin_step(step, inv_grad_scale, stream);
   for (int pass = 0; pass < reduction_passes; ++pass) {
@@ -129,6 +139,10 @@ bool Optimizer::Impl::run_step(float inv_grad_scale, bool scaled, void* stream) 
   for (auto& kernel : kernels) kernel->step(step, inv_grad_scale, stream);
   if (on_device) {
     for (auto& kernel : kernels) kernel->end_step();
+    if (scaler) {
+      kernels.front()->update_scaler(scaler->scaler, flag, scaler->growth, scaler->backoff,
+                                     scaler->interval, stream);
+    }
   }
   ++step_count;  // the host's count; a capturable optimizer's step_count() reads the device
   return true;

@@ -59,8 +59,8 @@ struct Optimizer::Impl {
   OptimizerOptions options;
   Device device;
   /// The device: memory and kernels. Declared before the arenas and kernels so it outlives
-  /// them.
-  std::unique_ptr<runtime::Backend> backend;
+  /// them; shared with the device GradScalers made for this optimizer (their memory).
+  std::shared_ptr<runtime::Backend> backend;
   std::vector<std::string> state_names;     ///< rule states, then outputs
   std::size_t num_states = 0;               ///< how many of state_names are rule states
   std::vector<std::string> hyper_names;     ///< Rule::hypers order
@@ -78,10 +78,20 @@ struct Optimizer::Impl {
   ReductionHook hook;
   std::string schedule_report;
 
+  /// A device GradScaler's part in a step (capturable CUDA): its fo_scaler (device memory),
+  /// whose inv_scale the step reads and which is updated after the step, and its factors.
+  struct DeviceScaler {
+    void* scaler = nullptr;
+    float growth = 2.0f;
+    float backoff = 0.5f;
+    int interval = 2000;
+  };
   /// One step: the reduction passes (if any), then the update, on every binding. With
   /// `scaled`, a non-finite unscaled gradient anywhere skips the step (returns false) and
-  /// changes nothing.
-  bool run_step(float inv_grad_scale, bool scaled, void* stream);
+  /// changes nothing. With `scaler` (capturable CUDA, scaled), the inverse scale comes from
+  /// the device scaler, which is updated after the step; nothing waits.
+  bool run_step(float inv_grad_scale, bool scaled, void* stream,
+                const DeviceScaler* scaler = nullptr);
   /// Hands pass `pass`'s totals to the hook.
   void call_hook(int pass, void* stream);
 

@@ -4,7 +4,7 @@
 #define FUSEDOPT_ABI_H
 
 // Bump when you change this: any struct below or an exported entry point's signature.
-#define FO_ABI_VERSION 5
+#define FO_ABI_VERSION 6
 
 // Launch constants shared by the runtime and the kernels (one source for both):
 /// Threads per block of every CUDA kernel (the runtime's kCudaBlock).
@@ -23,16 +23,17 @@ struct fo_chunk {
 struct fo_launch {
   const fo_chunk* chunks;  ///< the chunk table, sorted by group
   long long num_chunks;
-  void* const* ptrs;      ///< [tensor * FO_NUM_ROLES + role]
-  const double* hypers;   ///< [group * FO_NUM_HYPERS + hyper], declaration order (fo_prepare
-                          ///< computes uniform values from them in double)
-  double step;            ///< 1-based step, used when step_ptr is null
-  float inv_grad_scale;   ///< used when inv_grad_scale_ptr is null
-  const float* step_ptr;  ///< capturable mode: read the step here (exact to 2^24 steps)
-  const float* inv_grad_scale_ptr;
-  const unsigned char* aligned;  ///< per tensor: 1 if every role's pointer is aligned to 4
-                                 ///< of its elements (16 bytes fp32, 8 bytes 16-bit)
-                                 ///< (device); null = never vectorise
+  void* const* ptrs;       ///< [tensor * FO_NUM_ROLES + role]
+  const double* hypers;    ///< [group * FO_NUM_HYPERS + hyper], declaration order (fo_prepare
+                           ///< computes uniform values from them in double)
+  double step;             ///< 1-based step, used when step_ptr is null
+  float inv_grad_scale;    ///< used when inv_grad_scale_ptr is null
+  const double* step_ptr;  ///< capturable mode: read the step here (exact to 2^53 steps)
+  const float* inv_grad_scale_ptr;  ///< non-null: read the inverse grad scale here (a
+                                    ///< device GradScaler's fo_scaler::inv_scale)
+  const unsigned char* aligned;     ///< per tensor: 1 if every role's pointer is aligned to 4
+                                    ///< of its elements (16 bytes fp32, 8 bytes 16-bit)
+                                    ///< (device); null = never vectorise
 
   // Reductions (rules with reduction passes; null/0 otherwise).
   float* partials;                 ///< [chunk * FO_MAX_ACC + j]: each chunk's accumulators
@@ -47,5 +48,40 @@ struct fo_launch {
   /// gradient was found on the device), the launch does nothing.
   const double* skip_if_set;
 };
+
+/// A GradScaler's state (torch.amp.GradScaler's scale and growth tracker), kept in device
+/// memory by a device GradScaler and updated there after each step, or on the host.
+struct fo_scaler {
+  float scale;         ///< the loss scale (fp32, as torch keeps it)
+  float inv_scale;     ///< float(1 / double(scale)): what the kernels multiply grads by
+  int growth_tracker;  ///< good steps in a row since the scale last changed
+  int found_inf;       ///< 1: the last step found a non-finite gradient and was skipped
+};
+
+/// torch's _amp_update_scale_: after a step that found a non-finite gradient (`found`),
+/// scale *= backoff and the tracker restarts; after `interval` good steps in a row, scale
+/// *= growth while the result stays finite. The products are fp32, as torch's are. One
+/// definition for the host and the device (no library call: x - x is 0 only when x is
+/// finite).
+#ifdef __CUDACC__
+#define FO_HOST_DEVICE __host__ __device__
+#else
+#define FO_HOST_DEVICE
+#endif
+FO_HOST_DEVICE inline void fo_update_scale(fo_scaler* s, int found, float growth, float backoff,
+                                           int interval) {
+  s->found_inf = found ? 1 : 0;
+  if (found) {
+    s->scale = s->scale * backoff;
+    s->growth_tracker = 0;
+  } else if (s->growth_tracker + 1 >= interval) {
+    const float grown = s->scale * growth;
+    if (grown - grown == 0.0f) s->scale = grown;
+    s->growth_tracker = 0;
+  } else {
+    s->growth_tracker += 1;
+  }
+  s->inv_scale = (float)(1.0 / (double)s->scale);
+}
 
 #endif  // FUSEDOPT_ABI_H

@@ -173,7 +173,7 @@ template <bool kInit>
 __device__ __forceinline__ void fo_run(const fo_launch& L) {
   if (fo_skipped(L)) return;
   __shared__ fo_uniform shared_uniform;
-  const double step = L.step_ptr ? (double)*L.step_ptr : L.step;
+  const double step = L.step_ptr ? *L.step_ptr : L.step;
   const float inv_grad_scale = L.inv_grad_scale_ptr ? *L.inv_grad_scale_ptr : L.inv_grad_scale;
   int group = -1;
   fo_uniform U;
@@ -248,7 +248,7 @@ __device__ __forceinline__ void fo_reduce_run(const fo_launch& L) {
   if (fo_skipped(L)) return;
   __shared__ fo_uniform shared_uniform;
   __shared__ float red[FO_BLOCK];
-  const double step = L.step_ptr ? (double)*L.step_ptr : L.step;
+  const double step = L.step_ptr ? *L.step_ptr : L.step;
   const float inv_grad_scale = L.inv_grad_scale_ptr ? *L.inv_grad_scale_ptr : L.inv_grad_scale;
   const bool check = kPass == 0 && L.check_grads != 0;
   int group = -1;
@@ -397,6 +397,15 @@ extern "C" __global__ void __launch_bounds__(FO_BLOCK)
 /// non-finite gradient found on the device: the step is not taken). The runtime launches it
 /// (one thread) right before the step's passes, so a captured CUDA graph replays with a
 /// fresh step each time; it is the one extra launch that capturable mode costs.
-extern "C" __global__ void fusedopt_advance_step(float* step, const double* skip) {
-  if (blockIdx.x == 0 && threadIdx.x == 0 && (skip == 0 || *skip == 0.0)) *step += 1.0f;
+extern "C" __global__ void fusedopt_advance_step(double* step, const double* skip) {
+  if (blockIdx.x == 0 && threadIdx.x == 0 && (skip == 0 || *skip == 0.0)) *step += 1.0;
+}
+
+/// A device GradScaler's update after a step (one thread): `found` is the step's grad-check
+/// flag (non-zero: the step was skipped); fo_update_scale (abi.h) is torch's
+/// _amp_update_scale_. The next step reads the new inverse scale from `s`.
+extern "C" __global__ void fusedopt_update_scale(fo_scaler* s, const double* found, float growth,
+                                                 float backoff, int interval) {
+  if (blockIdx.x == 0 && threadIdx.x == 0)
+    fo_update_scale(s, *found != 0.0, growth, backoff, interval);
 }

@@ -24,7 +24,7 @@ static inline fo_tvals fo_chunk_values(const fo_launch* L, int tensor) {
 
 template <bool kInit>
 static void fo_run(const fo_launch* L) {
-  const double step = L->step_ptr ? (double)*L->step_ptr : L->step;
+  const double step = L->step_ptr ? *L->step_ptr : L->step;
   const float inv_grad_scale = L->inv_grad_scale_ptr ? *L->inv_grad_scale_ptr : L->inv_grad_scale;
   // One chunk (a small launch) runs on the calling thread: waking a thread team would cost
   // more than the work.
@@ -66,7 +66,7 @@ FO_FN double fo_combine(bool is_max, double a, double b) {
 
 template <int kPass>
 static void fo_reduce_run(const fo_launch* L) {
-  const double step = L->step_ptr ? (double)*L->step_ptr : L->step;
+  const double step = L->step_ptr ? *L->step_ptr : L->step;
   const float inv_grad_scale = L->inv_grad_scale_ptr ? *L->inv_grad_scale_ptr : L->inv_grad_scale;
   const int count = fo_acc_count(kPass);
   const bool check = kPass == 0 && L->check_grads != 0;
@@ -143,7 +143,7 @@ FO_EXTERN_C void fusedopt_finalize_host(const fo_launch* L, int pass) {
 /// 1 when every gradient element of the chunk table, unscaled, is finite; else 0. Runs
 /// before a step with grad scaling so a non-finite step can change nothing.
 FO_EXTERN_C int fusedopt_check_host(const fo_launch* L) {
-  const double step = L->step_ptr ? (double)*L->step_ptr : L->step;
+  const double step = L->step_ptr ? *L->step_ptr : L->step;
   const float inv_grad_scale = L->inv_grad_scale_ptr ? *L->inv_grad_scale_ptr : L->inv_grad_scale;
   int all_finite = 1;
 #pragma omp parallel for schedule(static) reduction(& : all_finite) if (L->num_chunks > 1)

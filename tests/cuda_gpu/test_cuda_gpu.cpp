@@ -400,7 +400,7 @@ TEST_SUITE("cuda") {
     }
     cuda::synchronize(nullptr);
 
-    graph.kernel.set_capturable_state(0.0f, 1.0f);
+    graph.kernel.set_capturable_state(0.0);
     cuda::Stream s = cuda::stream_create();
     cuda::begin_capture(s);
     graph.kernel.step_capturable(s);
@@ -408,7 +408,7 @@ TEST_SUITE("cuda") {
     cuda::GraphExec exec = cuda::graph_instantiate(g);
     for (int t = 1; t <= 10; ++t) cuda::graph_launch(exec, s);
     cuda::synchronize(s);
-    CHECK(graph.kernel.capturable_steps_taken() == 10.0f);
+    CHECK(graph.kernel.capturable_steps_taken() == 10.0);
     for (std::size_t t = 0; t < kSizes.size(); ++t) {
       const std::size_t n = static_cast<std::size_t>(kSizes[t]);
       std::vector<float> a = eager.p.download<float>(t, n), b = graph.p.download<float>(t, n);

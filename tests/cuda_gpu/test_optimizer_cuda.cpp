@@ -135,6 +135,58 @@ TEST_SUITE("cuda_gpu") {
     }
   }
 
+  TEST_CASE("a whole device GradScaler step captured in a CUDA graph replays as host steps" *
+            testing::needs_cuda_device()) {
+    cu::PrimaryContext ctx(0);
+    std::mt19937 rng(std::random_device{}());
+    std::normal_distribution<float> normal(0.0f, 1.0f);
+    for (const char* preset : {"adamw", "lamb"}) {
+      CAPTURE(preset);
+      DeviceModel m = make_model(rng);
+      OptimizerOptions options;
+      options.capturable = true;
+      Optimizer gpu(Rule::preset(preset), {m.device_group()}, options);
+      Optimizer cpu(Rule::preset(preset), {m.host_group()});
+      GradScaler::Options so;
+      so.init_scale = 256;
+      so.growth_interval = 3;
+      GradScaler on_device = GradScaler::on_device(gpu, so);
+      GradScaler on_host(so);
+      cu::Stream s = cu::stream_create();
+      cu::begin_capture(s);
+      on_device.step(gpu, s);  // the check, the skip, the step and the scale update
+      cu::Graph graph = cu::end_capture(s);
+      cu::GraphExec exec = cu::graph_instantiate(graph);
+      for (int t = 1; t <= 12; ++t) {
+        CAPTURE(t);
+        const float scale = static_cast<float>(on_host.scale());
+        for (auto& g : m.hg) {
+          for (auto& x : g) x = scale * 0.1f * normal(rng);
+        }
+        if (t == 4 || t == 7) m.hg[3][t * 101] = std::nanf("");
+        if (t == 8) m.hg[2][5] = INFINITY;
+        m.upload_grads();  // the graph's last replay finished: synchronised below
+        cu::graph_launch(exec, s);
+        const bool taken = on_host.step(cpu);
+        cu::synchronize(s);
+        CHECK(on_device.last_step_taken() == taken);
+        CHECK(on_device.scale() == on_host.scale());
+        CHECK(on_device.growth_tracker() == on_host.growth_tracker());
+      }
+      CHECK(gpu.step_count() == cpu.step_count());
+      CHECK(gpu.step_count() == 9);
+      for (std::size_t i = 0; i < m.sizes.size(); ++i) {
+        std::vector<float> got = m.download_param(i);
+        for (std::int64_t k = 0; k < m.sizes[i]; ++k) {
+          REQUIRE(std::fabs(got[k] - m.hp[i][k]) <= 1e-5f * (1 + std::fabs(m.hp[i][k])));
+        }
+      }
+      cu::graph_exec_destroy(exec);
+      cu::graph_destroy(graph);
+      cu::stream_destroy(s);
+    }
+  }
+
   TEST_CASE("CUDA AdamW's second moment has no offset from float64: uniforms in double" *
             testing::needs_cuda_device()) {
     // tests/runtime/test_uniform_precision.cpp on the device: 1 - beta2 computed in double

@@ -144,7 +144,6 @@ TEST_SUITE("cuda_fake") {
       options.capturable = true;
       Optimizer opt(Rule::preset(preset), {m.group()}, options);
       cu::Stream stream = cu::stream_create();
-      CHECK(opt.step_scaled(0.5f, stream));  // the first sets the device scale up (waits)
       fake.reset();
       for (int i = 0; i < 3; ++i) CHECK(opt.step_scaled(0.5f, stream));
       INFO(std::string(fake.log()));
@@ -163,12 +162,65 @@ TEST_SUITE("cuda_fake") {
       CHECK(lines[0] == "cuMemsetD8Async 8");
       CHECK(lines[1].rfind("cuLaunchKernel fusedopt_check ", 0) == 0);
       CHECK(lines[2].rfind("cuLaunchKernel fusedopt_advance_step ", 0) == 0);
-      // A new scale (a GradScaler backing off after a skipped step) is written alone: the
-      // device's step count, which did not count the skipped step, is left as it is.
+      // A new scale goes by value in the launches: nothing is written from the host.
       fake.reset();
       CHECK(opt.step_scaled(0.25f, stream));
-      CHECK(fake.count("cuMemcpyHtoD 4") == 1);
-      CHECK(fake.count("cuMemcpyHtoD 8") == 0);
+      CHECK(fake.count("cuMemcpy") == 0);
+      CHECK(fake.count("cuStreamSynchronize") == 0);
+      cu::stream_destroy(stream);
+    }
+  }
+
+  TEST_CASE("a device GradScaler's step only launches; its state is read back on request" *
+            testing::needs_nvrtc()) {
+    Fake fake;
+    for (const char* preset : {"adamw", "lamb"}) {
+      CAPTURE(preset);
+      Model m;
+      OptimizerOptions options;
+      options.capturable = true;
+      Optimizer opt(Rule::preset(preset), {m.group()}, options);
+      GradScaler::Options so;
+      so.init_scale = 1024.0;
+      fake.reset();
+      GradScaler scaler = GradScaler::on_device(opt, so);  // allocates and writes, once
+      CHECK(fake.count("cuMemAlloc") == 1);
+      CHECK(scaler.is_on_device());
+      REQUIRE(scaler.device_scale() != nullptr);
+      CHECK(scaler.scale() == 1024.0);  // the fake's device memory is host memory
+      CHECK(scaler.growth_tracker() == 0);
+      CHECK(scaler.last_step_taken());
+      cu::Stream stream = cu::stream_create();
+      fake.reset();
+      for (int i = 0; i < 3; ++i) CHECK(scaler.step(opt, stream));
+      INFO(std::string(fake.log()));
+      for (const char* banned :
+           {"cuCtxSynchronize", "cuStreamSynchronize", "cuMemcpy", "cuMemAlloc", "cuMemFree"}) {
+        CAPTURE(banned);
+        CHECK(fake.count(banned) == 0);
+      }
+      // Per step: the flag zeroed, the check, the advance, the passes, then the scaler's
+      // update, one thread, on the same stream.
+      CHECK(fake.count("cuMemsetD8Async 8") == 3);
+      CHECK(fake.count("cuLaunchKernel fusedopt_check") == 3);
+      CHECK(fake.count("cuLaunchKernel fusedopt_step") == 3);
+      CHECK(fake.count("cuLaunchKernel fusedopt_update_scale grid 1 block 1 stream") == 3);
+      const std::vector<std::string> lines = fake.lines();
+      REQUIRE(!lines.empty());
+      CHECK(lines.back().rfind("cuLaunchKernel fusedopt_update_scale ", 0) == 0);
+      // Reading the state back is what waits, and only when asked.
+      fake.reset();
+      CHECK(scaler.scale() == 1024.0);
+      CHECK(fake.count("cuCtxSynchronize") >= 1);
+      CHECK(fake.count("cuMemcpyDtoH") == 1);
+      // A copy shares the device state; a non-capturable optimizer is refused, naming why.
+      const GradScaler copy = scaler;
+      CHECK(copy.device_scale() == scaler.device_scale());
+      Optimizer plain(Rule::preset(preset), {m.group()});
+      CHECK_THROWS_WITH_AS(GradScaler::on_device(plain),
+                           doctest::Contains("must be a capturable CUDA one"), UsageError);
+      CHECK_THROWS_WITH_AS(scaler.step(plain, stream), doctest::Contains("is not capturable"),
+                           UsageError);
       cu::stream_destroy(stream);
     }
   }

@@ -151,9 +151,23 @@ TEST_SUITE("runtime") {
       CHECK(step(e.finite) == e.taken);
       CHECK(scaler.scale() == e.scale);
       CHECK(scaler.growth_tracker() == e.tracker);
+      CHECK(scaler.last_step_taken() == e.taken);
       taken += e.taken;
     }
     CHECK(model.opt->step_count() == taken);
+    CHECK_FALSE(scaler.is_on_device());
+    CHECK(scaler.device_scale() == nullptr);
+  }
+
+  TEST_CASE("a device GradScaler needs a capturable CUDA optimizer and says so") {
+    use_private_cache();
+    std::mt19937 rng(fresh_seed());
+    Model model(rng, {100, 50});
+    CHECK_THROWS_WITH_AS(fusedopt::GradScaler::on_device(*model.opt),
+                         "GradScaler::on_device: the optimizer must be a capturable CUDA one "
+                         "(OptimizerOptions::capturable on cuda tensors); this one runs on host, "
+                         "not capturable",
+                         fusedopt::UsageError);
   }
 
   TEST_CASE("GradScaler rejects options torch rejects") {
