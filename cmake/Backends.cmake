@@ -60,13 +60,16 @@ endif()
 add_feature_info(FUSEDOPT_NCCL FUSEDOPT_HAVE_NCCL
   "GPU collectives for the comm module (off: no NCCL communicator)")
 
-# MPI: the C bindings (the comm module's launcher and host collectives).
+# MPI: the C API (the comm module's host collectives; tests run under mpiexec).
 set(FUSEDOPT_HAVE_MPI OFF)
 if(NOT FUSEDOPT_MPI STREQUAL "OFF")
-  find_package(MPI QUIET COMPONENTS C)
-  if(MPI_C_FOUND)
+  # The C API through the CXX component (this project enables no C compiler); without the
+  # deprecated C++ bindings.
+  set(MPI_CXX_SKIP_MPICXX ON)
+  find_package(MPI QUIET COMPONENTS CXX)
+  if(MPI_CXX_FOUND)
     set(FUSEDOPT_HAVE_MPI ON)
-    message(STATUS "fusedopt: MPI ${MPI_C_VERSION} (${MPI_C_INCLUDE_DIRS})")
+    message(STATUS "fusedopt: MPI ${MPI_CXX_VERSION} (${MPI_CXX_INCLUDE_DIRS})")
   else()
     fusedopt_backend_missing(MPI "MPI (mpi.h and its library) was not found")
   endif()

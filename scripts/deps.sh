@@ -2,7 +2,7 @@
 # The CUDA toolkit is expected at /usr/local/cuda (headers only at build time; NVRTC is
 # loaded at run time); without it fusedopt builds without CUDA.
 fusedopt_deps=(cmake ninja-build g++ pkg-config libfmt-dev libxxhash-dev doctest-dev
-               libbenchmark-dev clang-format)
+               libbenchmark-dev clang-format libopenmpi-dev openmpi-bin)
 
 ensure_deps() {
   local missing=()

@@ -1,0 +1,77 @@
+// The seam between Communicator (the public front: argument checks, deadlines, errors) and
+// a transport (MPI on host memory, NCCL on device memory). A Backend starts operations and
+// tells whether one is complete; it never waits without a deadline.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "fusedopt/comm.hpp"
+
+namespace fusedopt::comm::detail {
+
+/// One operation in flight: what it is (for errors) and the transport's handle.
+struct Pending {
+  std::string operation;  ///< "all_reduce(sum, fp32)"
+  std::size_t bytes = 0;  ///< what this rank sends or reduces
+  bool done = false;
+  std::shared_ptr<Backend> owner;
+  virtual ~Pending() = default;
+};
+
+/// The arguments of a collective, in elements of `dtype`.
+struct Collective {
+  enum class Kind { AllReduce, ReduceScatter, AllGather, Broadcast, Barrier };
+  Kind kind = Kind::Barrier;
+  const void* send = nullptr;  ///< AllReduce and Broadcast: == recv (in place)
+  void* recv = nullptr;
+  std::int64_t count = 0;  ///< AllReduce/Broadcast: count; ReduceScatter: recv count;
+                           ///< AllGather: send count
+  DType dtype = DType::F32;
+  ReduceOp op = ReduceOp::Sum;
+  int root = 0;
+  void* stream = nullptr;
+};
+
+class Backend : public std::enable_shared_from_this<Backend> {
+ public:
+  virtual ~Backend() = default;
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  virtual std::string name() const = 0;
+  virtual Device device() const = 0;
+  /// Starts `c`; the Pending's operation and bytes are filled in by the caller.
+  virtual std::shared_ptr<Pending> start(const Collective& c) = 0;
+  /// Whether `p` is complete (progresses it); throws CommError when it failed.
+  virtual bool test(Pending& p) = 0;
+  /// Ends the connection at once (see Communicator::abort).
+  virtual void abort(bool end_job) = 0;
+  /// The host-memory channel for small control messages (plan fingerprints): itself for
+  /// MPI, the bootstrap for NCCL; null when there is none (a wrapped ncclComm_t).
+  virtual std::shared_ptr<Backend> control() { return shared_from_this(); }
+
+  std::chrono::milliseconds timeout = Communicator::default_timeout();
+  bool broken = false;
+  std::string broken_by;  ///< the error that broke it
+};
+
+/// The transports (mpi_backend.cpp, nccl_backend.cpp); each throws UnavailableError, saying
+/// how to get it, when this build or machine lacks it.
+std::shared_ptr<Backend> make_mpi_world();
+std::shared_ptr<Backend> make_mpi(const void* mpi_comm);
+std::shared_ptr<Backend> make_nccl(int device, Backend& bootstrap);
+std::shared_ptr<Backend> wrap_nccl(void* nccl_comm, int device);
+bool mpi_available(std::string* why);
+bool nccl_available(std::string* why);
+
+/// "all_reduce(sum, fp32)" and friends.
+std::string describe(const Collective& c);
+/// Bytes this rank contributes to `c`.
+std::size_t bytes_of(const Collective& c, int size);
+
+}  // namespace fusedopt::comm::detail

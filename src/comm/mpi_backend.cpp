@@ -1,0 +1,268 @@
+// The MPI transport: host memory, non-blocking collectives (MPI_Iallreduce and friends)
+// on a duplicate of the caller's communicator, tested by Communicator's deadline loop.
+// fp16 and bf16 travel as 2-byte elements reduced by our own MPI_Ops (widened to fp32,
+// rounded once). Errors return (MPI_ERRORS_RETURN) and become CommErrors.
+#include <fmt/format.h>
+
+#include <climits>
+#include <cstdio>
+#include <cstdlib>
+#include <mutex>
+#include <thread>
+
+#include "comm/backend.hpp"
+#include "comm/half.hpp"
+#include "support/check.hpp"
+
+#if FUSEDOPT_HAVE_MPI
+#include <mpi.h>
+#endif
+
+namespace fusedopt::comm::detail {
+
+#if !FUSEDOPT_HAVE_MPI
+
+namespace {
+constexpr const char* kNoMpi =
+    "this fusedopt was built without MPI: install OpenMPI (apt-get install libopenmpi-dev "
+    "openmpi-bin) and reconfigure with -DFUSEDOPT_MPI=ON";
+}
+
+bool mpi_available(std::string* why) {
+  if (why) *why = kNoMpi;
+  return false;
+}
+std::shared_ptr<Backend> make_mpi_world() { throw UnavailableError(kNoMpi); }
+std::shared_ptr<Backend> make_mpi(const void*) { throw UnavailableError(kNoMpi); }
+
+#else
+
+namespace {
+
+std::string mpi_error_text(int code) {
+  char text[MPI_MAX_ERROR_STRING] = {};
+  int length = 0;
+  if (MPI_Error_string(code, text, &length) != MPI_SUCCESS)
+    return fmt::format("MPI error {}", code);
+  return std::string(text, static_cast<std::size_t>(length));
+}
+
+// ---- 16-bit types and their reductions ---------------------------------------------------
+
+template <float (*kWiden)(std::uint16_t), std::uint16_t (*kNarrow)(float), bool kMax>
+void half_op(void* in, void* inout, int* len, MPI_Datatype*) {
+  const auto* a = static_cast<const std::uint16_t*>(in);
+  auto* b = static_cast<std::uint16_t*>(inout);
+  for (int i = 0; i < *len; ++i) {
+    const float x = kWiden(a[i]), y = kWiden(b[i]);
+    // Max propagates NaN, as a non-finite check needs.
+    const float r = kMax ? (x != x || y != y ? x + y : (x > y ? x : y)) : x + y;
+    b[i] = kNarrow(r);
+  }
+}
+
+/// The 2-byte element type and the four ops, made once per process (after MPI_Init).
+struct HalfTypes {
+  MPI_Datatype half = MPI_DATATYPE_NULL;
+  MPI_Op bf16_sum = MPI_OP_NULL, bf16_max = MPI_OP_NULL;
+  MPI_Op f16_sum = MPI_OP_NULL, f16_max = MPI_OP_NULL;
+};
+
+const HalfTypes& half_types() {
+  static HalfTypes t = [] {
+    HalfTypes h;
+    MPI_Type_contiguous(2, MPI_BYTE, &h.half);
+    MPI_Type_commit(&h.half);
+    MPI_Op_create(&half_op<bf16_to_float, float_to_bf16, false>, 1, &h.bf16_sum);
+    MPI_Op_create(&half_op<bf16_to_float, float_to_bf16, true>, 1, &h.bf16_max);
+    MPI_Op_create(&half_op<f16_to_float, float_to_f16, false>, 1, &h.f16_sum);
+    MPI_Op_create(&half_op<f16_to_float, float_to_f16, true>, 1, &h.f16_max);
+    return h;
+  }();
+  return t;
+}
+
+MPI_Datatype mpi_type(DType d) { return d == DType::F32 ? MPI_FLOAT : half_types().half; }
+
+MPI_Op mpi_op(DType d, ReduceOp op) {
+  const bool max = op == ReduceOp::Max;
+  switch (d) {
+    case DType::F32:
+      return max ? MPI_MAX : MPI_SUM;
+    case DType::BF16:
+      return max ? half_types().bf16_max : half_types().bf16_sum;
+    case DType::F16:
+      return max ? half_types().f16_max : half_types().f16_sum;
+  }
+  return MPI_OP_NULL;
+}
+
+bool finalized() {
+  int done = 0;
+  MPI_Finalized(&done);
+  return done != 0;
+}
+
+struct MpiPending : Pending {
+  MPI_Request request = MPI_REQUEST_NULL;
+  ~MpiPending() override;
+};
+
+class MpiBackend final : public Backend {
+ public:
+  explicit MpiBackend(MPI_Comm parent) {
+    FUSEDOPT_CHECK_AVAILABLE(!finalized(), "MPI was finalised: no communicator can be made");
+    const int rc = MPI_Comm_dup(parent, &comm_);
+    if (rc != MPI_SUCCESS) throw CommError(-1, "MPI_Comm_dup", 0, mpi_error_text(rc));
+    MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN);
+    MPI_Comm_rank(comm_, &rank_);
+    MPI_Comm_size(comm_, &size_);
+    half_types();
+  }
+
+  ~MpiBackend() override {
+    if (finalized()) return;
+    // Operations abandoned after a failure must end before their communicator goes (MPI
+    // forbids freeing a collective's request): give them one more timeout, then end the
+    // job rather than hang it.
+    const auto deadline = std::chrono::steady_clock::now() + timeout;
+    std::lock_guard<std::mutex> lock(orphans_mutex_);
+    while (!orphans_.empty()) {
+      int flag = 0;
+      MPI_Testall(static_cast<int>(orphans_.size()), orphans_.data(), &flag, MPI_STATUSES_IGNORE);
+      if (flag) break;
+      if (std::chrono::steady_clock::now() >= deadline) {
+        std::fprintf(stderr,
+                     "fusedopt: rank %d: %zu abandoned collective(s) still in flight at "
+                     "shutdown: ending the job (MPI_Abort)\n",
+                     rank_, orphans_.size());
+        std::fflush(stderr);
+        MPI_Abort(comm_, 1);
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    MPI_Comm_free(&comm_);
+  }
+
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  std::string name() const override { return "mpi"; }
+  Device device() const override { return Device::host(); }
+
+  std::shared_ptr<Pending> start(const Collective& c) override {
+    FUSEDOPT_CHECK_USAGE(c.count <= INT_MAX,
+                         "{}: {} elements in one call; MPI takes at most {} (split the buffer)",
+                         describe(c), c.count, INT_MAX);
+    FUSEDOPT_CHECK_USAGE(c.stream == nullptr, "{}: an MPI communicator takes no stream",
+                         describe(c));
+    auto p = std::make_shared<MpiPending>();
+    const int n = static_cast<int>(c.count);
+    const MPI_Datatype type = mpi_type(c.dtype);
+    int rc = MPI_SUCCESS;
+    switch (c.kind) {
+      case Collective::Kind::AllReduce:
+        rc = MPI_Iallreduce(MPI_IN_PLACE, c.recv, n, type, mpi_op(c.dtype, c.op), comm_,
+                            &p->request);
+        break;
+      case Collective::Kind::ReduceScatter:
+        rc = MPI_Ireduce_scatter_block(c.send, c.recv, n, type, mpi_op(c.dtype, c.op), comm_,
+                                       &p->request);
+        break;
+      case Collective::Kind::AllGather:
+        rc = MPI_Iallgather(c.send, n, type, c.recv, n, type, comm_, &p->request);
+        break;
+      case Collective::Kind::Broadcast:
+        rc = MPI_Ibcast(c.recv, n, type, c.root, comm_, &p->request);
+        break;
+      case Collective::Kind::Barrier:
+        rc = MPI_Ibarrier(comm_, &p->request);
+        break;
+    }
+    if (rc != MPI_SUCCESS) {
+      broken = true;
+      broken_by = describe(c) + ": " + mpi_error_text(rc);
+      throw CommError(rank_, describe(c), bytes_of(c, size_), mpi_error_text(rc));
+    }
+    p->owner = shared_from_this();
+    return p;
+  }
+
+  bool test(Pending& pending) override {
+    auto& p = static_cast<MpiPending&>(pending);
+    if (p.request == MPI_REQUEST_NULL) return true;
+    int flag = 0;
+    MPI_Status status;
+    const int rc = MPI_Test(&p.request, &flag, &status);
+    if (rc != MPI_SUCCESS) throw CommError(rank_, p.operation, p.bytes, mpi_error_text(rc));
+    return flag != 0;
+  }
+
+  void abort(bool end_job) override {
+    if (end_job && !finalized()) MPI_Abort(comm_, 1);
+  }
+
+  /// An operation dropped before it completed: kept until the communicator goes.
+  void orphan(MPI_Request r) {
+    std::lock_guard<std::mutex> lock(orphans_mutex_);
+    orphans_.push_back(r);
+  }
+
+ private:
+  MPI_Comm comm_ = MPI_COMM_NULL;
+  int rank_ = 0;
+  int size_ = 1;
+  std::mutex orphans_mutex_;
+  std::vector<MPI_Request> orphans_;
+};
+
+MpiPending::~MpiPending() {
+  if (request == MPI_REQUEST_NULL || !owner || finalized()) return;
+  int flag = 0;
+  MPI_Test(&request, &flag, MPI_STATUS_IGNORE);
+  if (!flag) static_cast<MpiBackend&>(*owner).orphan(request);
+}
+
+/// MPI_Init_thread when nobody initialised MPI; then MPI_Finalize at exit.
+void ensure_initialized() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    int initialized = 0;
+    MPI_Initialized(&initialized);
+    if (initialized) return;
+    FUSEDOPT_CHECK_AVAILABLE(!finalized(), "MPI was finalised: it cannot be initialised again");
+    int provided = 0;
+    const int rc = MPI_Init_thread(nullptr, nullptr, MPI_THREAD_SERIALIZED, &provided);
+    if (rc != MPI_SUCCESS) {
+      throw UnavailableError("MPI_Init_thread failed: " + mpi_error_text(rc) +
+                             " (run the program under mpirun)");
+    }
+    std::atexit([] {
+      if (!finalized()) MPI_Finalize();
+    });
+  });
+}
+
+}  // namespace
+
+bool mpi_available(std::string* why) {
+  (void)why;
+  return true;
+}
+
+std::shared_ptr<Backend> make_mpi_world() {
+  ensure_initialized();
+  return std::make_shared<MpiBackend>(MPI_COMM_WORLD);
+}
+
+std::shared_ptr<Backend> make_mpi(const void* mpi_comm) {
+  int initialized = 0;
+  MPI_Initialized(&initialized);
+  FUSEDOPT_CHECK_USAGE(initialized != 0,
+                       "Communicator::mpi(comm): MPI is not initialised; call MPI_Init first "
+                       "or use Communicator::mpi()");
+  return std::make_shared<MpiBackend>(*static_cast<const MPI_Comm*>(mpi_comm));
+}
+
+#endif
+
+}  // namespace fusedopt::comm::detail
