@@ -130,4 +130,80 @@ class FUSEDOPT_COMM_API Communicator {
   std::shared_ptr<detail::Backend> backend_;
 };
 
+/// How GradBucketer cuts gradients into buckets. Sizes are bytes.
+struct BucketOptions {
+  std::size_t bucket_bytes = std::size_t{25} << 20;       ///< cap of a bucket (DDP's 25 MiB)
+  std::size_t first_bucket_bytes = std::size_t{1} << 20;  ///< cap of each dtype's first
+                                                          ///< bucket: reduction starts early
+  int max_tensors = 0;  ///< cap on gradients per bucket (Paddle's knob); 0: none
+};
+
+/// One all-reduce: a contiguous range of one flat gradient buffer (a view, no copy).
+struct Bucket {
+  DType dtype = DType::F32;
+  Device device;
+  std::vector<int> grads;  ///< gradient indices, in the order they join (last first)
+  void* data = nullptr;    ///< start of the range (the lowest address of its gradients)
+  std::int64_t count = 0;  ///< elements in the range (padding between gradients included)
+  std::size_t bytes = 0;   ///< of its gradients alone
+};
+
+/// Bucketed gradient all-reduce for data-parallel training (PyTorch DDP's reducer): the
+/// gradients of a parameter list live in one flat buffer per dtype (FlatArena's, or any
+/// buffer holding them in parameter order, padding allowed); buckets are views of it,
+/// built in reverse parameter order (the last layers' gradients are ready first) so that
+/// each bucket is one contiguous range. A bucket holds one dtype and one device, at most
+/// `bucket_bytes` (each dtype's first one at most `first_bucket_bytes`) and `max_tensors`
+/// gradients, unless one gradient alone is bigger. Empty gradients belong to no bucket.
+///
+/// Each step: mark_ready(i) as gradient i is complete; a bucket's all-reduce starts when
+/// its last gradient is ready and every bucket before it has started (so every rank starts
+/// the same collectives in the same order, whatever order its gradients arrive in); then
+/// finish() waits for them all (with the communicator's deadline) and the buffers hold the
+/// SUM over ranks: step the optimizer with grad_scale() (1 / ranks) as its inverse gradient
+/// scale, e.g. opt.step_scaled(bucketer.grad_scale()), so the average costs no extra pass.
+///
+/// At construction every rank checks that the others have the same gradients and buckets
+/// (a CommError on every rank naming the first difference otherwise).
+class FUSEDOPT_COMM_API GradBucketer {
+ public:
+  GradBucketer(Communicator comm, std::vector<Tensor> grads, BucketOptions options = {});
+
+  /// The buckets of `grads` (no communication): what the constructor builds. Throws
+  /// UsageError naming the gradient when the gradients of a dtype are not in one buffer in
+  /// parameter order (more than 256 bytes apart, overlapping, or out of order).
+  static std::vector<Bucket> layout(const std::vector<Tensor>& grads, const BucketOptions& options);
+
+  const std::vector<Bucket>& buckets() const { return buckets_; }
+  /// The bucket of gradient `grad`, -1 for an empty one.
+  int bucket_of(int grad) const;
+  /// Gradient `grad` is complete for this step (on `stream`, for NCCL: the all-reduce is
+  /// queued after the work there). Starts every bucket that can start.
+  void mark_ready(int grad, void* stream = nullptr);
+  /// Every gradient not marked yet is complete (a step whose backward marks nothing).
+  void mark_all_ready(void* stream = nullptr);
+  /// Waits for every bucket's all-reduce and readies the next step. UsageError naming the
+  /// first gradient not marked ready; CommError when a rank stalls past the deadline.
+  void finish();
+  /// 1 / ranks: the inverse gradient scale that turns the sums into the average.
+  float grad_scale() const;
+  /// "201 gradients -> 9 all-reduces (25 MiB buckets, first 1 MiB)".
+  std::string report() const;
+  /// Collectives started so far (all steps).
+  std::int64_t collectives() const { return collectives_; }
+
+ private:
+  void start_ready(void* stream);
+  Communicator comm_;
+  std::vector<Tensor> grads_;
+  BucketOptions options_;
+  std::vector<Bucket> buckets_;
+  std::vector<int> bucket_of_;
+  std::vector<char> marked_;
+  std::vector<int> waiting_;  ///< per bucket: gradients not ready yet this step
+  std::vector<Work> work_;
+  std::size_t next_ = 0;  ///< the next bucket to start
+  std::int64_t collectives_ = 0;
+};
+
 }  // namespace fusedopt::comm

@@ -1,0 +1,231 @@
+// GradBucketer: DDP-style buckets over flat gradient buffers (views, no copies), started
+// strictly in bucket order on every rank as their gradients become ready.
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <utility>
+
+#include "fusedopt/comm.hpp"
+#include "support/check.hpp"
+
+namespace fusedopt::comm {
+
+namespace {
+
+/// Padding allowed between consecutive gradients of one buffer (FlatArena aligns each view
+/// to 64 bytes; 256 covers cuMemAlloc-style alignment too).
+constexpr std::size_t kMaxGap = 256;
+
+std::string grad_name(const std::vector<Tensor>& grads, int i) {
+  const std::string& n = grads[static_cast<std::size_t>(i)].name;
+  return n.empty() ? fmt::format("grad{}", i) : n;
+}
+
+std::string mib(std::size_t bytes) {
+  if (bytes % (std::size_t{1} << 20) == 0) return fmt::format("{} MiB", bytes >> 20);
+  if (bytes % (std::size_t{1} << 10) == 0) return fmt::format("{} KiB", bytes >> 10);
+  return fmt::format("{} bytes", bytes);
+}
+
+/// FUSEDOPT_LOG=info or debug (the core's variable; comm prints its own lines).
+bool log_info() {
+  const char* level = std::getenv("FUSEDOPT_LOG");
+  if (level == nullptr) return false;
+  std::string l(level);
+  for (char& c : l) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return l.find("info") != std::string::npos || l.find("debug") != std::string::npos;
+}
+
+std::string describe_device(const Device& d) {
+  return d.kind == Device::Kind::Host ? "host" : fmt::format("cuda:{}", d.index);
+}
+
+}  // namespace
+
+std::vector<Bucket> GradBucketer::layout(const std::vector<Tensor>& grads,
+                                         const BucketOptions& options) {
+  FUSEDOPT_CHECK_USAGE(options.bucket_bytes > 0 && options.first_bucket_bytes > 0,
+                       "GradBucketer: bucket_bytes and first_bucket_bytes must be positive");
+  FUSEDOPT_CHECK_USAGE(options.max_tensors >= 0, "GradBucketer: max_tensors {} is negative",
+                       options.max_tensors);
+  struct Open {
+    Bucket bucket;
+    bool first = true;  // this key has closed no bucket yet
+    int order = 0;      // reverse position of the bucket's first gradient
+    int last = -1;      // the gradient added last (the next must lie just below it)
+  };
+  using Key = std::pair<int, std::pair<int, int>>;  // dtype, device kind, device index
+  std::map<Key, Open> open;
+  std::vector<std::pair<int, Bucket>> closed;  // (order, bucket)
+  auto close = [&](Open& o) {
+    if (o.bucket.grads.empty()) return;
+    closed.emplace_back(o.order, std::move(o.bucket));
+    o.bucket = Bucket{};
+    o.first = false;
+  };
+  const int n = static_cast<int>(grads.size());
+  for (int i = n - 1, position = 0; i >= 0; --i, ++position) {
+    const Tensor& g = grads[static_cast<std::size_t>(i)];
+    FUSEDOPT_CHECK_USAGE(g.numel >= 0, "GradBucketer: gradient {} ('{}') has {} elements", i,
+                         grad_name(grads, i), g.numel);
+    if (g.numel == 0) continue;
+    FUSEDOPT_CHECK_USAGE(g.data != nullptr, "GradBucketer: gradient {} ('{}') has no data", i,
+                         grad_name(grads, i));
+    const std::size_t bytes =
+        static_cast<std::size_t>(g.numel) * static_cast<std::size_t>(dtype_size(g.dtype));
+    Open& o = open[{static_cast<int>(g.dtype), {static_cast<int>(g.device.kind), g.device.index}}];
+    if (o.last >= 0) {
+      // The gradient after this one (in parameter order) of the same dtype and device must
+      // follow it in the same buffer.
+      const Tensor& next = grads[static_cast<std::size_t>(o.last)];
+      const auto end = reinterpret_cast<std::uintptr_t>(g.data) + bytes;
+      const auto next_start = reinterpret_cast<std::uintptr_t>(next.data);
+      if (next_start < end || next_start - end > kMaxGap) {
+        throw UsageError(fmt::format(
+            "GradBucketer: gradient {} ('{}') does not follow gradient {} ('{}') in one "
+            "buffer ({}): keep the gradients of each dtype in one flat buffer in parameter "
+            "order (FlatArena does), at most {} bytes apart",
+            o.last, grad_name(grads, o.last), i, grad_name(grads, i),
+            next_start < end ? "they overlap or are out of order"
+                             : fmt::format("{} bytes apart", next_start - end),
+            kMaxGap));
+      }
+    }
+    const std::size_t cap = o.first ? options.first_bucket_bytes : options.bucket_bytes;
+    Bucket& b = o.bucket;
+    const bool full_by_bytes = !b.grads.empty() && b.bytes + bytes > cap;
+    if (full_by_bytes) {
+      close(o);
+    }
+    if (o.bucket.grads.empty()) {
+      o.order = position;
+      o.bucket.dtype = g.dtype;
+      o.bucket.device = g.device;
+    }
+    Bucket& cur = o.bucket;
+    cur.grads.push_back(i);
+    cur.bytes += bytes;
+    // The range runs from this gradient (the lowest address so far) to the end of the
+    // bucket's first gradient.
+    const Tensor& top = grads[static_cast<std::size_t>(cur.grads.front())];
+    const auto top_end = reinterpret_cast<std::uintptr_t>(top.data) +
+                         static_cast<std::size_t>(top.numel) * dtype_size(top.dtype);
+    cur.data = g.data;
+    cur.count = static_cast<std::int64_t>((top_end - reinterpret_cast<std::uintptr_t>(g.data)) /
+                                          static_cast<std::size_t>(dtype_size(g.dtype)));
+    o.last = i;
+    const bool full =
+        cur.bytes >= (o.first ? options.first_bucket_bytes : options.bucket_bytes) ||
+        (options.max_tensors > 0 && static_cast<int>(cur.grads.size()) >= options.max_tensors);
+    if (full) close(o);
+  }
+  for (auto& [key, o] : open) close(o);
+  std::stable_sort(closed.begin(), closed.end(),
+                   [](const auto& a, const auto& b) { return a.first < b.first; });
+  std::vector<Bucket> out;
+  out.reserve(closed.size());
+  for (auto& c : closed) out.push_back(std::move(c.second));
+  return out;
+}
+
+GradBucketer::GradBucketer(Communicator comm, std::vector<Tensor> grads, BucketOptions options)
+    : comm_(std::move(comm)), grads_(std::move(grads)), options_(options) {
+  buckets_ = layout(grads_, options_);
+  bucket_of_.assign(grads_.size(), -1);
+  for (std::size_t b = 0; b < buckets_.size(); ++b) {
+    for (int g : buckets_[b].grads) bucket_of_[static_cast<std::size_t>(g)] = static_cast<int>(b);
+    FUSEDOPT_CHECK_USAGE(buckets_[b].device == comm_.device(),
+                         "GradBucketer: gradient {} ('{}') lives on {}, the {} communicator "
+                         "reduces memory of {}",
+                         buckets_[b].grads.front(), grad_name(grads_, buckets_[b].grads.front()),
+                         describe_device(buckets_[b].device), comm_.backend(),
+                         describe_device(comm_.device()));
+  }
+  // Every rank must start the same collectives in the same order: compare the plans.
+  std::string plan = fmt::format("gradients {}\n", grads_.size());
+  for (std::size_t i = 0; i < grads_.size(); ++i) {
+    plan += fmt::format("gradient {}: {} x {}\n", i, grads_[i].numel, to_string(grads_[i].dtype));
+  }
+  for (std::size_t b = 0; b < buckets_.size(); ++b) {
+    plan += fmt::format("bucket {}: {} elements of {}\n", b, buckets_[b].count,
+                        to_string(buckets_[b].dtype));
+  }
+  comm_.check_same("GradBucketer plan", plan);
+  marked_.assign(grads_.size(), 0);
+  waiting_.resize(buckets_.size());
+  for (std::size_t b = 0; b < buckets_.size(); ++b) {
+    waiting_[b] = static_cast<int>(buckets_[b].grads.size());
+  }
+  work_.resize(buckets_.size());
+  if (log_info() && comm_.rank() == 0) {
+    std::fprintf(stderr, "fusedopt: info: %s\n", report().c_str());
+  }
+}
+
+int GradBucketer::bucket_of(int grad) const {
+  FUSEDOPT_CHECK_USAGE(grad >= 0 && static_cast<std::size_t>(grad) < grads_.size(),
+                       "GradBucketer: there is no gradient {} (there are {})", grad, grads_.size());
+  return bucket_of_[static_cast<std::size_t>(grad)];
+}
+
+void GradBucketer::mark_ready(int grad, void* stream) {
+  const int b = bucket_of(grad);
+  auto& m = marked_[static_cast<std::size_t>(grad)];
+  FUSEDOPT_CHECK_USAGE(!m,
+                       "GradBucketer::mark_ready: gradient {} ('{}') is already ready in this step",
+                       grad, grad_name(grads_, grad));
+  m = 1;
+  if (b < 0) return;
+  --waiting_[static_cast<std::size_t>(b)];
+  start_ready(stream);
+}
+
+void GradBucketer::mark_all_ready(void* stream) {
+  for (std::size_t g = 0; g < grads_.size(); ++g) {
+    if (!marked_[g]) mark_ready(static_cast<int>(g), stream);
+  }
+}
+
+void GradBucketer::start_ready(void* stream) {
+  while (next_ < buckets_.size() && waiting_[next_] == 0) {
+    Bucket& b = buckets_[next_];
+    work_[next_] = comm_.all_reduce(b.data, b.count, b.dtype, ReduceOp::Sum, stream);
+    ++collectives_;
+    ++next_;
+  }
+}
+
+void GradBucketer::finish() {
+  for (std::size_t g = 0; g < grads_.size(); ++g) {
+    FUSEDOPT_CHECK_USAGE(
+        marked_[g], "GradBucketer::finish: gradient {} ('{}') was not marked ready in this step", g,
+        grad_name(grads_, static_cast<int>(g)));
+  }
+  for (Work& w : work_) {
+    if (w.valid()) w.wait();
+  }
+  // The next step.
+  std::fill(marked_.begin(), marked_.end(), 0);
+  for (std::size_t b = 0; b < buckets_.size(); ++b) {
+    waiting_[b] = static_cast<int>(buckets_[b].grads.size());
+    work_[b] = Work();
+  }
+  next_ = 0;
+}
+
+float GradBucketer::grad_scale() const { return 1.0f / static_cast<float>(comm_.size()); }
+
+std::string GradBucketer::report() const {
+  return fmt::format("{} gradients -> {} all-reduce{} per step ({} buckets, first {}{})",
+                     grads_.size(), buckets_.size(), buckets_.size() == 1 ? "" : "s",
+                     mib(options_.bucket_bytes), mib(options_.first_bucket_bytes),
+                     options_.max_tensors > 0
+                         ? fmt::format(", at most {} gradients each", options_.max_tensors)
+                         : "");
+}
+
+}  // namespace fusedopt::comm
