@@ -188,66 +188,50 @@ Work start(const std::shared_ptr<Backend>& b, const Collective& c) {
   return Work(std::move(p));
 }
 
-}  // namespace
-
-// Work's constructor is private to Work and Communicator: the helper above goes through
-// this friend.
-Work Communicator::all_reduce(void* data, std::int64_t count, DType dtype, ReduceOp op,
-                              void* stream) {
+Collective collective(Collective::Kind kind, const void* send, void* recv, std::int64_t count,
+                      DType dtype, ReduceOp op, int root, void* stream) {
   Collective c;
-  c.kind = Collective::Kind::AllReduce;
-  c.send = data;
-  c.recv = data;
+  c.kind = kind;
+  c.send = send;
+  c.recv = recv;
   c.count = count;
   c.dtype = dtype;
   c.op = op;
+  c.root = root;
   c.stream = stream;
-  return start(backend_, c);
+  return c;
+}
+
+}  // namespace
+
+Work Communicator::all_reduce(void* data, std::int64_t count, DType dtype, ReduceOp op,
+                              void* stream) {
+  return start(backend_,
+               collective(Collective::Kind::AllReduce, data, data, count, dtype, op, 0, stream));
 }
 
 Work Communicator::reduce_scatter(const void* send, void* recv, std::int64_t recv_count,
                                   DType dtype, ReduceOp op, void* stream) {
-  Collective c;
-  c.kind = Collective::Kind::ReduceScatter;
-  c.send = send;
-  c.recv = recv;
-  c.count = recv_count;
-  c.dtype = dtype;
-  c.op = op;
-  c.stream = stream;
-  return start(backend_, c);
+  return start(backend_, collective(Collective::Kind::ReduceScatter, send, recv, recv_count, dtype,
+                                    op, 0, stream));
 }
 
 Work Communicator::all_gather(const void* send, void* recv, std::int64_t send_count, DType dtype,
                               void* stream) {
-  Collective c;
-  c.kind = Collective::Kind::AllGather;
-  c.send = send;
-  c.recv = recv;
-  c.count = send_count;
-  c.dtype = dtype;
-  c.stream = stream;
-  return start(backend_, c);
+  return start(backend_, collective(Collective::Kind::AllGather, send, recv, send_count, dtype,
+                                    ReduceOp::Sum, 0, stream));
 }
 
 Work Communicator::broadcast(void* data, std::int64_t count, DType dtype, int root, void* stream) {
   FUSEDOPT_CHECK_USAGE(root >= 0 && root < size(), "broadcast: root {} is not a rank (size {})",
                        root, size());
-  Collective c;
-  c.kind = Collective::Kind::Broadcast;
-  c.send = data;
-  c.recv = data;
-  c.count = count;
-  c.dtype = dtype;
-  c.root = root;
-  c.stream = stream;
-  return start(backend_, c);
+  return start(backend_, collective(Collective::Kind::Broadcast, data, data, count, dtype,
+                                    ReduceOp::Sum, root, stream));
 }
 
 Work Communicator::barrier() {
-  Collective c;
-  c.kind = Collective::Kind::Barrier;
-  return start(backend_, c);
+  return start(backend_, collective(Collective::Kind::Barrier, nullptr, nullptr, 0, DType::F32,
+                                    ReduceOp::Sum, 0, nullptr));
 }
 
 void Communicator::abort(bool end_job) {
