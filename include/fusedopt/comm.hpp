@@ -71,7 +71,10 @@ class FUSEDOPT_COMM_API Work {
 
 /// One rank's end of a group of processes. Cheap to copy (copies share the connection).
 /// Buffers are host memory (MPI) or device memory of the communicator's device (NCCL);
-/// counts are elements, sizes in errors and reports are bytes.
+/// counts are elements, sizes in errors and reports are bytes. `stream` (NCCL only; MPI
+/// takes none) is a CUstream of the communicator's device, nullptr its legacy default
+/// stream: the operation is queued on it, and its Work is complete when the device has
+/// done it. NCCL's max is not promised to propagate NaN (its sum does).
 class FUSEDOPT_COMM_API Communicator {
  public:
   /// The default deadline of wait(): 5 minutes, or FUSEDOPT_COMM_TIMEOUT (seconds).
@@ -84,10 +87,16 @@ class FUSEDOPT_COMM_API Communicator {
   /// (fusedopt's traffic never mixes with the caller's).
   static Communicator mpi(const void* mpi_comm);
   /// NCCL on CUDA device `device`: rank 0's unique id is broadcast over `bootstrap` (an
-  /// MPI communicator), whose rank and size this one takes. NCCL is loaded at run time
-  /// (FUSEDOPT_NCCL_LIBRARY, else libnccl.so.2): UnavailableError saying how to get it.
+  /// MPI communicator, within its deadline), whose rank, size and timeout this one takes;
+  /// then every rank joins (ncclCommInitRank: it blocks until all have, under NCCL's own
+  /// timeouts). check_same travels over the bootstrap. NCCL is loaded at run time
+  /// (FUSEDOPT_NCCL_LIBRARY, else libnccl.so.2; read again at each attempt until one
+  /// loads): UnavailableError saying how to get it, or that there is no CUDA device.
   static Communicator nccl(int device, const Communicator& bootstrap);
-  /// Wraps a caller's ncclComm_t (not destroyed by fusedopt) on CUDA device `device`.
+  /// Wraps a caller's ncclComm_t on CUDA device `device` (UsageError when it is on another).
+  /// fusedopt never destroys it, but abort(), or an asynchronous NCCL error found while
+  /// waiting, aborts it (ncclCommAbort, as PyTorch's watchdog does), which frees it: the
+  /// caller must then neither use nor destroy it. It has no host channel (no check_same).
   static Communicator nccl_wrap(void* nccl_comm, int device);
   /// Whether backend "mpi" or "nccl" can be used here; `why` says why not.
   static bool available(const std::string& backend, std::string* why = nullptr);
@@ -116,7 +125,8 @@ class FUSEDOPT_COMM_API Communicator {
   Work barrier();
   /// Ends the connection at once, without waiting for the other ranks: operations in flight
   /// are abandoned (NCCL: ncclCommAbort; MPI: the job is ended with MPI_Abort when
-  /// `end_job`, as mpirun ends a job whose rank died). Later calls throw CommError.
+  /// `end_job`, as mpirun ends a job whose rank died; NCCL with `end_job`: its bootstrap's
+  /// MPI_Abort, none for a wrapped one). Later calls throw CommError.
   void abort(bool end_job = false);
   /// Whether an earlier CommError (or abort) broke it.
   bool broken() const;

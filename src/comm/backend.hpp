@@ -69,6 +69,14 @@ std::shared_ptr<Backend> wrap_nccl(void* nccl_comm, int device);
 bool mpi_available(std::string* why);
 bool nccl_available(std::string* why);
 
+/// Starts `c` on `b` after Communicator's checks (a broken backend, a negative count, a
+/// null buffer): the Work names the operation and its bytes and waits with b's deadline.
+/// Transports use it for their own control traffic (NCCL's unique id over its bootstrap).
+Work start(const std::shared_ptr<Backend>& b, const Collective& c);
+/// The Collective of one Communicator call.
+Collective collective(Collective::Kind kind, const void* send, void* recv, std::int64_t count,
+                      DType dtype, ReduceOp op, int root, void* stream);
+
 /// "all_reduce(sum, fp32)" and friends.
 std::string describe(const Collective& c);
 /// Bytes this rank contributes to `c`.

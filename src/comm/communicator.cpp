@@ -169,7 +169,7 @@ void Communicator::set_timeout(std::chrono::milliseconds timeout) {
 }
 bool Communicator::broken() const { return backend_->broken; }
 
-namespace {
+namespace detail {
 
 Work start(const std::shared_ptr<Backend>& b, const Collective& c) {
   const std::string op = detail::describe(c);
@@ -202,7 +202,10 @@ Collective collective(Collective::Kind kind, const void* send, void* recv, std::
   return c;
 }
 
-}  // namespace
+}  // namespace detail
+
+using detail::collective;
+using detail::start;
 
 Work Communicator::all_reduce(void* data, std::int64_t count, DType dtype, ReduceOp op,
                               void* stream) {

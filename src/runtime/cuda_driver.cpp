@@ -122,6 +122,11 @@ Loaded& loaded() {
       FUSEDOPT_CU_BIND(GraphLaunch);
       FUSEDOPT_CU_BIND(GraphDestroy);
       FUSEDOPT_CU_BIND(GraphExecDestroy);
+      FUSEDOPT_CU_BIND(EventCreate);
+      FUSEDOPT_CU_BIND(EventRecord);
+      FUSEDOPT_CU_BIND(EventQuery);
+      FUSEDOPT_CU_BIND(EventSynchronize);
+      FUSEDOPT_CU_BIND(EventDestroy);
     } catch (const Error& e) {
       l.failure = e.what();
       return;
@@ -358,6 +363,27 @@ void graph_destroy(Graph graph) {
 }
 void graph_exec_destroy(GraphExec exec) {
   if (exec) FUSEDOPT_CU_CHECK(GraphExecDestroy, static_cast<CUgraphExec>(exec));
+}
+
+Event event_create() {
+  CUevent e = nullptr;
+  FUSEDOPT_CU_CHECK(EventCreate, &e, CU_EVENT_DISABLE_TIMING);
+  return e;
+}
+void event_record(Event event, Stream stream) {
+  FUSEDOPT_CU_CHECK(EventRecord, static_cast<CUevent>(event), static_cast<CUstream>(stream));
+}
+bool event_query(Event event) {
+  const CUresult r = driver().EventQuery(static_cast<CUevent>(event));
+  if (r == CUDA_ERROR_NOT_READY) return false;
+  check(r, "cuEventQuery", __FILE__, __LINE__);
+  return true;
+}
+void event_synchronize(Event event) {
+  FUSEDOPT_CU_CHECK(EventSynchronize, static_cast<CUevent>(event));
+}
+void event_destroy(Event event) {
+  if (event) FUSEDOPT_CU_CHECK(EventDestroy, static_cast<CUevent>(event));
 }
 
 }  // namespace fusedopt::runtime::cuda

@@ -15,6 +15,7 @@ using DevicePtr = std::uint64_t;  ///< CUdeviceptr
 using Stream = void*;             ///< CUstream (nullptr: the legacy default stream)
 using Graph = void*;              ///< CUgraph
 using GraphExec = void*;          ///< CUgraphExec
+using Event = void*;              ///< CUevent
 
 /// True when libcuda loads, cuInit succeeds and there is at least one device; otherwise
 /// false with the reason in `*why` (never throws).
@@ -109,6 +110,16 @@ void graph_launch(GraphExec exec, Stream stream);
 void graph_destroy(Graph graph);
 void graph_exec_destroy(GraphExec exec);
 
+// Events, for telling when the work queued on a stream before them is done. Created in the
+// current context, without timing (cheaper to record and query).
+Event event_create();
+void event_record(Event event, Stream stream);
+/// True when the work the event was recorded after is complete (or it was never recorded),
+/// false while it is not (CUDA_ERROR_NOT_READY); throws CudaError for any other result.
+bool event_query(Event event);
+void event_synchronize(Event event);
+void event_destroy(Event event);
+
 }  // namespace fusedopt::runtime::cuda
 
 #if FUSEDOPT_HAVE_CUDA
@@ -154,6 +165,11 @@ struct DriverApi {
   decltype(&::cuGraphLaunch) GraphLaunch = nullptr;
   decltype(&::cuGraphDestroy) GraphDestroy = nullptr;
   decltype(&::cuGraphExecDestroy) GraphExecDestroy = nullptr;
+  decltype(&::cuEventCreate) EventCreate = nullptr;
+  decltype(&::cuEventRecord) EventRecord = nullptr;
+  decltype(&::cuEventQuery) EventQuery = nullptr;
+  decltype(&::cuEventSynchronize) EventSynchronize = nullptr;
+  decltype(&::cuEventDestroy) EventDestroy = nullptr;
   decltype(&::cuGetErrorName) GetErrorName = nullptr;
   decltype(&::cuGetErrorString) GetErrorString = nullptr;
 };

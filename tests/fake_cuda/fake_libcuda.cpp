@@ -1,7 +1,8 @@
 // A stand-in for libcuda.so.1 (loaded through FUSEDOPT_CUDA_DRIVER_LIBRARY) so that the host
 // side of the CUDA runtime runs on machines without a GPU: one device of compute capability
 // 9.0 with 132 SMs whose "device memory" is host memory, modules that are never executed
-// (a launch does nothing), and a log of every call for tests to inspect (fake_cuda_log).
+// (a launch does nothing), events that are complete as soon as they are recorded, and a log
+// of every call for tests to inspect (fake_cuda_log).
 // It knows nothing of fusedopt; tests/fake_cuda/fake_cuda.hpp reads it.
 #include <cuda.h>
 
@@ -17,9 +18,9 @@ namespace {
 struct State {
   std::mutex mutex;
   std::string log;  // one line per call: "name arg..."
-  std::map<std::string, long long> settings = {{"driver_version", 13000}, {"cc_major", 9},
-                                               {"cc_minor", 0},           {"sm_count", 132},
-                                               {"blocks_per_sm", 2},      {"refuse_cubin", 0}};
+  std::map<std::string, long long> settings = {
+      {"driver_version", 13000}, {"cc_major", 9},     {"cc_minor", 0},        {"sm_count", 132},
+      {"blocks_per_sm", 2},      {"refuse_cubin", 0}, {"event_not_ready", 0}, {"event_error", 0}};
   std::set<CUdeviceptr> allocations;
   std::map<CUdeviceptr, size_t> sizes;
   std::map<CUfunction, std::string> function_names;
@@ -75,7 +76,9 @@ __attribute__((visibility("default"))) void fake_cuda_reset() {
   s.log.clear();
 }
 /// driver_version, cc_major, cc_minor, sm_count, blocks_per_sm, refuse_cubin (1: a CUBIN
-/// image fails to load with CUDA_ERROR_NO_BINARY_FOR_GPU; PTX text loads).
+/// image fails to load with CUDA_ERROR_NO_BINARY_FOR_GPU; PTX text loads), event_not_ready
+/// (1: cuEventQuery says CUDA_ERROR_NOT_READY, as for work still running), event_error (a
+/// CUresult cuEventQuery returns instead, as after a failed kernel).
 __attribute__((visibility("default"))) void fake_cuda_set(const char* name, long long value) {
   State& s = state();
   std::lock_guard<std::mutex> lock(s.mutex);
@@ -85,7 +88,9 @@ __attribute__((visibility("default"))) void fake_cuda_set(const char* name, long
 // ---- the driver API (the names <cuda.h> maps to: cuMemAlloc is cuMemAlloc_v2, ...) -------
 
 CUresult CUDAAPI cuGetErrorName(CUresult error, const char** str) {
-  *str = error == CUDA_ERROR_NO_BINARY_FOR_GPU ? "CUDA_ERROR_NO_BINARY_FOR_GPU" : "CUDA_ERROR_FAKE";
+  *str = error == CUDA_ERROR_NO_BINARY_FOR_GPU ? "CUDA_ERROR_NO_BINARY_FOR_GPU"
+         : error == CUDA_ERROR_LAUNCH_FAILED   ? "CUDA_ERROR_LAUNCH_FAILED"
+                                               : "CUDA_ERROR_FAKE";
   return CUDA_SUCCESS;
 }
 CUresult CUDAAPI cuGetErrorString(CUresult, const char** str) {
@@ -270,6 +275,31 @@ CUresult CUDAAPI cuGraphDestroy(CUgraph g) {
 }
 CUresult CUDAAPI cuGraphExecDestroy(CUgraphExec e) {
   delete reinterpret_cast<char*>(e);
+  return CUDA_SUCCESS;
+}
+// Nothing runs, so an event is complete as soon as it is recorded (unless a test says
+// otherwise: event_not_ready, event_error).
+CUresult CUDAAPI cuEventCreate(CUevent* e, unsigned int flags) {
+  *e = reinterpret_cast<CUevent>(new char);
+  note("cuEventCreate " + std::to_string(flags));
+  return CUDA_SUCCESS;
+}
+CUresult CUDAAPI cuEventRecord(CUevent, CUstream stream) {
+  note(stream ? "cuEventRecord stream" : "cuEventRecord legacy");
+  return CUDA_SUCCESS;
+}
+CUresult CUDAAPI cuEventQuery(CUevent) {
+  note("cuEventQuery");
+  if (const long long e = setting("event_error")) return static_cast<CUresult>(e);
+  return setting("event_not_ready") ? CUDA_ERROR_NOT_READY : CUDA_SUCCESS;
+}
+CUresult CUDAAPI cuEventSynchronize(CUevent) {
+  note("cuEventSynchronize");
+  return CUDA_SUCCESS;
+}
+CUresult CUDAAPI cuEventDestroy(CUevent e) {
+  delete reinterpret_cast<char*>(e);
+  note("cuEventDestroy");
   return CUDA_SUCCESS;
 }
 

@@ -2,7 +2,8 @@
 // loaded through FUSEDOPT_CUDA_DRIVER_LIBRARY), so it is exercised on machines without a
 // GPU: what an Optimizer loads (a CUBIN for the device, PTX when the driver refuses it, a
 // clear error for an old driver), the launches of a step (one kernel per reduction pass,
-// one wave of blocks) and that a step issues no synchronisation, copy or allocation.
+// one wave of blocks), that a step issues no synchronisation, copy or allocation, and the
+// public CudaEvent and CudaDeviceScope the comm module stands on.
 // Kernels compile with the real NVRTC; nothing runs on a device.
 #include <dlfcn.h>
 #include <doctest/doctest.h>
@@ -13,6 +14,7 @@
 #include <utility>
 #include <vector>
 
+#include "fusedopt/cuda.hpp"
 #include "fusedopt/error.hpp"
 #include "fusedopt/optimizer.hpp"
 #include "runtime/cuda_driver.hpp"
@@ -253,5 +255,47 @@ TEST_SUITE("cuda_fake") {
       CHECK(std::string(e.what()).find("driver CUDA 12.9, NVRTC 13.") != std::string::npos);
     }
     fake.set("driver_version", 13000);
+  }
+
+  TEST_CASE("a CudaEvent is made without timing, records on the caller's stream and polls") {
+    Fake fake;
+    // The calling thread's current context, as the fake driver keeps it.
+    void* lib = dlopen(FUSEDOPT_FAKE_CUDA, RTLD_NOW);
+    REQUIRE(lib != nullptr);
+    auto current_fn = reinterpret_cast<int (*)(void**)>(dlsym(lib, "cuCtxGetCurrent"));
+    const bool found = current_fn != nullptr;
+    REQUIRE_MESSAGE(found, "the fake driver lacks cuCtxGetCurrent");
+    auto current = [&] {
+      void* ctx = reinterpret_cast<void*>(1);
+      REQUIRE(current_fn(&ctx) == 0);
+      return ctx;
+    };
+    const void* before = current();
+    fake.reset();
+    {
+      CudaEvent event(0);
+      CHECK(event.device() == 0);
+      cu::Stream stream = nullptr;
+      {
+        CudaDeviceScope scope(0);
+        CHECK(current() != before);  // the device's primary context, for the scope
+        stream = cu::stream_create();
+      }
+      CHECK(current() == before);
+      event.record(stream);
+      event.record();  // the legacy default stream
+      CHECK(event.query());
+      event.synchronize();
+      CudaEvent moved = std::move(event);
+      CHECK(moved.query());
+      cu::stream_destroy(stream);
+    }
+    CHECK(current() == before);  // no call left the thread bound to a context
+    INFO(std::string(fake.log()));
+    const std::vector<std::string> want = {
+        "cuEventCreate 2",    "cuEventRecord stream", "cuEventRecord legacy", "cuEventQuery",
+        "cuEventSynchronize", "cuEventQuery",         "cuEventDestroy"};
+    CHECK(fake.lines() == want);
+    CHECK_THROWS_AS(CudaEvent(1), UnavailableError);  // the fake driver has one device
   }
 }

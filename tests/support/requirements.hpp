@@ -7,10 +7,10 @@
 #include <exception>
 #include <string>
 
+#include "fusedopt/cuda.hpp"
 #include "fusedopt/error.hpp"
 #include "fusedopt/target.hpp"
 #include "jit/compiler.hpp"
-#include "runtime/cuda_driver.hpp"
 #include "support/skip.hpp"
 
 namespace fusedopt::testing {
@@ -39,7 +39,8 @@ inline const Availability& cuda_device_availability() {
   static const Availability a = [] {
     Availability out;
     std::string why;
-    if (!runtime::cuda::cuda_device_available(&why)) {
+    // The public probe: it links in builds without CUDA too (saying how to get it).
+    if (!fusedopt::cuda_device_available(&why)) {
       out.present = false;
       out.why = "no CUDA device: " + why;
     } else if (!nvrtc_availability().present) {
