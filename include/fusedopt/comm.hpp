@@ -158,6 +158,19 @@ struct Bucket {
   std::size_t bytes = 0;   ///< of its gradients alone
 };
 
+/// What a GradBucketer does per step and has done so far.
+struct BucketStats {
+  int gradients = 0;               ///< gradients it reduces (empty ones included)
+  int buckets = 0;                 ///< all-reduces per step
+  std::size_t bytes_per_step = 0;  ///< bytes of gradients all-reduced per step
+  std::size_t largest_bucket = 0;  ///< bytes of the largest bucket's gradients
+  std::int64_t steps = 0;          ///< finish() calls that completed
+  std::int64_t collectives = 0;    ///< all-reduces started so far
+  double wait_seconds = 0;         ///< time finish() waited, all steps: the communication
+                                   ///< backward did not hide
+  std::string report;              ///< report()
+};
+
 /// Bucketed gradient all-reduce for data-parallel training (PyTorch DDP's reducer): the
 /// gradients of a parameter list live in one flat buffer per dtype (FlatArena's, or any
 /// buffer holding them in parameter order, padding allowed); buckets are views of it,
@@ -201,6 +214,7 @@ class FUSEDOPT_COMM_API GradBucketer {
   std::string report() const;
   /// Collectives started so far (all steps).
   std::int64_t collectives() const { return collectives_; }
+  BucketStats stats() const;
 
  private:
   void start_ready(void* stream);
@@ -214,6 +228,8 @@ class FUSEDOPT_COMM_API GradBucketer {
   std::vector<Work> work_;
   std::size_t next_ = 0;  ///< the next bucket to start
   std::int64_t collectives_ = 0;
+  std::int64_t steps_ = 0;
+  double wait_seconds_ = 0;
 };
 
 }  // namespace fusedopt::comm

@@ -226,10 +226,13 @@ class FUSEDOPT_API GradScaler {
   /// Device address of the fp32 scale, to multiply the loss by inside a captured graph;
   /// null for a host GradScaler.
   const float* device_scale() const;
-  /// Steps `opt` with the inverse scale and updates the scale. A host GradScaler returns
-  /// whether the step was taken; a device GradScaler returns true without waiting (the
-  /// verdict stays on the device: last_step_taken()). `stream` as for Optimizer::step.
-  bool step(Optimizer& opt, void* stream = nullptr);
+  /// Steps `opt` with the gradients multiplied by grad_factor / scale() (computed in double,
+  /// rounded once to fp32) and updates the scale. A host GradScaler returns whether the step
+  /// was taken; a device GradScaler returns true without waiting (the verdict stays on the
+  /// device: last_step_taken()). `stream` as for Optimizer::step. `grad_factor` folds one
+  /// more factor into the same launches: data parallel passes GradBucketer::grad_scale()
+  /// (1 / ranks), so the average over ranks and the unscale are one multiplication.
+  bool step(Optimizer& opt, void* stream = nullptr, float grad_factor = 1.0f);
   /// Whether the last step() was taken (false: skipped for a non-finite gradient); true
   /// before any. A device GradScaler reads it from the device, after every queued launch.
   bool last_step_taken() const;

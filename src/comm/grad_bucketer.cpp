@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -205,9 +206,12 @@ void GradBucketer::finish() {
         marked_[g], "GradBucketer::finish: gradient {} ('{}') was not marked ready in this step", g,
         grad_name(grads_, static_cast<int>(g)));
   }
+  const auto t0 = std::chrono::steady_clock::now();
   for (Work& w : work_) {
     if (w.valid()) w.wait();
   }
+  wait_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  ++steps_;
   // The next step.
   std::fill(marked_.begin(), marked_.end(), 0);
   for (std::size_t b = 0; b < buckets_.size(); ++b) {
@@ -215,6 +219,21 @@ void GradBucketer::finish() {
     work_[b] = Work();
   }
   next_ = 0;
+}
+
+BucketStats GradBucketer::stats() const {
+  BucketStats s;
+  s.gradients = static_cast<int>(grads_.size());
+  s.buckets = static_cast<int>(buckets_.size());
+  for (const Bucket& b : buckets_) {
+    s.bytes_per_step += b.bytes;
+    s.largest_bucket = std::max(s.largest_bucket, b.bytes);
+  }
+  s.steps = steps_;
+  s.collectives = collectives_;
+  s.wait_seconds = wait_seconds_;
+  s.report = report();
+  return s;
 }
 
 float GradBucketer::grad_scale() const { return 1.0f / static_cast<float>(comm_.size()); }

@@ -114,11 +114,12 @@ class BoundKernel {
   /// Device-side check: sets the double at `flag` (device memory, zeroed by the caller) to
   /// 1 if a gradient times the inverse scale is not finite, and makes the launches of this
   /// step (advance, reductions, update) do nothing when it is set. The inverse scale is
-  /// `inv_grad_scale`, or the float at `device_inv_scale` (device memory) when non-null, for
-  /// the check and every launch of the step. Ends with end_step().
-  virtual void check_grads_on_device(float inv_grad_scale, const void* device_inv_scale, void* flag,
+  /// `inv_grad_scale`, divided by the loss scale at `device_scale` (device memory: a device
+  /// GradScaler's) when non-null, for the check and every launch of the step. Ends with
+  /// end_step().
+  virtual void check_grads_on_device(float inv_grad_scale, const void* device_scale, void* flag,
                                      void* stream) {
-    (void)inv_grad_scale, (void)device_inv_scale, (void)flag, (void)stream;
+    (void)inv_grad_scale, (void)device_scale, (void)flag, (void)stream;
   }
   /// After a step's last launch: no more skipping on the flag, no device inverse scale.
   virtual void end_step() {}

@@ -103,10 +103,10 @@ class CudaBoundKernel final : public BoundKernel {
   }
 
   bool checks_on_device() const override { return capturable_; }
-  void check_grads_on_device(float inv_grad_scale, const void* device_inv_scale, void* flag,
+  void check_grads_on_device(float inv_grad_scale, const void* device_scale, void* flag,
                              void* stream) override {
     cuda::ContextScope scope(context_);
-    kernel_.set_scale_source(dev(device_inv_scale));
+    kernel_.set_scale_source(dev(device_scale));
     kernel_.check_grads_into(stream, inv_grad_scale, capturable_, dev(flag));
     kernel_.set_skip_flag(dev(flag));
   }

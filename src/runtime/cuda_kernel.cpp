@@ -101,7 +101,7 @@ struct CudaKernel::Impl {
   DeviceBuffer own_global;     // double[global slots]
   DevicePtr shared_global = 0;
   DevicePtr skip = 0;          // set_skip_flag: launches do nothing when this double is non-zero
-  DevicePtr scale_source = 0;  // set_scale_source: the float the launches read as inv scale
+  DevicePtr scale_source = 0;  // set_scale_source: the loss scale the launches divide by
   std::int64_t num_tensors = 0;
   int reduction_passes = 0;
   std::vector<double> host_hypers;
@@ -154,7 +154,7 @@ struct CudaKernel::Impl {
     L.inv_grad_scale = inv_grad_scale;
     L.skip_if_set = skip ? as_device_pointer<const double>(skip) : nullptr;
     if (capturable_mode) L.step_ptr = as_device_pointer<const double>(capturable.get());
-    if (scale_source) L.inv_grad_scale_ptr = as_device_pointer<const float>(scale_source);
+    if (scale_source) L.grad_scale_ptr = as_device_pointer<const float>(scale_source);
     L.aligned = as_device_pointer<const unsigned char>(aligned.get());
     if (reduction_passes > 0) {
       L.partials = as_device_pointer<float>(partials.get());
@@ -437,7 +437,7 @@ void CudaKernel::advance_step(cuda::Stream stream) {
 }
 
 void CudaKernel::set_skip_flag(DevicePtr flag) { impl_->skip = flag; }
-void CudaKernel::set_scale_source(DevicePtr inv_scale) { impl_->scale_source = inv_scale; }
+void CudaKernel::set_scale_source(DevicePtr scale) { impl_->scale_source = scale; }
 
 void CudaKernel::update_scale(cuda::Stream stream, DevicePtr scaler, DevicePtr found, float growth,
                               float backoff, int interval) {

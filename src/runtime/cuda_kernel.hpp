@@ -119,10 +119,10 @@ class CudaKernel {
   /// From now on every step, reduction and advance launch does nothing when the double at
   /// `flag` is non-zero (0: never skip).
   void set_skip_flag(cuda::DevicePtr flag);
-  /// From now on every launch reads the inverse grad scale from the float at `inv_scale`
-  /// (device memory: a device GradScaler's fo_scaler::inv_scale) instead of its argument
-  /// (0: the argument again).
-  void set_scale_source(cuda::DevicePtr inv_scale);
+  /// From now on every launch divides its inverse-grad-scale argument by the loss scale at
+  /// `scale` (device memory: a device GradScaler's fo_scaler::scale; abi.h's
+  /// fo_unscale_factor); 0: the argument alone again.
+  void set_scale_source(cuda::DevicePtr scale);
   /// A device GradScaler's update (fusedopt_update_scale, one thread): the fo_scaler at
   /// `scaler` from the step's grad-check flag at `found` (torch's _amp_update_scale_).
   void update_scale(cuda::Stream stream, cuda::DevicePtr scaler, cuda::DevicePtr found,

@@ -49,12 +49,10 @@ GradScaler::~GradScaler() = default;
 
 namespace {
 
-/// The fo_scaler of `scale` and `tracker`: the inverse as torch computes it (in double,
-/// handed to the kernel in fp32).
+/// The fo_scaler of `scale` and `tracker`.
 fo_scaler make_scaler(double scale, int tracker, bool last_taken) {
   fo_scaler s{};
   s.scale = static_cast<float>(scale);
-  s.inv_scale = static_cast<float>(1.0 / static_cast<double>(s.scale));
   s.growth_tracker = tracker;
   s.found_inf = last_taken ? 0 : 1;
   return s;
@@ -97,7 +95,10 @@ const float* GradScaler::device_scale() const {
   return reinterpret_cast<const float*>(device_->block.bytes_data() + offsetof(fo_scaler, scale));
 }
 
-bool GradScaler::step(Optimizer& opt, void* stream) {
+bool GradScaler::step(Optimizer& opt, void* stream, float grad_factor) {
+  FUSEDOPT_CHECK_USAGE(grad_factor > 0 && std::isfinite(grad_factor),
+                       "GradScaler::step: grad_factor must be positive and finite, not {}",
+                       grad_factor);
   const auto growth = static_cast<float>(options_.growth_factor);
   const auto backoff = static_cast<float>(options_.backoff_factor);
   if (device_) {
@@ -110,16 +111,18 @@ bool GradScaler::step(Optimizer& opt, void* stream) {
         m.options.capturable ? "" : " and is not capturable");
     const Optimizer::Impl::DeviceScaler launch{device_->block.data(), growth, backoff,
                                                options_.growth_interval};
-    m.run_step(1.0f, true, stream, &launch);
+    m.run_step(grad_factor, true, stream, &launch);
     return true;
   }
-  // torch computes the inverse in double and hands the kernel an fp32 value.
+  // torch computes the inverse in double and hands the kernel an fp32 value; the device
+  // GradScaler's launches compute the same (abi.h's fo_unscale_factor).
   fo_scaler s = make_scaler(scale_, good_steps_, last_taken_);
+  const float inv = fo_unscale_factor(grad_factor, &s.scale);
   // A capturable CUDA optimizer checks and skips on the device and returns true without
   // waiting; its step count, read from the device, says whether the step was taken (one
   // synchronisation each: a device GradScaler does not wait).
   const std::int64_t before = opt.step_count();
-  const bool taken = opt.step_scaled(s.inv_scale, stream) && opt.step_count() > before;
+  const bool taken = opt.step_scaled(inv, stream) && opt.step_count() > before;
   fo_update_scale(&s, taken ? 0 : 1, growth, backoff, options_.growth_interval);
   scale_ = s.scale;
   good_steps_ = s.growth_tracker;

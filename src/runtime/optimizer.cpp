@@ -109,12 +109,12 @@ bool Optimizer::Impl::run_step(float inv_grad_scale, bool scaled, void* stream,
   if (on_device) {
     flag = static_cast<double*>(global_totals.data()) +
            (detail::lang_rule(rule).num_global_reductions);  // the last slot
-    const void* device_inv_scale =
-        scaler ? static_cast<const std::byte*>(scaler->scaler) + offsetof(fo_scaler, inv_scale)
+    const void* device_scale =
+        scaler ? static_cast<const std::byte*>(scaler->scaler) + offsetof(fo_scaler, scale)
                : nullptr;
     backend->fill(flag, 0, sizeof(double), stream);
     for (auto& kernel : kernels)
-      kernel->check_grads_on_device(inv_grad_scale, device_inv_scale, flag, stream);
+      kernel->check_grads_on_device(inv_grad_scale, device_scale, flag, stream);
   } else if (scaled && !fold_check) {
     // Every binding is checked before any is stepped: a non-finite gradient anywhere must
     // leave every tensor untouched.

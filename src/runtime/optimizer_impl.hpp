@@ -79,7 +79,7 @@ struct Optimizer::Impl {
   std::string schedule_report;
 
   /// A device GradScaler's part in a step (capturable CUDA): its fo_scaler (device memory),
-  /// whose inv_scale the step reads and which is updated after the step, and its factors.
+  /// whose scale the step divides by and which is updated after the step, and its factors.
   struct DeviceScaler {
     void* scaler = nullptr;
     float growth = 2.0f;
@@ -88,8 +88,9 @@ struct Optimizer::Impl {
   };
   /// One step: the reduction passes (if any), then the update, on every binding. With
   /// `scaled`, a non-finite unscaled gradient anywhere skips the step (returns false) and
-  /// changes nothing. With `scaler` (capturable CUDA, scaled), the inverse scale comes from
-  /// the device scaler, which is updated after the step; nothing waits.
+  /// changes nothing. With `scaler` (capturable CUDA, scaled), the gradients are multiplied
+  /// by inv_grad_scale / the device scaler's scale, and the scaler is updated after the
+  /// step; nothing waits.
   bool run_step(float inv_grad_scale, bool scaled, void* stream,
                 const DeviceScaler* scaler = nullptr);
   /// Hands pass `pass`'s totals to the hook.

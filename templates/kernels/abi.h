@@ -4,7 +4,7 @@
 #define FUSEDOPT_ABI_H
 
 // Bump when you change this: any struct below or an exported entry point's signature.
-#define FO_ABI_VERSION 6
+#define FO_ABI_VERSION 7
 
 // Launch constants shared by the runtime and the kernels (one source for both):
 /// Threads per block of every CUDA kernel (the runtime's kCudaBlock).
@@ -23,17 +23,17 @@ struct fo_chunk {
 struct fo_launch {
   const fo_chunk* chunks;  ///< the chunk table, sorted by group
   long long num_chunks;
-  void* const* ptrs;       ///< [tensor * FO_NUM_ROLES + role]
-  const double* hypers;    ///< [group * FO_NUM_HYPERS + hyper], declaration order (fo_prepare
-                           ///< computes uniform values from them in double)
-  double step;             ///< 1-based step, used when step_ptr is null
-  float inv_grad_scale;    ///< used when inv_grad_scale_ptr is null
-  const double* step_ptr;  ///< capturable mode: read the step here (exact to 2^53 steps)
-  const float* inv_grad_scale_ptr;  ///< non-null: read the inverse grad scale here (a
-                                    ///< device GradScaler's fo_scaler::inv_scale)
-  const unsigned char* aligned;     ///< per tensor: 1 if every role's pointer is aligned to 4
-                                    ///< of its elements (16 bytes fp32, 8 bytes 16-bit)
-                                    ///< (device); null = never vectorise
+  void* const* ptrs;             ///< [tensor * FO_NUM_ROLES + role]
+  const double* hypers;          ///< [group * FO_NUM_HYPERS + hyper], declaration order (fo_prepare
+                                 ///< computes uniform values from them in double)
+  double step;                   ///< 1-based step, used when step_ptr is null
+  float inv_grad_scale;          ///< what grads are multiplied by (see fo_unscale_factor)
+  const double* step_ptr;        ///< capturable mode: read the step here (exact to 2^53 steps)
+  const float* grad_scale_ptr;   ///< non-null: a device GradScaler's fo_scaler::scale; grads
+                                 ///< are then multiplied by inv_grad_scale / *grad_scale_ptr
+  const unsigned char* aligned;  ///< per tensor: 1 if every role's pointer is aligned to 4
+                                 ///< of its elements (16 bytes fp32, 8 bytes 16-bit)
+                                 ///< (device); null = never vectorise
 
   // Reductions (rules with reduction passes; null/0 otherwise).
   float* partials;                 ///< [chunk * FO_MAX_ACC + j]: each chunk's accumulators
@@ -53,7 +53,6 @@ struct fo_launch {
 /// memory by a device GradScaler and updated there after each step, or on the host.
 struct fo_scaler {
   float scale;         ///< the loss scale (fp32, as torch keeps it)
-  float inv_scale;     ///< float(1 / double(scale)): what the kernels multiply grads by
   int growth_tracker;  ///< good steps in a row since the scale last changed
   int found_inf;       ///< 1: the last step found a non-finite gradient and was skipped
 };
@@ -81,7 +80,14 @@ FO_HOST_DEVICE inline void fo_update_scale(fo_scaler* s, int found, float growth
   } else {
     s->growth_tracker += 1;
   }
-  s->inv_scale = (float)(1.0 / (double)s->scale);
+}
+
+/// What a launch multiplies gradients by: `factor`, divided by the loss scale at `scale`
+/// when non-null (a device GradScaler), in double and rounded once to fp32, as torch
+/// computes its inverse scale (factor 1) and as the host GradScaler does (any factor, e.g.
+/// 1 / ranks for data parallel).
+FO_HOST_DEVICE inline float fo_unscale_factor(float factor, const float* scale) {
+  return scale ? (float)((double)factor / (double)*scale) : factor;
 }
 
 #endif  // FUSEDOPT_ABI_H

@@ -174,7 +174,7 @@ __device__ __forceinline__ void fo_run(const fo_launch& L) {
   if (fo_skipped(L)) return;
   __shared__ fo_uniform shared_uniform;
   const double step = L.step_ptr ? *L.step_ptr : L.step;
-  const float inv_grad_scale = L.inv_grad_scale_ptr ? *L.inv_grad_scale_ptr : L.inv_grad_scale;
+  const float inv_grad_scale = fo_unscale_factor(L.inv_grad_scale, L.grad_scale_ptr);
   int group = -1;
   fo_uniform U;
   for (long long c = blockIdx.x; c < L.num_chunks; c += gridDim.x) {
@@ -249,7 +249,7 @@ __device__ __forceinline__ void fo_reduce_run(const fo_launch& L) {
   __shared__ fo_uniform shared_uniform;
   __shared__ float red[FO_BLOCK];
   const double step = L.step_ptr ? *L.step_ptr : L.step;
-  const float inv_grad_scale = L.inv_grad_scale_ptr ? *L.inv_grad_scale_ptr : L.inv_grad_scale;
+  const float inv_grad_scale = fo_unscale_factor(L.inv_grad_scale, L.grad_scale_ptr);
   const bool check = kPass == 0 && L.check_grads != 0;
   int group = -1;
   fo_uniform U;
@@ -379,7 +379,7 @@ extern "C" __global__ void __launch_bounds__(FO_BLOCK) fusedopt_init(fo_launch L
 /// zeroes it first). Runs before a step with grad scaling, on the same stream.
 extern "C" __global__ void __launch_bounds__(FO_BLOCK)
     fusedopt_check(fo_launch L, double* found_nonfinite) {
-  const float inv_grad_scale = L.inv_grad_scale_ptr ? *L.inv_grad_scale_ptr : L.inv_grad_scale;
+  const float inv_grad_scale = fo_unscale_factor(L.inv_grad_scale, L.grad_scale_ptr);
   fo_uniform U;
   U.inv_grad_scale = inv_grad_scale;
   bool bad = false;

@@ -25,7 +25,7 @@ static inline fo_tvals fo_chunk_values(const fo_launch* L, int tensor) {
 template <bool kInit>
 static void fo_run(const fo_launch* L) {
   const double step = L->step_ptr ? *L->step_ptr : L->step;
-  const float inv_grad_scale = L->inv_grad_scale_ptr ? *L->inv_grad_scale_ptr : L->inv_grad_scale;
+  const float inv_grad_scale = fo_unscale_factor(L->inv_grad_scale, L->grad_scale_ptr);
   // One chunk (a small launch) runs on the calling thread: waking a thread team would cost
   // more than the work.
 #pragma omp parallel if (L->num_chunks > 1)
@@ -67,7 +67,7 @@ FO_FN double fo_combine(bool is_max, double a, double b) {
 template <int kPass>
 static void fo_reduce_run(const fo_launch* L) {
   const double step = L->step_ptr ? *L->step_ptr : L->step;
-  const float inv_grad_scale = L->inv_grad_scale_ptr ? *L->inv_grad_scale_ptr : L->inv_grad_scale;
+  const float inv_grad_scale = fo_unscale_factor(L->inv_grad_scale, L->grad_scale_ptr);
   const int count = fo_acc_count(kPass);
   const bool check = kPass == 0 && L->check_grads != 0;
 #pragma omp parallel if (L->num_chunks > 1)
@@ -144,7 +144,7 @@ FO_EXTERN_C void fusedopt_finalize_host(const fo_launch* L, int pass) {
 /// before a step with grad scaling so a non-finite step can change nothing.
 FO_EXTERN_C int fusedopt_check_host(const fo_launch* L) {
   const double step = L->step_ptr ? *L->step_ptr : L->step;
-  const float inv_grad_scale = L->inv_grad_scale_ptr ? *L->inv_grad_scale_ptr : L->inv_grad_scale;
+  const float inv_grad_scale = fo_unscale_factor(L->inv_grad_scale, L->grad_scale_ptr);
   int all_finite = 1;
 #pragma omp parallel for schedule(static) reduction(& : all_finite) if (L->num_chunks > 1)
   for (long long c = 0; c < L->num_chunks; ++c) {

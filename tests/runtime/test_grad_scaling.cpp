@@ -159,6 +159,43 @@ TEST_SUITE("runtime") {
     CHECK(scaler.device_scale() == nullptr);
   }
 
+  TEST_CASE("GradScaler's grad_factor is folded into the one inverse scale") {
+    // Data parallel: the gradients hold the sum over 3 ranks of scaled gradients; one
+    // multiplication by float(factor / scale) (in double, rounded once) unscales and
+    // averages them, exactly what step_scaled does with that value.
+    use_private_cache();
+    const std::uint32_t seed = fresh_seed();
+    INFO("seed " << seed);
+    std::mt19937 rng_a(seed), rng_b(seed);
+    const std::vector<std::int64_t> sizes = {1000, 3, 4099};
+    Model a(rng_a, sizes), b(rng_b, sizes);
+    fusedopt::GradScaler::Options o;
+    o.init_scale = 3000;  // not a power of two: the rounding is checked too
+    fusedopt::GradScaler scaler(o);
+    const float factor = 1.0f / 3;
+    const auto expected = static_cast<float>(static_cast<double>(factor) / 3000.0);
+    for (int t = 0; t < 4; ++t) {
+      a.fill_grads(rng_a, 3 * 3000.0);
+      b.fill_grads(rng_b, 3 * 3000.0);
+      REQUIRE(scaler.step(*a.opt, nullptr, factor));
+      REQUIRE(b.opt->step_scaled(expected));
+      CHECK(a.snapshot() == b.snapshot());
+    }
+    // A NaN skips the step and backs the scale off, as without a factor.
+    a.fill_grads(rng_a, 1.0);
+    a.g[0].set(5, NAN);
+    const std::vector<std::string> before = a.snapshot();
+    CHECK_FALSE(scaler.step(*a.opt, nullptr, factor));
+    CHECK(a.snapshot() == before);
+    CHECK(scaler.scale() == 1500);
+    for (const float bad : {0.0f, -1.0f, INFINITY, NAN}) {
+      CHECK_THROWS_WITH_AS(scaler.step(*a.opt, nullptr, bad),
+                           doctest::Contains("GradScaler::step: grad_factor must be positive and "
+                                             "finite"),
+                           fusedopt::UsageError);
+    }
+  }
+
   TEST_CASE("a device GradScaler needs a capturable CUDA optimizer and says so") {
     use_private_cache();
     std::mt19937 rng(fresh_seed());
