@@ -2,7 +2,8 @@
 // tensors, 109.5 M fp32) under mpirun, three ways: GradBucketer's buckets, one call per
 // gradient, one call over the whole flat buffer. Each variant declares the bytes it must
 // move (the gradients) and reports its time, its bus bandwidth, 2(n-1)/n x bytes / time,
-// and that bandwidth's fraction of the measured single-process copy bandwidth.
+// and that bandwidth's fraction of the measured single-process copy bandwidth, with the
+// minor page faults of a step (the transport's temporary buffers touched for the first time).
 //
 // A plain timing loop, not Google Benchmark (whose loop is per process): an iteration is a
 // collective step of every rank, from a barrier to the slowest rank's end (the max over
@@ -12,6 +13,7 @@
 // ranks(ranks-1)/2 (exit 1 otherwise, on every rank).
 // The program uses only fusedopt's public API (fusedopt/comm.hpp).
 #include <fmt/format.h>
+#include <sys/resource.h>
 
 #include <algorithm>
 #include <chrono>
@@ -127,7 +129,15 @@ struct Variant {
   std::function<void()> step;  ///< one step's all-reduce of every gradient
   std::int64_t collectives = 0;
   std::vector<double> seconds;  ///< per timed iteration: the slowest rank's time
+  std::vector<double> faults;   ///< per timed iteration: the most minor page faults of a rank
 };
+
+/// This process's minor page faults so far (first touches of fresh memory).
+double minor_faults() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  return static_cast<double>(u.ru_minflt);
+}
 
 struct Summary {
   double median = 0, min = 0, max = 0;
@@ -146,11 +156,16 @@ bool run_step(Communicator& comm, Variant& v, bool timed, bool check, std::vecto
   const int ranks = comm.size();
   std::memcpy(flat.data(), input.data(), flat.size() * sizeof(float));
   comm.barrier().wait();
+  const double faults0 = minor_faults();
   const auto t0 = std::chrono::steady_clock::now();
   v.step();
-  float seconds = std::chrono::duration<float>(std::chrono::steady_clock::now() - t0).count();
-  comm.all_reduce(&seconds, 1, DType::F32, ReduceOp::Max).wait();
-  if (timed) v.seconds.push_back(seconds);
+  float cost[2] = {std::chrono::duration<float>(std::chrono::steady_clock::now() - t0).count(),
+                   static_cast<float>(minor_faults() - faults0)};
+  comm.all_reduce(cost, 2, DType::F32, ReduceOp::Max).wait();
+  if (timed) {
+    v.seconds.push_back(cost[0]);
+    v.faults.push_back(cost[1]);
+  }
   if (!check) return true;
   // Exact: every partial sum is a multiple of 1/64 below 2^7.
   const auto expected = [&](std::int64_t k) {
@@ -206,7 +221,8 @@ int run(const Args& args) {
   std::vector<Variant> variants;
   auto add = [&](std::string name, std::string description, std::int64_t collectives,
                  std::function<void()> step) {
-    variants.push_back({std::move(name), std::move(description), std::move(step), collectives, {}});
+    variants.push_back(
+        {std::move(name), std::move(description), std::move(step), collectives, {}, {}});
   };
   add("bucketed",
       "GradBucketer (25 MiB buckets, first 1 MiB): mark_ready in reverse order, then finish()",
@@ -262,16 +278,19 @@ int run(const Args& args) {
   fmt::print("{}; {} warmup + {} timed iterations, time = slowest rank, barrier before each\n",
              bucketer.report(), args.warmup, args.iters);
   fmt::print("copy bandwidth (one process, best of 5, read + write): {:.2f} GB/s\n", copy_bw / 1e9);
-  fmt::print("busbw = 2(n-1)/n x {:.1f} MB / median time; of copy = busbw / copy bandwidth\n\n",
+  fmt::print("busbw = 2(n-1)/n x {:.1f} MB / median time; of copy = busbw / copy bandwidth;\n",
              bytes / 1e6);
-  fmt::print("{:<16} {:>11} {:>10} {:>10} {:>10} {:>11} {:>8}\n", "variant", "collectives",
-             "median ms", "min ms", "max ms", "busbw GB/s", "of copy");
+  fmt::print(
+      "faults = minor page faults in a step, the most of a rank (median): first touches\n"
+      "of memory the transport allocated for it\n\n");
+  fmt::print("{:<16} {:>11} {:>10} {:>10} {:>10} {:>11} {:>8} {:>8}\n", "variant", "collectives",
+             "median ms", "min ms", "max ms", "busbw GB/s", "of copy", "faults");
   for (const Variant& v : variants) {
     const Summary s = summarize(v.seconds);
     const double busbw = bus_factor * bytes / s.median;
-    fmt::print("{:<16} {:>11} {:>10.1f} {:>10.1f} {:>10.1f} {:>11.3f} {:>7.1f}%\n", v.name,
+    fmt::print("{:<16} {:>11} {:>10.1f} {:>10.1f} {:>10.1f} {:>11.3f} {:>7.1f}% {:>8.0f}\n", v.name,
                v.collectives, s.median * 1e3, s.min * 1e3, s.max * 1e3, busbw / 1e9,
-               100.0 * busbw / copy_bw);
+               100.0 * busbw / copy_bw, summarize(v.faults).median);
   }
   std::fflush(stdout);
 
@@ -301,9 +320,10 @@ int run(const Args& args) {
       j += fmt::format(
           "    {{\"name\": {}, \"description\": {}, \"collectives\": {}, \"median_s\": {:.6f}, "
           "\"min_s\": {:.6f}, \"max_s\": {:.6f}, \"busbw_gbs\": {:.4f}, \"copy_fraction\": "
-          "{:.4f}, \"seconds\": [{}]}}{}\n",
+          "{:.4f}, \"minor_faults\": {:.0f}, \"seconds\": [{}]}}{}\n",
           json_string(v.name), json_string(v.description), v.collectives, s.median, s.min, s.max,
-          busbw / 1e9, busbw / copy_bw, times, i + 1 < variants.size() ? "," : "");
+          busbw / 1e9, busbw / copy_bw, summarize(v.faults).median, times,
+          i + 1 < variants.size() ? "," : "");
     }
     j += "  ]\n}\n";
     // Written whole, then renamed: never a half-written file.
