@@ -272,13 +272,13 @@ int run(const Args& args) {
 #else
       "unknown";
 #endif
-  fmt::print("fusedopt-comm-bench: {} gradients ({} tensors, {} fp32 = {:.1f} MB), {} ranks, {}\n",
+  fmt::print("fusedopt-comm-bench: {} gradients ({} tensors, {} fp32 = {:.4g} MB), {} ranks, {}\n",
              w.name, w.sizes.size(), elements, bytes / 1e6, ranks, comm.backend());
   fmt::print("machine: {}, {} cores, {:.1f} GiB; {}\n", cpu, cores, mem_gib, compiler);
   fmt::print("{}; {} warmup + {} timed iterations, time = slowest rank, barrier before each\n",
              bucketer.report(), args.warmup, args.iters);
   fmt::print("copy bandwidth (one process, best of 5, read + write): {:.2f} GB/s\n", copy_bw / 1e9);
-  fmt::print("busbw = 2(n-1)/n x {:.1f} MB / median time; of copy = busbw / copy bandwidth;\n",
+  fmt::print("busbw = 2(n-1)/n x {:.4g} MB / median time; of copy = busbw / copy bandwidth;\n",
              bytes / 1e6);
   fmt::print(
       "faults = minor page faults in a step, the most of a rank (median): first touches\n"
@@ -288,7 +288,7 @@ int run(const Args& args) {
   for (const Variant& v : variants) {
     const Summary s = summarize(v.seconds);
     const double busbw = bus_factor * bytes / s.median;
-    fmt::print("{:<16} {:>11} {:>10.1f} {:>10.1f} {:>10.1f} {:>11.3f} {:>7.1f}% {:>8.0f}\n", v.name,
+    fmt::print("{:<16} {:>11} {:>10.3f} {:>10.3f} {:>10.3f} {:>11.3f} {:>7.1f}% {:>8.0f}\n", v.name,
                v.collectives, s.median * 1e3, s.min * 1e3, s.max * 1e3, busbw / 1e9,
                100.0 * busbw / copy_bw, summarize(v.faults).median);
   }
