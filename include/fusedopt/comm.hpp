@@ -113,6 +113,14 @@ class FUSEDOPT_COMM_API Communicator {
   /// In place: every rank's `data` becomes the reduction over ranks.
   Work all_reduce(void* data, std::int64_t count, DType dtype, ReduceOp op = ReduceOp::Sum,
                   void* stream = nullptr);
+  /// float64 values (host memory for MPI, device memory for NCCL), in place: reduction
+  /// totals and counters that must combine exactly (a sharded optimizer's norms).
+  Work all_reduce(double* data, std::int64_t count, ReduceOp op = ReduceOp::Sum,
+                  void* stream = nullptr);
+  /// In place: rank `root`'s `data` becomes the reduction over ranks; the others' `data`
+  /// is only read (ZeRO-2: each bucket reduced to the rank that owns it).
+  Work reduce(void* data, std::int64_t count, DType dtype, int root, ReduceOp op = ReduceOp::Sum,
+              void* stream = nullptr);
   /// `send` holds size() × `recv_count` elements; rank r receives the reduction of the
   /// r-th block.
   Work reduce_scatter(const void* send, void* recv, std::int64_t recv_count, DType dtype,
@@ -148,10 +156,12 @@ struct BucketOptions {
   int max_tensors = 0;  ///< cap on gradients per bucket (Paddle's knob); 0: none
 };
 
-/// One all-reduce: a contiguous range of one flat gradient buffer (a view, no copy).
+/// One collective: a contiguous range of one flat gradient buffer (a view, no copy).
 struct Bucket {
   DType dtype = DType::F32;
   Device device;
+  int root = -1;  ///< -1: all-reduced; else reduced to this rank only (a ShardedOptimizer's
+                  ///< ZeRO-2 buckets, each within one rank's shard)
   std::vector<int> grads;  ///< gradient indices, in the order they join (last first)
   void* data = nullptr;    ///< start of the range (the lowest address of its gradients)
   std::int64_t count = 0;  ///< elements in the range (padding between gradients included)
@@ -190,6 +200,7 @@ struct BucketStats {
 /// (a CommError on every rank naming the first difference otherwise).
 class FUSEDOPT_COMM_API GradBucketer {
  public:
+  friend class ShardedOptimizer;  // ZeRO-2: buckets reduced to their owners
   GradBucketer(Communicator comm, std::vector<Tensor> grads, BucketOptions options = {});
 
   /// The buckets of `grads` (no communication): what the constructor builds. Throws
@@ -230,6 +241,10 @@ class FUSEDOPT_COMM_API GradBucketer {
   std::int64_t collectives_ = 0;
   std::int64_t steps_ = 0;
   double wait_seconds_ = 0;
+
+  /// ZeRO-2: gradient i is reduced to rank roots[i] (equal roots form a contiguous run).
+  GradBucketer(Communicator comm, std::vector<Tensor> grads, BucketOptions options,
+               std::vector<int> roots);
 };
 
 }  // namespace fusedopt::comm

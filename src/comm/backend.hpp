@@ -26,13 +26,14 @@ struct Pending {
 
 /// The arguments of a collective, in elements of `dtype`.
 struct Collective {
-  enum class Kind { AllReduce, ReduceScatter, AllGather, Broadcast, Barrier };
+  enum class Kind { AllReduce, Reduce, ReduceScatter, AllGather, Broadcast, Barrier };
   Kind kind = Kind::Barrier;
   const void* send = nullptr;  ///< AllReduce and Broadcast: == recv (in place)
   void* recv = nullptr;
   std::int64_t count = 0;  ///< AllReduce/Broadcast: count; ReduceScatter: recv count;
                            ///< AllGather: send count
   DType dtype = DType::F32;
+  bool f64 = false;  ///< float64 elements (dtype is then ignored)
   ReduceOp op = ReduceOp::Sum;
   int root = 0;
   void* stream = nullptr;

@@ -23,17 +23,19 @@ CommError::CommError(int rank, std::string operation, std::size_t bytes, std::st
 namespace detail {
 
 std::string describe(const Collective& c) {
+  const std::string type = c.f64 ? std::string("fp64") : to_string(c.dtype);
   switch (c.kind) {
     case Collective::Kind::AllReduce:
-      return fmt::format("all_reduce({}, {})", c.op == ReduceOp::Sum ? "sum" : "max",
-                         to_string(c.dtype));
+      return fmt::format("all_reduce({}, {})", c.op == ReduceOp::Sum ? "sum" : "max", type);
+    case Collective::Kind::Reduce:
+      return fmt::format("reduce({}, {}, root {})", c.op == ReduceOp::Sum ? "sum" : "max", type,
+                         c.root);
     case Collective::Kind::ReduceScatter:
-      return fmt::format("reduce_scatter({}, {})", c.op == ReduceOp::Sum ? "sum" : "max",
-                         to_string(c.dtype));
+      return fmt::format("reduce_scatter({}, {})", c.op == ReduceOp::Sum ? "sum" : "max", type);
     case Collective::Kind::AllGather:
-      return fmt::format("all_gather({})", to_string(c.dtype));
+      return fmt::format("all_gather({})", type);
     case Collective::Kind::Broadcast:
-      return fmt::format("broadcast({}, root {})", to_string(c.dtype), c.root);
+      return fmt::format("broadcast({}, root {})", type, c.root);
     case Collective::Kind::Barrier:
       return "barrier";
   }
@@ -44,7 +46,8 @@ std::size_t bytes_of(const Collective& c, int size) {
   const auto elements = c.kind == Collective::Kind::ReduceScatter
                             ? c.count * static_cast<std::int64_t>(size)
                             : c.count;
-  return static_cast<std::size_t>(elements) * static_cast<std::size_t>(dtype_size(c.dtype));
+  const std::size_t element = c.f64 ? sizeof(double) : dtype_size(c.dtype);
+  return static_cast<std::size_t>(elements) * element;
 }
 
 }  // namespace detail
@@ -211,6 +214,21 @@ Work Communicator::all_reduce(void* data, std::int64_t count, DType dtype, Reduc
                               void* stream) {
   return start(backend_,
                collective(Collective::Kind::AllReduce, data, data, count, dtype, op, 0, stream));
+}
+
+Work Communicator::all_reduce(double* data, std::int64_t count, ReduceOp op, void* stream) {
+  Collective c =
+      collective(Collective::Kind::AllReduce, data, data, count, DType::F32, op, 0, stream);
+  c.f64 = true;
+  return start(backend_, c);
+}
+
+Work Communicator::reduce(void* data, std::int64_t count, DType dtype, int root, ReduceOp op,
+                          void* stream) {
+  FUSEDOPT_CHECK_USAGE(root >= 0 && root < size(), "reduce: root {} is not a rank (size {})", root,
+                       size());
+  return start(backend_,
+               collective(Collective::Kind::Reduce, data, data, count, dtype, op, root, stream));
 }
 
 Work Communicator::reduce_scatter(const void* send, void* recv, std::int64_t recv_count,

@@ -10,6 +10,7 @@
 #include <map>
 #include <utility>
 
+#include "comm/buckets.hpp"
 #include "fusedopt/comm.hpp"
 #include "support/check.hpp"
 
@@ -47,8 +48,12 @@ std::string describe_device(const Device& d) {
 
 }  // namespace
 
-std::vector<Bucket> GradBucketer::layout(const std::vector<Tensor>& grads,
-                                         const BucketOptions& options) {
+namespace detail {
+
+std::vector<Bucket> bucket_layout(const std::vector<Tensor>& grads, const BucketOptions& options,
+                                  const std::vector<int>& roots) {
+  FUSEDOPT_CHECK_INTERNAL(roots.empty() || roots.size() == grads.size(),
+                          "bucket_layout: {} roots for {} tensors", roots.size(), grads.size());
   FUSEDOPT_CHECK_USAGE(options.bucket_bytes > 0 && options.first_bucket_bytes > 0,
                        "GradBucketer: bucket_bytes and first_bucket_bytes must be positive");
   FUSEDOPT_CHECK_USAGE(options.max_tensors >= 0, "GradBucketer: max_tensors {} is negative",
@@ -97,15 +102,18 @@ std::vector<Bucket> GradBucketer::layout(const std::vector<Tensor>& grads,
       }
     }
     const std::size_t cap = o.first ? options.first_bucket_bytes : options.bucket_bytes;
+    const int root = roots.empty() ? -1 : roots[static_cast<std::size_t>(i)];
     Bucket& b = o.bucket;
     const bool full_by_bytes = !b.grads.empty() && b.bytes + bytes > cap;
-    if (full_by_bytes) {
+    // A bucket goes to one rank: a new root closes it.
+    if (full_by_bytes || (!b.grads.empty() && b.root != root)) {
       close(o);
     }
     if (o.bucket.grads.empty()) {
       o.order = position;
       o.bucket.dtype = g.dtype;
       o.bucket.device = g.device;
+      o.bucket.root = root;
     }
     Bucket& cur = o.bucket;
     cur.grads.push_back(i);
@@ -133,9 +141,20 @@ std::vector<Bucket> GradBucketer::layout(const std::vector<Tensor>& grads,
   return out;
 }
 
+}  // namespace detail
+
+std::vector<Bucket> GradBucketer::layout(const std::vector<Tensor>& grads,
+                                         const BucketOptions& options) {
+  return detail::bucket_layout(grads, options, {});
+}
+
 GradBucketer::GradBucketer(Communicator comm, std::vector<Tensor> grads, BucketOptions options)
+    : GradBucketer(std::move(comm), std::move(grads), options, {}) {}
+
+GradBucketer::GradBucketer(Communicator comm, std::vector<Tensor> grads, BucketOptions options,
+                           std::vector<int> roots)
     : comm_(std::move(comm)), grads_(std::move(grads)), options_(options) {
-  buckets_ = layout(grads_, options_);
+  buckets_ = detail::bucket_layout(grads_, options_, roots);
   bucket_of_.assign(grads_.size(), -1);
   for (std::size_t b = 0; b < buckets_.size(); ++b) {
     for (int g : buckets_[b].grads) bucket_of_[static_cast<std::size_t>(g)] = static_cast<int>(b);
@@ -152,8 +171,8 @@ GradBucketer::GradBucketer(Communicator comm, std::vector<Tensor> grads, BucketO
     plan += fmt::format("gradient {}: {} x {}\n", i, grads_[i].numel, to_string(grads_[i].dtype));
   }
   for (std::size_t b = 0; b < buckets_.size(); ++b) {
-    plan += fmt::format("bucket {}: {} elements of {}\n", b, buckets_[b].count,
-                        to_string(buckets_[b].dtype));
+    plan += fmt::format("bucket {}: {} elements of {}, root {}\n", b, buckets_[b].count,
+                        to_string(buckets_[b].dtype), buckets_[b].root);
   }
   comm_.check_same("GradBucketer plan", plan);
   marked_.assign(grads_.size(), 0);
@@ -194,7 +213,9 @@ void GradBucketer::mark_all_ready(void* stream) {
 void GradBucketer::start_ready(void* stream) {
   while (next_ < buckets_.size() && waiting_[next_] == 0) {
     Bucket& b = buckets_[next_];
-    work_[next_] = comm_.all_reduce(b.data, b.count, b.dtype, ReduceOp::Sum, stream);
+    work_[next_] = b.root < 0
+                       ? comm_.all_reduce(b.data, b.count, b.dtype, ReduceOp::Sum, stream)
+                       : comm_.reduce(b.data, b.count, b.dtype, b.root, ReduceOp::Sum, stream);
     ++collectives_;
     ++next_;
   }
@@ -239,12 +260,13 @@ BucketStats GradBucketer::stats() const {
 float GradBucketer::grad_scale() const { return 1.0f / static_cast<float>(comm_.size()); }
 
 std::string GradBucketer::report() const {
-  return fmt::format("{} gradients -> {} all-reduce{} per step ({} buckets, first {}{})",
-                     grads_.size(), buckets_.size(), buckets_.size() == 1 ? "" : "s",
-                     mib(options_.bucket_bytes), mib(options_.first_bucket_bytes),
-                     options_.max_tensors > 0
-                         ? fmt::format(", at most {} gradients each", options_.max_tensors)
-                         : "");
+  const bool to_owners = !buckets_.empty() && buckets_.front().root >= 0;
+  return fmt::format(
+      "{} gradients -> {} {}{} per step ({} buckets, first {}{})", grads_.size(), buckets_.size(),
+      to_owners ? "reduce" : "all-reduce", buckets_.size() == 1 ? "" : "s",
+      mib(options_.bucket_bytes), mib(options_.first_bucket_bytes),
+      options_.max_tensors > 0 ? fmt::format(", at most {} gradients each", options_.max_tensors)
+                               : "");
 }
 
 }  // namespace fusedopt::comm

@@ -157,16 +157,20 @@ class MpiBackend final : public Backend {
                          describe(c));
     auto p = std::make_shared<MpiPending>();
     const int n = static_cast<int>(c.count);
-    const MPI_Datatype type = mpi_type(c.dtype);
+    const MPI_Datatype type = c.f64 ? MPI_DOUBLE : mpi_type(c.dtype);
+    const MPI_Op op = c.f64 ? (c.op == ReduceOp::Max ? MPI_MAX : MPI_SUM) : mpi_op(c.dtype, c.op);
     int rc = MPI_SUCCESS;
     switch (c.kind) {
       case Collective::Kind::AllReduce:
-        rc = MPI_Iallreduce(MPI_IN_PLACE, c.recv, n, type, mpi_op(c.dtype, c.op), comm_,
-                            &p->request);
+        rc = MPI_Iallreduce(MPI_IN_PLACE, c.recv, n, type, op, comm_, &p->request);
+        break;
+      case Collective::Kind::Reduce:
+        // In place at the root; the others only send.
+        rc = MPI_Ireduce(rank_ == c.root ? MPI_IN_PLACE : c.send, c.recv, n, type, op, c.root,
+                         comm_, &p->request);
         break;
       case Collective::Kind::ReduceScatter:
-        rc = MPI_Ireduce_scatter_block(c.send, c.recv, n, type, mpi_op(c.dtype, c.op), comm_,
-                                       &p->request);
+        rc = MPI_Ireduce_scatter_block(c.send, c.recv, n, type, op, comm_, &p->request);
         break;
       case Collective::Kind::AllGather:
         rc = MPI_Iallgather(c.send, n, type, c.recv, n, type, comm_, &p->request);

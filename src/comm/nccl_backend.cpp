@@ -77,6 +77,7 @@ struct NcclApi {
   decltype(&::ncclReduceScatter) ReduceScatter = nullptr;
   decltype(&::ncclAllGather) AllGather = nullptr;
   decltype(&::ncclBroadcast) Broadcast = nullptr;
+  decltype(&::ncclReduce) Reduce = nullptr;
   /// NCCL 2.13 and later (null before): the detail of a communicator's last error.
   const char* (*GetLastError)(ncclComm_t) = nullptr;
   /// NCCL 2.14 and later (null before): a communicator made with a config (non-blocking).
@@ -131,6 +132,7 @@ const NcclApi& nccl() {
   bind("ncclReduceScatter", &api->ReduceScatter, true);
   bind("ncclAllGather", &api->AllGather, true);
   bind("ncclBroadcast", &api->Broadcast, true);
+  bind("ncclReduce", &api->Reduce, true);
   bind("ncclGetLastError", &api->GetLastError, false);
   bind("ncclCommInitRankConfig", &api->CommInitRankConfig, false);
   if (!missing.empty()) {
@@ -295,6 +297,7 @@ class NcclBackend final : public Backend {
     p->event = take_event();
     const auto n = static_cast<std::size_t>(c.count);
     const auto stream = static_cast<cudaStream_t>(c.stream);
+    const ncclDataType_t type = c.f64 ? ncclFloat64 : nccl_type(c.dtype);
     ncclResult_t r = ncclSuccess;
     {
       // NCCL launches on its communicator's device; the scope also makes a null stream
@@ -302,17 +305,19 @@ class NcclBackend final : public Backend {
       CudaDeviceScope scope(device_);
       switch (c.kind) {
         case Collective::Kind::AllReduce:
-          r = api_.AllReduce(c.send, c.recv, n, nccl_type(c.dtype), nccl_op(c.op), comm_, stream);
+          r = api_.AllReduce(c.send, c.recv, n, type, nccl_op(c.op), comm_, stream);
+          break;
+        case Collective::Kind::Reduce:
+          r = api_.Reduce(c.send, c.recv, n, type, nccl_op(c.op), c.root, comm_, stream);
           break;
         case Collective::Kind::ReduceScatter:
-          r = api_.ReduceScatter(c.send, c.recv, n, nccl_type(c.dtype), nccl_op(c.op), comm_,
-                                 stream);
+          r = api_.ReduceScatter(c.send, c.recv, n, type, nccl_op(c.op), comm_, stream);
           break;
         case Collective::Kind::AllGather:
-          r = api_.AllGather(c.send, c.recv, n, nccl_type(c.dtype), comm_, stream);
+          r = api_.AllGather(c.send, c.recv, n, type, comm_, stream);
           break;
         case Collective::Kind::Broadcast:
-          r = api_.Broadcast(c.send, c.recv, n, nccl_type(c.dtype), c.root, comm_, stream);
+          r = api_.Broadcast(c.send, c.recv, n, type, c.root, comm_, stream);
           break;
         case Collective::Kind::Barrier:
           // One float summed over the ranks, in memory of ours (made at the first barrier),

@@ -123,6 +123,55 @@ TEST_SUITE("comm_mpi") {
     }
   }
 
+  TEST_CASE("reduce gives each root the reduction and leaves the other ranks' data alone") {
+    Communicator& comm = world();
+    const int n = comm.size();
+    const std::uint32_t seed = shared_seed();
+    for (DType d : {DType::F32, DType::BF16}) {
+      for (int root = 0; root < n; ++root) {
+        CAPTURE(fusedopt::to_string(d));
+        CAPTURE(root);
+        const std::int64_t count = 517 + root;
+        Buffer b(d, count);
+        const std::vector<double> mine = rank_values(seed + 3u * root, comm.rank(), count);
+        for (std::int64_t i = 0; i < count; ++i) b.set(i, mine[static_cast<std::size_t>(i)]);
+        const std::vector<unsigned char> before = b.bytes;
+        comm.reduce(b.data(), count, d, root).wait();
+        if (comm.rank() != root) {
+          CHECK(b.bytes == before);
+          continue;
+        }
+        for (std::int64_t i = 0; i < count; ++i) {
+          double w = 0;
+          for (int r = 0; r < n; ++r)
+            w += stored(rank_values(seed + 3u * root, r, count)[static_cast<std::size_t>(i)], d);
+          REQUIRE(std::fabs(b.get(i) - w) <= tolerance(d, n) * (1 + std::fabs(w)) * 4);
+        }
+      }
+    }
+    CHECK_THROWS_WITH_AS(
+        comm.reduce(nullptr, 0, DType::F32, n),
+        doctest::Contains(("reduce: root " + std::to_string(n) + " is not a rank").c_str()),
+        fusedopt::UsageError);
+  }
+
+  TEST_CASE("float64 all_reduce sums and maxes exactly") {
+    Communicator& comm = world();
+    const int n = comm.size();
+    // Integers and halves: every partial sum is exact in double, whatever the order.
+    std::vector<double> sum(300), max(300);
+    for (std::size_t i = 0; i < sum.size(); ++i) {
+      sum[i] = static_cast<double>(i) * 0.5 + comm.rank() * 1e9;
+      max[i] = comm.rank() == static_cast<int>(i) % n ? 1e300 : -static_cast<double>(i);
+    }
+    comm.all_reduce(sum.data(), static_cast<std::int64_t>(sum.size())).wait();
+    comm.all_reduce(max.data(), static_cast<std::int64_t>(max.size()), ReduceOp::Max).wait();
+    for (std::size_t i = 0; i < sum.size(); ++i) {
+      CHECK(sum[i] == n * (static_cast<double>(i) * 0.5) + 1e9 * (n * (n - 1) / 2));
+      CHECK(max[i] == 1e300);
+    }
+  }
+
   TEST_CASE("a non-finite value anywhere survives a sum and a max on every rank") {
     Communicator& comm = world();
     for (DType d : {DType::F32, DType::BF16, DType::F16}) {

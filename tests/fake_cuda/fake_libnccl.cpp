@@ -59,12 +59,14 @@ const char* type_name(ncclDataType_t t) {
       return "f16";
     case ncclBfloat16:
       return "bf16";
+    case ncclFloat64:
+      return "f64";
     default:
       return "other";
   }
 }
 
-std::size_t type_size(ncclDataType_t t) { return t == ncclFloat32 ? 4 : 2; }
+std::size_t type_size(ncclDataType_t t) { return t == ncclFloat64 ? 8 : t == ncclFloat32 ? 4 : 2; }
 
 const char* op_name(ncclRedOp_t op) {
   return op == ncclSum ? "sum" : op == ncclMax ? "max" : "other";
@@ -230,6 +232,13 @@ ncclResult_t ncclAllGather(const void* send, void* recv, size_t count, ncclDataT
                            ncclComm_t, cudaStream_t stream) {
   return launch(std::string("ncclAllGather ") + std::to_string(count) + " " + type_name(type) +
                     " " + where(stream),
+                send, recv, count * type_size(type));
+}
+ncclResult_t ncclReduce(const void* send, void* recv, size_t count, ncclDataType_t type,
+                        ncclRedOp_t op, int root, ncclComm_t, cudaStream_t stream) {
+  return launch(std::string("ncclReduce ") + std::to_string(count) + " " + type_name(type) + " " +
+                    op_name(op) + " root " + std::to_string(root) + " " + where(stream) +
+                    (send == recv ? " in-place" : ""),
                 send, recv, count * type_size(type));
 }
 ncclResult_t ncclBroadcast(const void* send, void* recv, size_t count, ncclDataType_t type,
