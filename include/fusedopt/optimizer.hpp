@@ -80,6 +80,10 @@ struct ReductionSlotInfo {
 /// next pass then sees the totals of every rank. Norms take their square root afterwards.
 /// Memory is host memory for host optimizers and device memory (of the optimizer's
 /// device, ordered on `stream`) for CUDA ones. Slots of other passes must be left alone.
+/// A scaled step whose grad check does not ride on pass 0 (rules without reductions, the
+/// Store strategy, capturable steps) first calls the hook with pass -1 and one slot,
+/// "grad_check" (global, max): non-zero when this process found a non-finite gradient;
+/// combined across ranks, every rank takes or skips the same step.
 struct ReductionPartials {
   int pass = 0;
   Device device;
@@ -107,6 +111,8 @@ struct OptimizerStats {
                                        ///< one per reduction pass, one finalize after each,
                                        ///< and the update
   std::int64_t bytes_per_step = 0;     ///< bytes read + written by one step (every pass)
+  std::size_t state_bytes = 0;         ///< memory of the rule's states, outputs and fp32
+                                       ///< masters (64-byte aligned views)
   int reduction_passes = 0;            ///< passes before the update (0: element-wise rule)
   std::string reduction_strategy;      ///< "recompute" or "store" ("" without reductions)
   std::int64_t bytes_recompute = 0;    ///< bytes per step under each strategy

@@ -115,12 +115,30 @@ bool Optimizer::Impl::run_step(float inv_grad_scale, bool scaled, void* stream,
     backend->fill(flag, 0, sizeof(double), stream);
     for (auto& kernel : kernels)
       kernel->check_grads_on_device(inv_grad_scale, device_scale, flag, stream);
+    if (hook) call_check_hook(stream);  // combines the device flag (in stream order)
   } else if (scaled && !fold_check) {
     // Every binding is checked before any is stepped: a non-finite gradient anywhere must
     // leave every tensor untouched.
+    bool finite = true;
     for (auto& kernel : kernels) {
-      if (!kernel->grads_finite(inv_grad_scale, stream)) return false;
+      if (!kernel->grads_finite(inv_grad_scale, stream)) {
+        finite = false;
+        break;
+      }
     }
+    if (hook) {
+      // The hook combines the verdict across ranks (the grad-check slot, by max), so every
+      // rank takes or skips the same step.
+      auto* slot = static_cast<double*>(global_totals.data()) +
+                   detail::lang_rule(rule).num_global_reductions;
+      const double found = finite ? 0.0 : 1.0;
+      backend->copy_from_host(slot, &found, sizeof found);
+      call_check_hook(stream);
+      double combined = 0;
+      backend->copy_to_host(&combined, slot, sizeof combined);
+      finite = combined == 0.0;
+    }
+    if (!finite) return false;
   }
   const auto step = static_cast<double>(step_count + 1);  // exact: step_count < 2^53
   for (auto& kernel : kernels) kernel->begin_step(step, inv_grad_scale, stream);
@@ -146,6 +164,22 @@ bool Optimizer::Impl::run_step(float inv_grad_scale, bool scaled, void* stream,
   }
   ++step_count;  // the host's count; a capturable optimizer's step_count() reads the device
   return true;
+}
+
+void Optimizer::Impl::call_check_hook(void* stream) {
+  ReductionPartials p;
+  p.pass = -1;
+  p.device = device;
+  p.stream = stream;
+  p.global = static_cast<double*>(global_totals.data());
+  p.num_global = detail::lang_rule(rule).num_global_reductions + 1;
+  ReductionSlotInfo info;
+  info.name = "grad_check";
+  info.slot = p.num_global - 1;
+  info.pass = -1;
+  info.max = true;
+  p.slots.push_back(std::move(info));
+  hook(p);
 }
 
 void Optimizer::Impl::call_hook(int pass, void* stream) {
@@ -234,6 +268,7 @@ OptimizerStats Optimizer::stats() const {
     st.bytes_recompute += body.bytes_recompute * s.param.numel;
     st.bytes_store += body.bytes_store * s.param.numel;
   }
+  for (const runtime::Arena& a : m.arenas) st.state_bytes += a.bytes;
   st.reduction_passes = m.reduction_passes;
   if (m.reduction_passes > 0 && !m.kernels.empty()) {
     st.reduction_strategy = codegen::to_string(m.kernels.front()->body().strategy);

@@ -336,8 +336,9 @@ void Optimizer::Impl::lay_out_arenas() {
 
 void Optimizer::Impl::bind_kernels() {
   // The global reduction totals: one row shared by every binding's kernel. Its last slot
-  // is the grad check, which capturable steps also use as the device-side skip flag.
-  if (reduction_passes > 0 || options.capturable) {
+  // is the grad check, which capturable steps also use as the device-side skip flag and
+  // which a step_scaled's separate check hands to the reduction hook (every rule has it).
+  {
     const auto slots = static_cast<std::size_t>(detail::lang_rule(rule).num_global_reductions) + 1;
     global_totals = backend->allocate(slots * sizeof(double));
   }

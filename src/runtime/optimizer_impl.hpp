@@ -95,6 +95,9 @@ struct Optimizer::Impl {
                 const DeviceScaler* scaler = nullptr);
   /// Hands pass `pass`'s totals to the hook.
   void call_hook(int pass, void* stream);
+  /// Hands a scaled step's separate grad check (the last global slot: 0, or non-zero when a
+  /// gradient is not finite) to the hook as pass -1.
+  void call_check_hook(void* stream);
 
   explicit Impl(const Rule& r) : rule(r) {}
   ~Impl();

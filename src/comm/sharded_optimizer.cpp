@@ -1,0 +1,352 @@
+// ShardedOptimizer: ZeRO-1/2 over the public Optimizer. Each dtype's parameters, laid end to
+// end in parameter order, are cut into W equal contiguous shards; rank r's fused optimizer
+// runs over views of the pieces in its shard. Gradients are reduced by a GradBucketer
+// (all-reduce for ZeRO-1; for ZeRO-2 buckets cut at shard boundaries, each reduced to its
+// owner), the reduction hook combines the optimizer's totals across ranks in float64, and
+// the owners broadcast their updated pieces in buckets.
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <functional>
+#include <limits>
+#include <map>
+#include <utility>
+
+#include "comm/buckets.hpp"
+#include "fusedopt/sharded.hpp"
+#include "support/check.hpp"
+
+namespace fusedopt::comm {
+
+namespace {
+
+/// A view of elements [begin, end) of `t`.
+Tensor slice(const Tensor& t, std::int64_t begin, std::int64_t end) {
+  Tensor v = t;
+  v.data = static_cast<std::byte*>(t.data) + begin * static_cast<std::int64_t>(dtype_size(t.dtype));
+  v.numel = end - begin;
+  return v;
+}
+
+std::string millions(std::int64_t n) {
+  return n >= 100000 ? fmt::format("{:.1f} M", static_cast<double>(n) / 1e6) : fmt::format("{}", n);
+}
+
+}  // namespace
+
+struct ShardedOptimizer::Impl {
+  explicit Impl(Communicator c) : comm(std::move(c)) {}
+  Communicator comm;
+  ShardOptions options;
+  int rank = 0;
+  int ranks = 1;
+
+  /// Every parameter over all groups, in order.
+  std::vector<Tensor> params, grads;
+  /// Per parameter: its offset among the parameters of its dtype laid end to end.
+  std::vector<std::int64_t> offset;
+  /// Per dtype: elements of its parameters, and the shard size (ceil(total / W)).
+  std::map<DType, std::int64_t> total, shard;
+  /// Per parameter: the piece this rank owns, [begin, end) of its elements.
+  std::vector<std::pair<std::int64_t, std::int64_t>> owned;
+  /// Per local (piece) index of the fused optimizer: the parameter it is a piece of.
+  std::vector<int> piece_param;
+
+  std::unique_ptr<Optimizer> local;
+  std::unique_ptr<GradBucketer> reducer;
+  /// ZeRO-2: per parameter, the reducer's gradient indices of its pieces (one per owner).
+  std::vector<std::vector<int>> reducer_grads;
+  /// The parameter broadcasts: buckets of pieces, each from its owner.
+  std::vector<Bucket> gather;
+
+  /// Owner of element `e` of dtype `d`'s concatenation.
+  int owner(DType d, std::int64_t e) const { return static_cast<int>(e / shard.at(d)); }
+
+  /// Parameter (or gradient) `i` cut at the shard boundaries: (view, owner) per piece.
+  std::vector<std::pair<Tensor, int>> pieces(const Tensor& t, std::size_t i) const {
+    std::vector<std::pair<Tensor, int>> out;
+    const std::int64_t s = shard.at(t.dtype);
+    std::int64_t e = 0;
+    while (e < t.numel) {
+      const std::int64_t global = offset[i] + e;
+      const int r = static_cast<int>(global / s);
+      const std::int64_t end = std::min(t.numel, (r + 1) * s - offset[i]);
+      out.emplace_back(slice(t, e, end), r);
+      e = end;
+    }
+    return out;
+  }
+
+  void combine(const ReductionPartials& p);
+  void gather_params(void* stream);
+  bool finish_and(const std::function<bool()>& step_shard, void* stream);
+};
+
+ShardedOptimizer::ShardedOptimizer(Communicator comm, const Rule& rule,
+                                   std::vector<ParamGroup> groups, ShardOptions options)
+    : impl_(std::make_unique<Impl>(std::move(comm))) {
+  Impl& m = *impl_;
+  m.options = options;
+  m.rank = m.comm.rank();
+  m.ranks = m.comm.size();
+  FUSEDOPT_CHECK_USAGE(options.stage == 1 || options.stage == 2,
+                       "ShardedOptimizer: stage {} is neither 1 (ZeRO-1) nor 2 (ZeRO-2)",
+                       options.stage);
+  FUSEDOPT_CHECK_USAGE(m.comm.device().kind == Device::Kind::Host,
+                       "ShardedOptimizer: a {} communicator reduces device memory; sharding "
+                       "runs on host memory (an MPI communicator) only, for now",
+                       m.comm.backend());
+  FUSEDOPT_CHECK_USAGE(!groups.empty(), "ShardedOptimizer: no param groups given");
+  for (std::size_t g = 0; g < groups.size(); ++g) {
+    FUSEDOPT_CHECK_USAGE(groups[g].params.size() == groups[g].grads.size(),
+                         "ShardedOptimizer: group {} has {} params but {} grads", g,
+                         groups[g].params.size(), groups[g].grads.size());
+    for (std::size_t k = 0; k < groups[g].params.size(); ++k) {
+      Tensor p = groups[g].params[k];
+      const Tensor& gr = groups[g].grads[k];
+      const std::size_t i = m.params.size();
+      if (p.name.empty()) p.name = fmt::format("param{}", i);
+      FUSEDOPT_CHECK_USAGE(gr.numel == p.numel && gr.dtype == p.dtype,
+                           "ShardedOptimizer: param {} ('{}'): its grad has {} x {}, the param "
+                           "{} x {}",
+                           i, p.name, gr.numel, to_string(gr.dtype), p.numel, to_string(p.dtype));
+      FUSEDOPT_CHECK_USAGE(p.numel >= 0, "ShardedOptimizer: param {} ('{}') has {} elements", i,
+                           p.name, p.numel);
+      m.offset.push_back(m.total[p.dtype]);
+      m.total[p.dtype] += p.numel;
+      m.params.push_back(p);
+      m.grads.push_back(gr);
+    }
+  }
+  for (const auto& [dtype, n] : m.total) {
+    FUSEDOPT_CHECK_USAGE(n >= m.ranks,
+                         "ShardedOptimizer: the {} parameters hold {} elements, fewer than the "
+                         "{} ranks (every rank must own some of each dtype)",
+                         to_string(dtype), n, m.ranks);
+    m.shard[dtype] = (n + m.ranks - 1) / m.ranks;
+  }
+  // The parameters' layout must be one buffer per dtype in parameter order, as for the
+  // gradients: the broadcasts are ranges of it (this throws UsageError naming the param).
+  (void)detail::bucket_layout(m.params, options.buckets, {});
+
+  // Every rank must cut and step the same way.
+  std::string plan = fmt::format("ShardedOptimizer stage {}, {} ranks, rule {} ({} chars)\n",
+                                 options.stage, m.ranks, rule.name(), rule.text().size());
+  for (std::size_t g = 0, i = 0; g < groups.size(); ++g) {
+    plan += fmt::format("group {}: {} params\n", g, groups[g].params.size());
+    for (std::size_t k = 0; k < groups[g].params.size(); ++k, ++i) {
+      plan +=
+          fmt::format("param {}: {} x {}\n", i, m.params[i].numel, to_string(m.params[i].dtype));
+    }
+  }
+  m.comm.check_same("ShardedOptimizer plan", plan);
+
+  // The fused optimizer over this rank's pieces, group by group.
+  std::vector<ParamGroup> local_groups(groups.size());
+  m.owned.assign(m.params.size(), {0, 0});
+  for (std::size_t g = 0, i = 0; g < groups.size(); ++g) {
+    local_groups[g].hypers = groups[g].hypers;
+    for (std::size_t k = 0; k < groups[g].params.size(); ++k, ++i) {
+      for (const auto& [piece, r] : m.pieces(m.params[i], i)) {
+        if (r != m.rank) continue;
+        const std::int64_t begin =
+            (static_cast<std::byte*>(piece.data) - static_cast<std::byte*>(m.params[i].data)) /
+            static_cast<std::int64_t>(dtype_size(piece.dtype));
+        m.owned[i] = {begin, begin + piece.numel};
+        local_groups[g].params.push_back(piece);
+        local_groups[g].grads.push_back(slice(m.grads[i], begin, begin + piece.numel));
+        m.piece_param.push_back(static_cast<int>(i));
+      }
+    }
+  }
+  m.local = std::make_unique<Optimizer>(rule, std::move(local_groups), options.optimizer);
+  Impl* self = impl_.get();
+  m.local->set_reduction_hook([self](const ReductionPartials& p) { self->combine(p); });
+
+  // Gradient reduction: all-reduce (ZeRO-1), or each piece reduced to its owner (ZeRO-2).
+  if (options.stage == 1) {
+    m.reducer = std::make_unique<GradBucketer>(m.comm, m.grads, options.buckets);
+  } else {
+    std::vector<Tensor> grad_pieces;
+    std::vector<int> roots;
+    m.reducer_grads.resize(m.params.size());
+    for (std::size_t i = 0; i < m.grads.size(); ++i) {
+      for (const auto& [piece, r] : m.pieces(m.grads[i], i)) {
+        m.reducer_grads[i].push_back(static_cast<int>(grad_pieces.size()));
+        grad_pieces.push_back(piece);
+        roots.push_back(r);
+      }
+    }
+    m.reducer = std::unique_ptr<GradBucketer>(
+        new GradBucketer(m.comm, std::move(grad_pieces), options.buckets, std::move(roots)));
+  }
+  // Parameter broadcasts: buckets of the pieces, each from its owner.
+  {
+    std::vector<Tensor> param_pieces;
+    std::vector<int> roots;
+    for (std::size_t i = 0; i < m.params.size(); ++i) {
+      for (const auto& [piece, r] : m.pieces(m.params[i], i)) {
+        param_pieces.push_back(piece);
+        roots.push_back(r);
+      }
+    }
+    BucketOptions gather_options = options.buckets;
+    gather_options.first_bucket_bytes = gather_options.bucket_bytes;  // nothing to overlap
+    gather_options.max_tensors = 0;
+    m.gather = detail::bucket_layout(param_pieces, gather_options, roots);
+  }
+}
+
+ShardedOptimizer::~ShardedOptimizer() = default;
+ShardedOptimizer::ShardedOptimizer(ShardedOptimizer&&) noexcept = default;
+ShardedOptimizer& ShardedOptimizer::operator=(ShardedOptimizer&&) noexcept = default;
+
+ShardedOptimizer::Impl& ShardedOptimizer::live(const char* method) const {
+  FUSEDOPT_CHECK_USAGE(impl_ != nullptr,
+                       "ShardedOptimizer::{}: this ShardedOptimizer was moved from", method);
+  return *impl_;
+}
+
+void ShardedOptimizer::Impl::combine(const ReductionPartials& p) {
+  // Global slots: one float64 all-reduce per kind (sum, max).
+  for (const bool max : {false, true}) {
+    std::vector<int> slots;
+    for (const ReductionSlotInfo& s : p.slots) {
+      if (!s.per_tensor && s.max == max) slots.push_back(s.slot);
+    }
+    if (slots.empty()) continue;
+    std::vector<double> values;
+    for (int s : slots) values.push_back(p.global[s]);
+    comm.all_reduce(values.data(), static_cast<std::int64_t>(values.size()),
+                    max ? ReduceOp::Max : ReduceOp::Sum)
+        .wait();
+    for (std::size_t k = 0; k < slots.size(); ++k) p.global[slots[k]] = values[k];
+  }
+  // Per-tensor slots: a table [parameter][column] over every parameter (the pieces of a
+  // parameter on different ranks add up; a parameter this rank does not own contributes 0,
+  // or -inf to a max), one float64 all-reduce per kind.
+  const std::size_t n = params.size();
+  for (const bool max : {false, true}) {
+    std::vector<int> columns;
+    for (const ReductionSlotInfo& s : p.slots) {
+      if (s.per_tensor && s.max == max) columns.push_back(s.slot);
+    }
+    if (columns.empty()) continue;
+    const std::size_t width = columns.size();
+    std::vector<double> table(n * width, max ? -std::numeric_limits<double>::infinity() : 0.0);
+    for (const ReductionPartials::TensorTotals& t : p.tensors) {
+      for (std::int64_t k = 0; k < t.num_tensors; ++k) {
+        const auto param = static_cast<std::size_t>(
+            piece_param[static_cast<std::size_t>(t.params[static_cast<std::size_t>(k)])]);
+        for (std::size_t c = 0; c < width; ++c)
+          table[param * width + c] = t.data[k * t.stride + columns[c]];
+      }
+    }
+    comm.all_reduce(table.data(), static_cast<std::int64_t>(table.size()),
+                    max ? ReduceOp::Max : ReduceOp::Sum)
+        .wait();
+    for (const ReductionPartials::TensorTotals& t : p.tensors) {
+      for (std::int64_t k = 0; k < t.num_tensors; ++k) {
+        const auto param = static_cast<std::size_t>(
+            piece_param[static_cast<std::size_t>(t.params[static_cast<std::size_t>(k)])]);
+        for (std::size_t c = 0; c < width; ++c)
+          t.data[k * t.stride + columns[c]] = table[param * width + c];
+      }
+    }
+  }
+}
+
+void ShardedOptimizer::Impl::gather_params(void* stream) {
+  std::vector<Work> work;
+  work.reserve(gather.size());
+  for (const Bucket& b : gather)
+    work.push_back(comm.broadcast(b.data, b.count, b.dtype, b.root, stream));
+  for (Work& w : work) w.wait();
+}
+
+bool ShardedOptimizer::Impl::finish_and(const std::function<bool()>& step_shard, void* stream) {
+  reducer->mark_all_ready(stream);  // what backward did not mark
+  reducer->finish();
+  // The verdict is the same on every rank (the hook combines the grad check), so either
+  // every rank gathers or none does.
+  const bool taken = step_shard();
+  if (taken) gather_params(stream);
+  return taken;
+}
+
+void ShardedOptimizer::mark_ready(int param, void* stream) {
+  Impl& m = live("mark_ready");
+  FUSEDOPT_CHECK_USAGE(param >= 0 && static_cast<std::size_t>(param) < m.params.size(),
+                       "ShardedOptimizer::mark_ready: there is no param {} (there are {})", param,
+                       m.params.size());
+  if (m.options.stage == 1) {
+    m.reducer->mark_ready(param, stream);
+    return;
+  }
+  for (int g : m.reducer_grads[static_cast<std::size_t>(param)]) m.reducer->mark_ready(g, stream);
+}
+
+void ShardedOptimizer::mark_all_ready(void* stream) {
+  live("mark_all_ready").reducer->mark_all_ready(stream);
+}
+
+bool ShardedOptimizer::step(void* stream) { return step_scaled(1.0f, stream); }
+
+bool ShardedOptimizer::step_scaled(float inv_grad_scale, void* stream) {
+  Impl& m = live("step_scaled");
+  const float factor = inv_grad_scale / static_cast<float>(m.ranks);
+  return m.finish_and([&] { return m.local->step_scaled(factor, stream); }, stream);
+}
+
+bool ShardedOptimizer::step(GradScaler& scaler, void* stream) {
+  Impl& m = live("step");
+  const float factor = m.reducer->grad_scale();
+  return m.finish_and([&] { return scaler.step(*m.local, stream, factor); }, stream);
+}
+
+void ShardedOptimizer::set_hyper(const std::string& name, double value, std::optional<int> group) {
+  live("set_hyper").local->set_hyper(name, value, group);
+}
+
+double ShardedOptimizer::hyper(const std::string& name, int group) const {
+  return live("hyper").local->hyper(name, group);
+}
+
+std::int64_t ShardedOptimizer::step_count() const { return live("step_count").local->step_count(); }
+
+const Optimizer& ShardedOptimizer::local() const { return *live("local").local; }
+
+std::pair<std::int64_t, std::int64_t> ShardedOptimizer::owned_range(int param) const {
+  const Impl& m = live("owned_range");
+  FUSEDOPT_CHECK_USAGE(param >= 0 && static_cast<std::size_t>(param) < m.params.size(),
+                       "ShardedOptimizer::owned_range: there is no param {} (there are {})", param,
+                       m.params.size());
+  return m.owned[static_cast<std::size_t>(param)];
+}
+
+ShardStats ShardedOptimizer::stats() const {
+  const Impl& m = live("stats");
+  ShardStats s;
+  s.stage = m.options.stage;
+  s.rank = m.rank;
+  s.ranks = m.ranks;
+  for (const auto& [dtype, n] : m.total) s.elements += n;
+  for (const auto& [begin, end] : m.owned) s.owned_elements += end - begin;
+  s.local = m.local->stats();
+  s.state_bytes = s.local.state_bytes;
+  const BucketStats r = m.reducer->stats();
+  s.reduce_collectives = r.buckets;
+  s.gradient_bytes = r.bytes_per_step;
+  s.gather_collectives = static_cast<int>(m.gather.size());
+  for (const Bucket& b : m.gather) s.parameter_bytes += b.bytes;
+  s.report = fmt::format(
+      "rank {} of {} owns {} of {} elements (ZeRO-{}): {} bytes of optimizer state; per step "
+      "{} gradient {} ({} bytes) and {} parameter broadcasts ({} bytes)",
+      m.rank, m.ranks, millions(s.owned_elements), millions(s.elements), s.stage, s.state_bytes,
+      s.reduce_collectives, s.stage == 1 ? "all-reduces" : "reduces", s.gradient_bytes,
+      s.gather_collectives, s.parameter_bytes);
+  return s;
+}
+
+}  // namespace fusedopt::comm

@@ -1,0 +1,225 @@
+// ShardedOptimizer under mpiexec (1 to 4 ranks): 20 steps of sharded AdamW (ZeRO-1 and
+// ZeRO-2) and sharded LAMB with clipping equal the unsharded data-parallel optimizer on the
+// same gradients, with parameters that straddle shards (prime sizes, an empty one, one
+// bigger than a shard) in two groups with their own hypers; a NaN on one rank skips the
+// step on every rank and changes nothing; the state each rank holds is its share; a plan
+// mismatch is a CommError on every rank.
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "comm/comm_support.hpp"
+#include "fusedopt/comm.hpp"
+#include "fusedopt/optimizer.hpp"
+#include "fusedopt/sharded.hpp"
+
+using fusedopt::DType;
+using fusedopt::FlatArena;
+using fusedopt::Optimizer;
+using fusedopt::ParamGroup;
+using fusedopt::Rule;
+using fusedopt::comm::BucketOptions;
+using fusedopt::comm::CommError;
+using fusedopt::comm::Communicator;
+using fusedopt::comm::GradBucketer;
+using fusedopt::comm::ShardedOptimizer;
+using fusedopt::comm::ShardOptions;
+
+namespace fusedopt_tests {
+namespace {
+
+// 9,478 elements: at 4 ranks a shard is 2,370, so 8,191 spans four shards and every
+// boundary falls inside a parameter.
+const std::vector<std::int64_t> kSizes = {1009, 0, 17, 8191, 3, 257, 1};
+
+FlatArena make_arena(const std::vector<std::int64_t>& sizes) {
+  FlatArena a;
+  for (std::size_t i = 0; i < sizes.size(); ++i)
+    a.add("w" + std::to_string(i), sizes[i], DType::F32);
+  a.finalize();
+  return a;
+}
+
+float* data(const fusedopt::Tensor& t) { return static_cast<float*>(t.data); }
+
+/// Rank r's gradient of element k of tensor i at step `step`, in [-0.1, 0.1).
+float grad_value(std::uint32_t seed, int r, int step, std::size_t i, std::int64_t k) {
+  std::uint32_t h = seed ^ (static_cast<std::uint32_t>(r) * 0x9e3779b9u) ^
+                    (static_cast<std::uint32_t>(step) * 0x85ebca6bu) ^
+                    (static_cast<std::uint32_t>(i) * 0xc2b2ae35u) ^
+                    static_cast<std::uint32_t>(k * 2654435761u);
+  h ^= h >> 16;
+  h *= 0x7feb352du;
+  h ^= h >> 15;
+  return (static_cast<float>(h & 0xffffff) / 16777216.0f - 0.5f) * 0.2f;
+}
+
+/// Two groups over an arena: params 0-3 with the rule's hypers, 4-6 with lr 3e-3.
+std::vector<ParamGroup> groups_of(FlatArena& a) {
+  std::vector<ParamGroup> g(2);
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    ParamGroup& group = g[i < 4 ? 0 : 1];
+    group.params.push_back(a.param(i));
+    group.grads.push_back(a.grad(i));
+  }
+  g[1].hypers = {{"lr", 3e-3}};
+  return g;
+}
+
+void fill_params(FlatArena& a, std::uint32_t seed) {
+  std::mt19937 init(seed);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    for (std::int64_t k = 0; k < a.param(i).numel; ++k) data(a.param(i))[k] = normal(init);
+  }
+}
+
+void fill_grads(FlatArena& a, std::uint32_t seed, int rank, int step) {
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    for (std::int64_t k = 0; k < a.grad(i).numel; ++k)
+      data(a.grad(i))[k] = grad_value(seed, rank, step, i, k);
+  }
+}
+
+std::vector<float> params_of(FlatArena& a) {
+  std::vector<float> out;
+  for (std::size_t i = 0; i < a.size(); ++i)
+    out.insert(out.end(), data(a.param(i)), data(a.param(i)) + a.param(i).numel);
+  return out;
+}
+
+}  // namespace
+
+TEST_SUITE("comm_mpi") {
+  TEST_CASE("sharded AdamW (ZeRO-1, ZeRO-2) and LAMB with clipping equal the unsharded optimizer") {
+    Communicator& comm = world();
+    const std::uint32_t seed = shared_seed();
+    struct Case {
+      const char* preset;
+      int stage;
+      double max_grad_norm;
+    };
+    for (const Case c : {Case{"adamw", 1, 0.0}, Case{"adamw", 2, 0.0}, Case{"lamb", 1, 0.05},
+                         Case{"lamb", 2, 0.05}}) {
+      CAPTURE(c.preset);
+      CAPTURE(c.stage);
+      FlatArena sharded_arena = make_arena(kSizes), dp_arena = make_arena(kSizes);
+      fill_params(sharded_arena, seed);
+      fill_params(dp_arena, seed);
+      BucketOptions buckets;
+      buckets.first_bucket_bytes = 4096;
+      buckets.bucket_bytes = 16384;
+      ShardOptions options;
+      options.stage = c.stage;
+      options.buckets = buckets;
+      ShardedOptimizer sharded(comm, Rule::preset(c.preset), groups_of(sharded_arena), options);
+      // The reference: plain data parallel, every rank holding the whole state.
+      Optimizer dp(Rule::preset(c.preset), groups_of(dp_arena));
+      std::vector<fusedopt::Tensor> dp_grads;
+      for (std::size_t i = 0; i < dp_arena.size(); ++i) dp_grads.push_back(dp_arena.grad(i));
+      GradBucketer bucketer(comm, dp_grads, buckets);
+      if (c.max_grad_norm > 0) {
+        sharded.set_hyper("max_grad_norm", c.max_grad_norm);
+        dp.set_hyper("max_grad_norm", c.max_grad_norm);
+      }
+      for (int step = 0; step < 20; ++step) {
+        const bool poisoned = step == 7 && comm.size() > 1;
+        fill_grads(sharded_arena, seed, comm.rank(), step);
+        fill_grads(dp_arena, seed, comm.rank(), step);
+        if (poisoned && comm.rank() == comm.size() - 1) {
+          data(sharded_arena.grad(3))[5000] = NAN;  // in another rank's shard
+          data(dp_arena.grad(3))[5000] = NAN;
+        }
+        const std::vector<float> before = params_of(sharded_arena);
+        // Backward's order: the last parameter's gradient first.
+        for (int i = static_cast<int>(kSizes.size()) - 1; i >= 0; --i) sharded.mark_ready(i);
+        const bool taken = sharded.step();
+        CHECK(taken == !poisoned);
+        bucketer.mark_all_ready();
+        bucketer.finish();
+        CHECK(dp.step_scaled(bucketer.grad_scale()) == !poisoned);
+        if (poisoned) CHECK(params_of(sharded_arena) == before);  // bit for bit
+      }
+      CHECK(sharded.step_count() == dp.step_count());
+      const std::vector<float> a = params_of(sharded_arena), b = params_of(dp_arena);
+      REQUIRE(a.size() == b.size());
+      if (std::string(c.preset) == "adamw" && c.stage == 1) {
+        // Element-wise on the same all-reduced gradients: the same bits.
+        CHECK(std::memcmp(a.data(), b.data(), a.size() * 4) == 0);
+      }
+      for (std::size_t k = 0; k < a.size(); ++k) {
+        // ZeRO-2 sums each bucket in the reduce's order, and LAMB's norms add pieces in
+        // float64 in another order: a few ulps per step through 20 steps.
+        REQUIRE(std::fabs(a[k] - b[k]) <= 1e-5f * (1 + std::fabs(b[k])));
+      }
+      // Every replica holds the same bits.
+      std::vector<float> root = a;
+      comm.broadcast(root.data(), static_cast<std::int64_t>(root.size()), DType::F32, 0).wait();
+      CHECK(std::memcmp(root.data(), a.data(), a.size() * 4) == 0);
+    }
+  }
+
+  TEST_CASE("each rank holds its share of the optimizer state") {
+    Communicator& comm = world();
+    std::vector<std::int64_t> sizes;
+    for (std::int64_t n : kSizes) sizes.push_back(n * 101);  // 957 K elements
+    FlatArena sharded_arena = make_arena(sizes), full_arena = make_arena(sizes);
+    std::vector<ParamGroup> g_sharded(1), g_full(1);
+    for (std::size_t i = 0; i < sizes.size(); ++i) {
+      g_sharded[0].params.push_back(sharded_arena.param(i));
+      g_sharded[0].grads.push_back(sharded_arena.grad(i));
+      g_full[0].params.push_back(full_arena.param(i));
+      g_full[0].grads.push_back(full_arena.grad(i));
+    }
+    ShardOptions options;
+    options.buckets.bucket_bytes = 64 << 10;
+    ShardedOptimizer sharded(comm, Rule::preset("adamw"), g_sharded, options);
+    Optimizer full(Rule::preset("adamw"), g_full);
+    const std::size_t total = full.stats().state_bytes;
+    const fusedopt::comm::ShardStats s = sharded.stats();
+    CAPTURE(s.report);
+    CHECK(s.state_bytes <=
+          total / static_cast<std::size_t>(comm.size()) + options.buckets.bucket_bytes);
+    // Every element's state lives on exactly one rank.
+    double sum[2] = {static_cast<double>(s.state_bytes), static_cast<double>(s.owned_elements)};
+    comm.all_reduce(sum, 2).wait();
+    CHECK(sum[1] == static_cast<double>(s.elements));
+    CHECK(sum[0] >= static_cast<double>(total) - 64.0 * 2 * static_cast<double>(sizes.size()));
+    CHECK(sum[0] <=
+          static_cast<double>(total) + 64.0 * 2 * static_cast<double>(sizes.size() + comm.size()));
+    CHECK(s.ranks == comm.size());
+    CHECK(s.gather_collectives >= comm.size());
+  }
+
+  TEST_CASE("ranks with different parameters fail at construction, every one of them") {
+    Communicator comm = Communicator::mpi();
+    comm.set_timeout(std::chrono::seconds(20));
+    if (comm.size() == 1) return;
+    std::vector<std::int64_t> sizes = kSizes;
+    if (comm.rank() == comm.size() - 1) sizes[2] = 18;
+    FlatArena arena = make_arena(sizes);
+    try {
+      ShardedOptimizer sharded(comm, Rule::preset("adamw"), groups_of(arena));
+      FAIL("a ShardedOptimizer was built over different parameters");
+    } catch (const CommError& e) {
+      CHECK(e.cause().find("rank 0 has 'param 2: 17 x fp32', rank " +
+                           std::to_string(comm.size() - 1) + " has 'param 2: 18 x fp32'") !=
+            std::string::npos);
+    }
+  }
+
+  TEST_CASE("bad ShardedOptimizer arguments are clear errors") {
+    Communicator& comm = world();
+    FlatArena arena = make_arena(kSizes);
+    ShardOptions options;
+    options.stage = 3;
+    CHECK_THROWS_WITH_AS(ShardedOptimizer(comm, Rule::preset("adamw"), groups_of(arena), options),
+                         "ShardedOptimizer: stage 3 is neither 1 (ZeRO-1) nor 2 (ZeRO-2)",
+                         fusedopt::UsageError);
+  }
+}
+
+}  // namespace fusedopt_tests
