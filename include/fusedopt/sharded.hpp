@@ -4,6 +4,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <filesystem>
 #include <memory>
 #include <optional>
 #include <string>
@@ -92,6 +93,20 @@ class FUSEDOPT_COMM_API ShardedOptimizer {
   ShardStats stats() const;
   /// The fused optimizer over this rank's pieces (its params are views of the pieces).
   const Optimizer& local() const;
+
+  /// Collective: a checkpoint of the sharded state without consolidating it. Each rank
+  /// writes the pieces it owns (Optimizer::save of local(), one safetensors file per rank:
+  /// "<param>/<state>" for its piece), then rank 0 commits the set by writing
+  /// `dir`/index.safetensors (the world size, every parameter and every piece's global
+  /// offset) atomically, and removes the previous set's files. Until the index is written
+  /// the previous checkpoint in `dir` stays whole and loadable (a save killed halfway
+  /// leaves it). Parameters are the caller's: save them as well.
+  void save(const std::filesystem::path& dir) const;
+  /// Collective: loads a checkpoint written by save() at ANY world size; each rank reads only
+  /// the byte ranges of the pieces it now owns. The parameters (names, sizes, dtypes), rule
+  /// and hypers must match; any difference or damage is an Error on every rank and changes
+  /// nothing.
+  void load(const std::filesystem::path& dir);
 
   /// The piece of parameter `param` this rank owns: [begin, end) in its elements (empty
   /// when it owns none of it).

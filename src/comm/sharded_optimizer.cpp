@@ -5,15 +5,23 @@
 // owner), the reduction hook combines the optimizer's totals across ranks in float64, and
 // the owners broadcast their updated pieces in buckets.
 #include <fmt/format.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
+#include <csignal>
+#include <cstdlib>
+#include <cstring>
+#include <exception>
 #include <functional>
 #include <limits>
 #include <map>
+#include <random>
+#include <sstream>
 #include <utility>
 
 #include "comm/buckets.hpp"
+#include "fusedopt/safetensors.hpp"
 #include "fusedopt/sharded.hpp"
 #include "support/check.hpp"
 
@@ -347,6 +355,270 @@ ShardStats ShardedOptimizer::stats() const {
       s.reduce_collectives, s.stage == 1 ? "all-reduces" : "reduces", s.gradient_bytes,
       s.gather_collectives, s.parameter_bytes);
   return s;
+}
+
+namespace {
+
+constexpr const char* kIndexFile = "index.safetensors";
+constexpr const char* kShardedFormat = "1";
+
+std::string shard_file(const std::string& tag, int rank, int ranks) {
+  return fmt::format("shard-{}-{:05}-of-{:05}.safetensors", tag, rank, ranks);
+}
+
+/// How many ranks report a failure (every rank learns it, so all of them throw or none).
+int failures(Communicator& comm, bool failed) {
+  double n = failed ? 1.0 : 0.0;
+  comm.all_reduce(&n, 1).wait();
+  return static_cast<int>(n);
+}
+
+std::vector<std::string> lines(const std::string& text) {
+  std::vector<std::string> out;
+  std::istringstream in(text);
+  for (std::string l; std::getline(in, l);) out.push_back(l);
+  return out;
+}
+
+std::vector<std::string> fields(const std::string& line) {
+  std::vector<std::string> out;
+  std::size_t begin = 0;
+  while (true) {
+    const std::size_t tab = line.find('\t', begin);
+    out.push_back(line.substr(begin, tab == std::string::npos ? std::string::npos : tab - begin));
+    if (tab == std::string::npos) return out;
+    begin = tab + 1;
+  }
+}
+
+std::int64_t to_int(const std::string& text, const std::string& what) {
+  errno = 0;
+  char* end = nullptr;
+  const long long v = std::strtoll(text.c_str(), &end, 10);
+  if (text.empty() || *end != '\0' || errno != 0) {
+    throw UsageError(fmt::format("{} '{}' is not an integer", what, text));
+  }
+  return v;
+}
+
+std::size_t st_bytes(const std::string& st_dtype) { return st_dtype == "F32" ? 4 : 2; }
+
+}  // namespace
+
+void ShardedOptimizer::save(const std::filesystem::path& dir) const {
+  const Impl& cm = live("save");
+  Impl& m = const_cast<Impl&>(cm);  // the communicator's calls are not const
+  // A fresh tag for this set's file names, drawn by rank 0: a save that dies halfway never
+  // overwrites a file the committed index names.
+  double draw = 0;
+  if (m.rank == 0) draw = static_cast<double>(std::random_device{}() & 0xffffffu);
+  m.comm.all_reduce(&draw, 1).wait();
+  const std::string tag =
+      fmt::format("{}-{:06x}", m.local->step_count(), static_cast<unsigned>(draw));
+  std::string error;
+  try {
+    std::filesystem::create_directories(dir);
+    m.local->save(dir / shard_file(tag, m.rank, m.ranks));  // atomic
+  } catch (const std::exception& e) {
+    error = e.what();
+  }
+  if (const int n = failures(m.comm, !error.empty())) {
+    throw IoError(fmt::format(
+        "ShardedOptimizer::save: {} of {} ranks could not write their shard to {} (this rank: "
+        "{}); the previous checkpoint there is untouched",
+        n, m.ranks, dir.string(), error.empty() ? "written" : error));
+  }
+  // Every shard is on disk. Test hook: a save killed here must leave the previous
+  // checkpoint loadable.
+  if (m.rank == 0 && std::getenv("FUSEDOPT_TEST_KILL_SHARDED_SAVE") != nullptr) {
+    std::raise(SIGKILL);
+  }
+  if (m.rank == 0) {
+    try {
+      std::string params, pieces, files;
+      for (std::size_t i = 0; i < m.params.size(); ++i) {
+        params += fmt::format("{}\t{}\t{}\n", m.params[i].name, m.params[i].numel,
+                              to_string(m.params[i].dtype));
+      }
+      for (int r = 0; r < m.ranks; ++r) files += shard_file(tag, r, m.ranks) + "\n";
+      // Every rank's pieces follow from the sizes; written out so that a reader needs no
+      // sharding arithmetic of its own.
+      for (std::size_t i = 0; i < m.params.size(); ++i) {
+        std::int64_t e = 0;
+        for (const auto& [piece, r] : m.pieces(m.params[i], i)) {
+          pieces += fmt::format("{}\t{}\t{}\t{}\n", r, i, e, e + piece.numel);
+          e += piece.numel;
+        }
+      }
+      const std::map<std::string, std::string> metadata = {
+          {"fusedopt_sharded_format", kShardedFormat},
+          {"world_size", std::to_string(m.ranks)},
+          {"stage", std::to_string(m.options.stage)},
+          {"tag", tag},
+          {"step", std::to_string(m.local->step_count())},
+          {"params", params},
+          {"files", files},
+          {"pieces", pieces},
+      };
+      write_safetensors(dir / kIndexFile, {}, metadata);  // atomic: this commits the set
+      // The previous sets' files are garbage now.
+      for (const auto& f : std::filesystem::directory_iterator(dir)) {
+        const std::string name = f.path().filename().string();
+        if (name.rfind("shard-", 0) == 0 && name.rfind("shard-" + tag + "-", 0) != 0) {
+          std::error_code ec;
+          std::filesystem::remove(f.path(), ec);
+        }
+      }
+    } catch (const std::exception& e) {
+      error = e.what();
+    }
+  }
+  if (failures(m.comm, !error.empty())) {
+    throw IoError(fmt::format("ShardedOptimizer::save: rank 0 could not commit {}/{}: {}",
+                              dir.string(), kIndexFile, m.rank == 0 ? error : "see rank 0"));
+  }
+}
+
+void ShardedOptimizer::load(const std::filesystem::path& dir) {
+  Impl& m = live("load");
+  auto fail = [&](const std::string& what) {
+    throw UsageError(fmt::format("cannot load sharded checkpoint {}: {}", dir.string(), what));
+  };
+  std::exception_ptr error;
+  std::filesystem::path staged;
+  try {
+    const SafetensorsReader index(dir / kIndexFile);
+    auto meta = [&](const char* key) -> const std::string& {
+      auto it = index.metadata().find(key);
+      if (it == index.metadata().end()) fail(fmt::format("index metadata '{}' is missing", key));
+      return it->second;
+    };
+    if (meta("fusedopt_sharded_format") != kShardedFormat) {
+      fail(fmt::format("format {} is not the one this fusedopt reads ({})",
+                       meta("fusedopt_sharded_format"), kShardedFormat));
+    }
+    // The parameters must be ours.
+    const std::vector<std::string> saved = lines(meta("params"));
+    if (saved.size() != m.params.size()) {
+      fail(fmt::format("it holds {} parameters, this optimizer has {}", saved.size(),
+                       m.params.size()));
+    }
+    for (std::size_t i = 0; i < saved.size(); ++i) {
+      const std::vector<std::string> f = fields(saved[i]);
+      const std::string mine = fmt::format("{}\t{}\t{}", m.params[i].name, m.params[i].numel,
+                                           to_string(m.params[i].dtype));
+      if (f.size() != 3 || saved[i] != mine) {
+        fail(fmt::format("parameter {} was '{}', here it is '{}'", i, saved[i], mine));
+      }
+    }
+    const std::vector<std::string> files = lines(meta("files"));
+    const auto old_ranks = to_int(meta("world_size"), "world_size");
+    if (old_ranks < 1 || static_cast<std::size_t>(old_ranks) != files.size()) {
+      fail(fmt::format("world size {} with {} files", old_ranks, files.size()));
+    }
+    // Old pieces per parameter: (file, begin, end).
+    struct Old {
+      std::size_t file;
+      std::int64_t begin, end;
+    };
+    std::vector<std::vector<Old>> old(m.params.size());
+    for (const std::string& line : lines(meta("pieces"))) {
+      const std::vector<std::string> f = fields(line);
+      if (f.size() != 4) fail(fmt::format("piece '{}' is malformed", line));
+      const auto file = to_int(f[0], "piece file"), param = to_int(f[1], "piece param");
+      const auto begin = to_int(f[2], "piece begin"), end = to_int(f[3], "piece end");
+      if (file < 0 || file >= old_ranks || param < 0 ||
+          static_cast<std::size_t>(param) >= m.params.size() || begin < 0 || end < begin ||
+          end > m.params[static_cast<std::size_t>(param)].numel) {
+        fail(fmt::format("piece '{}' is out of range", line));
+      }
+      old[static_cast<std::size_t>(param)].push_back({static_cast<std::size_t>(file), begin, end});
+    }
+    // This rank's pieces, assembled from the ranges of the old pieces they overlap.
+    std::map<std::size_t, std::unique_ptr<SafetensorsReader>> readers;
+    auto reader = [&](std::size_t f) -> SafetensorsReader& {
+      auto& r = readers[f];
+      if (!r) r = std::make_unique<SafetensorsReader>(dir / files[f]);
+      return *r;
+    };
+    std::vector<std::vector<char>> buffers;
+    std::vector<SafetensorsTensor> tensors;
+    for (std::size_t i = 0; i < m.params.size(); ++i) {
+      const auto [a, b] = m.owned[i];
+      if (a == b) continue;
+      const std::string& name = m.params[i].name;
+      // The tensors of a piece: "<name>/<state>" (and "/master"), as the saver wrote them.
+      std::vector<std::pair<std::string, std::string>> kinds;  // (tensor name, st dtype)
+      std::int64_t covered = 0;
+      for (const Old& o : old[i]) {
+        const std::int64_t lo = std::max(a, o.begin), hi = std::min(b, o.end);
+        if (lo >= hi) continue;
+        SafetensorsReader& r = reader(o.file);
+        if (kinds.empty()) {
+          for (const std::string& t : r.names()) {
+            // "<name>/<state>": a state name has no '/', so "<name>/x/y" is another param's.
+            if (t.rfind(name + "/", 0) == 0 && t.find('/', name.size() + 1) == std::string::npos)
+              kinds.emplace_back(t, r.entry(t).dtype);
+          }
+          for (const auto& [t, st] : kinds) {
+            (void)st;
+            buffers.emplace_back(static_cast<std::size_t>(b - a) * st_bytes(r.entry(t).dtype));
+          }
+        }
+        const std::size_t first = buffers.size() - kinds.size();
+        for (std::size_t k = 0; k < kinds.size(); ++k) {
+          const std::size_t es = st_bytes(kinds[k].second);
+          const SafetensorsReader::Entry e = r.entry(kinds[k].first);  // IoError if absent
+          if (e.dtype != kinds[k].second ||
+              e.bytes != static_cast<std::uint64_t>(o.end - o.begin) * es) {
+            fail(fmt::format("{}: tensor '{}' does not match its piece [{}, {})", files[o.file],
+                             kinds[k].first, o.begin, o.end));
+          }
+          r.read(kinds[k].first, static_cast<std::uint64_t>(lo - o.begin) * es,
+                 static_cast<std::uint64_t>(hi - lo) * es,
+                 buffers[first + k].data() + static_cast<std::size_t>(lo - a) * es);
+        }
+        covered += hi - lo;
+      }
+      if (covered != b - a) {
+        fail(fmt::format("the pieces of '{}' cover {} of its elements [{}, {})", name, covered, a,
+                         b));
+      }
+      const std::size_t first = buffers.size() - kinds.size();
+      for (std::size_t k = 0; k < kinds.size(); ++k) {
+        const DType d = kinds[k].second == "F32"    ? DType::F32
+                        : kinds[k].second == "BF16" ? DType::BF16
+                                                    : DType::F16;
+        tensors.push_back({kinds[k].first, d, b - a, buffers[first + k].data()});
+      }
+    }
+    // The saver's metadata (rule, step, hypers: the same in every file) with this rank's
+    // pieces, through Optimizer::load, which checks all of it.
+    staged = std::filesystem::temp_directory_path() /
+             fmt::format("fusedopt-sharded-load-{}-{}.safetensors", ::getpid(), m.rank);
+    write_safetensors(staged, tensors, reader(0).metadata());
+  } catch (...) {
+    error = std::current_exception();
+  }
+  // Every rank has its pieces staged, or none loads.
+  if (const int n = failures(m.comm, error != nullptr)) {
+    std::error_code ec;
+    if (!staged.empty()) std::filesystem::remove(staged, ec);
+    if (error) std::rethrow_exception(error);
+    throw UsageError(
+        fmt::format("cannot load sharded checkpoint {}: {} of {} ranks failed "
+                    "(their errors name the cause); nothing was loaded",
+                    dir.string(), n, m.ranks));
+  }
+  try {
+    m.local->load(staged);
+  } catch (...) {
+    std::error_code ec;
+    std::filesystem::remove(staged, ec);
+    throw;
+  }
+  std::error_code ec;
+  std::filesystem::remove(staged, ec);
 }
 
 }  // namespace fusedopt::comm

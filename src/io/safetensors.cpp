@@ -201,9 +201,11 @@ namespace {
 
 using Fail = std::function<void(const std::string&)>;
 
-/// Reads the file whole: the header text, and the data section into `file.data`.
+/// Reads the header text and, with `with_data`, the data section into `file.data`;
+/// `*data_offset` and `*data_bytes` say where the data section lies in the file.
 std::string read_header_and_data(const std::filesystem::path& path, const Fail& fail,
-                                 SafetensorsFile& file) {
+                                 SafetensorsFile& file, bool with_data, std::uint64_t* data_offset,
+                                 std::uint64_t* data_bytes) {
   support::UniqueFd fd(support::open_retry(path.c_str(), O_RDONLY | O_CLOEXEC));
   if (!fd) fail(fmt::format("cannot open: {}", support::errno_text(errno)));
   struct stat st {};
@@ -227,7 +229,9 @@ std::string read_header_and_data(const std::filesystem::path& path, const Fail& 
         fmt::format("header length {} runs past the end of the file ({} bytes)", header_len, size));
   }
   std::string header(header_len, '\0');
-  file.data.resize(size - 8 - header_len);
+  *data_offset = 8 + header_len;
+  *data_bytes = size - 8 - header_len;
+  if (with_data) file.data.resize(*data_bytes);
   if (!support::read_exact(fd.get(), header.data(), header.size()) ||
       !support::read_exact(fd.get(), file.data.data(), file.data.size())) {
     fail(fmt::format("cannot read: {}", support::errno_text(errno)));
@@ -323,10 +327,16 @@ void check_tiling(std::vector<std::tuple<std::uint64_t, std::uint64_t, std::stri
 
 }  // namespace
 
-SafetensorsFile read_safetensors(const std::filesystem::path& path) {
+namespace {
+
+/// read_safetensors, or with `with_data` false the header alone (data_checked stays false).
+SafetensorsFile read_file(const std::filesystem::path& path, bool with_data,
+                          std::uint64_t* data_offset) {
   const Fail fail = [&](const std::string& what) { throw IoError(path.string() + ": " + what); };
   SafetensorsFile file;
-  const std::string header = read_header_and_data(path, fail, file);
+  std::uint64_t data_bytes = 0;
+  const std::string header =
+      read_header_and_data(path, fail, file, with_data, data_offset, &data_bytes);
   JsonValue root;
   try {
     root = parse_json(header);
@@ -352,15 +362,17 @@ SafetensorsFile read_safetensors(const std::filesystem::path& path) {
       }
       continue;
     }
-    SafetensorsFile::Entry entry = read_entry(name, value, file.data.size(), fail);
+    SafetensorsFile::Entry entry = read_entry(name, value, data_bytes, fail);
     ranges.emplace_back(entry.begin, entry.end, name);
     // The JSON parser already rejected duplicate keys, so this never replaces an entry.
     file.tensors.emplace(name, std::move(entry));
   }
 
-  check_tiling(std::move(ranges), file.data.size(), fail);
+  check_tiling(std::move(ranges), data_bytes, fail);
   auto sum = file.metadata.find(kDataChecksumKey);
-  if (sum != file.metadata.end()) {
+  if (sum != file.metadata.end() && !with_data) {
+    file.metadata.erase(sum);
+  } else if (sum != file.metadata.end()) {
     const std::string actual = hex64(XXH3_64bits(file.data.data(), file.data.size()));
     if (sum->second != actual) {
       fail(
@@ -372,6 +384,18 @@ SafetensorsFile read_safetensors(const std::filesystem::path& path) {
     file.data_checked = true;
   }
   return file;
+}
+
+}  // namespace
+
+SafetensorsFile read_safetensors(const std::filesystem::path& path) {
+  std::uint64_t data_offset = 0;
+  return read_file(path, true, &data_offset);
+}
+
+SafetensorsFile read_safetensors_header(const std::filesystem::path& path,
+                                        std::uint64_t* data_offset) {
+  return read_file(path, false, data_offset);
 }
 
 }  // namespace fusedopt::io

@@ -58,6 +58,12 @@ struct SafetensorsFile {
 /// kDataChecksumKey) throws fusedopt::Error("<path>: <what is wrong>").
 SafetensorsFile read_safetensors(const std::filesystem::path& path);
 
+/// The header of a file, validated as read_safetensors does it (entries, tiling of the
+/// data section, which is not read: `data` stays empty, the checksum unchecked);
+/// `*data_offset` is where the data section starts in the file, for reading ranges of it.
+SafetensorsFile read_safetensors_header(const std::filesystem::path& path,
+                                        std::uint64_t* data_offset);
+
 /// Bytes per element of a safetensors dtype (F32 4, F16 2, BF16 2, F64 8, I64 8, I32 4,
 /// U8 1, ...); 0 for an unknown name or a sub-byte type.
 int dtype_bytes(const std::string& st_dtype);
