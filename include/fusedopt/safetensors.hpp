@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -64,5 +65,13 @@ struct SafetensorsTensor {
 FUSEDOPT_API void write_safetensors(const std::filesystem::path& path,
                                     const std::vector<SafetensorsTensor>& tensors,
                                     const std::map<std::string, std::string>& metadata);
+
+/// write_safetensors with tensor i's bytes produced by `source(i, out)` one tensor at a time
+/// (the tensors' `data` is ignored): at most one tensor is held in memory, for checkpoints
+/// bigger than memory. An exception from `source` leaves nothing at `path`.
+FUSEDOPT_API void write_safetensors(const std::filesystem::path& path,
+                                    const std::vector<SafetensorsTensor>& tensors,
+                                    const std::map<std::string, std::string>& metadata,
+                                    const std::function<void(std::size_t, void*)>& source);
 
 }  // namespace fusedopt

@@ -108,6 +108,16 @@ class FUSEDOPT_COMM_API ShardedOptimizer {
   /// nothing.
   void load(const std::filesystem::path& dir);
 
+  /// Converts a checkpoint of save() into one file in Optimizer::save's format (which a
+  /// plain Optimizer over the same parameters loads), holding one tensor in memory at a
+  /// time. No communicator needed (the fusedopt-ckpt tool).
+  static void merge_checkpoint(const std::filesystem::path& dir, const std::filesystem::path& file);
+  /// The reverse: a file of Optimizer::save (with its parameter list, written since format
+  /// 1 of 2026-11) into a sharded checkpoint for `world_size` ranks in `dir`, one tensor in
+  /// memory at a time.
+  static void split_checkpoint(const std::filesystem::path& file, const std::filesystem::path& dir,
+                               int world_size);
+
   /// The piece of parameter `param` this rank owns: [begin, end) in its elements (empty
   /// when it owns none of it).
   std::pair<std::int64_t, std::int64_t> owned_range(int param) const;

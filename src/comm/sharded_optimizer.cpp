@@ -37,6 +37,42 @@ Tensor slice(const Tensor& t, std::int64_t begin, std::int64_t end) {
   return v;
 }
 
+/// One rank's piece of a parameter: elements [begin, end).
+struct Piece {
+  int rank;
+  std::int64_t begin, end;
+};
+
+/// Each parameter cut at the shard boundaries of its dtype: W equal contiguous shards of the
+/// dtype's parameters laid end to end (the last one shorter). UsageError when a dtype has
+/// fewer elements than ranks.
+std::vector<std::vector<Piece>> cut_into_shards(
+    const std::vector<std::pair<std::int64_t, DType>>& params, int ranks) {
+  std::map<DType, std::int64_t> total;
+  for (const auto& [n, d] : params) total[d] += n;
+  std::map<DType, std::int64_t> shard, offset;
+  for (const auto& [d, n] : total) {
+    FUSEDOPT_CHECK_USAGE(n >= ranks,
+                         "the {} parameters hold {} elements, fewer than the {} ranks (every "
+                         "rank must own some of each dtype)",
+                         to_string(d), n, ranks);
+    shard[d] = (n + ranks - 1) / ranks;
+  }
+  std::vector<std::vector<Piece>> out(params.size());
+  for (std::size_t i = 0; i < params.size(); ++i) {
+    const auto [n, d] = params[i];
+    const std::int64_t s = shard[d], at = offset[d];
+    for (std::int64_t e = 0; e < n;) {
+      const int r = static_cast<int>((at + e) / s);
+      const std::int64_t end = std::min(n, (r + 1) * s - at);
+      out[i].push_back({r, e, end});
+      e = end;
+    }
+    offset[d] += n;
+  }
+  return out;
+}
+
 std::string millions(std::int64_t n) {
   return n >= 100000 ? fmt::format("{:.1f} M", static_cast<double>(n) / 1e6) : fmt::format("{}", n);
 }
@@ -52,10 +88,10 @@ struct ShardedOptimizer::Impl {
 
   /// Every parameter over all groups, in order.
   std::vector<Tensor> params, grads;
-  /// Per parameter: its offset among the parameters of its dtype laid end to end.
-  std::vector<std::int64_t> offset;
-  /// Per dtype: elements of its parameters, and the shard size (ceil(total / W)).
-  std::map<DType, std::int64_t> total, shard;
+  /// Per dtype: elements of its parameters.
+  std::map<DType, std::int64_t> total;
+  /// Per parameter: its pieces, one per rank whose shard it overlaps.
+  std::vector<std::vector<Piece>> cut;
   /// Per parameter: the piece this rank owns, [begin, end) of its elements.
   std::vector<std::pair<std::int64_t, std::int64_t>> owned;
   /// Per local (piece) index of the fused optimizer: the parameter it is a piece of.
@@ -68,21 +104,10 @@ struct ShardedOptimizer::Impl {
   /// The parameter broadcasts: buckets of pieces, each from its owner.
   std::vector<Bucket> gather;
 
-  /// Owner of element `e` of dtype `d`'s concatenation.
-  int owner(DType d, std::int64_t e) const { return static_cast<int>(e / shard.at(d)); }
-
   /// Parameter (or gradient) `i` cut at the shard boundaries: (view, owner) per piece.
   std::vector<std::pair<Tensor, int>> pieces(const Tensor& t, std::size_t i) const {
     std::vector<std::pair<Tensor, int>> out;
-    const std::int64_t s = shard.at(t.dtype);
-    std::int64_t e = 0;
-    while (e < t.numel) {
-      const std::int64_t global = offset[i] + e;
-      const int r = static_cast<int>(global / s);
-      const std::int64_t end = std::min(t.numel, (r + 1) * s - offset[i]);
-      out.emplace_back(slice(t, e, end), r);
-      e = end;
-    }
+    for (const Piece& p : cut[i]) out.emplace_back(slice(t, p.begin, p.end), p.rank);
     return out;
   }
 
@@ -121,18 +146,15 @@ ShardedOptimizer::ShardedOptimizer(Communicator comm, const Rule& rule,
                            i, p.name, gr.numel, to_string(gr.dtype), p.numel, to_string(p.dtype));
       FUSEDOPT_CHECK_USAGE(p.numel >= 0, "ShardedOptimizer: param {} ('{}') has {} elements", i,
                            p.name, p.numel);
-      m.offset.push_back(m.total[p.dtype]);
       m.total[p.dtype] += p.numel;
       m.params.push_back(p);
       m.grads.push_back(gr);
     }
   }
-  for (const auto& [dtype, n] : m.total) {
-    FUSEDOPT_CHECK_USAGE(n >= m.ranks,
-                         "ShardedOptimizer: the {} parameters hold {} elements, fewer than the "
-                         "{} ranks (every rank must own some of each dtype)",
-                         to_string(dtype), n, m.ranks);
-    m.shard[dtype] = (n + m.ranks - 1) / m.ranks;
+  {
+    std::vector<std::pair<std::int64_t, DType>> sizes;
+    for (const Tensor& p : m.params) sizes.emplace_back(p.numel, p.dtype);
+    m.cut = cut_into_shards(sizes, m.ranks);  // UsageError for a dtype with too few elements
   }
   // The parameters' layout must be one buffer per dtype in parameter order, as for the
   // gradients: the broadcasts are ranges of it (this throws UsageError naming the param).
@@ -403,6 +425,35 @@ std::int64_t to_int(const std::string& text, const std::string& what) {
 
 std::size_t st_bytes(const std::string& st_dtype) { return st_dtype == "F32" ? 4 : 2; }
 
+/// Commits a set of shard files: `dir`/index.safetensors, written atomically.
+void write_index(const std::filesystem::path& dir, const std::string& tag, int ranks, int stage,
+                 std::int64_t step, const std::vector<std::string>& names,
+                 const std::vector<std::pair<std::int64_t, DType>>& sizes) {
+  std::string params, pieces, files;
+  for (std::size_t i = 0; i < names.size(); ++i) {
+    params += fmt::format("{}\t{}\t{}\n", names[i], sizes[i].first, to_string(sizes[i].second));
+  }
+  for (int r = 0; r < ranks; ++r) files += shard_file(tag, r, ranks) + "\n";
+  // Every rank's pieces follow from the sizes; written out so that a reader needs no
+  // sharding arithmetic of its own.
+  const std::vector<std::vector<Piece>> cut = cut_into_shards(sizes, ranks);
+  for (std::size_t i = 0; i < cut.size(); ++i) {
+    for (const Piece& p : cut[i])
+      pieces += fmt::format("{}\t{}\t{}\t{}\n", p.rank, i, p.begin, p.end);
+  }
+  const std::map<std::string, std::string> metadata = {
+      {"fusedopt_sharded_format", kShardedFormat},
+      {"world_size", std::to_string(ranks)},
+      {"stage", std::to_string(stage)},
+      {"tag", tag},
+      {"step", std::to_string(step)},
+      {"params", params},
+      {"files", files},
+      {"pieces", pieces},
+  };
+  write_safetensors(dir / kIndexFile, {}, metadata);  // atomic: this commits the set
+}
+
 }  // namespace
 
 void ShardedOptimizer::save(const std::filesystem::path& dir) const {
@@ -435,32 +486,13 @@ void ShardedOptimizer::save(const std::filesystem::path& dir) const {
   }
   if (m.rank == 0) {
     try {
-      std::string params, pieces, files;
-      for (std::size_t i = 0; i < m.params.size(); ++i) {
-        params += fmt::format("{}\t{}\t{}\n", m.params[i].name, m.params[i].numel,
-                              to_string(m.params[i].dtype));
+      std::vector<std::pair<std::int64_t, DType>> sizes;
+      std::vector<std::string> names;
+      for (const Tensor& p : m.params) {
+        sizes.emplace_back(p.numel, p.dtype);
+        names.push_back(p.name);
       }
-      for (int r = 0; r < m.ranks; ++r) files += shard_file(tag, r, m.ranks) + "\n";
-      // Every rank's pieces follow from the sizes; written out so that a reader needs no
-      // sharding arithmetic of its own.
-      for (std::size_t i = 0; i < m.params.size(); ++i) {
-        std::int64_t e = 0;
-        for (const auto& [piece, r] : m.pieces(m.params[i], i)) {
-          pieces += fmt::format("{}\t{}\t{}\t{}\n", r, i, e, e + piece.numel);
-          e += piece.numel;
-        }
-      }
-      const std::map<std::string, std::string> metadata = {
-          {"fusedopt_sharded_format", kShardedFormat},
-          {"world_size", std::to_string(m.ranks)},
-          {"stage", std::to_string(m.options.stage)},
-          {"tag", tag},
-          {"step", std::to_string(m.local->step_count())},
-          {"params", params},
-          {"files", files},
-          {"pieces", pieces},
-      };
-      write_safetensors(dir / kIndexFile, {}, metadata);  // atomic: this commits the set
+      write_index(dir, tag, m.ranks, m.options.stage, m.local->step_count(), names, sizes);
       // The previous sets' files are garbage now.
       for (const auto& f : std::filesystem::directory_iterator(dir)) {
         const std::string name = f.path().filename().string();
@@ -619,6 +651,147 @@ void ShardedOptimizer::load(const std::filesystem::path& dir) {
   }
   std::error_code ec;
   std::filesystem::remove(staged, ec);
+}
+
+namespace {
+
+/// A parameter list "name<TAB>numel<TAB>dtype" per line (the index's and Optimizer::save's).
+void parse_params(const std::string& text, std::vector<std::string>* names,
+                  std::vector<std::pair<std::int64_t, DType>>* sizes) {
+  for (const std::string& line : lines(text)) {
+    const std::vector<std::string> f = fields(line);
+    if (f.size() != 3) throw UsageError(fmt::format("parameter line '{}' is malformed", line));
+    DType d = DType::F32;
+    bool known = false;
+    for (DType c : {DType::F32, DType::BF16, DType::F16}) {
+      if (to_string(c) == f[2]) {
+        d = c;
+        known = true;
+      }
+    }
+    if (!known) throw UsageError(fmt::format("parameter line '{}': unknown dtype", line));
+    names->push_back(f[0]);
+    sizes->emplace_back(to_int(f[1], "parameter size"), d);
+  }
+}
+
+DType dtype_of_st(const std::string& st) {
+  return st == "F32" ? DType::F32 : st == "BF16" ? DType::BF16 : DType::F16;
+}
+
+/// The state tensors of parameter `name` in a checkpoint file: "<name>/<state>" (a state
+/// name has no '/'), with their safetensors dtypes.
+std::vector<std::pair<std::string, std::string>> states_of(const SafetensorsReader& r,
+                                                           const std::string& name) {
+  std::vector<std::pair<std::string, std::string>> out;
+  for (const std::string& t : r.names()) {
+    if (t.rfind(name + "/", 0) == 0 && t.find('/', name.size() + 1) == std::string::npos)
+      out.emplace_back(t.substr(name.size() + 1), r.entry(t).dtype);
+  }
+  return out;
+}
+
+}  // namespace
+
+void ShardedOptimizer::merge_checkpoint(const std::filesystem::path& dir,
+                                        const std::filesystem::path& file) {
+  const SafetensorsReader index(dir / kIndexFile);
+  auto meta = [&](const char* key) -> const std::string& {
+    auto it = index.metadata().find(key);
+    if (it == index.metadata().end()) {
+      throw UsageError(fmt::format("{}: index metadata '{}' is missing", dir.string(), key));
+    }
+    return it->second;
+  };
+  std::vector<std::string> names;
+  std::vector<std::pair<std::int64_t, DType>> sizes;
+  parse_params(meta("params"), &names, &sizes);
+  const std::vector<std::string> files = lines(meta("files"));
+  std::vector<std::unique_ptr<SafetensorsReader>> shards;
+  for (const std::string& f : files) shards.push_back(std::make_unique<SafetensorsReader>(dir / f));
+  FUSEDOPT_CHECK_USAGE(!shards.empty(), "{}: the index names no shard files", dir.string());
+  const std::map<std::string, std::string>& saved = shards.front()->metadata();
+  const bool masters = saved.count("master_weights") && saved.at("master_weights") == "true";
+  const std::vector<std::vector<Piece>> cut =
+      cut_into_shards(sizes, static_cast<int>(files.size()));
+  // The rule's states (and master) as the shard files hold them.
+  std::vector<std::pair<std::string, std::string>> states;
+  for (std::size_t i = 0; i < names.size() && states.empty(); ++i) {
+    if (cut[i].empty()) continue;
+    for (const auto& st : states_of(*shards[static_cast<std::size_t>(cut[i][0].rank)], names[i]))
+      if (st.first != "master") states.push_back(st);
+  }
+  struct Out {
+    std::size_t param;
+    std::string state, st_dtype;
+  };
+  std::vector<Out> plan;
+  std::vector<SafetensorsTensor> tensors;
+  for (std::size_t i = 0; i < names.size(); ++i) {
+    std::vector<std::pair<std::string, std::string>> own = states;
+    if (masters && sizes[i].second != DType::F32) own.emplace_back("master", "F32");
+    for (const auto& [state, st] : own) {
+      plan.push_back({i, state, st});
+      tensors.push_back({names[i] + "/" + state, dtype_of_st(st), sizes[i].first, nullptr});
+    }
+  }
+  std::map<std::string, std::string> metadata = saved;
+  metadata["params"] = meta("params");
+  write_safetensors(file, tensors, metadata, [&](std::size_t k, void* out) {
+    const Out& o = plan[k];
+    const std::size_t es = st_bytes(o.st_dtype);
+    for (const Piece& p : cut[o.param]) {
+      shards[static_cast<std::size_t>(p.rank)]->read(
+          names[o.param] + "/" + o.state, 0, static_cast<std::uint64_t>(p.end - p.begin) * es,
+          static_cast<char*>(out) + static_cast<std::size_t>(p.begin) * es);
+    }
+  });
+}
+
+void ShardedOptimizer::split_checkpoint(const std::filesystem::path& file,
+                                        const std::filesystem::path& dir, int world_size) {
+  FUSEDOPT_CHECK_USAGE(world_size >= 1, "split_checkpoint: world size {} is not positive",
+                       world_size);
+  const SafetensorsReader in(file);
+  auto it = in.metadata().find("params");
+  if (it == in.metadata().end()) {
+    throw UsageError(fmt::format(
+        "{}: no parameter list in its metadata (written by a fusedopt older than 2026-11): "
+        "load it into an Optimizer and save it again",
+        file.string()));
+  }
+  std::vector<std::string> names;
+  std::vector<std::pair<std::int64_t, DType>> sizes;
+  parse_params(it->second, &names, &sizes);
+  const std::vector<std::vector<Piece>> cut = cut_into_shards(sizes, world_size);
+  const std::string step = in.metadata().count("step") ? in.metadata().at("step") : "0";
+  const std::string tag = fmt::format("{}-split{}", step, world_size);
+  std::filesystem::create_directories(dir);
+  for (int r = 0; r < world_size; ++r) {
+    struct Out {
+      std::string name;
+      std::size_t bytes_begin;
+      std::size_t bytes;
+    };
+    std::vector<Out> plan;
+    std::vector<SafetensorsTensor> tensors;
+    for (std::size_t i = 0; i < names.size(); ++i) {
+      for (const Piece& p : cut[i]) {
+        if (p.rank != r) continue;
+        for (const auto& [state, st] : states_of(in, names[i])) {
+          const std::size_t es = st_bytes(st);
+          plan.push_back({names[i] + "/" + state, static_cast<std::size_t>(p.begin) * es,
+                          static_cast<std::size_t>(p.end - p.begin) * es});
+          tensors.push_back({names[i] + "/" + state, dtype_of_st(st), p.end - p.begin, nullptr});
+        }
+      }
+    }
+    write_safetensors(dir / shard_file(tag, r, world_size), tensors, in.metadata(),
+                      [&](std::size_t k, void* out) {
+                        in.read(plan[k].name, plan[k].bytes_begin, plan[k].bytes, out);
+                      });
+  }
+  write_index(dir, tag, world_size, 1, to_int(step, "step"), names, sizes);
 }
 
 }  // namespace fusedopt::comm

@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 #include <sys/stat.h>
+#include <unistd.h>
 #include <xxhash.h>
 
 #include <algorithm>
@@ -14,6 +15,7 @@
 #include <string_view>
 #include <tuple>
 #include <utility>
+#include <vector>
 
 #include "fusedopt/error.hpp"
 #include "io/json.hpp"
@@ -95,7 +97,7 @@ std::string header_json(const std::vector<TensorView>& tensors,
 }
 
 void validate_for_write(const std::filesystem::path& path, const std::vector<TensorView>& tensors,
-                        const std::map<std::string, std::string>& metadata) {
+                        const std::map<std::string, std::string>& metadata, bool need_data = true) {
   auto fail = [&](const std::string& what) { throw IoError(path.string() + ": " + what); };
   // What read_safetensors() refuses is never written.
   if (tensors.size() > kMaxTensors) {
@@ -118,7 +120,9 @@ void validate_for_write(const std::filesystem::path& path, const std::vector<Ten
       fail(fmt::format("tensor '{}': {} bytes given but shape {} of {} needs {}", t.name, t.bytes,
                        shape_text(t.shape), t.dtype, expected));
     }
-    if (t.bytes > 0 && t.data == nullptr) fail(fmt::format("tensor '{}': data is null", t.name));
+    if (need_data && t.bytes > 0 && t.data == nullptr) {
+      fail(fmt::format("tensor '{}': data is null", t.name));
+    }
   }
   for (const auto& [key, value] : metadata) {
     if (!is_valid_utf8(key) || !is_valid_utf8(value)) {
@@ -195,6 +199,70 @@ void write_safetensors(const std::filesystem::path& path, const std::vector<Tens
   throw IoError(fmt::format("{}: cannot write ({} {}: {})", path.string(),
                             step == "rename" ? "rename to the target" : step, written.temp.string(),
                             support::errno_text(written.err)));
+}
+
+void write_safetensors_streamed(const std::filesystem::path& path,
+                                const std::vector<TensorView>& tensors,
+                                const std::map<std::string, std::string>& metadata,
+                                const TensorSource& source) {
+  validate_for_write(path, tensors, metadata, /*need_data=*/false);
+  // The checksum goes into the header, which comes first: a placeholder of the same length,
+  // overwritten once the data has streamed through.
+  std::map<std::string, std::string> with_checksum = metadata;
+  with_checksum.emplace(kDataChecksumKey, std::string(16, '0'));
+  const std::string header = header_json(tensors, with_checksum);
+  if (header.size() > kMaxHeaderBytes) {
+    throw IoError(fmt::format("{}: the header takes {} bytes, above the limit of {}", path.string(),
+                              header.size(), kMaxHeaderBytes));
+  }
+  const std::string key = fmt::format("\"{}\":\"", kDataChecksumKey);
+  const std::size_t at = header.find(key);
+  FUSEDOPT_CHECK_INTERNAL(at != std::string::npos, "the checksum placeholder is not in the header");
+  const std::uint64_t checksum_offset = 8 + at + key.size();
+  char length[8];
+  for (int i = 0; i < 8; ++i) {
+    length[i] = static_cast<char>((static_cast<std::uint64_t>(header.size()) >> (8 * i)) & 0xFF);
+  }
+  support::AtomicWriteOptions options;
+  options.remove_stale_temps = true;
+  std::string source_error;
+  support::AtomicWriteResult written = support::atomic_write(
+      path,
+      [&](int fd) {
+        bool ok = support::write_all(fd, length, sizeof length) &&
+                  support::write_all(fd, header.data(), header.size());
+        XXH3_state_t* state = XXH3_createState();
+        if (state == nullptr) return false;
+        XXH3_64bits_reset(state);
+        std::vector<char> buffer;
+        for (std::size_t i = 0; ok && i < tensors.size(); ++i) {
+          buffer.resize(tensors[i].bytes);
+          try {
+            source(i, buffer.data());
+          } catch (const std::exception& e) {
+            source_error = e.what();
+            errno = EIO;
+            ok = false;
+            break;
+          }
+          XXH3_64bits_update(state, buffer.data(), buffer.size());
+          ok = support::write_all(fd, buffer.data(), buffer.size());
+        }
+        const std::string digest = hex64(XXH3_64bits_digest(state));
+        XXH3_freeState(state);
+        if (ok) {
+          ok = ::pwrite(fd, digest.data(), digest.size(), static_cast<off_t>(checksum_offset)) ==
+               static_cast<ssize_t>(digest.size());
+        }
+        return ok;
+      },
+      options);
+  if (!source_error.empty()) {
+    throw IoError(fmt::format("{}: not written: {}", path.string(), source_error));
+  }
+  if (written.ok()) return;
+  throw IoError(fmt::format("{}: cannot write ({} {}: {})", path.string(), written.step,
+                            written.temp.string(), support::errno_text(written.err)));
 }
 
 namespace {

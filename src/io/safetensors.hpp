@@ -6,6 +6,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <filesystem>
+#include <functional>
 #include <map>
 #include <string>
 #include <vector>
@@ -35,6 +36,17 @@ struct TensorView {
 /// problem; never leaves a half-written file at `path`.
 void write_safetensors(const std::filesystem::path& path, const std::vector<TensorView>& tensors,
                        const std::map<std::string, std::string>& metadata);
+
+/// Fills tensor `index`'s bytes (tensors[index].bytes of them) into `out`.
+using TensorSource = std::function<void(std::size_t index, void* out)>;
+
+/// write_safetensors with the data produced one tensor at a time by `source` (the views'
+/// `data` is ignored): at most one tensor is held in memory. The same atomicity, checks and
+/// checksum; an exception from `source` is an IoError and leaves nothing at `path`.
+void write_safetensors_streamed(const std::filesystem::path& path,
+                                const std::vector<TensorView>& tensors,
+                                const std::map<std::string, std::string>& metadata,
+                                const TensorSource& source);
 
 /// A whole safetensors file read into memory and validated.
 struct SafetensorsFile {

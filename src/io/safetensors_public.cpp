@@ -106,9 +106,9 @@ bool SafetensorsReader::verify() const {
   return io::read_safetensors(impl_->path).data_checked;  // throws IoError on a mismatch
 }
 
-void write_safetensors(const std::filesystem::path& path,
-                       const std::vector<SafetensorsTensor>& tensors,
-                       const std::map<std::string, std::string>& metadata) {
+namespace {
+
+std::vector<io::TensorView> views_of(const std::vector<SafetensorsTensor>& tensors) {
   std::vector<io::TensorView> views;
   views.reserve(tensors.size());
   for (const SafetensorsTensor& t : tensors) {
@@ -118,7 +118,22 @@ void write_safetensors(const std::filesystem::path& path,
                      t.data,
                      static_cast<std::size_t>(t.numel) * dtype_size(t.dtype)});
   }
-  io::write_safetensors(path, views, metadata);
+  return views;
+}
+
+}  // namespace
+
+void write_safetensors(const std::filesystem::path& path,
+                       const std::vector<SafetensorsTensor>& tensors,
+                       const std::map<std::string, std::string>& metadata) {
+  io::write_safetensors(path, views_of(tensors), metadata);
+}
+
+void write_safetensors(const std::filesystem::path& path,
+                       const std::vector<SafetensorsTensor>& tensors,
+                       const std::map<std::string, std::string>& metadata,
+                       const std::function<void(std::size_t, void*)>& source) {
+  io::write_safetensors_streamed(path, views_of(tensors), metadata, source);
 }
 
 }  // namespace fusedopt

@@ -102,6 +102,12 @@ void Optimizer::save(const std::filesystem::path& path) const {
   }
   std::string keys;
   for (const auto& kernel : m.kernels) keys += (keys.empty() ? "" : ",") + kernel->key();
+  // "name<TAB>numel<TAB>dtype" per param, in order: what a tool needs to cut the file into
+  // shards (ShardedOptimizer::split_checkpoint); load() does not read it.
+  std::string params;
+  for (const runtime::ParamSlot& s : m.params) {
+    params += fmt::format("{}\t{}\t{}\n", s.name, s.param.numel, to_string(s.param.dtype));
+  }
   const std::map<std::string, std::string> metadata = {
       {"fusedopt_checkpoint_format", std::to_string(kCheckpointFormat)},
       {"fusedopt_version", jit::version()},
@@ -112,6 +118,7 @@ void Optimizer::save(const std::filesystem::path& path) const {
       {"hypers", m.hypers_text()},
       {"state_dtype", to_string(m.options.state_dtype)},
       {"master_weights", m.options.master_weights ? "true" : "false"},
+      {"params", params},
   };
   io::write_safetensors(path, views, metadata);  // atomic: temp file, fsync, rename
 }

@@ -1,6 +1,7 @@
 # Runs tests/comm/sharded_kill.cpp twice under mpiexec (see there): the save job must die
 # (rank 0 killed before the index is written), then the check job must load the previous
-# checkpoint. -DPROGRAM= -DMPIEXEC= -DDIR= (the MPIEXEC_* flags come in FLAGS).
+# checkpoint; then the same through fusedopt-ckpt merge and split. -DPROGRAM= -DCKPT=
+# -DMPIEXEC= -DDIR= (the MPIEXEC_* flags come in FLAGS).
 file(REMOVE_RECURSE ${DIR})
 execute_process(COMMAND ${MPIEXEC} ${FLAGS} ${PROGRAM} save ${DIR}
                 RESULT_VARIABLE save_rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
@@ -12,8 +13,33 @@ if(NOT EXISTS ${DIR}/index.safetensors)
 endif()
 execute_process(COMMAND ${MPIEXEC} ${FLAGS} ${PROGRAM} check ${DIR}
                 RESULT_VARIABLE check_rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
-file(REMOVE_RECURSE ${DIR})
 if(NOT check_rc EQUAL 0)
+  file(REMOVE_RECURSE ${DIR})
   message(FATAL_ERROR "the previous checkpoint did not load:\n${out}\n${err}")
 endif()
 message(STATUS "save killed (rc ${save_rc}); ${out}")
+# The same checkpoint through fusedopt-ckpt: merged into one file, split again for the 2
+# ranks, checked again.
+execute_process(COMMAND ${CKPT} merge ${DIR} ${DIR}.safetensors RESULT_VARIABLE rc
+                OUTPUT_VARIABLE out ERROR_VARIABLE err)
+if(NOT rc EQUAL 0)
+  message(FATAL_ERROR "fusedopt-ckpt merge failed (${rc}):\n${out}\n${err}")
+endif()
+execute_process(COMMAND ${CKPT} split ${DIR}.safetensors ${DIR}-split --ranks 2 RESULT_VARIABLE rc
+                OUTPUT_VARIABLE out ERROR_VARIABLE err)
+if(NOT rc EQUAL 0)
+  message(FATAL_ERROR "fusedopt-ckpt split failed (${rc}):\n${out}\n${err}")
+endif()
+execute_process(COMMAND ${MPIEXEC} ${FLAGS} ${PROGRAM} check ${DIR}-split
+                RESULT_VARIABLE check_rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
+file(REMOVE_RECURSE ${DIR} ${DIR}-split)
+file(REMOVE ${DIR}.safetensors)
+if(NOT check_rc EQUAL 0)
+  message(FATAL_ERROR "the merged and split checkpoint did not load:\n${out}\n${err}")
+endif()
+execute_process(COMMAND ${CKPT} split ${DIR}.safetensors ${DIR}-x RESULT_VARIABLE rc
+                OUTPUT_QUIET ERROR_QUIET)
+if(NOT rc EQUAL 2)
+  message(FATAL_ERROR "fusedopt-ckpt with bad usage exited ${rc}, not 2")
+endif()
+message(STATUS "merged, split and loaded again: ${out}")
