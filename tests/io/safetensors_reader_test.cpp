@@ -4,8 +4,10 @@
 // not look at.
 #include <doctest/doctest.h>
 
+#include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <random>
 #include <vector>
 
@@ -68,6 +70,42 @@ TEST_SUITE("io") {
     CHECK_THROWS_WITH_AS(damaged.verify(), doctest::Contains("does not match its checksum"),
                          fusedopt::IoError);
     std::filesystem::remove(path);
+  }
+
+  TEST_CASE("a streamed write holds one tensor at a time and equals a whole write") {
+    std::mt19937_64 rng(std::random_device{}());
+    std::vector<std::vector<float>> data(4);
+    std::vector<fusedopt::SafetensorsTensor> tensors;
+    for (std::size_t i = 0; i < data.size(); ++i) {
+      data[i].resize(100 * i + 3);
+      for (float& x : data[i]) x = static_cast<float>(rng() % 1000) / 7.0f;
+      tensors.push_back({"t" + std::to_string(i), fusedopt::DType::F32,
+                         static_cast<std::int64_t>(data[i].size()), data[i].data()});
+    }
+    const auto whole = temp_file("whole"), streamed = temp_file("streamed");
+    fusedopt::write_safetensors(whole, tensors, {{"k", "v"}});
+    std::vector<std::size_t> order;
+    fusedopt::write_safetensors(streamed, tensors, {{"k", "v"}}, [&](std::size_t i, void* out) {
+      order.push_back(i);
+      std::memcpy(out, data[i].data(), data[i].size() * 4);
+    });
+    CHECK(order == std::vector<std::size_t>{0, 1, 2, 3});
+    auto bytes = [](const std::filesystem::path& p) {
+      std::ifstream f(p, std::ios::binary);
+      return std::string(std::istreambuf_iterator<char>(f), {});
+    };
+    CHECK(bytes(whole) == bytes(streamed));  // the checksum patched in is the same
+    CHECK(fusedopt::SafetensorsReader(streamed).verify());
+    // A source that fails leaves nothing behind.
+    const auto failed = temp_file("failed");
+    CHECK_THROWS_WITH_AS(fusedopt::write_safetensors(failed, tensors, {},
+                                                     [&](std::size_t i, void*) {
+                                                       if (i == 2) throw fusedopt::IoError("gone");
+                                                     }),
+                         doctest::Contains("not written: gone"), fusedopt::IoError);
+    CHECK_FALSE(std::filesystem::exists(failed));
+    std::filesystem::remove(whole);
+    std::filesystem::remove(streamed);
   }
 
   TEST_CASE("SafetensorsReader refuses a damaged header at open, naming the file") {
