@@ -146,6 +146,18 @@ std::uint64_t data_checksum(const std::vector<TensorView>& tensors) {
 
 }  // namespace
 
+const char* safetensors_dtype(DType d) {
+  switch (d) {
+    case DType::F32:
+      return "F32";
+    case DType::F16:
+      return "F16";
+    case DType::BF16:
+      return "BF16";
+  }
+  return "?";
+}
+
 int dtype_bytes(const std::string& st_dtype) {
   static const std::map<std::string, int, std::less<>> kSizes = {
       {"BOOL", 1}, {"U8", 1},  {"I8", 1},  {"F8_E5M2", 1}, {"F8_E4M3", 1}, {"F8_E8M0", 1},

@@ -11,6 +11,8 @@
 #include <string>
 #include <vector>
 
+#include "fusedopt/dtype.hpp"
+
 namespace fusedopt::io {
 
 /// The metadata entry holding the XXH3-64 (16 hex digits) of the whole data section:
@@ -75,6 +77,9 @@ SafetensorsFile read_safetensors(const std::filesystem::path& path);
 /// `*data_offset` is where the data section starts in the file, for reading ranges of it.
 SafetensorsFile read_safetensors_header(const std::filesystem::path& path,
                                         std::uint64_t* data_offset);
+
+/// The safetensors dtype name of `d`: "F32", "F16", "BF16".
+const char* safetensors_dtype(DType d);
 
 /// Bytes per element of a safetensors dtype (F32 4, F16 2, BF16 2, F64 8, I64 8, I32 4,
 /// U8 1, ...); 0 for an unknown name or a sub-byte type.

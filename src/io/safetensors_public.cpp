@@ -16,17 +16,7 @@ namespace fusedopt {
 
 namespace {
 
-const char* st_dtype(DType d) {
-  switch (d) {
-    case DType::F32:
-      return "F32";
-    case DType::F16:
-      return "F16";
-    case DType::BF16:
-      return "BF16";
-  }
-  return "?";
-}
+const char* st_dtype(DType d) { return io::safetensors_dtype(d); }
 
 }  // namespace
 

@@ -3,8 +3,11 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
+#include <vector>
 
 #include "fusedopt/comm.hpp"
+#include "fusedopt/optimizer.hpp"
 
 namespace fusedopt_tests {
 
@@ -12,5 +15,12 @@ namespace fusedopt_tests {
 fusedopt::comm::Communicator& world();
 /// A fresh seed, the same on every rank.
 std::uint32_t shared_seed();
+
+/// A FlatArena of fp32 tensors "w0", "w1", ... of these sizes (params and grads zeroed).
+fusedopt::FlatArena make_arena(const std::vector<std::int64_t>& sizes);
+inline float* data(const fusedopt::Tensor& t) { return static_cast<float*>(t.data); }
+/// Rank r's gradient of element k of tensor i at step `step`, in [-0.1, 0.1): any rank can
+/// compute every rank's, for float64 references.
+float grad_value(std::uint32_t seed, int r, int step, std::size_t i, std::int64_t k);
 
 }  // namespace fusedopt_tests

@@ -31,28 +31,6 @@ namespace {
 
 const std::vector<std::int64_t> kSizes = {300, 5000, 17, 0, 2048, 999, 4096, 1};
 
-FlatArena make_arena(const std::vector<std::int64_t>& sizes) {
-  FlatArena a;
-  for (std::size_t i = 0; i < sizes.size(); ++i)
-    a.add("w" + std::to_string(i), sizes[i], DType::F32);
-  a.finalize();
-  return a;
-}
-
-float* data(const fusedopt::Tensor& t) { return static_cast<float*>(t.data); }
-
-/// Rank r's gradient of tensor i at step `step`.
-float grad_value(std::uint32_t seed, int r, int step, std::size_t i, std::int64_t k) {
-  std::uint32_t h = seed ^ (static_cast<std::uint32_t>(r) * 0x9e3779b9u) ^
-                    (static_cast<std::uint32_t>(step) * 0x85ebca6bu) ^
-                    (static_cast<std::uint32_t>(i) * 0xc2b2ae35u) ^
-                    static_cast<std::uint32_t>(k * 2654435761u);
-  h ^= h >> 16;
-  h *= 0x7feb352du;
-  h ^= h >> 15;
-  return (static_cast<float>(h & 0xffffff) / 16777216.0f - 0.5f) * 0.2f;
-}
-
 }  // namespace
 
 TEST_SUITE("comm_mpi") {

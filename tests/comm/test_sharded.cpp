@@ -38,28 +38,6 @@ namespace {
 // boundary falls inside a parameter.
 const std::vector<std::int64_t> kSizes = {1009, 0, 17, 8191, 3, 257, 1};
 
-FlatArena make_arena(const std::vector<std::int64_t>& sizes) {
-  FlatArena a;
-  for (std::size_t i = 0; i < sizes.size(); ++i)
-    a.add("w" + std::to_string(i), sizes[i], DType::F32);
-  a.finalize();
-  return a;
-}
-
-float* data(const fusedopt::Tensor& t) { return static_cast<float*>(t.data); }
-
-/// Rank r's gradient of element k of tensor i at step `step`, in [-0.1, 0.1).
-float grad_value(std::uint32_t seed, int r, int step, std::size_t i, std::int64_t k) {
-  std::uint32_t h = seed ^ (static_cast<std::uint32_t>(r) * 0x9e3779b9u) ^
-                    (static_cast<std::uint32_t>(step) * 0x85ebca6bu) ^
-                    (static_cast<std::uint32_t>(i) * 0xc2b2ae35u) ^
-                    static_cast<std::uint32_t>(k * 2654435761u);
-  h ^= h >> 16;
-  h *= 0x7feb352du;
-  h ^= h >> 15;
-  return (static_cast<float>(h & 0xffffff) / 16777216.0f - 0.5f) * 0.2f;
-}
-
 /// Two groups over an arena: params 0-3 with the rule's hypers, 4-6 with lr 3e-3.
 std::vector<ParamGroup> groups_of(FlatArena& a) {
   std::vector<ParamGroup> g(2);
