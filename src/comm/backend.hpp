@@ -56,6 +56,10 @@ class Backend : public std::enable_shared_from_this<Backend> {
   /// MPI, the bootstrap for NCCL; null when there is none (a wrapped ncclComm_t).
   virtual std::shared_ptr<Backend> control() { return shared_from_this(); }
 
+  /// True when operations advance only while this process calls into the transport (MPI
+  /// without a progress thread: a large reduce is thousands of rounds, each needing a
+  /// call): waiting then polls without sleeping, yielding the core between polls.
+  bool progress_by_polling = false;
   std::chrono::milliseconds timeout = Communicator::default_timeout();
   bool broken = false;
   std::string broken_by;  ///< the error that broke it

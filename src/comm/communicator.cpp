@@ -67,7 +67,8 @@ using detail::Pending;
 }
 
 /// Polls `p` until it completes or `deadline` passes: a few quick polls, then polls spaced
-/// by a growing sleep (at most 1 ms), so a waiting rank leaves the core to the others.
+/// by a growing sleep (at most 1 ms), so a waiting rank leaves the core to the others; a
+/// transport that progresses only while polled (MPI) is polled continuously, yielding.
 void wait_until(Pending& p, std::chrono::steady_clock::time_point deadline,
                 std::chrono::milliseconds timeout) {
   if (p.done) return;
@@ -93,7 +94,7 @@ void wait_until(Pending& p, std::chrono::steady_clock::time_point deadline,
                        "another operation",
                        std::chrono::duration<double>(timeout).count()));
     }
-    if (polls < 16) {
+    if (polls < 16 || b.progress_by_polling) {
       std::this_thread::yield();
     } else {
       std::this_thread::sleep_for(pause);

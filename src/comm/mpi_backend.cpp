@@ -118,6 +118,9 @@ class MpiBackend final : public Backend {
     MPI_Comm_rank(comm_, &rank_);
     MPI_Comm_size(comm_, &size_);
     half_types();
+    // Open MPI's non-blocking collectives advance only inside MPI calls (a 438 MB reduce in
+    // 8 KB rounds took 13 s with sleeps between polls, 0.6 s without).
+    progress_by_polling = true;
   }
 
   ~MpiBackend() override {
