@@ -4,13 +4,18 @@
 // whole model and takes its contiguous slice of each global batch; a GradBucketer all-reduces
 // the gradients in a few buckets, each started as soon as backward has produced its last
 // gradient (the last layer's first), and the fused optimizer step (AdamW, or SGD with
-// momentum) folds the average over ranks into its gradient scale. Rank 0 prints the loss
-// per epoch, then trains the same model in one process on the whole batches and checks
-// that its final parameters match, and that every rank holds bit-identical parameters.
+// momentum) folds the average over ranks into its gradient scale. With --zero 1 or 2 a
+// ShardedOptimizer (ZeRO-1 or ZeRO-2, as DeepSpeed and torch's ZeroRedundancyOptimizer do
+// it) takes the bucketer's and the optimizer's place: each rank keeps the optimizer state
+// of 1/ranks of the parameters only, the gradients are all-reduced (ZeRO-1) or each bucket
+// reduced to the rank that owns it (ZeRO-2), every rank steps its own shard and broadcasts
+// it to the others. Rank 0 prints the loss per epoch, then trains the same model in one
+// process on the whole batches and checks that its final parameters match, and that every
+// rank holds bit-identical parameters.
 // Exit code: 0 on a match, 1 otherwise, 2 for bad arguments.
 //
 //   mpirun -np 2 dp_mlp [--epochs N] [--batch N] [--samples N] [--seed N]
-//                       [--optimizer adamw|sgd]
+//                       [--optimizer adamw|sgd] [--zero 0|1|2]
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -20,17 +25,20 @@
 #include <exception>
 #include <functional>
 #include <numeric>
+#include <optional>
 #include <random>
 #include <string>
 #include <vector>
 
 #include "fusedopt/comm.hpp"
 #include "fusedopt/optimizer.hpp"
+#include "fusedopt/sharded.hpp"
 
 using namespace fusedopt;
 using comm::BucketOptions;
 using comm::Communicator;
 using comm::GradBucketer;
+using comm::ShardedOptimizer;
 
 namespace {
 
@@ -44,7 +52,10 @@ constexpr int kIn = 16, kHidden = 64;
 // 2 to 4 ranks with either optimizer. It grows with the steps (4.5e-6 after 2,560 steps of
 // batch 16), hence the margin. Real errors land far above: a rank training on the wrong
 // slice moves the parameters by 0.04 to 0.1, a missing 1 / ranks by 0.08 under SGD (under
-// AdamW by only 1.4e-5: see Args::optimizer).
+// AdamW by only 1.4e-5: see Args::optimizer). The sharded runs (--zero 1 and 2) sum the
+// same gradients and take the same element-wise step over each rank's piece: measured at
+// 2 to 4 ranks with either optimizer (seeds 1 and 3), their final parameters are
+// bit-identical to --zero 0's, so the same tolerance holds.
 constexpr double kTolerance = 1e-5;
 
 // The parameters in forward order: W1 [64 x 16], b1, W2 [64 x 64], b2, W3 [1 x 64], b3.
@@ -63,6 +74,9 @@ struct Args {
   // linear in the gradient, so a wrong average over ranks moves the parameters by a lot,
   // while AdamW divides the gradient's scale out (m / sqrt(v)) and barely notices it.
   std::string optimizer = "adamw";
+  // 0: every rank holds the whole optimizer state (GradBucketer + Optimizer); 1 or 2: the
+  // ZeRO stage of a ShardedOptimizer.
+  int zero = 0;
 };
 
 struct Dataset {
@@ -118,7 +132,8 @@ FlatArena make_model(unsigned seed) {
 //
 // With equal slices of one global batch, the mean over the ranks of these per-slice
 // gradients is the gradient of the global batch's mean loss: the bucketer sums them over
-// the ranks, and the step multiplies by 1 / ranks (GradBucketer::grad_scale()).
+// the ranks, and the step multiplies by 1 / ranks (GradBucketer::grad_scale()); under
+// --zero the ShardedOptimizer's step does both.
 double forward_backward(const FlatArena& model, const Dataset& data, const int* idx, int count,
                         const std::function<void(int)>& ready) {
   const float *w1 = f32(model.param(kW1)), *b1 = f32(model.param(kB1));
@@ -213,8 +228,10 @@ std::vector<int> epoch_order(int samples, unsigned seed, int epoch) {
   return order;
 }
 
-// The fused optimizer over the model's six tensors: one kernel launch per step.
-Optimizer make_optimizer(const FlatArena& model, const std::string& name) {
+// The model's six tensors and their gradients (views of the arena's two flat buffers, in
+// parameter order, as GradBucketer and ShardedOptimizer need them) with the optimizer's
+// hyperparameters.
+ParamGroup make_group(const FlatArena& model, const std::string& name) {
   ParamGroup g;
   for (int i = 0; i < kNumParams; ++i) {
     g.params.push_back(model.param(i));
@@ -224,7 +241,12 @@ Optimizer make_optimizer(const FlatArena& model, const std::string& name) {
     g.hypers = {{"lr", 3e-3}};
   else
     g.hypers = {{"lr", 0.05}, {"momentum", 0.9}};
-  return Optimizer(Rule::preset(name), {g});
+  return g;
+}
+
+// The fused optimizer over the model's six tensors: one kernel launch per step.
+Optimizer make_optimizer(const FlatArena& model, const std::string& name) {
+  return Optimizer(Rule::preset(name), {make_group(model, name)});
 }
 
 // The same training in one process: every step's gradient is computed over the whole
@@ -266,6 +288,14 @@ std::string parse_args(int argc, char** argv, int ranks, Args* args) {
       args->optimizer = argv[++i];
       continue;
     }
+    if (flag == "--zero") {
+      if (i + 1 == argc ||
+          (std::strcmp(argv[i + 1], "0") != 0 && std::strcmp(argv[i + 1], "1") != 0 &&
+           std::strcmp(argv[i + 1], "2") != 0))
+        return "--zero needs 0 (no sharding), 1 (ZeRO-1) or 2 (ZeRO-2)";
+      args->zero = argv[++i][0] - '0';
+      continue;
+    }
     int* target = flag == "--epochs"    ? &args->epochs
                   : flag == "--batch"   ? &args->batch
                   : flag == "--samples" ? &args->samples
@@ -298,7 +328,7 @@ int run(int argc, char** argv) {
       std::fprintf(stderr, "dp_mlp: error: %s\n", bad.c_str());
       std::fprintf(stderr,
                    "usage: mpirun -np RANKS dp_mlp [--epochs N] [--batch N] [--samples N] "
-                   "[--seed N] [--optimizer adamw|sgd]\n");
+                   "[--seed N] [--optimizer adamw|sgd] [--zero 0|1|2]\n");
     }
     return 2;
   }
@@ -308,15 +338,28 @@ int run(int argc, char** argv) {
   // Every rank starts from the same parameters (the same seed), as DDP's broadcast of
   // rank 0's module would make them.
   FlatArena model = make_model(args.seed);
-  Optimizer opt = make_optimizer(model, args.optimizer);
-  std::vector<Tensor> grads;
-  for (int i = 0; i < kNumParams; ++i) grads.push_back(model.grad(i));
   // Caps far below DDP's 25 MiB, so that this 21 KB model still has several buckets:
-  // {b3, W3, b2}, {W2}, {b1}, {W1}.
+  // {b3, W3, b2}, {W2}, {b1}, {W1} (ZeRO-2 also cuts them at the shard boundaries).
   BucketOptions buckets;
   buckets.first_bucket_bytes = 1024;
   buckets.bucket_bytes = 4096;
-  GradBucketer bucketer(comm, grads, buckets);
+  // --zero 0: the whole optimizer on every rank, its gradients summed by the bucketer.
+  // --zero 1|2: the sharded optimizer, which reduces the gradients itself.
+  std::optional<Optimizer> opt;
+  std::optional<GradBucketer> bucketer;
+  std::optional<ShardedOptimizer> sharded;
+  if (args.zero == 0) {
+    opt.emplace(make_optimizer(model, args.optimizer));
+    std::vector<Tensor> grads;
+    for (int i = 0; i < kNumParams; ++i) grads.push_back(model.grad(i));
+    bucketer.emplace(comm, grads, buckets);
+  } else {
+    comm::ShardOptions options;
+    options.stage = args.zero;
+    options.buckets = buckets;
+    sharded.emplace(comm, Rule::preset(args.optimizer),
+                    std::vector<ParamGroup>{make_group(model, args.optimizer)}, options);
+  }
   if (root) {
     std::int64_t params = 0;
     for (std::int64_t n : kNumel) params += n;
@@ -325,8 +368,14 @@ int run(int argc, char** argv) {
         "%d (%d per rank), %d steps per epoch\n",
         ranks, kIn, kHidden, kHidden, static_cast<long long>(params), args.samples, args.batch,
         shard, steps);
-    std::printf("%s\n", opt.stats().fusion_report.c_str());
-    std::printf("gradients: %s\n", bucketer.report().c_str());
+    if (sharded) {
+      const comm::ShardStats stats = sharded->stats();
+      std::printf("this rank's shard: %s\n", stats.local.fusion_report.c_str());
+      std::printf("sharded: %s\n", stats.report.c_str());
+    } else {
+      std::printf("%s\n", opt->stats().fusion_report.c_str());
+      std::printf("gradients: %s\n", bucketer->report().c_str());
+    }
   }
 
   for (int epoch = 1; epoch <= args.epochs; ++epoch) {
@@ -335,10 +384,24 @@ int run(int argc, char** argv) {
     for (int s = 0; s < steps; ++s) {
       // This rank's contiguous slice of the step's global batch.
       const int* mine = order.data() + s * args.batch + rank * shard;
-      loss += forward_backward(model, data, mine, shard, [&](int i) { bucketer.mark_ready(i); });
-      bucketer.finish();  // the gradients now hold the sum over ranks
-      if (!opt.step_scaled(bucketer.grad_scale())) {
-        // The sum carries a NaN or an infinity to every rank: all of them stop here.
+      loss += forward_backward(model, data, mine, shard, [&](int i) {
+        if (sharded)
+          sharded->mark_ready(i);
+        else
+          bucketer->mark_ready(i);
+      });
+      bool taken = false;
+      if (sharded) {
+        // Waits for the reductions, steps this rank's shard with the 1 / ranks average
+        // folded in, and broadcasts every shard: the parameters are whole again everywhere.
+        taken = sharded->step();
+      } else {
+        bucketer->finish();  // the gradients now hold the sum over ranks
+        taken = opt->step_scaled(bucketer->grad_scale());
+      }
+      if (!taken) {
+        // The sum carries a NaN or an infinity to every rank (the sharded optimizer combines
+        // its owners' checks): all of them stop here.
         if (root) std::fprintf(stderr, "dp_mlp: non-finite gradient at epoch %d\n", epoch);
         return 1;
       }
@@ -351,9 +414,16 @@ int run(int argc, char** argv) {
       std::printf("epoch %3d  loss %.6f\n", epoch,
                   total / (static_cast<double>(steps) * args.batch));
   }
-  if (root)
+  if (root && sharded) {
+    const comm::ShardStats stats = sharded->stats();
+    const long long taken = sharded->step_count();
+    std::printf("%lld gradient %s and %lld parameter broadcasts in %lld steps\n",
+                taken * stats.reduce_collectives, args.zero == 1 ? "all-reduces" : "reduces",
+                taken * stats.gather_collectives, taken);
+  } else if (root) {
     std::printf("%lld gradient all-reduces in %d steps\n",
-                static_cast<long long>(bucketer.collectives()), steps * args.epochs);
+                static_cast<long long>(bucketer->collectives()), steps * args.epochs);
+  }
 
   // Replicas: every rank compares its parameters with rank 0's, bit for bit.
   float differs = 0;
