@@ -143,6 +143,70 @@ TEST_SUITE("comm_mpi") {
     }
   }
 
+  TEST_CASE("a sharded GradScaler step: one factor, the same verdict and scale on every rank") {
+    // ZeRO-2, so each rank sees only the gradients it owns: a NaN in one rank's shard must
+    // still skip the step on every rank and back every rank's scale off. The reference is
+    // data parallel under its own GradScaler on the same scaled gradients; SGD, whose update
+    // is proportional to the gradient (a wrong factor shows).
+    Communicator& comm = world();
+    const std::uint32_t seed = shared_seed();
+    FlatArena sharded_arena = make_arena(kSizes), dp_arena = make_arena(kSizes);
+    fill_params(sharded_arena, seed);
+    fill_params(dp_arena, seed);
+    std::vector<ParamGroup> g_sharded = groups_of(sharded_arena), g_dp = groups_of(dp_arena);
+    for (auto* groups : {&g_sharded, &g_dp}) {
+      for (ParamGroup& g : *groups) g.hypers = {{"lr", 0.5}, {"momentum", 0.9}};
+    }
+    ShardOptions options;
+    options.stage = 2;
+    options.buckets.first_bucket_bytes = 4096;
+    options.buckets.bucket_bytes = 16384;
+    ShardedOptimizer sharded(comm, Rule::preset("sgd"), g_sharded, options);
+    Optimizer dp(Rule::preset("sgd"), g_dp);
+    std::vector<fusedopt::Tensor> dp_grads;
+    for (std::size_t i = 0; i < dp_arena.size(); ++i) dp_grads.push_back(dp_arena.grad(i));
+    GradBucketer bucketer(comm, dp_grads, options.buckets);
+    fusedopt::GradScaler::Options so;
+    so.init_scale = 1024;
+    so.growth_interval = 3;
+    fusedopt::GradScaler scaler_sharded(so), scaler_dp(so);
+    for (int step = 0; step < 12; ++step) {
+      const bool poisoned = step == 4 && comm.size() > 1;
+      const double scale = scaler_sharded.scale();
+      REQUIRE(scaler_dp.scale() == scale);
+      for (FlatArena* a : {&sharded_arena, &dp_arena}) {
+        for (std::size_t i = 0; i < a->size(); ++i) {
+          for (std::int64_t k = 0; k < a->grad(i).numel; ++k)
+            data(a->grad(i))[k] =
+                static_cast<float>(grad_value(seed, comm.rank(), step, i, k) * scale);
+        }
+      }
+      if (poisoned && comm.rank() == comm.size() - 1) {
+        // Element 0 of w0 belongs to rank 0's shard: only rank 0 sees the reduced NaN.
+        data(sharded_arena.grad(0))[0] = NAN;
+        data(dp_arena.grad(0))[0] = NAN;
+      }
+      const std::vector<float> before = params_of(sharded_arena);
+      for (int i = static_cast<int>(kSizes.size()) - 1; i >= 0; --i) sharded.mark_ready(i);
+      CHECK(sharded.step(scaler_sharded) == !poisoned);
+      bucketer.mark_all_ready();
+      bucketer.finish();
+      CHECK(scaler_dp.step(dp, nullptr, bucketer.grad_scale()) == !poisoned);
+      if (poisoned) {
+        CHECK(params_of(sharded_arena) == before);
+        CHECK(scaler_sharded.scale() == scale / 2);
+      }
+      float mine[1] = {static_cast<float>(scaler_sharded.scale())};
+      float highest[1] = {mine[0]};
+      comm.all_reduce(highest, 1, DType::F32, fusedopt::comm::ReduceOp::Max).wait();
+      CHECK(highest[0] == mine[0]);
+    }
+    CHECK(sharded.step_count() == dp.step_count());
+    const std::vector<float> a = params_of(sharded_arena), b = params_of(dp_arena);
+    for (std::size_t k = 0; k < a.size(); ++k)
+      REQUIRE(std::fabs(a[k] - b[k]) <= 1e-5f * (1 + std::fabs(b[k])));
+  }
+
   TEST_CASE("each rank holds its share of the optimizer state") {
     Communicator& comm = world();
     std::vector<std::int64_t> sizes;
