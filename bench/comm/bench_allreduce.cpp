@@ -27,6 +27,7 @@
 #include <thread>
 #include <vector>
 
+#include "comm/bench_support.hpp"
 #include "fusedopt/comm.hpp"
 #include "fusedopt/optimizer.hpp"
 #include "workloads.hpp"
@@ -40,82 +41,17 @@ using fusedopt::comm::Work;
 
 namespace {
 
-struct Args {
-  int iters = 5;
-  int warmup = 1;
-  double scale = 1.0;
-  std::string json;
-};
+using fusedopt_bench::Args;
+using fusedopt_bench::json_string;
+using fusedopt_bench::minor_faults;
+using fusedopt_bench::proc_field;
+using fusedopt_bench::summarize;
+using fusedopt_bench::Summary;
 
 constexpr const char* kUsage =
     "usage: fusedopt-comm-bench [--iters N] [--warmup N] [--scale F] [--json FILE]\n"
     "  run under mpirun; --scale multiplies every BERT-base tensor's size (at least one\n"
     "  element each; 0.01 is a 4.4 MB smoke test); rank 0 prints the table and writes FILE";
-
-/// The arguments, or exit code 2 with a message (every rank parses the same ones).
-bool parse_args(int argc, char** argv, Args& a) {
-  for (int i = 1; i < argc; ++i) {
-    const std::string arg = argv[i];
-    if (arg == "--help" || arg == "-h") {
-      std::puts(kUsage);
-      std::exit(0);
-    }
-    if (i + 1 >= argc) {
-      std::fprintf(stderr, "fusedopt-comm-bench: %s needs a value\n%s\n", arg.c_str(), kUsage);
-      return false;
-    }
-    const std::string value = argv[++i];
-    char* end = nullptr;
-    if (arg == "--iters" || arg == "--warmup") {
-      const long v = std::strtol(value.c_str(), &end, 10);
-      const long lowest = arg == "--iters" ? 1 : 0;
-      if (*end != '\0' || v < lowest || v > 100000) {
-        std::fprintf(stderr, "fusedopt-comm-bench: %s takes a count >= %ld, not '%s'\n",
-                     arg.c_str(), lowest, value.c_str());
-        return false;
-      }
-      (arg == "--iters" ? a.iters : a.warmup) = static_cast<int>(v);
-    } else if (arg == "--scale") {
-      a.scale = std::strtod(value.c_str(), &end);
-      if (*end != '\0' || !(a.scale > 0) || a.scale > 1) {
-        std::fprintf(stderr, "fusedopt-comm-bench: --scale takes a number in (0, 1], not '%s'\n",
-                     value.c_str());
-        return false;
-      }
-    } else if (arg == "--json") {
-      a.json = value;
-    } else {
-      std::fprintf(stderr, "fusedopt-comm-bench: unknown option %s\n%s\n", arg.c_str(), kUsage);
-      return false;
-    }
-  }
-  return true;
-}
-
-/// The first line of /proc/cpuinfo or /proc/meminfo that starts with `key`, after the colon.
-std::string proc_field(const char* file, const std::string& key) {
-  std::ifstream in(file);
-  for (std::string line; std::getline(in, line);) {
-    if (line.compare(0, key.size(), key) != 0) continue;
-    std::string v = line.substr(line.find(':') + 1);
-    v.erase(0, v.find_first_not_of(" \t"));
-    return v;
-  }
-  return "unknown";
-}
-
-std::string json_string(const std::string& s) {
-  std::string out = "\"";
-  for (char c : s) {
-    if (c == '"' || c == '\\') out += '\\';
-    if (static_cast<unsigned char>(c) < 0x20) {
-      out += fmt::format("\\u{:04x}", c);
-      continue;
-    }
-    out += c;
-  }
-  return out + "\"";
-}
 
 /// Rank r's value of element k before the all-reduce: a multiple of 1/64 in [1/64, 16]
 /// plus r, so that sums over 4 ranks are exact in fp32 (and never denormal).
@@ -131,23 +67,6 @@ struct Variant {
   std::vector<double> seconds;  ///< per timed iteration: the slowest rank's time
   std::vector<double> faults;   ///< per timed iteration: the most minor page faults of a rank
 };
-
-/// This process's minor page faults so far (first touches of fresh memory).
-double minor_faults() {
-  rusage u{};
-  getrusage(RUSAGE_SELF, &u);
-  return static_cast<double>(u.ru_minflt);
-}
-
-struct Summary {
-  double median = 0, min = 0, max = 0;
-};
-
-Summary summarize(std::vector<double> t) {
-  std::sort(t.begin(), t.end());
-  const std::size_t n = t.size();
-  return {n % 2 ? t[n / 2] : 0.5 * (t[n / 2 - 1] + t[n / 2]), t.front(), t.back()};
-}
 
 /// One timed step of `v` from the input (restored untimed), kept when `timed`; when
 /// `check`, its result is checked. Returns false (on every rank) when it is wrong.
@@ -345,7 +264,7 @@ int run(const Args& args) {
 
 int main(int argc, char** argv) {
   Args args;
-  if (!parse_args(argc, argv, args)) return 2;
+  if (!fusedopt_bench::parse_args(argc, argv, "fusedopt-comm-bench", kUsage, args)) return 2;
   try {
     return run(args);
   } catch (const std::exception& e) {
