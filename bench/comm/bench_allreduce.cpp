@@ -245,17 +245,7 @@ int run(const Args& args) {
           i + 1 < variants.size() ? "," : "");
     }
     j += "  ]\n}\n";
-    // Written whole, then renamed: never a half-written file.
-    const std::string tmp = args.json + ".tmp";
-    std::FILE* f = std::fopen(tmp.c_str(), "w");
-    bool ok = f != nullptr && std::fwrite(j.data(), 1, j.size(), f) == j.size();
-    if (f != nullptr) ok = std::fclose(f) == 0 && ok;
-    ok = ok && std::rename(tmp.c_str(), args.json.c_str()) == 0;
-    if (!ok) {
-      std::remove(tmp.c_str());
-      std::fprintf(stderr, "fusedopt-comm-bench: cannot write %s\n", args.json.c_str());
-      return 1;
-    }
+    if (!fusedopt_bench::write_whole("fusedopt-comm-bench", args.json, j)) return 1;
   }
   return 0;
 }
@@ -263,12 +253,5 @@ int run(const Args& args) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  Args args;
-  if (!fusedopt_bench::parse_args(argc, argv, "fusedopt-comm-bench", kUsage, args)) return 2;
-  try {
-    return run(args);
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "fusedopt-comm-bench: error: %s\n", e.what());
-    return 1;
-  }
+  return fusedopt_bench::bench_main(argc, argv, "fusedopt-comm-bench", kUsage, run);
 }

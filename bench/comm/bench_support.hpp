@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <exception>
 #include <fstream>
 #include <string>
 #include <vector>
@@ -102,6 +103,34 @@ inline Summary summarize(std::vector<double> t) {
   std::sort(t.begin(), t.end());
   const std::size_t n = t.size();
   return {n % 2 ? t[n / 2] : 0.5 * (t[n / 2 - 1] + t[n / 2]), t.front(), t.back()};
+}
+
+/// Writes `text` to `path` whole, then renames it into place (never a half-written file);
+/// false, with a message naming `program`, when it cannot.
+inline bool write_whole(const char* program, const std::string& path, const std::string& text) {
+  const std::string tmp = path + ".tmp";
+  std::FILE* f = std::fopen(tmp.c_str(), "w");
+  bool ok = f != nullptr && std::fwrite(text.data(), 1, text.size(), f) == text.size();
+  if (f != nullptr) ok = std::fclose(f) == 0 && ok;
+  ok = ok && std::rename(tmp.c_str(), path.c_str()) == 0;
+  if (!ok) {
+    std::remove(tmp.c_str());
+    std::fprintf(stderr, "%s: cannot write %s\n", program, path.c_str());
+  }
+  return ok;
+}
+
+/// A benchmark's main: its options (exit 2 when bad), then `run`, whose exceptions are exit 1.
+template <typename Run>
+int bench_main(int argc, char** argv, const char* program, const char* usage, Run run) {
+  Args args;
+  if (!parse_args(argc, argv, program, usage, args)) return 2;
+  try {
+    return run(args);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "%s: error: %s\n", program, e.what());
+    return 1;
+  }
 }
 
 }  // namespace fusedopt_bench

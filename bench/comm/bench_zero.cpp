@@ -479,17 +479,7 @@ int run(const Args& args) {
           summarize(r.faults).median, times, i + 1 < rows.size() ? "," : "");
     }
     j += "  ]\n}\n";
-    // Written whole, then renamed: never a half-written file.
-    const std::string tmp = args.json + ".tmp";
-    std::FILE* f = std::fopen(tmp.c_str(), "w");
-    bool written = f != nullptr && std::fwrite(j.data(), 1, j.size(), f) == j.size();
-    if (f != nullptr) written = std::fclose(f) == 0 && written;
-    written = written && std::rename(tmp.c_str(), args.json.c_str()) == 0;
-    if (!written) {
-      std::remove(tmp.c_str());
-      std::fprintf(stderr, "fusedopt-zero-bench: cannot write %s\n", args.json.c_str());
-      return 1;
-    }
+    if (!fusedopt_bench::write_whole("fusedopt-zero-bench", args.json, j)) return 1;
   }
   return 0;
 }
@@ -497,12 +487,5 @@ int run(const Args& args) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  Args args;
-  if (!fusedopt_bench::parse_args(argc, argv, "fusedopt-zero-bench", kUsage, args)) return 2;
-  try {
-    return run(args);
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "fusedopt-zero-bench: error: %s\n", e.what());
-    return 1;
-  }
+  return fusedopt_bench::bench_main(argc, argv, "fusedopt-zero-bench", kUsage, run);
 }

@@ -454,11 +454,22 @@ void write_index(const std::filesystem::path& dir, const std::string& tag, int r
   write_safetensors(dir / kIndexFile, {}, metadata);  // atomic: this commits the set
 }
 
+/// The state tensors of parameter `name` in a checkpoint file: "<name>/<state>" (a state
+/// name has no '/'), with their safetensors dtypes.
+std::vector<std::pair<std::string, std::string>> states_of(const SafetensorsReader& r,
+                                                           const std::string& name) {
+  std::vector<std::pair<std::string, std::string>> out;
+  for (const std::string& t : r.names()) {
+    if (t.rfind(name + "/", 0) == 0 && t.find('/', name.size() + 1) == std::string::npos)
+      out.emplace_back(t.substr(name.size() + 1), r.entry(t).dtype);
+  }
+  return out;
+}
+
 }  // namespace
 
 void ShardedOptimizer::save(const std::filesystem::path& dir) const {
-  const Impl& cm = live("save");
-  Impl& m = const_cast<Impl&>(cm);  // the communicator's calls are not const
+  Impl& m = live("save");
   // A fresh tag for this set's file names, drawn by rank 0: a save that dies halfway never
   // overwrites a file the committed index names.
   double draw = 0;
@@ -587,14 +598,9 @@ void ShardedOptimizer::load(const std::filesystem::path& dir) {
         if (lo >= hi) continue;
         SafetensorsReader& r = reader(o.file);
         if (kinds.empty()) {
-          for (const std::string& t : r.names()) {
-            // "<name>/<state>": a state name has no '/', so "<name>/x/y" is another param's.
-            if (t.rfind(name + "/", 0) == 0 && t.find('/', name.size() + 1) == std::string::npos)
-              kinds.emplace_back(t, r.entry(t).dtype);
-          }
-          for (const auto& [t, st] : kinds) {
-            (void)st;
-            buffers.emplace_back(static_cast<std::size_t>(b - a) * st_bytes(r.entry(t).dtype));
+          for (const auto& [state, st] : states_of(r, name)) {
+            kinds.emplace_back(name + "/" + state, st);
+            buffers.emplace_back(static_cast<std::size_t>(b - a) * st_bytes(st));
           }
         }
         const std::size_t first = buffers.size() - kinds.size();
@@ -677,18 +683,6 @@ void parse_params(const std::string& text, std::vector<std::string>* names,
 
 DType dtype_of_st(const std::string& st) {
   return st == "F32" ? DType::F32 : st == "BF16" ? DType::BF16 : DType::F16;
-}
-
-/// The state tensors of parameter `name` in a checkpoint file: "<name>/<state>" (a state
-/// name has no '/'), with their safetensors dtypes.
-std::vector<std::pair<std::string, std::string>> states_of(const SafetensorsReader& r,
-                                                           const std::string& name) {
-  std::vector<std::pair<std::string, std::string>> out;
-  for (const std::string& t : r.names()) {
-    if (t.rfind(name + "/", 0) == 0 && t.find('/', name.size() + 1) == std::string::npos)
-      out.emplace_back(t.substr(name.size() + 1), r.entry(t).dtype);
-  }
-  return out;
 }
 
 }  // namespace
