@@ -50,8 +50,8 @@ struct OptimizerOptions {
   /// Keep an fp32 master copy of fp16/bf16 params (allocated and owned by the optimizer);
   /// the kernel updates the master and stores the rounded value into the param.
   bool master_weights = false;
-  /// Hypers and the step live in device memory, so step() can be captured in a CUDA graph
-  /// (costs one extra tiny launch per step).
+  /// Accepted for torch's `capturable`: every CUDA step is capturable (hypers and the step
+  /// count live in device memory; one tiny launch per step counts it), so it changes nothing.
   bool capturable = false;
   /// Clip the gradients by their global norm over every tensor of the step before the rule
   /// sees them, like torch.nn.utils.clip_grad_norm_(max_norm): g *= min(1, max_grad_norm /
@@ -128,20 +128,48 @@ struct OptimizerStats {
 
 class GradScaler;
 
+/// What a grad-scaled step did: whether it was taken (false: an unscaled gradient was not
+/// finite and nothing changed). On the host the answer is known when the step returns. On
+/// CUDA the check and the skip happen on the device and the step only launches; the answer
+/// is read back (waiting for every queued launch of the device) the first time it is asked,
+/// then kept. Ask before the optimizer's next step, which reuses the device flag: asking
+/// later, or after the optimizer is gone, is a UsageError. Converts to bool, so
+/// `if (!opt.step_scaled(inv))` reads as before; a result never asked for costs nothing.
+class FUSEDOPT_API StepResult {
+ public:
+  StepResult() = default;
+  explicit StepResult(bool taken) : taken_(taken) {}
+  /// Whether the step was taken (reads the device's verdict the first time; see above).
+  bool taken() const;
+  operator bool() const { return taken(); }  // NOLINT: reads like the bool it replaces
+  /// Whether the answer is on the host already (taken() will not wait).
+  bool known() const { return pending_ == nullptr; }
+
+  /// Internal: a verdict still on the device (made by the optimizer's step).
+  struct Pending;
+  explicit StepResult(std::shared_ptr<const Pending> pending) : pending_(std::move(pending)) {}
+
+ private:
+  mutable std::shared_ptr<const Pending> pending_;
+  mutable bool taken_ = true;
+};
+
 /// Runs `rule` over every parameter of every group. States are allocated (one arena per
 /// dtype and device) and initialised from the rule at construction.
 ///
 /// A moved-from Optimizer may be destroyed or assigned to; its other methods throw
 /// UsageError ("Optimizer::step: this Optimizer was moved from").
 ///
-/// CUDA ordering: step() and step_scaled() launch on `stream`, and the reduction hook is
-/// called with it. set_hyper(), save(), load() and step_count() first wait for all work
-/// queued on the device (every stream of its context), then read or write device memory,
-/// so they are safe after steps on any stream. Without `capturable`, step_scaled() waits for
-/// `stream` to read the gradient check back (it returns the verdict); with it, step(),
-/// step_scaled() and a device GradScaler's step() only launch: no synchronisation, no copy,
-/// no allocation. state() is a view of device memory: read it in stream order after the
-/// steps (or after a synchronize).
+/// CUDA ordering: step() and step_scaled() launch on `stream` and never wait: the step count
+/// lives on the device (each launch reads it; it advances after the step's last launch,
+/// unless the device skipped the step), the inverse scale goes by value (or from a device
+/// GradScaler), a scaled step's grad check and skip happen on the device. So every step,
+/// scaled or not, can be captured in a CUDA graph and replayed. The reduction hook is called
+/// with `stream`. set_hyper(), save(), load(), step_count() and a StepResult's taken() first
+/// wait for all work queued on the device (every stream of its context: a superset of
+/// `stream`'s order), then read or write device memory, so they are safe after steps on any
+/// stream. state() is a view of device memory: read it in stream order after the steps (or
+/// after a synchronize).
 class FUSEDOPT_API Optimizer {
  public:
   /// Throws Error naming the tensor and the reason for any misuse (grads missing or of a
@@ -156,10 +184,10 @@ class FUSEDOPT_API Optimizer {
   void step(void* stream = nullptr);
   /// A step with the gradients multiplied by `inv_grad_scale` in the kernel. If any
   /// unscaled gradient is not finite, nothing changes (params, state and the step count
-  /// stay bit for bit) and it returns false. With `capturable` on CUDA the check and the
-  /// skip happen on the device and nothing waits (it can be captured in a CUDA graph): it
-  /// returns true, and step_count() (read from the device) tells whether the step was taken.
-  bool step_scaled(float inv_grad_scale, void* stream = nullptr);
+  /// stay bit for bit) and the result says not taken. The check rides on the first pass
+  /// that reads the gradients when that pass writes nothing (rules with reductions), else
+  /// it is one launch before the update. On CUDA nothing waits (see StepResult).
+  StepResult step_scaled(float inv_grad_scale, void* stream = nullptr);
 
   /// Called after each reduction pass of a step with this process's raw totals (see
   /// ReductionPartials), before the next pass reads them; empty: none.
@@ -185,6 +213,7 @@ class FUSEDOPT_API Optimizer {
 
  private:
   friend class GradScaler;  // a device GradScaler steps with its scale in device memory
+  friend class StepResult;  // reads a step's verdict from the device
   struct Impl;
   /// The Impl, or UsageError("Optimizer::<method>: this Optimizer was moved from").
   Impl& live(const char* method) const;
@@ -198,11 +227,12 @@ class FUSEDOPT_API Optimizer {
 /// A host GradScaler (the default) keeps its scale on the host: a plain value, copying or
 /// moving it copies the scale and the tracker (a moved-from one stays valid and unchanged).
 /// It steps any optimizer; on CUDA it reads the verdict of each step back (a
-/// synchronisation). A device GradScaler (on_device()) keeps the scale, the growth tracker
-/// and the last verdict in device memory and updates them there: its step() only launches
-/// (no synchronisation, copy or allocation), so a whole GradScaler step can be captured in
-/// a CUDA graph, and the host reads the state back only when asked (scale(),
-/// growth_tracker(), last_step_taken()). Copies of a device GradScaler share its state.
+/// synchronisation: the scale it keeps on the host depends on it). A device GradScaler
+/// (on_device()) keeps the scale, the growth tracker and the last verdict in device memory and
+/// updates them there: its step() only launches (no synchronisation, copy or allocation), so a
+/// whole GradScaler step can be captured in a CUDA graph, and the host reads the state back only
+/// when asked (scale(), growth_tracker(), last_step_taken()). Copies of a device GradScaler share
+/// its state.
 class FUSEDOPT_API GradScaler {
  public:
   struct Options {
@@ -213,9 +243,9 @@ class FUSEDOPT_API GradScaler {
   };
   GradScaler() : GradScaler(Options{}) {}
   explicit GradScaler(Options options);
-  /// A device GradScaler for `opt`, which must be a capturable CUDA optimizer with at least
-  /// one element: its state lives in memory of `opt`'s device (allocated and written here,
-  /// once). It then steps any capturable optimizer of that device.
+  /// A device GradScaler for `opt`, which must be a CUDA optimizer with at least one
+  /// element: its state lives in memory of `opt`'s device (allocated and written here,
+  /// once). It then steps any CUDA optimizer of that device.
   static GradScaler on_device(const Optimizer& opt, Options options);
   static GradScaler on_device(const Optimizer& opt) { return on_device(opt, Options{}); }
 
@@ -233,12 +263,12 @@ class FUSEDOPT_API GradScaler {
   /// null for a host GradScaler.
   const float* device_scale() const;
   /// Steps `opt` with the gradients multiplied by grad_factor / scale() (computed in double,
-  /// rounded once to fp32) and updates the scale. A host GradScaler returns whether the step
-  /// was taken; a device GradScaler returns true without waiting (the verdict stays on the
-  /// device: last_step_taken()). `stream` as for Optimizer::step. `grad_factor` folds one
-  /// more factor into the same launches: data parallel passes GradBucketer::grad_scale()
-  /// (1 / ranks), so the average over ranks and the unscale are one multiplication.
-  bool step(Optimizer& opt, void* stream = nullptr, float grad_factor = 1.0f);
+  /// rounded once to fp32) and updates the scale. Returns whether the step was taken: a host
+  /// GradScaler knows it; a device GradScaler's result is read from the device only when
+  /// asked (StepResult; or last_step_taken()). `stream` as for Optimizer::step. `grad_factor` folds
+  /// one more factor into the same launches: data parallel passes GradBucketer::grad_scale() (1 /
+  /// ranks), so the average over ranks and the unscale are one multiplication.
+  StepResult step(Optimizer& opt, void* stream = nullptr, float grad_factor = 1.0f);
   /// Whether the last step() was taken (false: skipped for a non-finite gradient); true
   /// before any. A device GradScaler reads it from the device, after every queued launch.
   bool last_step_taken() const;

@@ -55,7 +55,6 @@ struct BindingTensors {
   /// backend's device); null: the kernel keeps its own.
   void* global_totals = nullptr;
   codegen::Strategy strategy = codegen::Strategy::Auto;
-  bool capturable = false;  ///< CUDA: the step and grad scale live in device memory
 };
 
 /// A kernel's per-tensor reduction totals: data[t * stride + slot] (backend memory).
@@ -71,10 +70,6 @@ class BoundKernel {
   virtual ~BoundKernel() = default;
   /// Writes every state's initial value (and the master copy).
   virtual void init_states() = 0;
-  /// Before any pass of a step (capturable CUDA: advances the device step). Default: nothing.
-  virtual void begin_step(double step, float inv_grad_scale, void* stream) {
-    (void)step, (void)inv_grad_scale, (void)stream;
-  }
   /// Reduction pass `pass` (below body().reduction_passes); `check_grads` also counts
   /// non-finite unscaled gradients in pass 0.
   virtual void reduce(int pass, double step, float inv_grad_scale, bool check_grads,
@@ -101,28 +96,31 @@ class BoundKernel {
   virtual std::string key() const = 0;
   virtual std::string origin() const = 0;
   virtual double seconds() const = 0;
-  /// Capturable CUDA kernels: the steps taken as the device counts them (a replayed graph
-  /// advances it without the host). Synchronous; not while capturing. -1: not capturable.
+  /// CUDA kernels: the steps taken as the device counts them (a replayed graph advances it
+  /// without the host; a step skipped on the device does not count). Synchronous; not while
+  /// capturing. -1: the count lives on the host.
   virtual std::int64_t device_steps() const { return -1; }
   /// Sets the device's count of steps taken (a checkpoint load), synchronously: complete on
   /// return, after every queued step. Default (the count lives on the host): nothing.
   virtual void set_device_steps(std::int64_t taken) { (void)taken; }
 
-  /// Whether grad-scaled steps are checked and skipped on the device (capturable CUDA),
-  /// with nothing waiting on the host.
+  /// Whether steps are counted, and grad-scaled steps checked and skipped, on the device
+  /// (CUDA), with nothing waiting on the host. The calls below are for such kernels.
   virtual bool checks_on_device() const { return false; }
-  /// Device-side check: sets the double at `flag` (device memory, zeroed by the caller) to
-  /// 1 if a gradient times the inverse scale is not finite, and makes the launches of this
-  /// step (advance, reductions, update) do nothing when it is set. The inverse scale is
-  /// `inv_grad_scale`, divided by the loss scale at `device_scale` (device memory: a device
-  /// GradScaler's) when non-null, for the check and every launch of the step. Ends with
-  /// end_step().
-  virtual void check_grads_on_device(float inv_grad_scale, const void* device_scale, void* flag,
-                                     void* stream) {
-    (void)inv_grad_scale, (void)device_scale, (void)flag, (void)stream;
+  /// Every launch of this step divides its inverse scale by the loss scale at
+  /// `device_scale` (device memory: a device GradScaler's), until end_step(); null: none.
+  virtual void use_device_scale(const void* device_scale) { (void)device_scale; }
+  /// The separate grad check (one launch): sets the double at `flag` (device memory, zeroed
+  /// by the caller) to 1 if a gradient times the inverse scale is not finite.
+  virtual void check_grads_on_device(float inv_grad_scale, void* flag, void* stream) {
+    (void)inv_grad_scale, (void)flag, (void)stream;
   }
-  /// After a step's last launch: no more skipping on the flag, no device inverse scale.
-  virtual void end_step() {}
+  /// From now until end_step(), the launches of this step (its count included) do nothing
+  /// when the double at `flag` is non-zero.
+  virtual void skip_when(const void* flag) { (void)flag; }
+  /// After a step's last pass: counts the step on the device (unless skipped), then forgets
+  /// the skip flag and the device scale.
+  virtual void end_step(void* stream) { (void)stream; }
   /// A device GradScaler's update after a step, on `stream` (one tiny launch): the
   /// fo_scaler at `scaler` from the step's grad-check flag at `flag` (abi.h's
   /// fo_update_scale). Only where checks_on_device().

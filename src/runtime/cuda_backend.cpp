@@ -25,8 +25,7 @@ class CudaBoundKernel final : public BoundKernel {
                   const std::vector<std::vector<double>>& hypers)
       : context_(context),
         kernel_(std::move(rule), tensors.dtypes, context.device(), provider::cache_at({}),
-                tensors.strategy),
-        capturable_(tensors.capturable) {
+                tensors.strategy) {
     const Plan plan = plan_binding(
         backend, kernel_.body(),
         PlanRequest("CudaKernel", tensors.ptrs, tensors.numel, hypers, tensors.group, kCudaChunk),
@@ -43,19 +42,9 @@ class CudaBoundKernel final : public BoundKernel {
     cuda::synchronize(nullptr);
   }
 
-  void begin_step(double, float, void* stream) override {
-    if (!capturable_) return;
-    // Capturable: the step count lives on the device and advances there (not on a step the
-    // device skipped), so a captured graph replays correctly; the inverse scale goes by value
-    // in the launches (or from a device GradScaler), so nothing is written from the host.
-    // The step is advanced even with no chunk, so the count stays the number of steps.
-    cuda::ContextScope scope(context_);
-    kernel_.advance_step(stream);
-  }
-
   void reduce(int pass, double step, float inv_grad_scale, bool check_grads,
               void* stream) override {
-    kernel_.run_pass(stream, pass, step, inv_grad_scale, check_grads, capturable_);
+    kernel_.run_pass(stream, pass, step, inv_grad_scale, check_grads, true);
   }
   void finalize(int pass, bool accumulate, void* stream) override {
     kernel_.finalize(stream, pass, accumulate);
@@ -69,7 +58,7 @@ class CudaBoundKernel final : public BoundKernel {
   std::int64_t scratch_bytes() const override { return static_cast<std::int64_t>(scratch_.size()); }
 
   void step(double step, float inv_grad_scale, void* stream) override {
-    kernel_.run_pass(stream, kernel_.reduction_passes(), step, inv_grad_scale, false, capturable_);
+    kernel_.run_pass(stream, kernel_.reduction_passes(), step, inv_grad_scale, false, true);
   }
   bool grads_finite(float inv_grad_scale, void* stream) override {
     return kernel_.grads_finite(stream, inv_grad_scale);
@@ -86,31 +75,33 @@ class CudaBoundKernel final : public BoundKernel {
   }
   int launches_per_step() const override {
     if (!any_elements_) return 0;
-    return 1 + 2 * kernel_.reduction_passes() + (capturable_ ? 1 : 0);
+    return 2 + 2 * kernel_.reduction_passes();  // the passes, their finalizes, the count
   }
   std::string key() const override { return kernel_.key(); }
   std::string origin() const override { return kernel_.origin(); }
   double seconds() const override { return kernel_.seconds(); }
   std::int64_t device_steps() const override {
-    if (!capturable_) return -1;
     return static_cast<std::int64_t>(kernel_.capturable_steps_taken());
   }
   void set_device_steps(std::int64_t taken) override {
-    if (!capturable_) return;
     cuda::ContextScope scope(context_);
     cuda::context_synchronize();  // no queued step may still read or advance it
     kernel_.set_capturable_state(static_cast<double>(taken));
   }
 
-  bool checks_on_device() const override { return capturable_; }
-  void check_grads_on_device(float inv_grad_scale, const void* device_scale, void* flag,
-                             void* stream) override {
-    cuda::ContextScope scope(context_);
+  // Every CUDA step reads its step from the device count, which advances after the step's
+  // last launch unless the device found a non-finite gradient: a step (scaled or not) only
+  // launches, and any sequence of steps can be captured in a CUDA graph and replayed.
+  bool checks_on_device() const override { return true; }
+  void use_device_scale(const void* device_scale) override {
     kernel_.set_scale_source(dev(device_scale));
-    kernel_.check_grads_into(stream, inv_grad_scale, capturable_, dev(flag));
-    kernel_.set_skip_flag(dev(flag));
   }
-  void end_step() override {
+  void check_grads_on_device(float inv_grad_scale, void* flag, void* stream) override {
+    kernel_.check_grads_into(stream, inv_grad_scale, true, dev(flag));
+  }
+  void skip_when(const void* flag) override { kernel_.set_skip_flag(dev(flag)); }
+  void end_step(void* stream) override {
+    kernel_.advance_step(stream);
     kernel_.set_skip_flag(0);
     kernel_.set_scale_source(0);
   }
@@ -125,7 +116,6 @@ class CudaBoundKernel final : public BoundKernel {
   CudaKernel kernel_;
   Buffer scratch_;
   std::int64_t num_tensors_ = 0;
-  bool capturable_;
   bool any_elements_ = false;
 };
 

@@ -494,17 +494,15 @@ void CudaKernel::step_capturable(cuda::Stream stream) {
   Impl& k = *impl_;
   k.require_plan("step_capturable");
   ScopedContext scope(k.ctx);
-  // The step is advanced even with no chunk, so the count stays the number of steps.
-  CUdeviceptr step_ptr = static_cast<CUdeviceptr>(k.capturable.get());
-  CUdeviceptr skip = static_cast<CUdeviceptr>(k.skip);
-  void* advance_args[] = {&step_ptr, &skip};
-  k.launch(k.f_advance, static_cast<CUstream>(stream), advance_args, 1, 1);
-  if (k.num_chunks == 0) return;
-  for (int pass = 0; pass < k.reduction_passes; ++pass) {
-    run_pass(stream, pass, 0.0f, 1.0f, false, true);
-    finalize(stream, pass, false);
+  if (k.num_chunks > 0) {
+    for (int pass = 0; pass < k.reduction_passes; ++pass) {
+      run_pass(stream, pass, 0.0, 1.0f, false, true);
+      finalize(stream, pass, false);
+    }
+    run_pass(stream, k.reduction_passes, 0.0, 1.0f, false, true);
   }
-  run_pass(stream, k.reduction_passes, 0.0f, 1.0f, false, true);
+  // Counted even with no chunk, so the count stays the number of steps.
+  advance_step(stream);
 }
 
 void CudaKernel::set_capturable_state(double steps_taken) {

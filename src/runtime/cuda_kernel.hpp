@@ -78,7 +78,7 @@ class CudaKernel {
   int reduction_passes() const;
   /// Launches pass `pass`: a reduction pass (below reduction_passes(); `check_grads`: pass
   /// 0 also counts non-finite unscaled gradients) or the update (pass == reduction_passes()).
-  /// `capturable_mode` reads the step and grad scale from the device (see below).
+  /// `capturable_mode` reads the step from the device: one past the steps taken (see below).
   void run_pass(cuda::Stream stream, int pass, double step, float inv_grad_scale, bool check_grads,
                 bool capturable_mode);
   /// Launches the finalize of reduction pass `pass` (combine into the global totals with
@@ -91,7 +91,8 @@ class CudaKernel {
   cuda::DevicePtr tensor_totals() const;
   /// Synchronizes `stream` and reads whether the grad check found a non-finite value.
   bool found_nonfinite(cuda::Stream stream);
-  /// Capturable mode: advances the device step by one (one tiny launch).
+  /// Counts a step on the device (one tiny launch after the step's last pass): the steps
+  /// taken advance by one, unless the skip flag (set_skip_flag) is set.
   void advance_step(cuda::Stream stream);
   /// What codegen said about the kernel (no code).
   const codegen::KernelBody& body() const { return info_.body; }
@@ -106,8 +107,8 @@ class CudaKernel {
   // It costs one extra tiny launch per step (fusedopt_advance_step), as PyTorch's
   // capturable optimizers pay for their device-side step increment.
 
-  /// Advances the device step by one, then runs the step with it (two launches, no host
-  /// synchronisation, no host-side state: safe to capture and replay).
+  /// Runs the step with the device step (steps taken + 1), then counts it (advance_step):
+  /// no host synchronisation, no host-side state, safe to capture and replay.
   void step_capturable(cuda::Stream stream);
   /// Sets the number of steps already taken (the next step_capturable uses steps_taken+1).
   /// Synchronous (complete on return); not while a stream is being captured.

@@ -63,10 +63,10 @@ fo_scaler make_scaler(double scale, int tracker, bool last_taken) {
 GradScaler GradScaler::on_device(const Optimizer& opt, Options options) {
   GradScaler scaler(options);
   const Optimizer::Impl& m = opt.live("GradScaler::on_device");
-  FUSEDOPT_CHECK_USAGE(m.device.kind == Device::Kind::Cuda && m.options.capturable,
-                       "GradScaler::on_device: the optimizer must be a capturable CUDA one "
-                       "(OptimizerOptions::capturable on cuda tensors); this one runs on {}{}",
-                       m.backend->name(), m.options.capturable ? "" : ", not capturable");
+  FUSEDOPT_CHECK_USAGE(m.device.kind == Device::Kind::Cuda,
+                       "GradScaler::on_device: the optimizer must be a CUDA one (its scale "
+                       "lives in device memory); this one runs on {}",
+                       m.backend->name());
   FUSEDOPT_CHECK_USAGE(!m.kernels.empty(),
                        "GradScaler::on_device: the optimizer has no elements to step (every "
                        "tensor is empty)");
@@ -95,7 +95,7 @@ const float* GradScaler::device_scale() const {
   return reinterpret_cast<const float*>(device_->block.bytes_data() + offsetof(fo_scaler, scale));
 }
 
-bool GradScaler::step(Optimizer& opt, void* stream, float grad_factor) {
+StepResult GradScaler::step(Optimizer& opt, void* stream, float grad_factor) {
   FUSEDOPT_CHECK_USAGE(grad_factor > 0 && std::isfinite(grad_factor),
                        "GradScaler::step: grad_factor must be positive and finite, not {}",
                        grad_factor);
@@ -103,31 +103,25 @@ bool GradScaler::step(Optimizer& opt, void* stream, float grad_factor) {
   const auto backoff = static_cast<float>(options_.backoff_factor);
   if (device_) {
     Optimizer::Impl& m = opt.live("GradScaler::step");
-    FUSEDOPT_CHECK_USAGE(
-        m.device == device_->device && m.options.capturable && !m.kernels.empty(),
-        "GradScaler::step: this device GradScaler lives on {} and steps only capturable "
-        "optimizers there with at least one element; this optimizer runs on {}{}",
-        device_->backend->name(), m.backend->name(),
-        m.options.capturable ? "" : " and is not capturable");
+    FUSEDOPT_CHECK_USAGE(m.device == device_->device && !m.kernels.empty(),
+                         "GradScaler::step: this device GradScaler lives on {} and steps only "
+                         "optimizers there with at least one element; this optimizer runs on {}",
+                         device_->backend->name(), m.backend->name());
     const Optimizer::Impl::DeviceScaler launch{device_->block.data(), growth, backoff,
                                                options_.growth_interval};
-    m.run_step(grad_factor, true, stream, &launch);
-    return true;
+    return m.run_step(grad_factor, true, stream, &launch);
   }
   // torch computes the inverse in double and hands the kernel an fp32 value; the device
   // GradScaler's launches compute the same (abi.h's fo_unscale_factor).
   fo_scaler s = make_scaler(scale_, good_steps_, last_taken_);
   const float inv = fo_unscale_factor(grad_factor, &s.scale);
-  // A capturable CUDA optimizer checks and skips on the device and returns true without
-  // waiting; its step count, read from the device, says whether the step was taken (one
-  // synchronisation each: a device GradScaler does not wait).
-  const std::int64_t before = opt.step_count();
-  const bool taken = opt.step_scaled(inv, stream) && opt.step_count() > before;
+  // The next scale depends on the verdict: on CUDA, asking for it waits for the step.
+  const bool taken = opt.step_scaled(inv, stream).taken();
   fo_update_scale(&s, taken ? 0 : 1, growth, backoff, options_.growth_interval);
   scale_ = s.scale;
   good_steps_ = s.growth_tracker;
   last_taken_ = taken;
-  return taken;
+  return StepResult(taken);
 }
 
 }  // namespace fusedopt

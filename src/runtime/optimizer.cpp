@@ -90,32 +90,66 @@ Optimizer::Impl& Optimizer::live(const char* method) const {
   return *impl_;
 }
 
-bool Optimizer::Impl::run_step(float inv_grad_scale, bool scaled, void* stream,
-                               const DeviceScaler* scaler) {
+/// A verdict still on the device: the optimizer's verdict slot, as of step `serial`.
+struct StepResult::Pending {
+  std::weak_ptr<Optimizer::Impl::Verdicts> source;
+  std::int64_t serial = 0;
+};
+
+bool StepResult::taken() const {
+  if (!pending_) return taken_;
+  const std::shared_ptr<Optimizer::Impl::Verdicts> source = pending_->source.lock();
+  FUSEDOPT_CHECK_USAGE(source != nullptr,
+                       "StepResult::taken: the optimizer of this step is gone; ask before it is "
+                       "destroyed (or moved from)");
+  FUSEDOPT_CHECK_USAGE(source->serial == pending_->serial,
+                       "StepResult::taken: the optimizer has stepped again since (step {} of "
+                       "this result, now {}): the device keeps the last verdict only; ask "
+                       "before the next step, or use step_count() or a GradScaler",
+                       pending_->serial, source->serial);
+  double found = 0;
+  source->backend->copy_to_host(&found, source->flag, sizeof found);  // waits for the step
+  taken_ = found == 0.0;
+  pending_.reset();
+  return taken_;
+}
+
+StepResult Optimizer::Impl::run_step(float inv_grad_scale, bool scaled, void* stream,
+                                     const DeviceScaler* scaler) {
   FUSEDOPT_CHECK_USAGE(step_count < kMaxSteps,
                        "the optimizer has taken {} steps, the most it takes (2^53)", step_count);
   // The grad check rides on pass 0 (one read of the gradient for the unscale, the check and
-  // any norm) unless pass 0 writes (the Store strategy with one reduction pass) or the step
-  // lives on the device (capturable: the device step must not advance on a skipped step).
-  bool fold_check = scaled && reduction_passes > 0 && !options.capturable;
+  // any norm) unless pass 0 writes (the Store strategy with one reduction pass): the skip
+  // must be known before anything is written. Else it is its own launch before the step.
+  bool fold_check = scaled && reduction_passes > 0;
   for (const auto& kernel : kernels) fold_check = fold_check && kernel->body().store_pass != 0;
-  // Capturable CUDA: the check and the skip happen on the device and nothing waits. The
-  // shared grad-check slot is zeroed, every binding's check may set it, and every launch of
-  // the step (the step advance included) does nothing when it is set.
-  const bool on_device = scaled && !kernels.empty() && kernels.front()->checks_on_device();
-  FUSEDOPT_CHECK_INTERNAL(scaler == nullptr || on_device,
-                          "a device GradScaler steps only a capturable CUDA optimizer");
-  double* flag = nullptr;
+  // CUDA: the step count, the check and the skip live on the device and nothing waits. The
+  // shared grad-check slot (the last global total) is the skip flag: the separate check
+  // zeroes and sets it, a folded check is pass 0's finalize writing it; every launch after
+  // it (the step's count included) does nothing when it is set.
+  const bool on_device = !kernels.empty() && kernels.front()->checks_on_device();
+  FUSEDOPT_CHECK_INTERNAL(scaler == nullptr || (scaled && on_device),
+                          "a device GradScaler steps only a CUDA optimizer");
+  auto* const flag =
+      static_cast<double*>(global_totals.data()) + detail::lang_rule(rule).num_global_reductions;
+  const std::int64_t serial = ++verdicts->serial;
   if (on_device) {
-    flag = static_cast<double*>(global_totals.data()) +
-           (detail::lang_rule(rule).num_global_reductions);  // the last slot
+    // Set for this step alone (a step that threw half-way may have left them set).
     const void* device_scale =
         scaler ? static_cast<const std::byte*>(scaler->scaler) + offsetof(fo_scaler, scale)
                : nullptr;
-    backend->fill(flag, 0, sizeof(double), stream);
-    for (auto& kernel : kernels)
-      kernel->check_grads_on_device(inv_grad_scale, device_scale, flag, stream);
-    if (hook) call_check_hook(stream);  // combines the device flag (in stream order)
+    for (auto& kernel : kernels) {
+      kernel->use_device_scale(device_scale);
+      kernel->skip_when(nullptr);
+    }
+  }
+  if (scaled && on_device) {
+    if (!fold_check) {
+      backend->fill(flag, 0, sizeof(double), stream);
+      for (auto& kernel : kernels) kernel->check_grads_on_device(inv_grad_scale, flag, stream);
+      if (hook) call_check_hook(stream);  // combines the device flag (in stream order)
+      for (auto& kernel : kernels) kernel->skip_when(flag);
+    }
   } else if (scaled && !fold_check) {
     // Every binding is checked before any is stepped: a non-finite gradient anywhere must
     // leave every tensor untouched.
@@ -129,19 +163,17 @@ bool Optimizer::Impl::run_step(float inv_grad_scale, bool scaled, void* stream,
     if (hook) {
       // The hook combines the verdict across ranks (the grad-check slot, by max), so every
       // rank takes or skips the same step.
-      auto* slot = static_cast<double*>(global_totals.data()) +
-                   detail::lang_rule(rule).num_global_reductions;
       const double found = finite ? 0.0 : 1.0;
-      backend->copy_from_host(slot, &found, sizeof found);
+      backend->copy_from_host(flag, &found, sizeof found);
       call_check_hook(stream);
       double combined = 0;
-      backend->copy_to_host(&combined, slot, sizeof combined);
+      backend->copy_to_host(&combined, flag, sizeof combined);
       finite = combined == 0.0;
     }
-    if (!finite) return false;
+    if (!finite) return StepResult(false);
   }
+  // The host's value; CUDA launches read theirs from the device count instead.
   const auto step = static_cast<double>(step_count + 1);  // exact: step_count < 2^53
-  for (auto& kernel : kernels) kernel->begin_step(step, inv_grad_scale, stream);
   for (int pass = 0; pass < reduction_passes; ++pass) {
     for (auto& kernel : kernels)
       kernel->reduce(pass, step, inv_grad_scale, fold_check && pass == 0, stream);
@@ -150,20 +182,29 @@ bool Optimizer::Impl::run_step(float inv_grad_scale, bool scaled, void* stream,
     // The hook first: the grad check's count is a global slot (combined by max), so every
     // rank sees the same verdict and skips the same steps.
     if (hook) call_hook(pass, stream);
-    if (pass == 0 && fold_check && !kernels.empty() && kernels.front()->found_nonfinite(stream)) {
-      return false;
+    if (pass == 0 && fold_check) {
+      if (on_device) {
+        for (auto& kernel : kernels) kernel->skip_when(flag);
+      } else if (!kernels.empty() && kernels.front()->found_nonfinite(stream)) {
+        return StepResult(false);
+      }
     }
   }
   for (auto& kernel : kernels) kernel->step(step, inv_grad_scale, stream);
-  if (on_device) {
-    for (auto& kernel : kernels) kernel->end_step();
-    if (scaler) {
-      kernels.front()->update_scaler(scaler->scaler, flag, scaler->growth, scaler->backoff,
-                                     scaler->interval, stream);
-    }
+  for (auto& kernel : kernels) kernel->end_step(stream);
+  if (scaler) {
+    kernels.front()->update_scaler(scaler->scaler, flag, scaler->growth, scaler->backoff,
+                                   scaler->interval, stream);
   }
-  ++step_count;  // the host's count; a capturable optimizer's step_count() reads the device
-  return true;
+  // The host's count of steps launched; on CUDA, step_count() reads the device's.
+  ++step_count;
+  if (!scaled || !on_device) return StepResult(true);
+  verdicts->backend = backend.get();
+  verdicts->flag = flag;
+  auto pending = std::make_shared<StepResult::Pending>();
+  pending->source = verdicts;
+  pending->serial = serial;
+  return StepResult(std::shared_ptr<const StepResult::Pending>(std::move(pending)));
 }
 
 void Optimizer::Impl::call_check_hook(void* stream) {
@@ -216,7 +257,7 @@ void Optimizer::Impl::call_hook(int pass, void* stream) {
 
 void Optimizer::step(void* stream) { live("step").run_step(1.0f, false, stream); }
 
-bool Optimizer::step_scaled(float inv_grad_scale, void* stream) {
+StepResult Optimizer::step_scaled(float inv_grad_scale, void* stream) {
   return live("step_scaled").run_step(inv_grad_scale, true, stream);
 }
 

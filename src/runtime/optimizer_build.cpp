@@ -348,7 +348,6 @@ void Optimizer::Impl::bind_kernels() {
     tensors[b].dtypes = bindings[b];
     tensors[b].global_totals = global_totals.data();
     tensors[b].strategy = options.reduction_strategy;
-    tensors[b].capturable = options.capturable;
   }
   for (std::size_t p = 0; p < params.size(); ++p) {
     const ParamSlot& s = params[p];

@@ -77,6 +77,15 @@ struct Optimizer::Impl {
   std::vector<std::vector<int>> binding_params;  ///< per binding: param index of each tensor
   ReductionHook hook;
   std::string schedule_report;
+  /// Where a step's device verdict is read (the grad-check slot of global_totals), and the
+  /// serial of the last step: a StepResult of an older step can no longer be read. Shared
+  /// with the StepResults (weakly: the optimizer's end expires them).
+  struct Verdicts {
+    runtime::Backend* backend = nullptr;
+    const void* flag = nullptr;
+    std::int64_t serial = 0;
+  };
+  std::shared_ptr<Verdicts> verdicts = std::make_shared<Verdicts>();
 
   /// A device GradScaler's part in a step (capturable CUDA): its fo_scaler (device memory),
   /// whose scale the step divides by and which is updated after the step, and its factors.
@@ -87,12 +96,12 @@ struct Optimizer::Impl {
     int interval = 2000;
   };
   /// One step: the reduction passes (if any), then the update, on every binding. With
-  /// `scaled`, a non-finite unscaled gradient anywhere skips the step (returns false) and
-  /// changes nothing. With `scaler` (capturable CUDA, scaled), the gradients are multiplied
-  /// by inv_grad_scale / the device scaler's scale, and the scaler is updated after the
-  /// step; nothing waits.
-  bool run_step(float inv_grad_scale, bool scaled, void* stream,
-                const DeviceScaler* scaler = nullptr);
+  /// `scaled`, a non-finite unscaled gradient anywhere skips the step (not taken) and
+  /// changes nothing. With `scaler` (CUDA, scaled), the gradients are multiplied by
+  /// inv_grad_scale / the device scaler's scale, and the scaler is updated after the step.
+  /// On CUDA nothing waits: the verdict stays on the device until asked.
+  StepResult run_step(float inv_grad_scale, bool scaled, void* stream,
+                      const DeviceScaler* scaler = nullptr);
   /// Hands pass `pass`'s totals to the hook.
   void call_hook(int pass, void* stream);
   /// Hands a scaled step's separate grad check (the last global slot: 0, or non-zero when a
@@ -114,8 +123,8 @@ struct Optimizer::Impl {
   /// The fusion and schedule reports (stats(), FUSEDOPT_LOG=info).
   void report();
 
-  /// The steps taken: the device's count in capturable CUDA mode (graph replays advance it
-  /// without the host), else the host's.
+  /// The steps taken: the device's count on CUDA (graph replays advance it without the
+  /// host), else the host's.
   std::int64_t current_step_count() const;
 
   /// Index of hyper `name`; throws Error listing the rule's hypers otherwise.

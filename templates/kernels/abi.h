@@ -4,7 +4,7 @@
 #define FUSEDOPT_ABI_H
 
 // Bump when you change this: any struct below or an exported entry point's signature.
-#define FO_ABI_VERSION 7
+#define FO_ABI_VERSION 8
 
 // Launch constants shared by the runtime and the kernels (one source for both):
 /// Threads per block of every CUDA kernel (the runtime's kCudaBlock).
@@ -28,7 +28,8 @@ struct fo_launch {
                                  ///< computes uniform values from them in double)
   double step;                   ///< 1-based step, used when step_ptr is null
   float inv_grad_scale;          ///< what grads are multiplied by (see fo_unscale_factor)
-  const double* step_ptr;        ///< capturable mode: read the step here (exact to 2^53 steps)
+  const double* step_ptr;        ///< non-null: the steps taken, counted on the device (exact to
+                                 ///< 2^53); the launch's step is *step_ptr + 1
   const float* grad_scale_ptr;   ///< non-null: a device GradScaler's fo_scaler::scale; grads
                                  ///< are then multiplied by inv_grad_scale / *grad_scale_ptr
   const unsigned char* aligned;  ///< per tensor: 1 if every role's pointer is aligned to 4
@@ -44,8 +45,8 @@ struct fo_launch {
   long long num_tensors;
   int global_accumulate;  ///< finalize: 0 = write the global totals, 1 = combine into them
   int check_grads;        ///< pass 0 also counts non-finite unscaled gradients
-  /// Non-null (CUDA, capturable grad scaling): when *skip_if_set != 0 (a non-finite
-  /// gradient was found on the device), the launch does nothing.
+  /// Non-null (CUDA grad scaling): when *skip_if_set != 0 (a non-finite gradient was found
+  /// on the device), the launch does nothing.
   const double* skip_if_set;
 };
 

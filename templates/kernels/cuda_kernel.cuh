@@ -163,6 +163,12 @@ __device__ __forceinline__ fo_tvals fo_chunk_values(const fo_launch& L, int tens
   return T;
 }
 
+/// The 1-based step of this launch: by value, or one past the steps the device has counted
+/// (the count advances after the step's last launch, unless the step was skipped).
+__device__ __forceinline__ double fo_launch_step(const fo_launch& L) {
+  return L.step_ptr ? *L.step_ptr + 1.0 : L.step;
+}
+
 /// True when the launch must do nothing: a gradient check on the device found a
 /// non-finite value (the same for every thread, so an early return before any barrier).
 __device__ __forceinline__ bool fo_skipped(const fo_launch& L) {
@@ -173,7 +179,7 @@ template <bool kInit>
 __device__ __forceinline__ void fo_run(const fo_launch& L) {
   if (fo_skipped(L)) return;
   __shared__ fo_uniform shared_uniform;
-  const double step = L.step_ptr ? *L.step_ptr : L.step;
+  const double step = fo_launch_step(L);
   const float inv_grad_scale = fo_unscale_factor(L.inv_grad_scale, L.grad_scale_ptr);
   int group = -1;
   fo_uniform U;
@@ -248,7 +254,7 @@ __device__ __forceinline__ void fo_reduce_run(const fo_launch& L) {
   if (fo_skipped(L)) return;
   __shared__ fo_uniform shared_uniform;
   __shared__ float red[FO_BLOCK];
-  const double step = L.step_ptr ? *L.step_ptr : L.step;
+  const double step = fo_launch_step(L);
   const float inv_grad_scale = fo_unscale_factor(L.inv_grad_scale, L.grad_scale_ptr);
   const bool check = kPass == 0 && L.check_grads != 0;
   int group = -1;
@@ -393,10 +399,10 @@ extern "C" __global__ void __launch_bounds__(FO_BLOCK)
   if (__syncthreads_or(bad) && threadIdx.x == 0) *found_nonfinite = 1.0;
 }
 
-/// Capturable mode: advances the device-resident step by one, unless `skip` is set (a
-/// non-finite gradient found on the device: the step is not taken). The runtime launches it
-/// (one thread) right before the step's passes, so a captured CUDA graph replays with a
-/// fresh step each time; it is the one extra launch that capturable mode costs.
+/// Counts a step taken on the device: adds one to the device-resident count of steps taken,
+/// unless `skip` is set (a non-finite gradient found on the device: the step was not taken).
+/// The runtime launches it (one thread) after the step's last pass, so a captured CUDA graph
+/// replays with a fresh step each time and a skipped step leaves the count as it was.
 extern "C" __global__ void fusedopt_advance_step(double* step, const double* skip) {
   if (blockIdx.x == 0 && threadIdx.x == 0 && (skip == 0 || *skip == 0.0)) *step += 1.0;
 }

@@ -101,37 +101,45 @@ TEST_SUITE("cuda_gpu") {
     }
   }
 
-  TEST_CASE("a capturable step_scaled with a NaN is skipped on the device, bit for bit" *
+  TEST_CASE("a step_scaled with a NaN is skipped on the device, bit for bit, capturable or not" *
             testing::needs_cuda_device()) {
     cu::PrimaryContext ctx(0);
     std::mt19937 rng(std::random_device{}());
     std::normal_distribution<float> normal(0.0f, 1.0f);
-    for (const char* preset : {"adamw", "lamb"}) {
-      CAPTURE(preset);
-      DeviceModel m = make_model(rng);
-      OptimizerOptions options;
-      options.capturable = true;
-      Optimizer gpu(Rule::preset(preset), {m.device_group()}, options);
-      GradScaler scaler;
-      for (auto& g : m.hg) {
-        for (auto& x : g) x = normal(rng);
+    for (bool capturable : {false, true}) {
+      for (const char* preset : {"adamw", "lamb"}) {  // a separate check; one on pass 0
+        CAPTURE(capturable);
+        CAPTURE(preset);
+        DeviceModel m = make_model(rng);
+        OptimizerOptions options;
+        options.capturable = capturable;
+        Optimizer gpu(Rule::preset(preset), {m.device_group()}, options);
+        GradScaler scaler;
+        for (auto& g : m.hg) {
+          for (auto& x : g) x = normal(rng);
+        }
+        m.upload_grads();
+        CHECK(scaler.step(gpu));  // a finite step is taken
+        CHECK(gpu.step_count() == 1);
+        std::vector<std::vector<float>> before;
+        for (std::size_t i = 0; i < m.sizes.size(); ++i) before.push_back(m.download_param(i));
+        m.hg[3][12345] = std::nanf("");
+        m.upload_grads();
+        const float scale = scaler.scale();
+        CHECK_FALSE(scaler.step(gpu));  // skipped on the device; the scaler backs off
+        CHECK(scaler.scale() == scale * 0.5f);
+        CHECK(gpu.step_count() == 1);
+        // The same through step_scaled: its result read on request, after the launches.
+        StepResult skipped = gpu.step_scaled(0.5f);
+        CHECK_FALSE(skipped.known());
+        CHECK_FALSE(skipped.taken());
+        CHECK(gpu.step_count() == 1);
+        for (std::size_t i = 0; i < m.sizes.size(); ++i) CHECK(m.download_param(i) == before[i]);
+        m.hg[3][12345] = 0.5f;
+        m.upload_grads();
+        CHECK(scaler.step(gpu));
+        CHECK(gpu.step_count() == 2);
       }
-      m.upload_grads();
-      CHECK(scaler.step(gpu));  // a finite step is taken
-      CHECK(gpu.step_count() == 1);
-      std::vector<std::vector<float>> before;
-      for (std::size_t i = 0; i < m.sizes.size(); ++i) before.push_back(m.download_param(i));
-      m.hg[3][12345] = std::nanf("");
-      m.upload_grads();
-      const float scale = scaler.scale();
-      CHECK_FALSE(scaler.step(gpu));  // skipped on the device; the scaler backs off
-      CHECK(scaler.scale() == scale * 0.5f);
-      CHECK(gpu.step_count() == 1);
-      for (std::size_t i = 0; i < m.sizes.size(); ++i) CHECK(m.download_param(i) == before[i]);
-      m.hg[3][12345] = 0.5f;
-      m.upload_grads();
-      CHECK(scaler.step(gpu));
-      CHECK(gpu.step_count() == 2);
     }
   }
 

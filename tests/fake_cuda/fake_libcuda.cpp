@@ -3,7 +3,9 @@
 // 9.0 with 132 SMs whose "device memory" is host memory, modules that are never executed
 // (a launch does nothing), events that are complete as soon as they are recorded, and a log
 // of every call for tests to inspect (fake_cuda_log).
-// It knows nothing of fusedopt; tests/fake_cuda/fake_cuda.hpp reads it.
+// Of fusedopt it knows only the launch ABI (abi.h), to log what a fusedopt_* launch asks
+// for: " check" (pass 0 counts non-finite gradients), " skip" (does nothing when the device
+// flag is set), " scale" (divides by a device GradScaler's scale).
 #include <cuda.h>
 
 #include <cstdlib>
@@ -12,6 +14,8 @@
 #include <mutex>
 #include <set>
 #include <string>
+
+#include "abi.h"
 
 namespace {
 
@@ -54,6 +58,21 @@ bool owned(CUdeviceptr p) {
   if (it == s.sizes.begin()) return false;
   --it;
   return p >= it->first && p < it->first + it->second;
+}
+
+/// What a fusedopt launch asks for, from its parameters (see the top of this file).
+std::string launch_flags(const std::string& name, void** params) {
+  if (params == nullptr || name.rfind("fusedopt_", 0) != 0) return "";
+  if (name == "fusedopt_update_scale") return "";
+  if (name == "fusedopt_advance_step") {
+    return *static_cast<const CUdeviceptr*>(params[1]) != 0 ? " skip" : "";  // (step, skip)
+  }
+  const fo_launch& L = *static_cast<const fo_launch*>(params[0]);
+  std::string out;
+  if (L.check_grads) out += " check";
+  if (L.skip_if_set) out += " skip";
+  if (L.grad_scale_ptr) out += " scale";
+  return out;
 }
 
 }  // namespace
@@ -165,7 +184,8 @@ CUresult CUDAAPI cuModuleGetFunction(CUfunction* f, CUmodule, const char* name) 
 }
 CUresult CUDAAPI cuModuleUnload(CUmodule) { return CUDA_SUCCESS; }
 CUresult CUDAAPI cuLaunchKernel(CUfunction f, unsigned gx, unsigned, unsigned, unsigned bx,
-                                unsigned, unsigned, unsigned, CUstream stream, void**, void**) {
+                                unsigned, unsigned, unsigned, CUstream stream, void** params,
+                                void**) {
   std::string name;
   {
     State& s = state();
@@ -173,7 +193,7 @@ CUresult CUDAAPI cuLaunchKernel(CUfunction f, unsigned gx, unsigned, unsigned, u
     name = s.function_names[f];
   }
   note("cuLaunchKernel " + name + " grid " + std::to_string(gx) + " block " + std::to_string(bx) +
-       (stream ? " stream" : " legacy"));
+       (stream ? " stream" : " legacy") + launch_flags(name, params));
   return CUDA_SUCCESS;
 }
 CUresult CUDAAPI cuFuncSetAttribute(CUfunction, CUfunction_attribute, int) { return CUDA_SUCCESS; }

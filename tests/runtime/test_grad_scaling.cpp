@@ -92,7 +92,9 @@ TEST_SUITE("runtime") {
       model.g[k].set(i, bad);
       INFO("trial " << trial << ": " << bad << " at tensor " << k << ", element " << i);
       const std::vector<std::string> before = model.snapshot();
-      CHECK_FALSE(model.opt->step_scaled(1.0f / 1024));
+      const fusedopt::StepResult result = model.opt->step_scaled(1.0f / 1024);
+      CHECK(result.known());  // the host knows its verdict when the step returns
+      CHECK_FALSE(result.taken());
       CHECK(model.opt->step_count() == 3);
       CHECK(model.snapshot() == before);
     }
@@ -196,14 +198,13 @@ TEST_SUITE("runtime") {
     }
   }
 
-  TEST_CASE("a device GradScaler needs a capturable CUDA optimizer and says so") {
+  TEST_CASE("a device GradScaler needs a CUDA optimizer and says so") {
     use_private_cache();
     std::mt19937 rng(fresh_seed());
     Model model(rng, {100, 50});
     CHECK_THROWS_WITH_AS(fusedopt::GradScaler::on_device(*model.opt),
-                         "GradScaler::on_device: the optimizer must be a capturable CUDA one "
-                         "(OptimizerOptions::capturable on cuda tensors); this one runs on host, "
-                         "not capturable",
+                         "GradScaler::on_device: the optimizer must be a CUDA one (its scale "
+                         "lives in device memory); this one runs on host",
                          fusedopt::UsageError);
   }
 

@@ -94,7 +94,7 @@ TEST_SUITE("runtime") {
     Optimizer b(std::move(*a));
     GradScaler scaler;
     // NOLINTNEXTLINE(bugprone-use-after-move)
-    CHECK_THROWS_WITH_AS(scaler.step(*a), "Optimizer::step_count: this Optimizer was moved from",
+    CHECK_THROWS_WITH_AS(scaler.step(*a), "Optimizer::step_scaled: this Optimizer was moved from",
                          UsageError);
     CHECK(scaler.scale() == 65536.0);  // the failed call changed nothing
     a.reset();                         // destruction of a moved-from Optimizer
