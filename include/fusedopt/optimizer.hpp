@@ -165,7 +165,8 @@ class FUSEDOPT_API StepResult {
 /// unless the device skipped the step), the inverse scale goes by value (or from a device
 /// GradScaler), a scaled step's grad check and skip happen on the device. So every step,
 /// scaled or not, can be captured in a CUDA graph and replayed. The reduction hook is called
-/// with `stream`. set_hyper(), save(), load(), step_count() and a StepResult's taken() first
+/// with `stream`. set_hyper(name, value, group, stream) is ordered on `stream` without
+/// waiting. set_hyper(), save(), load(), step_count() and a StepResult's taken() first
 /// wait for all work queued on the device (every stream of its context: a superset of
 /// `stream`'s order), then read or write device memory, so they are safe after steps on any
 /// stream. state() is a view of device memory: read it in stream order after the steps (or
@@ -193,8 +194,15 @@ class FUSEDOPT_API Optimizer {
   /// ReductionPartials), before the next pass reads them; empty: none.
   void set_reduction_hook(ReductionHook hook);
 
-  /// Sets a hyper for one group, or for every group when `group` is empty.
+  /// Sets a hyper for one group, or for every group when `group` is empty. CUDA: waits for
+  /// every queued launch of the device first, so it is safe whatever stream the steps use.
   void set_hyper(const std::string& name, double value, std::optional<int> group = std::nullopt);
+  /// The same, ordered on `stream` (a CUstream; nullptr is the legacy default stream) without
+  /// waiting: the steps launched on `stream` after it use the new value, those queued
+  /// before it the old one (an LR schedule changing "lr" every step costs no
+  /// synchronisation). Launches on other streams are not ordered with it; not while
+  /// `stream` is being captured (a captured graph reads the hypers when it replays).
+  void set_hyper(const std::string& name, double value, std::optional<int> group, void* stream);
   double hyper(const std::string& name, int group = 0) const;
   /// Steps taken so far (the next step's `step` is step_count() + 1).
   std::int64_t step_count() const;

@@ -91,6 +91,12 @@ class BoundKernel {
   virtual bool grads_finite(float inv_grad_scale, void* stream) = 0;
   /// Replaces the hyper table: `hypers[g]` is group g's values in Rule::hypers order.
   virtual void set_hypers(const std::vector<std::vector<double>>& hypers) = 0;
+  /// The same, ordered on `stream` after the work queued there, without waiting (the
+  /// launches queued on `stream` after it read the new values). Default: set_hypers().
+  virtual void set_hypers_on(const std::vector<std::vector<double>>& hypers, void* stream) {
+    (void)stream;
+    set_hypers(hypers);
+  }
   /// Launches per step (0 when every tensor is empty).
   virtual int launches_per_step() const = 0;
   virtual std::string key() const = 0;

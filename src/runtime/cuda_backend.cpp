@@ -73,6 +73,13 @@ class CudaBoundKernel final : public BoundKernel {
     }
     cuda::context_synchronize();
   }
+  void set_hypers_on(const std::vector<std::vector<double>>& hypers, void* stream) override {
+    // Staged from pageable memory before the call returns, applied in `stream`'s order.
+    cuda::ContextScope scope(context_);
+    for (std::size_t g = 0; g < hypers.size(); ++g) {
+      kernel_.set_hypers(static_cast<int>(g), hypers[g], stream);
+    }
+  }
   int launches_per_step() const override {
     if (!any_elements_) return 0;
     return 2 + 2 * kernel_.reduction_passes();  // the passes, their finalizes, the count

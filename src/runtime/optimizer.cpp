@@ -35,6 +35,11 @@ void Optimizer::Impl::push_hypers() {
   for (auto& kernel : kernels) kernel->set_hypers(h);
 }
 
+void Optimizer::Impl::push_hypers_on(void* stream) {
+  const std::vector<std::vector<double>> h = hyper_values();
+  for (auto& kernel : kernels) kernel->set_hypers_on(h, stream);
+}
+
 int Optimizer::Impl::state_index(const std::string& name) const {
   for (std::size_t k = 0; k < state_names.size(); ++k) {
     if (state_names[k] == name) return static_cast<int>(k);
@@ -265,17 +270,27 @@ void Optimizer::set_reduction_hook(ReductionHook hook) {
   live("set_reduction_hook").hook = std::move(hook);
 }
 
-void Optimizer::set_hyper(const std::string& name, double value, std::optional<int> group) {
-  live("set_hyper");
-  const std::size_t k = impl_->hyper_index(name);
-  const int groups = static_cast<int>(impl_->hypers.size());
+void Optimizer::Impl::assign_hyper(const char* method, const std::string& name, double value,
+                                   std::optional<int> group) {
+  const std::size_t k = hyper_index(name);
+  const int groups = static_cast<int>(hypers.size());
   FUSEDOPT_CHECK_USAGE(!(group && (*group < 0 || *group >= groups)),
-                       "set_hyper('{}'): there is no group {} (the optimizer has {} group{})", name,
-                       *group, groups, groups == 1 ? "" : "s");
+                       "{}('{}'): there is no group {} (the optimizer has {} group{})", method,
+                       name, *group, groups, groups == 1 ? "" : "s");
   for (int g = 0; g < groups; ++g) {
-    if (!group || *group == g) impl_->hypers[static_cast<std::size_t>(g)][k] = value;
+    if (!group || *group == g) hypers[static_cast<std::size_t>(g)][k] = value;
   }
+}
+
+void Optimizer::set_hyper(const std::string& name, double value, std::optional<int> group) {
+  live("set_hyper").assign_hyper("set_hyper", name, value, group);
   impl_->push_hypers();
+}
+
+void Optimizer::set_hyper(const std::string& name, double value, std::optional<int> group,
+                          void* stream) {
+  live("set_hyper").assign_hyper("set_hyper", name, value, group);
+  impl_->push_hypers_on(stream);
 }
 
 double Optimizer::hyper(const std::string& name, int group) const {

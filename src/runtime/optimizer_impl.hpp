@@ -133,6 +133,11 @@ struct Optimizer::Impl {
   std::vector<std::vector<double>> hyper_values() const;
   /// Hands the current hypers to every kernel's plan.
   void push_hypers();
+  /// Sets hyper `name` of one group (or all) on the host; `method` names the caller in errors.
+  void assign_hyper(const char* method, const std::string& name, double value,
+                    std::optional<int> group);
+  /// The same, ordered on `stream` (no waiting).
+  void push_hypers_on(void* stream);
   /// Index of state `name` in state_names, -1 for "master", or throws listing them.
   int state_index(const std::string& name) const;
   /// The view of state `s` (or the master for -1) of parameter `p`.

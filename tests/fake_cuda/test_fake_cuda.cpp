@@ -142,6 +142,45 @@ TEST_SUITE("cuda_fake") {
     }
   }
 
+  TEST_CASE("set_hyper on a stream is ordered there and waits for nothing" *
+            testing::needs_nvrtc()) {
+    Fake fake;
+    Model m;
+    Model second({5, 6});
+    ParamGroup other = second.group();
+    for (Tensor& t : other.params) t.name = "other_" + t.name;
+    Optimizer opt(Rule::preset("adamw"), {m.group(), other});
+    cu::Stream stream = cu::stream_create();
+    fake.reset();
+    opt.step(stream);
+    opt.set_hyper("lr", 0.5, std::nullopt, stream);  // an LR schedule, every step
+    opt.step(stream);
+    INFO(std::string(fake.log()));
+    for (const char* banned :
+         {"cuCtxSynchronize", "cuStreamSynchronize", "cuMemcpyHtoD ", "cuMemAlloc", "cuMemFree"}) {
+      CAPTURE(banned);
+      CHECK(fake.count(banned) == 0);
+    }
+    // One copy per group (its 6 hyper values, 48 bytes), between the steps.
+    const std::vector<std::string> lines = fake.lines();
+    REQUIRE(lines.size() == 6);
+    CHECK(lines[2] == "cuMemcpyHtoDAsync 48");
+    CHECK(lines[3] == "cuMemcpyHtoDAsync 48");
+    CHECK(opt.hyper("lr", 0) == 0.5);
+    CHECK(opt.hyper("lr", 1) == 0.5);
+    fake.reset();
+    opt.set_hyper("lr", 0.25, 1, stream);
+    CHECK(fake.count("cuMemcpyHtoDAsync") == 2);
+    // Without a stream it waits for everything queued on the device.
+    fake.reset();
+    opt.set_hyper("lr", 0.125);
+    CHECK(fake.count("cuCtxSynchronize") >= 1);
+    CHECK_THROWS_WITH_AS(opt.set_hyper("lr", 1.0, 2, stream),
+                         "set_hyper('lr'): there is no group 2 (the optimizer has 2 groups)",
+                         UsageError);
+    cu::stream_destroy(stream);
+  }
+
   TEST_CASE("a step_scaled checks and skips on the device, capturable or not: nothing waits" *
             testing::needs_nvrtc()) {
     Fake fake;
