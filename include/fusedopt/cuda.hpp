@@ -20,6 +20,14 @@ FUSEDOPT_API bool cuda_device_available(std::string* why = nullptr);
 /// calling thread's current context. Throws CudaError.
 FUSEDOPT_API void cuda_synchronize(void* stream = nullptr);
 
+/// Copies `bytes` bytes of device memory of `device` at `src` to host memory at `dst`, after
+/// every launch queued on the device (any stream); complete on return. Throws CudaError.
+FUSEDOPT_API void cuda_copy_to_host(void* dst, const void* src, std::size_t bytes, int device = 0);
+/// Copies `bytes` bytes of host memory at `src` to device memory of `device` at `dst`, after
+/// every launch queued on the device; complete (visible to any stream) on return.
+FUSEDOPT_API void cuda_copy_to_device(void* dst, const void* src, std::size_t bytes,
+                                      int device = 0);
+
 /// Device memory (cuMemAlloc) on one device. It retains the device's primary context for
 /// its lifetime and makes it current on the calling thread when created. Throws CudaError,
 /// or Error in a build without CUDA.

@@ -60,8 +60,15 @@ struct ShardStats {
 /// uses them (the optimizer's reduction hook, in float64): per-tensor norms of straddling
 /// parameters, global norms (clipping), and the non-finite check of a scaled step, so
 /// sharded LAMB, LARS and clipped AdamW equal the unsharded optimizer and a non-finite
-/// gradient on any rank skips the step on every rank. Host memory (an MPI communicator)
-/// only, for now.
+/// gradient on any rank skips the step on every rank.
+///
+/// Host tensors go over an MPI communicator, CUDA tensors of one device over an NCCL one
+/// (every parameter and gradient on the communicator's device, else UsageError). On CUDA
+/// the collectives run on the step's stream; the per-tensor totals are staged through the
+/// host for their all-reduce (a few doubles per tensor: one synchronisation per reduction
+/// pass), the global ones are all-reduced in place on the device, and every rank gathers
+/// the parameters before it reads the step's verdict (a skipped step broadcasts unchanged
+/// pieces).
 class FUSEDOPT_COMM_API ShardedOptimizer {
  public:
   /// Collective: every rank of `comm` constructs it with the same parameters (sizes, dtypes,

@@ -21,6 +21,7 @@
 #include <utility>
 
 #include "comm/buckets.hpp"
+#include "fusedopt/cuda.hpp"
 #include "fusedopt/safetensors.hpp"
 #include "fusedopt/sharded.hpp"
 #include "support/check.hpp"
@@ -73,6 +74,10 @@ std::vector<std::vector<Piece>> cut_into_shards(
   return out;
 }
 
+std::string where(const Device& d) {
+  return d.kind == Device::Kind::Cuda ? fmt::format("cuda:{}", d.index) : std::string("host");
+}
+
 std::string millions(std::int64_t n) {
   return n >= 100000 ? fmt::format("{:.1f} M", static_cast<double>(n) / 1e6) : fmt::format("{}", n);
 }
@@ -103,6 +108,8 @@ struct ShardedOptimizer::Impl {
   std::vector<std::vector<int>> reducer_grads;
   /// The parameter broadcasts: buckets of pieces, each from its owner.
   std::vector<Bucket> gather;
+  /// NCCL: device scratch for the per-tensor totals' all-reduce (grown on demand).
+  std::unique_ptr<CudaBuffer> device_table;
 
   /// Parameter (or gradient) `i` cut at the shard boundaries: (view, owner) per piece.
   std::vector<std::pair<Tensor, int>> pieces(const Tensor& t, std::size_t i) const {
@@ -113,7 +120,7 @@ struct ShardedOptimizer::Impl {
 
   void combine(const ReductionPartials& p);
   void gather_params(void* stream);
-  bool finish_and(const std::function<bool()>& step_shard, void* stream);
+  bool finish_and(const std::function<StepResult()>& step_shard, void* stream);
 };
 
 ShardedOptimizer::ShardedOptimizer(Communicator comm, const Rule& rule,
@@ -126,10 +133,6 @@ ShardedOptimizer::ShardedOptimizer(Communicator comm, const Rule& rule,
   FUSEDOPT_CHECK_USAGE(options.stage == 1 || options.stage == 2,
                        "ShardedOptimizer: stage {} is neither 1 (ZeRO-1) nor 2 (ZeRO-2)",
                        options.stage);
-  FUSEDOPT_CHECK_USAGE(m.comm.device().kind == Device::Kind::Host,
-                       "ShardedOptimizer: a {} communicator reduces device memory; sharding "
-                       "runs on host memory (an MPI communicator) only, for now",
-                       m.comm.backend());
   FUSEDOPT_CHECK_USAGE(!groups.empty(), "ShardedOptimizer: no param groups given");
   for (std::size_t g = 0; g < groups.size(); ++g) {
     FUSEDOPT_CHECK_USAGE(groups[g].params.size() == groups[g].grads.size(),
@@ -146,6 +149,11 @@ ShardedOptimizer::ShardedOptimizer(Communicator comm, const Rule& rule,
                            i, p.name, gr.numel, to_string(gr.dtype), p.numel, to_string(p.dtype));
       FUSEDOPT_CHECK_USAGE(p.numel >= 0, "ShardedOptimizer: param {} ('{}') has {} elements", i,
                            p.name, p.numel);
+      FUSEDOPT_CHECK_USAGE(p.device == m.comm.device() && gr.device == m.comm.device(),
+                           "ShardedOptimizer: param {} ('{}') and its grad live on {} and {}; the "
+                           "{} communicator reduces memory of {}",
+                           i, p.name, where(p.device), where(gr.device), m.comm.backend(),
+                           where(m.comm.device()));
       m.total[p.dtype] += p.numel;
       m.params.push_back(p);
       m.grads.push_back(gr);
@@ -239,51 +247,93 @@ ShardedOptimizer::Impl& ShardedOptimizer::live(const char* method) const {
 }
 
 void ShardedOptimizer::Impl::combine(const ReductionPartials& p) {
-  // Global slots: one float64 all-reduce per kind (sum, max).
+  const bool on_device = p.device.kind == Device::Kind::Cuda;
+  // Global slots: float64 all-reduces, one per kind (sum, max) on the host; on the device
+  // (NCCL) one per slot, in place, in the step's stream order.
   for (const bool max : {false, true}) {
+    const ReduceOp op = max ? ReduceOp::Max : ReduceOp::Sum;
     std::vector<int> slots;
     for (const ReductionSlotInfo& s : p.slots) {
       if (!s.per_tensor && s.max == max) slots.push_back(s.slot);
     }
     if (slots.empty()) continue;
+    if (on_device) {
+      std::vector<Work> work;
+      for (int s : slots) work.push_back(comm.all_reduce(p.global + s, 1, op, p.stream));
+      for (Work& w : work) w.wait();
+      continue;
+    }
     std::vector<double> values;
     for (int s : slots) values.push_back(p.global[s]);
-    comm.all_reduce(values.data(), static_cast<std::int64_t>(values.size()),
-                    max ? ReduceOp::Max : ReduceOp::Sum)
-        .wait();
+    comm.all_reduce(values.data(), static_cast<std::int64_t>(values.size()), op).wait();
     for (std::size_t k = 0; k < slots.size(); ++k) p.global[slots[k]] = values[k];
   }
   // Per-tensor slots: a table [parameter][column] over every parameter (the pieces of a
   // parameter on different ranks add up; a parameter this rank does not own contributes 0,
-  // or -inf to a max), one float64 all-reduce per kind.
+  // or -inf to a max), one float64 all-reduce per kind. Device totals are staged through
+  // the host (they are few: a handful of doubles per tensor).
   const std::size_t n = params.size();
+  std::vector<std::vector<double>> staged(p.tensors.size());
+  auto totals_of = [&](std::size_t b) -> double* {
+    return on_device ? staged[b].data() : p.tensors[b].data;
+  };
+  auto totals_bytes = [&](std::size_t b) {
+    return static_cast<std::size_t>(p.tensors[b].num_tensors * p.tensors[b].stride) *
+           sizeof(double);
+  };
+  bool read = false;
   for (const bool max : {false, true}) {
     std::vector<int> columns;
     for (const ReductionSlotInfo& s : p.slots) {
       if (s.per_tensor && s.max == max) columns.push_back(s.slot);
     }
     if (columns.empty()) continue;
+    if (on_device && !read) {
+      for (std::size_t b = 0; b < p.tensors.size(); ++b) {
+        staged[b].resize(totals_bytes(b) / sizeof(double));
+        cuda_copy_to_host(staged[b].data(), p.tensors[b].data, totals_bytes(b), p.device.index);
+      }
+      read = true;
+    }
     const std::size_t width = columns.size();
     std::vector<double> table(n * width, max ? -std::numeric_limits<double>::infinity() : 0.0);
-    for (const ReductionPartials::TensorTotals& t : p.tensors) {
+    for (std::size_t b = 0; b < p.tensors.size(); ++b) {
+      const ReductionPartials::TensorTotals& t = p.tensors[b];
+      const double* data = totals_of(b);
       for (std::int64_t k = 0; k < t.num_tensors; ++k) {
         const auto param = static_cast<std::size_t>(
             piece_param[static_cast<std::size_t>(t.params[static_cast<std::size_t>(k)])]);
         for (std::size_t c = 0; c < width; ++c)
-          table[param * width + c] = t.data[k * t.stride + columns[c]];
+          table[param * width + c] = data[k * t.stride + columns[c]];
       }
     }
-    comm.all_reduce(table.data(), static_cast<std::int64_t>(table.size()),
-                    max ? ReduceOp::Max : ReduceOp::Sum)
-        .wait();
-    for (const ReductionPartials::TensorTotals& t : p.tensors) {
+    const ReduceOp op = max ? ReduceOp::Max : ReduceOp::Sum;
+    const auto count = static_cast<std::int64_t>(table.size());
+    if (on_device) {
+      const std::size_t bytes = table.size() * sizeof(double);
+      if (!device_table || device_table->size() < bytes)
+        device_table = std::make_unique<CudaBuffer>(bytes, p.device.index);
+      auto* d = static_cast<double*>(device_table->data());
+      cuda_copy_to_device(d, table.data(), bytes, p.device.index);
+      comm.all_reduce(d, count, op, p.stream).wait();
+      cuda_copy_to_host(table.data(), d, bytes, p.device.index);
+    } else {
+      comm.all_reduce(table.data(), count, op).wait();
+    }
+    for (std::size_t b = 0; b < p.tensors.size(); ++b) {
+      const ReductionPartials::TensorTotals& t = p.tensors[b];
+      double* data = totals_of(b);
       for (std::int64_t k = 0; k < t.num_tensors; ++k) {
         const auto param = static_cast<std::size_t>(
             piece_param[static_cast<std::size_t>(t.params[static_cast<std::size_t>(k)])]);
         for (std::size_t c = 0; c < width; ++c)
-          t.data[k * t.stride + columns[c]] = table[param * width + c];
+          data[k * t.stride + columns[c]] = table[param * width + c];
       }
     }
+  }
+  if (read) {
+    for (std::size_t b = 0; b < p.tensors.size(); ++b)
+      cuda_copy_to_device(p.tensors[b].data, staged[b].data(), totals_bytes(b), p.device.index);
   }
 }
 
@@ -295,14 +345,16 @@ void ShardedOptimizer::Impl::gather_params(void* stream) {
   for (Work& w : work) w.wait();
 }
 
-bool ShardedOptimizer::Impl::finish_and(const std::function<bool()>& step_shard, void* stream) {
+bool ShardedOptimizer::Impl::finish_and(const std::function<StepResult()>& step_shard,
+                                        void* stream) {
   reducer->mark_all_ready(stream);  // what backward did not mark
   reducer->finish();
   // The verdict is the same on every rank (the hook combines the grad check), so either
-  // every rank gathers or none does.
-  const bool taken = step_shard();
-  if (taken) gather_params(stream);
-  return taken;
+  // every rank gathers or none does. On the device the verdict stays there: every rank
+  // gathers (a skipped step broadcasts the unchanged pieces), then asks.
+  const StepResult result = step_shard();
+  if (!result.known() || result.taken()) gather_params(stream);
+  return result.taken();
 }
 
 void ShardedOptimizer::mark_ready(int param, void* stream) {

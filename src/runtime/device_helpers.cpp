@@ -41,6 +41,14 @@ bool cuda_device_available(std::string* why) {
 
 void cuda_synchronize(void* stream) { runtime::make_backend(Device::cuda(0))->synchronize(stream); }
 
+void cuda_copy_to_host(void* dst, const void* src, std::size_t bytes, int device) {
+  runtime::make_backend(Device::cuda(device))->copy_to_host(dst, src, bytes);
+}
+
+void cuda_copy_to_device(void* dst, const void* src, std::size_t bytes, int device) {
+  runtime::make_backend(Device::cuda(device))->copy_from_host(dst, src, bytes);
+}
+
 struct CudaBuffer::Impl {
   std::unique_ptr<runtime::Backend> backend;  // declared first: outlives the memory
   runtime::Buffer buffer;

@@ -21,7 +21,9 @@
 #include "comm/comm_requirements.hpp"
 #include "fusedopt/comm.hpp"
 #include "fusedopt/cuda.hpp"
+#include "fusedopt/sharded.hpp"
 #include "runtime/cuda_driver.hpp"
+#include "support/requirements.hpp"
 
 using fusedopt::DType;
 using fusedopt::comm::CommError;
@@ -400,5 +402,73 @@ TEST_SUITE("comm_nccl_fake") {
     nccl.set("in_progress", 0);
     nccl.set("launch_in_progress", 0);
     CHECK(nccl.live() == live);
+  }
+
+  TEST_CASE("a ShardedOptimizer over NCCL on CUDA tensors: its collectives in the step's stream" *
+            testing::needs_mpi() * testing::needs_nvrtc()) {
+    FakeNccl nccl;
+    FakeCuda cuda;
+    Communicator bootstrap = Communicator::mpi();
+    Communicator comm = Communicator::nccl(0, bootstrap);
+    // Parameters and gradients: one buffer per dtype, in parameter order.
+    const std::vector<std::int64_t> sizes = {1000, 70001, 0, 3};
+    std::int64_t total = 0;
+    for (std::int64_t n : sizes) total += n;
+    fusedopt::CudaBuffer params = counting(static_cast<std::size_t>(total));
+    fusedopt::CudaBuffer grads = counting(static_cast<std::size_t>(total));
+    fusedopt::ParamGroup group;
+    std::int64_t at = 0;
+    for (std::size_t i = 0; i < sizes.size(); ++i) {
+      auto view = [&](const fusedopt::CudaBuffer& b) {
+        return static_cast<void*>(static_cast<char*>(b.data()) + at * 4);
+      };
+      const std::string name = "w" + std::to_string(i);
+      group.params.push_back({view(params), sizes[i], DType::F32, fusedopt::Device::cuda(0), name});
+      group.grads.push_back({view(grads), sizes[i], DType::F32, fusedopt::Device::cuda(0), name});
+      at += sizes[i];
+    }
+    void* stream = nullptr;
+    {
+      fusedopt::CudaDeviceScope scope(0);
+      stream = fusedopt::runtime::cuda::stream_create();
+    }
+    for (int stage : {1, 2}) {
+      CAPTURE(stage);
+      fusedopt::comm::ShardOptions options;
+      options.stage = stage;
+      fusedopt::comm::ShardedOptimizer opt(comm, fusedopt::Rule::preset("lamb"), {group}, options);
+      nccl.reset();
+      CHECK(opt.step(stream));  // the fake runs no kernel: nothing non-finite, taken
+      CHECK(opt.step_scaled(0.5f, stream));
+      INFO(std::string(nccl.log()));
+      // Per step, all in the step's stream: the gradients reduced (one rank: one bucket of
+      // everything, all-reduced or reduced to its owner); pass 0's global totals combined in
+      // place (the clipping norm by sum, the grad check by max); pass 1's per-tensor norms
+      // (4 parameters x 2 columns, one row per parameter whatever the pieces) staged and
+      // combined; the parameters gathered from their owner.
+      const std::vector<std::string> step = {
+          stage == 1 ? "ncclAllReduce 71004 f32 sum stream in-place"
+                     : "ncclReduce 71004 f32 sum root 0 stream in-place",
+          "ncclAllReduce 1 f64 sum stream in-place", "ncclAllReduce 1 f64 max stream in-place",
+          "ncclAllReduce 8 f64 sum stream in-place",
+          "ncclBroadcast 71004 f32 root 0 stream in-place"};
+      std::vector<std::string> two = step;
+      two.insert(two.end(), step.begin(), step.end());
+      CHECK(nccl.lines() == two);
+    }
+    // Tensors of another device than the communicator's are refused, naming them.
+    fusedopt::ParamGroup host;
+    std::vector<float> hp(10), hg(10);
+    host.params.push_back({hp.data(), 10, DType::F32, fusedopt::Device::host(), "h"});
+    host.grads.push_back({hg.data(), 10, DType::F32, fusedopt::Device::host(), "h"});
+    CHECK_THROWS_WITH_AS(
+        fusedopt::comm::ShardedOptimizer(comm, fusedopt::Rule::preset("sgd"), {host}),
+        "ShardedOptimizer: param 0 ('h') and its grad live on host and host; the nccl "
+        "communicator reduces memory of cuda:0",
+        fusedopt::UsageError);
+    {
+      fusedopt::CudaDeviceScope scope(0);
+      fusedopt::runtime::cuda::stream_destroy(stream);
+    }
   }
 }
