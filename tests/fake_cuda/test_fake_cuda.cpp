@@ -77,6 +77,23 @@ struct Model {
   }
 };
 
+/// Runs `body(opt, preset)` over adamw (a separate grad check) and lamb (the check riding on
+/// pass 0), capturable or not (which changes nothing on CUDA), each on a fresh Model.
+template <typename Body>
+void each_scaled_case(Body body) {
+  for (bool capturable : {false, true}) {
+    for (const char* preset : {"adamw", "lamb"}) {
+      CAPTURE(capturable);
+      CAPTURE(preset);
+      Model m;
+      OptimizerOptions options;
+      options.capturable = capturable;
+      Optimizer opt(Rule::preset(preset), {m.group()}, options);
+      body(opt, std::string(preset));
+    }
+  }
+}
+
 }  // namespace
 
 TEST_SUITE("cuda_fake") {
@@ -184,127 +201,110 @@ TEST_SUITE("cuda_fake") {
   TEST_CASE("a step_scaled checks and skips on the device, capturable or not: nothing waits" *
             testing::needs_nvrtc()) {
     Fake fake;
-    for (bool capturable : {false, true}) {
-      for (const char* preset : {"adamw", "lamb"}) {
-        CAPTURE(capturable);
-        CAPTURE(preset);
-        Model m;
-        OptimizerOptions options;
-        options.capturable = capturable;
-        Optimizer opt(Rule::preset(preset), {m.group()}, options);
-        cu::Stream stream = cu::stream_create();
-        fake.reset();
-        std::vector<StepResult> results;
-        for (int i = 0; i < 3; ++i) results.push_back(opt.step_scaled(0.5f, stream));
-        INFO(std::string(fake.log()));
-        for (const char* banned :
-             {"cuCtxSynchronize", "cuStreamSynchronize", "cuMemcpy", "cuMemAlloc", "cuMemFree"}) {
-          CAPTURE(banned);
-          CHECK(fake.count(banned) == 0);
-        }
-        for (const StepResult& r : results) CHECK_FALSE(r.known());
-        std::vector<std::string> want;
-        if (std::string(preset) == "adamw") {
-          // No pass before the update reads the gradients: the flag is zeroed, the check
-          // sets it, and the update and the step's count do nothing when it is set.
-          want = {"cuMemsetD8Async 8", "cuLaunchKernel fusedopt_check grid 4 block 512 stream",
-                  "cuLaunchKernel fusedopt_step grid 4 block 512 stream skip",
-                  "cuLaunchKernel fusedopt_advance_step grid 1 block 1 stream skip"};
-        } else {
-          // The check rides on pass 0, which reads the gradients and writes nothing; its
-          // finalize writes the flag (the grad-check total); every later launch skips on it.
-          want = {"cuLaunchKernel fusedopt_reduce_0 grid 4 block 512 stream check",
-                  "cuLaunchKernel fusedopt_finalize grid 3 block 512 stream",
-                  "cuLaunchKernel fusedopt_reduce_1 grid 4 block 512 stream skip",
-                  "cuLaunchKernel fusedopt_finalize grid 3 block 512 stream skip",
-                  "cuLaunchKernel fusedopt_step grid 4 block 512 stream skip",
-                  "cuLaunchKernel fusedopt_advance_step grid 1 block 1 stream skip"};
-        }
-        std::vector<std::string> three;
-        for (int i = 0; i < 3; ++i) three.insert(three.end(), want.begin(), want.end());
-        CHECK(fake.lines() == three);
-        // An unscaled step after them skips on nothing.
-        fake.reset();
-        opt.step(stream);
-        CHECK(std::string(fake.log()).find("skip") == std::string::npos);
-        CHECK(std::string(fake.log()).find("check") == std::string::npos);
-        // A verdict is read back when asked (the last step's only), and kept.
-        StepResult last = opt.step_scaled(0.25f, stream);
-        fake.reset();
-        CHECK(last.taken());  // the fake's flag stays 0: taken
-        CHECK(last.known());
-        CHECK(fake.count("cuCtxSynchronize") == 1);
-        CHECK(fake.count("cuMemcpyDtoH 8") == 1);
-        fake.reset();
-        CHECK(last);  // kept: no second read
-        CHECK(fake.lines().empty());
-        CHECK_THROWS_WITH_AS(results[0].taken(),
-                             doctest::Contains("the optimizer has stepped again since"),
-                             UsageError);
-        StepResult orphan = opt.step_scaled(0.25f, stream);
-        { Optimizer gone = std::move(opt); }
-        CHECK_THROWS_WITH_AS(orphan.taken(),
-                             doctest::Contains("the optimizer of this step is gone"), UsageError);
-        cu::stream_destroy(stream);
+    each_scaled_case([&](Optimizer& opt, const std::string& preset) {
+      cu::Stream stream = cu::stream_create();
+      fake.reset();
+      std::vector<StepResult> results;
+      for (int i = 0; i < 3; ++i) results.push_back(opt.step_scaled(0.5f, stream));
+      INFO(std::string(fake.log()));
+      for (const char* banned :
+           {"cuCtxSynchronize", "cuStreamSynchronize", "cuMemcpy", "cuMemAlloc", "cuMemFree"}) {
+        CAPTURE(banned);
+        CHECK(fake.count(banned) == 0);
       }
-    }
+      for (const StepResult& r : results) CHECK_FALSE(r.known());
+      std::vector<std::string> want;
+      if (preset == "adamw") {
+        // No pass before the update reads the gradients: the flag is zeroed, the check
+        // sets it, and the update and the step's count do nothing when it is set.
+        want = {"cuMemsetD8Async 8", "cuLaunchKernel fusedopt_check grid 4 block 512 stream",
+                "cuLaunchKernel fusedopt_step grid 4 block 512 stream skip",
+                "cuLaunchKernel fusedopt_advance_step grid 1 block 1 stream skip"};
+      } else {
+        // The check rides on pass 0, which reads the gradients and writes nothing; its
+        // finalize writes the flag (the grad-check total); every later launch skips on it.
+        want = {"cuLaunchKernel fusedopt_reduce_0 grid 4 block 512 stream check",
+                "cuLaunchKernel fusedopt_finalize grid 3 block 512 stream",
+                "cuLaunchKernel fusedopt_reduce_1 grid 4 block 512 stream skip",
+                "cuLaunchKernel fusedopt_finalize grid 3 block 512 stream skip",
+                "cuLaunchKernel fusedopt_step grid 4 block 512 stream skip",
+                "cuLaunchKernel fusedopt_advance_step grid 1 block 1 stream skip"};
+      }
+      std::vector<std::string> three;
+      for (int i = 0; i < 3; ++i) three.insert(three.end(), want.begin(), want.end());
+      CHECK(fake.lines() == three);
+      // An unscaled step after them skips on nothing.
+      fake.reset();
+      opt.step(stream);
+      CHECK(std::string(fake.log()).find("skip") == std::string::npos);
+      CHECK(std::string(fake.log()).find("check") == std::string::npos);
+      // A verdict is read back when asked (the last step's only), and kept.
+      StepResult last = opt.step_scaled(0.25f, stream);
+      fake.reset();
+      CHECK(last.taken());  // the fake's flag stays 0: taken
+      CHECK(last.known());
+      CHECK(fake.count("cuCtxSynchronize") == 1);
+      CHECK(fake.count("cuMemcpyDtoH 8") == 1);
+      fake.reset();
+      CHECK(last);  // kept: no second read
+      CHECK(fake.lines().empty());
+      CHECK_THROWS_WITH_AS(results[0].taken(),
+                           doctest::Contains("the optimizer has stepped again since"), UsageError);
+      StepResult orphan = opt.step_scaled(0.25f, stream);
+      { Optimizer gone = std::move(opt); }
+      CHECK_THROWS_WITH_AS(orphan.taken(), doctest::Contains("the optimizer of this step is gone"),
+                           UsageError);
+      cu::stream_destroy(stream);
+    });
   }
 
   TEST_CASE("a device GradScaler's step only launches; its state is read back on request" *
             testing::needs_nvrtc()) {
     Fake fake;
-    for (bool capturable : {false, true}) {
-      for (const char* preset : {"adamw", "lamb"}) {
-        CAPTURE(capturable);
-        CAPTURE(preset);
-        Model m;
-        OptimizerOptions options;
-        options.capturable = capturable;
-        Optimizer opt(Rule::preset(preset), {m.group()}, options);
-        GradScaler::Options so;
-        so.init_scale = 1024.0;
-        fake.reset();
-        GradScaler scaler = GradScaler::on_device(opt, so);  // allocates and writes, once
-        CHECK(fake.count("cuMemAlloc") == 1);
-        CHECK(scaler.is_on_device());
-        REQUIRE(scaler.device_scale() != nullptr);
-        CHECK(scaler.scale() == 1024.0);  // the fake's device memory is host memory
-        CHECK(scaler.growth_tracker() == 0);
-        CHECK(scaler.last_step_taken());
-        cu::Stream stream = cu::stream_create();
-        fake.reset();
-        for (int i = 0; i < 3; ++i) scaler.step(opt, stream);
-        INFO(std::string(fake.log()));
-        for (const char* banned :
-             {"cuCtxSynchronize", "cuStreamSynchronize", "cuMemcpy", "cuMemAlloc", "cuMemFree"}) {
-          CAPTURE(banned);
-          CHECK(fake.count(banned) == 0);
-        }
-        // Per step: the check (its own launch, or riding on pass 0), the passes and the
-        // count, every one dividing by the device scale, then the scaler's update (one
-        // thread, same stream).
-        const bool folded = std::string(preset) == "lamb";
-        CHECK(fake.count("cuMemsetD8Async 8") == (folded ? 0 : 3));
-        CHECK(fake.count("cuLaunchKernel fusedopt_check") == (folded ? 0 : 3));
-        CHECK(fake.count("cuLaunchKernel fusedopt_reduce_0 grid 4 block 512 stream check scale") ==
-              (folded ? 3 : 0));
-        CHECK(fake.count("cuLaunchKernel fusedopt_step grid 4 block 512 stream skip scale") == 3);
-        CHECK(fake.count("cuLaunchKernel fusedopt_update_scale grid 1 block 1 stream") == 3);
-        const std::vector<std::string> lines = fake.lines();
-        REQUIRE(lines.size() >= 2);
-        CHECK(lines[lines.size() - 2].rfind("cuLaunchKernel fusedopt_advance_step ", 0) == 0);
-        CHECK(lines.back().rfind("cuLaunchKernel fusedopt_update_scale ", 0) == 0);
-        // Reading the state back is what waits, and only when asked.
-        fake.reset();
-        CHECK(scaler.scale() == 1024.0);
-        CHECK(fake.count("cuCtxSynchronize") >= 1);
-        CHECK(fake.count("cuMemcpyDtoH") == 1);
-        // A copy shares the device state.
-        const GradScaler copy = scaler;
-        CHECK(copy.device_scale() == scaler.device_scale());
-        cu::stream_destroy(stream);
+    each_scaled_case([&](Optimizer& opt, const std::string& preset) {
+      GradScaler::Options so;
+      so.init_scale = 1024.0;
+      fake.reset();
+      GradScaler scaler = GradScaler::on_device(opt, so);  // allocates and writes, once
+      CHECK(fake.count("cuMemAlloc") == 1);
+      CHECK(scaler.is_on_device());
+      REQUIRE(scaler.device_scale() != nullptr);
+      CHECK(scaler.scale() == 1024.0);  // the fake's device memory is host memory
+      CHECK(scaler.growth_tracker() == 0);
+      CHECK(scaler.last_step_taken());
+      cu::Stream stream = cu::stream_create();
+      fake.reset();
+      for (int i = 0; i < 3; ++i) scaler.step(opt, stream);
+      INFO(std::string(fake.log()));
+      for (const char* banned :
+           {"cuCtxSynchronize", "cuStreamSynchronize", "cuMemcpy", "cuMemAlloc", "cuMemFree"}) {
+        CAPTURE(banned);
+        CHECK(fake.count(banned) == 0);
       }
-    }
+      // Per step: the check (its own launch, or riding on pass 0), the passes and the
+      // count, every one dividing by the device scale, then the scaler's update (one
+      // thread, same stream).
+      const bool folded = preset == "lamb";
+      CHECK(fake.count("cuMemsetD8Async 8") == (folded ? 0 : 3));
+      CHECK(fake.count("cuLaunchKernel fusedopt_check") == (folded ? 0 : 3));
+      CHECK(fake.count("cuLaunchKernel fusedopt_reduce_0 grid 4 block 512 stream check scale") ==
+            (folded ? 3 : 0));
+      CHECK(fake.count("cuLaunchKernel fusedopt_step grid 4 block 512 stream skip scale") == 3);
+      CHECK(fake.count("cuLaunchKernel fusedopt_update_scale grid 1 block 1 stream") == 3);
+      const std::vector<std::string> lines = fake.lines();
+      REQUIRE(lines.size() >= 2);
+      CHECK(lines[lines.size() - 2].rfind("cuLaunchKernel fusedopt_advance_step ", 0) == 0);
+      CHECK(lines.back().rfind("cuLaunchKernel fusedopt_update_scale ", 0) == 0);
+      // Reading the state back is what waits, and only when asked.
+      fake.reset();
+      CHECK(scaler.scale() == 1024.0);
+      CHECK(fake.count("cuCtxSynchronize") >= 1);
+      CHECK(fake.count("cuMemcpyDtoH") == 1);
+      // A copy shares the device state.
+      const GradScaler copy = scaler;
+      CHECK(copy.device_scale() == scaler.device_scale());
+      cu::stream_destroy(stream);
+    });
   }
 
   TEST_CASE("a CUBIN the driver refuses is loaded as PTX" * testing::needs_nvrtc()) {
