@@ -26,6 +26,10 @@ Rule Rule::preset(const std::string& name) { return Rule(preset_rule(name)); }
 
 std::vector<std::string> Rule::presets() { return preset_names(); }
 
+std::vector<std::string> Rule::preset_options(const std::string& name) {
+  return fusedopt::preset_options(name);
+}
+
 const std::string& Rule::name() const { return impl_->name; }
 
 const std::string& Rule::text() const { return impl_->text; }

@@ -3,6 +3,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <map>
 #include <mutex>
 
@@ -11,6 +12,14 @@
 #include "lang/parse.hpp"
 
 namespace fusedopt {
+namespace {
+
+/// Names presets were known by before they became an option of another one.
+std::string canonical(const std::string& name) {
+  return name == "amsgrad" ? std::string("adam+amsgrad") : name;
+}
+
+}  // namespace
 
 std::vector<std::string> preset_names() {
   std::vector<std::string> names;
@@ -19,19 +28,31 @@ std::vector<std::string> preset_names() {
       names.push_back(path.substr(6, path.size() - 11));
     }
   }
+  std::sort(names.begin(), names.end());  // by name: "adam" before "adam+amsgrad"
   return names;
 }
 
-std::string preset_text(const std::string& name) {
+std::vector<std::string> preset_options(const std::string& name) {
+  std::vector<std::string> options;
+  const std::string prefix = name + "+";
+  for (const std::string& known : preset_names()) {
+    if (known.rfind(prefix, 0) == 0) options.push_back(known.substr(prefix.size()));
+  }
+  return options;
+}
+
+std::string preset_text(const std::string& requested) {
+  const std::string name = canonical(requested);
   for (const std::string& known : preset_names()) {
     if (known == name) return std::string(embedded_file("rules/" + name + ".rule"));
   }
   std::string list;
   for (const std::string& known : preset_names()) list += (list.empty() ? "" : ", ") + known;
-  throw UsageError(fmt::format("unknown preset '{}' (presets: {})", name, list));
+  throw UsageError(fmt::format("unknown preset '{}' (presets: {})", requested, list));
 }
 
-std::shared_ptr<const lang::Rule> preset_rule(const std::string& name) {
+std::shared_ptr<const lang::Rule> preset_rule(const std::string& requested) {
+  const std::string name = canonical(requested);
   static std::mutex mutex;
   static std::map<std::string, std::shared_ptr<const lang::Rule>> parsed;
   std::lock_guard<std::mutex> lock(mutex);

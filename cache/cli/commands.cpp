@@ -285,14 +285,21 @@ targets, each entry point's registers, stack and spills (from NVRTC's ptxas).
 
 int cmd_presets(Args& args) {
   bool help = false;
-  parse_common(args, "usage: fusedopt-cache presets\n\nList the preset rules.\n", &help,
-               [](Args&) { return false; });
+  parse_common(args,
+               "usage: fusedopt-cache presets\n\nList the preset rules. A preset with options "
+               "lists them; the preset with option X is named PRESET+X.\n",
+               &help, [](Args&) { return false; });
   if (help) return kExitOk;
   for (const std::string& name : Rule::presets()) {
     const std::string text = Rule::preset(name).text();
     std::string first = text.substr(0, text.find('\n'));
     if (first.rfind("#", 0) == 0) first = first.substr(first.find_first_not_of("# "));
-    fmt::print("{:<10} {}\n", name, first);
+    std::string options;
+    for (const std::string& o : Rule::preset_options(name)) {
+      options += (options.empty() ? " [options: " : ", ") + o;
+    }
+    if (!options.empty()) options += "]";
+    fmt::print("{:<14} {}{}\n", name, first, options);
   }
   return kExitOk;
 }

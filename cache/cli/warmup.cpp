@@ -23,8 +23,8 @@ Compile rules or presets for every target and dtype binding given, into the cach
 Works without a GPU: a CPU build box can fill a cache for any sm_XX.
 
 options:
-  --preset NAME     a preset rule (repeatable; 'all' for every preset)
-  --all-presets     every preset
+  --preset NAME     a preset rule, NAME or NAME+OPTION (repeatable; 'all' for every preset)
+  --all-presets     every preset, options included
   --rule FILE       a rule file (repeatable; bare arguments are rule files too)
   --target T        host, sm_80, sm_90, sm_90a, ... (repeatable or comma-separated;
                     default: host)

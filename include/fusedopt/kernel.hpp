@@ -30,10 +30,14 @@ class FUSEDOPT_API Rule {
  public:
   /// Parses and checks `text`; `file` names it in diagnostics. Throws RuleError.
   static Rule parse(std::string_view text, const std::string& file = "<rule>");
-  /// A shipped preset ("adamw", "sgd", ...). Throws Error for an unknown name.
+  /// A shipped preset ("adamw", "sgd", ...), or a preset with an option chosen when it is
+  /// compiled, "BASE+OPTION" ("adamw+amsgrad"). Throws Error for an unknown name.
   static Rule preset(const std::string& name);
-  /// The preset names.
+  /// The preset names, options included ("adam", "adam+amsgrad", ...).
   static std::vector<std::string> presets();
+  /// The options of preset `name` (e.g. {"amsgrad"} for "adamw"): each is the preset
+  /// "name+OPTION".
+  static std::vector<std::string> preset_options(const std::string& name);
 
   Rule(const Rule&) = default;
   Rule& operator=(const Rule&) = default;

@@ -82,6 +82,7 @@ enum class Op {
   Log1p,
   Expm1,
   Floor,
+  Lerp,    ///< lerp(a, b, w), torch's two-branch formula
   Reduce,  ///< a reduction (Expr::reduction indexes Rule::reductions); args[0] is reduced
 };
 

@@ -8,28 +8,10 @@
 namespace fusedopt::lang {
 namespace {
 
-// C++ keywords and CUDA built-in variables: a rule's names may end up as identifiers in
-// generated code, so they are kept out even though the code generator also mangles.
-constexpr std::string_view kCxxReserved[] = {
-    "alignas",       "alignof",     "asm",       "auto",      "bool",         "break",
-    "case",          "catch",       "char",      "char8_t",   "char16_t",     "char32_t",
-    "class",         "co_await",    "co_return", "co_yield",  "concept",      "const",
-    "const_cast",    "consteval",   "constexpr", "constinit", "continue",     "decltype",
-    "default",       "delete",      "do",        "double",    "dynamic_cast", "else",
-    "enum",          "explicit",    "export",    "extern",    "false",        "float",
-    "for",           "friend",      "goto",      "if",        "inline",       "int",
-    "long",          "mutable",     "namespace", "new",       "noexcept",     "nullptr",
-    "operator",      "private",     "protected", "public",    "register",     "reinterpret_cast",
-    "requires",      "return",      "short",     "signed",    "sizeof",       "static",
-    "static_assert", "static_cast", "struct",    "switch",    "template",     "this",
-    "thread_local",  "throw",       "true",      "try",       "typedef",      "typeid",
-    "typename",      "union",       "unsigned",  "using",     "virtual",      "void",
-    "volatile",      "wchar_t",     "while",     "and_eq",    "bitand",       "bitor",
-    "compl",         "not_eq",      "or_eq",     "xor",       "xor_eq",       "threadIdx",
-    "blockIdx",      "blockDim",    "gridDim",   "warpSize",  "half",         "NULL",
-    "INFINITY",      "NAN",         "restrict",  "main",      "std"};
-
-constexpr std::string_view kKeywords[] = {"param",  "grad", "state", "hyper",
+// C++ and CUDA names (std, int, float, half, class, ...) are fine: codegen never pastes a
+// user name, it emits each as `v_NAME` (hypers by index), and the lexer refuses '__' and a
+// leading '_'. Only the language's own words and the generated prefix are kept out.
+constexpr std::string_view kKeywords[] = {"param",  "grad", "state", "scalar", "hyper",
                                           "output", "and",  "or",    "not"};
 
 template <std::size_t N>
@@ -59,6 +41,7 @@ const std::vector<FunctionInfo>& functions() {
       {"log1p", Op::Log1p, 1, "log1p(x)", "fo_log1p", false, false},
       {"expm1", Op::Expm1, 1, "expm1(x)", "fo_expm1", false, false},
       {"floor", Op::Floor, 1, "floor(x)", "fo_floor", false, false},
+      {"lerp", Op::Lerp, 3, "lerp(a, b, w)", "fo_lerp", false, false},
       // reductions: per tensor, then over every tensor of the step
       {"tensor_sum",           Op::Reduce, 1, "tensor_sum(x)", nullptr,           false, true, ReduceKind::Sum,          Scope::Tensor},
       {"tensor_sumsq",         Op::Reduce, 1, "tensor_sumsq(x)", nullptr,         false, true, ReduceKind::SumSq,        Scope::Tensor},
@@ -134,7 +117,6 @@ const char* reserved_reason(std::string_view name) {
   if (is_keyword(name)) return "it is a keyword";
   if (name == "step") return "it is built in (the step count) and read-only";
   if (find_function(name) != nullptr) return "it is a built-in function";
-  if (contains(kCxxReserved, name)) return "it is reserved (a C++ or CUDA name)";
   if (name.size() >= 3 && std::tolower(static_cast<unsigned char>(name[0])) == 'f' &&
       std::tolower(static_cast<unsigned char>(name[1])) == 'o' && name[2] == '_') {
     return "names starting with 'fo_' are reserved for generated code";

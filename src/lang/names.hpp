@@ -46,12 +46,12 @@ const FunctionInfo* function_of(Op op);
 /// The reduction row for `kind` over `scope`.
 const FunctionInfo& reduction_info(ReduceKind kind, Scope scope);
 
-/// Why `name` may not name a symbol (keyword, built-in function, `step`, C++ keyword,
-/// reserved prefix), or nullptr when it may. Worded to follow "cannot declare 'x': ",
+/// Why `name` may not name a symbol (keyword, built-in function, `step`, the generated
+/// prefix `fo_`), or nullptr when it may. Worded to follow "cannot declare 'x': ",
 /// e.g. "it is a built-in function".
 const char* reserved_reason(std::string_view name);
 
-/// Language keywords (param grad state hyper output and or not).
+/// Language keywords (param grad state scalar hyper output and or not).
 bool is_keyword(std::string_view name);
 
 }  // namespace fusedopt::lang

@@ -20,6 +20,7 @@ FO_FN float fo_tanh(float x) { return tanhf(x); }
 FO_FN float fo_log1p(float x) { return log1pf(x); }
 FO_FN float fo_expm1(float x) { return expm1f(x); }
 FO_FN float fo_floor(float x) { return floorf(x); }
+FO_FN float fo_fma(float a, float b, float c) { return fmaf(a, b, c); }
 FO_FN float fo_abs(float x) { return fabsf(x); }
 FO_FN float fo_min(float a, float b) { return fminf(a, b); }
 FO_FN float fo_max(float a, float b) { return fmaxf(a, b); }
@@ -35,6 +36,7 @@ FO_FN double fo_tanh(double x) { return tanh(x); }
 FO_FN double fo_log1p(double x) { return log1p(x); }
 FO_FN double fo_expm1(double x) { return expm1(x); }
 FO_FN double fo_floor(double x) { return floor(x); }
+FO_FN double fo_fma(double a, double b, double c) { return fma(a, b, c); }
 FO_FN double fo_abs(double x) { return fabs(x); }
 FO_FN double fo_min(double a, double b) { return fmin(a, b); }
 FO_FN double fo_max(double a, double b) { return fmax(a, b); }
@@ -67,6 +69,7 @@ FO_FN float fo_tanh(float x) { return __builtin_tanhf(x); }
 FO_FN float fo_log1p(float x) { return __builtin_log1pf(x); }
 FO_FN float fo_expm1(float x) { return __builtin_expm1f(x); }
 FO_FN float fo_floor(float x) { return __builtin_floorf(x); }
+FO_FN float fo_fma(float a, float b, float c) { return __builtin_fmaf(a, b, c); }
 FO_FN float fo_abs(float x) { return __builtin_fabsf(x); }
 FO_FN float fo_min(float a, float b) { return __builtin_fminf(a, b); }
 FO_FN float fo_max(float a, float b) { return __builtin_fmaxf(a, b); }
@@ -82,6 +85,7 @@ FO_FN double fo_tanh(double x) { return __builtin_tanh(x); }
 FO_FN double fo_log1p(double x) { return __builtin_log1p(x); }
 FO_FN double fo_expm1(double x) { return __builtin_expm1(x); }
 FO_FN double fo_floor(double x) { return __builtin_floor(x); }
+FO_FN double fo_fma(double a, double b, double c) { return __builtin_fma(a, b, c); }
 FO_FN double fo_abs(double x) { return __builtin_fabs(x); }
 FO_FN double fo_min(double a, double b) { return __builtin_fmin(a, b); }
 FO_FN double fo_max(double a, double b) { return __builtin_fmax(a, b); }
@@ -119,6 +123,16 @@ FO_FN float fo_sign(float x) { return (float)(x > 0.0f) - (float)(x < 0.0f); }
 FO_FN float fo_clamp(float x, float lo, float hi) { return fo_min(fo_max(x, lo), hi); }
 FO_FN float fo_bool(bool b) { return b ? 1.0f : 0.0f; }
 FO_FN float fo_sq(float x) { return x * x; }
+/// torch.lerp: a + w (b - a) for |w| < 0.5, else b - (b - a)(1 - w), each as one fused
+/// multiply-add as torch's vectorised CPU kernel and its CUDA kernel compute them.
+FO_FN float fo_lerp(float a, float b, float w) {
+  const float d = b - a;
+  return fo_abs(w) < 0.5f ? fo_fma(w, d, a) : fo_fma(w - 1.0f, d, b);
+}
+FO_FN double fo_lerp(double a, double b, double w) {
+  const double d = b - a;
+  return fo_abs(w) < 0.5 ? fo_fma(w, d, a) : fo_fma(w - 1.0, d, b);
+}
 FO_FN float fo_inf() { return fo_as_float(0x7f800000u); }
 FO_FN double fo_sign(double x) { return (double)(x > 0.0) - (double)(x < 0.0); }
 FO_FN double fo_clamp(double x, double lo, double hi) { return fo_min(fo_max(x, lo), hi); }

@@ -118,11 +118,17 @@ const std::vector<PresetSpec>& specs() {
        [](const Hypers&) { return zeros(2); },
        [](const Hypers& h) { return adam_reference(h, true, false); },
        kDefault},
-      {"amsgrad",
+      {"adam+amsgrad",
        kAdamDefaults,
        {"m", "v", "max_v"},
        [](const Hypers&) { return zeros(3); },
        [](const Hypers& h) { return adam_reference(h, false, true); },
+       kDefault},
+      {"adamw+amsgrad",
+       kAdamWDefaults,
+       {"m", "v", "max_v"},
+       [](const Hypers&) { return zeros(3); },
+       [](const Hypers& h) { return adam_reference(h, true, true); },
        kDefault},
       {"adagrad",
        kAdagradDefaults,
@@ -513,11 +519,10 @@ void run_adamw_storage(const std::string& binding) {
 }  // namespace
 
 TEST_SUITE("presets") {
-  TEST_CASE(
-      "the presets are the ten element-wise optimizers this file checks, plus lamb and lars") {
-    const std::vector<std::string> expected = {"adagrad", "adam",     "adamax",  "adamw",
-                                               "amsgrad", "bertadam", "lamb",    "lars",
-                                               "lion",    "nadam",    "rmsprop", "sgd"};
+  TEST_CASE("the presets are the element-wise optimizers this file checks, plus lamb and lars") {
+    const std::vector<std::string> expected = {
+        "adagrad", "adam", "adam+amsgrad", "adamax",  "adamw", "adamw+amsgrad", "bertadam", "lamb",
+        "lars",    "lion", "nadam",        "rmsprop", "sgd"};
     // A new preset needs a reference test before it ships: element-wise ones here, rules
     // with reductions (lamb, lars) in tests/runtime/test_reductions.cpp.
     CHECK(fusedopt::preset_names() == expected);
@@ -582,14 +587,30 @@ TEST_SUITE("presets") {
                   {{"lr", 1e-2}, {"beta1", 0.5}, {"beta2", 0.95}, {"eps", 0.1}, {"maximize", 1}}));
   }
 
-  TEST_CASE("amsgrad matches torch.optim.Adam with amsgrad") {
-    run_case("amsgrad", "without weight decay", with(kAdamDefaults, {{"lr", 1e-2}}));
-    run_case("amsgrad", "with L2 weight decay and maximize",
+  TEST_CASE("adam+amsgrad matches torch.optim.Adam with amsgrad") {
+    run_case("adam+amsgrad", "without weight decay", with(kAdamDefaults, {{"lr", 1e-2}}));
+    run_case("adam+amsgrad", "with L2 weight decay and maximize",
              with(kAdamDefaults, {{"lr", 1e-2}, {"weight_decay", 0.1}, {"maximize", 1}}));
     // With beta2 = 0.999 the second moment mostly grows over 100 steps, so max_v == v;
     // a fast beta2 makes v fall often, and the max matter.
-    run_case("amsgrad", "a fast second moment and a large eps",
+    run_case("adam+amsgrad", "a fast second moment and a large eps",
              with(kAdamDefaults, {{"lr", 1e-2}, {"beta2", 0.9}, {"eps", 0.1}}));
+  }
+
+  TEST_CASE("adamw+amsgrad matches torch.optim.AdamW with amsgrad") {
+    run_case("adamw+amsgrad", "default weight decay", with(kAdamWDefaults, {{"lr", 1e-2}}));
+    run_case("adamw+amsgrad", "strong weight decay and maximize",
+             with(kAdamWDefaults, {{"lr", 1e-2}, {"weight_decay", 0.5}, {"maximize", 1}}));
+    // beta1 below 0.5 takes lerp's other branch; a fast beta2 makes the max matter.
+    run_case("adamw+amsgrad", "lerp's large-weight branch, a fast second moment, a large eps",
+             with(kAdamWDefaults, {{"lr", 1e-2}, {"beta1", 0.3}, {"beta2", 0.9}, {"eps", 0.1}}));
+  }
+
+  TEST_CASE("the old preset name amsgrad is adam+amsgrad, and adam and adamw list the option") {
+    CHECK(fusedopt::preset_rule("amsgrad") == fusedopt::preset_rule("adam+amsgrad"));
+    CHECK(fusedopt::preset_options("adam") == std::vector<std::string>{"amsgrad"});
+    CHECK(fusedopt::preset_options("adamw") == std::vector<std::string>{"amsgrad"});
+    CHECK(fusedopt::preset_options("sgd").empty());
   }
 
   TEST_CASE("adagrad matches torch.optim.Adagrad") {

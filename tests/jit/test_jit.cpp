@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
 #include <random>
 
 #include "cache/kernel_cache.hpp"
@@ -242,6 +243,73 @@ avg = decay * avg + (1 - decay) * w
     CHECK(grads_finite(k, ptrs, sizes, h, 1e38f));  // |g| <= 1: still finite
     g[0][4] = 8.0f;
     CHECK_FALSE(grads_finite(k, ptrs, sizes, h, 1e38f));
+  }
+
+  TEST_CASE("lerp is torch.lerp bit for bit in fp32, for a weight below 0.5 and above") {
+    // torch.lerp(a, b, w): a + w (b - a) when |w| < 0.5, else b - (b - a) (1 - w); its CPU
+    // vector kernel and its CUDA kernel compute each branch as one fused multiply-add.
+    cache::KernelCache cache(no_cache());
+    runtime::HostKernel k(
+        lang::parse_rule("param p\ngrad g\nhyper w = 0.1\np = lerp(p, g, w)\n", "lerp.rule"),
+        DTypeBinding{}, cache);
+    std::mt19937 rng(std::random_device{}());
+    std::normal_distribution<float> normal(0.0f, 1.0f);
+    for (const double w : {0.1, 0.001, 0.4999, 0.5, 0.7, 0.999, -0.3, -0.6, 1.5}) {
+      const std::int64_t n = 4099;
+      std::vector<float> p(n), g(n);
+      for (std::int64_t i = 0; i < n; ++i) {
+        p[i] = normal(rng);
+        g[i] = normal(rng) * 3.0f;
+      }
+      const std::vector<float> p0 = p;
+      std::vector<std::vector<void*>> ptrs = {{p.data(), g.data()}};
+      run(k, ptrs, {n}, {{w}}, 1.0f);
+      const float wf = static_cast<float>(w);
+      std::int64_t wrong = 0;
+      for (std::int64_t i = 0; i < n; ++i) {
+        const float d = g[i] - p0[i];
+        const float want =
+            std::fabs(wf) < 0.5f ? std::fma(wf, d, p0[i]) : std::fma(wf - 1.0f, d, g[i]);
+        wrong += std::memcmp(&p[i], &want, sizeof(float)) != 0;
+      }
+      CHECK_MESSAGE(wrong == 0, "weight " << w << ": " << wrong << " of " << n << " differ");
+    }
+  }
+
+  // User names are emitted with a prefix, so C++ and CUDA names are ordinary rule names.
+  const char* const kCxxNamesRule = R"(param float
+grad  int
+state half = 0, auto = 0
+hyper class = 0.1, lr = 1e-3
+double = int * int
+half = lerp(half, int, class)
+auto = auto + double
+std = sqrt(auto) + 1e-8
+float = float - lr * half / std
+)";
+
+  TEST_CASE("C++ and CUDA names are rule names: std, int, float, half, auto, class on the host") {
+    cache::KernelCache cache(no_cache());
+    runtime::HostKernel k(lang::parse_rule(kCxxNamesRule, "names.rule"), DTypeBinding{}, cache);
+    // One step over 3 elements against the same formula written out here.
+    std::vector<float> p = {1.0f, -2.0f, 0.5f}, g = {0.5f, 1.0f, -3.0f};
+    std::vector<float> half(3, 0.0f), aut(3, 0.0f);
+    std::vector<std::vector<void*>> ptrs = {{p.data(), g.data(), half.data(), aut.data()}};
+    test::init_states(k, ptrs, {3}, {{0.1, 1e-3}});
+    const std::vector<float> p0 = p;
+    test::run(k, ptrs, {3}, {{0.1, 1e-3}}, 1.0f);
+    for (int i = 0; i < 3; ++i) {
+      const double h = 0.1 * g[i], a = double(g[i]) * g[i], s = std::sqrt(a) + 1e-8;
+      CHECK(p[i] == doctest::Approx(p0[i] - 1e-3 * h / s).epsilon(1e-6));
+      CHECK(half[i] == doctest::Approx(h).epsilon(1e-6));
+    }
+  }
+
+  TEST_CASE("C++ and CUDA names are rule names: the same rule with NVRTC for sm_90" *
+            testing::needs_nvrtc()) {
+    cache::KernelCache cache(no_cache());
+    auto body = codegen::generate_body(*lang::parse_rule(kCxxNamesRule, "names.rule"), {});
+    CHECK(is_elf(*provider::provide_body(body, DTypeBinding{}, Target::cuda(90), cache).binary));
   }
 
   TEST_CASE("a trusted functor compiles for the host and runs") {
