@@ -77,6 +77,15 @@ inline const Hypers kNadamDefaults = {{"lr", 2e-3},
                                       {"maximize", 0}};
 inline const Hypers kLionDefaults = {
     {"lr", 1e-4}, {"beta1", 0.9}, {"beta2", 0.99}, {"weight_decay", 0}};
+inline const Hypers kRadamDefaults = {{"lr", 1e-3},        {"beta1", 0.9},
+                                      {"beta2", 0.999},    {"eps", 1e-8},
+                                      {"weight_decay", 0}, {"decoupled_weight_decay", 0},
+                                      {"maximize", 0}};
+inline const Hypers kAdadeltaDefaults = {
+    {"lr", 1.0}, {"rho", 0.9}, {"eps", 1e-6}, {"weight_decay", 0}, {"maximize", 0}};
+inline const Hypers kRpropDefaults = {{"lr", 1e-2},          {"etaminus", 0.5},
+                                      {"etaplus", 1.2},      {"step_size_min", 1e-6},
+                                      {"step_size_max", 50}, {"maximize", 0}};
 // BertAdam's lr is `required` (no default); the preset picks 1e-3.
 inline const Hypers kBertAdamDefaults = {
     {"lr", 1e-3}, {"beta1", 0.9}, {"beta2", 0.999}, {"eps", 1e-6}, {"weight_decay", 1e-2}};
@@ -235,6 +244,80 @@ inline RefStep nadam_reference(const Hypers& h) {
     const double mu_product_next = mu_product * mu_next;
     p = p - lr * (1 - mu) / (1 - mu_product) * grad / denom;
     p = p - lr * mu_next / (1 - mu_product_next) * m / denom;
+    return 0.0;
+  };
+}
+
+// torch.optim.RAdam, _single_tensor_radam (states m, v).
+inline RefStep radam_reference(const Hypers& h) {
+  const double lr = hyper(h, "lr"), beta1 = hyper(h, "beta1"), beta2 = hyper(h, "beta2");
+  const double eps = hyper(h, "eps"), wd = hyper(h, "weight_decay");
+  const bool decoupled = hyper(h, "decoupled_weight_decay") != 0;
+  const bool maximize = hyper(h, "maximize") != 0;
+  return [=](double t, double& p, double g, double* s) {
+    double& m = s[0];
+    double& v = s[1];
+    double grad = maximize ? -g : g;
+    if (wd != 0) {
+      if (decoupled) {
+        p = p * (1 - lr * wd);
+      } else {
+        grad = grad + wd * p;
+      }
+    }
+    m = beta1 * m + (1 - beta1) * grad;
+    v = beta2 * v + (1 - beta2) * grad * grad;
+    const double bias_correction1 = 1 - std::pow(beta1, t);
+    const double bias_correction2 = 1 - std::pow(beta2, t);
+    const double rho_inf = 2 / (1 - beta2) - 1;
+    const double rho_t = rho_inf - 2 * t * std::pow(beta2, t) / bias_correction2;
+    if (rho_t > 5.0) {
+      const double rect =
+          std::sqrt((rho_t - 4) * (rho_t - 2) * rho_inf / ((rho_inf - 4) * (rho_inf - 2) * rho_t));
+      const double adaptive_lr = std::sqrt(bias_correction2) / (std::sqrt(v) + eps);
+      p = p - m / bias_correction1 * lr * adaptive_lr * rect;
+    } else {
+      p = p - m / bias_correction1 * lr;
+    }
+    return 0.0;
+  };
+}
+
+// torch.optim.Adadelta, _single_tensor_adadelta (states square_avg, acc_delta).
+inline RefStep adadelta_reference(const Hypers& h) {
+  const double lr = hyper(h, "lr"), rho = hyper(h, "rho"), eps = hyper(h, "eps");
+  const double wd = hyper(h, "weight_decay");
+  const bool maximize = hyper(h, "maximize") != 0;
+  return [=](double, double& p, double g, double* s) {
+    double& square_avg = s[0];
+    double& acc_delta = s[1];
+    double grad = maximize ? -g : g;
+    if (wd != 0) grad = grad + wd * p;
+    square_avg = square_avg * rho + (1 - rho) * grad * grad;
+    const double std = std::sqrt(square_avg + eps);
+    const double delta = std::sqrt(acc_delta + eps) / std * grad;
+    acc_delta = acc_delta * rho + (1 - rho) * delta * delta;
+    p = p - lr * delta;
+    return 0.0;
+  };
+}
+
+// torch.optim.Rprop, _single_tensor_rprop (states prev, step_size).
+inline RefStep rprop_reference(const Hypers& h) {
+  const double etaminus = hyper(h, "etaminus"), etaplus = hyper(h, "etaplus");
+  const double lo = hyper(h, "step_size_min"), hi = hyper(h, "step_size_max");
+  const bool maximize = hyper(h, "maximize") != 0;
+  return [=](double, double& p, double g, double* s) {
+    double& prev = s[0];
+    double& step_size = s[1];
+    double grad = maximize ? -g : g;
+    const double product = grad * prev;
+    // torch: sign[sign.gt(0)] = etaplus; sign[sign.lt(0)] = etaminus; sign[sign.eq(0)] = 1
+    const double factor = product > 0 ? etaplus : product < 0 ? etaminus : 1.0;
+    step_size = std::min(std::max(step_size * factor, lo), hi);
+    if (factor == etaminus) grad = 0;  // torch: grad[sign.eq(etaminus)] = 0
+    p = p - ((grad > 0) - (grad < 0)) * step_size;
+    prev = grad;
     return 0.0;
   };
 }

@@ -156,6 +156,26 @@ const std::vector<PresetSpec>& specs() {
        },
        nadam_reference,
        kDefault},
+      {"radam",
+       kRadamDefaults,
+       {"m", "v"},
+       [](const Hypers&) { return zeros(2); },
+       radam_reference,
+       kDefault},
+      {"adadelta",
+       kAdadeltaDefaults,
+       {"square_avg", "acc_delta"},
+       [](const Hypers&) { return zeros(2); },
+       adadelta_reference,
+       kDefault},
+      {"rprop",
+       kRpropDefaults,
+       {"prev", "step_size"},
+       [](const Hypers& h) {
+         return std::vector<double>{0, hyper(h, "lr")};
+       },
+       rprop_reference,
+       kDefault},
       {"lion",
        kLionDefaults,
        {"m"},
@@ -270,12 +290,17 @@ struct Comparison {
 
 constexpr int kSteps = 100;
 const std::vector<std::int64_t> kSizes = {1, 7, 1000, 4099};
+/// The sizes of the presets and options of rule language 2 (issue 14): primes, an empty
+/// tensor and 2^20 + 3 elements (many chunks).
+const std::vector<std::int64_t> kWideSizes = {0, 2, 7, 4099, (1 << 20) + 3};
+const std::vector<std::int64_t> kPrimeSizes = {0, 2, 7, 1009, 4099};
 
 /// Runs preset `name` with param group g's hypers `groups[g]` (tensor k is in group
 /// k % groups.size()) for kSteps steps in fp32, against the float64 reference. States
 /// named in `unchecked` are scratch in this setting (the reference has no such state).
 void run_case(const std::string& name, const std::string& label, const std::vector<Hypers>& groups,
-              const std::vector<std::string>& unchecked = {}) {
+              const std::vector<std::string>& unchecked = {},
+              const std::vector<std::int64_t>& sizes = kSizes) {
   const PresetSpec& sp = spec(name);
   const std::uint32_t seed = fresh_seed();
   std::string setting;
@@ -301,7 +326,7 @@ void run_case(const std::string& name, const std::string& label, const std::vect
     inits.push_back(sp.init(h));
   }
 
-  const std::size_t nt = kSizes.size();
+  const std::size_t nt = sizes.size();
   // fp32 tensors for the kernel: p, g, each state; float64 copies for the reference.
   std::vector<std::vector<float>> p(nt), g(nt);
   std::vector<std::vector<std::vector<float>>> s(nt, std::vector<std::vector<float>>(ns));
@@ -309,7 +334,7 @@ void run_case(const std::string& name, const std::string& label, const std::vect
   std::vector<std::vector<void*>> ptrs(nt);
   std::vector<int> group(nt);
   for (std::size_t k = 0; k < nt; ++k) {
-    const std::size_t n = static_cast<std::size_t>(kSizes[k]);
+    const std::size_t n = static_cast<std::size_t>(sizes[k]);
     group[k] = static_cast<int>(k % groups.size());
     p[k].resize(n);
     g[k].resize(n);
@@ -328,7 +353,7 @@ void run_case(const std::string& name, const std::string& label, const std::vect
     for (std::size_t j = 0; j < ns; ++j) ptrs[k].push_back(s[k][j].data());
   }
   // The rule's `state NAME = INIT`, written by the kernel, must be the reference's start.
-  init_states(kernel, ptrs, kSizes, hypers, group);
+  init_states(kernel, ptrs, sizes, hypers, group);
   for (std::size_t k = 0; k < nt; ++k) {
     for (std::size_t j = 0; j < ns; ++j) {
       const float want = static_cast<float>(inits[group[k]][j]);
@@ -339,13 +364,22 @@ void run_case(const std::string& name, const std::string& label, const std::vect
     }
   }
 
+  // Gradients: windows at random offsets into a pool of fresh normal values (drawing 2^20
+  // normals every step would dominate the test's time).
+  std::vector<float> pool(std::size_t{1} << 21);
+  for (float& x : pool) x = normal(rng);
+  std::uniform_int_distribution<std::size_t> offset(0, pool.size() - 1);
+
   const double tol = sp.tol;
   double worst_p = 0, worst_s = 0;
   for (int t = 1; t <= kSteps; ++t) {
     for (std::size_t k = 0; k < nt; ++k) {
-      for (float& x : g[k]) x = normal(rng);
+      const std::size_t at = offset(rng);
+      for (std::size_t i = 0; i < g[k].size(); ++i) g[k][i] = pool[(at + i) & (pool.size() - 1)];
     }
-    run(kernel, ptrs, kSizes, hypers, static_cast<float>(t), group);
+    run(kernel, ptrs, sizes, hypers, static_cast<float>(t), group);
+    // Every value is compared after the first steps, every tenth and the last.
+    const bool compare = t <= 3 || t % 10 == 0 || t == kSteps;
     Comparison cmp;
     cmp.step = t;
     Comparison scmp;
@@ -363,7 +397,7 @@ void run_case(const std::string& name, const std::string& label, const std::vect
         }
       }
     }
-    for (std::size_t k = 0; k < nt; ++k) {
+    for (std::size_t k = 0; k < nt && compare; ++k) {
       for (std::size_t i = 0; i < p[k].size(); ++i) {
         cmp.check("param", k, i, p[k][i], rp[k][i],
                   allowed_error(tol, rp[k][i], p_scale[group[k]]) + slack[k][i]);
@@ -395,6 +429,15 @@ void run_case(const std::string& name, const std::string& label, const std::vect
 
 void run_case(const std::string& name, const std::string& label, const Hypers& h) {
   run_case(name, label, std::vector<Hypers>{h});
+}
+
+/// The same over kWideSizes (one setting of each preset and option of issue 14, the one
+/// with the most options on), or kPrimeSizes.
+void run_wide(const std::string& name, const std::string& label, const Hypers& h) {
+  run_case(name, label, std::vector<Hypers>{h}, {}, kWideSizes);
+}
+void run_primes(const std::string& name, const std::string& label, const Hypers& h) {
+  run_case(name, label, std::vector<Hypers>{h}, {}, kPrimeSizes);
 }
 
 /// AdamW with 16-bit params and grads and fp32 states, against the float64 reference.
@@ -521,8 +564,9 @@ void run_adamw_storage(const std::string& binding) {
 TEST_SUITE("presets") {
   TEST_CASE("the presets are the element-wise optimizers this file checks, plus lamb and lars") {
     const std::vector<std::string> expected = {
-        "adagrad", "adam", "adam+amsgrad", "adamax",  "adamw", "adamw+amsgrad", "bertadam", "lamb",
-        "lars",    "lion", "nadam",        "rmsprop", "sgd"};
+        "adadelta",      "adagrad",  "adam",  "adam+amsgrad", "adamax", "adamw",
+        "adamw+amsgrad", "bertadam", "lamb",  "lars",         "lion",   "nadam",
+        "radam",         "rmsprop",  "rprop", "sgd"};
     // A new preset needs a reference test before it ships: element-wise ones here, rules
     // with reductions (lamb, lars) in tests/runtime/test_reductions.cpp.
     CHECK(fusedopt::preset_names() == expected);
@@ -588,22 +632,56 @@ TEST_SUITE("presets") {
   }
 
   TEST_CASE("adam+amsgrad matches torch.optim.Adam with amsgrad") {
-    run_case("adam+amsgrad", "without weight decay", with(kAdamDefaults, {{"lr", 1e-2}}));
-    run_case("adam+amsgrad", "with L2 weight decay and maximize",
-             with(kAdamDefaults, {{"lr", 1e-2}, {"weight_decay", 0.1}, {"maximize", 1}}));
+    run_primes("adam+amsgrad", "without weight decay", with(kAdamDefaults, {{"lr", 1e-2}}));
+    run_primes("adam+amsgrad", "with L2 weight decay and maximize",
+               with(kAdamDefaults, {{"lr", 1e-2}, {"weight_decay", 0.1}, {"maximize", 1}}));
     // With beta2 = 0.999 the second moment mostly grows over 100 steps, so max_v == v;
     // a fast beta2 makes v fall often, and the max matter.
-    run_case("adam+amsgrad", "a fast second moment and a large eps",
+    run_wide("adam+amsgrad", "a fast second moment and a large eps",
              with(kAdamDefaults, {{"lr", 1e-2}, {"beta2", 0.9}, {"eps", 0.1}}));
   }
 
   TEST_CASE("adamw+amsgrad matches torch.optim.AdamW with amsgrad") {
-    run_case("adamw+amsgrad", "default weight decay", with(kAdamWDefaults, {{"lr", 1e-2}}));
-    run_case("adamw+amsgrad", "strong weight decay and maximize",
-             with(kAdamWDefaults, {{"lr", 1e-2}, {"weight_decay", 0.5}, {"maximize", 1}}));
+    run_primes("adamw+amsgrad", "default weight decay", with(kAdamWDefaults, {{"lr", 1e-2}}));
+    run_primes("adamw+amsgrad", "strong weight decay and maximize",
+               with(kAdamWDefaults, {{"lr", 1e-2}, {"weight_decay", 0.5}, {"maximize", 1}}));
     // beta1 below 0.5 takes lerp's other branch; a fast beta2 makes the max matter.
-    run_case("adamw+amsgrad", "lerp's large-weight branch, a fast second moment, a large eps",
+    run_wide("adamw+amsgrad", "lerp's large-weight branch, a fast second moment, a large eps",
              with(kAdamWDefaults, {{"lr", 1e-2}, {"beta1", 0.3}, {"beta2", 0.9}, {"eps", 0.1}}));
+  }
+
+  TEST_CASE("radam matches torch.optim.RAdam") {
+    // With beta2 = 0.999, rho_t passes 5 at step 6: both branches run.
+    run_primes("radam", "plain", with(kRadamDefaults, {{"lr", 1e-2}}));
+    run_primes("radam", "L2 weight decay and maximize",
+               with(kRadamDefaults, {{"lr", 1e-2}, {"weight_decay", 0.1}, {"maximize", 1}}));
+    run_wide("radam", "decoupled weight decay, lerp's other branch, a fast beta2, a large eps",
+             with(kRadamDefaults, {{"lr", 1e-2},
+                                   {"weight_decay", 0.1},
+                                   {"decoupled_weight_decay", 1},
+                                   {"beta1", 0.4},
+                                   {"beta2", 0.9},
+                                   {"eps", 0.1}}));
+  }
+
+  TEST_CASE("adadelta matches torch.optim.Adadelta") {
+    run_primes("adadelta", "plain", kAdadeltaDefaults);
+    run_wide(
+        "adadelta", "weight decay, maximize, another rho and a large eps",
+        with(kAdadeltaDefaults,
+             {{"lr", 0.5}, {"weight_decay", 0.1}, {"maximize", 1}, {"rho", 0.5}, {"eps", 0.1}}));
+  }
+
+  TEST_CASE("rprop matches torch.optim.Rprop") {
+    run_primes("rprop", "plain", kRpropDefaults);
+    // Tight bounds make the clamp bite on both sides within 100 steps.
+    run_wide("rprop", "other etas, tight step-size bounds and maximize",
+             with(kRpropDefaults, {{"lr", 1e-3},
+                                   {"etaminus", 0.3},
+                                   {"etaplus", 1.5},
+                                   {"step_size_min", 5e-4},
+                                   {"step_size_max", 4e-3},
+                                   {"maximize", 1}}));
   }
 
   TEST_CASE("the old preset name amsgrad is adam+amsgrad, and adam and adamw list the option") {
