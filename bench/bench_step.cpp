@@ -6,6 +6,7 @@
 
 #include <chrono>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "fusedopt/cuda.hpp"
@@ -85,6 +86,34 @@ void BM_HostStepPerTensor(benchmark::State& state) {
   report(state, total, static_cast<std::int64_t>(per_tensor.size()), copy_bw);
   state.SetLabel("adamw fp32 " + w.name + " one launch per tensor");
 }
+
+/// Preset `name` over BERT-base on the host, fused: the step time and fraction of the copy
+/// floor of each preset added by rule language 2 (issue 14), with adamw as the yardstick.
+void BM_HostPresetStep(benchmark::State& state, const std::string& name) {
+  const bench::Workload w = bench::bert_base();
+  HostModel model(w);
+  Optimizer opt(Rule::preset(name), {model.group(0, w.sizes.size())});
+  opt.step();
+  const double copy_bw =
+      bench::copy_bandwidth(static_cast<std::size_t>(opt.stats().bytes_per_step));
+  for (auto _ : state) opt.step();
+  report(state, opt.stats(), opt.stats().launches_per_step, copy_bw);
+  state.counters["bytes_per_element"] =
+      static_cast<double>(opt.stats().bytes_per_step) / static_cast<double>(opt.stats().elements);
+  state.SetLabel(name + " fp32 " + w.name + " fused");
+}
+
+const bool kPresetBenchmarks = [] {
+  for (const char* name :
+       {"adamw", "adam+amsgrad", "adamw+amsgrad", "radam", "adadelta", "rprop"}) {
+    benchmark::RegisterBenchmark((std::string("BM_HostPresetStep/") + name).c_str(),
+                                 BM_HostPresetStep, std::string(name))
+        ->Unit(benchmark::kMillisecond)
+        ->UseRealTime()
+        ->MinTime(1.0);
+  }
+  return true;
+}();
 
 }  // namespace
 
