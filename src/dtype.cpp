@@ -18,11 +18,24 @@ const char* to_string(DType dtype) {
       return "fp16";
     case DType::BF16:
       return "bf16";
+    case DType::F64:
+      return "fp64";
   }
   return "?";
 }
 
-int dtype_size(DType dtype) { return dtype == DType::F32 ? 4 : 2; }
+int dtype_size(DType dtype) {
+  switch (dtype) {
+    case DType::F32:
+      return 4;
+    case DType::F16:
+    case DType::BF16:
+      return 2;
+    case DType::F64:
+      return 8;
+  }
+  return 4;
+}
 
 namespace {
 

@@ -60,6 +60,12 @@ std::vector<std::string> Rule::states() const {
   return out;
 }
 
+std::vector<std::string> Rule::scalars() const {
+  std::vector<std::string> out;
+  for (int s : impl_->scalars) out.push_back(impl_->symbols[s].name);
+  return out;
+}
+
 std::string Rule::describe() const {
   const codegen::KernelBody body = codegen::generate_body(*impl_, DTypeBinding{});
   auto join = [](const std::vector<std::string>& names) {

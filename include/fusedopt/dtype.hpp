@@ -9,10 +9,12 @@
 
 namespace fusedopt {
 
-/// Storage type of a tensor.
-enum class DType { F32, F16, BF16 };
+/// Storage type of a tensor. F64 holds per-tensor scalar states (a rule's `scalar`
+/// declarations: Optimizer::state() views and checkpoints); parameters, gradients and
+/// state tensors are F32, F16 or BF16.
+enum class DType { F32, F16, BF16, F64 };
 
-/// "fp32", "fp16", "bf16".
+/// "fp32", "fp16", "bf16", "fp64".
 FUSEDOPT_API const char* to_string(DType dtype);
 /// Bytes per element.
 FUSEDOPT_API int dtype_size(DType dtype);

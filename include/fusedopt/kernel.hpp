@@ -55,6 +55,9 @@ class FUSEDOPT_API Rule {
   std::vector<std::pair<std::string, double>> hypers() const;
   /// State tensor names, in declaration order.
   std::vector<std::string> states() const;
+  /// Per-tensor scalar state names (`scalar NAME = INIT`: one double per tensor), in
+  /// declaration order.
+  std::vector<std::string> scalars() const;
   /// Passes over the data before the update (0: an element-wise rule).
   int reduction_passes() const;
   /// This rule with the gradient clipped by its global norm first (torch's

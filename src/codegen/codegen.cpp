@@ -75,6 +75,87 @@ class BodyEmitter {
     for (const lang::Reduction& r : rule.reductions) acc_.push_back(count[r.pass]++);
     pass_acc_count_ = count;
     if (rule.reduction_passes > 0) check_acc_ = pass_acc_count_[0]++;
+    // fo_tvals: per-tensor reduction values, each scalar state before the step, each scalar
+    // assignment's result, then per-tensor subexpressions hoisted out of element code.
+    std::map<int, int> original, assigned;
+    int slot = rule.num_tensor_reductions;
+    for (int s : rule.scalars) original[s] = slot++;
+    for (std::size_t i = 0; i < rule.stmts.size(); ++i) {
+      if (rule.symbols[rule.stmts[i].target].kind == SymKind::Scalar) {
+        assigned[static_cast<int>(i)] = slot++;
+      }
+    }
+    em_.set_scalar_slots(original, assigned);
+    em_.set_first_hoist_slot(slot);
+    std::map<int, std::string> texts;
+    for (std::size_t r = 0; r < rule.reductions.size(); ++r) {
+      const lang::Reduction& red = rule.reductions[r];
+      texts[static_cast<int>(r)] = finish_value_d(
+          red.kind, fmt::format("{}[{}]", red.scope == lang::Scope::Tensor ? "R" : "G", red.slot));
+    }
+    em_.set_reduction_texts(std::move(texts));
+  }
+
+  /// fo_tensor_values (after the passes: element code may hoist per-tensor values into it)
+  /// and fo_scalar_init.
+  std::string tensor_functions() {
+    Writer w;
+    const bool scalars = !rule_.scalars.empty();
+    // One compiled body for the element passes and the end-of-step write (fusedopt_scalars):
+    // the scalar values the update used are the ones stored, bit for bit.
+    w.line(fmt::format(
+        "{} void fo_tensor_values(const double* FO_RESTRICT R, const double* S, "
+        "const double* FO_RESTRICT h, double step, const double* FO_RESTRICT G, fo_tvals& T, "
+        "double* S_out) {{",
+        scalars ? "FO_FN_NOINLINE" : "FO_FN"));
+    w.line("  (void)R; (void)S; (void)h; (void)step; (void)G; (void)S_out;");
+    w.line("  T.v[0] = 0.0f;");
+    for (const lang::Reduction& r : rule_.reductions) {
+      if (r.scope == lang::Scope::Tensor) {
+        w.line(fmt::format("  T.v[{}] = {};", r.slot,
+                           finish_value(r.kind, fmt::format("R[{}]", r.slot))));
+      }
+    }
+    int slot = rule_.num_tensor_reductions;
+    for (int s : rule_.scalars) {
+      const int k = rule_.symbols[s].index;
+      w.line(
+          fmt::format("  const double fo_so{0} = S[{0}]; T.v[{1}] = (float)fo_so{0};", k, slot++));
+    }
+    std::map<int, std::string> final_value;  // scalar index -> the local holding it at the end
+    for (int s : rule_.scalars) {
+      final_value[rule_.symbols[s].index] = fmt::format("fo_so{}", rule_.symbols[s].index);
+    }
+    for (std::size_t i = 0; i < rule_.stmts.size() && scalars; ++i) {
+      const lang::Stmt& st = rule_.stmts[i];
+      const lang::Symbol& target = rule_.symbols[st.target];
+      if (st.value->elementwise) continue;
+      if (target.kind == SymKind::Temp) {
+        w.line_directive(st.loc.line, file_);
+        w.line(fmt::format("  const double fo_t{} = {};", i, em_.tensor_value(*st.value)));
+      } else if (target.kind == SymKind::Scalar) {
+        w.line_directive(st.loc.line, file_);
+        w.line(fmt::format("  const double fo_s{0} = {1}; T.v[{2}] = (float)fo_s{0};", i,
+                           em_.tensor_value(*st.value), slot++));
+        final_value[target.index] = fmt::format("fo_s{}", i);
+      }
+    }
+    for (const auto& [k, text] : em_.tensor_hoisted()) {
+      w.line(fmt::format("  T.v[{}] = (float)({});", k, text));
+    }
+    if (scalars) w.restore_line();
+    w.line("  if (S_out) {");
+    for (const auto& [k, local] : final_value) w.line(fmt::format("    S_out[{}] = {};", k, local));
+    w.line("  }");
+    w.line("}");
+    w.line("FO_FN void fo_scalar_init(const double* FO_RESTRICT h, double* FO_RESTRICT S) {");
+    w.line("  (void)h; (void)S;");
+    for (int s : rule_.scalars) {
+      const lang::Symbol& sym = rule_.symbols[s];
+      w.line(fmt::format("  S[{}] = {};", sym.index, em_.tensor_value(*sym.init)));
+    }
+    w.line("}");
+    return w.str();
   }
 
   ExprEmitter& em() { return em_; }
@@ -348,6 +429,8 @@ void describe(const Rule& rule, const Schedule& schedule, const BodyEmitter& be,
   body.reduction_passes = rule.reduction_passes;
   body.num_tensor_slots = std::max(rule.num_tensor_reductions, 1);
   body.num_global_slots = rule.num_global_reductions + 1;
+  body.num_scalars = static_cast<int>(rule.scalars.size());
+  body.num_tvals = std::max(be.em().tval_count(), 1);
   body.strategy = schedule.strategy;
   body.store_pass = schedule.store_pass;
   body.bytes_recompute = schedule.bytes_recompute;
@@ -413,20 +496,6 @@ Writer accumulator_tables(const Rule& rule, const KernelBody& body, const BodyEm
   return meta;
 }
 
-/// fo_tensor_values: each per-tensor total as the value later passes read.
-void emit_tensor_values(Writer& w, const Rule& rule) {
-  w.line("FO_FN void fo_tensor_values(const double* FO_RESTRICT R, fo_tvals& T) {");
-  w.line("  (void)R;");
-  w.line("  T.v[0] = 0.0f;");
-  for (const lang::Reduction& r : rule.reductions) {
-    if (r.scope == lang::Scope::Tensor) {
-      w.line(fmt::format("  T.v[{}] = {};", r.slot,
-                         finish_value(r.kind, fmt::format("R[{}]", r.slot))));
-    }
-  }
-  w.line("}");
-}
-
 }  // namespace
 
 KernelBody generate_body(const Rule& rule, const DTypeBinding& dtypes, Strategy strategy) {
@@ -444,6 +513,7 @@ KernelBody generate_body(const Rule& rule, const DTypeBinding& dtypes, Strategy 
   std::vector<std::string> passes;
   for (int k = 0; k <= rule.reduction_passes; ++k) passes.push_back(be.pass_function(k));
   const std::string init = be.init_function();
+  const std::string tensor_fns = be.tensor_functions();
 
   describe(rule, schedule, be, role_names, decls.size(), body);
 
@@ -466,7 +536,7 @@ KernelBody generate_body(const Rule& rule, const DTypeBinding& dtypes, Strategy 
     }
   }
   emit_prepare(w, body, globals, be.em().prepare_lines(), file);
-  emit_tensor_values(w, rule);
+  w.append_text(tensor_fns);
   w.line("template <int kPass>");
   w.line(
       "FO_FN void fo_reduce_element(const fo_tensor&, long long, const fo_uniform&, "

@@ -43,6 +43,9 @@ struct KernelBody {
   int reduction_passes = 0;          ///< launches before the update launch
   int num_tensor_slots = 1;          ///< per-tensor totals per tensor (at least 1)
   int num_global_slots = 1;          ///< global totals; the last one is the grad check
+  int num_scalars = 0;               ///< per-tensor scalar states (doubles per tensor)
+  int num_tvals = 1;                 ///< fo_tvals values: per-tensor reduction results,
+                                     ///< scalar values, hoisted per-tensor expressions
   int max_acc = 1;                   ///< accumulators per chunk in the widest pass
   std::vector<ReductionSlot> slots;  ///< every accumulator of every pass (grad check too)
   Strategy strategy = Strategy::Recompute;

@@ -38,6 +38,31 @@ class ExprEmitter {
   /// Records that statement `stmt` (a uniform temporary) lives in a slot.
   void define_uniform_temp(int stmt, const lang::Expr& value) { temp_slot_[stmt] = hoist(value); }
 
+  /// Tensor-context text of `e` (inside fo_tensor_values, in double): hypers, step, global
+  /// and per-tensor reduction results, scalar states and temporaries read from its locals.
+  std::string tensor_value(const lang::Expr& e) {
+    const bool outer = in_tensor_;
+    in_tensor_ = true;
+    std::string text = node(e, true);
+    in_tensor_ = outer;
+    return text;
+  }
+
+  /// Where element code reads per-tensor values: scalar state `sym`'s value before the
+  /// step, and statement `stmt`'s result (a scalar assignment), as indices into fo_tvals.
+  void set_scalar_slots(std::map<int, int> original, std::map<int, int> assigned) {
+    scalar_orig_ = std::move(original);
+    scalar_def_ = std::move(assigned);
+  }
+  /// Tensor-context text of each reduction result (by Rule::reductions index).
+  void set_reduction_texts(std::map<int, std::string> texts) { reduce_text_ = std::move(texts); }
+  /// Per-tensor subexpressions of element code hoisted into fo_tvals: (slot, double text),
+  /// for fo_tensor_values to compute once per tensor.
+  const std::vector<std::pair<int, std::string>>& tensor_hoisted() const { return hoisted_; }
+  /// The first fo_tvals slot per-tensor hoisting may use; count after emission.
+  void set_first_hoist_slot(int slot) { next_tval_ = slot; }
+  int tval_count() const { return next_tval_; }
+
   /// Lines for fo_prepare, in dependency order.
   const std::vector<PrepareLine>& prepare_lines() const { return prepare_; }
   int num_slots() const { return static_cast<int>(prepare_.size()); }
@@ -72,12 +97,69 @@ class ExprEmitter {
     return in_prepare_ ? fmt::format("fo_d{}", slot) : fmt::format("U.u[{}]", slot);
   }
 
+  /// Whether `e` reads a scalar state, directly or through temporaries.
+  bool reads_scalar(const lang::Expr& e) {
+    if (e.op == lang::Op::Ref) {
+      const lang::Symbol& s = rule_.symbols.at(e.sym);
+      if (s.kind == lang::SymKind::Scalar) return true;
+      if (s.kind == lang::SymKind::Temp && e.def >= 0) {
+        auto it = temp_reads_scalar_.find(e.def);
+        if (it != temp_reads_scalar_.end()) return it->second;
+        const bool r = reads_scalar(*rule_.stmts.at(e.def).value);
+        temp_reads_scalar_[e.def] = r;
+        return r;
+      }
+      return false;
+    }
+    if (e.op == lang::Op::Reduce) return false;
+    for (const lang::ExprPtr& a : e.args) {
+      if (reads_scalar(*a)) return true;
+    }
+    return false;
+  }
+
+  /// A per-tensor subexpression of element code that reads a scalar state: computed once
+  /// per tensor in double (fo_tensor_values), read from fo_tvals.
+  bool per_tensor_hoist(const lang::Expr& e) {
+    return !in_prepare_ && !in_tensor_ && !e.uniform && !e.elementwise && !trivial(e) &&
+           reads_scalar(e);
+  }
+
+  std::string tensor_slot_ref(const lang::Expr& e) {
+    const std::string text = tensor_value(e);
+    auto it = tval_by_text_.find(text);
+    if (it == tval_by_text_.end()) {
+      it = tval_by_text_.emplace(text, next_tval_++).first;
+      hoisted_.emplace_back(it->second, text);
+    }
+    return fmt::format("T.v[{}]", it->second);
+  }
+
   static bool trivial(const lang::Expr& e) {
     return e.op == lang::Op::Number || e.op == lang::Op::Ref || e.op == lang::Op::Reduce;
   }
 
   std::string ref(const lang::Expr& e, bool uniform_ctx) {
     const lang::Symbol& s = rule_.symbols.at(e.sym);
+    if (in_tensor_) {
+      switch (s.kind) {
+        case lang::SymKind::Hyper:
+          return fmt::format("h[{}]", s.index);
+        case lang::SymKind::Step:
+          return "step";
+        case lang::SymKind::Scalar:
+          return e.def >= 0 ? fmt::format("fo_s{}", e.def) : fmt::format("fo_so{}", s.index);
+        case lang::SymKind::Temp:
+          return fmt::format("fo_t{}", e.def);
+        default:
+          throw InternalError("tensor '" + s.name + "' in a per-tensor expression");
+      }
+    }
+    if (s.kind == lang::SymKind::Scalar) {
+      if (uniform_ctx) throw InternalError("scalar state in a uniform expression");
+      const auto& slots = e.def >= 0 ? scalar_def_ : scalar_orig_;
+      return fmt::format("T.v[{}]", slots.at(e.def >= 0 ? e.def : e.sym));
+    }
     if (!uniform_ctx) {
       if (e.def >= 0) {
         if (auto it = def_override_.find(e.def); it != def_override_.end()) return it->second;
@@ -104,13 +186,17 @@ class ExprEmitter {
 
   /// The text of `e` as a value: a slot if it is uniform, else the node itself.
   std::string emit(const lang::Expr& e) {
+    if (in_tensor_) return node(e, true);
     if (e.uniform && !trivial(e)) return slot_ref(hoist(e));
+    if (per_tensor_hoist(e)) return tensor_slot_ref(e);
     return node(e, e.uniform);
   }
 
   /// The text of `e` as a truth value.
   std::string cond(const lang::Expr& e) {
-    if (e.uniform && !trivial(e)) return fmt::format("({} != 0.0f)", emit(e));
+    if (!in_tensor_ && (per_tensor_hoist(e) || (e.uniform && !trivial(e)))) {
+      return fmt::format("({} != 0.0f)", emit(e));
+    }
     return cond_node(e);
   }
 
@@ -141,11 +227,12 @@ class ExprEmitter {
   /// The operator of `e` applied to its (emitted) operands.
   std::string node(const lang::Expr& e, bool uniform_ctx) {
     // A boolean operator (not a where or a reference that merely holds a truth value).
+    const bool in_double = in_prepare_ || in_tensor_;
     if (e.boolean && e.op != lang::Op::Where && !trivial(e))
-      return fmt::format(in_prepare_ ? "fo_bool_d({})" : "fo_bool({})", cond_node(e));
+      return fmt::format(in_double ? "fo_bool_d({})" : "fo_bool({})", cond_node(e));
     switch (e.op) {
       case lang::Op::Number:
-        return in_prepare_ ? double_literal(e.number) : float_literal(e.number);
+        return in_double ? double_literal(e.number) : float_literal(e.number);
       case lang::Op::Ref:
         return ref(e, uniform_ctx);
       case lang::Op::Neg:
@@ -161,6 +248,7 @@ class ExprEmitter {
       case lang::Op::Where:
         return fmt::format("({} ? {} : {})", cond(*e.args[0]), emit(*e.args[1]), emit(*e.args[2]));
       case lang::Op::Reduce: {
+        if (in_tensor_) return reduce_text_.at(e.reduction);
         const lang::Reduction& r = rule_.reductions.at(e.reduction);
         if (r.scope == lang::Scope::Global) {
           return fmt::format(in_prepare_ ? "fo_g{}" : "U.g[{}]", r.slot);
@@ -195,7 +283,15 @@ class ExprEmitter {
  private:
   std::map<std::string, int> slot_by_text_;
   std::vector<PrepareLine> prepare_;
-  bool in_prepare_ = false;  ///< emitting a uniform value for fo_prepare (double context)
+  bool in_prepare_ = false;         ///< emitting a uniform value for fo_prepare (double context)
+  bool in_tensor_ = false;          ///< emitting a per-tensor value for fo_tensor_values (double)
+  std::map<int, int> scalar_orig_;  ///< scalar symbol -> fo_tvals slot (before)
+  std::map<int, int> scalar_def_;   ///< scalar statement -> fo_tvals slot
+  std::map<int, std::string> reduce_text_;   ///< reduction -> its tensor-context text
+  std::map<int, bool> temp_reads_scalar_;    ///< memo of reads_scalar per temporary def
+  std::map<std::string, int> tval_by_text_;  ///< hoisted per-tensor text -> slot
+  std::vector<std::pair<int, std::string>> hoisted_;
+  int next_tval_ = 0;
 };
 
 }  // namespace fusedopt::codegen

@@ -56,7 +56,9 @@ class Planner {
     element_.assign(rule.stmts.size(), false);
     for (std::size_t i = 0; i < rule.stmts.size(); ++i) {
       const lang::Stmt& st = rule.stmts[i];
-      element_[i] = !(rule.symbols[st.target].kind == SymKind::Temp && st.value->uniform);
+      // Uniform temporaries live in fo_prepare, scalar states in fo_tensor_values.
+      const SymKind k = rule.symbols[st.target].kind;
+      element_[i] = !((k == SymKind::Temp && st.value->uniform) || k == SymKind::Scalar);
       if (is_tensor(rule.symbols[st.target].kind)) last_def_[st.target] = static_cast<int>(i);
     }
   }

@@ -78,6 +78,7 @@ void emit_common_prologue(Writer& w, const KernelBody& body) {
   w.line(fmt::format("#define FO_NUM_TENSOR_SLOTS {}", body.num_tensor_slots));
   w.line(fmt::format("#define FO_NUM_GLOBAL_SLOTS {}", body.num_global_slots));
   w.line(fmt::format("#define FO_MAX_ACC {}", body.max_acc));
+  w.line(fmt::format("#define FO_NUM_SCALARS {}", body.num_scalars));
 }
 
 std::string uniform_struct(const KernelBody& body) {
@@ -86,7 +87,7 @@ std::string uniform_struct(const KernelBody& body) {
       "  float g[{}];\n  float u[{}];\n}};\n"
       "struct fo_tvals {{\n  float v[{}];\n}};\n",
       std::max(body.num_hypers, 1), std::max(body.num_global_slots, 1),
-      std::max(body.num_uniforms, 1), std::max(body.num_tensor_slots, 1));
+      std::max(body.num_uniforms, 1), std::max(body.num_tvals, 1));
 }
 
 const char* storage_type(DType dtype) {
@@ -97,6 +98,8 @@ const char* storage_type(DType dtype) {
       return "fo_f16";
     case DType::BF16:
       return "fo_bf16";
+    case DType::F64:
+      break;  // not a tensor role's dtype (DTypeBinding::parse refuses it)
   }
   return "float";
 }
@@ -301,7 +304,10 @@ KernelBody generate_functor_body(const TrustedFunctor& functor, const DTypeBindi
   w.line("FO_FN int fo_acc_count(int) { return 0; }");
   w.line("FO_FN int fo_acc_max(int, int) { return 0; }");
   w.line("FO_FN int fo_acc_slot(int, int) { return 0; }");
-  w.line("FO_FN void fo_tensor_values(const double*, fo_tvals& T) { T.v[0] = 0.0f; }");
+  w.line(
+      "FO_FN void fo_tensor_values(const double*, const double*, const double*, double, "
+      "const double*, fo_tvals& T, double*) { T.v[0] = 0.0f; }");
+  w.line("FO_FN void fo_scalar_init(const double*, double*) {}");
   w.line("template <int kPass>");
   w.line(
       "FO_FN void fo_reduce_element(const fo_tensor&, long long, const fo_uniform&, "

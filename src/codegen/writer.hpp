@@ -26,6 +26,7 @@ class Writer {
   /// Maps the following lines back to the generated file itself.
   void restore_line() { line(kRestoreLineMarker); }
   void append(const Writer& other) { out_ += other.out_; }
+  void append_text(const std::string& text) { out_ += text; }
   const std::string& str() const { return out_; }
 
  private:

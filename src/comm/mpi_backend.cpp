@@ -82,12 +82,16 @@ const HalfTypes& half_types() {
   return t;
 }
 
-MPI_Datatype mpi_type(DType d) { return d == DType::F32 ? MPI_FLOAT : half_types().half; }
+MPI_Datatype mpi_type(DType d) {
+  if (d == DType::F64) return MPI_DOUBLE;
+  return d == DType::F32 ? MPI_FLOAT : half_types().half;
+}
 
 MPI_Op mpi_op(DType d, ReduceOp op) {
   const bool max = op == ReduceOp::Max;
   switch (d) {
     case DType::F32:
+    case DType::F64:
       return max ? MPI_MAX : MPI_SUM;
     case DType::BF16:
       return max ? half_types().bf16_max : half_types().bf16_sum;

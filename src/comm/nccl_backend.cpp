@@ -220,6 +220,8 @@ ncclDataType_t nccl_type(DType d) {
       return ncclFloat16;
     case DType::BF16:
       return ncclBfloat16;
+    case DType::F64:
+      return ncclFloat64;
   }
   return ncclFloat32;
 }

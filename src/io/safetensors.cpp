@@ -154,6 +154,8 @@ const char* safetensors_dtype(DType d) {
       return "F16";
     case DType::BF16:
       return "BF16";
+    case DType::F64:
+      return "F64";
   }
   return "?";
 }

@@ -11,6 +11,8 @@ const char* to_string(SymKind kind) {
       return "grad";
     case SymKind::State:
       return "state";
+    case SymKind::Scalar:
+      return "scalar";
     case SymKind::Output:
       return "output";
     case SymKind::Hyper:

@@ -21,6 +21,7 @@ enum class SymKind {
   Param,   ///< the parameter tensor (exactly one); read-write
   Grad,    ///< the gradient tensor (exactly one); read-only
   State,   ///< optimizer state tensor with an initial value; read-write
+  Scalar,  ///< per-tensor scalar state (double), with an initial value; read-write
   Output,  ///< extra output tensor; write (then readable as a local)
   Hyper,   ///< scalar hyper-parameter with a default; read-only
   Step,    ///< built-in 1-based step count; read-only
@@ -119,7 +120,8 @@ struct Symbol {
                              ///< line 0 for the built-in step
   int index = 0;             ///< position among the symbols of the same kind
   double default_value = 0;  ///< Hyper: the default
-  ExprPtr init;              ///< State: the initial value (constants, hypers and the param only)
+  ExprPtr init;              ///< State: the initial value (constants, hypers and the param only);
+                             ///< Scalar: constants and hypers
   bool written = false;      ///< Param/State/Output/Temp: some statement assigns it
 };
 
@@ -162,6 +164,7 @@ struct Rule {
   int grad = -1;             ///< symbol index of the grad
   int step = -1;             ///< symbol index of the built-in step
   std::vector<int> states;   ///< symbol indices, in declaration order
+  std::vector<int> scalars;  ///< per-tensor scalar states: symbol indices, in declaration order
   std::vector<int> outputs;  ///< symbol indices, in declaration order
   std::vector<int> hypers;   ///< symbol indices, in declaration order
 

@@ -68,9 +68,14 @@ class Checker {
       if (first < 0) first = static_cast<int>(i);
     }
     for (Decl& d : in_.decls) {
-      if (d.kind != SymKind::State) continue;
+      if (d.kind != SymKind::State && d.kind != SymKind::Scalar) continue;
       Symbol& state = rule_.symbols[sym_of_name_[d.name]];
       resolve(*d.init, &state);
+      if (d.kind == SymKind::Scalar && !d.init->uniform) {
+        src_.fail(d.init->loc,
+                  fmt::format("the initial value of scalar '{}' reads the param", state.name),
+                  "a scalar state is one value per tensor: start it from numbers and hypers");
+      }
       state.init = std::move(d.init);
     }
     last_def_.assign(rule_.symbols.size(), -1);
@@ -122,6 +127,9 @@ class Checker {
       case SymKind::State:
         rule_.states.push_back(sym);
         break;
+      case SymKind::Scalar:
+        rule_.scalars.push_back(sym);
+        break;
       case SymKind::Hyper:
         rule_.hypers.push_back(sym);
         break;
@@ -143,7 +151,9 @@ class Checker {
   [[noreturn]] void unknown_name(const Expr& e, std::string_view name) const {
     std::string hint = did_you_mean(name, known_names());
     if (hint.empty()) {
-      hint = "declare it (param, grad, state, hyper, output) or assign it in an earlier statement";
+      hint =
+          "declare it (param, grad, state, scalar, hyper, output) or assign it in an earlier "
+          "statement";
     }
     src_.fail(e.loc, fmt::format("unknown name '{}'", name), hint);
   }
@@ -186,8 +196,8 @@ class Checker {
     const FunctionInfo& fn = reduction_info(e.reduce_kind, e.reduce_scope);
     if (state != nullptr) {
       src_.fail(e.loc,
-                fmt::format("the initial value of state '{}' cannot use a reduction ('{}')",
-                            state->name, fn.name),
+                fmt::format("the initial value of {} '{}' cannot use a reduction ('{}')",
+                            to_string(state->kind), state->name, fn.name),
                 "initial values are written once, element by element, before the first step; "
                 "compute the reduction in a statement instead");
     }
@@ -248,8 +258,11 @@ class Checker {
                                      ? fmt::format("the temporary '{}'", name)
                                      : fmt::format("{} '{}'", to_string(kind), name);
         src_.fail(e.loc,
-                  fmt::format("the initial value of state '{}' cannot use {}", state->name, what),
-                  "a state's initial value may use numbers, hypers and the param");
+                  fmt::format("the initial value of {} '{}' cannot use {}", to_string(state->kind),
+                              state->name, what),
+                  state->kind == SymKind::Scalar
+                      ? "a scalar's initial value may use numbers and hypers"
+                      : "a state's initial value may use numbers, hypers and the param");
       }
     } else if (sym < 0) {
       if (first_assign_[id] >= 0) {
@@ -272,6 +285,10 @@ class Checker {
       e.boolean = value.boolean;
       e.elementwise = value.elementwise || s.kind == SymKind::Output;
       e.phase = value.phase;
+    } else if (s.kind == SymKind::Scalar) {
+      // One value per tensor: neither uniform (it differs between tensors) nor per element.
+      e.def = last_def_[sym];
+      if (e.def >= 0) e.phase = rule_.stmts[e.def].value->phase;
     } else {
       e.uniform = s.kind == SymKind::Hyper || s.kind == SymKind::Step;
       if (!e.uniform) {  // a tensor: its current value (the latest assignment's, if any)
@@ -306,6 +323,17 @@ class Checker {
       case SymKind::Step:
         src_.fail(raw.loc, fmt::format("cannot assign to 'step': {}", reserved_reason("step")),
                   "assign a temporary instead, e.g. 't = step + 1'");
+      case SymKind::Scalar:
+        if (raw.value->elementwise) {
+          src_.fail(
+              raw.loc,
+              fmt::format("scalar '{}' is one value per tensor: it cannot be assigned a value "
+                          "that differs from element to element",
+                          name),
+              "assign it from hypers, 'step', other scalars and reductions (e.g. "
+              "tensor_norm(p)), or make it a state");
+        }
+        break;
       default:
         break;
     }
@@ -323,7 +351,8 @@ class Checker {
     bool updates = false;
     for (const Stmt& st : rule_.stmts) {
       SymKind k = rule_.symbols[st.target].kind;
-      updates = updates || k == SymKind::Param || k == SymKind::State || k == SymKind::Output;
+      updates = updates || k == SymKind::Param || k == SymKind::State || k == SymKind::Output ||
+                k == SymKind::Scalar;
     }
     const Symbol& param = rule_.symbols[rule_.param];
     if (!updates) {
@@ -338,6 +367,13 @@ class Checker {
       const Symbol& s = rule_.symbols[i];
       if (!s.written) {
         src_.fail(s.loc, fmt::format("state '{}' is never updated", s.name),
+                  "assign it in a statement, or remove it (a constant belongs in a hyper)");
+      }
+    }
+    for (int i : rule_.scalars) {
+      const Symbol& s = rule_.symbols[i];
+      if (!s.written) {
+        src_.fail(s.loc, fmt::format("scalar '{}' is never updated", s.name),
                   "assign it in a statement, or remove it (a constant belongs in a hyper)");
       }
     }

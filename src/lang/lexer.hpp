@@ -33,6 +33,7 @@ enum class Tok {
   KwParam,
   KwGrad,
   KwState,
+  KwScalar,
   KwHyper,
   KwOutput,
   KwAnd,
@@ -47,12 +48,13 @@ struct Token {
   double number = 0;  ///< Tok::Number
 };
 
-/// True for the keyword tokens (param grad state hyper output and or not).
+/// True for the keyword tokens (param grad state scalar hyper output and or not).
 inline bool is_keyword_token(Tok kind) {
   switch (kind) {
     case Tok::KwParam:
     case Tok::KwGrad:
     case Tok::KwState:
+    case Tok::KwScalar:
     case Tok::KwHyper:
     case Tok::KwOutput:
     case Tok::KwAnd:

@@ -78,9 +78,10 @@ void check_limits(const Source& source, const Rule& rule) {
   check_symbol_count(source, rule, {SymKind::State, SymKind::Output}, kMaxStateTensors,
                      "state and output tensors", "each is one more tensor beside every parameter");
   check_symbol_count(source, rule, {SymKind::Hyper}, kMaxHypers, "hypers", "");
+  check_symbol_count(source, rule, {SymKind::Scalar}, kMaxStateTensors, "scalar states", "");
   OperationCounter ops(source);
   for (const Symbol& s : rule.symbols) {
-    if (s.kind == SymKind::State && s.init) ops.count(*s.init);
+    if ((s.kind == SymKind::State || s.kind == SymKind::Scalar) && s.init) ops.count(*s.init);
   }
   for (const Stmt& st : rule.stmts) ops.count(*st.value);
 }

@@ -65,7 +65,7 @@ bool ends_line(Tok kind) { return kind == Tok::Newline || kind == Tok::End; }
 
 bool is_decl_keyword(Tok kind) {
   return kind == Tok::KwParam || kind == Tok::KwGrad || kind == Tok::KwState ||
-         kind == Tok::KwHyper || kind == Tok::KwOutput;
+         kind == Tok::KwScalar || kind == Tok::KwHyper || kind == Tok::KwOutput;
 }
 
 constexpr const char* kTooDeepHint =
@@ -154,6 +154,9 @@ class Parser {
       case Tok::KwState:
         kind = SymKind::State;
         break;
+      case Tok::KwScalar:
+        kind = SymKind::Scalar;
+        break;
       case Tok::KwHyper:
         kind = SymKind::Hyper;
         break;
@@ -171,10 +174,10 @@ class Parser {
       d.name = intern(name.text);
       d.loc = name.loc;
       d.keyword = kw.loc;
-      if (kind == SymKind::State) {
+      if (kind == SymKind::State || kind == SymKind::Scalar) {
         if (tok_.kind != Tok::Assign) {
-          src_.fail(name.loc, fmt::format("state '{}' needs an initial value", name.text),
-                    fmt::format("e.g. 'state {} = 0'", name.text));
+          src_.fail(name.loc, fmt::format("{} '{}' needs an initial value", keyword, name.text),
+                    fmt::format("e.g. '{} {} = 0'", keyword, name.text));
         }
         advance();
         d.init = parse_expr().expr;

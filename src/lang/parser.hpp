@@ -17,7 +17,7 @@ struct Decl {
   int name = -1;             ///< index into ParsedRule::names
   Loc loc;                   ///< of the name
   Loc keyword;               ///< of the declaring keyword
-  ExprPtr init;              ///< State: the initial value, names unresolved
+  ExprPtr init;              ///< State, Scalar: the initial value, names unresolved
   double default_value = 0;  ///< Hyper
   bool internal = false;     ///< added by fusedopt (may use reserved names)
 };

@@ -54,6 +54,10 @@ struct BindingTensors {
   /// Raw global reduction totals shared by every kernel of one optimizer (memory of the
   /// backend's device); null: the kernel keeps its own.
   void* global_totals = nullptr;
+  /// The tensors' per-tensor scalar states, [tensor * scalar count + k] doubles (memory of
+  /// the backend's device, owned by the caller: optimizer state); null: the kernel keeps
+  /// its own (or the rule has none).
+  void* scalars = nullptr;
   codegen::Strategy strategy = codegen::Strategy::Auto;
 };
 
@@ -85,7 +89,8 @@ class BoundKernel {
   virtual const codegen::KernelBody& body() const = 0;
   /// Scratch memory of the Store strategy, in bytes.
   virtual std::int64_t scratch_bytes() const = 0;
-  /// The update pass: `step` (1-based) and grads times `inv_grad_scale`.
+  /// The update pass: `step` (1-based) and grads times `inv_grad_scale`; then, for a rule
+  /// with scalar states, every tensor's new scalar values (one more launch).
   virtual void step(double step, float inv_grad_scale, void* stream) = 0;
   /// Whether every gradient times `inv_grad_scale` is finite.
   virtual bool grads_finite(float inv_grad_scale, void* stream) = 0;

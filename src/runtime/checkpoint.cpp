@@ -28,15 +28,19 @@ const char* st_dtype(DType d) { return io::safetensors_dtype(d); }
 
 }  // namespace
 
-/// The rule states (not the per-step outputs) of every param, then the masters: what
-/// save() writes and load() requires. A master is expected for every 16-bit param when
-/// master_weights is set, empty ones included, so the set does not depend on sizes.
+/// The rule states (not the per-step outputs) of every param, its scalar states (one F64
+/// each, empty params included), then the masters: what save() writes and load()
+/// requires. A master is expected for every 16-bit param when master_weights is set, empty
+/// ones included, so the set does not depend on sizes.
 std::vector<CheckpointTensor> Optimizer::Impl::checkpoint_tensors() const {
   std::vector<CheckpointTensor> out;
   for (const runtime::ParamSlot& s : params) {
     for (std::size_t k = 0; k < num_states; ++k) {
       out.push_back(
           {s.name + "/" + state_names[k], options.state_dtype, s.param.numel, s.states[k]});
+    }
+    for (std::size_t k = 0; k < scalar_names.size(); ++k) {
+      out.push_back({s.name + "/" + scalar_names[k], DType::F64, 1, s.scalars + k});
     }
     if (options.master_weights && s.param.dtype != DType::F32) {
       out.push_back({s.name + "/master", DType::F32, s.param.numel, s.master});

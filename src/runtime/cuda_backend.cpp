@@ -31,6 +31,7 @@ class CudaBoundKernel final : public BoundKernel {
         PlanRequest("CudaKernel", tensors.ptrs, tensors.numel, hypers, tensors.group, kCudaChunk),
         256, &scratch_);
     if (tensors.global_totals) kernel_.share_global_totals(dev(tensors.global_totals));
+    if (tensors.scalars) kernel_.share_scalars(dev(tensors.scalars));
     kernel_.set_plan(plan);
     any_elements_ = !plan.empty();
     num_tensors_ = plan.num_tensors();
@@ -59,6 +60,7 @@ class CudaBoundKernel final : public BoundKernel {
 
   void step(double step, float inv_grad_scale, void* stream) override {
     kernel_.run_pass(stream, kernel_.reduction_passes(), step, inv_grad_scale, false, true);
+    kernel_.update_scalars(stream, step, true);  // before end_step's count
   }
   bool grads_finite(float inv_grad_scale, void* stream) override {
     return kernel_.grads_finite(stream, inv_grad_scale);
@@ -81,8 +83,9 @@ class CudaBoundKernel final : public BoundKernel {
     }
   }
   int launches_per_step() const override {
-    if (!any_elements_) return 0;
-    return 2 + 2 * kernel_.reduction_passes();  // the passes, their finalizes, the count
+    const int scalars = kernel_.body().num_scalars > 0 ? 1 : 0;  // every tensor's, after
+    if (!any_elements_) return scalars;
+    return 2 + 2 * kernel_.reduction_passes() + scalars;  // passes, finalizes, the count
   }
   std::string key() const override { return kernel_.key(); }
   std::string origin() const override { return kernel_.origin(); }

@@ -79,6 +79,7 @@ struct CudaKernel::Impl {
   CUfunction f_check = nullptr;
   CUfunction f_advance = nullptr;
   CUfunction f_update_scale = nullptr;
+  CUfunction f_scalars = nullptr;
   Target target;  // what was loaded: sm_XX, or compute_XX (PTX the driver compiled)
   std::vector<CUfunction> f_reduce;  // fusedopt_reduce_<pass>, one per reduction pass
   CUfunction f_finalize = nullptr;
@@ -100,6 +101,11 @@ struct CudaKernel::Impl {
   DeviceBuffer tensor_chunks;  // long long[2 * num_tensors]
   DeviceBuffer own_global;     // double[global slots]
   DevicePtr shared_global = 0;
+  // Per-tensor scalar states (rules that declare `scalar`).
+  DeviceBuffer tensor_groups;  // int[num_tensors]
+  DeviceBuffer own_scalars;    // double[num_tensors * scalars]
+  DevicePtr shared_scalars = 0;
+  int num_scalars = 0;
   DevicePtr skip = 0;          // set_skip_flag: launches do nothing when this double is non-zero
   DevicePtr scale_source = 0;  // set_scale_source: the loss scale the launches divide by
   std::int64_t num_tensors = 0;
@@ -125,6 +131,8 @@ struct CudaKernel::Impl {
       tensor_totals = DeviceBuffer();
       tensor_chunks = DeviceBuffer();
       own_global = DeviceBuffer();
+      tensor_groups = DeviceBuffer();
+      own_scalars = DeviceBuffer();
       if (module) cuda::driver().ModuleUnload(module);  // teardown: nothing to report to
     } catch (const Error&) {
       // The context could not be made current: the driver is shutting down.
@@ -163,8 +171,14 @@ struct CudaKernel::Impl {
     }
     L.global_totals = as_device_pointer<double>(global());
     L.num_tensors = static_cast<long long>(num_tensors);
+    if (num_scalars > 0) {
+      L.scalars = as_device_pointer<double>(scalars());
+      L.tensor_groups = as_device_pointer<const int>(tensor_groups.get());
+    }
     return L;
   }
+
+  DevicePtr scalars() const { return shared_scalars ? shared_scalars : own_scalars.get(); }
 
   DevicePtr global() const { return shared_global ? shared_global : own_global.get(); }
 
@@ -227,6 +241,8 @@ CudaKernel::CudaKernel(std::shared_ptr<const lang::Rule> rule, DTypeBinding dtyp
   FUSEDOPT_CU_CHECK(ModuleGetFunction, &k.f_check, k.module, "fusedopt_check");
   FUSEDOPT_CU_CHECK(ModuleGetFunction, &k.f_advance, k.module, "fusedopt_advance_step");
   FUSEDOPT_CU_CHECK(ModuleGetFunction, &k.f_update_scale, k.module, "fusedopt_update_scale");
+  FUSEDOPT_CU_CHECK(ModuleGetFunction, &k.f_scalars, k.module, "fusedopt_scalars");
+  k.num_scalars = info_.body.num_scalars;
   k.f_reduce.assign(static_cast<std::size_t>(k.reduction_passes), nullptr);
   for (int pass = 0; pass < k.reduction_passes; ++pass) {
     const std::string name = fmt::format("fusedopt_reduce_{}", pass);
@@ -325,6 +341,11 @@ void CudaKernel::set_plan(const Plan& plan) {
   DeviceBuffer d_ptrs = upload(plan.ptrs());
   DeviceBuffer d_hypers = upload(plan.hypers());
   DeviceBuffer d_aligned = upload(plan.aligned());
+  DeviceBuffer d_groups, d_scalars;
+  if (k.num_scalars > 0) {
+    d_groups = upload(plan.tensor_groups());
+    d_scalars = upload(std::vector<double>(std::max<std::size_t>(plan.num_scalars(), 1), 0.0));
+  }
   const double no_steps = 0.0;
   cuda::copy_to_device(k.capturable.get(), &no_steps, sizeof no_steps);
   // A copy from pageable memory may return before its DMA lands: wait for it, so a launch
@@ -337,6 +358,8 @@ void CudaKernel::set_plan(const Plan& plan) {
   k.partials = std::move(d_partials);
   k.tensor_totals = std::move(d_totals);
   k.tensor_chunks = std::move(d_ranges);
+  k.tensor_groups = std::move(d_groups);
+  k.own_scalars = std::move(d_scalars);
   k.num_tensors = plan.num_tensors();
   k.host_hypers = plan.hypers();
   k.num_chunks = plan.num_chunks();
@@ -367,12 +390,35 @@ void CudaKernel::set_hypers(int group, const std::vector<double>& values, cuda::
 void CudaKernel::step(cuda::Stream stream, double step, float inv_grad_scale) {
   Impl& k = *impl_;
   k.require_plan("step");
-  if (k.num_chunks == 0) return;
-  for (int pass = 0; pass < k.reduction_passes; ++pass) {
-    run_pass(stream, pass, step, inv_grad_scale, false, false);
-    finalize(stream, pass, false);
+  if (k.num_chunks > 0) {
+    for (int pass = 0; pass < k.reduction_passes; ++pass) {
+      run_pass(stream, pass, step, inv_grad_scale, false, false);
+      finalize(stream, pass, false);
+    }
+    run_pass(stream, k.reduction_passes, step, inv_grad_scale, false, false);
   }
-  run_pass(stream, k.reduction_passes, step, inv_grad_scale, false, false);
+  update_scalars(stream, step, false);
+}
+
+void CudaKernel::share_scalars(DevicePtr scalars) { impl_->shared_scalars = scalars; }
+DevicePtr CudaKernel::scalars() const { return impl_->scalars(); }
+
+void CudaKernel::run_scalars(cuda::Stream stream, double step, bool capturable_mode, int init) {
+  Impl& k = *impl_;
+  if (k.num_scalars == 0 || k.num_tensors == 0) return;
+  ScopedContext scope(k.ctx);
+  fo_launch L = k.make_launch(step, 1.0f, capturable_mode);
+  if (init) L.skip_if_set = nullptr;  // initial values are not part of a step
+  void* args[] = {&L, &init};
+  const std::int64_t blocks = std::min<std::int64_t>((k.num_tensors + kCudaBlock - 1) / kCudaBlock,
+                                                     4 * std::max<std::int64_t>(1, k.sm_count));
+  k.launch(k.f_scalars, static_cast<CUstream>(stream), args, static_cast<unsigned>(blocks),
+           kCudaBlock);
+}
+
+void CudaKernel::update_scalars(cuda::Stream stream, double step, bool capturable_mode) {
+  impl_->require_plan("update_scalars");
+  run_scalars(stream, step, capturable_mode, 0);
 }
 
 int CudaKernel::reduction_passes() const { return impl_->reduction_passes; }
@@ -465,9 +511,11 @@ void CudaKernel::check_grads_into(cuda::Stream stream, float inv_grad_scale, boo
 void CudaKernel::init_states(cuda::Stream stream) {
   Impl& k = *impl_;
   k.require_plan("init_states");
+  run_scalars(stream, 0.0, false, 1);
   if (k.num_chunks == 0) return;
   ScopedContext scope(k.ctx);
   fo_launch L = k.make_launch(0.0f, 1.0f, false);
+  L.skip_if_set = nullptr;
   void* args[] = {&L};
   k.launch(k.f_init, static_cast<CUstream>(stream), args, k.grid(k.f_init), kCudaBlock);
 }
@@ -501,6 +549,7 @@ void CudaKernel::step_capturable(cuda::Stream stream) {
     }
     run_pass(stream, k.reduction_passes, 0.0, 1.0f, false, true);
   }
+  update_scalars(stream, 0.0, true);  // before the count: it reads this step's number
   // Counted even with no chunk, so the count stays the number of steps.
   advance_step(stream);
 }

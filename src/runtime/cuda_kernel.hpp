@@ -69,7 +69,8 @@ class CudaKernel {
 
   /// One optimizer step over the plan: ONE launch for an element-wise rule (none when every
   /// tensor is empty); a rule with reductions runs each reduction pass and its finalize
-  /// first (its global totals are this kernel's alone). `step` is 1-based; the gradient
+  /// first (its global totals are this kernel's alone); a rule with scalar states writes
+  /// them after the update (update_scalars). `step` is 1-based; the gradient
   /// is multiplied by `inv_grad_scale` before the rule.
   void step(cuda::Stream stream, double step, float inv_grad_scale = 1.0f);
 
@@ -96,8 +97,19 @@ class CudaKernel {
   void advance_step(cuda::Stream stream);
   /// What codegen said about the kernel (no code).
   const codegen::KernelBody& body() const { return info_.body; }
-  /// Writes every state tensor's initial value (one launch).
+  /// Writes every state tensor's initial value (one launch), and every tensor's scalar
+  /// states (one more, for a rule that declares `scalar`).
   void init_states(cuda::Stream stream);
+  /// After the update pass, before advance_step: each tensor's scalar states as the step
+  /// computed them (one launch, one thread per tensor, skipped with the step; nothing for a
+  /// rule without scalar states). `capturable_mode` reads the step from the device.
+  void update_scalars(cuda::Stream stream, double step, bool capturable_mode);
+  /// Uses `scalars` (device memory, num_tensors * body().num_scalars doubles: an
+  /// optimizer's state) for the per-tensor scalar states instead of this kernel's own.
+  /// Call before set_plan / set_tensors.
+  void share_scalars(cuda::DevicePtr scalars);
+  /// The per-tensor scalar states: [tensor * body().num_scalars + k] (device memory).
+  cuda::DevicePtr scalars() const;
   /// Whether every gradient element times `inv_grad_scale` is finite: zeroes a device
   /// flag, launches the check, synchronizes `stream` and reads the flag back.
   bool grads_finite(cuda::Stream stream, float inv_grad_scale);
@@ -150,6 +162,8 @@ class CudaKernel {
  private:
   /// Refuses host memory and memory of another device in `plan`'s pointer table.
   void check_device_pointers(const Plan& plan) const;
+  /// fusedopt_scalars over every tensor: initial values (`init` 1) or the step's (0).
+  void run_scalars(cuda::Stream stream, double step, bool capturable_mode, int init);
   struct Impl;
   std::shared_ptr<const lang::Rule> rule_;
   DTypeBinding dtypes_;

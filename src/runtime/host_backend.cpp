@@ -26,6 +26,7 @@ class HostBoundKernel final : public BoundKernel {
     if (tensors.global_totals) {
       prepared_.share_global_totals(static_cast<double*>(tensors.global_totals));
     }
+    if (tensors.scalars) prepared_.share_scalars(static_cast<double*>(tensors.scalars));
   }
 
   void init_states() override { kernel_.init_states(prepared_); }
@@ -45,6 +46,7 @@ class HostBoundKernel final : public BoundKernel {
   std::int64_t scratch_bytes() const override { return static_cast<std::int64_t>(scratch_.size()); }
   void step(double step, float inv_grad_scale, void*) override {
     kernel_.run_pass(prepared_, kernel_.reduction_passes(), step, inv_grad_scale);
+    kernel_.update_scalars(prepared_, step);
   }
   bool grads_finite(float inv_grad_scale, void*) override {
     return kernel_.grads_finite(prepared_, inv_grad_scale);
@@ -53,7 +55,8 @@ class HostBoundKernel final : public BoundKernel {
     prepared_.set_hypers(hypers);
   }
   int launches_per_step() const override {
-    return prepared_.empty() ? 0 : 1 + 2 * kernel_.reduction_passes();
+    const int scalars = kernel_.body().num_scalars > 0 ? 1 : 0;  // every tensor's, after
+    return (prepared_.empty() ? 0 : 1 + 2 * kernel_.reduction_passes()) + scalars;
   }
   std::string key() const override { return kernel_.key(); }
   std::string origin() const override { return kernel_.origin(); }

@@ -26,12 +26,14 @@ struct HostKernel::Impl {
   CheckPoint check = nullptr;
   PassPoint reduce = nullptr;
   PassPoint finalize = nullptr;
+  PassPoint scalars = nullptr;
 };
 
 HostKernel::Prepared::Prepared(Plan plan) : plan_(std::move(plan)) {
   own_global_.assign(plan_.num_global_totals(), 0.0);
   partials_.assign(plan_.num_partials(), 0.0f);
   tensor_totals_.assign(plan_.num_tensor_totals(), 0.0);
+  own_scalars_.assign(plan_.num_scalars(), 0.0);
 }
 
 fo_launch HostKernel::Prepared::launch(double step, float inv_grad_scale) const {
@@ -47,6 +49,8 @@ fo_launch HostKernel::Prepared::launch(double step, float inv_grad_scale) const 
   L.global_totals = const_cast<double*>(global_totals());
   L.tensor_chunks = plan_.tensor_chunks().empty() ? nullptr : plan_.tensor_chunks().data();
   L.num_tensors = static_cast<long long>(plan_.num_tensors());
+  L.scalars = scalars();
+  L.tensor_groups = plan_.tensor_groups().data();
   return L;
 }
 
@@ -65,7 +69,9 @@ HostKernel::HostKernel(std::shared_ptr<const lang::Rule> rule, DTypeBinding dtyp
   impl_->check = reinterpret_cast<CheckPoint>(impl_->lib->symbol("fusedopt_check_host"));
   impl_->reduce = reinterpret_cast<PassPoint>(impl_->lib->symbol("fusedopt_reduce_host"));
   impl_->finalize = reinterpret_cast<PassPoint>(impl_->lib->symbol("fusedopt_finalize_host"));
-  if (!abi || !impl_->step || !impl_->init || !impl_->check || !impl_->reduce || !impl_->finalize) {
+  impl_->scalars = reinterpret_cast<PassPoint>(impl_->lib->symbol("fusedopt_scalars_host"));
+  if (!abi || !impl_->step || !impl_->init || !impl_->check || !impl_->reduce || !impl_->finalize ||
+      !impl_->scalars) {
     throw InternalError("host kernel for '" + rule_->name + "' lacks its entry points");
   }
   FUSEDOPT_CHECK_INTERNAL(abi() == FO_ABI_VERSION, "host kernel ABI {} != runtime ABI {}", abi(),
@@ -116,19 +122,27 @@ void HostKernel::finalize(Prepared& prepared, int pass, bool accumulate) const {
 }
 
 void HostKernel::step(const Prepared& prepared, double step, float inv_grad_scale) const {
-  if (prepared.empty()) return;
   auto& p = const_cast<Prepared&>(prepared);  // only the reduction scratch changes
-  for (int pass = 0; pass < info_.body.reduction_passes; ++pass) {
-    run_pass(p, pass, step, inv_grad_scale);
-    finalize(p, pass, false);
+  if (!prepared.empty()) {
+    for (int pass = 0; pass < info_.body.reduction_passes; ++pass) {
+      run_pass(p, pass, step, inv_grad_scale);
+      finalize(p, pass, false);
+    }
+    run_pass(p, info_.body.reduction_passes, step, inv_grad_scale);
   }
-  run_pass(p, info_.body.reduction_passes, step, inv_grad_scale);
+  update_scalars(prepared, step);  // empty tensors too: a scalar counts steps, not elements
 }
 
 void HostKernel::init_states(const Prepared& prepared) const {
-  if (prepared.empty()) return;
   const fo_launch L = prepared.launch(0.0f, 1.0f);
-  impl_->init(&L);
+  if (!prepared.empty()) impl_->init(&L);
+  if (info_.body.num_scalars > 0) impl_->scalars(&L, 1);
+}
+
+void HostKernel::update_scalars(const Prepared& prepared, double step) const {
+  if (info_.body.num_scalars == 0) return;
+  const fo_launch L = prepared.launch(step, 1.0f);
+  impl_->scalars(&L, 0);
 }
 
 bool HostKernel::grads_finite(const Prepared& prepared, float inv_grad_scale) const {

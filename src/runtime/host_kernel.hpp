@@ -48,6 +48,13 @@ class HostKernel {
     double* global_totals() { return global_ ? global_ : own_global_.data(); }
     /// Raw per-tensor totals: [tensor * stride + slot].
     double* tensor_totals() { return tensor_totals_.data(); }
+    /// Uses `scalars` (plan().num_scalars() doubles, owned by the caller: an optimizer's
+    /// state) for the per-tensor scalar states instead of this plan's own.
+    void share_scalars(double* scalars) { scalars_ = scalars; }
+    /// The per-tensor scalar states: [tensor * scalar count + k] (null: the rule has none).
+    double* scalars() const {
+      return scalars_ ? scalars_ : own_scalars_.empty() ? nullptr : own_scalars_.data();
+    }
     std::int64_t num_tensors() const { return plan_.num_tensors(); }
 
    private:
@@ -56,6 +63,8 @@ class HostKernel {
     std::vector<double> tensor_totals_;
     std::vector<double> own_global_;
     double* global_ = nullptr;  ///< shared totals, or null: own_global_
+    mutable std::vector<double> own_scalars_;
+    double* scalars_ = nullptr;  ///< shared scalar states, or null: own_scalars_
   };
 
   /// Generates, compiles (or loads from `cache`) and dlopens the host kernel of `rule`.
@@ -103,8 +112,11 @@ class HostKernel {
   /// What codegen said about the kernel (no code): schedule, slots, bytes per pass.
   const codegen::KernelBody& body() const { return info_.body; }
   /// Writes every state tensor's initial value (the rule's `state NAME = INIT`; with a
-  /// master copy, the master from the param first).
+  /// master copy, the master from the param first) and every tensor's scalar states.
   void init_states(const Prepared& prepared) const;
+  /// After a step's update pass: writes each tensor's scalar states (`scalar NAME`) as the
+  /// step computed them (every tensor, empty ones included; nothing when the rule has none).
+  void update_scalars(const Prepared& prepared, double step) const;
   /// Whether every gradient element times `inv_grad_scale` is finite (one pass over the
   /// gradients; run it before a grad-scaled step).
   bool grads_finite(const Prepared& prepared, float inv_grad_scale) const;

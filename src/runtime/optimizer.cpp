@@ -44,9 +44,13 @@ int Optimizer::Impl::state_index(const std::string& name) const {
   for (std::size_t k = 0; k < state_names.size(); ++k) {
     if (state_names[k] == name) return static_cast<int>(k);
   }
+  for (std::size_t k = 0; k < scalar_names.size(); ++k) {
+    if (scalar_names[k] == name) return static_cast<int>(state_names.size() + k);
+  }
   if (name == "master" && options.master_weights) return -1;
   std::string known;
   for (const std::string& s : state_names) known += (known.empty() ? "" : ", ") + s;
+  for (const std::string& s : scalar_names) known += (known.empty() ? "" : ", ") + s;
   if (options.master_weights) known += (known.empty() ? "" : ", ") + std::string("master");
   throw UsageError(fmt::format("rule '{}' has no state '{}' (it has: {})", rule.name(), name,
                                known.empty() ? "none" : known));
@@ -62,6 +66,12 @@ Tensor Optimizer::Impl::state_view(int s, std::size_t p) const {
     t.dtype = DType::F32;
     t.name = slot.name + "/master";
     if (t.data == nullptr) t.numel = 0;  // an fp32 param (or an empty one) has no master
+  } else if (static_cast<std::size_t>(s) >= state_names.size()) {
+    const std::size_t k = static_cast<std::size_t>(s) - state_names.size();
+    t.data = slot.scalars + k;  // one double per tensor, empty tensors included
+    t.numel = 1;
+    t.dtype = DType::F64;
+    t.name = slot.name + "/" + scalar_names[k];
   } else {
     t.data = slot.states[static_cast<std::size_t>(s)];
     t.dtype = options.state_dtype;
@@ -76,6 +86,7 @@ Optimizer::Impl::~Impl() {
   // Kernels first (their launches use the arenas), then the memory, then the backend.
   kernels.clear();
   global_totals.reset();
+  scalars.reset();
   arenas.clear();
 }
 
@@ -325,6 +336,7 @@ OptimizerStats Optimizer::stats() const {
     st.bytes_store += body.bytes_store * s.param.numel;
   }
   for (const runtime::Arena& a : m.arenas) st.state_bytes += a.bytes;
+  st.state_bytes += m.scalars.size();
   st.reduction_passes = m.reduction_passes;
   if (m.reduction_passes > 0 && !m.kernels.empty()) {
     st.reduction_strategy = codegen::to_string(m.kernels.front()->body().strategy);

@@ -212,6 +212,7 @@ void Optimizer::Impl::take_rule(const Rule& user_rule) {
   for (int s : r.states) state_names.push_back(r.symbols[s].name);
   num_states = state_names.size();
   for (int s : r.outputs) state_names.push_back(r.symbols[s].name);
+  for (int s : r.scalars) scalar_names.push_back(r.symbols[s].name);
   for (int h : r.hypers) hyper_names.push_back(r.symbols[h].name);
 }
 
@@ -278,15 +279,19 @@ void Optimizer::Impl::lay_out_arenas() {
   // master copies in fp32 (sharing the fp32 arena when the states are fp32 too).
   std::map<DType, std::size_t> arena_bytes;
   std::vector<std::vector<std::size_t>> offsets(params.size());  // per state, then master
-  for (std::size_t p = 0; p < params.size(); ++p) {
-    ParamSlot& s = params[p];
-    s.states.assign(state_names.size(), nullptr);
-    if (s.param.numel == 0) continue;
+  auto binding_of = [&](const ParamSlot& s) {
     DTypeBinding b;
     b.param = s.param.dtype;
     b.grad = s.grad.dtype;
     b.state = options.state_dtype;
     b.master = options.master_weights && s.param.dtype != DType::F32;
+    return b;
+  };
+  for (std::size_t p = 0; p < params.size(); ++p) {
+    ParamSlot& s = params[p];
+    s.states.assign(state_names.size(), nullptr);
+    if (s.param.numel == 0) continue;
+    const DTypeBinding b = binding_of(s);
     auto it = std::find(bindings.begin(), bindings.end(), b);
     s.binding = static_cast<int>(it - bindings.begin());
     if (it == bindings.end()) bindings.push_back(b);
@@ -300,6 +305,19 @@ void Optimizer::Impl::lay_out_arenas() {
       std::size_t& cursor = arena_bytes[DType::F32];
       offsets[p].push_back(cursor);
       cursor = advance(cursor, n, 4, s);
+    }
+  }
+  // Scalar states count steps, not elements: an empty tensor keeps them too, stepped by a
+  // kernel of its own binding, else by the first one (no code runs on its elements), so
+  // no kernel is built for empty tensors alone unless every tensor is empty.
+  if (!scalar_names.empty()) {
+    for (ParamSlot& s : params) {
+      if (s.param.numel > 0) continue;
+      const DTypeBinding b = binding_of(s);
+      auto it = std::find(bindings.begin(), bindings.end(), b);
+      if (it == bindings.end() && !bindings.empty()) it = bindings.begin();
+      s.binding = static_cast<int>(it - bindings.begin());
+      if (it == bindings.end()) bindings.push_back(b);
     }
   }
   // Checkpoints name the master copy "<param>/master": a state of that name would collide.
@@ -324,7 +342,7 @@ void Optimizer::Impl::lay_out_arenas() {
   }
   for (std::size_t p = 0; p < params.size(); ++p) {
     ParamSlot& s = params[p];
-    if (s.binding < 0) continue;
+    if (s.binding < 0 || s.param.numel == 0) continue;
     for (std::size_t k = 0; k < state_names.size(); ++k) {
       s.states[k] = base[options.state_dtype] + offsets[p][k];
     }
@@ -352,14 +370,32 @@ void Optimizer::Impl::bind_kernels() {
   for (std::size_t p = 0; p < params.size(); ++p) {
     const ParamSlot& s = params[p];
     if (s.binding < 0) continue;
-    runtime::BindingTensors& t = tensors[static_cast<std::size_t>(s.binding)];
+    const auto b = static_cast<std::size_t>(s.binding);
+    runtime::BindingTensors& t = tensors[b];
     std::vector<void*> ptrs = {s.param.data, s.grad.data};
     ptrs.insert(ptrs.end(), s.states.begin(), s.states.end());
-    if (s.master) ptrs.push_back(s.master);
+    if (bindings[b].master) ptrs.push_back(s.master);  // null for an empty tensor
     t.ptrs.push_back(std::move(ptrs));
     t.numel.push_back(s.param.numel);
     t.group.push_back(s.group);
-    binding_params[static_cast<std::size_t>(s.binding)].push_back(static_cast<int>(p));
+    binding_params[b].push_back(static_cast<int>(p));
+  }
+  // Scalar states: one row of doubles per tensor, each binding's tensors adjacent, in one
+  // allocation of the device (zeroed; the kernels write the initial values).
+  if (!scalar_names.empty()) {
+    const std::size_t per = scalar_names.size();
+    std::size_t rows = 0;
+    for (const auto& t : tensors) rows += t.numel.size();
+    scalars = backend->allocate(rows * per * sizeof(double));
+    auto* base = static_cast<double*>(scalars.data());
+    std::size_t first = 0;
+    for (std::size_t b = 0; b < tensors.size(); ++b) {
+      tensors[b].scalars = base + first * per;
+      for (std::size_t i = 0; i < binding_params[b].size(); ++i) {
+        params[static_cast<std::size_t>(binding_params[b][i])].scalars = base + (first + i) * per;
+      }
+      first += tensors[b].numel.size();
+    }
   }
   const std::vector<std::vector<double>> h = hyper_values();
   for (const runtime::BindingTensors& t : tensors) {

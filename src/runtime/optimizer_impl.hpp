@@ -34,7 +34,9 @@ struct ParamSlot {
   Tensor grad;
   std::vector<void*> states;  ///< rule states, then outputs (null when empty)
   void* master = nullptr;     ///< fp32 master copy, or null
-  int binding = -1;           ///< index into Impl::kernels; -1 for an empty tensor
+  double* scalars = nullptr;  ///< its scalar states (backend memory), or null: none
+  int binding = -1;           ///< index into Impl::kernels; -1 for an empty tensor of a rule
+                              ///< without scalar states (one with them binds every tensor)
 };
 
 /// One tensor of a checkpoint: its name, storage and the optimizer's memory for it.
@@ -61,8 +63,10 @@ struct Optimizer::Impl {
   /// The device: memory and kernels. Declared before the arenas and kernels so it outlives
   /// them; shared with the device GradScalers made for this optimizer (their memory).
   std::shared_ptr<runtime::Backend> backend;
-  std::vector<std::string> state_names;     ///< rule states, then outputs
-  std::size_t num_states = 0;               ///< how many of state_names are rule states
+  std::vector<std::string> state_names;   ///< rule states, then outputs
+  std::size_t num_states = 0;             ///< how many of state_names are rule states
+  std::vector<std::string> scalar_names;  ///< per-tensor scalar states (`scalar`)
+  runtime::Buffer scalars;  ///< [binding's first tensor + index in binding][scalar], doubles
   std::vector<std::string> hyper_names;     ///< Rule::hypers order
   std::vector<std::vector<double>> hypers;  ///< [group][hyper], as set (double precision)
   std::vector<runtime::ParamSlot> params;
@@ -138,9 +142,11 @@ struct Optimizer::Impl {
                     std::optional<int> group);
   /// The same, ordered on `stream` (no waiting).
   void push_hypers_on(void* stream);
-  /// Index of state `name` in state_names, -1 for "master", or throws listing them.
+  /// Index of state `name` in state_names, -1 for "master", state_names.size() + k for
+  /// scalar state k, or throws listing them.
   int state_index(const std::string& name) const;
-  /// The view of state `s` (or the master for -1) of parameter `p`.
+  /// The view of state `s` (the master for -1, a scalar state past state_names) of
+  /// parameter `p`.
   Tensor state_view(int s, std::size_t p) const;
   /// What a checkpoint holds (checkpoint.cpp).
   std::vector<runtime::CheckpointTensor> checkpoint_tensors() const;

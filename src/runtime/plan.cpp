@@ -56,6 +56,7 @@ Plan Plan::build(const codegen::KernelBody& body, const PlanRequest& request) {
 
   p.ptrs_.assign(std::max<std::size_t>(n, 1) * static_cast<std::size_t>(p.num_roles_), nullptr);
   p.aligned_.assign(std::max<std::size_t>(n, 1), 0);
+  p.tensor_groups_.assign(std::max<std::size_t>(n, 1), 0);
   for (std::size_t t = 0; t < n; ++t) {
     FUSEDOPT_CHECK_USAGE(static_cast<int>(ptrs[t].size()) == given_roles,
                          "{}: tensor {} has {} pointers, the kernel needs {}", who, t,
@@ -65,6 +66,7 @@ Plan Plan::build(const codegen::KernelBody& body, const PlanRequest& request) {
     FUSEDOPT_CHECK_USAGE(!(g < 0 || g >= p.num_groups_),
                          "{}: tensor {} is in group {}, but there are {} groups", who, t, g,
                          hypers.size());
+    p.tensor_groups_[t] = g;
     bool all_aligned = true;
     for (int r = 0; r < given_roles; ++r) {
       void* ptr = ptrs[t][static_cast<std::size_t>(r)];
@@ -81,6 +83,7 @@ Plan Plan::build(const codegen::KernelBody& body, const PlanRequest& request) {
   }
   p.chunks_ = build_chunks(numel, group, request.chunk_elems, p.num_groups_);
   p.num_tensors_ = static_cast<std::int64_t>(n);
+  p.num_scalars_ = n * static_cast<std::size_t>(body.num_scalars);
 
   p.lay_out_reductions(body);
   if (request.lay_out_scratch) p.lay_out_scratch(numel, request.scratch_align);

@@ -70,6 +70,8 @@ class Plan {
   const std::vector<long long>& tensor_chunks() const { return tensor_chunks_; }
   /// Per tensor: 1 when every role pointer is aligned to its vector_align().
   const std::vector<unsigned char>& aligned() const { return aligned_; }
+  /// Per tensor (empty ones included): its group (at least one entry).
+  const std::vector<int>& tensor_groups() const { return tensor_groups_; }
 
   std::int64_t num_tensors() const { return num_tensors_; }
   std::int64_t num_chunks() const { return static_cast<std::int64_t>(chunks_.size()); }
@@ -85,6 +87,9 @@ class Plan {
   std::size_t num_partials() const { return num_partials_; }
   std::size_t num_tensor_totals() const { return num_tensor_totals_; }
   std::size_t num_global_totals() const { return num_global_totals_; }
+  /// Per-tensor scalar states (doubles) the launches read and write: num_tensors() times
+  /// the rule's scalar count (0: the rule has none).
+  std::size_t num_scalars() const { return num_scalars_; }
   /// Bytes of the scratch allocation bind_scratch() wants (0: none).
   std::size_t scratch_bytes() const { return scratch_bytes_; }
 
@@ -97,6 +102,7 @@ class Plan {
   std::vector<double> hypers_;
   std::vector<long long> tensor_chunks_;
   std::vector<unsigned char> aligned_;
+  std::vector<int> tensor_groups_;
   std::vector<std::size_t> scratch_offsets_;  ///< [tensor * scratch values + j], bytes
   const char* who_ = "plan";
   std::int64_t num_tensors_ = 0;
@@ -108,6 +114,7 @@ class Plan {
   std::size_t num_partials_ = 0;
   std::size_t num_tensor_totals_ = 0;
   std::size_t num_global_totals_ = 0;
+  std::size_t num_scalars_ = 0;
   std::size_t scratch_bytes_ = 0;
 };
 

@@ -4,7 +4,7 @@
 #define FUSEDOPT_ABI_H
 
 // Bump when you change this: any struct below or an exported entry point's signature.
-#define FO_ABI_VERSION 8
+#define FO_ABI_VERSION 9
 
 // Launch constants shared by the runtime and the kernels (one source for both):
 /// Threads per block of every CUDA kernel (the runtime's kCudaBlock).
@@ -42,12 +42,17 @@ struct fo_launch {
   double* global_totals;           ///< [FO_NUM_GLOBAL_SLOTS]: raw global totals, one row shared
                                    ///< by every kernel of an optimizer (the last slot: grad check)
   const long long* tensor_chunks;  ///< [2 * tensor]: first chunk of the tensor, chunk count
-  long long num_tensors;
-  int global_accumulate;  ///< finalize: 0 = write the global totals, 1 = combine into them
-  int check_grads;        ///< pass 0 also counts non-finite unscaled gradients
+  long long num_tensors;           ///< tensors of the plan (also set for rules with scalar states)
+  int global_accumulate;           ///< finalize: 0 = write the global totals, 1 = combine into them
+  int check_grads;                 ///< pass 0 also counts non-finite unscaled gradients
   /// Non-null (CUDA grad scaling): when *skip_if_set != 0 (a non-finite gradient was found
   /// on the device), the launch does nothing.
   const double* skip_if_set;
+
+  // Per-tensor scalar states (rules that declare `scalar`; null/0 otherwise).
+  double* scalars;           ///< [tensor * FO_NUM_SCALARS + k]: each scalar's value before
+                             ///< the step; fusedopt_scalars writes the step's results
+  const int* tensor_groups;  ///< [tensor]: its group (every tensor, empty ones included)
 };
 
 /// A GradScaler's state (torch.amp.GradScaler's scale and growth tracker), kept in device

@@ -155,12 +155,32 @@ __device__ __forceinline__ void fo_element_n(const fo_tensor& t, long long i, co
 
 // ---- the entry points ------------------------------------------------------------------
 
-/// The per-tensor reduction values of a tensor (zeros when the rule has none).
-__device__ __forceinline__ fo_tvals fo_chunk_values(const fo_launch& L, int tensor) {
+/// The per-tensor values of a tensor of group `group`: its reduction results, its scalar
+/// states and what element code reads of them (nothing when the rule has none).
+__device__ __forceinline__ fo_tvals fo_chunk_values(const fo_launch& L, int tensor, int group,
+                                                    double step, double* scalars_out) {
   fo_tvals T;
   fo_tensor_values(L.tensor_totals ? L.tensor_totals + (long long)tensor * FO_NUM_TENSOR_SLOTS : 0,
-                   T);
+                   L.scalars ? L.scalars + (long long)tensor * FO_NUM_SCALARS : 0,
+                   L.hypers + (long long)group * FO_NUM_HYPERS, step, L.global_totals, T,
+                   scalars_out);
   return T;
+}
+
+/// A chunk's per-tensor values as every thread of the block reads them. With scalar states
+/// (double arithmetic in a non-inlined function) one thread computes them into shared
+/// memory; otherwise each thread computes the few conversions itself.
+__device__ __forceinline__ fo_tvals fo_block_values(const fo_launch& L, const fo_chunk& chunk,
+                                                    double step, fo_tvals* shared_tvals) {
+#if FO_NUM_SCALARS > 0
+  __syncthreads();
+  if (threadIdx.x == 0) *shared_tvals = fo_chunk_values(L, chunk.tensor, chunk.group, step, 0);
+  __syncthreads();
+  return *shared_tvals;
+#else
+  (void)shared_tvals;
+  return fo_chunk_values(L, chunk.tensor, chunk.group, step, 0);
+#endif
 }
 
 /// The 1-based step of this launch: by value, or one past the steps the device has counted
@@ -179,6 +199,7 @@ template <bool kInit>
 __device__ __forceinline__ void fo_run(const fo_launch& L) {
   if (fo_skipped(L)) return;
   __shared__ fo_uniform shared_uniform;
+  __shared__ fo_tvals shared_tvals;
   const double step = fo_launch_step(L);
   const float inv_grad_scale = fo_unscale_factor(L.inv_grad_scale, L.grad_scale_ptr);
   int group = -1;
@@ -196,7 +217,7 @@ __device__ __forceinline__ void fo_run(const fo_launch& L) {
       group = chunk.group;
     }
     const fo_tensor t = fo_bind(L.ptrs + (long long)chunk.tensor * FO_NUM_ROLES);
-    const fo_tvals T = fo_chunk_values(L, chunk.tensor);
+    const fo_tvals T = fo_block_values(L, chunk, step, &shared_tvals);
     long long scalar_begin = chunk.begin;
     if (L.aligned && L.aligned[chunk.tensor] && (chunk.begin & 3) == 0) {
       const long long groups = (chunk.end - chunk.begin) >> 2;  // whole 4-element groups
@@ -253,6 +274,7 @@ template <int kPass>
 __device__ __forceinline__ void fo_reduce_run(const fo_launch& L) {
   if (fo_skipped(L)) return;
   __shared__ fo_uniform shared_uniform;
+  __shared__ fo_tvals shared_tvals;
   __shared__ float red[FO_BLOCK];
   const double step = fo_launch_step(L);
   const float inv_grad_scale = fo_unscale_factor(L.inv_grad_scale, L.grad_scale_ptr);
@@ -272,7 +294,7 @@ __device__ __forceinline__ void fo_reduce_run(const fo_launch& L) {
       group = chunk.group;
     }
     const fo_tensor t = fo_bind(L.ptrs + (long long)chunk.tensor * FO_NUM_ROLES);
-    const fo_tvals T = fo_chunk_values(L, chunk.tensor);
+    const fo_tvals T = fo_block_values(L, chunk, step, &shared_tvals);
     float a[FO_MAX_ACC];
 #pragma unroll
     for (int j = 0; j < FO_MAX_ACC; ++j) a[j] = 0.0f;
@@ -379,6 +401,25 @@ extern "C" __global__ void __launch_bounds__(FO_BLOCK) fusedopt_step(fo_launch L
 /// Writes every state tensor's initial value.
 extern "C" __global__ void __launch_bounds__(FO_BLOCK) fusedopt_init(fo_launch L) {
   fo_run<true>(L);
+}
+
+/// Per-tensor scalar states, one thread per tensor (empty tensors included): with `init`,
+/// the initial values; else each tensor's values after the step, launched after the step's
+/// last pass (and skipped with it). The values come from the same non-inlined function the
+/// passes read them through, so what the update used is what is stored.
+extern "C" __global__ void __launch_bounds__(FO_BLOCK) fusedopt_scalars(fo_launch L, int init) {
+  if (fo_skipped(L) || FO_NUM_SCALARS == 0) return;
+  const double step = fo_launch_step(L);
+  for (long long t = blockIdx.x * (long long)blockDim.x + threadIdx.x; t < L.num_tensors;
+       t += (long long)gridDim.x * blockDim.x) {
+    double* S = L.scalars + t * FO_NUM_SCALARS;
+    const int group = L.tensor_groups[t];
+    if (init) {
+      fo_scalar_init(L.hypers + (long long)group * FO_NUM_HYPERS, S);
+    } else {
+      (void)fo_chunk_values(L, (int)t, group, step, S);
+    }
+  }
 }
 
 /// Sets *found_nonfinite to 1 if any unscaled gradient element is not finite (the caller

@@ -14,11 +14,15 @@
 #define FO_LANES 16
 #endif
 
-/// The per-tensor reduction values of chunk's tensor (zeros when the rule has none).
-static inline fo_tvals fo_chunk_values(const fo_launch* L, int tensor) {
+/// The per-tensor values of a tensor of group `group`: its reduction results, its scalar
+/// states and what element code reads of them (nothing when the rule has none).
+static inline fo_tvals fo_chunk_values(const fo_launch* L, int tensor, int group, double step,
+                                       double* scalars_out) {
   fo_tvals T;
   fo_tensor_values(
-      L->tensor_totals ? L->tensor_totals + (long long)tensor * FO_NUM_TENSOR_SLOTS : 0, T);
+      L->tensor_totals ? L->tensor_totals + (long long)tensor * FO_NUM_TENSOR_SLOTS : 0,
+      L->scalars ? L->scalars + (long long)tensor * FO_NUM_SCALARS : 0,
+      L->hypers + (long long)group * FO_NUM_HYPERS, step, L->global_totals, T, scalars_out);
   return T;
 }
 
@@ -42,7 +46,7 @@ static void fo_run(const fo_launch* L) {
       }
       const fo_tensor t = fo_bind(L->ptrs + (long long)chunk.tensor * FO_NUM_ROLES);
       const fo_uniform u = U;  // a local copy: provably not aliased by the tensor stores
-      const fo_tvals tv = fo_chunk_values(L, chunk.tensor);
+      const fo_tvals tv = fo_chunk_values(L, chunk.tensor, chunk.group, step, 0);
       const long long end = chunk.end;
       if (kInit) {
         for (long long i = chunk.begin; i < end; ++i) fo_init_element(t, i, u);
@@ -84,7 +88,7 @@ static void fo_reduce_run(const fo_launch* L) {
       }
       const fo_tensor t = fo_bind(L->ptrs + (long long)chunk.tensor * FO_NUM_ROLES);
       const fo_uniform u = U;
-      const fo_tvals tv = fo_chunk_values(L, chunk.tensor);
+      const fo_tvals tv = fo_chunk_values(L, chunk.tensor, chunk.group, step, 0);
       float lanes[FO_MAX_ACC][FO_LANES];
       for (int j = 0; j < FO_MAX_ACC; ++j) {
         for (int l = 0; l < FO_LANES; ++l) lanes[j][l] = 0.0f;
@@ -158,6 +162,22 @@ FO_EXTERN_C int fusedopt_check_host(const fo_launch* L) {
     all_finite &= ok;
   }
   return all_finite;
+}
+
+/// Per-tensor scalar states: with `init`, every tensor's initial values; else each tensor's
+/// values after the step (after its last pass: the same function the passes read them
+/// through), for every tensor, empty ones included.
+FO_EXTERN_C void fusedopt_scalars_host(const fo_launch* L, int init) {
+  const double step = L->step_ptr ? *L->step_ptr : L->step;
+  for (long long t = 0; t < L->num_tensors && FO_NUM_SCALARS > 0; ++t) {
+    double* S = L->scalars + t * FO_NUM_SCALARS;
+    const int group = L->tensor_groups[t];
+    if (init) {
+      fo_scalar_init(L->hypers + (long long)group * FO_NUM_HYPERS, S);
+    } else {
+      (void)fo_chunk_values(L, (int)t, group, step, S);
+    }
+  }
 }
 
 FO_EXTERN_C int fusedopt_abi_version() { return FO_ABI_VERSION; }

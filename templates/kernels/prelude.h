@@ -7,6 +7,7 @@
 #if defined(__CUDACC__)
 #define FO_DEVICE_CODE 1
 #define FO_FN __device__ __forceinline__
+#define FO_FN_NOINLINE __device__ __noinline__
 #define FO_RESTRICT __restrict__
 #define FO_EXTERN_C extern "C"
 FO_FN float fo_as_float(unsigned int u) { return __uint_as_float(u); }
@@ -56,6 +57,7 @@ FO_FN unsigned short fo_f32_to_f16(float f) {
 // Not static: FO_FN also marks member functions (trusted functors). -fvisibility=hidden
 // keeps these out of the shared object's exports.
 #define FO_FN inline __attribute__((always_inline))
+#define FO_FN_NOINLINE __attribute__((noinline))
 #define FO_RESTRICT __restrict__
 #define FO_EXTERN_C extern "C" __attribute__((visibility("default")))
 FO_FN float fo_as_float(unsigned int u) { return __builtin_bit_cast(float, u); }

@@ -18,6 +18,7 @@
 #define FO_NUM_TENSOR_SLOTS 1
 #define FO_NUM_GLOBAL_SLOTS 2
 #define FO_MAX_ACC 2
+#define FO_NUM_SCALARS 0
 struct fo_uniform {
   float h[FO_NUM_HYPERS];
   float step;
@@ -52,9 +53,12 @@ FO_FN fo_uniform fo_prepare(const double* h, double step, float inv_grad_scale, 
   U.g[1] = G ? (float)G[1] : 0.0f;
   return U;
 }
-FO_FN void fo_tensor_values(const double* R, fo_tvals& T) {
+FO_FN void fo_tensor_values(const double* R, const double* S, const double* h, double step,
+                            const double* G, fo_tvals& T, double* S_out) {
+  (void)S, (void)h, (void)step, (void)G, (void)S_out;
   T.v[0] = R ? (float)fo_sqrt_d(R[0]) : 0.0f;
 }
+FO_FN void fo_scalar_init(const double*, double*) {}
 template <int kPass>
 FO_FN void fo_reduce_element(const fo_tensor&, long long, const fo_uniform&, const fo_tvals&,
                              float*, int, bool) {}

@@ -86,6 +86,8 @@ inline const Hypers kAdadeltaDefaults = {
 inline const Hypers kRpropDefaults = {{"lr", 1e-2},          {"etaminus", 0.5},
                                       {"etaplus", 1.2},      {"step_size_min", 1e-6},
                                       {"step_size_max", 50}, {"maximize", 0}};
+inline const Hypers kAsgdDefaults = {{"lr", 1e-2}, {"lambd", 1e-4},     {"alpha", 0.75},
+                                     {"t0", 1e6},  {"weight_decay", 0}, {"maximize", 0}};
 // BertAdam's lr is `required` (no default); the preset picks 1e-3.
 inline const Hypers kBertAdamDefaults = {
     {"lr", 1e-3}, {"beta1", 0.9}, {"beta2", 0.999}, {"eps", 1e-6}, {"weight_decay", 1e-2}};
@@ -318,6 +320,31 @@ inline RefStep rprop_reference(const Hypers& h) {
     if (factor == etaminus) grad = 0;  // torch: grad[sign.eq(etaminus)] = 0
     p = p - ((grad > 0) - (grad < 0)) * step_size;
     prev = grad;
+    return 0.0;
+  };
+}
+
+// torch.optim.ASGD, _single_tensor_asgd without capturable (state ax; eta and mu, one per
+// param in torch, are kept per element here: every element's copy is the same).
+inline RefStep asgd_reference(const Hypers& h) {
+  const double lr = hyper(h, "lr"), lambd = hyper(h, "lambd"), alpha = hyper(h, "alpha");
+  const double t0 = hyper(h, "t0"), wd = hyper(h, "weight_decay");
+  const bool maximize = hyper(h, "maximize") != 0;
+  return [=](double t, double& p, double g, double* s) {
+    double& ax = s[0];
+    double& eta = s[1];
+    double& mu = s[2];
+    double grad = maximize ? -g : g;
+    if (wd != 0) grad = grad + wd * p;
+    p = p * (1 - lambd * eta);  // decay term
+    p = p - eta * grad;
+    if (mu != 1) {
+      ax = ax + (p - ax) * mu;
+    } else {
+      ax = p;
+    }
+    eta = lr / std::pow(1 + lambd * lr * t, alpha);
+    mu = 1 / std::max(1.0, t - t0);
     return 0.0;
   };
 }

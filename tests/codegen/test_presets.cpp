@@ -176,6 +176,14 @@ const std::vector<PresetSpec>& specs() {
        },
        rprop_reference,
        kDefault},
+      {"asgd",
+       kAsgdDefaults,
+       {"ax", "eta", "mu"},
+       [](const Hypers& h) {
+         return std::vector<double>{0, hyper(h, "lr"), 1};
+       },
+       asgd_reference,
+       kDefault},
       {"lion",
        kLionDefaults,
        {"m"},
@@ -237,9 +245,12 @@ double eval_init(const fusedopt::lang::Rule& rule, const fusedopt::lang::Expr& e
   }
 }
 
+/// The initial values of the rule's state tensors, then of its scalar states.
 std::vector<double> rule_init(const fusedopt::lang::Rule& rule, const Hypers& h) {
   std::vector<double> out;
-  for (int s : rule.states) {
+  std::vector<int> declared = rule.states;
+  declared.insert(declared.end(), rule.scalars.begin(), rule.scalars.end());
+  for (int s : declared) {
     const auto& init = rule.symbols[s].init;
     if (!init)
       throw std::runtime_error("state '" + rule.symbols[s].name + "' has no initial value");
@@ -312,10 +323,16 @@ void run_case(const std::string& name, const std::string& label, const std::vect
 
   HostKernel kernel(fusedopt::preset_rule(name), DTypeBinding{}, test_cache());
   const auto& rule = kernel.rule();
-  REQUIRE(names_of(rule, rule.states) == sp.states);
+  // The spec's states: the rule's state tensors, then its per-tensor scalar states (the
+  // reference keeps a scalar per element: every element's copy must equal the tensor's).
+  std::vector<std::string> declared = names_of(rule, rule.states);
+  for (const std::string& s : names_of(rule, rule.scalars)) declared.push_back(s);
+  REQUIRE(declared == sp.states);
   REQUIRE(rule.outputs.empty());
   const std::size_t ns = sp.states.size();
-  REQUIRE(kernel.num_roles() == static_cast<int>(2 + ns));
+  const std::size_t n_tensor_states = rule.states.size();  // j >= this: scalar j - this
+  const std::size_t n_scalars = rule.scalars.size();
+  REQUIRE(kernel.num_roles() == static_cast<int>(2 + n_tensor_states));
 
   std::vector<std::vector<double>> hypers;
   std::vector<RefStep> refs;
@@ -350,12 +367,26 @@ void run_case(const std::string& name, const std::string& label, const std::vect
       for (std::size_t i = 0; i < n; ++i) rs[k][i * ns + j] = inits[group[k]][j];
     }
     ptrs[k] = {p[k].data(), g[k].data()};
-    for (std::size_t j = 0; j < ns; ++j) ptrs[k].push_back(s[k][j].data());
+    for (std::size_t j = 0; j < n_tensor_states; ++j) ptrs[k].push_back(s[k][j].data());
   }
+  // Planned once (the scalar states live in the plan); the tensors stay where they are.
+  HostKernel::Prepared prepared = kernel.prepare(ptrs, sizes, hypers, group);
+  // A tensor's scalar state j (j >= n_tensor_states) as the kernel keeps it.
+  auto scalar_of = [&](std::size_t k, std::size_t j) {
+    return prepared.scalars()[k * n_scalars + (j - n_tensor_states)];
+  };
   // The rule's `state NAME = INIT`, written by the kernel, must be the reference's start.
-  init_states(kernel, ptrs, sizes, hypers, group);
+  kernel.init_states(prepared);
   for (std::size_t k = 0; k < nt; ++k) {
-    for (std::size_t j = 0; j < ns; ++j) {
+    for (std::size_t j = n_tensor_states; j < ns; ++j) {
+      // Scalar states start in double from the double hypers; the reference's hypers are
+      // fp32-rounded (hyper()): equal within that rounding.
+      CHECK_MESSAGE(
+          std::abs(scalar_of(k, j) - inits[group[k]][j]) <= 0x1p-24 * std::abs(inits[group[k]][j]),
+          "scalar " << sp.states[j] << " of tensor " << k << " starts at " << scalar_of(k, j)
+                    << ", not " << inits[group[k]][j]);
+    }
+    for (std::size_t j = 0; j < n_tensor_states; ++j) {
       const float want = static_cast<float>(inits[group[k]][j]);
       const auto wrong =
           std::count_if(s[k][j].begin(), s[k][j].end(), [&](float x) { return !(x == want); });
@@ -377,7 +408,7 @@ void run_case(const std::string& name, const std::string& label, const std::vect
       const std::size_t at = offset(rng);
       for (std::size_t i = 0; i < g[k].size(); ++i) g[k][i] = pool[(at + i) & (pool.size() - 1)];
     }
-    run(kernel, ptrs, sizes, hypers, static_cast<float>(t), group);
+    kernel.step(prepared, static_cast<float>(t));
     // Every value is compared after the first steps, every tenth and the last.
     const bool compare = t <= 3 || t % 10 == 0 || t == kSteps;
     Comparison cmp;
@@ -406,8 +437,20 @@ void run_case(const std::string& name, const std::string& label, const std::vect
             continue;
           }
           const double want = rs[k][i * ns + j];
-          scmp.check(sp.states[j].c_str(), k, i, s[k][j][i], want,
+          const double got = j < n_tensor_states ? s[k][j][i] : scalar_of(k, j);
+          scmp.check(sp.states[j].c_str(), k, i, got, want,
                      allowed_error(tol, want, s_scale[group[k]][j]));
+        }
+      }
+      // An empty tensor's scalar states step too: as those of a tensor of its group with
+      // elements (the reference's value does not depend on the elements).
+      for (std::size_t j = n_tensor_states; j < ns && p[k].empty(); ++j) {
+        for (std::size_t o = 0; o < nt; ++o) {
+          if (group[o] != group[k] || p[o].empty()) continue;
+          const double want = rs[o][j];
+          scmp.check(sp.states[j].c_str(), k, 0, scalar_of(k, j), want,
+                     allowed_error(tol, want, s_scale[group[k]][j]));
+          break;
         }
       }
     }
@@ -564,9 +607,9 @@ void run_adamw_storage(const std::string& binding) {
 TEST_SUITE("presets") {
   TEST_CASE("the presets are the element-wise optimizers this file checks, plus lamb and lars") {
     const std::vector<std::string> expected = {
-        "adadelta",      "adagrad",  "adam",  "adam+amsgrad", "adamax", "adamw",
-        "adamw+amsgrad", "bertadam", "lamb",  "lars",         "lion",   "nadam",
-        "radam",         "rmsprop",  "rprop", "sgd"};
+        "adadelta",      "adagrad", "adam",     "adam+amsgrad", "adamax", "adamw",
+        "adamw+amsgrad", "asgd",    "bertadam", "lamb",         "lars",   "lion",
+        "nadam",         "radam",   "rmsprop",  "rprop",        "sgd"};
     // A new preset needs a reference test before it ships: element-wise ones here, rules
     // with reductions (lamb, lars) in tests/runtime/test_reductions.cpp.
     CHECK(fusedopt::preset_names() == expected);
@@ -590,7 +633,9 @@ TEST_SUITE("presets") {
     for (const PresetSpec& sp : specs()) {
       INFO("preset " << sp.name);
       const auto rule = fusedopt::preset_rule(sp.name);
-      CHECK(names_of(*rule, rule->states) == sp.states);
+      std::vector<std::string> declared = names_of(*rule, rule->states);
+      for (const std::string& s : names_of(*rule, rule->scalars)) declared.push_back(s);
+      CHECK(declared == sp.states);
       CHECK(rule->outputs.empty());
       CHECK(rule_init(*rule, sp.defaults) == sp.init(sp.defaults));
     }
@@ -719,6 +764,19 @@ TEST_SUITE("presets") {
              with(kAdamaxDefaults, {{"lr", 1e-2}, {"weight_decay", 0.1}, {"maximize", 1}}));
     run_case("adamax", "other betas and a large eps",
              with(kAdamaxDefaults, {{"lr", 1e-2}, {"beta1", 0.5}, {"beta2", 0.9}, {"eps", 0.1}}));
+  }
+
+  TEST_CASE("asgd matches torch.optim.ASGD") {
+    // Large lambd and lr make eta decay visibly within 100 steps; t0 = 20 starts the
+    // averaging (mu != 1) at step 22.
+    run_primes("asgd", "plain", kAsgdDefaults);
+    run_wide("asgd", "averaging from step 21, fast decay, weight decay and maximize",
+             with(kAsgdDefaults, {{"lr", 0.05},
+                                  {"lambd", 0.5},
+                                  {"alpha", 0.6},
+                                  {"t0", 20},
+                                  {"weight_decay", 0.1},
+                                  {"maximize", 1}}));
   }
 
   TEST_CASE("nadam matches torch.optim.NAdam") {

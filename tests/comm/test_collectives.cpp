@@ -45,6 +45,8 @@ double stored(double x, DType d) {
       return half::bf16_to_float(half::float_to_bf16(f));
     case DType::F16:
       return half::f16_to_float(half::float_to_f16(f));
+    case DType::F64:
+      return x;
   }
   return f;
 }

@@ -195,6 +195,70 @@ TEST_SUITE("cuda_gpu") {
     }
   }
 
+  TEST_CASE("scalar states on the device: once per step in a CUDA graph replayed 10 times" *
+            testing::needs_cuda_device()) {
+    cu::PrimaryContext ctx(0);
+    std::mt19937 rng(std::random_device{}());
+    std::normal_distribution<float> normal(0.0f, 1.0f);
+    for (const char* preset : {"nadam", "asgd"}) {
+      CAPTURE(preset);
+      DeviceModel m = make_model(rng);  // an empty tensor among them: its scalars step too
+      ParamGroup dg = m.device_group(), hg = m.host_group();
+      if (std::string(preset) == "asgd") {
+        dg.hypers = hg.hypers = {{"t0", 3}, {"lambd", 0.5}};  // mu != 1 from step 5
+      } else {
+        dg.hypers = hg.hypers = {{"momentum_decay", 0.1}};
+      }
+      Optimizer gpu(Rule::preset(preset), {dg});
+      Optimizer cpu(Rule::preset(preset), {hg});
+      GradScaler::Options so;
+      so.init_scale = 256;
+      GradScaler on_device = GradScaler::on_device(gpu, so);
+      GradScaler on_host(so);
+      cu::Stream s = cu::stream_create();
+      cu::begin_capture(s);
+      on_device.step(gpu, s);
+      cu::Graph graph = cu::end_capture(s);
+      cu::GraphExec exec = cu::graph_instantiate(graph);
+      for (int t = 1; t <= 10; ++t) {
+        CAPTURE(t);
+        const float scale = static_cast<float>(on_host.scale());
+        for (auto& g : m.hg) {
+          for (auto& x : g) x = scale * 0.1f * normal(rng);
+        }
+        if (t == 6) m.hg[2][7] = std::nanf("");  // skipped: no scalar may move
+        m.upload_grads();
+        cu::graph_launch(exec, s);
+        CHECK(on_host.step(cpu) == (t != 6));
+        cu::synchronize(s);
+      }
+      CHECK(gpu.step_count() == 9);
+      CHECK(cpu.step_count() == 9);
+      for (const std::string& name : Rule::preset(preset).scalars()) {
+        for (std::size_t i = 0; i < m.sizes.size(); ++i) {
+          CAPTURE(name);
+          CAPTURE(i);
+          const Tensor view = gpu.state(name, static_cast<int>(i));
+          REQUIRE(view.dtype == DType::F64);
+          double on_gpu = 0, on_cpu = 0;
+          cu::copy_to_host(&on_gpu, reinterpret_cast<std::uintptr_t>(view.data), sizeof on_gpu);
+          std::memcpy(&on_cpu, cpu.state(name, static_cast<int>(i)).data, sizeof on_cpu);
+          // Both in double from the same hypers and step count (9 steps taken).
+          CHECK(std::fabs(on_gpu - on_cpu) <= 1e-12 * std::fabs(on_cpu));
+        }
+      }
+      for (std::size_t i = 0; i < m.sizes.size(); ++i) {
+        std::vector<float> got = m.download_param(i);
+        for (std::int64_t k = 0; k < m.sizes[i]; ++k) {
+          REQUIRE(std::fabs(got[k] - m.hp[i][k]) <= 1e-5f * (1 + std::fabs(m.hp[i][k])));
+        }
+      }
+      cu::graph_exec_destroy(exec);
+      cu::graph_destroy(graph);
+      cu::stream_destroy(s);
+    }
+  }
+
   TEST_CASE("CUDA AdamW's second moment has no offset from float64: uniforms in double" *
             testing::needs_cuda_device()) {
     // tests/runtime/test_uniform_precision.cpp on the device: 1 - beta2 computed in double

@@ -258,6 +258,44 @@ TEST_SUITE("cuda_fake") {
     });
   }
 
+  TEST_CASE("scalar states: written once after the update, before the count, skipped with it" *
+            testing::needs_nvrtc()) {
+    Fake fake;
+    Model m({1000, 0, 70000, 3});  // an empty tensor keeps its scalar too
+    fake.reset();
+    Optimizer opt(Rule::preset("nadam"), {m.group()});
+    // Construction: the initial values of every tensor's scalars (one thread per tensor),
+    // then the state tensors'.
+    {
+      INFO(std::string(fake.log()));
+      CHECK(fake.count("cuLaunchKernel fusedopt_scalars grid 1 block 512 legacy") == 1);
+      CHECK(fake.count("cuLaunchKernel fusedopt_init grid 4 block 512 legacy") == 1);
+    }
+    CHECK(opt.stats().launches_per_step == 3);
+    cu::Stream stream = cu::stream_create();
+    fake.reset();
+    opt.step(stream);
+    opt.step_scaled(0.5f, stream);
+    INFO(std::string(fake.log()));
+    CHECK(fake.lines() ==
+          std::vector<std::string>{
+              "cuLaunchKernel fusedopt_step grid 4 block 512 stream",
+              "cuLaunchKernel fusedopt_scalars grid 1 block 512 stream",
+              "cuLaunchKernel fusedopt_advance_step grid 1 block 1 stream",
+              // Scaled: the check sets the flag, and the update, the scalars' write and the
+              // count all do nothing when it is set (a skipped step changes no scalar).
+              "cuMemsetD8Async 8", "cuLaunchKernel fusedopt_check grid 4 block 512 stream",
+              "cuLaunchKernel fusedopt_step grid 4 block 512 stream skip",
+              "cuLaunchKernel fusedopt_scalars grid 1 block 512 stream skip",
+              "cuLaunchKernel fusedopt_advance_step grid 1 block 1 stream skip"});
+    // The views are device memory of one double per tensor.
+    const Tensor mu = opt.state("mu_prod", 1);
+    CHECK(mu.dtype == DType::F64);
+    CHECK(mu.numel == 1);
+    CHECK(mu.device == Device::cuda(0));
+    cu::stream_destroy(stream);
+  }
+
   TEST_CASE("a device GradScaler's step only launches; its state is read back on request" *
             testing::needs_nvrtc()) {
     Fake fake;

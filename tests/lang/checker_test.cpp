@@ -195,4 +195,26 @@ TEST_SUITE("lang") {
     CHECK(rule->file == "a/b.rule");
     CHECK(rule->text == "param p\ngrad g\np = p - g\n");
   }
+
+  TEST_CASE("a scalar state is one value per tensor: uniform start, per-tensor updates") {
+    using fusedopt::lang::SymKind;
+    auto rule = parse_rule(
+        "param p\ngrad g\nscalar eta = lr, n = 0\nhyper lr = 0.1\n"
+        "n = n + 1\neta = lr / sqrt(n) + tensor_norm(g)\np = p - eta * g\n",
+        "scalars.rule");
+    REQUIRE(rule->scalars.size() == 2);
+    CHECK(rule->symbols[rule->scalars[0]].name == "eta");
+    CHECK(rule->symbols[rule->scalars[0]].kind == SymKind::Scalar);
+    CHECK(rule->symbols[rule->scalars[1]].name == "n");
+    CHECK(rule->states.empty());
+    // Refused, each at the offending place:
+    const std::string head = "param p\ngrad g\nhyper lr = 0.1\n";
+    FUSEDOPT_CHECK_RULE_ERROR(head + "scalar s = p\ns = s + 1\np = p - g\n", 4, 12, "scalar 's'");
+    FUSEDOPT_CHECK_RULE_ERROR(head + "scalar s = 1\ns = s * g\np = p - s * g\n", 5, 1,
+                              "scalar 's' is one value per tensor");
+    FUSEDOPT_CHECK_RULE_ERROR(head + "scalar s = 1\np = p - s * g\n", 4, 8,
+                              "scalar 's' is never updated");
+    FUSEDOPT_CHECK_RULE_ERROR(head + "scalar s\ns = 1\np = p - g\n", 4, 8,
+                              "scalar 's' needs an initial value");
+  }
 }

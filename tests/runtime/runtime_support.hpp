@@ -83,6 +83,11 @@ class HostTensor {
 
 /// Element `i` of an optimizer-owned tensor view.
 inline double at(const fusedopt::Tensor& t, std::int64_t i) {
+  if (t.dtype == fusedopt::DType::F64) {  // a per-tensor scalar state: one value for all
+    double x;
+    std::memcpy(&x, t.data, sizeof x);
+    return x;
+  }
   return HostTensor::read(
       t.dtype, static_cast<const unsigned char*>(t.data) + i * fusedopt::dtype_size(t.dtype));
 }
