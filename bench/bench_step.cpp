@@ -105,7 +105,7 @@ void BM_HostPresetStep(benchmark::State& state, const std::string& name) {
 
 const bool kPresetBenchmarks = [] {
   for (const char* name :
-       {"adamw", "adam+amsgrad", "adamw+amsgrad", "radam", "adadelta", "rprop"}) {
+       {"adamw", "adam+amsgrad", "adamw+amsgrad", "radam", "adadelta", "rprop", "nadam", "asgd"}) {
     benchmark::RegisterBenchmark((std::string("BM_HostPresetStep/") + name).c_str(),
                                  BM_HostPresetStep, std::string(name))
         ->Unit(benchmark::kMillisecond)

@@ -103,10 +103,21 @@ class HostCompiler final : public Compiler {
     return identity_;
   }
   std::vector<std::string> options(const Target&) const override {
-    // -fno-math-errno lets sqrt compile to one instruction; no -ffast-math: results must
-    // follow IEEE rounding so tests can compare against a reference.
-    return {"-std=c++17", "-O3",     "-march=native",       "-fopenmp", "-fno-math-errno",
-            "-fPIC",      "-shared", "-fvisibility=hidden", "-w"};
+    // -fno-math-errno lets sqrt compile to one instruction; -fno-trapping-math lets g++
+    // evaluate both arms of a `where` (a division in one of them may not trap: nothing
+    // unmasks FP exceptions), so element loops with selects vectorise. Neither changes a
+    // result; no -ffast-math: results must follow IEEE rounding so tests can compare
+    // against a reference.
+    return {"-std=c++17",
+            "-O3",
+            "-march=native",
+            "-fopenmp",
+            "-fno-math-errno",
+            "-fno-trapping-math",
+            "-fPIC",
+            "-shared",
+            "-fvisibility=hidden",
+            "-w"};
   }
   std::string target_fingerprint(const Target&) const override {
     // -march=native makes the binary depend on this CPU's model and features.

@@ -73,8 +73,12 @@ FO_FN float fo_expm1(float x) { return __builtin_expm1f(x); }
 FO_FN float fo_floor(float x) { return __builtin_floorf(x); }
 FO_FN float fo_fma(float a, float b, float c) { return __builtin_fmaf(a, b, c); }
 FO_FN float fo_abs(float x) { return __builtin_fabsf(x); }
-FO_FN float fo_min(float a, float b) { return __builtin_fminf(a, b); }
-FO_FN float fo_max(float a, float b) { return __builtin_fmaxf(a, b); }
+// fminf/fmaxf as selects (a NaN operand yields the other one, as fminf/fmaxf): g++
+// vectorises these where it keeps the libm calls scalar (x86 min/max instructions differ
+// from fmaxf on NaN), which left max/clamp rules (AMSGrad, Rprop) several times off the
+// copy floor.
+FO_FN float fo_min(float a, float b) { return (b != b || a < b) ? a : b; }
+FO_FN float fo_max(float a, float b) { return (b != b || a > b) ? a : b; }
 FO_FN bool fo_isfinite(float x) { return __builtin_isfinite(x); }
 FO_FN double fo_sqrt_d(double x) { return __builtin_sqrt(x); }
 // Double overloads: fo_prepare computes uniform values (hypers, step) in double.

@@ -276,6 +276,62 @@ avg = decay * avg + (1 - decay) * w
     }
   }
 
+  TEST_CASE("max, min and clamp are fmaxf, fminf and their composition, NaN operands too") {
+    // The host prelude writes them as selects (so the element loop vectorises): a NaN
+    // operand yields the other one, as fmaxf/fminf, in whichever position it is.
+    cache::KernelCache cache(no_cache());
+    runtime::HostKernel k(lang::parse_rule("param p\ngrad g\nstate a = 0, b = 0\n"
+                                           "hyper lo = -0.5, hi = 0.75\n"
+                                           "a = max(p, g)\nb = min(g, p)\n"
+                                           "p = clamp(p + g, lo, hi)\n",
+                                           "minmax.rule"),
+                          DTypeBinding{}, cache);
+    std::mt19937 rng(std::random_device{}());
+    std::normal_distribution<float> normal(0.0f, 1.0f);
+    const std::int64_t n = 4099;
+    std::vector<float> p(n), g(n), a(n), b(n);
+    const float nan = std::nanf(""), inf = INFINITY;
+    for (std::int64_t i = 0; i < n; ++i) {
+      p[i] = normal(rng);
+      g[i] = normal(rng);
+      switch (i % 11) {  // NaN, infinities and equal values, in either operand
+        case 1:
+          p[i] = nan;
+          break;
+        case 2:
+          g[i] = nan;
+          break;
+        case 3:
+          p[i] = g[i] = nan;
+          break;
+        case 4:
+          p[i] = inf;
+          break;
+        case 5:
+          g[i] = -inf;
+          break;
+        case 6:
+          g[i] = p[i];
+          break;
+        default:
+          break;
+      }
+    }
+    const std::vector<float> p0 = p;
+    std::vector<std::vector<void*>> ptrs = {{p.data(), g.data(), a.data(), b.data()}};
+    run(k, ptrs, {n}, {{-0.5, 0.75}}, 1.0f);
+    std::int64_t wrong = 0;
+    auto same = [](float x, float y) {
+      return std::memcmp(&x, &y, sizeof x) == 0 || (x != x && y != y);
+    };
+    for (std::int64_t i = 0; i < n; ++i) {
+      const float want_p = std::fmin(std::fmax(p0[i] + g[i], -0.5f), 0.75f);
+      wrong += !same(a[i], std::fmax(p0[i], g[i])) + !same(b[i], std::fmin(g[i], p0[i])) +
+               !same(p[i], want_p);
+    }
+    CHECK_MESSAGE(wrong == 0, wrong << " of " << 3 * n << " values differ from fmaxf/fminf");
+  }
+
   // User names are emitted with a prefix, so C++ and CUDA names are ordinary rule names.
   const char* const kCxxNamesRule = R"(param float
 grad  int
