@@ -54,6 +54,18 @@ struct DeviceModel {
     if (sizes[i]) cu::copy_to_host(out.data(), dp[i].get(), sizes[i] * 4);
     return out;
   }
+  /// Every device param within 1e-5 relative of its host copy: both fp32 against the same
+  /// formulation, where GPU and host libm (and reduction orders) differ by ulps per step.
+  void require_params_match_host() const {
+    for (std::size_t i = 0; i < sizes.size(); ++i) {
+      const std::vector<float> got = download_param(i);
+      for (std::int64_t k = 0; k < sizes[i]; ++k) {
+        CAPTURE(i);
+        CAPTURE(k);
+        REQUIRE(std::fabs(got[k] - hp[i][k]) <= 1e-5f * (1 + std::fabs(hp[i][k])));
+      }
+    }
+  }
 };
 
 DeviceModel make_model(std::mt19937& rng) {
@@ -92,13 +104,7 @@ TEST_SUITE("cuda_gpu") {
       cpu.step();
     }
     cu::synchronize(nullptr);
-    for (std::size_t i = 0; i < m.sizes.size(); ++i) {
-      std::vector<float> got = m.download_param(i);
-      for (std::int64_t k = 0; k < m.sizes[i]; ++k) {
-        // Both are fp32 against the same formulation; GPU and host libm differ by ulps.
-        REQUIRE(std::fabs(got[k] - m.hp[i][k]) <= 1e-5f * (1 + std::fabs(m.hp[i][k])));
-      }
-    }
+    m.require_params_match_host();
   }
 
   TEST_CASE("a step_scaled with a NaN is skipped on the device, bit for bit, capturable or not" *
@@ -183,12 +189,7 @@ TEST_SUITE("cuda_gpu") {
       }
       CHECK(gpu.step_count() == cpu.step_count());
       CHECK(gpu.step_count() == 9);
-      for (std::size_t i = 0; i < m.sizes.size(); ++i) {
-        std::vector<float> got = m.download_param(i);
-        for (std::int64_t k = 0; k < m.sizes[i]; ++k) {
-          REQUIRE(std::fabs(got[k] - m.hp[i][k]) <= 1e-5f * (1 + std::fabs(m.hp[i][k])));
-        }
-      }
+      m.require_params_match_host();
       cu::graph_exec_destroy(exec);
       cu::graph_destroy(graph);
       cu::stream_destroy(s);
@@ -247,12 +248,7 @@ TEST_SUITE("cuda_gpu") {
           CHECK(std::fabs(on_gpu - on_cpu) <= 1e-12 * std::fabs(on_cpu));
         }
       }
-      for (std::size_t i = 0; i < m.sizes.size(); ++i) {
-        std::vector<float> got = m.download_param(i);
-        for (std::int64_t k = 0; k < m.sizes[i]; ++k) {
-          REQUIRE(std::fabs(got[k] - m.hp[i][k]) <= 1e-5f * (1 + std::fabs(m.hp[i][k])));
-        }
-      }
+      m.require_params_match_host();
       cu::graph_exec_destroy(exec);
       cu::graph_destroy(graph);
       cu::stream_destroy(s);
@@ -391,13 +387,7 @@ TEST_SUITE("cuda_gpu") {
         REQUIRE(cpu.step_scaled(1.0f));
       }
       cu::synchronize(nullptr);
-      for (std::size_t i = 0; i < m.sizes.size(); ++i) {
-        std::vector<float> got = m.download_param(i);
-        for (std::int64_t k = 0; k < m.sizes[i]; ++k) {
-          // Different reduction orders (block trees vs lanes) and libm: a few ulps per step.
-          REQUIRE(std::fabs(got[k] - m.hp[i][k]) <= 1e-5f * (1 + std::fabs(m.hp[i][k])));
-        }
-      }
+      m.require_params_match_host();
     }
   }
 
