@@ -35,6 +35,10 @@ struct Tensor {
   DType dtype = DType::F32;
   Device device;
   std::string name;  ///< used in errors and as the checkpoint key; "param<i>" when empty
+  /// The dimensions (row-major, their product numel), or empty: a 1-D tensor. Rules read
+  /// a param's as `dims`, `rows` and `cols` (its last two dimensions; fewer than two: numel
+  /// rows of one column). A grad's is ignored (it must be empty or the param's).
+  std::vector<std::int64_t> shape;
 };
 
 /// Params, their grads (same order, same numel) and per-group hyper overrides, like

@@ -103,12 +103,12 @@ class BodyEmitter {
     const bool scalars = !rule_.scalars.empty();
     // One compiled body for the element passes and the end-of-step write (fusedopt_scalars):
     // the scalar values the update used are the ones stored, bit for bit.
-    w.line(fmt::format(
-        "{} void fo_tensor_values(const double* FO_RESTRICT R, const double* S, "
-        "const double* FO_RESTRICT h, double step, const double* FO_RESTRICT G, fo_tvals& T, "
-        "double* S_out) {{",
-        scalars ? "FO_FN_NOINLINE" : "FO_FN"));
-    w.line("  (void)R; (void)S; (void)h; (void)step; (void)G; (void)S_out;");
+    w.line(
+        fmt::format("{} void fo_tensor_values(const double* FO_RESTRICT R, const double* S, "
+                    "const double* FO_RESTRICT h, double step, const double* FO_RESTRICT G, "
+                    "const double* FO_RESTRICT I, fo_tvals& T, double* S_out) {{",
+                    scalars ? "FO_FN_NOINLINE" : "FO_FN"));
+    w.line("  (void)R; (void)S; (void)h; (void)step; (void)G; (void)I; (void)S_out;");
     w.line("  T.v[0] = 0.0f;");
     for (const lang::Reduction& r : rule_.reductions) {
       if (r.scope == lang::Scope::Tensor) {
@@ -126,10 +126,14 @@ class BodyEmitter {
     for (int s : rule_.scalars) {
       final_value[rule_.symbols[s].index] = fmt::format("fo_so{}", rule_.symbols[s].index);
     }
-    for (std::size_t i = 0; i < rule_.stmts.size() && scalars; ++i) {
+    // Per-tensor temporaries (and uniform ones, again in double) for the per-tensor values
+    // that read them; unused ones are dead code the compiler drops.
+    bool directed = false;
+    for (std::size_t i = 0; i < rule_.stmts.size(); ++i) {
       const lang::Stmt& st = rule_.stmts[i];
       const lang::Symbol& target = rule_.symbols[st.target];
       if (st.value->elementwise) continue;
+      directed = true;
       if (target.kind == SymKind::Temp) {
         w.line_directive(st.loc.line, file_);
         w.line(fmt::format("  const double fo_t{} = {};", i, em_.tensor_value(*st.value)));
@@ -143,7 +147,7 @@ class BodyEmitter {
     for (const auto& [k, text] : em_.tensor_hoisted()) {
       w.line(fmt::format("  T.v[{}] = (float)({});", k, text));
     }
-    if (scalars) w.restore_line();
+    if (directed) w.restore_line();
     w.line("  if (S_out) {");
     for (const auto& [k, local] : final_value) w.line(fmt::format("    S_out[{}] = {};", k, local));
     w.line("  }");

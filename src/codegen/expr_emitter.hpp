@@ -97,11 +97,12 @@ class ExprEmitter {
     return in_prepare_ ? fmt::format("fo_d{}", slot) : fmt::format("U.u[{}]", slot);
   }
 
-  /// Whether `e` reads a scalar state, directly or through temporaries.
+  /// Whether `e` reads a per-tensor value (a scalar state or a built-in such as numel),
+  /// directly or through temporaries.
   bool reads_scalar(const lang::Expr& e) {
     if (e.op == lang::Op::Ref) {
       const lang::Symbol& s = rule_.symbols.at(e.sym);
-      if (s.kind == lang::SymKind::Scalar) return true;
+      if (s.kind == lang::SymKind::Scalar || s.kind == lang::SymKind::Info) return true;
       if (s.kind == lang::SymKind::Temp && e.def >= 0) {
         auto it = temp_reads_scalar_.find(e.def);
         if (it != temp_reads_scalar_.end()) return it->second;
@@ -147,6 +148,8 @@ class ExprEmitter {
           return fmt::format("h[{}]", s.index);
         case lang::SymKind::Step:
           return "step";
+        case lang::SymKind::Info:
+          return fmt::format("I[{}]", s.index);
         case lang::SymKind::Scalar:
           return e.def >= 0 ? fmt::format("fo_s{}", e.def) : fmt::format("fo_so{}", s.index);
         case lang::SymKind::Temp:
@@ -154,6 +157,11 @@ class ExprEmitter {
         default:
           throw InternalError("tensor '" + s.name + "' in a per-tensor expression");
       }
+    }
+    if (s.kind == lang::SymKind::Info) {
+      if (uniform_ctx || in_prepare_)
+        throw InternalError("per-tensor value in a uniform expression");
+      return tensor_slot_ref(e);  // read from fo_tvals, computed per tensor
     }
     if (s.kind == lang::SymKind::Scalar) {
       if (uniform_ctx) throw InternalError("scalar state in a uniform expression");

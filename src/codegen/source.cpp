@@ -306,7 +306,7 @@ KernelBody generate_functor_body(const TrustedFunctor& functor, const DTypeBindi
   w.line("FO_FN int fo_acc_slot(int, int) { return 0; }");
   w.line(
       "FO_FN void fo_tensor_values(const double*, const double*, const double*, double, "
-      "const double*, fo_tvals& T, double*) { T.v[0] = 0.0f; }");
+      "const double*, const double*, fo_tvals& T, double*) { T.v[0] = 0.0f; }");
   w.line("FO_FN void fo_scalar_init(const double*, double*) {}");
   w.line("template <int kPass>");
   w.line(

@@ -19,6 +19,8 @@ const char* to_string(SymKind kind) {
       return "hyper";
     case SymKind::Step:
       return "step";
+    case SymKind::Info:
+      return "built-in";
     case SymKind::Temp:
       return "temporary";
   }

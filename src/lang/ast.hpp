@@ -25,10 +25,18 @@ enum class SymKind {
   Output,  ///< extra output tensor; write (then readable as a local)
   Hyper,   ///< scalar hyper-parameter with a default; read-only
   Step,    ///< built-in 1-based step count; read-only
+  Info,    ///< built-in per-tensor value (Symbol::index: kInfoNames); read-only
   Temp,    ///< temporary; must be assigned before use
 };
 
 const char* to_string(SymKind kind);
+
+/// The built-in per-tensor values, by Symbol::index of their SymKind::Info symbols: the
+/// tensor's element count, its number of dimensions (1 when no shape was given), and the
+/// rows and columns of its last two dimensions (a tensor of fewer than 2 dimensions is
+/// numel rows of 1 column).
+inline constexpr const char* kInfoNames[] = {"numel", "dims", "rows", "cols"};
+inline constexpr int kNumInfos = 4;
 
 /// What a reduction computes over its argument x.
 enum class ReduceKind {

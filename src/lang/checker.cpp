@@ -62,6 +62,15 @@ class Checker {
     for (std::size_t id = 0; id < in_.names.size(); ++id) {
       if (in_.names[id] == "step") sym_of_name_[id] = rule_.step;
     }
+    // The built-in per-tensor values the rule names (only those: a rule's symbols are what
+    // it uses).
+    for (std::size_t id = 0; id < in_.names.size(); ++id) {
+      for (int k = 0; k < kNumInfos; ++k) {
+        if (in_.names[id] != kInfoNames[k]) continue;
+        sym_of_name_[id] = add_symbol(kInfoNames[k], SymKind::Info, Loc{0, 0, 1});
+        rule_.symbols[sym_of_name_[id]].index = k;
+      }
+    }
 
     for (std::size_t i = 0; i < in_.stmts.size(); ++i) {
       int& first = first_assign_[in_.stmts[i].target];
@@ -289,6 +298,8 @@ class Checker {
       // One value per tensor: neither uniform (it differs between tensors) nor per element.
       e.def = last_def_[sym];
       if (e.def >= 0) e.phase = rule_.stmts[e.def].value->phase;
+    } else if (s.kind == SymKind::Info) {
+      // One value per tensor, known before the step: like a scalar state's start.
     } else {
       e.uniform = s.kind == SymKind::Hyper || s.kind == SymKind::Step;
       if (!e.uniform) {  // a tensor: its current value (the latest assignment's, if any)
@@ -323,6 +334,9 @@ class Checker {
       case SymKind::Step:
         src_.fail(raw.loc, fmt::format("cannot assign to 'step': {}", reserved_reason("step")),
                   "assign a temporary instead, e.g. 't = step + 1'");
+      case SymKind::Info:
+        src_.fail(raw.loc, fmt::format("cannot assign to '{}': {}", name, reserved_reason(name)),
+                  "assign a temporary with another name");
       case SymKind::Scalar:
         if (raw.value->elementwise) {
           src_.fail(

@@ -116,6 +116,9 @@ bool is_keyword(std::string_view name) { return contains(kKeywords, name); }
 const char* reserved_reason(std::string_view name) {
   if (is_keyword(name)) return "it is a keyword";
   if (name == "step") return "it is built in (the step count) and read-only";
+  for (const char* info : kInfoNames) {
+    if (name == info) return "it is built in (a per-tensor value) and read-only";
+  }
   if (find_function(name) != nullptr) return "it is a built-in function";
   if (name.size() >= 3 && std::tolower(static_cast<unsigned char>(name[0])) == 'f' &&
       std::tolower(static_cast<unsigned char>(name[1])) == 'o' && name[2] == '_') {

@@ -50,7 +50,8 @@ struct BindingTensors {
   DTypeBinding dtypes;
   std::vector<std::vector<void*>> ptrs;
   std::vector<std::int64_t> numel;
-  std::vector<int> group;  ///< param group of each tensor
+  std::vector<int> group;                         ///< param group of each tensor
+  std::vector<std::vector<std::int64_t>> shapes;  ///< each tensor's shape (empty: 1-D)
   /// Raw global reduction totals shared by every kernel of one optimizer (memory of the
   /// backend's device); null: the kernel keeps its own.
   void* global_totals = nullptr;

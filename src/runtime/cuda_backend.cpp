@@ -26,10 +26,10 @@ class CudaBoundKernel final : public BoundKernel {
       : context_(context),
         kernel_(std::move(rule), tensors.dtypes, context.device(), provider::cache_at({}),
                 tensors.strategy) {
-    const Plan plan = plan_binding(
-        backend, kernel_.body(),
-        PlanRequest("CudaKernel", tensors.ptrs, tensors.numel, hypers, tensors.group, kCudaChunk),
-        256, &scratch_);
+    PlanRequest request("CudaKernel", tensors.ptrs, tensors.numel, hypers, tensors.group,
+                        kCudaChunk);
+    request.shapes = &tensors.shapes;
+    const Plan plan = plan_binding(backend, kernel_.body(), request, 256, &scratch_);
     if (tensors.global_totals) kernel_.share_global_totals(dev(tensors.global_totals));
     if (tensors.scalars) kernel_.share_scalars(dev(tensors.scalars));
     kernel_.set_plan(plan);

@@ -103,6 +103,7 @@ struct CudaKernel::Impl {
   DevicePtr shared_global = 0;
   // Per-tensor scalar states (rules that declare `scalar`).
   DeviceBuffer tensor_groups;  // int[num_tensors]
+  DeviceBuffer tensor_info;    // double[4 * num_tensors]: numel, dims, rows, cols
   DeviceBuffer own_scalars;    // double[num_tensors * scalars]
   DevicePtr shared_scalars = 0;
   int num_scalars = 0;
@@ -132,6 +133,7 @@ struct CudaKernel::Impl {
       tensor_chunks = DeviceBuffer();
       own_global = DeviceBuffer();
       tensor_groups = DeviceBuffer();
+      tensor_info = DeviceBuffer();
       own_scalars = DeviceBuffer();
       if (module) cuda::driver().ModuleUnload(module);  // teardown: nothing to report to
     } catch (const Error&) {
@@ -171,6 +173,7 @@ struct CudaKernel::Impl {
     }
     L.global_totals = as_device_pointer<double>(global());
     L.num_tensors = static_cast<long long>(num_tensors);
+    L.tensor_info = as_device_pointer<const double>(tensor_info.get());
     if (num_scalars > 0) {
       L.scalars = as_device_pointer<double>(scalars());
       L.tensor_groups = as_device_pointer<const int>(tensor_groups.get());
@@ -341,6 +344,7 @@ void CudaKernel::set_plan(const Plan& plan) {
   DeviceBuffer d_ptrs = upload(plan.ptrs());
   DeviceBuffer d_hypers = upload(plan.hypers());
   DeviceBuffer d_aligned = upload(plan.aligned());
+  DeviceBuffer d_info = upload(plan.tensor_info());
   DeviceBuffer d_groups, d_scalars;
   if (k.num_scalars > 0) {
     d_groups = upload(plan.tensor_groups());
@@ -359,6 +363,7 @@ void CudaKernel::set_plan(const Plan& plan) {
   k.tensor_totals = std::move(d_totals);
   k.tensor_chunks = std::move(d_ranges);
   k.tensor_groups = std::move(d_groups);
+  k.tensor_info = std::move(d_info);
   k.own_scalars = std::move(d_scalars);
   k.num_tensors = plan.num_tensors();
   k.host_hypers = plan.hypers();

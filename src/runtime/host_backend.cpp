@@ -20,9 +20,9 @@ class HostBoundKernel final : public BoundKernel {
   HostBoundKernel(Backend& backend, std::shared_ptr<const lang::Rule> rule,
                   const BindingTensors& tensors, const std::vector<std::vector<double>>& hypers)
       : kernel_(std::move(rule), tensors.dtypes, provider::cache_at({}), tensors.strategy) {
-    prepared_ = HostKernel::Prepared(plan_binding(
-        backend, kernel_.body(),
-        kernel_.plan_request(tensors.ptrs, tensors.numel, hypers, tensors.group), 64, &scratch_));
+    PlanRequest request = kernel_.plan_request(tensors.ptrs, tensors.numel, hypers, tensors.group);
+    request.shapes = &tensors.shapes;
+    prepared_ = HostKernel::Prepared(plan_binding(backend, kernel_.body(), request, 64, &scratch_));
     if (tensors.global_totals) {
       prepared_.share_global_totals(static_cast<double*>(tensors.global_totals));
     }

@@ -51,6 +51,7 @@ fo_launch HostKernel::Prepared::launch(double step, float inv_grad_scale) const 
   L.num_tensors = static_cast<long long>(plan_.num_tensors());
   L.scalars = scalars();
   L.tensor_groups = plan_.tensor_groups().data();
+  L.tensor_info = plan_.tensor_info().data();
   return L;
 }
 

@@ -73,6 +73,19 @@ void validate_pair(const ParamSlot& s) {
                        "{}: grad data is null ({} elements)", who, s.grad.numel);
   FUSEDOPT_CHECK_USAGE((s.grad.device == s.param.device), "{}: grad is on {} but param is on {}",
                        who, device_str(s.grad.device), device_str(s.param.device));
+  std::int64_t elements = 1;
+  std::string dims;
+  for (std::int64_t d : s.param.shape) {
+    FUSEDOPT_CHECK_USAGE(d >= 0, "{}: param shape has a negative dimension ({})", who, d);
+    elements = d == 0 || elements <= INT64_MAX / d ? elements * d : -1;
+    dims += (dims.empty() ? "" : ", ") + std::to_string(d);
+  }
+  FUSEDOPT_CHECK_USAGE(s.param.shape.empty() || elements == s.param.numel,
+                       "{}: param shape [{}] has {} elements, but numel is {}", who, dims,
+                       elements < 0 ? std::string("too many") : std::to_string(elements),
+                       s.param.numel);
+  FUSEDOPT_CHECK_USAGE(s.grad.shape.empty() || s.grad.shape == s.param.shape,
+                       "{}: grad shape differs from the param's [{}]", who, dims);
 }
 
 /// One tensor's bytes, for the overlap check: [begin, end) of slot `slot`'s param or grad.
@@ -378,6 +391,7 @@ void Optimizer::Impl::bind_kernels() {
     t.ptrs.push_back(std::move(ptrs));
     t.numel.push_back(s.param.numel);
     t.group.push_back(s.group);
+    t.shapes.push_back(s.param.shape);
     binding_params[b].push_back(static_cast<int>(p));
   }
   // Scalar states: one row of doubles per tensor, each binding's tensors adjacent, in one

@@ -57,6 +57,11 @@ Plan Plan::build(const codegen::KernelBody& body, const PlanRequest& request) {
   p.ptrs_.assign(std::max<std::size_t>(n, 1) * static_cast<std::size_t>(p.num_roles_), nullptr);
   p.aligned_.assign(std::max<std::size_t>(n, 1), 0);
   p.tensor_groups_.assign(std::max<std::size_t>(n, 1), 0);
+  p.tensor_info_.assign(4 * std::max<std::size_t>(n, 1), 0.0);
+  static const std::vector<std::vector<std::int64_t>> kNoShapes;
+  const auto& shapes = request.shapes ? *request.shapes : kNoShapes;
+  FUSEDOPT_CHECK_USAGE(shapes.empty() || shapes.size() == n, "{}: {} tensors but {} shapes", who, n,
+                       shapes.size());
   for (std::size_t t = 0; t < n; ++t) {
     FUSEDOPT_CHECK_USAGE(static_cast<int>(ptrs[t].size()) == given_roles,
                          "{}: tensor {} has {} pointers, the kernel needs {}", who, t,
@@ -67,6 +72,24 @@ Plan Plan::build(const codegen::KernelBody& body, const PlanRequest& request) {
                          "{}: tensor {} is in group {}, but there are {} groups", who, t, g,
                          hypers.size());
     p.tensor_groups_[t] = g;
+    const std::vector<std::int64_t> no_shape;
+    const std::vector<std::int64_t>& shape = shapes.empty() ? no_shape : shapes[t];
+    std::int64_t product = 1;
+    for (std::int64_t d : shape) {
+      FUSEDOPT_CHECK_USAGE(d >= 0 && (d == 0 || product <= INT64_MAX / d),
+                           "{}: tensor {} has a bad shape (a negative or too large dimension)", who,
+                           t);
+      product *= d;
+    }
+    FUSEDOPT_CHECK_USAGE(shape.empty() || product == numel[t],
+                         "{}: tensor {} has a shape of {} elements but {} elements", who, t,
+                         product, numel[t]);
+    const bool matrix = shape.size() >= 2;
+    double* info = &p.tensor_info_[4 * t];
+    info[0] = static_cast<double>(numel[t]);
+    info[1] = static_cast<double>(std::max<std::size_t>(shape.size(), 1));
+    info[2] = static_cast<double>(matrix ? shape[shape.size() - 2] : numel[t]);
+    info[3] = static_cast<double>(matrix ? shape.back() : 1);
     bool all_aligned = true;
     for (int r = 0; r < given_roles; ++r) {
       void* ptr = ptrs[t][static_cast<std::size_t>(r)];

@@ -41,6 +41,8 @@ struct PlanRequest {
   const std::vector<std::int64_t>* numel = nullptr;
   const std::vector<std::vector<double>>* hypers = nullptr;  ///< [group][Rule::hypers order]
   const std::vector<int>* group = nullptr;  ///< tensor t's group; null or empty: all 0
+  /// Tensor t's shape (its product is numel[t]); null, or an empty list or shape: 1-D.
+  const std::vector<std::vector<std::int64_t>>* shapes = nullptr;
   std::int64_t chunk_elems = 1;
   /// Lay out the Store strategy's scratch tensors (bind_scratch() then points at them)
   /// instead of taking their pointers from `ptrs`.
@@ -72,6 +74,9 @@ class Plan {
   const std::vector<unsigned char>& aligned() const { return aligned_; }
   /// Per tensor (empty ones included): its group (at least one entry).
   const std::vector<int>& tensor_groups() const { return tensor_groups_; }
+  /// [tensor * 4]: numel, dims, rows, cols of each tensor (the rule's built-in per-tensor
+  /// values; fewer than 2 dimensions: numel rows of 1 column), at least 4 entries.
+  const std::vector<double>& tensor_info() const { return tensor_info_; }
 
   std::int64_t num_tensors() const { return num_tensors_; }
   std::int64_t num_chunks() const { return static_cast<std::int64_t>(chunks_.size()); }
@@ -103,6 +108,7 @@ class Plan {
   std::vector<long long> tensor_chunks_;
   std::vector<unsigned char> aligned_;
   std::vector<int> tensor_groups_;
+  std::vector<double> tensor_info_;
   std::vector<std::size_t> scratch_offsets_;  ///< [tensor * scratch values + j], bytes
   const char* who_ = "plan";
   std::int64_t num_tensors_ = 0;

@@ -4,7 +4,7 @@
 #define FUSEDOPT_ABI_H
 
 // Bump when you change this: any struct below or an exported entry point's signature.
-#define FO_ABI_VERSION 9
+#define FO_ABI_VERSION 10
 
 // Launch constants shared by the runtime and the kernels (one source for both):
 /// Threads per block of every CUDA kernel (the runtime's kCudaBlock).
@@ -53,6 +53,9 @@ struct fo_launch {
   double* scalars;           ///< [tensor * FO_NUM_SCALARS + k]: each scalar's value before
                              ///< the step; fusedopt_scalars writes the step's results
   const int* tensor_groups;  ///< [tensor]: its group (every tensor, empty ones included)
+  /// [tensor * 4]: each tensor's built-in values numel, dims, rows, cols (the rule's
+  /// `numel dims rows cols`), as doubles.
+  const double* tensor_info;
 };
 
 /// A GradScaler's state (torch.amp.GradScaler's scale and growth tracker), kept in device

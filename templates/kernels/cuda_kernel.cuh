@@ -162,8 +162,8 @@ __device__ __forceinline__ fo_tvals fo_chunk_values(const fo_launch& L, int tens
   fo_tvals T;
   fo_tensor_values(L.tensor_totals ? L.tensor_totals + (long long)tensor * FO_NUM_TENSOR_SLOTS : 0,
                    L.scalars ? L.scalars + (long long)tensor * FO_NUM_SCALARS : 0,
-                   L.hypers + (long long)group * FO_NUM_HYPERS, step, L.global_totals, T,
-                   scalars_out);
+                   L.hypers + (long long)group * FO_NUM_HYPERS, step, L.global_totals,
+                   L.tensor_info ? L.tensor_info + (long long)tensor * 4 : 0, T, scalars_out);
   return T;
 }
 

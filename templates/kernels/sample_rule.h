@@ -54,8 +54,8 @@ FO_FN fo_uniform fo_prepare(const double* h, double step, float inv_grad_scale, 
   return U;
 }
 FO_FN void fo_tensor_values(const double* R, const double* S, const double* h, double step,
-                            const double* G, fo_tvals& T, double* S_out) {
-  (void)S, (void)h, (void)step, (void)G, (void)S_out;
+                            const double* G, const double* I, fo_tvals& T, double* S_out) {
+  (void)S, (void)h, (void)step, (void)G, (void)I, (void)S_out;
   T.v[0] = R ? (float)fo_sqrt_d(R[0]) : 0.0f;
 }
 FO_FN void fo_scalar_init(const double*, double*) {}

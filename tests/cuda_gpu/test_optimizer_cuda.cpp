@@ -255,6 +255,52 @@ TEST_SUITE("cuda_gpu") {
     }
   }
 
+  TEST_CASE("the built-in per-tensor values (numel, dims, rows, cols) on the device" *
+            testing::needs_cuda_device()) {
+    cu::PrimaryContext ctx(0);
+    std::mt19937 rng(std::random_device{}());
+    DeviceModel m = make_model(rng);
+    const Rule rule = Rule::parse(R"(
+param p
+grad  g
+state a = 0
+hyper lr = 0.1
+a = (numel * 10 + dims) * 100000 + rows * 10 + cols
+p = p - lr * g * tensor_norm(p) / sqrt(numel)
+)",
+                                  "info.rule");
+    ParamGroup dg = m.device_group(), hg = m.host_group();
+    for (ParamGroup* g : {&dg, &hg}) {
+      g->params[2].shape = {10, 100};   // 1000
+      g->params[3].shape = {1, 65537};  // 65537
+      g->params[5].shape = {3, 1, 1};   // 3
+    }
+    Optimizer gpu(rule, {dg});
+    Optimizer cpu(rule, {hg});
+    std::normal_distribution<float> normal(0.0f, 1.0f);
+    for (int t = 0; t < 3; ++t) {
+      for (auto& g : m.hg) {
+        for (auto& x : g) x = normal(rng);
+      }
+      m.upload_grads();
+      gpu.step();
+      cpu.step();
+    }
+    cu::synchronize(nullptr);
+    m.require_params_match_host();
+    for (std::size_t i = 0; i < m.sizes.size(); ++i) {
+      CAPTURE(i);
+      std::vector<float> a(m.sizes[i]);
+      if (m.sizes[i]) {
+        cu::copy_to_host(a.data(), reinterpret_cast<std::uintptr_t>(gpu.state("a", i).data),
+                         m.sizes[i] * 4);
+      }
+      for (std::int64_t k = 0; k < m.sizes[i]; ++k) {
+        CHECK(a[k] == static_cast<const float*>(cpu.state("a", i).data)[k]);
+      }
+    }
+  }
+
   TEST_CASE("CUDA AdamW's second moment has no offset from float64: uniforms in double" *
             testing::needs_cuda_device()) {
     // tests/runtime/test_uniform_precision.cpp on the device: 1 - beta2 computed in double
