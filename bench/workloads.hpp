@@ -17,6 +17,8 @@ namespace fusedopt::bench {
 struct Workload {
   std::string name;
   std::vector<std::int64_t> sizes;
+  /// Each tensor's shape as torch has it (empty: 1-D, or not known).
+  std::vector<std::vector<std::int64_t>> shapes;
   std::int64_t elements() const {
     std::int64_t n = 0;
     for (std::int64_t s : sizes) n += s;
@@ -28,15 +30,36 @@ struct Workload {
 /// classifier = 201 tensors, 109,483,778 elements.
 inline Workload bert_base() {
   const std::int64_t h = 768, ffn = 3072;
-  Workload w{"bert_base", {30522 * h, 512 * h, 2 * h, h, h}};
+  Workload w{"bert_base", {}, {}};
+  auto add = [&](std::vector<std::int64_t> shape) {  // torch's shapes: Linear is [out, in]
+    std::int64_t n = 1;
+    for (std::int64_t d : shape) n *= d;
+    w.sizes.push_back(n);
+    w.shapes.push_back(std::move(shape));
+  };
+  add({30522, h});  // word, position and token-type embeddings, LayerNorm
+  add({512, h});
+  add({2, h});
+  add({h});
+  add({h});
   for (int layer = 0; layer < 12; ++layer) {
     for (int proj = 0; proj < 4; ++proj) {  // query, key, value, attention output
-      w.sizes.push_back(h * h);
-      w.sizes.push_back(h);
+      add({h, h});
+      add({h});
     }
-    w.sizes.insert(w.sizes.end(), {h, h, h * ffn, ffn, ffn * h, h, h, h});
+    add({h});  // attention LayerNorm
+    add({h});
+    add({ffn, h});  // intermediate
+    add({ffn});
+    add({h, ffn});  // output
+    add({h});
+    add({h});  // output LayerNorm
+    add({h});
   }
-  w.sizes.insert(w.sizes.end(), {h * h, h, 2 * h, 2});
+  add({h, h});  // pooler
+  add({h});
+  add({2, h});  // classifier
+  add({2});
   return w;
 }
 

@@ -66,6 +66,18 @@ std::vector<std::string> Rule::scalars() const {
   return out;
 }
 
+std::vector<std::string> Rule::row_states() const {
+  std::vector<std::string> out;
+  for (int s : impl_->row_states) out.push_back(impl_->symbols[s].name);
+  return out;
+}
+
+std::vector<std::string> Rule::col_states() const {
+  std::vector<std::string> out;
+  for (int s : impl_->col_states) out.push_back(impl_->symbols[s].name);
+  return out;
+}
+
 std::string Rule::describe() const {
   const codegen::KernelBody body = codegen::generate_body(*impl_, DTypeBinding{});
   auto join = [](const std::vector<std::string>& names) {

@@ -58,6 +58,10 @@ class FUSEDOPT_API Rule {
   /// Per-tensor scalar state names (`scalar NAME = INIT`: one double per tensor), in
   /// declaration order.
   std::vector<std::string> scalars() const;
+  /// Row and column state names (`row NAME`, `col NAME`: one float per row or column of a
+  /// param's matrices), in declaration order.
+  std::vector<std::string> row_states() const;
+  std::vector<std::string> col_states() const;
   /// Passes over the data before the update (0: an element-wise rule).
   int reduction_passes() const;
   /// This rule with the gradient clipped by its global norm first (torch's

@@ -72,7 +72,11 @@ class BodyEmitter {
     }
     // Accumulator index of each reduction within its pass; the grad check follows pass 0's.
     std::vector<int> count(std::max(rule.reduction_passes, 1), 0);
-    for (const lang::Reduction& r : rule.reductions) acc_.push_back(count[r.pass]++);
+    for (const lang::Reduction& r : rule.reductions) {
+      acc_.push_back(lanes(r) ? count[r.pass]++ : -1);  // row/col/matrix: their own sums
+    }
+    factored_ = !rule.row_states.empty() || !rule.col_states.empty() ||
+                rule.num_row_reductions + rule.num_col_reductions + rule.num_matrix_reductions > 0;
     pass_acc_count_ = count;
     if (rule.reduction_passes > 0) check_acc_ = pass_acc_count_[0]++;
     // fo_tvals: per-tensor reduction values, each scalar state before the step, each scalar
@@ -90,6 +94,7 @@ class BodyEmitter {
     std::map<int, std::string> texts;
     for (std::size_t r = 0; r < rule.reductions.size(); ++r) {
       const lang::Reduction& red = rule.reductions[r];
+      if (!lanes(red)) continue;  // not per-tensor values
       texts[static_cast<int>(r)] = finish_value_d(
           red.kind, fmt::format("{}[{}]", red.scope == lang::Scope::Tensor ? "R" : "G", red.slot));
     }
@@ -157,6 +162,84 @@ class BodyEmitter {
     for (int s : rule_.scalars) {
       const lang::Symbol& sym = rule_.symbols[s];
       w.line(fmt::format("  S[{}] = {};", sym.index, em_.tensor_value(*sym.init)));
+    }
+    w.line("}");
+    return w.str();
+  }
+
+  /// Factored rules: which pass computes each row, column and matrix slot; fo_row_stage and
+  /// fo_col_stage (a row's / column's statements: the new states, matrix_mean arguments);
+  /// fo_rc_init (initial values). Before tensor_functions(): they may hoist per-tensor values.
+  std::string rc_functions() {
+    Writer w;
+    if (!factored_) return "";
+    auto slot_table = [&](const char* fn, lang::Scope scope, auto value) {
+      w.line(fmt::format("FO_FN int {}(int s) {{", fn));
+      for (const lang::Reduction& r : rule_.reductions) {
+        if (r.scope == scope) w.line(fmt::format("  if (s == {}) return {};", r.slot, value(r)));
+      }
+      w.line("  (void)s;");
+      w.line("  return -1;");
+      w.line("}");
+    };
+    auto pass_of = [](const lang::Reduction& r) { return r.pass; };
+    slot_table("fo_row_slot_pass", lang::Scope::Row, pass_of);
+    slot_table("fo_col_slot_pass", lang::Scope::Col, pass_of);
+    slot_table("fo_matrix_slot_pass", lang::Scope::Matrix, pass_of);
+    slot_table("fo_matrix_slot_col", lang::Scope::Matrix,
+               [](const lang::Reduction& r) { return r.arg->level == lang::Level::Col ? 1 : 0; });
+    em_.def_override_.clear();
+    em_.orig_override_.clear();
+    for (const bool row : {true, false}) {
+      const SymKind kind = row ? SymKind::RowState : SymKind::ColState;
+      const lang::Level level = row ? lang::Level::Row : lang::Level::Col;
+      const std::vector<int>& states = row ? rule_.row_states : rule_.col_states;
+      w.line(fmt::format(
+          "FO_FN void fo_{}_stage(const fo_rcx& X, const fo_uniform& U, const fo_tvals& T, "
+          "float* fo_out, double* fo_m) {{",
+          row ? "row" : "col"));
+      w.line("  (void)X; (void)U; (void)T; (void)fo_out; (void)fo_m;");
+      for (int s : states) {
+        w.line(fmt::format("  float v_{} = X.{}s[{} * X.n{}s + X.{}];", rule_.symbols[s].name,
+                           row ? "r" : "c", rule_.symbols[s].index, row ? "row" : "col",
+                           row ? "row" : "col"));
+      }
+      for (const lang::Symbol& x : rule_.symbols) {
+        if (x.kind == SymKind::Temp) w.line(fmt::format("  float v_{} = 0.0f;", x.name));
+      }
+      for (std::size_t i = 0; i < rule_.stmts.size(); ++i) {
+        const lang::Stmt& st = rule_.stmts[i];
+        const SymKind k = rule_.symbols[st.target].kind;
+        const lang::Level l = st.value->level;
+        const bool temp = k == SymKind::Temp && !st.value->uniform &&
+                          (l == lang::Level::Tensor || l == lang::Level::Matrix || l == level);
+        if (k != kind && !temp) continue;
+        w.line_directive(st.loc.line, file_);
+        w.line(fmt::format("  v_{} = {};", rule_.symbols[st.target].name, em_.element(*st.value)));
+      }
+      for (const lang::Reduction& r : rule_.reductions) {
+        if (r.scope == lang::Scope::Matrix && r.arg->level == level) {
+          w.line_directive(r.loc.line, file_);
+          w.line(fmt::format("  fo_m[{}] = (double)({});", r.slot, em_.element(*r.arg)));
+        }
+      }
+      w.restore_line();
+      for (int s : states) {
+        w.line(fmt::format("  fo_out[{}] = v_{};", rule_.symbols[s].index, rule_.symbols[s].name));
+      }
+      for (const lang::Symbol& x : rule_.symbols) {
+        if (x.kind == SymKind::Temp) w.line(fmt::format("  (void)v_{};", x.name));
+      }
+      w.line("}");
+    }
+    w.line("FO_FN void fo_rc_init(const double* h, float* fo_rs, float* fo_cs) {");
+    w.line("  (void)h; (void)fo_rs; (void)fo_cs;");
+    for (const bool row : {true, false}) {
+      for (int s : row ? rule_.row_states : rule_.col_states) {
+        const lang::Symbol& sym = rule_.symbols[s];
+        w.line(fmt::format("  fo_{}s[{}] = (float)({});", row ? "r" : "c", sym.index,
+                           em_.tensor_value(*sym.init)));
+      }
     }
     w.line("}");
     return w.str();
@@ -239,6 +322,7 @@ class BodyEmitter {
         if (x.def < 0) originals.insert(x.sym);
       }
     }
+    emit_rc_loads(loads);
     for (std::size_t sym = 0; sym < rule_.symbols.size(); ++sym) {
       const lang::Symbol& x = rule_.symbols[sym];
       if (!is_tensor(x.kind) && !(x.kind == SymKind::Temp)) continue;
@@ -274,9 +358,15 @@ class BodyEmitter {
         collect_reductions(*st.value, calls);
         for (const Expr* call : calls) {
           const lang::Reduction& r = rule_.reductions[call->reduction];
-          if (r.pass != p.pass) continue;
+          if (r.pass != p.pass || r.scope == lang::Scope::Matrix) continue;
           body.line_directive(call->loc.line, file_);
-          body.line("  " + accumulate(r.kind, acc_[call->reduction], em_.element(*r.arg)));
+          if (lanes(r)) {
+            body.line("  " + accumulate(r.kind, acc_[call->reduction], em_.element(*r.arg)));
+          } else {  // row_mean / col_mean: summed per row / per column, divided at the end
+            body.line(fmt::format("  fo_{}r[{}] += (double)({});",
+                                  r.scope == lang::Scope::Row ? "r" : "c", r.slot,
+                                  em_.element(*r.arg)));
+          }
         }
       }
       if (!p.compute.count(static_cast<int>(i))) continue;
@@ -319,8 +409,23 @@ class BodyEmitter {
                                          fmt::format("fo_load(t.r1, i) * U.inv_grad_scale"))));
     }
     for (const lang::Symbol& x : rule_.symbols) {
-      if (is_tensor(x.kind) || x.kind == SymKind::Temp)
+      if (is_tensor(x.kind) || x.kind == SymKind::Temp || is_rc(x.kind))
         stores.line(fmt::format("  (void)v_{};", x.name));
+    }
+  }
+
+  static bool is_rc(SymKind k) { return k == SymKind::RowState || k == SymKind::ColState; }
+
+  /// Row and column states as this element's row and column hold them (never stored by
+  /// element code: the end of the step writes them, once per row and column).
+  void emit_rc_loads(Writer& loads) const {
+    for (int s : rule_.row_states) {
+      loads.line(fmt::format("  float v_{} = X.rs[{} * X.nrows + X.row];", rule_.symbols[s].name,
+                             rule_.symbols[s].index));
+    }
+    for (int s : rule_.col_states) {
+      loads.line(fmt::format("  float v_{} = X.cs[{} * X.ncols + X.col];", rule_.symbols[s].name,
+                             rule_.symbols[s].index));
     }
   }
 
@@ -328,20 +433,26 @@ class BodyEmitter {
   std::string wrap_pass(const PassShape& p, const Writer& loads, const Writer& body,
                         const Writer& stores) {
     Writer w;
+    // Factored rules: the element's row and column (fo_rcx), and row/column sums.
+    const char* rc = factored_ ? "_rc" : "";
+    const char* x = factored_ ? ", const fo_rcx& X" : "";
     if (p.update) {
-      w.line(
-          "FO_FN void fo_element(const fo_tensor& t, long long i, const fo_uniform& U, "
-          "const fo_tvals& T) {");
+      w.line(fmt::format(
+          "FO_FN void fo_element{}(const fo_tensor& t, long long i, const fo_uniform& U, "
+          "const fo_tvals& T{}) {{",
+          rc, x));
     } else {
       w.line("template <>");
       w.line(
-          fmt::format("FO_FN void fo_reduce_element<{}>(const fo_tensor& t, long long i, "
-                      "const fo_uniform& U, const fo_tvals& T, float* fo_a, int fo_stride, "
-                      "bool fo_check) {{",
-                      p.pass));
+          fmt::format("FO_FN void fo_reduce_element{}<{}>(const fo_tensor& t, long long i, "
+                      "const fo_uniform& U, const fo_tvals& T{}, float* fo_a, int fo_stride, "
+                      "bool fo_check{}) {{",
+                      rc, p.pass, x, factored_ ? ", double* fo_rr, double* fo_cr" : ""));
     }
     w.line("  (void)T;");
+    if (factored_) w.line("  (void)X;");
     if (!p.update) w.line("  (void)fo_a; (void)fo_stride; (void)fo_check;");
+    if (!p.update && factored_) w.line("  (void)fo_rr; (void)fo_cr;");
     w.append(loads);
     w.append(body);
     w.append(stores);
@@ -385,6 +496,15 @@ class BodyEmitter {
   std::vector<int> acc_;
   std::vector<int> pass_acc_count_;
   int check_acc_ = -1;
+  bool factored_ = false;
+
+ public:
+  /// Whether reduction `r` is summed in the pass's accumulator lanes (per-tensor and global
+  /// totals); row_mean, col_mean and matrix_mean have their own sums.
+  static bool lanes(const lang::Reduction& r) {
+    return r.scope == lang::Scope::Tensor || r.scope == lang::Scope::Global;
+  }
+  bool factored() const { return factored_; }
 };
 
 }  // namespace
@@ -444,8 +564,15 @@ void describe(const Rule& rule, const Schedule& schedule, const BodyEmitter& be,
     body.pass_reads.emplace_back(p.reads.begin(), p.reads.end());
     body.pass_writes.emplace_back(p.writes.begin(), p.writes.end());
   }
+  body.factored = be.factored();
+  body.num_row_states = static_cast<int>(rule.row_states.size());
+  body.num_col_states = static_cast<int>(rule.col_states.size());
+  body.num_row_slots = rule.num_row_reductions;
+  body.num_col_slots = rule.num_col_reductions;
+  body.num_matrix_slots = rule.num_matrix_reductions;
   for (std::size_t r = 0; r < rule.reductions.size(); ++r) {
     const lang::Reduction& red = rule.reductions[r];
+    if (!BodyEmitter::lanes(red)) continue;  // not a total the runtime or a hook combines
     ReductionSlot slot;
     slot.name = red.name;
     slot.scope = red.scope;
@@ -480,9 +607,11 @@ Writer accumulator_tables(const Rule& rule, const KernelBody& body, const BodyEm
   meta.line("}");
   auto acc_table = [&](const char* fn, auto value) {
     meta.line(fmt::format("FO_FN int {}(int pass, int j) {{", fn));
+    std::size_t k = 0;  // body.slots holds the lane reductions, in rule order
     for (std::size_t r = 0; r < rule.reductions.size(); ++r) {
+      if (!BodyEmitter::lanes(rule.reductions[r])) continue;
       meta.line(fmt::format("  if (pass == {} && j == {}) return {};", rule.reductions[r].pass,
-                            be.acc_of(static_cast<int>(r)), value(body.slots[r])));
+                            be.acc_of(static_cast<int>(r)), value(body.slots[k++])));
     }
     if (be.check_acc() >= 0) {
       meta.line(fmt::format("  if (pass == 0 && j == {}) return {};", be.check_acc(),
@@ -503,6 +632,11 @@ Writer accumulator_tables(const Rule& rule, const KernelBody& body, const BodyEm
 }  // namespace
 
 KernelBody generate_body(const Rule& rule, const DTypeBinding& dtypes, Strategy strategy) {
+  // Factored rules recompute: their reduction passes then write nothing, so the CUDA
+  // kernel may read an element twice (once for its row's sums, once for its column's).
+  const bool factored = !rule.row_states.empty() || !rule.col_states.empty() ||
+                        rule.num_row_reductions + rule.num_col_reductions > 0;
+  if (factored) strategy = Strategy::Recompute;
   const Schedule schedule = plan_schedule(rule, dtypes, strategy);
   KernelBody body;
   body.kind = "rule";
@@ -517,6 +651,7 @@ KernelBody generate_body(const Rule& rule, const DTypeBinding& dtypes, Strategy 
   std::vector<std::string> passes;
   for (int k = 0; k <= rule.reduction_passes; ++k) passes.push_back(be.pass_function(k));
   const std::string init = be.init_function();
+  const std::string rc_fns = be.rc_functions();
   const std::string tensor_fns = be.tensor_functions();
 
   describe(rule, schedule, be, role_names, decls.size(), body);
@@ -542,10 +677,17 @@ KernelBody generate_body(const Rule& rule, const DTypeBinding& dtypes, Strategy 
   emit_prepare(w, body, globals, be.em().prepare_lines(), file);
   w.append_text(tensor_fns);
   w.line("template <int kPass>");
-  w.line(
-      "FO_FN void fo_reduce_element(const fo_tensor&, long long, const fo_uniform&, "
-      "const fo_tvals&, float*, int, bool) {}");
+  if (body.factored) {
+    w.line(
+        "FO_FN void fo_reduce_element_rc(const fo_tensor&, long long, const fo_uniform&, "
+        "const fo_tvals&, const fo_rcx&, float*, int, bool, double*, double*) {}");
+  } else {
+    w.line(
+        "FO_FN void fo_reduce_element(const fo_tensor&, long long, const fo_uniform&, "
+        "const fo_tvals&, float*, int, bool) {}");
+  }
   for (const std::string& p : passes) w.line(p);
+  w.append_text(rc_fns);
   emit_grad_finite(w);
   w.line(init);
 

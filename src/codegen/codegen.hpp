@@ -40,12 +40,20 @@ struct KernelBody {
   std::string code;
 
   // Reductions (all zero / empty for element-wise rules).
-  int reduction_passes = 0;          ///< launches before the update launch
-  int num_tensor_slots = 1;          ///< per-tensor totals per tensor (at least 1)
-  int num_global_slots = 1;          ///< global totals; the last one is the grad check
-  int num_scalars = 0;               ///< per-tensor scalar states (doubles per tensor)
-  int num_tvals = 1;                 ///< fo_tvals values: per-tensor reduction results,
-                                     ///< scalar values, hoisted per-tensor expressions
+  int reduction_passes = 0;  ///< launches before the update launch
+  int num_tensor_slots = 1;  ///< per-tensor totals per tensor (at least 1)
+  int num_global_slots = 1;  ///< global totals; the last one is the grad check
+  int num_scalars = 0;       ///< per-tensor scalar states (doubles per tensor)
+  int num_tvals = 1;         ///< fo_tvals values: per-tensor reduction results,
+                             ///< scalar values, hoisted per-tensor expressions
+  // Factored (row/column) values: rules with `row`/`col` states or row_mean, col_mean,
+  // matrix_mean. Their element code reads a row's and a column's values (fo_element_rc).
+  bool factored = false;
+  int num_row_states = 0;
+  int num_col_states = 0;
+  int num_row_slots = 0;             ///< row_mean results per row
+  int num_col_slots = 0;             ///< col_mean results per column
+  int num_matrix_slots = 0;          ///< matrix_mean results per matrix
   int max_acc = 1;                   ///< accumulators per chunk in the widest pass
   std::vector<ReductionSlot> slots;  ///< every accumulator of every pass (grad check too)
   Strategy strategy = Strategy::Recompute;

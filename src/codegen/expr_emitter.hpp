@@ -122,7 +122,7 @@ class ExprEmitter {
   /// A per-tensor subexpression of element code that reads a scalar state: computed once
   /// per tensor in double (fo_tensor_values), read from fo_tvals.
   bool per_tensor_hoist(const lang::Expr& e) {
-    return !in_prepare_ && !in_tensor_ && !e.uniform && !e.elementwise && !trivial(e) &&
+    return !in_prepare_ && !in_tensor_ && e.level == lang::Level::Tensor && !trivial(e) &&
            reads_scalar(e);
   }
 
@@ -256,8 +256,18 @@ class ExprEmitter {
       case lang::Op::Where:
         return fmt::format("({} ? {} : {})", cond(*e.args[0]), emit(*e.args[1]), emit(*e.args[2]));
       case lang::Op::Reduce: {
-        if (in_tensor_) return reduce_text_.at(e.reduction);
         const lang::Reduction& r = rule_.reductions.at(e.reduction);
+        // Row, column and matrix means: this element's row's, column's and matrix's.
+        if (r.scope == lang::Scope::Row) {
+          return fmt::format("(float)X.rt[X.row * FO_NUM_ROW_SLOTS + {}]", r.slot);
+        }
+        if (r.scope == lang::Scope::Col) {
+          return fmt::format("(float)X.ct[X.col * FO_NUM_COL_SLOTS + {}]", r.slot);
+        }
+        if (r.scope == lang::Scope::Matrix) {
+          return fmt::format("(float)X.mt[X.mat * FO_NUM_MATRIX_SLOTS + {}]", r.slot);
+        }
+        if (in_tensor_) return reduce_text_.at(e.reduction);
         if (r.scope == lang::Scope::Global) {
           return fmt::format(in_prepare_ ? "fo_g{}" : "U.g[{}]", r.slot);
         }

@@ -13,6 +13,7 @@
 #include "codegen/writer.hpp"
 #include "embedded.hpp"
 #include "fusedopt/error.hpp"
+#include "support/check.hpp"
 
 namespace fusedopt::codegen {
 
@@ -79,13 +80,23 @@ void emit_common_prologue(Writer& w, const KernelBody& body) {
   w.line(fmt::format("#define FO_NUM_GLOBAL_SLOTS {}", body.num_global_slots));
   w.line(fmt::format("#define FO_MAX_ACC {}", body.max_acc));
   w.line(fmt::format("#define FO_NUM_SCALARS {}", body.num_scalars));
+  w.line(fmt::format("#define FO_FACTORED {}", body.factored ? 1 : 0));
+  w.line(fmt::format("#define FO_NUM_ROW_STATES {}", body.num_row_states));
+  w.line(fmt::format("#define FO_NUM_COL_STATES {}", body.num_col_states));
+  w.line(fmt::format("#define FO_NUM_ROW_SLOTS {}", std::max(body.num_row_slots, 1)));
+  w.line(fmt::format("#define FO_NUM_COL_SLOTS {}", std::max(body.num_col_slots, 1)));
+  w.line(fmt::format("#define FO_NUM_MATRIX_SLOTS {}", std::max(body.num_matrix_slots, 1)));
 }
 
 std::string uniform_struct(const KernelBody& body) {
   return fmt::format(
       "struct fo_uniform {{\n  float h[{}];\n  float step;\n  float inv_grad_scale;\n"
       "  float g[{}];\n  float u[{}];\n}};\n"
-      "struct fo_tvals {{\n  float v[{}];\n}};\n",
+      "struct fo_tvals {{\n  float v[{}];\n}};\n"
+      "// A row's and a column's values (factored rules): states [k * nrows + row], [k * ncols\n"
+      "// + col]; row, column and matrix means [index * slots + slot].\n"
+      "struct fo_rcx {{\n  const float* rs;\n  const float* cs;\n  const double* rt;\n"
+      "  const double* ct;\n  const double* mt;\n  long long nrows, ncols, row, col, mat;\n}};\n",
       std::max(body.num_hypers, 1), std::max(body.num_global_slots, 1),
       std::max(body.num_uniforms, 1), std::max(body.num_tvals, 1));
 }
@@ -192,11 +203,13 @@ std::string staging_macros(const std::string& code, int reduction_passes) {
   Writer w;
   w.line("// The roles each vector-path function loads and stores, read from its code above:");
   w.line("// a pass moves exactly these.");
-  emit_staging(w, "FO_UPDATE", code, "FO_FN void fo_element(");
+  // Factored rules name them fo_element_rc / fo_reduce_element_rc.
+  const std::string rc = code.find("FO_FN void fo_element_rc(") != std::string::npos ? "_rc" : "";
+  emit_staging(w, "FO_UPDATE", code, "FO_FN void fo_element" + rc + "(");
   emit_staging(w, "FO_INIT", code, "FO_FN void fo_init_element(");
   for (int k = 0; k < reduction_passes; ++k) {
     emit_staging(w, fmt::format("FO_REDUCE{}", k), code,
-                 fmt::format("FO_FN void fo_reduce_element<{}>(", k));
+                 fmt::format("FO_FN void fo_reduce_element{}<{}>(", rc, k));
   }
   return w.str();
 }

@@ -134,13 +134,15 @@ ShardedOptimizer::ShardedOptimizer(Communicator comm, const Rule& rule,
                        "ShardedOptimizer: stage {} is neither 1 (ZeRO-1) nor 2 (ZeRO-2)",
                        options.stage);
   FUSEDOPT_CHECK_USAGE(!groups.empty(), "ShardedOptimizer: no param groups given");
-  if (!rule.scalars().empty()) {
+  if (!rule.scalars().empty() || !rule.row_states().empty() || !rule.col_states().empty()) {
     std::string names;
-    for (const std::string& s : rule.scalars()) names += (names.empty() ? "" : ", ") + s;
+    for (const auto& list : {rule.scalars(), rule.row_states(), rule.col_states()}) {
+      for (const std::string& s : list) names += (names.empty() ? "" : ", ") + s;
+    }
     throw UsageError(fmt::format(
-        "ShardedOptimizer: rule '{}' keeps per-tensor scalar states ({}), which are not "
-        "sharded yet (a shard holds a slice of a tensor; its scalars belong to the whole "
-        "tensor): use Optimizer for this rule",
+        "ShardedOptimizer: rule '{}' keeps per-tensor scalar or row/column states ({}), "
+        "which are not sharded yet (a shard holds a slice of a tensor; those states belong "
+        "to the whole tensor): use Optimizer for this rule",
         rule.name(), names));
   }
   for (std::size_t g = 0; g < groups.size(); ++g) {

@@ -13,6 +13,10 @@ const char* to_string(SymKind kind) {
       return "state";
     case SymKind::Scalar:
       return "scalar";
+    case SymKind::RowState:
+      return "row state";
+    case SymKind::ColState:
+      return "col state";
     case SymKind::Output:
       return "output";
     case SymKind::Hyper:
@@ -39,11 +43,27 @@ const char* to_string(ReduceKind kind) {
       return "maxabs";
     case ReduceKind::AnyNonFinite:
       return "any_nonfinite";
+    case ReduceKind::Mean:
+      return "mean";
   }
   return "unknown";
 }
 
-const char* to_string(Scope scope) { return scope == Scope::Tensor ? "tensor" : "global"; }
+const char* to_string(Scope scope) {
+  switch (scope) {
+    case Scope::Tensor:
+      return "tensor";
+    case Scope::Global:
+      return "global";
+    case Scope::Row:
+      return "row";
+    case Scope::Col:
+      return "col";
+    case Scope::Matrix:
+      return "matrix";
+  }
+  return "?";
+}
 
 int Rule::find(const std::string& wanted) const {
   // Linear: rules have a handful of symbols, and lookups happen at build time, not per step.

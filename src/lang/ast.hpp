@@ -18,15 +18,17 @@ struct Loc {
 };
 
 enum class SymKind {
-  Param,   ///< the parameter tensor (exactly one); read-write
-  Grad,    ///< the gradient tensor (exactly one); read-only
-  State,   ///< optimizer state tensor with an initial value; read-write
-  Scalar,  ///< per-tensor scalar state (double), with an initial value; read-write
-  Output,  ///< extra output tensor; write (then readable as a local)
-  Hyper,   ///< scalar hyper-parameter with a default; read-only
-  Step,    ///< built-in 1-based step count; read-only
-  Info,    ///< built-in per-tensor value (Symbol::index: kInfoNames); read-only
-  Temp,    ///< temporary; must be assigned before use
+  Param,     ///< the parameter tensor (exactly one); read-write
+  Grad,      ///< the gradient tensor (exactly one); read-only
+  State,     ///< optimizer state tensor with an initial value; read-write
+  Scalar,    ///< per-tensor scalar state (double), with an initial value; read-write
+  RowState,  ///< one fp32 value per row of the tensor's matrices (factored state); read-write
+  ColState,  ///< one fp32 value per column of the tensor's matrices; read-write
+  Output,    ///< extra output tensor; write (then readable as a local)
+  Hyper,     ///< scalar hyper-parameter with a default; read-only
+  Step,      ///< built-in 1-based step count; read-only
+  Info,      ///< built-in per-tensor value (Symbol::index: kInfoNames); read-only
+  Temp,      ///< temporary; must be assigned before use
 };
 
 const char* to_string(SymKind kind);
@@ -45,10 +47,26 @@ enum class ReduceKind {
   Norm,          ///< sqrt of the sum of x * x (the L2 norm)
   MaxAbs,        ///< max of |x| (NaN wins)
   AnyNonFinite,  ///< 1 if some x is inf or NaN, else 0 (a truth value)
+  Mean,          ///< the mean of x (row_mean, col_mean, matrix_mean)
 };
 
-/// Over what a reduction runs: each parameter tensor on its own, or every tensor of the step.
-enum class Scope { Tensor, Global };
+/// Over what a reduction runs: each parameter tensor on its own, every tensor of the step,
+/// each row or each column of a tensor's matrices (its last two dimensions), or a row or
+/// column value over the rows or columns of its matrix.
+enum class Scope { Tensor, Global, Row, Col, Matrix };
+
+/// How finely a value varies: one for the step (uniform), per tensor, per matrix (leading
+/// dimensions), per row, per column, per element. A row value combined with a column value
+/// varies per element.
+enum class Level { Uniform, Tensor, Matrix, Row, Col, Element };
+
+/// The level of a value computed from values of levels a and b.
+inline Level join(Level a, Level b) {
+  if ((a == Level::Row && b == Level::Col) || (a == Level::Col && b == Level::Row)) {
+    return Level::Element;
+  }
+  return a < b ? b : a;
+}
 
 const char* to_string(ReduceKind kind);
 const char* to_string(Scope scope);
@@ -108,15 +126,17 @@ struct Expr {
   std::vector<ExprPtr> args;  ///< operands (unary: 1, binary: 2, functions: their arity)
 
   // Filled by the checker.
-  bool uniform = false;      ///< depends only on hypers, `step` and constants
-                             ///< (a Temp read is uniform when its reaching definition is)
-  bool boolean = false;      ///< a truth value (comparison, and/or/not, isfinite; a read of a
-                             ///< boolean definition; where() of two booleans)
-  bool elementwise = false;  ///< varies from element to element (reads a tensor element,
-                             ///< directly or through temporaries)
-  int phase = 0;             ///< the first pass in which the value is known: one more than the
-                             ///< latest pass of a reduction it depends on (0: none)
-  int reduction = -1;        ///< Op::Reduce: index into Rule::reductions
+  bool uniform = false;          ///< depends only on hypers, `step` and constants
+                                 ///< (a Temp read is uniform when its reaching definition is)
+  bool boolean = false;          ///< a truth value (comparison, and/or/not, isfinite; a read of a
+                                 ///< boolean definition; where() of two booleans)
+  bool elementwise = false;      ///< varies from element to element (reads a tensor element,
+                                 ///< directly or through temporaries)
+  int phase = 0;                 ///< the first pass in which the value is known: one more than the
+                                 ///< latest pass of a reduction it depends on (0: none)
+  Level level = Level::Uniform;  ///< how finely it varies (uniform: `uniform`; element:
+                                 ///< `elementwise`)
+  int reduction = -1;            ///< Op::Reduce: index into Rule::reductions
   ReduceKind reduce_kind = ReduceKind::Sum;  ///< Op::Reduce: set by the parser
   Scope reduce_scope = Scope::Tensor;        ///< Op::Reduce: set by the parser
 };
@@ -167,14 +187,19 @@ struct Rule {
                                       ///< the update runs in pass `reduction_passes`
   int num_tensor_reductions = 0;
   int num_global_reductions = 0;
+  int num_row_reductions = 0;     ///< row_mean slots (per row)
+  int num_col_reductions = 0;     ///< col_mean slots (per column)
+  int num_matrix_reductions = 0;  ///< matrix_mean slots (per matrix)
 
-  int param = -1;            ///< symbol index of the param
-  int grad = -1;             ///< symbol index of the grad
-  int step = -1;             ///< symbol index of the built-in step
-  std::vector<int> states;   ///< symbol indices, in declaration order
-  std::vector<int> scalars;  ///< per-tensor scalar states: symbol indices, in declaration order
-  std::vector<int> outputs;  ///< symbol indices, in declaration order
-  std::vector<int> hypers;   ///< symbol indices, in declaration order
+  int param = -1;               ///< symbol index of the param
+  int grad = -1;                ///< symbol index of the grad
+  int step = -1;                ///< symbol index of the built-in step
+  std::vector<int> states;      ///< symbol indices, in declaration order
+  std::vector<int> scalars;     ///< per-tensor scalar states: symbol indices, in declaration order
+  std::vector<int> row_states;  ///< `row` states: symbol indices, in declaration order
+  std::vector<int> col_states;  ///< `col` states: symbol indices, in declaration order
+  std::vector<int> outputs;     ///< symbol indices, in declaration order
+  std::vector<int> hypers;      ///< symbol indices, in declaration order
 
   /// Index of the symbol called `name`, or -1.
   int find(const std::string& name) const;

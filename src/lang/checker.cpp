@@ -77,13 +77,19 @@ class Checker {
       if (first < 0) first = static_cast<int>(i);
     }
     for (Decl& d : in_.decls) {
-      if (d.kind != SymKind::State && d.kind != SymKind::Scalar) continue;
+      if (d.kind != SymKind::State && d.kind != SymKind::Scalar && d.kind != SymKind::RowState &&
+          d.kind != SymKind::ColState) {
+        continue;
+      }
       Symbol& state = rule_.symbols[sym_of_name_[d.name]];
       resolve(*d.init, &state);
-      if (d.kind == SymKind::Scalar && !d.init->uniform) {
+      if (d.kind != SymKind::State && !d.init->uniform) {
         src_.fail(d.init->loc,
-                  fmt::format("the initial value of scalar '{}' reads the param", state.name),
-                  "a scalar state is one value per tensor: start it from numbers and hypers");
+                  fmt::format("the initial value of {} '{}' reads the param", to_string(d.kind),
+                              state.name),
+                  fmt::format("a {} is not one value per element: start it from numbers and "
+                              "hypers",
+                              to_string(d.kind)));
       }
       state.init = std::move(d.init);
     }
@@ -139,6 +145,12 @@ class Checker {
       case SymKind::Scalar:
         rule_.scalars.push_back(sym);
         break;
+      case SymKind::RowState:
+        rule_.row_states.push_back(sym);
+        break;
+      case SymKind::ColState:
+        rule_.col_states.push_back(sym);
+        break;
       case SymKind::Hyper:
         rule_.hypers.push_back(sym);
         break;
@@ -173,6 +185,7 @@ class Checker {
     for (ExprPtr& a : e.args) resolve(*a, state);
     if (e.op == Op::Number) {
       e.uniform = true;
+      e.level = Level::Uniform;
       return;
     }
     if (e.op == Op::Ref) {
@@ -183,12 +196,13 @@ class Checker {
       reduce(e, state);
       return;
     }
-    e.uniform = true;
+    e.level = Level::Uniform;
     for (const ExprPtr& a : e.args) {
-      e.uniform = e.uniform && a->uniform;
-      e.elementwise = e.elementwise || a->elementwise;
+      e.level = join(e.level, a->level);
       e.phase = std::max(e.phase, a->phase);
     }
+    e.uniform = e.level == Level::Uniform;
+    e.elementwise = e.level == Level::Element;
     if (is_comparison_or_logic(e.op)) {
       e.boolean = true;
     } else if (e.op == Op::Where) {
@@ -211,6 +225,10 @@ class Checker {
                 "compute the reduction in a statement instead");
     }
     const Expr& arg = *e.args[0];
+    if (e.reduce_scope == Scope::Matrix) {
+      matrix_reduce(e, fn);
+      return;
+    }
     if (!arg.elementwise) {
       if (arg.uniform) {
         src_.fail(e.loc,
@@ -234,22 +252,56 @@ class Checker {
                 "the data; compute independent reductions from the same values so they share a "
                 "pass");
     }
+    add_reduction(e, fn, arg.phase);
+    e.phase = arg.phase + 1;
+  }
+
+  /// Records reduction `e` (computed in pass `pass`, or for matrix_mean in the finalize of
+  /// pass `pass`) and sets its level.
+  void add_reduction(Expr& e, const FunctionInfo& fn, int pass) {
     Reduction r;
     r.kind = e.reduce_kind;
     r.scope = e.reduce_scope;
-    r.pass = arg.phase;
-    int& count =
-        r.scope == Scope::Tensor ? rule_.num_tensor_reductions : rule_.num_global_reductions;
-    r.slot = count++;
+    r.pass = pass;
+    int* counts[] = {&rule_.num_tensor_reductions, &rule_.num_global_reductions,
+                     &rule_.num_row_reductions, &rule_.num_col_reductions,
+                     &rule_.num_matrix_reductions};
+    r.slot = (*counts[static_cast<int>(r.scope)])++;
     r.loc = e.loc;
-    r.arg = &arg;
+    r.arg = e.args[0].get();
     r.name = fn.name;
     e.reduction = static_cast<int>(rule_.reductions.size());
     rule_.reductions.push_back(std::move(r));
-    e.uniform = e.reduce_scope == Scope::Global;
+    static constexpr Level kLevels[] = {Level::Tensor, Level::Uniform, Level::Row, Level::Col,
+                                        Level::Matrix};
+    e.level = kLevels[static_cast<int>(e.reduce_scope)];
+    e.uniform = e.level == Level::Uniform;
     e.elementwise = false;
     e.boolean = fn.boolean;
-    e.phase = arg.phase + 1;
+  }
+
+  // matrix_mean(x): x is a row (or column) value, averaged over the rows (columns) of its
+  // matrix once the row (column) reductions it reads are known: in the finalize of the pass
+  // that computed them, so the result is known in the same pass as x.
+  void matrix_reduce(Expr& e, const FunctionInfo& fn) {
+    const Expr& arg = *e.args[0];
+    if (arg.level != Level::Row && arg.level != Level::Col) {
+      src_.fail(
+          e.loc,
+          fmt::format("'{}' averages a row or a column value over its matrix; this "
+                      "argument varies {}",
+                      fn.name, arg.level == Level::Element ? "per element" : "less than per row"),
+          "average a row state or an expression of row_mean (or the column forms), e.g. "
+          "'matrix_mean(r)' for a 'row r'");
+    }
+    if (arg.phase == 0) {
+      src_.fail(
+          e.loc,
+          fmt::format("'{}' of a value known before the first pass: not supported yet", fn.name),
+          "average a value that reads a row_mean or col_mean of this step");
+    }
+    add_reduction(e, fn, arg.phase - 1);
+    e.phase = arg.phase;
   }
 
   void resolve_ref(Expr& e, const Symbol* state) {
@@ -269,9 +321,10 @@ class Checker {
         src_.fail(e.loc,
                   fmt::format("the initial value of {} '{}' cannot use {}", to_string(state->kind),
                               state->name, what),
-                  state->kind == SymKind::Scalar
-                      ? "a scalar's initial value may use numbers and hypers"
-                      : "a state's initial value may use numbers, hypers and the param");
+                  state->kind == SymKind::State
+                      ? "a state's initial value may use numbers, hypers and the param"
+                      : fmt::format("a {}'s initial value may use numbers and hypers",
+                                    to_string(state->kind)));
       }
     } else if (sym < 0) {
       if (first_assign_[id] >= 0) {
@@ -290,18 +343,25 @@ class Checker {
                   "assign the output before reading it");
       }
       const Expr& value = *rule_.stmts[e.def].value;
-      e.uniform = s.kind == SymKind::Temp && value.uniform;
+      e.level = s.kind == SymKind::Output ? Level::Element : value.level;
+      e.uniform = e.level == Level::Uniform;
       e.boolean = value.boolean;
-      e.elementwise = value.elementwise || s.kind == SymKind::Output;
+      e.elementwise = e.level == Level::Element;
       e.phase = value.phase;
-    } else if (s.kind == SymKind::Scalar) {
-      // One value per tensor: neither uniform (it differs between tensors) nor per element.
+    } else if (s.kind == SymKind::Scalar || s.kind == SymKind::RowState ||
+               s.kind == SymKind::ColState) {
+      // One value per tensor (row, column): neither uniform nor per element.
+      e.level = s.kind == SymKind::Scalar     ? Level::Tensor
+                : s.kind == SymKind::RowState ? Level::Row
+                                              : Level::Col;
       e.def = last_def_[sym];
       if (e.def >= 0) e.phase = rule_.stmts[e.def].value->phase;
     } else if (s.kind == SymKind::Info) {
       // One value per tensor, known before the step: like a scalar state's start.
+      e.level = Level::Tensor;
     } else {
       e.uniform = s.kind == SymKind::Hyper || s.kind == SymKind::Step;
+      e.level = e.uniform ? Level::Uniform : Level::Element;
       if (!e.uniform) {  // a tensor: its current value (the latest assignment's, if any)
         e.elementwise = true;
         e.def = state == nullptr ? last_def_[sym] : -1;
@@ -338,7 +398,7 @@ class Checker {
         src_.fail(raw.loc, fmt::format("cannot assign to '{}': {}", name, reserved_reason(name)),
                   "assign a temporary with another name");
       case SymKind::Scalar:
-        if (raw.value->elementwise) {
+        if (raw.value->level > Level::Tensor) {
           src_.fail(
               raw.loc,
               fmt::format("scalar '{}' is one value per tensor: it cannot be assigned a value "
@@ -348,6 +408,23 @@ class Checker {
               "tensor_norm(p)), or make it a state");
         }
         break;
+      case SymKind::RowState:
+      case SymKind::ColState: {
+        const bool row = s.kind == SymKind::RowState;
+        const Level l = raw.value->level;
+        if (l == Level::Element || l == (row ? Level::Col : Level::Row)) {
+          src_.fail(raw.loc,
+                    fmt::format("{} state '{}' is one value per {}: it cannot be assigned a "
+                                "value that varies along the {}",
+                                row ? "row" : "col", name, row ? "row" : "column",
+                                row ? "row" : "column"),
+                    fmt::format("assign it from {0} states and {0}_mean(...) of an element "
+                                "expression (and per-tensor values), e.g. '{1} = lerp({1}, "
+                                "{0}_mean(g * g), 0.1)'",
+                                row ? "row" : "col", name));
+        }
+        break;
+      }
       default:
         break;
     }
@@ -366,7 +443,7 @@ class Checker {
     for (const Stmt& st : rule_.stmts) {
       SymKind k = rule_.symbols[st.target].kind;
       updates = updates || k == SymKind::Param || k == SymKind::State || k == SymKind::Output ||
-                k == SymKind::Scalar;
+                k == SymKind::Scalar || k == SymKind::RowState || k == SymKind::ColState;
     }
     const Symbol& param = rule_.symbols[rule_.param];
     if (!updates) {
@@ -384,11 +461,13 @@ class Checker {
                   "assign it in a statement, or remove it (a constant belongs in a hyper)");
       }
     }
-    for (int i : rule_.scalars) {
-      const Symbol& s = rule_.symbols[i];
-      if (!s.written) {
-        src_.fail(s.loc, fmt::format("scalar '{}' is never updated", s.name),
-                  "assign it in a statement, or remove it (a constant belongs in a hyper)");
+    for (const std::vector<int>* list : {&rule_.scalars, &rule_.row_states, &rule_.col_states}) {
+      for (int i : *list) {
+        const Symbol& s = rule_.symbols[i];
+        if (!s.written) {
+          src_.fail(s.loc, fmt::format("{} '{}' is never updated", to_string(s.kind), s.name),
+                    "assign it in a statement, or remove it (a constant belongs in a hyper)");
+        }
       }
     }
     for (int i : rule_.outputs) {

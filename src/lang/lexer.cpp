@@ -23,9 +23,10 @@ struct Keyword {
   Tok kind;
 };
 constexpr Keyword kKeywordTokens[] = {
-    {"param", Tok::KwParam},   {"grad", Tok::KwGrad},   {"state", Tok::KwState},
-    {"scalar", Tok::KwScalar}, {"hyper", Tok::KwHyper}, {"output", Tok::KwOutput},
-    {"and", Tok::KwAnd},       {"or", Tok::KwOr},       {"not", Tok::KwNot}};
+    {"param", Tok::KwParam},   {"grad", Tok::KwGrad},     {"state", Tok::KwState},
+    {"scalar", Tok::KwScalar}, {"row", Tok::KwRow},       {"col", Tok::KwCol},
+    {"hyper", Tok::KwHyper},   {"output", Tok::KwOutput}, {"and", Tok::KwAnd},
+    {"or", Tok::KwOr},         {"not", Tok::KwNot}};
 
 // Roughly log10 of a well-formed decimal number, only to tell overflow from underflow when
 // from_chars reports "out of range". Saturates instead of overflowing on absurd exponents.

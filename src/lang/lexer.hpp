@@ -34,6 +34,8 @@ enum class Tok {
   KwGrad,
   KwState,
   KwScalar,
+  KwRow,
+  KwCol,
   KwHyper,
   KwOutput,
   KwAnd,
@@ -48,13 +50,15 @@ struct Token {
   double number = 0;  ///< Tok::Number
 };
 
-/// True for the keyword tokens (param grad state scalar hyper output and or not).
+/// True for the keyword tokens (param grad state scalar row col hyper output and or not).
 inline bool is_keyword_token(Tok kind) {
   switch (kind) {
     case Tok::KwParam:
     case Tok::KwGrad:
     case Tok::KwState:
     case Tok::KwScalar:
+    case Tok::KwRow:
+    case Tok::KwCol:
     case Tok::KwHyper:
     case Tok::KwOutput:
     case Tok::KwAnd:

@@ -11,8 +11,8 @@ namespace {
 // C++ and CUDA names (std, int, float, half, class, ...) are fine: codegen never pastes a
 // user name, it emits each as `v_NAME` (hypers by index), and the lexer refuses '__' and a
 // leading '_'. Only the language's own words and the generated prefix are kept out.
-constexpr std::string_view kKeywords[] = {"param",  "grad", "state", "scalar", "hyper",
-                                          "output", "and",  "or",    "not"};
+constexpr std::string_view kKeywords[] = {"param", "grad",   "state", "scalar", "row", "col",
+                                          "hyper", "output", "and",   "or",     "not"};
 
 template <std::size_t N>
 bool contains(const std::string_view (&table)[N], std::string_view name) {
@@ -53,6 +53,11 @@ const std::vector<FunctionInfo>& functions() {
       {"global_norm",          Op::Reduce, 1, "global_norm(x)", nullptr,          false, true, ReduceKind::Norm,         Scope::Global},
       {"global_maxabs",        Op::Reduce, 1, "global_maxabs(x)", nullptr,        false, true, ReduceKind::MaxAbs,       Scope::Global},
       {"global_any_nonfinite", Op::Reduce, 1, "global_any_nonfinite(x)", nullptr, true,  true, ReduceKind::AnyNonFinite, Scope::Global},
+      // factored: the mean over each row / each column of a tensor's matrices, and a row
+      // or column value's mean over the rows / columns of its matrix
+      {"row_mean",             Op::Reduce, 1, "row_mean(x)", nullptr,             false, true, ReduceKind::Mean,         Scope::Row},
+      {"col_mean",             Op::Reduce, 1, "col_mean(x)", nullptr,             false, true, ReduceKind::Mean,         Scope::Col},
+      {"matrix_mean",          Op::Reduce, 1, "matrix_mean(x)", nullptr,          false, true, ReduceKind::Mean,         Scope::Matrix},
   };
   // clang-format on
   return table;

@@ -65,7 +65,8 @@ bool ends_line(Tok kind) { return kind == Tok::Newline || kind == Tok::End; }
 
 bool is_decl_keyword(Tok kind) {
   return kind == Tok::KwParam || kind == Tok::KwGrad || kind == Tok::KwState ||
-         kind == Tok::KwScalar || kind == Tok::KwHyper || kind == Tok::KwOutput;
+         kind == Tok::KwScalar || kind == Tok::KwRow || kind == Tok::KwCol ||
+         kind == Tok::KwHyper || kind == Tok::KwOutput;
 }
 
 constexpr const char* kTooDeepHint =
@@ -100,7 +101,7 @@ class Parser {
       } else {
         src_.fail(tok_.loc, "expected a declaration or a statement, got " + describe(tok_),
                   "a statement is 'NAME = EXPRESSION'; declarations start with param, grad, "
-                  "state, hyper or output");
+                  "state, scalar, row, col, hyper or output");
       }
       expect_line_end();
     }
@@ -157,6 +158,12 @@ class Parser {
       case Tok::KwScalar:
         kind = SymKind::Scalar;
         break;
+      case Tok::KwRow:
+        kind = SymKind::RowState;
+        break;
+      case Tok::KwCol:
+        kind = SymKind::ColState;
+        break;
       case Tok::KwHyper:
         kind = SymKind::Hyper;
         break;
@@ -174,7 +181,8 @@ class Parser {
       d.name = intern(name.text);
       d.loc = name.loc;
       d.keyword = kw.loc;
-      if (kind == SymKind::State || kind == SymKind::Scalar) {
+      if (kind == SymKind::State || kind == SymKind::Scalar || kind == SymKind::RowState ||
+          kind == SymKind::ColState) {
         if (tok_.kind != Tok::Assign) {
           src_.fail(name.loc, fmt::format("{} '{}' needs an initial value", keyword, name.text),
                     fmt::format("e.g. '{} {} = 0'", keyword, name.text));

@@ -59,6 +59,10 @@ struct BindingTensors {
   /// the backend's device, owned by the caller: optimizer state); null: the kernel keeps
   /// its own (or the rule has none).
   void* scalars = nullptr;
+  /// Factored rules: the tensors' row and column states, [k * rows of the binding + row]
+  /// and [k * columns + column] floats (caller's memory); null: the kernel keeps its own.
+  void* row_states = nullptr;
+  void* col_states = nullptr;
   codegen::Strategy strategy = codegen::Strategy::Auto;
 };
 
@@ -81,7 +85,10 @@ class BoundKernel {
                       void* stream) = 0;
   /// Combines pass `pass`'s partials into the totals; with `accumulate` the shared global
   /// totals are combined into rather than replaced (a kernel before this one wrote them).
-  virtual void finalize(int pass, bool accumulate, void* stream) = 0;
+  /// `step` and `inv_grad_scale` are the step's (a factored rule's matrix means read
+  /// values of the step).
+  virtual void finalize(int pass, bool accumulate, double step, float inv_grad_scale,
+                        void* stream) = 0;
   /// Whether the grad check counted a non-finite value (after pass 0's finalize of every
   /// kernel). Synchronous on CUDA.
   virtual bool found_nonfinite(void* stream) = 0;

@@ -42,6 +42,16 @@ std::vector<CheckpointTensor> Optimizer::Impl::checkpoint_tensors() const {
     for (std::size_t k = 0; k < scalar_names.size(); ++k) {
       out.push_back({s.name + "/" + scalar_names[k], DType::F64, 1, s.scalars + k});
     }
+    for (std::size_t k = 0; k < row_names.size(); ++k) {
+      const auto kk = static_cast<std::int64_t>(k);
+      out.push_back({s.name + "/" + row_names[k], DType::F32, s.row_count,
+                     s.row_base + kk * s.row_stride + s.row_first});
+    }
+    for (std::size_t k = 0; k < col_names.size(); ++k) {
+      const auto kk = static_cast<std::int64_t>(k);
+      out.push_back({s.name + "/" + col_names[k], DType::F32, s.col_count,
+                     s.col_base + kk * s.col_stride + s.col_first});
+    }
     if (options.master_weights && s.param.dtype != DType::F32) {
       out.push_back({s.name + "/master", DType::F32, s.param.numel, s.master});
     }

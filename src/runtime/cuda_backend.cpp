@@ -32,6 +32,9 @@ class CudaBoundKernel final : public BoundKernel {
     const Plan plan = plan_binding(backend, kernel_.body(), request, 256, &scratch_);
     if (tensors.global_totals) kernel_.share_global_totals(dev(tensors.global_totals));
     if (tensors.scalars) kernel_.share_scalars(dev(tensors.scalars));
+    if (tensors.row_states || tensors.col_states) {
+      kernel_.share_rc_states(dev(tensors.row_states), dev(tensors.col_states));
+    }
     kernel_.set_plan(plan);
     any_elements_ = !plan.empty();
     num_tensors_ = plan.num_tensors();
@@ -47,8 +50,9 @@ class CudaBoundKernel final : public BoundKernel {
               void* stream) override {
     kernel_.run_pass(stream, pass, step, inv_grad_scale, check_grads, true);
   }
-  void finalize(int pass, bool accumulate, void* stream) override {
-    kernel_.finalize(stream, pass, accumulate);
+  void finalize(int pass, bool accumulate, double step, float inv_grad_scale,
+                void* stream) override {
+    kernel_.finalize(stream, pass, accumulate, step, inv_grad_scale, true);
   }
   bool found_nonfinite(void* stream) override { return kernel_.found_nonfinite(stream); }
   TensorTotalsView tensor_totals() override {
@@ -83,7 +87,8 @@ class CudaBoundKernel final : public BoundKernel {
     }
   }
   int launches_per_step() const override {
-    const int scalars = kernel_.body().num_scalars > 0 ? 1 : 0;  // every tensor's, after
+    // Every tensor's scalar, row and column states, after the update.
+    const int scalars = kernel_.body().num_scalars > 0 || kernel_.body().factored ? 1 : 0;
     if (!any_elements_) return scalars;
     return 2 + 2 * kernel_.reduction_passes() + scalars;  // passes, finalizes, the count
   }

@@ -107,6 +107,11 @@ struct CudaKernel::Impl {
   DeviceBuffer own_scalars;    // double[num_tensors * scalars]
   DevicePtr shared_scalars = 0;
   int num_scalars = 0;
+  // Factored rules (row/col states and means).
+  bool factored = false;
+  DeviceBuffer rc_offsets, chunk_cols, row_totals, col_totals, matrix_totals, col_partials;
+  DeviceBuffer own_rows, own_cols;
+  DevicePtr shared_rows = 0, shared_cols = 0;
   DevicePtr skip = 0;          // set_skip_flag: launches do nothing when this double is non-zero
   DevicePtr scale_source = 0;  // set_scale_source: the loss scale the launches divide by
   std::int64_t num_tensors = 0;
@@ -134,6 +139,14 @@ struct CudaKernel::Impl {
       own_global = DeviceBuffer();
       tensor_groups = DeviceBuffer();
       tensor_info = DeviceBuffer();
+      rc_offsets = DeviceBuffer();
+      chunk_cols = DeviceBuffer();
+      row_totals = DeviceBuffer();
+      col_totals = DeviceBuffer();
+      matrix_totals = DeviceBuffer();
+      col_partials = DeviceBuffer();
+      own_rows = DeviceBuffer();
+      own_cols = DeviceBuffer();
       own_scalars = DeviceBuffer();
       if (module) cuda::driver().ModuleUnload(module);  // teardown: nothing to report to
     } catch (const Error&) {
@@ -174,9 +187,19 @@ struct CudaKernel::Impl {
     L.global_totals = as_device_pointer<double>(global());
     L.num_tensors = static_cast<long long>(num_tensors);
     L.tensor_info = as_device_pointer<const double>(tensor_info.get());
-    if (num_scalars > 0) {
-      L.scalars = as_device_pointer<double>(scalars());
+    if (num_scalars > 0 || factored) {
+      L.scalars = num_scalars > 0 ? as_device_pointer<double>(scalars()) : nullptr;
       L.tensor_groups = as_device_pointer<const int>(tensor_groups.get());
+    }
+    if (factored) {
+      L.rc_offsets = as_device_pointer<const long long>(rc_offsets.get());
+      L.chunk_cols = as_device_pointer<const long long>(chunk_cols.get());
+      L.row_states = as_device_pointer<float>(shared_rows ? shared_rows : own_rows.get());
+      L.col_states = as_device_pointer<float>(shared_cols ? shared_cols : own_cols.get());
+      L.row_totals = as_device_pointer<double>(row_totals.get());
+      L.col_totals = as_device_pointer<double>(col_totals.get());
+      L.matrix_totals = as_device_pointer<double>(matrix_totals.get());
+      L.col_partials = as_device_pointer<double>(col_partials.get());
     }
     return L;
   }
@@ -246,6 +269,7 @@ CudaKernel::CudaKernel(std::shared_ptr<const lang::Rule> rule, DTypeBinding dtyp
   FUSEDOPT_CU_CHECK(ModuleGetFunction, &k.f_update_scale, k.module, "fusedopt_update_scale");
   FUSEDOPT_CU_CHECK(ModuleGetFunction, &k.f_scalars, k.module, "fusedopt_scalars");
   k.num_scalars = info_.body.num_scalars;
+  k.factored = info_.body.factored;
   k.f_reduce.assign(static_cast<std::size_t>(k.reduction_passes), nullptr);
   for (int pass = 0; pass < k.reduction_passes; ++pass) {
     const std::string name = fmt::format("fusedopt_reduce_{}", pass);
@@ -346,9 +370,27 @@ void CudaKernel::set_plan(const Plan& plan) {
   DeviceBuffer d_aligned = upload(plan.aligned());
   DeviceBuffer d_info = upload(plan.tensor_info());
   DeviceBuffer d_groups, d_scalars;
-  if (k.num_scalars > 0) {
+  DeviceBuffer d_rc, d_cc, d_rt, d_ct, d_mt, d_cp, d_rows, d_cols;
+  if (k.factored) {
+    const Plan::RcWidths& w = plan.rc_widths();
+    auto zeros = [](std::int64_t n, int width) {
+      return std::max<std::size_t>(static_cast<std::size_t>(n), 1) *
+             static_cast<std::size_t>(width);
+    };
+    d_rc = upload(plan.rc_offsets());
+    d_cc = upload(plan.chunk_cols());
+    d_rt = upload(std::vector<double>(zeros(plan.num_rows(), w.row_slots), 0.0));
+    d_ct = upload(std::vector<double>(zeros(plan.num_cols(), w.col_slots), 0.0));
+    d_mt = upload(std::vector<double>(zeros(plan.num_matrices(), w.matrix_slots), 0.0));
+    d_cp = upload(std::vector<double>(std::max<std::size_t>(plan.num_col_partials(), 1), 0.0));
+    d_rows = upload(std::vector<float>(zeros(plan.num_rows(), w.row_states), 0.0f));
+    d_cols = upload(std::vector<float>(zeros(plan.num_cols(), w.col_states), 0.0f));
+  }
+  if (k.num_scalars > 0 || k.factored) {
     d_groups = upload(plan.tensor_groups());
-    d_scalars = upload(std::vector<double>(std::max<std::size_t>(plan.num_scalars(), 1), 0.0));
+    if (k.num_scalars > 0) {
+      d_scalars = upload(std::vector<double>(std::max<std::size_t>(plan.num_scalars(), 1), 0.0));
+    }
   }
   const double no_steps = 0.0;
   cuda::copy_to_device(k.capturable.get(), &no_steps, sizeof no_steps);
@@ -363,6 +405,14 @@ void CudaKernel::set_plan(const Plan& plan) {
   k.tensor_totals = std::move(d_totals);
   k.tensor_chunks = std::move(d_ranges);
   k.tensor_groups = std::move(d_groups);
+  k.rc_offsets = std::move(d_rc);
+  k.chunk_cols = std::move(d_cc);
+  k.row_totals = std::move(d_rt);
+  k.col_totals = std::move(d_ct);
+  k.matrix_totals = std::move(d_mt);
+  k.col_partials = std::move(d_cp);
+  k.own_rows = std::move(d_rows);
+  k.own_cols = std::move(d_cols);
   k.tensor_info = std::move(d_info);
   k.own_scalars = std::move(d_scalars);
   k.num_tensors = plan.num_tensors();
@@ -398,7 +448,7 @@ void CudaKernel::step(cuda::Stream stream, double step, float inv_grad_scale) {
   if (k.num_chunks > 0) {
     for (int pass = 0; pass < k.reduction_passes; ++pass) {
       run_pass(stream, pass, step, inv_grad_scale, false, false);
-      finalize(stream, pass, false);
+      finalize(stream, pass, false, step, inv_grad_scale, false);
     }
     run_pass(stream, k.reduction_passes, step, inv_grad_scale, false, false);
   }
@@ -408,9 +458,14 @@ void CudaKernel::step(cuda::Stream stream, double step, float inv_grad_scale) {
 void CudaKernel::share_scalars(DevicePtr scalars) { impl_->shared_scalars = scalars; }
 DevicePtr CudaKernel::scalars() const { return impl_->scalars(); }
 
+void CudaKernel::share_rc_states(DevicePtr rows, DevicePtr cols) {
+  impl_->shared_rows = rows;
+  impl_->shared_cols = cols;
+}
+
 void CudaKernel::run_scalars(cuda::Stream stream, double step, bool capturable_mode, int init) {
   Impl& k = *impl_;
-  if (k.num_scalars == 0 || k.num_tensors == 0) return;
+  if ((k.num_scalars == 0 && !k.factored) || k.num_tensors == 0) return;
   ScopedContext scope(k.ctx);
   fo_launch L = k.make_launch(step, 1.0f, capturable_mode);
   if (init) L.skip_if_set = nullptr;  // initial values are not part of a step
@@ -449,11 +504,12 @@ void CudaKernel::run_pass(cuda::Stream stream, int pass, double step, float inv_
   }
 }
 
-void CudaKernel::finalize(cuda::Stream stream, int pass, bool accumulate) {
+void CudaKernel::finalize(cuda::Stream stream, int pass, bool accumulate, double step,
+                          float inv_grad_scale, bool capturable_mode) {
   Impl& k = *impl_;
   k.require_plan("finalize");
   ScopedContext scope(k.ctx);
-  fo_launch L = k.make_launch(0.0f, 1.0f, false);
+  fo_launch L = k.make_launch(step, inv_grad_scale, capturable_mode);
   L.global_accumulate = accumulate ? 1 : 0;
   int p = pass;
   void* args[] = {&L, &p};
@@ -550,7 +606,7 @@ void CudaKernel::step_capturable(cuda::Stream stream) {
   if (k.num_chunks > 0) {
     for (int pass = 0; pass < k.reduction_passes; ++pass) {
       run_pass(stream, pass, 0.0, 1.0f, false, true);
-      finalize(stream, pass, false);
+      finalize(stream, pass, false, 0.0, 1.0f, true);
     }
     run_pass(stream, k.reduction_passes, 0.0, 1.0f, false, true);
   }

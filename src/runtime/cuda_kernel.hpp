@@ -84,7 +84,13 @@ class CudaKernel {
                 bool capturable_mode);
   /// Launches the finalize of reduction pass `pass` (combine into the global totals with
   /// `accumulate`, else replace them).
-  void finalize(cuda::Stream stream, int pass, bool accumulate);
+  /// `step`, `inv_grad_scale` and `capturable_mode` as the pass's (a factored rule's
+  /// matrix means evaluate row values of the step).
+  void finalize(cuda::Stream stream, int pass, bool accumulate, double step = 0.0,
+                float inv_grad_scale = 1.0f, bool capturable_mode = false);
+  /// Uses `rows` and `cols` (device memory: row states then column states, state-major,
+  /// an optimizer's) for a factored rule's row and column states. Before set_plan.
+  void share_rc_states(cuda::DevicePtr rows, cuda::DevicePtr cols);
   /// Uses `totals` (device memory, body().num_global_slots doubles) as the global totals.
   void share_global_totals(cuda::DevicePtr totals);
   cuda::DevicePtr global_totals() const;

@@ -27,14 +27,18 @@ class HostBoundKernel final : public BoundKernel {
       prepared_.share_global_totals(static_cast<double*>(tensors.global_totals));
     }
     if (tensors.scalars) prepared_.share_scalars(static_cast<double*>(tensors.scalars));
+    if (tensors.row_states || tensors.col_states) {
+      prepared_.share_rc_states(static_cast<float*>(tensors.row_states),
+                                static_cast<float*>(tensors.col_states));
+    }
   }
 
   void init_states() override { kernel_.init_states(prepared_); }
   void reduce(int pass, double step, float inv_grad_scale, bool check_grads, void*) override {
     kernel_.run_pass(prepared_, pass, step, inv_grad_scale, check_grads);
   }
-  void finalize(int pass, bool accumulate, void*) override {
-    kernel_.finalize(prepared_, pass, accumulate);
+  void finalize(int pass, bool accumulate, double step, float inv_grad_scale, void*) override {
+    kernel_.finalize(prepared_, pass, accumulate, step, inv_grad_scale);
   }
   bool found_nonfinite(void*) override {
     return prepared_.global_totals()[kernel_.body().num_global_slots - 1] > 0.0;
@@ -55,7 +59,8 @@ class HostBoundKernel final : public BoundKernel {
     prepared_.set_hypers(hypers);
   }
   int launches_per_step() const override {
-    const int scalars = kernel_.body().num_scalars > 0 ? 1 : 0;  // every tensor's, after
+    // Every tensor's scalar, row and column states, after the update.
+    const int scalars = kernel_.body().num_scalars > 0 || kernel_.body().factored ? 1 : 0;
     return (prepared_.empty() ? 0 : 1 + 2 * kernel_.reduction_passes()) + scalars;
   }
   std::string key() const override { return kernel_.key(); }

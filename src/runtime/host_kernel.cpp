@@ -34,6 +34,21 @@ HostKernel::Prepared::Prepared(Plan plan) : plan_(std::move(plan)) {
   partials_.assign(plan_.num_partials(), 0.0f);
   tensor_totals_.assign(plan_.num_tensor_totals(), 0.0);
   own_scalars_.assign(plan_.num_scalars(), 0.0);
+  const auto rows = static_cast<std::size_t>(plan_.num_rows());
+  const auto cols = static_cast<std::size_t>(plan_.num_cols());
+  if (!plan_.rc_offsets().empty()) {
+    const Plan::RcWidths& w = plan_.rc_widths();
+    auto size = [](std::size_t n, int width) {
+      return std::max<std::size_t>(n, 1) * static_cast<std::size_t>(width);
+    };
+    row_totals_.assign(size(rows, w.row_slots), 0.0);
+    col_totals_.assign(size(cols, w.col_slots), 0.0);
+    matrix_totals_.assign(size(static_cast<std::size_t>(plan_.num_matrices()), w.matrix_slots),
+                          0.0);
+    col_partials_.assign(std::max<std::size_t>(plan_.num_col_partials(), 1), 0.0);
+    own_rows_.assign(size(rows, w.row_states), 0.0f);
+    own_cols_.assign(size(cols, w.col_states), 0.0f);
+  }
 }
 
 fo_launch HostKernel::Prepared::launch(double step, float inv_grad_scale) const {
@@ -52,6 +67,16 @@ fo_launch HostKernel::Prepared::launch(double step, float inv_grad_scale) const 
   L.scalars = scalars();
   L.tensor_groups = plan_.tensor_groups().data();
   L.tensor_info = plan_.tensor_info().data();
+  if (!plan_.rc_offsets().empty()) {
+    L.rc_offsets = plan_.rc_offsets().data();
+    L.chunk_cols = plan_.chunk_cols().data();
+    L.row_states = row_states();
+    L.col_states = col_states();
+    L.row_totals = row_totals_.data();
+    L.col_totals = col_totals_.data();
+    L.matrix_totals = matrix_totals_.data();
+    L.col_partials = col_partials_.data();
+  }
   return L;
 }
 
@@ -116,8 +141,9 @@ void HostKernel::run_pass(Prepared& prepared, int pass, double step, float inv_g
   }
 }
 
-void HostKernel::finalize(Prepared& prepared, int pass, bool accumulate) const {
-  fo_launch L = prepared.launch(0.0f, 1.0f);
+void HostKernel::finalize(Prepared& prepared, int pass, bool accumulate, double step,
+                          float inv_grad_scale) const {
+  fo_launch L = prepared.launch(step, inv_grad_scale);
   L.global_accumulate = accumulate ? 1 : 0;
   impl_->finalize(&L, pass);
 }
@@ -127,7 +153,7 @@ void HostKernel::step(const Prepared& prepared, double step, float inv_grad_scal
   if (!prepared.empty()) {
     for (int pass = 0; pass < info_.body.reduction_passes; ++pass) {
       run_pass(p, pass, step, inv_grad_scale);
-      finalize(p, pass, false);
+      finalize(p, pass, false, step, inv_grad_scale);
     }
     run_pass(p, info_.body.reduction_passes, step, inv_grad_scale);
   }
@@ -137,11 +163,11 @@ void HostKernel::step(const Prepared& prepared, double step, float inv_grad_scal
 void HostKernel::init_states(const Prepared& prepared) const {
   const fo_launch L = prepared.launch(0.0f, 1.0f);
   if (!prepared.empty()) impl_->init(&L);
-  if (info_.body.num_scalars > 0) impl_->scalars(&L, 1);
+  if (info_.body.num_scalars > 0 || info_.body.factored) impl_->scalars(&L, 1);
 }
 
 void HostKernel::update_scalars(const Prepared& prepared, double step) const {
-  if (info_.body.num_scalars == 0) return;
+  if (info_.body.num_scalars == 0 && !info_.body.factored) return;
   const fo_launch L = prepared.launch(step, 1.0f);
   impl_->scalars(&L, 0);
 }

@@ -51,6 +51,15 @@ class HostKernel {
     /// Uses `scalars` (plan().num_scalars() doubles, owned by the caller: an optimizer's
     /// state) for the per-tensor scalar states instead of this plan's own.
     void share_scalars(double* scalars) { scalars_ = scalars; }
+    /// Uses `rows` and `cols` (plan().num_rows() / num_cols() floats per row / column
+    /// state, state-major; owned by the caller) for the row and column states.
+    void share_rc_states(float* rows, float* cols) {
+      row_states_ = rows;
+      col_states_ = cols;
+    }
+    /// The row and column states: [k * num_rows + row], [k * num_cols + col].
+    float* row_states() const { return row_states_ ? row_states_ : own_rows_.data(); }
+    float* col_states() const { return col_states_ ? col_states_ : own_cols_.data(); }
     /// The per-tensor scalar states: [tensor * scalar count + k] (null: the rule has none).
     double* scalars() const {
       return scalars_ ? scalars_ : own_scalars_.empty() ? nullptr : own_scalars_.data();
@@ -65,6 +74,11 @@ class HostKernel {
     double* global_ = nullptr;  ///< shared totals, or null: own_global_
     mutable std::vector<double> own_scalars_;
     double* scalars_ = nullptr;  ///< shared scalar states, or null: own_scalars_
+    // Factored rules.
+    mutable std::vector<double> row_totals_, col_totals_, matrix_totals_, col_partials_;
+    mutable std::vector<float> own_rows_, own_cols_;
+    float* row_states_ = nullptr;
+    float* col_states_ = nullptr;
   };
 
   /// Generates, compiles (or loads from `cache`) and dlopens the host kernel of `rule`.
@@ -108,7 +122,9 @@ class HostKernel {
                 bool check_grads = false) const;
   /// Combines reduction pass `pass`'s chunk partials into the totals; with `accumulate`,
   /// the global totals are combined into (another kernel wrote them first), not replaced.
-  void finalize(Prepared& prepared, int pass, bool accumulate) const;
+  /// A factored rule's matrix means evaluate row values of step `step`.
+  void finalize(Prepared& prepared, int pass, bool accumulate, double step = 0.0,
+                float inv_grad_scale = 1.0f) const;
   /// What codegen said about the kernel (no code): schedule, slots, bytes per pass.
   const codegen::KernelBody& body() const { return info_.body; }
   /// Writes every state tensor's initial value (the rule's `state NAME = INIT`; with a

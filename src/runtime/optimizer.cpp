@@ -47,10 +47,19 @@ int Optimizer::Impl::state_index(const std::string& name) const {
   for (std::size_t k = 0; k < scalar_names.size(); ++k) {
     if (scalar_names[k] == name) return static_cast<int>(state_names.size() + k);
   }
+  const std::size_t rc = state_names.size() + scalar_names.size();
+  for (std::size_t k = 0; k < row_names.size(); ++k) {
+    if (row_names[k] == name) return static_cast<int>(rc + k);
+  }
+  for (std::size_t k = 0; k < col_names.size(); ++k) {
+    if (col_names[k] == name) return static_cast<int>(rc + row_names.size() + k);
+  }
   if (name == "master" && options.master_weights) return -1;
   std::string known;
   for (const std::string& s : state_names) known += (known.empty() ? "" : ", ") + s;
   for (const std::string& s : scalar_names) known += (known.empty() ? "" : ", ") + s;
+  for (const std::string& s : row_names) known += (known.empty() ? "" : ", ") + s;
+  for (const std::string& s : col_names) known += (known.empty() ? "" : ", ") + s;
   if (options.master_weights) known += (known.empty() ? "" : ", ") + std::string("master");
   throw UsageError(fmt::format("rule '{}' has no state '{}' (it has: {})", rule.name(), name,
                                known.empty() ? "none" : known));
@@ -66,6 +75,17 @@ Tensor Optimizer::Impl::state_view(int s, std::size_t p) const {
     t.dtype = DType::F32;
     t.name = slot.name + "/master";
     if (t.data == nullptr) t.numel = 0;  // an fp32 param (or an empty one) has no master
+  } else if (static_cast<std::size_t>(s) >= state_names.size() + scalar_names.size()) {
+    // A row or column state: one float per row (column) of the param's matrices.
+    std::size_t k = static_cast<std::size_t>(s) - state_names.size() - scalar_names.size();
+    const bool row = k < row_names.size();
+    if (!row) k -= row_names.size();
+    const auto kk = static_cast<std::int64_t>(k);
+    t.data = row ? slot.row_base + kk * slot.row_stride + slot.row_first
+                 : slot.col_base + kk * slot.col_stride + slot.col_first;
+    t.numel = row ? slot.row_count : slot.col_count;
+    t.dtype = DType::F32;
+    t.name = slot.name + "/" + (row ? row_names[k] : col_names[k]);
   } else if (static_cast<std::size_t>(s) >= state_names.size()) {
     const std::size_t k = static_cast<std::size_t>(s) - state_names.size();
     t.data = slot.scalars + k;  // one double per tensor, empty tensors included
@@ -87,6 +107,7 @@ Optimizer::Impl::~Impl() {
   kernels.clear();
   global_totals.reset();
   scalars.reset();
+  rc_states.reset();
   arenas.clear();
 }
 
@@ -194,7 +215,9 @@ StepResult Optimizer::Impl::run_step(float inv_grad_scale, bool scaled, void* st
     for (auto& kernel : kernels)
       kernel->reduce(pass, step, inv_grad_scale, fold_check && pass == 0, stream);
     // Fixed binding order: the global totals combine the same way every step.
-    for (std::size_t b = 0; b < kernels.size(); ++b) kernels[b]->finalize(pass, b > 0, stream);
+    for (std::size_t b = 0; b < kernels.size(); ++b) {
+      kernels[b]->finalize(pass, b > 0, step, inv_grad_scale, stream);
+    }
     // The hook first: the grad check's count is a global slot (combined by max), so every
     // rank sees the same verdict and skips the same steps.
     if (hook) call_hook(pass, stream);
@@ -337,6 +360,7 @@ OptimizerStats Optimizer::stats() const {
   }
   for (const runtime::Arena& a : m.arenas) st.state_bytes += a.bytes;
   st.state_bytes += m.scalars.size();
+  st.state_bytes += m.rc_states.size();
   st.reduction_passes = m.reduction_passes;
   if (m.reduction_passes > 0 && !m.kernels.empty()) {
     st.reduction_strategy = codegen::to_string(m.kernels.front()->body().strategy);

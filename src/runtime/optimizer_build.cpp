@@ -226,6 +226,8 @@ void Optimizer::Impl::take_rule(const Rule& user_rule) {
   num_states = state_names.size();
   for (int s : r.outputs) state_names.push_back(r.symbols[s].name);
   for (int s : r.scalars) scalar_names.push_back(r.symbols[s].name);
+  for (int s : r.row_states) row_names.push_back(r.symbols[s].name);
+  for (int s : r.col_states) col_names.push_back(r.symbols[s].name);
   for (int h : r.hypers) hyper_names.push_back(r.symbols[h].name);
 }
 
@@ -323,7 +325,7 @@ void Optimizer::Impl::lay_out_arenas() {
   // Scalar states count steps, not elements: an empty tensor keeps them too, stepped by a
   // kernel of its own binding, else by the first one (no code runs on its elements), so
   // no kernel is built for empty tensors alone unless every tensor is empty.
-  if (!scalar_names.empty()) {
+  if (!scalar_names.empty() || !row_names.empty() || !col_names.empty()) {
     for (ParamSlot& s : params) {
       if (s.param.numel > 0) continue;
       const DTypeBinding b = binding_of(s);
@@ -409,6 +411,40 @@ void Optimizer::Impl::bind_kernels() {
         params[static_cast<std::size_t>(binding_params[b][i])].scalars = base + (first + i) * per;
       }
       first += tensors[b].numel.size();
+    }
+  }
+  // Row and column states: per binding, state-major ([k][row of the binding]), fp32.
+  if (!row_names.empty() || !col_names.empty()) {
+    const auto nr = static_cast<std::int64_t>(row_names.size());
+    const auto nc = static_cast<std::int64_t>(col_names.size());
+    std::vector<std::int64_t> rows(tensors.size(), 0), cols(tensors.size(), 0);
+    for (std::size_t b = 0; b < tensors.size(); ++b) {
+      for (int p : binding_params[b]) {
+        ParamSlot& s = params[static_cast<std::size_t>(p)];
+        const runtime::MatrixShape m = runtime::matrix_shape(s.param.shape, s.param.numel);
+        s.row_first = rows[b];
+        s.col_first = cols[b];
+        s.row_count = m.batch * m.rows;
+        s.col_count = m.batch * m.cols;
+        rows[b] += s.row_count;
+        cols[b] += s.col_count;
+      }
+    }
+    std::int64_t total = 0;
+    for (std::size_t b = 0; b < tensors.size(); ++b) total += rows[b] * nr + cols[b] * nc;
+    rc_states = backend->allocate(static_cast<std::size_t>(total) * sizeof(float));
+    auto* at = static_cast<float*>(rc_states.data());
+    for (std::size_t b = 0; b < tensors.size(); ++b) {
+      tensors[b].row_states = at;
+      tensors[b].col_states = at + rows[b] * nr;
+      for (int p : binding_params[b]) {
+        ParamSlot& s = params[static_cast<std::size_t>(p)];
+        s.row_base = at;
+        s.row_stride = rows[b];
+        s.col_base = at + rows[b] * nr;
+        s.col_stride = cols[b];
+      }
+      at += rows[b] * nr + cols[b] * nc;
     }
   }
   const std::vector<std::vector<double>> h = hyper_values();

@@ -35,8 +35,14 @@ struct ParamSlot {
   std::vector<void*> states;  ///< rule states, then outputs (null when empty)
   void* master = nullptr;     ///< fp32 master copy, or null
   double* scalars = nullptr;  ///< its scalar states (backend memory), or null: none
-  int binding = -1;           ///< index into Impl::kernels; -1 for an empty tensor of a rule
-                              ///< without scalar states (one with them binds every tensor)
+  /// Row and column states (factored rules): state k's rows of this param are at
+  /// row_base + k * row_stride + row_first (row_count of them); columns alike.
+  float* row_base = nullptr;
+  float* col_base = nullptr;
+  std::int64_t row_stride = 0, row_first = 0, row_count = 0;
+  std::int64_t col_stride = 0, col_first = 0, col_count = 0;
+  int binding = -1;  ///< index into Impl::kernels; -1 for an empty tensor of a rule
+                     ///< without scalar states (one with them binds every tensor)
 };
 
 /// One tensor of a checkpoint: its name, storage and the optimizer's memory for it.
@@ -66,7 +72,10 @@ struct Optimizer::Impl {
   std::vector<std::string> state_names;   ///< rule states, then outputs
   std::size_t num_states = 0;             ///< how many of state_names are rule states
   std::vector<std::string> scalar_names;  ///< per-tensor scalar states (`scalar`)
-  runtime::Buffer scalars;  ///< [binding's first tensor + index in binding][scalar], doubles
+  std::vector<std::string> row_names;     ///< row states (`row`)
+  std::vector<std::string> col_names;     ///< column states (`col`)
+  runtime::Buffer rc_states;  ///< every binding's row states, then its column states (fp32)
+  runtime::Buffer scalars;    ///< [binding's first tensor + index in binding][scalar], doubles
   std::vector<std::string> hyper_names;     ///< Rule::hypers order
   std::vector<std::vector<double>> hypers;  ///< [group][hyper], as set (double precision)
   std::vector<runtime::ParamSlot> params;

@@ -20,6 +20,18 @@ std::size_t round_up(std::size_t n, std::size_t a) { return (n + a - 1) / a * a;
 
 }  // namespace
 
+MatrixShape matrix_shape(const std::vector<std::int64_t>& shape, std::int64_t numel) {
+  MatrixShape m;
+  if (shape.size() < 2) {
+    m.rows = numel;
+    return m;
+  }
+  for (std::size_t d = 0; d + 2 < shape.size(); ++d) m.batch *= shape[d];
+  m.rows = shape[shape.size() - 2];
+  m.cols = shape.back();
+  return m;
+}
+
 std::size_t vector_align(const codegen::KernelBody& body, int role) {
   const auto r = static_cast<std::size_t>(role);
   // The vector path moves 4 elements of each role at once: 16 bytes of an fp32 role, 8 of a
@@ -108,9 +120,59 @@ Plan Plan::build(const codegen::KernelBody& body, const PlanRequest& request) {
   p.num_tensors_ = static_cast<std::int64_t>(n);
   p.num_scalars_ = n * static_cast<std::size_t>(body.num_scalars);
 
+  if (body.factored) p.lay_out_factored(body, numel, shapes, request.chunk_elems);
   p.lay_out_reductions(body);
   if (request.lay_out_scratch) p.lay_out_scratch(numel, request.scratch_align);
   return p;
+}
+
+void Plan::lay_out_factored(const codegen::KernelBody& body, const std::vector<std::int64_t>& numel,
+                            const std::vector<std::vector<std::int64_t>>& shapes,
+                            std::int64_t chunk_elems) {
+  static const std::vector<std::int64_t> kNoShape;
+  const std::size_t n = numel.size();
+  rc_widths_.row_slots = std::max(body.num_row_slots, 1);
+  rc_widths_.col_slots = std::max(body.num_col_slots, 1);
+  rc_widths_.matrix_slots = std::max(body.num_matrix_slots, 1);
+  rc_widths_.row_states = std::max(body.num_row_states, 1);
+  rc_widths_.col_states = std::max(body.num_col_states, 1);
+  std::vector<MatrixShape> m(n);
+  rc_offsets_.assign(3 * (n + 1), 0);
+  for (std::size_t t = 0; t < n; ++t) {
+    m[t] = matrix_shape(shapes.empty() ? kNoShape : shapes[t], numel[t]);
+    rc_offsets_[3 * t] = num_rows_;
+    rc_offsets_[3 * t + 1] = num_cols_;
+    rc_offsets_[3 * t + 2] = num_mats_;
+    num_rows_ += m[t].batch * m[t].rows;
+    num_cols_ += m[t].batch * m[t].cols;
+    num_mats_ += m[t].batch;
+  }
+  rc_offsets_[3 * n] = num_rows_;
+  rc_offsets_[3 * n + 1] = num_cols_;
+  rc_offsets_[3 * n + 2] = num_mats_;
+  // Whole rows of one matrix per chunk (about chunk_elems elements; one row at least), in
+  // the order build_chunks put the tensors.
+  std::vector<fo_chunk> chunks;
+  std::vector<bool> seen(n, false);
+  const auto slots = static_cast<long long>(std::max(body.num_col_slots, 1));
+  for (const fo_chunk& old : chunks_) {
+    const auto t = static_cast<std::size_t>(old.tensor);
+    if (seen[t]) continue;
+    seen[t] = true;
+    const MatrixShape& s = m[t];
+    const std::int64_t per = std::max<std::int64_t>(1, chunk_elems / s.cols);
+    for (std::int64_t b = 0; b < s.batch; ++b) {
+      for (std::int64_t r = 0; r < s.rows; r += per) {
+        fo_chunk c = old;
+        c.begin = (b * s.rows + r) * s.cols;
+        c.end = (b * s.rows + std::min(s.rows, r + per)) * s.cols;
+        chunks.push_back(c);
+        chunk_cols_.push_back(static_cast<long long>(num_col_partials_));
+        num_col_partials_ += static_cast<std::size_t>(s.cols * slots);
+      }
+    }
+  }
+  chunks_ = std::move(chunks);
 }
 
 void Plan::lay_out_reductions(const codegen::KernelBody& body) {

@@ -16,6 +16,13 @@ namespace fusedopt::runtime {
 /// The widest alignment the vector path asks of a role pointer (an fp32 role's 4 elements).
 inline constexpr std::size_t kVectorAlign = 16;
 
+/// A tensor as matrices: `batch` matrices of rows x cols (its last two dimensions; fewer
+/// than two dimensions: numel rows of one column, one matrix).
+struct MatrixShape {
+  std::int64_t batch = 1, rows = 0, cols = 1;
+};
+MatrixShape matrix_shape(const std::vector<std::int64_t>& shape, std::int64_t numel);
+
 /// Bytes role `role`'s pointer must be aligned to for the vector path: 4 elements of it
 /// (16 for fp32, 8 for fp16/bf16).
 std::size_t vector_align(const codegen::KernelBody& body, int role);
@@ -95,11 +102,29 @@ class Plan {
   /// Per-tensor scalar states (doubles) the launches read and write: num_tensors() times
   /// the rule's scalar count (0: the rule has none).
   std::size_t num_scalars() const { return num_scalars_; }
+  // Factored rules (body.factored): chunks cover whole rows of one matrix.
+  /// [3 * tensor + 0/1/2]: first row, column and matrix; the last three: the totals.
+  const std::vector<long long>& rc_offsets() const { return rc_offsets_; }
+  /// [chunk]: offset of the chunk's column sums in the column partials.
+  const std::vector<long long>& chunk_cols() const { return chunk_cols_; }
+  std::int64_t num_rows() const { return num_rows_; }
+  std::int64_t num_cols() const { return num_cols_; }
+  std::int64_t num_matrices() const { return num_mats_; }
+  std::size_t num_col_partials() const { return num_col_partials_; }
+  /// Doubles (floats for states) per row, column or matrix of each buffer: row_mean,
+  /// col_mean and matrix_mean slots, row states, column states (at least 1 each).
+  struct RcWidths {
+    int row_slots = 1, col_slots = 1, matrix_slots = 1, row_states = 1, col_states = 1;
+  };
+  const RcWidths& rc_widths() const { return rc_widths_; }
   /// Bytes of the scratch allocation bind_scratch() wants (0: none).
   std::size_t scratch_bytes() const { return scratch_bytes_; }
 
  private:
   void lay_out_reductions(const codegen::KernelBody& body);
+  void lay_out_factored(const codegen::KernelBody& body, const std::vector<std::int64_t>& numel,
+                        const std::vector<std::vector<std::int64_t>>& shapes,
+                        std::int64_t chunk_elems);
   void lay_out_scratch(const std::vector<std::int64_t>& numel, std::size_t scratch_align);
 
   std::vector<fo_chunk> chunks_;
@@ -109,6 +134,11 @@ class Plan {
   std::vector<unsigned char> aligned_;
   std::vector<int> tensor_groups_;
   std::vector<double> tensor_info_;
+  std::vector<long long> rc_offsets_;
+  std::vector<long long> chunk_cols_;
+  std::int64_t num_rows_ = 0, num_cols_ = 0, num_mats_ = 0;
+  std::size_t num_col_partials_ = 0;
+  RcWidths rc_widths_;
   std::vector<std::size_t> scratch_offsets_;  ///< [tensor * scratch values + j], bytes
   const char* who_ = "plan";
   std::int64_t num_tensors_ = 0;

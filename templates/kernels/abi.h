@@ -4,7 +4,7 @@
 #define FUSEDOPT_ABI_H
 
 // Bump when you change this: any struct below or an exported entry point's signature.
-#define FO_ABI_VERSION 10
+#define FO_ABI_VERSION 11
 
 // Launch constants shared by the runtime and the kernels (one source for both):
 /// Threads per block of every CUDA kernel (the runtime's kCudaBlock).
@@ -56,6 +56,19 @@ struct fo_launch {
   /// [tensor * 4]: each tensor's built-in values numel, dims, rows, cols (the rule's
   /// `numel dims rows cols`), as doubles.
   const double* tensor_info;
+
+  // Factored (row/column) values: rules with row/col states or row_mean, col_mean,
+  // matrix_mean (FO_FACTORED; null otherwise). Chunks then cover whole rows of one matrix.
+  const long long* rc_offsets;  ///< [3 * tensor + 0/1/2]: the tensor's first row, column and
+                                ///< matrix; entries 3 * num_tensors + 0/1/2 are the totals
+  float* row_states;            ///< [k * total rows + row]
+  float* col_states;            ///< [k * total columns + column]
+  double* row_totals;           ///< [row * FO_NUM_ROW_SLOTS + slot]: row_mean results
+  double* col_totals;           ///< [column * FO_NUM_COL_SLOTS + slot]: col_mean results
+  double* matrix_totals;        ///< [matrix * FO_NUM_MATRIX_SLOTS + slot]: matrix_mean results
+  double* col_partials;         ///< chunk c's column sums at chunk_cols[c]: [column in its
+                                ///< matrix * FO_NUM_COL_SLOTS + slot]
+  const long long* chunk_cols;  ///< [chunk]: offset of its column sums in col_partials
 };
 
 /// A GradScaler's state (torch.amp.GradScaler's scale and growth tracker), kept in device

@@ -145,10 +145,12 @@ __device__ __forceinline__ void fo_element_n(const fo_tensor& t, long long i, co
     for (int j = 0; j < kN; ++j) fo_init_element(s, j, U);
     FO_INIT_STORES(FO_STAGE_STORE)
   } else {
+#if !FO_FACTORED  // factored rules update one element at a time (fo_run)
     FO_UPDATE_STAGE(FO_STAGE_LOAD, FO_STAGE_DECL)
 #pragma unroll
     for (int j = 0; j < kN; ++j) fo_element(s, j, U, T);
     FO_UPDATE_STORES(FO_STAGE_STORE)
+#endif
   }
   (void)T;
 }
@@ -182,6 +184,45 @@ __device__ __forceinline__ fo_tvals fo_block_values(const fo_launch& L, const fo
   return fo_chunk_values(L, chunk.tensor, chunk.group, step, 0);
 #endif
 }
+
+#if FO_FACTORED
+// ---- factored rules: each chunk is whole rows of one matrix ------------------------------
+
+/// Tensor t's first row, column and matrix, and the launch's row/column arrays.
+__device__ __forceinline__ fo_rcx fo_rc_base(const fo_launch& L, long long t) {
+  const long long* o = L.rc_offsets;
+  const long long n = L.num_tensors;
+  fo_rcx X;
+  X.rs = L.row_states;
+  X.cs = L.col_states;
+  X.rt = L.row_totals;
+  X.ct = L.col_totals;
+  X.mt = L.matrix_totals;
+  X.nrows = o[3 * n];
+  X.ncols = o[3 * n + 1];
+  X.row = o[3 * t];
+  X.col = o[3 * t + 1];
+  X.mat = o[3 * t + 2];
+  return X;
+}
+/// Rows and columns of each of tensor t's matrices (its last two dimensions).
+__device__ __forceinline__ long long fo_rows_of(const fo_launch& L, long long t) {
+  return (long long)L.tensor_info[4 * t + 2];
+}
+__device__ __forceinline__ long long fo_cols_of(const fo_launch& L, long long t) {
+  return (long long)L.tensor_info[4 * t + 3];
+}
+/// Element i's row, column and matrix (X0: its tensor's base).
+__device__ __forceinline__ fo_rcx fo_rc_at(const fo_rcx& X0, long long i, long long R,
+                                           long long C) {
+  fo_rcx X = X0;
+  const long long r = i / C;
+  X.row += r;
+  X.mat += r / R;
+  X.col += (r / R) * C + (i - r * C);
+  return X;
+}
+#endif
 
 /// The 1-based step of this launch: by value, or one past the steps the device has counted
 /// (the count advances after the step's last launch, unless the step was skipped).
@@ -218,6 +259,16 @@ __device__ __forceinline__ void fo_run(const fo_launch& L) {
     }
     const fo_tensor t = fo_bind(L.ptrs + (long long)chunk.tensor * FO_NUM_ROLES);
     const fo_tvals T = fo_block_values(L, chunk, step, &shared_tvals);
+#if FO_FACTORED
+    if (!kInit) {  // one element per thread, with its row's and column's values
+      const long long R = fo_rows_of(L, chunk.tensor), C = fo_cols_of(L, chunk.tensor);
+      const fo_rcx X0 = fo_rc_base(L, chunk.tensor);
+      for (long long i = chunk.begin + threadIdx.x; i < chunk.end; i += blockDim.x) {
+        fo_element_rc(t, i, U, T, fo_rc_at(X0, i, R, C));
+      }
+      continue;
+    }
+#endif
     long long scalar_begin = chunk.begin;
     if (L.aligned && L.aligned[chunk.tensor] && (chunk.begin & 3) == 0) {
       const long long groups = (chunk.end - chunk.begin) >> 2;  // whole 4-element groups
@@ -250,6 +301,9 @@ __device__ __forceinline__ double fo_combine(bool is_max, double a, double b) {
 /// One specialisation per pass, since the staging lists are per pass.
 template <int kPass>
 struct fo_reduce_staging;
+#if FO_FACTORED  // factored rules reduce one element at a time (fo_reduce_run)
+#define FO_REDUCE_GROUP(k)
+#else
 #define FO_REDUCE_GROUP(k)                                                                       \
   template <>                                                                                    \
   struct fo_reduce_staging<k> {                                                                  \
@@ -263,6 +317,7 @@ struct fo_reduce_staging;
       FO_REDUCE##k##_STORES(FO_STAGE_STORE)                                                      \
     }                                                                                            \
   };
+#endif
 template <int kPass, int kN>
 __device__ __forceinline__ void fo_reduce_n(const fo_tensor& t, long long i, const fo_uniform& U,
                                             const fo_tvals& T, float* a, bool check) {
@@ -298,6 +353,41 @@ __device__ __forceinline__ void fo_reduce_run(const fo_launch& L) {
     float a[FO_MAX_ACC];
 #pragma unroll
     for (int j = 0; j < FO_MAX_ACC; ++j) a[j] = 0.0f;
+#if FO_FACTORED
+    {
+      // Whole rows: each thread sums its rows (a row's mean is complete here), then each
+      // thread its columns over the chunk's rows (the chunk's partials, combined by the
+      // finalize in chunk order). The pass writes no role (the Recompute strategy), so an
+      // element read twice gives the same values. The lanes take each element once.
+      const long long R = fo_rows_of(L, chunk.tensor), C = fo_cols_of(L, chunk.tensor);
+      const fo_rcx X0 = fo_rc_base(L, chunk.tensor);
+      const long long r0 = chunk.begin / C, rows = (chunk.end - chunk.begin) / C;
+      double rr[FO_NUM_ROW_SLOTS], cr[FO_NUM_COL_SLOTS];
+      float dummy[FO_MAX_ACC];
+      for (int j = 0; j < FO_MAX_ACC; ++j) dummy[j] = 0.0f;
+      for (long long q = threadIdx.x; q < rows; q += blockDim.x) {
+        for (int s = 0; s < FO_NUM_ROW_SLOTS; ++s) rr[s] = 0.0;
+        const long long r = r0 + q;
+        for (long long cc = 0; cc < C; ++cc) {
+          fo_reduce_element_rc<kPass>(t, r * C + cc, U, T, fo_rc_at(X0, r * C + cc, R, C), a, 1,
+                                      check, rr, cr);
+        }
+        for (int s = 0; s < FO_NUM_ROW_SLOTS; ++s) {
+          if (fo_row_slot_pass(s) == kPass)
+            L.row_totals[(X0.row + r) * FO_NUM_ROW_SLOTS + s] = rr[s] / C;
+        }
+      }
+      double* colp = L.col_partials + L.chunk_cols[c];
+      for (long long cc = threadIdx.x; cc < C; cc += blockDim.x) {
+        for (int s = 0; s < FO_NUM_COL_SLOTS; ++s) cr[s] = 0.0;
+        for (long long q = 0; q < rows; ++q) {
+          const long long i = (r0 + q) * C + cc;
+          fo_reduce_element_rc<kPass>(t, i, U, T, fo_rc_at(X0, i, R, C), dummy, 1, false, rr, cr);
+        }
+        for (int s = 0; s < FO_NUM_COL_SLOTS; ++s) colp[cc * FO_NUM_COL_SLOTS + s] = cr[s];
+      }
+    }
+#else
     long long scalar_begin = chunk.begin;
     if (L.aligned && L.aligned[chunk.tensor] && (chunk.begin & 3) == 0) {
       const long long groups = (chunk.end - chunk.begin) >> 2;
@@ -320,6 +410,7 @@ __device__ __forceinline__ void fo_reduce_run(const fo_launch& L) {
     for (long long i = scalar_begin + threadIdx.x; i < chunk.end; i += blockDim.x) {
       fo_reduce_n<kPass, 1>(t, i, U, T, a, check);
     }
+#endif
 #pragma unroll
     for (int j = 0; j < FO_MAX_ACC; ++j) {
       if (j >= fo_acc_count(kPass)) break;
@@ -356,6 +447,112 @@ __device__ __forceinline__ void fo_tree(double* red, bool is_max) {
   }
 }
 
+#if FO_FACTORED
+/// Tensor t's column means of pass `pass` (its chunks' partials in chunk order) and then its
+/// matrix means (each row's or column's value in order): one thread, in a fixed order.
+__device__ void fo_rc_finalize(const fo_launch& L, int pass, long long t) {
+  const double step = fo_launch_step(L);
+  const float inv_grad_scale = fo_unscale_factor(L.inv_grad_scale, L.grad_scale_ptr);
+  const long long* o = L.rc_offsets;
+  const long long R = fo_rows_of(L, t), C = fo_cols_of(L, t);
+  const fo_rcx X0 = fo_rc_base(L, t);
+  const long long mats = o[3 * t + 5] - o[3 * t + 2], cols = o[3 * t + 4] - o[3 * t + 1];
+  const long long rows = o[3 * t + 3] - o[3 * t];
+  for (int s = 0; s < FO_NUM_COL_SLOTS; ++s) {
+    if (fo_col_slot_pass(s) != pass) continue;
+    for (long long k = 0; k < cols; ++k) L.col_totals[(X0.col + k) * FO_NUM_COL_SLOTS + s] = 0.0;
+    const long long first = L.tensor_chunks[2 * t], n = L.tensor_chunks[2 * t + 1];
+    for (long long ch = first; ch < first + n; ++ch) {
+      const long long b = L.chunks[ch].begin / (R * C);
+      const double* part = L.col_partials + L.chunk_cols[ch];
+      for (long long cc = 0; cc < C; ++cc) {
+        L.col_totals[(X0.col + b * C + cc) * FO_NUM_COL_SLOTS + s] +=
+            part[cc * FO_NUM_COL_SLOTS + s];
+      }
+    }
+    for (long long k = 0; k < cols; ++k) {  // the mean over no rows (an empty matrix) is 0
+      double& v = L.col_totals[(X0.col + k) * FO_NUM_COL_SLOTS + s];
+      v = R > 0 ? v / R : 0.0;
+    }
+  }
+  bool matrix_slots = false;
+  for (int m = 0; m < FO_NUM_MATRIX_SLOTS; ++m) matrix_slots |= fo_matrix_slot_pass(m) == pass;
+  if (!matrix_slots || mats == 0) return;
+  const int group = L.tensor_groups[t];
+  const fo_uniform U = fo_prepare(L.hypers + (long long)group * FO_NUM_HYPERS, step, inv_grad_scale,
+                                  L.global_totals);
+  const fo_tvals T = fo_chunk_values(L, (int)t, group, step, 0);
+  float out[FO_NUM_ROW_STATES + FO_NUM_COL_STATES + 1];
+  double m[FO_NUM_MATRIX_SLOTS];
+  for (long long b = 0; b < mats; ++b) {
+    double sums[FO_NUM_MATRIX_SLOTS];
+    for (int s = 0; s < FO_NUM_MATRIX_SLOTS; ++s) sums[s] = 0.0;
+    fo_rcx X = X0;
+    X.mat = X0.mat + b;
+    for (long long r = 0; r < R && rows > 0; ++r) {
+      X.row = X0.row + b * R + r;
+      fo_row_stage(X, U, T, out, m);
+      for (int s = 0; s < FO_NUM_MATRIX_SLOTS; ++s) {
+        if (fo_matrix_slot_pass(s) == pass && !fo_matrix_slot_col(s)) sums[s] += m[s];
+      }
+    }
+    for (long long cc = 0; cc < C; ++cc) {
+      X.col = X0.col + b * C + cc;
+      fo_col_stage(X, U, T, out, m);
+      for (int s = 0; s < FO_NUM_MATRIX_SLOTS; ++s) {
+        if (fo_matrix_slot_pass(s) == pass && fo_matrix_slot_col(s)) sums[s] += m[s];
+      }
+    }
+    for (int s = 0; s < FO_NUM_MATRIX_SLOTS; ++s) {
+      if (fo_matrix_slot_pass(s) != pass) continue;
+      const long long count = fo_matrix_slot_col(s) ? C : R;
+      L.matrix_totals[X.mat * FO_NUM_MATRIX_SLOTS + s] = count > 0 ? sums[s] / count : 0.0;
+    }
+  }
+}
+
+/// Tensor t's row and column states: with `init`, their initial values; else the step's
+/// (each row's and column's statements over the values before the step). One thread.
+__device__ void fo_rc_write(const fo_launch& L, long long t, int init) {
+  const double step = fo_launch_step(L);
+  const float inv_grad_scale = fo_unscale_factor(L.inv_grad_scale, L.grad_scale_ptr);
+  const long long* o = L.rc_offsets;
+  const long long R = fo_rows_of(L, t), C = fo_cols_of(L, t);
+  const fo_rcx X0 = fo_rc_base(L, t);
+  const long long rows = o[3 * t + 3] - o[3 * t], cols = o[3 * t + 4] - o[3 * t + 1];
+  const int group = L.tensor_groups[t];
+  const double* h = L.hypers + (long long)group * FO_NUM_HYPERS;
+  if (init) {
+    float rs0[FO_NUM_ROW_STATES + 1], cs0[FO_NUM_COL_STATES + 1];
+    fo_rc_init(h, rs0, cs0);
+    for (int k = 0; k < FO_NUM_ROW_STATES; ++k) {
+      for (long long r = 0; r < rows; ++r) L.row_states[k * X0.nrows + X0.row + r] = rs0[k];
+    }
+    for (int k = 0; k < FO_NUM_COL_STATES; ++k) {
+      for (long long c = 0; c < cols; ++c) L.col_states[k * X0.ncols + X0.col + c] = cs0[k];
+    }
+    return;
+  }
+  const fo_uniform U = fo_prepare(h, step, inv_grad_scale, L.global_totals);
+  const fo_tvals T = fo_chunk_values(L, (int)t, group, step, 0);
+  float out[FO_NUM_ROW_STATES + FO_NUM_COL_STATES + 1];
+  double m[FO_NUM_MATRIX_SLOTS];
+  fo_rcx X = X0;
+  for (long long r = 0; r < rows && FO_NUM_ROW_STATES > 0; ++r) {
+    X.row = X0.row + r;
+    X.mat = X0.mat + (R > 0 ? r / R : 0);
+    fo_row_stage(X, U, T, out, m);
+    for (int k = 0; k < FO_NUM_ROW_STATES; ++k) L.row_states[k * X0.nrows + X.row] = out[k];
+  }
+  for (long long c = 0; c < cols && FO_NUM_COL_STATES > 0; ++c) {
+    X.col = X0.col + c;
+    X.mat = X0.mat + (C > 0 ? c / C : 0);
+    fo_col_stage(X, U, T, out, m);
+    for (int k = 0; k < FO_NUM_COL_STATES; ++k) L.col_states[k * X0.ncols + X.col] = out[k];
+  }
+}
+#endif
+
 /// Combines pass `pass`'s chunk partials: per-tensor totals (one block per tensor, its
 /// threads striding over the tensor's chunks) and, in block 0, the global totals.
 extern "C" __global__ void __launch_bounds__(FO_BLOCK) fusedopt_finalize(fo_launch L, int pass) {
@@ -391,6 +588,13 @@ extern "C" __global__ void __launch_bounds__(FO_BLOCK) fusedopt_finalize(fo_laun
       __syncthreads();
     }
   }
+#if FO_FACTORED
+  // After this block's per-tensor totals: the column and matrix means of its tensors (the
+  // matrix means read per-tensor totals of earlier passes only).
+  for (long long t = blockIdx.x; t < L.num_tensors; t += gridDim.x) {
+    if (threadIdx.x == 0) fo_rc_finalize(L, pass, t);
+  }
+#endif
 }
 
 /// One optimizer step over the chunk table.
@@ -408,10 +612,14 @@ extern "C" __global__ void __launch_bounds__(FO_BLOCK) fusedopt_init(fo_launch L
 /// last pass (and skipped with it). The values come from the same non-inlined function the
 /// passes read them through, so what the update used is what is stored.
 extern "C" __global__ void __launch_bounds__(FO_BLOCK) fusedopt_scalars(fo_launch L, int init) {
-  if (fo_skipped(L) || FO_NUM_SCALARS == 0) return;
+  if (fo_skipped(L) || (FO_NUM_SCALARS == 0 && !FO_FACTORED)) return;
   const double step = fo_launch_step(L);
   for (long long t = blockIdx.x * (long long)blockDim.x + threadIdx.x; t < L.num_tensors;
        t += (long long)gridDim.x * blockDim.x) {
+#if FO_FACTORED
+    fo_rc_write(L, t, init);  // first: it reads the scalars as the step did
+    if (FO_NUM_SCALARS == 0) continue;
+#endif
     double* S = L.scalars + t * FO_NUM_SCALARS;
     const int group = L.tensor_groups[t];
     if (init) {

@@ -605,16 +605,19 @@ void run_adamw_storage(const std::string& binding) {
 }  // namespace
 
 TEST_SUITE("presets") {
-  TEST_CASE("the presets are the element-wise optimizers this file checks, plus lamb and lars") {
+  TEST_CASE(
+      "the presets are the element-wise optimizers this file checks, plus lamb, lars and "
+      "adafactor") {
     const std::vector<std::string> expected = {
-        "adadelta",      "adagrad", "adam",     "adam+amsgrad", "adamax", "adamw",
-        "adamw+amsgrad", "asgd",    "bertadam", "lamb",         "lars",   "lion",
-        "nadam",         "radam",   "rmsprop",  "rprop",        "sgd"};
+        "adadelta", "adafactor",     "adagrad", "adam",     "adam+amsgrad", "adamax",
+        "adamw",    "adamw+amsgrad", "asgd",    "bertadam", "lamb",         "lars",
+        "lion",     "nadam",         "radam",   "rmsprop",  "rprop",        "sgd"};
     // A new preset needs a reference test before it ships: element-wise ones here, rules
-    // with reductions (lamb, lars) in tests/runtime/test_reductions.cpp.
+    // with reductions in tests/runtime/test_reductions.cpp (lamb, lars) and factored state
+    // in tests/runtime/test_factored.cpp (adafactor).
     CHECK(fusedopt::preset_names() == expected);
     for (const std::string& name : expected) {
-      if (name != "lamb" && name != "lars") CHECK_NOTHROW(spec(name));
+      if (name != "lamb" && name != "lars" && name != "adafactor") CHECK_NOTHROW(spec(name));
     }
   }
 

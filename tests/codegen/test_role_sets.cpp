@@ -66,10 +66,13 @@ TEST_SUITE("codegen") {
           std::int64_t bytes = 0;
           for (int k = 0; k < passes; ++k) {
             CAPTURE(k);
-            const std::string fn = k == body.reduction_passes
-                                       ? function_text(body.code, "FO_FN void fo_element(")
-                                       : function_text(body.code, "FO_FN void fo_reduce_element<" +
-                                                                      std::to_string(k) + ">(");
+            // Factored rules (row/col state) name them fo_element_rc, fo_reduce_element_rc.
+            const std::string rc = body.factored ? "_rc" : "";
+            const std::string fn =
+                k == body.reduction_passes
+                    ? function_text(body.code, "FO_FN void fo_element" + rc + "(")
+                    : function_text(body.code, "FO_FN void fo_reduce_element" + rc + "<" +
+                                                   std::to_string(k) + ">(");
             CHECK(captured(fn, load) == as_set(body.pass_reads[k]));
             CHECK(captured(fn, store) == as_set(body.pass_writes[k]));
             for (int r : body.pass_reads[k]) bytes += body.role_bytes.at(r);

@@ -239,6 +239,17 @@ TEST_SUITE("comm_mpi") {
     CHECK(s.gather_collectives >= comm.size());
   }
 
+  TEST_CASE("rules with scalar or row/column states are refused, naming them") {
+    Communicator& comm = world();
+    FlatArena arena = make_arena(kSizes);
+    CHECK_THROWS_WITH_AS(ShardedOptimizer(comm, Rule::preset("nadam"), groups_of(arena)),
+                         doctest::Contains("row/column states (mu_prod), which are not sharded"),
+                         fusedopt::UsageError);
+    CHECK_THROWS_WITH_AS(ShardedOptimizer(comm, Rule::preset("adafactor"), groups_of(arena)),
+                         doctest::Contains("row/column states (r, c), which are not sharded"),
+                         fusedopt::UsageError);
+  }
+
   TEST_CASE("ranks with different parameters fail at construction, every one of them") {
     Communicator comm = Communicator::mpi();
     comm.set_timeout(std::chrono::seconds(20));

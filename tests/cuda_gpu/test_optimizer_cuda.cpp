@@ -301,6 +301,50 @@ p = p - lr * g * tensor_norm(p) / sqrt(numel)
     }
   }
 
+  TEST_CASE("adafactor's row and column states on the device match the host's" *
+            testing::needs_cuda_device()) {
+    cu::PrimaryContext ctx(0);
+    std::mt19937 rng(std::random_device{}());
+    DeviceModel m = make_model(rng);
+    ParamGroup dg = m.device_group(), hg = m.host_group();
+    for (ParamGroup* g : {&dg, &hg}) {
+      g->params[2].shape = {10, 100};
+      g->params[3].shape = {1, 65537};  // one row longer than a chunk
+      g->params[5].shape = {3, 1, 1};   // a batch of three 1 x 1 matrices
+      g->hypers = {{"weight_decay", 0.1}};
+    }
+    Optimizer gpu(Rule::preset("adafactor"), {dg});
+    Optimizer cpu(Rule::preset("adafactor"), {hg});
+    std::normal_distribution<float> normal(0.0f, 1.0f);
+    for (int t = 0; t < 5; ++t) {
+      for (auto& g : m.hg) {
+        for (auto& x : g) x = normal(rng);
+      }
+      m.upload_grads();
+      gpu.step();
+      cpu.step();
+    }
+    cu::synchronize(nullptr);
+    m.require_params_match_host();
+    for (const char* name : {"r", "c"}) {
+      for (std::size_t i = 0; i < m.sizes.size(); ++i) {
+        CAPTURE(name);
+        CAPTURE(i);
+        const Tensor d = gpu.state(name, static_cast<int>(i));
+        const Tensor h = cpu.state(name, static_cast<int>(i));
+        REQUIRE(d.numel == h.numel);
+        std::vector<float> got(static_cast<std::size_t>(d.numel));
+        if (d.numel) {
+          cu::copy_to_host(got.data(), reinterpret_cast<std::uintptr_t>(d.data), d.numel * 4);
+        }
+        for (std::int64_t k = 0; k < d.numel; ++k) {
+          const float want = static_cast<const float*>(h.data)[k];
+          CHECK(std::fabs(got[k] - want) <= 1e-5f * (1 + std::fabs(want)));
+        }
+      }
+    }
+  }
+
   TEST_CASE("CUDA AdamW's second moment has no offset from float64: uniforms in double" *
             testing::needs_cuda_device()) {
     // tests/runtime/test_uniform_precision.cpp on the device: 1 - beta2 computed in double

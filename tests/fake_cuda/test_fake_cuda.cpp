@@ -296,6 +296,39 @@ TEST_SUITE("cuda_fake") {
     cu::stream_destroy(stream);
   }
 
+  TEST_CASE("adafactor (row/column states): its passes, then the states' write, then the count" *
+            testing::needs_nvrtc()) {
+    Fake fake;
+    Model m({1000, 70000, 3});
+    ParamGroup group = m.group();
+    group.params[1].shape = {700, 100};  // rows of 100: whole rows per chunk
+    fake.reset();
+    Optimizer opt(Rule::preset("adafactor"), {group});
+    {
+      INFO(std::string(fake.log()));
+      CHECK(fake.count("cuLaunchKernel fusedopt_scalars grid 1 block 512 legacy") == 1);
+    }
+    CHECK(opt.stats().launches_per_step == 7);
+    CHECK(opt.state("r", 1).numel == 700);
+    CHECK(opt.state("c", 1).numel == 100);
+    CHECK(opt.state("r", 0).numel == 1000);  // 1-D: the full variance
+    cu::Stream stream = cu::stream_create();
+    fake.reset();
+    opt.step(stream);
+    INFO(std::string(fake.log()));
+    // 1000 elements (1 chunk of whole 1-element rows), 70000 as 700 rows of 100 (65500
+    // elements per chunk: 2 chunks), 3 elements: 4 chunks; nothing waits.
+    CHECK(fake.lines() ==
+          std::vector<std::string>{"cuLaunchKernel fusedopt_reduce_0 grid 4 block 512 stream",
+                                   "cuLaunchKernel fusedopt_finalize grid 3 block 512 stream",
+                                   "cuLaunchKernel fusedopt_reduce_1 grid 4 block 512 stream",
+                                   "cuLaunchKernel fusedopt_finalize grid 3 block 512 stream",
+                                   "cuLaunchKernel fusedopt_step grid 4 block 512 stream",
+                                   "cuLaunchKernel fusedopt_scalars grid 1 block 512 stream",
+                                   "cuLaunchKernel fusedopt_advance_step grid 1 block 1 stream"});
+    cu::stream_destroy(stream);
+  }
+
   TEST_CASE("a device GradScaler's step only launches; its state is read back on request" *
             testing::needs_nvrtc()) {
     Fake fake;

@@ -217,4 +217,48 @@ TEST_SUITE("lang") {
     FUSEDOPT_CHECK_RULE_ERROR(head + "scalar s\ns = 1\np = p - g\n", 4, 8,
                               "scalar 's' needs an initial value");
   }
+
+  TEST_CASE("row and col states: one value per row or column, from row_mean and col_mean") {
+    using fusedopt::lang::Level;
+    using fusedopt::lang::Scope;
+    // torch's Adafactor, factored second moment.
+    auto rule = parse_rule(
+        "param p\ngrad g\nrow r = 0\ncol c = 0\nhyper b = 0.1, eps1 = 1e-30\n"
+        "r = lerp(r, row_mean(g * g), b)\nc = lerp(c, col_mean(g * g), b)\n"
+        "v = where(dims >= 2, r * c / max(matrix_mean(r), eps1), r)\n"
+        "p = p - g * rsqrt(v)\n",
+        "factored.rule");
+    REQUIRE(rule->row_states.size() == 1);
+    REQUIRE(rule->col_states.size() == 1);
+    CHECK(rule->num_row_reductions == 1);
+    CHECK(rule->num_col_reductions == 1);
+    CHECK(rule->num_matrix_reductions == 1);
+    CHECK(rule->reduction_passes == 1);  // row_mean and col_mean in pass 0
+    for (const auto& red : rule->reductions) {
+      // matrix_mean is computed in pass 0's finalize, after the row means it reads.
+      CHECK(red.pass == 0);
+    }
+    CHECK(rule->stmts[0].value->level == Level::Row);
+    CHECK(rule->stmts[1].value->level == Level::Col);
+    CHECK(rule->stmts[2].value->level == Level::Element);  // a row value times a column value
+    const std::string head = "param p\ngrad g\nrow r = 0\ncol c = 0\n";
+    const std::string tail = "p = p - g * r * c\n";
+    FUSEDOPT_CHECK_RULE_ERROR(head + "r = r + g\nc = c + 1\n" + tail, 5, 1,
+                              "row state 'r' is one value per row");
+    FUSEDOPT_CHECK_RULE_ERROR(head + "r = r + c\nc = c + 1\n" + tail, 5, 1,
+                              "row state 'r' is one value per row");
+    FUSEDOPT_CHECK_RULE_ERROR(head + "r = r + 1\nc = c + row_mean(g)\n" + tail, 6, 1,
+                              "col state 'c' is one value per column");
+    FUSEDOPT_CHECK_RULE_ERROR(head + "r = r + 1\n" + tail, 4, 5, "col state 'c' is never updated");
+    FUSEDOPT_CHECK_RULE_ERROR(head + "r = r + matrix_mean(g)\nc = c + 1\n" + tail, 5, 9,
+                              "'matrix_mean' averages a row or a column value");
+    FUSEDOPT_CHECK_RULE_ERROR(head + "r = r + matrix_mean(r)\nc = c + 1\n" + tail, 5, 9,
+                              "of a value known before the first pass");
+    FUSEDOPT_CHECK_RULE_ERROR("param p\ngrad g\nrow r = p\nr = r + 1\np = p - g\n", 3, 9,
+                              "the initial value of row state 'r'");
+    FUSEDOPT_CHECK_RULE_ERROR(
+        "param p\ngrad g\nscalar s = 0\nrow r = 0\nr = r + 1\n"
+        "s = s + r\np = p - g\n",
+        6, 1, "scalar 's' is one value per tensor");
+  }
 }
