@@ -236,6 +236,7 @@ std::string generate_source(const KernelBody& body, const Target& target) {
   text += embedded_file("kernels/prelude.h");
   text += embedded_file("kernels/abi.h");
   text += body.code;
+  text += embedded_file("kernels/factored.h");
   text += skeleton;
   // Resolve the restore markers now that absolute line numbers are known.
   const std::string file = source_file_name(body, target);

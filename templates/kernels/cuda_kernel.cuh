@@ -185,45 +185,6 @@ __device__ __forceinline__ fo_tvals fo_block_values(const fo_launch& L, const fo
 #endif
 }
 
-#if FO_FACTORED
-// ---- factored rules: each chunk is whole rows of one matrix ------------------------------
-
-/// Tensor t's first row, column and matrix, and the launch's row/column arrays.
-__device__ __forceinline__ fo_rcx fo_rc_base(const fo_launch& L, long long t) {
-  const long long* o = L.rc_offsets;
-  const long long n = L.num_tensors;
-  fo_rcx X;
-  X.rs = L.row_states;
-  X.cs = L.col_states;
-  X.rt = L.row_totals;
-  X.ct = L.col_totals;
-  X.mt = L.matrix_totals;
-  X.nrows = o[3 * n];
-  X.ncols = o[3 * n + 1];
-  X.row = o[3 * t];
-  X.col = o[3 * t + 1];
-  X.mat = o[3 * t + 2];
-  return X;
-}
-/// Rows and columns of each of tensor t's matrices (its last two dimensions).
-__device__ __forceinline__ long long fo_rows_of(const fo_launch& L, long long t) {
-  return (long long)L.tensor_info[4 * t + 2];
-}
-__device__ __forceinline__ long long fo_cols_of(const fo_launch& L, long long t) {
-  return (long long)L.tensor_info[4 * t + 3];
-}
-/// Element i's row, column and matrix (X0: its tensor's base).
-__device__ __forceinline__ fo_rcx fo_rc_at(const fo_rcx& X0, long long i, long long R,
-                                           long long C) {
-  fo_rcx X = X0;
-  const long long r = i / C;
-  X.row += r;
-  X.mat += r / R;
-  X.col += (r / R) * C + (i - r * C);
-  return X;
-}
-#endif
-
 /// The 1-based step of this launch: by value, or one past the steps the device has counted
 /// (the count advances after the step's last launch, unless the step was skipped).
 __device__ __forceinline__ double fo_launch_step(const fo_launch& L) {
@@ -447,112 +408,6 @@ __device__ __forceinline__ void fo_tree(double* red, bool is_max) {
   }
 }
 
-#if FO_FACTORED
-/// Tensor t's column means of pass `pass` (its chunks' partials in chunk order) and then its
-/// matrix means (each row's or column's value in order): one thread, in a fixed order.
-__device__ void fo_rc_finalize(const fo_launch& L, int pass, long long t) {
-  const double step = fo_launch_step(L);
-  const float inv_grad_scale = fo_unscale_factor(L.inv_grad_scale, L.grad_scale_ptr);
-  const long long* o = L.rc_offsets;
-  const long long R = fo_rows_of(L, t), C = fo_cols_of(L, t);
-  const fo_rcx X0 = fo_rc_base(L, t);
-  const long long mats = o[3 * t + 5] - o[3 * t + 2], cols = o[3 * t + 4] - o[3 * t + 1];
-  const long long rows = o[3 * t + 3] - o[3 * t];
-  for (int s = 0; s < FO_NUM_COL_SLOTS; ++s) {
-    if (fo_col_slot_pass(s) != pass) continue;
-    for (long long k = 0; k < cols; ++k) L.col_totals[(X0.col + k) * FO_NUM_COL_SLOTS + s] = 0.0;
-    const long long first = L.tensor_chunks[2 * t], n = L.tensor_chunks[2 * t + 1];
-    for (long long ch = first; ch < first + n; ++ch) {
-      const long long b = L.chunks[ch].begin / (R * C);
-      const double* part = L.col_partials + L.chunk_cols[ch];
-      for (long long cc = 0; cc < C; ++cc) {
-        L.col_totals[(X0.col + b * C + cc) * FO_NUM_COL_SLOTS + s] +=
-            part[cc * FO_NUM_COL_SLOTS + s];
-      }
-    }
-    for (long long k = 0; k < cols; ++k) {  // the mean over no rows (an empty matrix) is 0
-      double& v = L.col_totals[(X0.col + k) * FO_NUM_COL_SLOTS + s];
-      v = R > 0 ? v / R : 0.0;
-    }
-  }
-  bool matrix_slots = false;
-  for (int m = 0; m < FO_NUM_MATRIX_SLOTS; ++m) matrix_slots |= fo_matrix_slot_pass(m) == pass;
-  if (!matrix_slots || mats == 0) return;
-  const int group = L.tensor_groups[t];
-  const fo_uniform U = fo_prepare(L.hypers + (long long)group * FO_NUM_HYPERS, step, inv_grad_scale,
-                                  L.global_totals);
-  const fo_tvals T = fo_chunk_values(L, (int)t, group, step, 0);
-  float out[FO_NUM_ROW_STATES + FO_NUM_COL_STATES + 1];
-  double m[FO_NUM_MATRIX_SLOTS];
-  for (long long b = 0; b < mats; ++b) {
-    double sums[FO_NUM_MATRIX_SLOTS];
-    for (int s = 0; s < FO_NUM_MATRIX_SLOTS; ++s) sums[s] = 0.0;
-    fo_rcx X = X0;
-    X.mat = X0.mat + b;
-    for (long long r = 0; r < R && rows > 0; ++r) {
-      X.row = X0.row + b * R + r;
-      fo_row_stage(X, U, T, out, m);
-      for (int s = 0; s < FO_NUM_MATRIX_SLOTS; ++s) {
-        if (fo_matrix_slot_pass(s) == pass && !fo_matrix_slot_col(s)) sums[s] += m[s];
-      }
-    }
-    for (long long cc = 0; cc < C; ++cc) {
-      X.col = X0.col + b * C + cc;
-      fo_col_stage(X, U, T, out, m);
-      for (int s = 0; s < FO_NUM_MATRIX_SLOTS; ++s) {
-        if (fo_matrix_slot_pass(s) == pass && fo_matrix_slot_col(s)) sums[s] += m[s];
-      }
-    }
-    for (int s = 0; s < FO_NUM_MATRIX_SLOTS; ++s) {
-      if (fo_matrix_slot_pass(s) != pass) continue;
-      const long long count = fo_matrix_slot_col(s) ? C : R;
-      L.matrix_totals[X.mat * FO_NUM_MATRIX_SLOTS + s] = count > 0 ? sums[s] / count : 0.0;
-    }
-  }
-}
-
-/// Tensor t's row and column states: with `init`, their initial values; else the step's
-/// (each row's and column's statements over the values before the step). One thread.
-__device__ void fo_rc_write(const fo_launch& L, long long t, int init) {
-  const double step = fo_launch_step(L);
-  const float inv_grad_scale = fo_unscale_factor(L.inv_grad_scale, L.grad_scale_ptr);
-  const long long* o = L.rc_offsets;
-  const long long R = fo_rows_of(L, t), C = fo_cols_of(L, t);
-  const fo_rcx X0 = fo_rc_base(L, t);
-  const long long rows = o[3 * t + 3] - o[3 * t], cols = o[3 * t + 4] - o[3 * t + 1];
-  const int group = L.tensor_groups[t];
-  const double* h = L.hypers + (long long)group * FO_NUM_HYPERS;
-  if (init) {
-    float rs0[FO_NUM_ROW_STATES + 1], cs0[FO_NUM_COL_STATES + 1];
-    fo_rc_init(h, rs0, cs0);
-    for (int k = 0; k < FO_NUM_ROW_STATES; ++k) {
-      for (long long r = 0; r < rows; ++r) L.row_states[k * X0.nrows + X0.row + r] = rs0[k];
-    }
-    for (int k = 0; k < FO_NUM_COL_STATES; ++k) {
-      for (long long c = 0; c < cols; ++c) L.col_states[k * X0.ncols + X0.col + c] = cs0[k];
-    }
-    return;
-  }
-  const fo_uniform U = fo_prepare(h, step, inv_grad_scale, L.global_totals);
-  const fo_tvals T = fo_chunk_values(L, (int)t, group, step, 0);
-  float out[FO_NUM_ROW_STATES + FO_NUM_COL_STATES + 1];
-  double m[FO_NUM_MATRIX_SLOTS];
-  fo_rcx X = X0;
-  for (long long r = 0; r < rows && FO_NUM_ROW_STATES > 0; ++r) {
-    X.row = X0.row + r;
-    X.mat = X0.mat + (R > 0 ? r / R : 0);
-    fo_row_stage(X, U, T, out, m);
-    for (int k = 0; k < FO_NUM_ROW_STATES; ++k) L.row_states[k * X0.nrows + X.row] = out[k];
-  }
-  for (long long c = 0; c < cols && FO_NUM_COL_STATES > 0; ++c) {
-    X.col = X0.col + c;
-    X.mat = X0.mat + (C > 0 ? c / C : 0);
-    fo_col_stage(X, U, T, out, m);
-    for (int k = 0; k < FO_NUM_COL_STATES; ++k) L.col_states[k * X0.ncols + X.col] = out[k];
-  }
-}
-#endif
-
 /// Combines pass `pass`'s chunk partials: per-tensor totals (one block per tensor, its
 /// threads striding over the tensor's chunks) and, in block 0, the global totals.
 extern "C" __global__ void __launch_bounds__(FO_BLOCK) fusedopt_finalize(fo_launch L, int pass) {
@@ -592,7 +447,10 @@ extern "C" __global__ void __launch_bounds__(FO_BLOCK) fusedopt_finalize(fo_laun
   // After this block's per-tensor totals: the column and matrix means of its tensors (the
   // matrix means read per-tensor totals of earlier passes only).
   for (long long t = blockIdx.x; t < L.num_tensors; t += gridDim.x) {
-    if (threadIdx.x == 0) fo_rc_finalize(L, pass, t);
+    if (threadIdx.x == 0) {
+      fo_rc_finalize(L, pass, t, fo_launch_step(L),
+                     fo_unscale_factor(L.inv_grad_scale, L.grad_scale_ptr));
+    }
   }
 #endif
 }
@@ -617,7 +475,8 @@ extern "C" __global__ void __launch_bounds__(FO_BLOCK) fusedopt_scalars(fo_launc
   for (long long t = blockIdx.x * (long long)blockDim.x + threadIdx.x; t < L.num_tensors;
        t += (long long)gridDim.x * blockDim.x) {
 #if FO_FACTORED
-    fo_rc_write(L, t, init);  // first: it reads the scalars as the step did
+    // First: the row values read the scalars as the step did.
+    fo_rc_write(L, t, init, step, fo_unscale_factor(L.inv_grad_scale, L.grad_scale_ptr));
     if (FO_NUM_SCALARS == 0) continue;
 #endif
     double* S = L.scalars + t * FO_NUM_SCALARS;

@@ -27,35 +27,6 @@ static inline fo_tvals fo_chunk_values(const fo_launch* L, int tensor, int group
   return T;
 }
 
-#if FO_FACTORED
-// ---- factored rules: each chunk is whole rows of one matrix ------------------------------
-
-/// Tensor t's first row, column and matrix, and the launch's row/column arrays.
-static inline fo_rcx fo_rc_base(const fo_launch* L, long long t) {
-  const long long* o = L->rc_offsets;
-  const long long n = L->num_tensors;
-  fo_rcx X;
-  X.rs = L->row_states;
-  X.cs = L->col_states;
-  X.rt = L->row_totals;
-  X.ct = L->col_totals;
-  X.mt = L->matrix_totals;
-  X.nrows = o[3 * n];
-  X.ncols = o[3 * n + 1];
-  X.row = o[3 * t];
-  X.col = o[3 * t + 1];
-  X.mat = o[3 * t + 2];
-  return X;
-}
-/// Rows and columns of each of tensor t's matrices (its last two dimensions).
-static inline long long fo_rows_of(const fo_launch* L, long long t) {
-  return (long long)L->tensor_info[4 * t + 2];
-}
-static inline long long fo_cols_of(const fo_launch* L, long long t) {
-  return (long long)L->tensor_info[4 * t + 3];
-}
-#endif
-
 template <bool kInit>
 static void fo_run(const fo_launch* L) {
   const double step = L->step_ptr ? *L->step_ptr : L->step;
@@ -82,8 +53,8 @@ static void fo_run(const fo_launch* L) {
         for (long long i = chunk.begin; i < end; ++i) fo_init_element(t, i, u);
       } else {
 #if FO_FACTORED
-        const long long R = fo_rows_of(L, chunk.tensor), C = fo_cols_of(L, chunk.tensor);
-        const fo_rcx X0 = fo_rc_base(L, chunk.tensor);
+        const long long R = fo_rows_of(*L, chunk.tensor), C = fo_cols_of(*L, chunk.tensor);
+        const fo_rcx X0 = fo_rc_base(*L, chunk.tensor);
         for (long long r = chunk.begin / C; r < end / C; ++r) {
           fo_rcx X = X0;
           X.row += r;
@@ -143,8 +114,8 @@ static void fo_reduce_run(const fo_launch* L) {
 #if FO_FACTORED
       // Row sums are complete within the chunk (whole rows): each row's mean is written
       // here; column sums are this chunk's partials, combined by the finalize in chunk order.
-      const long long R = fo_rows_of(L, chunk.tensor), C = fo_cols_of(L, chunk.tensor);
-      const fo_rcx X0 = fo_rc_base(L, chunk.tensor);
+      const long long R = fo_rows_of(*L, chunk.tensor), C = fo_cols_of(*L, chunk.tensor);
+      const fo_rcx X0 = fo_rc_base(*L, chunk.tensor);
       double* colp = L->col_partials + L->chunk_cols[c];
       for (long long k = 0; k < C * FO_NUM_COL_SLOTS; ++k) colp[k] = 0.0;
       for (long long r = chunk.begin / C; r < chunk.end / C; ++r) {
@@ -191,118 +162,6 @@ FO_EXTERN_C void fusedopt_reduce_host(const fo_launch* L, int pass) {
   FO_REDUCE_DISPATCH(L, pass);  // one case per reduction pass of the rule (codegen)
 }
 
-#if FO_FACTORED
-/// Pass `pass`'s column means (each column's chunk partials in chunk order) and, once they
-/// and the row means are known, its matrix means (each row's or column's value in order).
-static void fo_rc_finalize(const fo_launch* L, int pass) {
-  const double step = L->step_ptr ? *L->step_ptr : L->step;
-  const float inv_grad_scale = fo_unscale_factor(L->inv_grad_scale, L->grad_scale_ptr);
-  bool matrix_slots = false;
-  for (int m = 0; m < FO_NUM_MATRIX_SLOTS; ++m) matrix_slots |= fo_matrix_slot_pass(m) == pass;
-  for (long long t = 0; t < L->num_tensors; ++t) {
-    const long long* o = L->rc_offsets;
-    const long long R = fo_rows_of(L, t), C = fo_cols_of(L, t);
-    const fo_rcx X0 = fo_rc_base(L, t);
-    const long long mats = o[3 * t + 5] - o[3 * t + 2];
-    const long long cols = o[3 * t + 4] - o[3 * t + 1];
-    const long long rows = o[3 * t + 3] - o[3 * t];
-    for (int s = 0; s < FO_NUM_COL_SLOTS; ++s) {
-      if (fo_col_slot_pass(s) != pass) continue;
-      for (long long k = 0; k < cols; ++k) L->col_totals[(X0.col + k) * FO_NUM_COL_SLOTS + s] = 0.0;
-      const long long first = L->tensor_chunks[2 * t], n = L->tensor_chunks[2 * t + 1];
-      for (long long ch = first; ch < first + n; ++ch) {
-        const long long b = L->chunks[ch].begin / (R * C);
-        const double* part = L->col_partials + L->chunk_cols[ch];
-        for (long long cc = 0; cc < C; ++cc) {
-          L->col_totals[(X0.col + b * C + cc) * FO_NUM_COL_SLOTS + s] +=
-              part[cc * FO_NUM_COL_SLOTS + s];
-        }
-      }
-      // The mean over no rows (an empty matrix) is 0, so an empty param's states stay finite.
-      for (long long k = 0; k < cols; ++k) {
-        double& v = L->col_totals[(X0.col + k) * FO_NUM_COL_SLOTS + s];
-        v = R > 0 ? v / R : 0.0;
-      }
-    }
-    if (!matrix_slots || mats == 0) continue;
-    const int group = L->tensor_groups[t];
-    const fo_uniform U = fo_prepare(L->hypers + (long long)group * FO_NUM_HYPERS, step,
-                                    inv_grad_scale, L->global_totals);
-    const fo_tvals T = fo_chunk_values(L, (int)t, group, step, 0);
-    float out[FO_NUM_ROW_STATES + FO_NUM_COL_STATES + 1];
-    double m[FO_NUM_MATRIX_SLOTS];
-    for (long long b = 0; b < mats; ++b) {
-      double sums[FO_NUM_MATRIX_SLOTS];
-      for (int s = 0; s < FO_NUM_MATRIX_SLOTS; ++s) sums[s] = 0.0;
-      fo_rcx X = X0;
-      X.mat = X0.mat + b;
-      for (long long r = 0; r < R && rows > 0; ++r) {
-        X.row = X0.row + b * R + r;
-        fo_row_stage(X, U, T, out, m);
-        for (int s = 0; s < FO_NUM_MATRIX_SLOTS; ++s) {
-          if (fo_matrix_slot_pass(s) == pass && !fo_matrix_slot_col(s)) sums[s] += m[s];
-        }
-      }
-      for (long long cc = 0; cc < C; ++cc) {
-        X.col = X0.col + b * C + cc;
-        fo_col_stage(X, U, T, out, m);
-        for (int s = 0; s < FO_NUM_MATRIX_SLOTS; ++s) {
-          if (fo_matrix_slot_pass(s) == pass && fo_matrix_slot_col(s)) sums[s] += m[s];
-        }
-      }
-      for (int s = 0; s < FO_NUM_MATRIX_SLOTS; ++s) {
-        if (fo_matrix_slot_pass(s) != pass) continue;
-        const long long count = fo_matrix_slot_col(s) ? C : R;
-        L->matrix_totals[X.mat * FO_NUM_MATRIX_SLOTS + s] = count > 0 ? sums[s] / count : 0.0;
-      }
-    }
-  }
-}
-
-/// Every tensor's row and column states: with `init`, their initial values; else the
-/// step's (each row's and column's statements over the values before the step).
-static void fo_rc_write(const fo_launch* L, int init) {
-  const double step = L->step_ptr ? *L->step_ptr : L->step;
-  const float inv_grad_scale = fo_unscale_factor(L->inv_grad_scale, L->grad_scale_ptr);
-  const long long* o = L->rc_offsets;
-  for (long long t = 0; t < L->num_tensors; ++t) {
-    const long long R = fo_rows_of(L, t), C = fo_cols_of(L, t);
-    const fo_rcx X0 = fo_rc_base(L, t);
-    const long long rows = o[3 * t + 3] - o[3 * t], cols = o[3 * t + 4] - o[3 * t + 1];
-    const int group = L->tensor_groups[t];
-    const double* h = L->hypers + (long long)group * FO_NUM_HYPERS;
-    float out[FO_NUM_ROW_STATES + FO_NUM_COL_STATES + 1];
-    double m[FO_NUM_MATRIX_SLOTS];
-    if (init) {
-      float rs0[FO_NUM_ROW_STATES + 1], cs0[FO_NUM_COL_STATES + 1];
-      fo_rc_init(h, rs0, cs0);
-      for (int k = 0; k < FO_NUM_ROW_STATES; ++k) {
-        for (long long r = 0; r < rows; ++r) L->row_states[k * X0.nrows + X0.row + r] = rs0[k];
-      }
-      for (int k = 0; k < FO_NUM_COL_STATES; ++k) {
-        for (long long c = 0; c < cols; ++c) L->col_states[k * X0.ncols + X0.col + c] = cs0[k];
-      }
-      continue;
-    }
-    const fo_uniform U = fo_prepare(h, step, inv_grad_scale, L->global_totals);
-    const fo_tvals T = fo_chunk_values(L, (int)t, group, step, 0);
-    fo_rcx X = X0;
-    for (long long r = 0; r < rows && FO_NUM_ROW_STATES > 0; ++r) {
-      X.row = X0.row + r;
-      X.mat = X0.mat + (R > 0 ? r / R : 0);
-      fo_row_stage(X, U, T, out, m);
-      for (int k = 0; k < FO_NUM_ROW_STATES; ++k) L->row_states[k * X0.nrows + X.row] = out[k];
-    }
-    for (long long c = 0; c < cols && FO_NUM_COL_STATES > 0; ++c) {
-      X.col = X0.col + c;
-      X.mat = X0.mat + (C > 0 ? c / C : 0);
-      fo_col_stage(X, U, T, out, m);
-      for (int k = 0; k < FO_NUM_COL_STATES; ++k) L->col_states[k * X0.ncols + X.col] = out[k];
-    }
-  }
-}
-#endif
-
 /// Combines pass `pass`'s chunk partials into the per-tensor and global totals.
 FO_EXTERN_C void fusedopt_finalize_host(const fo_launch* L, int pass) {
   const int count = fo_acc_count(pass);
@@ -327,7 +186,10 @@ FO_EXTERN_C void fusedopt_finalize_host(const fo_launch* L, int pass) {
     }
   }
 #if FO_FACTORED
-  fo_rc_finalize(L, pass);
+  // After every per-tensor and global total: the column and matrix means.
+  const double step = L->step_ptr ? *L->step_ptr : L->step;
+  const float inv_grad_scale = fo_unscale_factor(L->inv_grad_scale, L->grad_scale_ptr);
+  for (long long t = 0; t < L->num_tensors; ++t) fo_rc_finalize(*L, pass, t, step, inv_grad_scale);
 #endif
 }
 
@@ -357,7 +219,10 @@ FO_EXTERN_C int fusedopt_check_host(const fo_launch* L) {
 FO_EXTERN_C void fusedopt_scalars_host(const fo_launch* L, int init) {
   const double step = L->step_ptr ? *L->step_ptr : L->step;
 #if FO_FACTORED
-  fo_rc_write(L, init);  // first: it reads the scalars as the step did
+  {  // first: the row values read the scalars as the step did
+    const float inv_grad_scale = fo_unscale_factor(L->inv_grad_scale, L->grad_scale_ptr);
+    for (long long t = 0; t < L->num_tensors; ++t) fo_rc_write(*L, t, init, step, inv_grad_scale);
+  }
 #endif
   for (long long t = 0; t < L->num_tensors && FO_NUM_SCALARS > 0; ++t) {
     double* S = L->scalars + t * FO_NUM_SCALARS;

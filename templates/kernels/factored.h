@@ -1,0 +1,154 @@
+// Factored (row/column) state: what the host and CUDA skeletons share, pasted between the
+// generated part and the skeleton (codegen/source.cpp), so both targets run the same code.
+// Each chunk of a factored rule covers whole rows of one matrix (runtime/plan.cpp). One
+// thread runs each function for one tensor, in a fixed order: deterministic.
+#if FO_FACTORED
+
+/// Tensor t's first row, column and matrix, and the launch's row/column arrays.
+FO_FN fo_rcx fo_rc_base(const fo_launch& L, long long t) {
+  const long long* o = L.rc_offsets;
+  const long long n = L.num_tensors;
+  fo_rcx X;
+  X.rs = L.row_states;
+  X.cs = L.col_states;
+  X.rt = L.row_totals;
+  X.ct = L.col_totals;
+  X.mt = L.matrix_totals;
+  X.nrows = o[3 * n];
+  X.ncols = o[3 * n + 1];
+  X.row = o[3 * t];
+  X.col = o[3 * t + 1];
+  X.mat = o[3 * t + 2];
+  return X;
+}
+/// Rows and columns of each of tensor t's matrices (its last two dimensions).
+FO_FN long long fo_rows_of(const fo_launch& L, long long t) {
+  return (long long)L.tensor_info[4 * t + 2];
+}
+FO_FN long long fo_cols_of(const fo_launch& L, long long t) {
+  return (long long)L.tensor_info[4 * t + 3];
+}
+/// Element i's row, column and matrix (X0: its tensor's base).
+FO_FN fo_rcx fo_rc_at(const fo_rcx& X0, long long i, long long R, long long C) {
+  fo_rcx X = X0;
+  const long long r = i / C;
+  X.row += r;
+  X.mat += r / R;
+  X.col += (r / R) * C + (i - r * C);
+  return X;
+}
+/// Tensor t's uniform and per-tensor values for group `group` at `step`.
+FO_FN fo_tvals fo_rc_tvals(const fo_launch& L, long long t, int group, double step) {
+  fo_tvals T;
+  fo_tensor_values(L.tensor_totals ? L.tensor_totals + t * FO_NUM_TENSOR_SLOTS : 0,
+                   L.scalars ? L.scalars + t * FO_NUM_SCALARS : 0,
+                   L.hypers + (long long)group * FO_NUM_HYPERS, step, L.global_totals,
+                   L.tensor_info ? L.tensor_info + t * 4 : 0, T, 0);
+  return T;
+}
+
+/// Tensor t's column means of pass `pass` (its chunks' partials in chunk order), then its
+/// matrix means of that pass (each row's or column's value, in order). The mean over no
+/// elements (an empty matrix) is 0.
+FO_FN void fo_rc_finalize(const fo_launch& L, int pass, long long t, double step,
+                          float inv_grad_scale) {
+  const long long* o = L.rc_offsets;
+  const long long R = fo_rows_of(L, t), C = fo_cols_of(L, t);
+  const fo_rcx X0 = fo_rc_base(L, t);
+  const long long mats = o[3 * t + 5] - o[3 * t + 2], cols = o[3 * t + 4] - o[3 * t + 1];
+  const long long rows = o[3 * t + 3] - o[3 * t];
+  for (int s = 0; s < FO_NUM_COL_SLOTS; ++s) {
+    if (fo_col_slot_pass(s) != pass) continue;
+    for (long long k = 0; k < cols; ++k) L.col_totals[(X0.col + k) * FO_NUM_COL_SLOTS + s] = 0.0;
+    const long long first = L.tensor_chunks[2 * t], n = L.tensor_chunks[2 * t + 1];
+    for (long long ch = first; ch < first + n; ++ch) {
+      const long long b = L.chunks[ch].begin / (R * C);
+      const double* part = L.col_partials + L.chunk_cols[ch];
+      for (long long cc = 0; cc < C; ++cc) {
+        L.col_totals[(X0.col + b * C + cc) * FO_NUM_COL_SLOTS + s] +=
+            part[cc * FO_NUM_COL_SLOTS + s];
+      }
+    }
+    for (long long k = 0; k < cols; ++k) {
+      double& v = L.col_totals[(X0.col + k) * FO_NUM_COL_SLOTS + s];
+      v = R > 0 ? v / R : 0.0;
+    }
+  }
+  bool matrix_slots = false;
+  for (int m = 0; m < FO_NUM_MATRIX_SLOTS; ++m) matrix_slots |= fo_matrix_slot_pass(m) == pass;
+  if (!matrix_slots || mats == 0) return;
+  const int group = L.tensor_groups[t];
+  const fo_uniform U = fo_prepare(L.hypers + (long long)group * FO_NUM_HYPERS, step, inv_grad_scale,
+                                  L.global_totals);
+  const fo_tvals T = fo_rc_tvals(L, t, group, step);
+  float out[FO_NUM_ROW_STATES + FO_NUM_COL_STATES + 1];
+  double m[FO_NUM_MATRIX_SLOTS];
+  for (long long b = 0; b < mats; ++b) {
+    double sums[FO_NUM_MATRIX_SLOTS];
+    for (int s = 0; s < FO_NUM_MATRIX_SLOTS; ++s) sums[s] = 0.0;
+    fo_rcx X = X0;
+    X.mat = X0.mat + b;
+    for (long long r = 0; r < R && rows > 0; ++r) {
+      X.row = X0.row + b * R + r;
+      fo_row_stage(X, U, T, out, m);
+      for (int s = 0; s < FO_NUM_MATRIX_SLOTS; ++s) {
+        if (fo_matrix_slot_pass(s) == pass && !fo_matrix_slot_col(s)) sums[s] += m[s];
+      }
+    }
+    for (long long cc = 0; cc < C; ++cc) {
+      X.col = X0.col + b * C + cc;
+      fo_col_stage(X, U, T, out, m);
+      for (int s = 0; s < FO_NUM_MATRIX_SLOTS; ++s) {
+        if (fo_matrix_slot_pass(s) == pass && fo_matrix_slot_col(s)) sums[s] += m[s];
+      }
+    }
+    for (int s = 0; s < FO_NUM_MATRIX_SLOTS; ++s) {
+      if (fo_matrix_slot_pass(s) != pass) continue;
+      const long long count = fo_matrix_slot_col(s) ? C : R;
+      L.matrix_totals[X.mat * FO_NUM_MATRIX_SLOTS + s] = count > 0 ? sums[s] / count : 0.0;
+    }
+  }
+}
+
+/// Tensor t's row and column states: with `init`, their initial values; else the step's
+/// (each row's and column's statements over the values before the step). Runs before the
+/// tensor's scalar states are written (the row values read them as the step did).
+FO_FN void fo_rc_write(const fo_launch& L, long long t, int init, double step,
+                       float inv_grad_scale) {
+  const long long* o = L.rc_offsets;
+  const long long R = fo_rows_of(L, t), C = fo_cols_of(L, t);
+  const fo_rcx X0 = fo_rc_base(L, t);
+  const long long rows = o[3 * t + 3] - o[3 * t], cols = o[3 * t + 4] - o[3 * t + 1];
+  const int group = L.tensor_groups[t];
+  const double* h = L.hypers + (long long)group * FO_NUM_HYPERS;
+  if (init) {
+    float rs0[FO_NUM_ROW_STATES + 1], cs0[FO_NUM_COL_STATES + 1];
+    fo_rc_init(h, rs0, cs0);
+    for (int k = 0; k < FO_NUM_ROW_STATES; ++k) {
+      for (long long r = 0; r < rows; ++r) L.row_states[k * X0.nrows + X0.row + r] = rs0[k];
+    }
+    for (int k = 0; k < FO_NUM_COL_STATES; ++k) {
+      for (long long c = 0; c < cols; ++c) L.col_states[k * X0.ncols + X0.col + c] = cs0[k];
+    }
+    return;
+  }
+  const fo_uniform U = fo_prepare(h, step, inv_grad_scale, L.global_totals);
+  const fo_tvals T = fo_rc_tvals(L, t, group, step);
+  float out[FO_NUM_ROW_STATES + FO_NUM_COL_STATES + 1];
+  double m[FO_NUM_MATRIX_SLOTS];
+  fo_rcx X = X0;
+  for (long long r = 0; r < rows && FO_NUM_ROW_STATES > 0; ++r) {
+    X.row = X0.row + r;
+    X.mat = X0.mat + (R > 0 ? r / R : 0);
+    fo_row_stage(X, U, T, out, m);
+    for (int k = 0; k < FO_NUM_ROW_STATES; ++k) L.row_states[k * X0.nrows + X.row] = out[k];
+  }
+  for (long long c = 0; c < cols && FO_NUM_COL_STATES > 0; ++c) {
+    X.col = X0.col + c;
+    X.mat = X0.mat + (C > 0 ? c / C : 0);
+    fo_col_stage(X, U, T, out, m);
+    for (int k = 0; k < FO_NUM_COL_STATES; ++k) L.col_states[k * X0.ncols + X.col] = out[k];
+  }
+}
+
+#endif  // FO_FACTORED
