@@ -65,7 +65,7 @@ inline Workload bert_base() {
 
 /// 5,000 tensors of 1 K to 64 K elements (a fixed seed: the same list every run).
 inline Workload small_tensors() {
-  Workload w{"small_5000", {}};
+  Workload w{"small_5000", {}, {}};
   std::mt19937 rng(5000);
   std::uniform_int_distribution<std::int64_t> size(1024, 65536);
   for (int i = 0; i < 5000; ++i) w.sizes.push_back(size(rng));

@@ -30,6 +30,19 @@ struct Device {
 
 /// A flat view of memory the caller owns (fusedopt never frees it).
 struct Tensor {
+  Tensor() = default;
+  /// The members in order, shape last and optional: `{data, numel, dtype, device, name}`
+  /// as before shapes existed (a constructor, so that form draws no
+  /// -Wmissing-field-initializers warning).
+  Tensor(void* data_, std::int64_t numel_, DType dtype_ = DType::F32, Device device_ = {},
+         std::string name_ = {}, std::vector<std::int64_t> shape_ = {})
+      : data(data_),
+        numel(numel_),
+        dtype(dtype_),
+        device(device_),
+        name(std::move(name_)),
+        shape(std::move(shape_)) {}
+
   void* data = nullptr;
   std::int64_t numel = 0;
   DType dtype = DType::F32;

@@ -37,6 +37,8 @@ std::string accumulate(lang::ReduceKind kind, int j, const std::string& x) {
       return fmt::format("{0} = fo_maxnan({0}, fo_abs({1}));", a, x);
     case lang::ReduceKind::AnyNonFinite:
       return fmt::format("{0} = fo_max({0}, fo_isfinite({1}) ? 0.0f : 1.0f);", a, x);
+    case lang::ReduceKind::Mean:
+      break;  // row_mean, col_mean, matrix_mean: summed outside the lanes
   }
   return "";
 }

@@ -129,14 +129,14 @@ TEST_SUITE("cuda") {
       // Each reduction pass has its own kernel; its vector path stages the pass's roles once
       // per 4-element group it handles (two per loop iteration and one for an odd group:
       // the same multiple for every role), and nothing else wide.
-      for (int k = 0; k < body.reduction_passes; ++k) {
-        const std::string name = "fusedopt_reduce_" + std::to_string(k);
+      for (int pass = 0; pass < body.reduction_passes; ++pass) {
+        const std::string name = "fusedopt_reduce_" + std::to_string(pass);
         CAPTURE(name);
         REQUIRE(sass.count(name) == 1);
         const std::string& text = sass.at(name);
         std::map<int, int> loads, stores;
-        for (int r : body.pass_reads[k]) ++loads[body.role_bytes[r] == 4 ? 128 : 64];
-        for (int r : body.pass_writes[k]) ++stores[body.role_bytes[r] == 4 ? 128 : 64];
+        for (int r : body.pass_reads[pass]) ++loads[body.role_bytes[r] == 4 ? 128 : 64];
+        for (int r : body.pass_writes[pass]) ++stores[body.role_bytes[r] == 4 ? 128 : 64];
         int groups = -1;  // the multiple, from the first role class present
         for (auto* want : {&loads, &stores}) {
           const char* op = want == &loads ? "LDG\\.E\\.NA\\." : "STG\\.E\\.";
