@@ -139,7 +139,9 @@ class BodyEmitter {
     for (std::size_t i = 0; i < rule_.stmts.size(); ++i) {
       const lang::Stmt& st = rule_.stmts[i];
       const lang::Symbol& target = rule_.symbols[st.target];
-      if (st.value->elementwise) continue;
+      // Per-tensor context: uniform and per-tensor values only (row, column and matrix
+      // values are computed per element and in the row/column stages).
+      if (st.value->level > lang::Level::Tensor) continue;
       directed = true;
       if (target.kind == SymKind::Temp) {
         w.line_directive(st.loc.line, file_);

@@ -277,6 +277,67 @@ TEST_SUITE("factored state") {
     }
   }
 
+  TEST_CASE("row and column temporaries: computed per element and in the row/column stages") {
+    use_private_cache();
+    const Rule rule = Rule::parse(R"(
+param p
+grad  g
+row r = 0
+col c = 1
+hyper lr = 0.1
+rv = lerp(r, row_mean(g * g), 0.5)
+cv = c * 0.5 + col_mean(g) * 0.25
+r = rv
+c = cv
+p = p - lr * g * rsqrt(rv * cv * cv + 1)
+)",
+                                  "temps.rule");
+    std::mt19937 rng(fresh_seed());
+    std::normal_distribution<double> normal(0.0, 1.0);
+    const std::int64_t R = 7, C = 5;
+    HostTensor p(R * C, DType::F32), g(R * C, DType::F32);
+    for (std::int64_t i = 0; i < R * C; ++i) p.set(i, normal(rng));
+    fusedopt::ParamGroup group;
+    fusedopt::Tensor t = p.tensor("w");
+    t.shape = {R, C};
+    group.params.push_back(t);
+    group.grads.push_back(g.tensor());
+    Optimizer opt(rule, {group});
+    std::vector<double> rp(R * C), r(R, 0.0), c(C, 1.0);
+    for (std::int64_t i = 0; i < R * C; ++i) rp[i] = p.get(i);
+    for (int step = 1; step <= 4; ++step) {
+      for (std::int64_t i = 0; i < R * C; ++i) g.set(i, normal(rng));
+      std::vector<double> rv(R), cv(C);
+      for (std::int64_t a = 0; a < R; ++a) {
+        double s = 0;
+        for (std::int64_t b = 0; b < C; ++b) s += g.get(a * C + b) * g.get(a * C + b);
+        rv[a] = r[a] + 0.5 * (s / C - r[a]);
+      }
+      for (std::int64_t b = 0; b < C; ++b) {
+        double s = 0;
+        for (std::int64_t a = 0; a < R; ++a) s += g.get(a * C + b);
+        cv[b] = c[b] * 0.5 + s / R * 0.25;
+      }
+      for (std::int64_t a = 0; a < R; ++a) {
+        for (std::int64_t b = 0; b < C; ++b) {
+          rp[a * C + b] -= 0.1 * g.get(a * C + b) / std::sqrt(rv[a] * cv[b] * cv[b] + 1);
+        }
+      }
+      r = rv;
+      c = cv;
+      opt.step();
+      for (std::int64_t a = 0; a < R; ++a) {
+        CHECK(at(opt.state("r", 0), a) == doctest::Approx(r[a]).epsilon(1e-5));
+      }
+      for (std::int64_t b = 0; b < C; ++b) {
+        CHECK(at(opt.state("c", 0), b) == doctest::Approx(c[b]).epsilon(1e-5));
+      }
+      for (std::int64_t i = 0; i < R * C; ++i) {
+        CHECK(p.get(i) == doctest::Approx(rp[i]).epsilon(1e-5));
+      }
+    }
+  }
+
   TEST_CASE("a 4096 x 1024 param keeps (4096 + 1024) x 4 bytes of adafactor state") {
     use_private_cache();
     HostTensor p(4096 * 1024, DType::F32), g(4096 * 1024, DType::F32);
