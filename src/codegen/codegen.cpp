@@ -77,8 +77,7 @@ class BodyEmitter {
     for (const lang::Reduction& r : rule.reductions) {
       acc_.push_back(lanes(r) ? count[r.pass]++ : -1);  // row/col/matrix: their own sums
     }
-    factored_ = !rule.row_states.empty() || !rule.col_states.empty() ||
-                rule.num_row_reductions + rule.num_col_reductions + rule.num_matrix_reductions > 0;
+    factored_ = rule.factored();
     pass_acc_count_ = count;
     if (rule.reduction_passes > 0) check_acc_ = pass_acc_count_[0]++;
     // fo_tvals: per-tensor reduction values, each scalar state before the step, each scalar
@@ -638,9 +637,7 @@ Writer accumulator_tables(const Rule& rule, const KernelBody& body, const BodyEm
 KernelBody generate_body(const Rule& rule, const DTypeBinding& dtypes, Strategy strategy) {
   // Factored rules recompute: their reduction passes then write nothing, so the CUDA
   // kernel may read an element twice (once for its row's sums, once for its column's).
-  const bool factored = !rule.row_states.empty() || !rule.col_states.empty() ||
-                        rule.num_row_reductions + rule.num_col_reductions > 0;
-  if (factored) strategy = Strategy::Recompute;
+  if (rule.factored()) strategy = Strategy::Recompute;
   const Schedule schedule = plan_schedule(rule, dtypes, strategy);
   KernelBody body;
   body.kind = "rule";

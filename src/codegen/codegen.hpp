@@ -51,9 +51,12 @@ struct KernelBody {
   bool factored = false;
   int num_row_states = 0;
   int num_col_states = 0;
-  int num_row_slots = 0;             ///< row_mean results per row
-  int num_col_slots = 0;             ///< col_mean results per column
-  int num_matrix_slots = 0;          ///< matrix_mean results per matrix
+  int num_row_slots = 0;     ///< row_mean results per row
+  int num_col_slots = 0;     ///< col_mean results per column
+  int num_matrix_slots = 0;  ///< matrix_mean results per matrix
+  /// Whether a step ends with the call that writes each tensor's scalar, row and column
+  /// states (fusedopt_scalars[_host]), which also writes their initial values.
+  bool writes_after_update() const { return num_scalars > 0 || factored; }
   int max_acc = 1;                   ///< accumulators per chunk in the widest pass
   std::vector<ReductionSlot> slots;  ///< every accumulator of every pass (grad check too)
   Strategy strategy = Strategy::Recompute;

@@ -203,6 +203,12 @@ struct Rule {
 
   /// Index of the symbol called `name`, or -1.
   int find(const std::string& name) const;
+  /// Whether the rule has row/column values (row or col states, row_mean, col_mean,
+  /// matrix_mean): its kernels walk whole rows and write row/column states.
+  bool factored() const {
+    return !row_states.empty() || !col_states.empty() ||
+           num_row_reductions + num_col_reductions + num_matrix_reductions > 0;
+  }
 };
 
 }  // namespace fusedopt::lang

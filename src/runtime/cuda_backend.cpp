@@ -88,7 +88,7 @@ class CudaBoundKernel final : public BoundKernel {
   }
   int launches_per_step() const override {
     // Every tensor's scalar, row and column states, after the update.
-    const int scalars = kernel_.body().num_scalars > 0 || kernel_.body().factored ? 1 : 0;
+    const int scalars = kernel_.body().writes_after_update() ? 1 : 0;
     if (!any_elements_) return scalars;
     return 2 + 2 * kernel_.reduction_passes() + scalars;  // passes, finalizes, the count
   }

@@ -465,7 +465,7 @@ void CudaKernel::share_rc_states(DevicePtr rows, DevicePtr cols) {
 
 void CudaKernel::run_scalars(cuda::Stream stream, double step, bool capturable_mode, int init) {
   Impl& k = *impl_;
-  if ((k.num_scalars == 0 && !k.factored) || k.num_tensors == 0) return;
+  if (!info_.body.writes_after_update() || k.num_tensors == 0) return;
   ScopedContext scope(k.ctx);
   fo_launch L = k.make_launch(step, 1.0f, capturable_mode);
   if (init) L.skip_if_set = nullptr;  // initial values are not part of a step

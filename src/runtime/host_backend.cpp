@@ -60,7 +60,7 @@ class HostBoundKernel final : public BoundKernel {
   }
   int launches_per_step() const override {
     // Every tensor's scalar, row and column states, after the update.
-    const int scalars = kernel_.body().num_scalars > 0 || kernel_.body().factored ? 1 : 0;
+    const int scalars = kernel_.body().writes_after_update() ? 1 : 0;
     return (prepared_.empty() ? 0 : 1 + 2 * kernel_.reduction_passes()) + scalars;
   }
   std::string key() const override { return kernel_.key(); }

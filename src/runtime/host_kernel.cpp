@@ -163,11 +163,11 @@ void HostKernel::step(const Prepared& prepared, double step, float inv_grad_scal
 void HostKernel::init_states(const Prepared& prepared) const {
   const fo_launch L = prepared.launch(0.0f, 1.0f);
   if (!prepared.empty()) impl_->init(&L);
-  if (info_.body.num_scalars > 0 || info_.body.factored) impl_->scalars(&L, 1);
+  if (info_.body.writes_after_update()) impl_->scalars(&L, 1);
 }
 
 void HostKernel::update_scalars(const Prepared& prepared, double step) const {
-  if (info_.body.num_scalars == 0 && !info_.body.factored) return;
+  if (!info_.body.writes_after_update()) return;
   const fo_launch L = prepared.launch(step, 1.0f);
   impl_->scalars(&L, 0);
 }

@@ -121,6 +121,21 @@ inline RefStep sgd_reference(const Hypers& h) {
   };
 }
 
+/// The Adam family's first lines in torch (Adam, AdamW, RAdam): the weight decay (decoupled:
+/// p shrinks; else it is added to the gradient), then the first and second moments.
+inline void adam_moments(double& p, double grad, double& m, double& v, double lr, double wd,
+                         bool decoupled, double beta1, double beta2) {
+  if (wd != 0) {
+    if (decoupled) {
+      p = p * (1 - lr * wd);
+    } else {
+      grad = grad + wd * p;
+    }
+  }
+  m = beta1 * m + (1 - beta1) * grad;
+  v = beta2 * v + (1 - beta2) * grad * grad;
+}
+
 // torch.optim.Adam / AdamW, _single_tensor_adam: L2 (Adam) or decoupled (AdamW) weight
 // decay, optionally AMSGrad (states m, v, max_v).
 inline RefStep adam_reference(const Hypers& h, bool decoupled, bool amsgrad) {
@@ -130,16 +145,7 @@ inline RefStep adam_reference(const Hypers& h, bool decoupled, bool amsgrad) {
   return [=](double t, double& p, double g, double* s) {
     double& m = s[0];
     double& v = s[1];
-    double grad = maximize ? -g : g;
-    if (wd != 0) {
-      if (decoupled) {
-        p = p * (1 - lr * wd);
-      } else {
-        grad = grad + wd * p;
-      }
-    }
-    m = beta1 * m + (1 - beta1) * grad;
-    v = beta2 * v + (1 - beta2) * grad * grad;
+    adam_moments(p, maximize ? -g : g, m, v, lr, wd, decoupled, beta1, beta2);
     const double bias_correction1 = 1 - std::pow(beta1, t);
     const double bias_correction2 = 1 - std::pow(beta2, t);
     double second = v;
@@ -259,16 +265,7 @@ inline RefStep radam_reference(const Hypers& h) {
   return [=](double t, double& p, double g, double* s) {
     double& m = s[0];
     double& v = s[1];
-    double grad = maximize ? -g : g;
-    if (wd != 0) {
-      if (decoupled) {
-        p = p * (1 - lr * wd);
-      } else {
-        grad = grad + wd * p;
-      }
-    }
-    m = beta1 * m + (1 - beta1) * grad;
-    v = beta2 * v + (1 - beta2) * grad * grad;
+    adam_moments(p, maximize ? -g : g, m, v, lr, wd, decoupled, beta1, beta2);
     const double bias_correction1 = 1 - std::pow(beta1, t);
     const double bias_correction2 = 1 - std::pow(beta2, t);
     const double rho_inf = 2 / (1 - beta2) - 1;
