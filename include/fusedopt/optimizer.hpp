@@ -207,6 +207,31 @@ class FUSEDOPT_API Optimizer {
   /// it is one launch before the update. On CUDA nothing waits (see StepResult).
   StepResult step_scaled(float inv_grad_scale, void* stream = nullptr);
 
+  /// A step under PyTorch's fused-optimizer AMP protocol (a GradScaler that sees
+  /// `_step_supports_amp_scaling`): the gradients are divided by the fp32 at `grad_scale`
+  /// (null: they are unscaled already) and the whole step, its count included, is skipped
+  /// when the fp32 at `found_inf` (null: none) is non-zero; no grad check of its own (the
+  /// scaler made it). Both live in memory of the optimizer's device: the host reads them
+  /// before the step; on CUDA the launches read them in `stream`'s order and nothing
+  /// waits. Returns whether the step was taken, as step_scaled().
+  StepResult step_amp(const float* grad_scale, const float* found_inf, void* stream = nullptr);
+
+  /// Points the params and grads at new memory, keeping the plan, the kernels and the
+  /// states: `param_data[i]` and `grad_data[i]` belong to parameter i (over every group, in
+  /// order) and a null entry keeps the current pointer; each list is empty or has one entry
+  /// per parameter. The memory must hold what construction was given (numel, dtype, device,
+  /// shape): this is for tensors that move between steps, like PyTorch's `.grad` after
+  /// zero_grad(set_to_none=True). Params or grads that overlap (and, on CUDA, memory that
+  /// is not the device's) are refused, naming the tensor, and change nothing. CUDA: the pointer
+  /// tables are updated in `stream`'s order without waiting (steps queued on other streams are not
+  /// ordered with it).
+  void rebind(const std::vector<void*>& param_data, const std::vector<void*>& grad_data,
+              void* stream = nullptr);
+  /// Sets the count of steps taken (the next step's `step` is count + 1; 0 to 2^53), for a
+  /// caller that keeps the count with its own state (a framework's checkpoint). CUDA: waits
+  /// for every queued launch of the device first.
+  void set_step_count(std::int64_t count);
+
   /// Called after each reduction pass of a step with this process's raw totals (see
   /// ReductionPartials), before the next pass reads them; empty: none.
   void set_reduction_hook(ReductionHook hook);

@@ -110,6 +110,9 @@ class BoundKernel {
     (void)stream;
     set_hypers(hypers);
   }
+  /// New role pointers for the binding's tensors (BindingTensors::ptrs' form, sizes
+  /// unchanged), ordered on `stream` without waiting.
+  virtual void rebind(const std::vector<std::vector<void*>>& ptrs, void* stream) = 0;
   /// Launches per step (0 when every tensor is empty).
   virtual int launches_per_step() const = 0;
   virtual std::string key() const = 0;
@@ -167,6 +170,8 @@ class Backend {
   virtual void copy_from_host(void* dst, const void* host_src, std::size_t bytes) = 0;
   /// Sets `bytes` bytes at `dst` to `value`, ordered on `stream`.
   virtual void fill(void* dst, unsigned char value, std::size_t bytes, void* stream) = 0;
+  /// Copies `bytes` bytes between two places of this device's memory, ordered on `stream`.
+  virtual void copy_on_device(void* dst, const void* src, std::size_t bytes, void* stream) = 0;
   /// Waits for every launch and copy queued on the device, on every stream.
   virtual void synchronize() = 0;
   /// Waits for the work queued on `stream` (nullptr: the device's default stream).

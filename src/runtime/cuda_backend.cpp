@@ -86,6 +86,10 @@ class CudaBoundKernel final : public BoundKernel {
       kernel_.set_hypers(static_cast<int>(g), hypers[g], stream);
     }
   }
+  void rebind(const std::vector<std::vector<void*>>& ptrs, void* stream) override {
+    cuda::ContextScope scope(context_);
+    kernel_.rebind(ptrs, static_cast<cuda::Stream>(stream));
+  }
   int launches_per_step() const override {
     // Every tensor's scalar, row and column states, after the update.
     const int scalars = kernel_.body().writes_after_update() ? 1 : 0;
@@ -178,6 +182,11 @@ class CudaBackend final : public Backend {
   void fill(void* dst, unsigned char value, std::size_t bytes, void* stream) override {
     cuda::ContextScope scope(*context_);
     cuda::memset8_async(dev(dst), value, bytes, stream);
+  }
+
+  void copy_on_device(void* dst, const void* src, std::size_t bytes, void* stream) override {
+    cuda::ContextScope scope(*context_);
+    cuda::copy_on_device_async(dev(dst), dev(src), bytes, stream);
   }
 
   void synchronize() override {

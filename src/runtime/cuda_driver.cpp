@@ -110,6 +110,7 @@ Loaded& loaded() {
       FUSEDOPT_CU_BIND(MemcpyHtoD);
       FUSEDOPT_CU_BIND(MemcpyDtoH);
       FUSEDOPT_CU_BIND(MemcpyHtoDAsync);
+      FUSEDOPT_CU_BIND(MemcpyDtoDAsync);
       FUSEDOPT_CU_BIND(MemsetD32Async);
       FUSEDOPT_CU_BIND(MemsetD8Async);
       FUSEDOPT_CU_BIND(StreamCreate);
@@ -277,6 +278,12 @@ void copy_to_device_async(DevicePtr dst, const void* src, std::size_t bytes, Str
   if (bytes) {
     FUSEDOPT_CU_CHECK(MemcpyHtoDAsync, static_cast<CUdeviceptr>(dst), src, bytes,
                       static_cast<CUstream>(stream));
+  }
+}
+void copy_on_device_async(DevicePtr dst, DevicePtr src, std::size_t bytes, Stream stream) {
+  if (bytes) {
+    FUSEDOPT_CU_CHECK(MemcpyDtoDAsync, static_cast<CUdeviceptr>(dst), static_cast<CUdeviceptr>(src),
+                      bytes, static_cast<CUstream>(stream));
   }
 }
 void memset32_async(DevicePtr dst, unsigned value, std::size_t count, Stream stream) {

@@ -94,6 +94,7 @@ class DeviceBuffer {
 void copy_to_device(DevicePtr dst, const void* src, std::size_t bytes);
 void copy_to_host(void* dst, DevicePtr src, std::size_t bytes);
 void copy_to_device_async(DevicePtr dst, const void* src, std::size_t bytes, Stream stream);
+void copy_on_device_async(DevicePtr dst, DevicePtr src, std::size_t bytes, Stream stream);
 void memset32_async(DevicePtr dst, unsigned value, std::size_t count, Stream stream);
 void memset8_async(DevicePtr dst, unsigned char value, std::size_t count, Stream stream);
 void synchronize(Stream stream);
@@ -153,6 +154,7 @@ struct DriverApi {
   decltype(&::cuMemcpyHtoD) MemcpyHtoD = nullptr;
   decltype(&::cuMemcpyDtoH) MemcpyDtoH = nullptr;
   decltype(&::cuMemcpyHtoDAsync) MemcpyHtoDAsync = nullptr;
+  decltype(&::cuMemcpyDtoDAsync) MemcpyDtoDAsync = nullptr;
   decltype(&::cuMemsetD32Async) MemsetD32Async = nullptr;
   decltype(&::cuMemsetD8Async) MemsetD8Async = nullptr;
   decltype(&::cuStreamCreate) StreamCreate = nullptr;

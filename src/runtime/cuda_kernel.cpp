@@ -121,6 +121,7 @@ struct CudaKernel::Impl {
   int num_groups = 0;
   int num_aligned = 0;
   bool planned = false;
+  Plan plan;  // the host tables of the last set_plan (rebind redoes its pointers)
 
   explicit Impl(int device) : ctx(device) {}
 
@@ -420,7 +421,23 @@ void CudaKernel::set_plan(const Plan& plan) {
   k.num_chunks = plan.num_chunks();
   k.num_groups = plan.num_groups();
   k.num_aligned = plan.num_aligned();
+  k.plan = plan;
   k.planned = true;
+}
+
+void CudaKernel::rebind(const std::vector<std::vector<void*>>& ptrs, cuda::Stream stream) {
+  Impl& k = *impl_;
+  k.require_plan("rebind");
+  Plan plan = k.plan;
+  plan.rebind(info_.body, ptrs);
+  ScopedContext scope(k.ctx);
+  check_device_pointers(plan);
+  // From pageable memory: the driver stages the bytes before returning.
+  cuda::copy_to_device_async(k.ptrs.get(), plan.ptrs().data(), plan.ptrs().size() * sizeof(void*),
+                             stream);
+  cuda::copy_to_device_async(k.aligned.get(), plan.aligned().data(), plan.aligned().size(), stream);
+  k.num_aligned = plan.num_aligned();
+  k.plan = std::move(plan);
 }
 
 void CudaKernel::set_hypers(int group, const std::vector<double>& values, cuda::Stream stream) {

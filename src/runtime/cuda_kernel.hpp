@@ -62,6 +62,11 @@ class CudaKernel {
   /// Uploads `plan` (built for this kernel's body with chunks of kCudaChunk elements and
   /// device pointers), replacing any previous one, as set_tensors() does.
   void set_plan(const Plan& plan);
+  /// New role pointers for every tensor of the plan (Plan::rebind), checked like
+  /// set_plan's; the pointer and alignment tables are copied in `stream`'s order (staged
+  /// before the call returns, no waiting). Launches queued on other streams are not
+  /// ordered with it.
+  void rebind(const std::vector<std::vector<void*>>& ptrs, cuda::Stream stream);
 
   /// Replaces group `group`'s hyper values, ordered on `stream` after the work already
   /// queued there (not allowed while `stream` is being captured).

@@ -58,6 +58,9 @@ class HostBoundKernel final : public BoundKernel {
   void set_hypers(const std::vector<std::vector<double>>& hypers) override {
     prepared_.set_hypers(hypers);
   }
+  void rebind(const std::vector<std::vector<void*>>& ptrs, void*) override {
+    prepared_.rebind(kernel_.body(), ptrs);
+  }
   int launches_per_step() const override {
     // Every tensor's scalar, row and column states, after the update.
     const int scalars = kernel_.body().writes_after_update() ? 1 : 0;
@@ -94,6 +97,9 @@ class HostBackend final : public Backend {
   }
   void fill(void* dst, unsigned char value, std::size_t bytes, void*) override {
     if (bytes) std::memset(dst, value, bytes);
+  }
+  void copy_on_device(void* dst, const void* src, std::size_t bytes, void*) override {
+    if (bytes) std::memmove(dst, src, bytes);
   }
   void synchronize() override {}  // host launches return when they are done
   void synchronize(void*) override {}

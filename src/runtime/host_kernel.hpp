@@ -33,6 +33,10 @@ class HostKernel {
     void set_hypers(const std::vector<std::vector<double>>& hypers) { plan_.set_hypers(hypers); }
     /// Sets one value of one group.
     void set_hyper(int group, int index, double value) { plan_.set_hyper(group, index, value); }
+    /// New role pointers (Plan::rebind).
+    void rebind(const codegen::KernelBody& body, const std::vector<std::vector<void*>>& ptrs) {
+      plan_.rebind(body, ptrs);
+    }
     std::int64_t num_chunks() const { return plan_.num_chunks(); }
     const std::vector<fo_chunk>& chunks() const { return plan_.chunks(); }
     /// Whether a launch has any work (false when every tensor is empty).

@@ -152,7 +152,8 @@ bool StepResult::taken() const {
 }
 
 StepResult Optimizer::Impl::run_step(float inv_grad_scale, bool scaled, void* stream,
-                                     const DeviceScaler* scaler) {
+                                     const DeviceScaler* scaler, const float* device_scale,
+                                     const void* skip_flag) {
   FUSEDOPT_CHECK_USAGE(step_count < kMaxSteps,
                        "the optimizer has taken {} steps, the most it takes (2^53)", step_count);
   // The grad check rides on pass 0 (one read of the gradient for the unscale, the check and
@@ -172,12 +173,11 @@ StepResult Optimizer::Impl::run_step(float inv_grad_scale, bool scaled, void* st
   const std::int64_t serial = ++verdicts->serial;
   if (on_device) {
     // Set for this step alone (a step that threw half-way may have left them set).
-    const void* device_scale =
-        scaler ? static_cast<const std::byte*>(scaler->scaler) + offsetof(fo_scaler, scale)
-               : nullptr;
+    const void* scale = device_scale;
+    if (scaler) scale = static_cast<const std::byte*>(scaler->scaler) + offsetof(fo_scaler, scale);
     for (auto& kernel : kernels) {
-      kernel->use_device_scale(device_scale);
-      kernel->skip_when(nullptr);
+      kernel->use_device_scale(scale);
+      kernel->skip_when(skip_flag);
     }
   }
   if (scaled && on_device) {
@@ -237,7 +237,7 @@ StepResult Optimizer::Impl::run_step(float inv_grad_scale, bool scaled, void* st
   }
   // The host's count of steps launched; on CUDA, step_count() reads the device's.
   ++step_count;
-  if (!scaled || !on_device) return StepResult(true);
+  if (!on_device || !(scaled || skip_flag)) return StepResult(true);
   verdicts->backend = backend.get();
   verdicts->flag = flag;
   auto pending = std::make_shared<StepResult::Pending>();
@@ -292,6 +292,43 @@ void Optimizer::Impl::call_hook(int pass, void* stream) {
     p.tensors.push_back(std::move(t));
   }
   hook(p);
+}
+
+StepResult Optimizer::Impl::run_amp_step(const float* grad_scale, const float* found_inf,
+                                         void* stream) {
+  const bool on_device = !kernels.empty() && kernels.front()->checks_on_device();
+  if (!on_device) {
+    // Host memory: the verdict and the scale are known now.
+    if (found_inf && *found_inf != 0.0f) return StepResult(false);
+    const float inv =
+        grad_scale ? static_cast<float>(1.0 / static_cast<double>(*grad_scale)) : 1.0f;
+    return run_step(inv, false, stream);
+  }
+  // CUDA: the fp32 found_inf becomes the step's skip flag (a double that is non-zero when
+  // it is): its four bytes land in the flag's high word (little-endian: sign, exponent and
+  // the top of the mantissa), the low word zeroed, so 0.0f (and -0.0f) reads as zero and
+  // anything else as non-zero. Launches only; the kernels divide by *grad_scale.
+  auto* const flag =
+      static_cast<double*>(global_totals.data()) + detail::lang_rule(rule).num_global_reductions;
+  backend->fill(flag, 0, sizeof(double), stream);
+  if (found_inf) {
+    backend->copy_on_device(reinterpret_cast<std::byte*>(flag) + sizeof(float), found_inf,
+                            sizeof(float), stream);
+  }
+  return run_step(1.0f, false, stream, nullptr, grad_scale, found_inf ? flag : nullptr);
+}
+
+StepResult Optimizer::step_amp(const float* grad_scale, const float* found_inf, void* stream) {
+  return live("step_amp").run_amp_step(grad_scale, found_inf, stream);
+}
+
+void Optimizer::set_step_count(std::int64_t count) {
+  Impl& m = live("set_step_count");
+  FUSEDOPT_CHECK_USAGE(count >= 0 && count <= kMaxSteps,
+                       "Optimizer::set_step_count: {} steps; the count must be in 0 to 2^53",
+                       count);
+  for (auto& kernel : m.kernels) kernel->set_device_steps(count);
+  m.step_count = count;
 }
 
 void Optimizer::step(void* stream) { live("step").run_step(1.0f, false, stream); }

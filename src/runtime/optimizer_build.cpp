@@ -387,15 +387,12 @@ void Optimizer::Impl::bind_kernels() {
     if (s.binding < 0) continue;
     const auto b = static_cast<std::size_t>(s.binding);
     runtime::BindingTensors& t = tensors[b];
-    std::vector<void*> ptrs = {s.param.data, s.grad.data};
-    ptrs.insert(ptrs.end(), s.states.begin(), s.states.end());
-    if (bindings[b].master) ptrs.push_back(s.master);  // null for an empty tensor
-    t.ptrs.push_back(std::move(ptrs));
     t.numel.push_back(s.param.numel);
     t.group.push_back(s.group);
     t.shapes.push_back(s.param.shape);
     binding_params[b].push_back(static_cast<int>(p));
   }
+  for (std::size_t b = 0; b < bindings.size(); ++b) tensors[b].ptrs = binding_ptrs(b);
   // Scalar states: one row of doubles per tensor, each binding's tensors adjacent, in one
   // allocation of the device (zeroed; the kernels write the initial values).
   if (!scalar_names.empty()) {
@@ -452,6 +449,58 @@ void Optimizer::Impl::bind_kernels() {
     kernels.push_back(backend->bind(detail::RuleAccess::impl(rule), t, h));
   }
   for (auto& kernel : kernels) kernel->init_states();
+}
+
+std::vector<std::vector<void*>> Optimizer::Impl::binding_ptrs(std::size_t b) const {
+  std::vector<std::vector<void*>> out;
+  out.reserve(binding_params[b].size());
+  for (int p : binding_params[b]) {
+    const ParamSlot& s = params[static_cast<std::size_t>(p)];
+    std::vector<void*> ptrs = {s.param.data, s.grad.data};
+    ptrs.insert(ptrs.end(), s.states.begin(), s.states.end());
+    if (bindings[b].master) ptrs.push_back(s.master);  // null for an empty tensor
+    out.push_back(std::move(ptrs));
+  }
+  return out;
+}
+
+void Optimizer::rebind(const std::vector<void*>& param_data, const std::vector<void*>& grad_data,
+                       void* stream) {
+  Impl& m = live("rebind");
+  const std::size_t n = m.params.size();
+  for (const auto* list : {&param_data, &grad_data}) {
+    FUSEDOPT_CHECK_USAGE(list->empty() || list->size() == n,
+                         "Optimizer::rebind: {} {} pointers for {} params (give one per param, "
+                         "or none)",
+                         list->size(), list == &param_data ? "param" : "grad", n);
+  }
+  std::vector<ParamSlot> next = m.params;
+  bool changed = false;
+  for (std::size_t p = 0; p < n; ++p) {
+    ParamSlot& s = next[p];
+    for (const bool grad : {false, true}) {
+      const std::vector<void*>& list = grad ? grad_data : param_data;
+      Tensor& t = grad ? s.grad : s.param;
+      if (list.empty() || list[p] == nullptr || list[p] == t.data) continue;
+      t.data = list[p];
+      changed = true;
+    }
+  }
+  if (!changed) return;
+  check_no_overlap(next);
+  std::swap(m.params, next);
+  try {
+    for (std::size_t b = 0; b < m.kernels.size(); ++b) {
+      m.kernels[b]->rebind(m.binding_ptrs(b), stream);
+    }
+  } catch (...) {
+    // A kernel refused (a host pointer for a CUDA optimizer): back to the old pointers.
+    std::swap(m.params, next);
+    for (std::size_t b = 0; b < m.kernels.size(); ++b) {
+      m.kernels[b]->rebind(m.binding_ptrs(b), stream);
+    }
+    throw;
+  }
 }
 
 void Optimizer::Impl::report() {

@@ -113,8 +113,17 @@ struct Optimizer::Impl {
   /// changes nothing. With `scaler` (CUDA, scaled), the gradients are multiplied by
   /// inv_grad_scale / the device scaler's scale, and the scaler is updated after the step.
   /// On CUDA nothing waits: the verdict stays on the device until asked.
+  /// `device_scale` and `skip_flag` (CUDA, device memory; PyTorch's AMP protocol): the
+  /// launches also divide by the fp32 at `device_scale`, and do nothing when the double at
+  /// `skip_flag` is non-zero.
   StepResult run_step(float inv_grad_scale, bool scaled, void* stream,
-                      const DeviceScaler* scaler = nullptr);
+                      const DeviceScaler* scaler = nullptr, const float* device_scale = nullptr,
+                      const void* skip_flag = nullptr);
+  /// PyTorch's AMP protocol (Optimizer::step_amp).
+  StepResult run_amp_step(const float* grad_scale, const float* found_inf, void* stream);
+  /// Binding `b`'s tensors' role pointers, in kernel role order (param, grad, states,
+  /// outputs, master).
+  std::vector<std::vector<void*>> binding_ptrs(std::size_t b) const;
   /// Hands pass `pass`'s totals to the hook.
   void call_hook(int pass, void* stream);
   /// Hands a scaled step's separate grad check (the last global slot: 0, or non-zero when a

@@ -55,6 +55,7 @@ Plan Plan::build(const codegen::KernelBody& body, const PlanRequest& request) {
   p.num_scratch_ = static_cast<int>(body.scratch.size());
   p.num_hypers_ = body.num_hypers;
   const int given_roles = p.num_roles_ - (request.lay_out_scratch ? p.num_scratch_ : 0);
+  p.num_given_roles_ = given_roles;
   FUSEDOPT_CHECK_USAGE(numel.size() == n, "{}: {} pointer lists but {} sizes", who, n,
                        numel.size());
   FUSEDOPT_CHECK_USAGE(!(!group.empty() && group.size() != n),
@@ -124,6 +125,35 @@ Plan Plan::build(const codegen::KernelBody& body, const PlanRequest& request) {
   p.lay_out_reductions(body);
   if (request.lay_out_scratch) p.lay_out_scratch(numel, request.scratch_align);
   return p;
+}
+
+void Plan::rebind(const codegen::KernelBody& body, const std::vector<std::vector<void*>>& ptrs) {
+  const int given_roles = num_given_roles_;
+  FUSEDOPT_CHECK_USAGE(static_cast<std::int64_t>(ptrs.size()) == num_tensors_,
+                       "{}: rebind: {} pointer lists for {} tensors", who_, ptrs.size(),
+                       num_tensors_);
+  std::vector<void*> table = ptrs_;
+  std::vector<unsigned char> aligned = aligned_;
+  int num_aligned = 0;
+  for (std::size_t t = 0; t < ptrs.size(); ++t) {
+    FUSEDOPT_CHECK_USAGE(static_cast<int>(ptrs[t].size()) == given_roles,
+                         "{}: rebind: tensor {} has {} pointers, the kernel needs {}", who_, t,
+                         ptrs[t].size(), given_roles);
+    const bool empty = tensor_info_[4 * t] == 0.0;
+    bool all_aligned = true;
+    for (int r = 0; r < given_roles; ++r) {
+      void* ptr = ptrs[t][static_cast<std::size_t>(r)];
+      FUSEDOPT_CHECK_USAGE(empty || ptr, "{}: rebind: tensor {} role {} is a null pointer", who_, t,
+                           r);
+      all_aligned &= reinterpret_cast<std::uintptr_t>(ptr) % vector_align(body, r) == 0;
+      table[t * static_cast<std::size_t>(num_roles_) + static_cast<std::size_t>(r)] = ptr;
+    }
+    aligned[t] = all_aligned ? 1 : 0;
+    num_aligned += all_aligned && !empty;
+  }
+  ptrs_ = std::move(table);
+  aligned_ = std::move(aligned);
+  num_aligned_ = num_aligned;
 }
 
 void Plan::lay_out_factored(const codegen::KernelBody& body, const std::vector<std::int64_t>& numel,

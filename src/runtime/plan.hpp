@@ -69,6 +69,10 @@ class Plan {
   void set_hyper(int group, int index, double value);
   /// Points the scratch roles at views of one allocation of scratch_bytes() at `base`.
   void bind_scratch(void* base);
+  /// New role pointers for every tensor (`ptrs[t]`, as PlanRequest::ptrs without the
+  /// scratch roles), the sizes unchanged: the pointer table and each tensor's alignment
+  /// class are redone, the chunks stay. Nothing changes when it throws.
+  void rebind(const codegen::KernelBody& body, const std::vector<std::vector<void*>>& ptrs);
 
   const std::vector<fo_chunk>& chunks() const { return chunks_; }
   /// [tensor * num_roles() + role].
@@ -144,6 +148,7 @@ class Plan {
   std::int64_t num_tensors_ = 0;
   int num_roles_ = 0;
   int num_scratch_ = 0;
+  int num_given_roles_ = 0;  ///< roles PlanRequest::ptrs gave (scratch ones laid out here excluded)
   int num_hypers_ = 0;
   int num_groups_ = 0;
   int num_aligned_ = 0;

@@ -238,6 +238,11 @@ CUresult CUDAAPI cuMemcpyHtoDAsync(CUdeviceptr dst, const void* src, size_t n, C
   note("cuMemcpyHtoDAsync " + std::to_string(n));
   return CUDA_SUCCESS;
 }
+CUresult CUDAAPI cuMemcpyDtoDAsync(CUdeviceptr dst, CUdeviceptr src, size_t n, CUstream) {
+  std::memmove(reinterpret_cast<void*>(dst), reinterpret_cast<const void*>(src), n);
+  note("cuMemcpyDtoDAsync " + std::to_string(n));
+  return CUDA_SUCCESS;
+}
 CUresult CUDAAPI cuMemsetD32Async(CUdeviceptr dst, unsigned int v, size_t n, CUstream) {
   auto* p = reinterpret_cast<unsigned int*>(dst);
   for (size_t i = 0; i < n; ++i) p[i] = v;

@@ -378,6 +378,71 @@ TEST_SUITE("cuda_fake") {
     });
   }
 
+  TEST_CASE("torch's AMP protocol (step_amp) and rebind only launch and copy on the stream" *
+            testing::needs_nvrtc()) {
+    Fake fake;
+    for (const char* preset : {"adamw", "lamb"}) {
+      CAPTURE(preset);
+      Model m;
+      Optimizer opt(Rule::preset(preset), {m.group()});
+      cu::DeviceBuffer scale(4), found(4);
+      // The fake's device memory is host memory: the test writes torch's tensors directly.
+      auto* scale_f = reinterpret_cast<float*>(static_cast<std::uintptr_t>(scale.get()));
+      auto* found_f = reinterpret_cast<float*>(static_cast<std::uintptr_t>(found.get()));
+      *scale_f = 1024.0f;
+      cu::Stream stream = cu::stream_create();
+      for (const float inf : {0.0f, -0.0f, 1.0f, 3.0f}) {
+        CAPTURE(inf);
+        *found_f = inf;
+        fake.reset();
+        StepResult r = opt.step_amp(scale_f, found_f, stream);
+        {
+          INFO(std::string(fake.log()));
+          for (const char* banned : {"cuCtxSynchronize", "cuStreamSynchronize", "cuMemcpyHtoD",
+                                     "cuMemcpyDtoH", "cuMemAlloc", "cuMemFree"}) {
+            CAPTURE(banned);
+            CHECK(fake.count(banned) == 0);
+          }
+          CHECK_FALSE(r.known());
+          // found_inf lands in the skip flag's high word, then every launch of the step (no
+          // grad check of its own: the scaler made it) divides by the scale and skips on it.
+          const std::vector<std::string> lines = fake.lines();
+          REQUIRE(lines.size() >= 4);
+          CHECK(lines[0] == "cuMemsetD8Async 8");
+          CHECK(lines[1] == "cuMemcpyDtoDAsync 4");
+          for (std::size_t i = 2; i < lines.size(); ++i) {
+            CHECK(lines[i].find(" stream skip") != std::string::npos);
+            CHECK(lines[i].find(" check") == std::string::npos);
+          }
+          CHECK(fake.count("cuLaunchKernel fusedopt_step grid 4 block 512 stream skip scale") == 1);
+          CHECK(lines.back().rfind("cuLaunchKernel fusedopt_advance_step ", 0) == 0);
+        }
+        // The flag as the device would read it: zero exactly when found_inf is zero.
+        CHECK(r.taken() == (inf == 0.0f));
+      }
+      // Without found_inf or scale: a plain step (no flag, no scale).
+      fake.reset();
+      CHECK(opt.step_amp(nullptr, nullptr, stream).taken());
+      CHECK(std::string(fake.log()).find("skip") == std::string::npos);
+      CHECK(std::string(fake.log()).find("scale") == std::string::npos);
+      // rebind: the pointer and alignment tables are copied on the stream, nothing waits.
+      Model other;
+      std::vector<void*> grads;
+      for (const cu::DeviceBuffer& g : other.g) {
+        grads.push_back(reinterpret_cast<void*>(static_cast<std::uintptr_t>(g.get())));
+      }
+      fake.reset();
+      opt.rebind({}, grads, stream);
+      {
+        INFO(std::string(fake.log()));
+        CHECK(fake.count("cuMemcpyHtoDAsync") == 2);
+        CHECK(fake.count("cuCtxSynchronize") == 0);
+        CHECK(fake.count("cuStreamSynchronize") == 0);
+      }
+      cu::stream_destroy(stream);
+    }
+  }
+
   TEST_CASE("a CUBIN the driver refuses is loaded as PTX" * testing::needs_nvrtc()) {
     Fake fake;
     fake.set("refuse_cubin", 1);
