@@ -33,6 +33,25 @@ ensure_deps() {
   fi
 }
 
+# What the Python package's build and tests need (scripts/test-python): Debian's python3 with
+# its torch (CPU), numpy, pytest, venv and headers. scikit-build-core and nanobind come
+# from PyPI into the package's virtual environment.
+fusedopt_python_deps=(python3-torch python3-numpy python3-pytest python3-venv python3-dev)
+
+ensure_python_deps() {
+  local missing=()
+  for p in "${fusedopt_python_deps[@]}"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+  done
+  if ((${#missing[@]})); then
+    echo "installing: ${missing[*]}"
+    local sudo=""
+    [ "$(id -u)" -eq 0 ] || sudo="sudo"
+    $sudo apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${missing[@]}"
+  fi
+}
+
 # Configures and builds into $1 (Release).
 build_fusedopt() {
   local build="$1"

@@ -1,0 +1,90 @@
+"""fusedopt: optimizers written as rules, compiled into one fused multi-tensor kernel.
+
+The C++ library (rules, code generation, the kernel cache, the fused runtime) as a Python
+package. ``fusedopt.torch.Optimizer`` is a ``torch.optim.Optimizer`` over any rule; tensors
+cross as DLPack, so the package links no libtorch.
+"""
+
+from .errors import (CacheError, CompileError, CudaError, Error, InternalError, IoError,
+                     RuleError, UnavailableError, UsageError)
+from ._fusedopt import Rule, __version__
+from ._fusedopt import compile as _compile
+
+__all__ = [
+    "Rule", "Error", "UsageError", "RuleError", "UnavailableError", "IoError", "CompileError",
+    "CudaError", "CacheError", "InternalError", "presets", "rule", "warmup", "__version__",
+]
+
+
+def presets():
+    """The shipped presets, options included ('adam', 'adam+amsgrad', ...)."""
+    return list(Rule.presets())
+
+
+def rule(spec):
+    """A Rule from a preset name, a rule's text, or a Rule (returned as is)."""
+    if isinstance(spec, Rule):
+        return spec
+    if not isinstance(spec, str):
+        raise UsageError(f"a rule is a preset name, a rule's text or a fusedopt.Rule, "
+                         f"not {type(spec).__name__}")
+    if "\n" in spec or "=" in spec:
+        return Rule.parse(spec, "<rule>")
+    return Rule.preset(spec)
+
+
+_DTYPES = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16",
+           "fp32": "fp32", "fp16": "fp16", "bf16": "bf16"}
+
+
+def _dtype_name(dtype):
+    name = str(dtype).replace("torch.", "")
+    if name not in _DTYPES:
+        raise UsageError(f"dtype {dtype}: fusedopt binds float32, float16 and bfloat16")
+    return _DTYPES[name]
+
+
+def warmup(rule_spec="adamw", *, params=None, targets=None, dtypes=None, state_dtype="fp32",
+           master_weights=False, max_grad_norm=0.0):
+    """Compiles kernels into the kernel cache ahead of training, so that the first step does
+    not wait for a compile; ``fusedopt-cache warmup`` fills the same cache.
+
+    Either ``params`` (the tensors an Optimizer will get: their devices and dtypes give the
+    targets and dtype bindings) or ``targets`` ('host', 'sm_90', ...) and ``dtypes`` (a
+    param dtype per binding: 'fp32', 'bf16', or a full binding 'bf16:bf16:fp32+master').
+    Returns one dict per kernel: key, origin ('compiled', 'disk', 'memory'), seconds.
+    """
+    r = rule(rule_spec)
+    if max_grad_norm:
+        r = r.with_grad_clipping(max_grad_norm)
+    state = _dtype_name(state_dtype)
+    jobs = set()
+    if params is not None:
+        for p in params:
+            if isinstance(p, dict):
+                for q in p["params"]:
+                    jobs.add(_job_of(q, state, master_weights))
+            else:
+                jobs.add(_job_of(p, state, master_weights))
+    else:
+        for target in targets or ["host"]:
+            for d in dtypes or ["fp32"]:
+                binding = d if ":" in d else _binding(_dtype_name(d), state, master_weights)
+                jobs.add((target, binding))
+    return [_compile(r, target, binding) for target, binding in sorted(jobs)]
+
+
+def _binding(param, state, master):
+    master = master and param != "fp32"
+    return f"{param}:{param}:{state}" + ("+master" if master else "")
+
+
+def _job_of(p, state, master):
+    dtype = _dtype_name(p.dtype)
+    if p.device.type == "cuda":
+        import torch
+        major, minor = torch.cuda.get_device_capability(p.device)
+        target = f"sm_{major}{minor}"
+    else:
+        target = "host"
+    return target, _binding(dtype, state, master)

@@ -1,0 +1,520 @@
+"""fusedopt for PyTorch: ``fusedopt.torch.Optimizer``, a ``torch.optim.Optimizer`` that runs
+any rule (a preset name, a rule's text or a ``fusedopt.Rule``) as one fused kernel over
+every parameter that has a gradient: CPU tensors on the host kernel, CUDA tensors on the GPU
+kernel, on torch's current stream.
+
+- Param groups keep torch's keys (``lr``, ``betas``, ``weight_decay``, ...) so LR schedulers
+  and user code work unchanged; a changed value reaches the kernel at the next step without
+  a recompile.
+- ``state_dict()`` / ``load_state_dict()`` use torch's layout and state names
+  (``exp_avg``, ``exp_avg_sq``, ``step``, ...): a ``torch.optim.AdamW`` checkpoint loads into
+  ``rule="adamw"`` and back. ``from_torch(optimizer)`` converts a live torch optimizer.
+- AMP: ``_step_supports_amp_scaling``: a GradScaler hands over ``grad_scale`` and
+  ``found_inf``; the unscale and the skip happen in the fused kernel, with no host
+  synchronisation on CUDA.
+"""
+
+import torch
+
+from . import _fusedopt as _C
+from . import rule as _rule
+from .errors import UsageError
+
+__all__ = ["Optimizer", "from_torch", "TORCH_PRESETS"]
+
+# torch.optim class -> preset, with the torch names of the rule's states where they differ.
+TORCH_PRESETS = {
+    "SGD": "sgd", "Adam": "adam", "AdamW": "adamw", "Adagrad": "adagrad", "RMSprop": "rmsprop",
+    "Adamax": "adamax", "NAdam": "nadam", "RAdam": "radam", "Adadelta": "adadelta",
+    "Rprop": "rprop", "ASGD": "asgd", "Adafactor": "adafactor",
+}
+_STATE_NAMES = {  # rule state -> torch state, per preset base
+    "adam": {"m": "exp_avg", "v": "exp_avg_sq", "max_v": "max_exp_avg_sq"},
+    "adamw": {"m": "exp_avg", "v": "exp_avg_sq", "max_v": "max_exp_avg_sq"},
+    "adamax": {"m": "exp_avg"},
+    "nadam": {"m": "exp_avg", "v": "exp_avg_sq", "mu_prod": "mu_product"},
+    "radam": {"m": "exp_avg", "v": "exp_avg_sq"},
+    "adafactor": {"r": "row_var", "c": "col_var"},
+}
+# torch's tuple-valued hypers and the rule hypers they hold.
+_TUPLES = {
+    "betas": ("beta1", "beta2"),
+    "etas": ("etaminus", "etaplus"),
+    "step_sizes": ("step_size_min", "step_size_max"),
+    "eps": ("eps1", "eps2"),  # Adafactor's (eps1, eps2); a plain eps elsewhere
+}
+# Group keys torch (or its schedulers) keep that no rule reads.
+_IGNORED = {"params", "foreach", "capturable", "differentiable", "fused", "initial_lr",
+            "amsgrad", "name"}
+_DTYPES = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}
+
+
+def _dtype_code(dtype, who):
+    if dtype not in _DTYPES:
+        raise UsageError(f"{who} has dtype {dtype}; fusedopt binds float32, float16 and "
+                         "bfloat16")
+    return _DTYPES[dtype]
+
+
+def _float(value, key):
+    if isinstance(value, torch.Tensor):
+        if value.numel() != 1:
+            raise UsageError(f"hyper '{key}' is a tensor of {value.numel()} elements; "
+                             "give one number")
+        value = value.item()
+    if value is None:
+        return 0.0
+    return float(value)
+
+
+class _Bound:
+    """One C++ optimizer (engine) over a set of params that share a step count."""
+
+    def __init__(self, engine, params, grads, slots):
+        self.engine = engine
+        self.params = params  # [(group index, index in group, param)]
+        self.grads = grads  # the grad tensors it was given (identity checks)
+        self.pptrs = [p.data_ptr() for _, _, p in params]
+        self.slots = slots  # index in the engine of each param
+
+
+class Optimizer(torch.optim.Optimizer):
+    """A ``torch.optim.Optimizer`` running ``rule`` as one fused kernel per step.
+
+    ``rule``: a preset name ('adamw', 'sgd', 'adamw+amsgrad', ...), a rule's text, or a
+    ``fusedopt.Rule``. Keyword hypers use the rule's names or torch's (``betas=(0.9, 0.999)``
+    for ``beta1``/``beta2``, ``etas``, ``step_sizes``; booleans as 0/1; ``amsgrad=True``
+    picks the preset option). ``state_dtype`` (torch.float32, torch.bfloat16 or
+    torch.float16) stores the states; ``master_weights`` keeps an fp32 copy of 16-bit params;
+    ``max_grad_norm`` clips by the global norm inside the same launches (torch's
+    ``clip_grad_norm_``).
+    """
+
+    _step_supports_amp_scaling = True
+
+    def __init__(self, params, rule="adamw", *, state_dtype=torch.float32, master_weights=False,
+                 max_grad_norm=0.0, reduction_strategy="auto", **hypers):
+        preset_base = None
+        if isinstance(rule, str) and rule.split("+")[0] in _C.Rule.presets():
+            # A preset: its options (amsgrad=True) may come as keyword hypers, as in torch.
+            parts = rule.split("+")
+            preset_base, chosen = parts[0], set(parts[1:])
+            for option in _C.Rule.preset_options(preset_base):
+                if option in hypers:
+                    (chosen.add if bool(hypers.pop(option)) else chosen.discard)(option)
+            rule = "+".join([preset_base] + sorted(chosen))
+        self._rule = _rule(rule)
+        self._preset = preset_base
+        self._names = dict(_STATE_NAMES.get(self._preset, {}))
+        self._hyper_names = [name for name, _ in self._rule.hypers]
+        self._options = {
+            "state_dtype": _dtype_code(state_dtype, "state_dtype") if not isinstance(
+                state_dtype, str) else state_dtype,
+            "master_weights": bool(master_weights),
+            "max_grad_norm": float(max_grad_norm),
+            "strategy": reduction_strategy,
+        }
+        defaults = self._defaults(hypers)
+        if preset_base is not None:
+            for option in _C.Rule.preset_options(preset_base):  # torch's group keys
+                defaults[option] = option in self._rule.name.split("+")[1:]
+        self._engines = []
+        self._key = None
+        self._steps = {}  # param -> steps taken, for params outside an engine
+        self._pushed = []  # per engine: the hypers last given to it, per group
+        self.engine_builds = 0
+        super().__init__(params, defaults)
+
+    # ---- hypers ---------------------------------------------------------------------------
+    def _defaults(self, hypers):
+        rule_defaults = dict(self._rule.hypers)
+        defaults = {}
+        # Torch's tuple keys where the rule has the whole tuple (the preset's torch face).
+        covered, tuples = set(), set()
+        for key, names in _TUPLES.items():
+            if all(n in rule_defaults for n in names) and (key in hypers or self._preset):
+                defaults[key] = tuple(rule_defaults[n] for n in names)
+                covered.update(names)
+                tuples.add(key)
+        for name, value in rule_defaults.items():
+            if name not in covered:
+                defaults[name] = value
+        for key, value in hypers.items():
+            if key in _IGNORED:
+                continue
+            if key in tuples:
+                if not isinstance(value, (tuple, list)) or len(value) != len(_TUPLES[key]):
+                    raise UsageError(f"hyper '{key}' must be a tuple of {len(_TUPLES[key])} "
+                                     f"({', '.join(_TUPLES[key])})")
+                defaults[key] = tuple(value)
+            elif key in defaults:
+                defaults[key] = value
+            elif key in rule_defaults:  # a rule name for a part of a tuple key
+                for tkey, names in _TUPLES.items():
+                    if key in names and tkey in tuples:
+                        parts = list(defaults[tkey])
+                        parts[names.index(key)] = value
+                        defaults[tkey] = tuple(parts)
+            else:
+                raise UsageError(f"rule '{self._rule.name}' has no hyper '{key}' (it has: "
+                                 f"{', '.join(self._hyper_names) or 'none'})")
+        return defaults
+
+    def _group_hypers(self, group):
+        """The rule's hypers of one group, in the rule's order, as floats."""
+        out = []
+        for name in self._hyper_names:
+            if name in group:
+                out.append(_float(group[name], name))
+                continue
+            for key, names in _TUPLES.items():
+                if name in names and key in group and isinstance(group[key], (tuple, list)):
+                    out.append(_float(group[key][names.index(name)], key))
+                    break
+            else:
+                out.append(_float(self.defaults.get(name, dict(self._rule.hypers)[name]), name))
+        return out
+
+    def add_param_group(self, param_group):
+        super().add_param_group(param_group)
+        for key in param_group:
+            if key in _IGNORED or key in self.defaults or key in self._hyper_names:
+                continue
+            raise UsageError(f"param group {len(self.param_groups) - 1}: rule "
+                             f"'{self._rule.name}' has no hyper '{key}' (it has: "
+                             f"{', '.join(self._hyper_names) or 'none'})")
+        self._key = None  # the next step plans again
+
+    # ---- planning -------------------------------------------------------------------------
+    def _who(self, g, i, p=None):
+        return f"param_groups[{g}]['params'][{i}]" + (f" (shape {tuple(p.shape)})" if p is not None
+                                                     else "")
+
+    def _check(self, g, i, p, grad, device):
+        who = self._who(g, i, p)
+        if grad.is_sparse:
+            raise UsageError(f"{who}: its gradient is sparse; fusedopt takes dense gradients "
+                             "(torch.optim.SparseAdam handles sparse ones)")
+        if p.is_complex() or grad.is_complex():
+            raise UsageError(f"{who}: complex tensors are not supported (use "
+                             "torch.view_as_real)")
+        _dtype_code(p.dtype, who)
+        _dtype_code(grad.dtype, f"{who}.grad")
+        if grad.shape != p.shape:
+            raise UsageError(f"{who}: its gradient has shape {tuple(grad.shape)}")
+        if p.device != device or grad.device != device:
+            raise UsageError(f"{who}: on {p.device} (grad on {grad.device}), but the first "
+                             f"parameter with a gradient is on {device}: one fusedopt "
+                             "Optimizer steps the parameters of one device")
+        if not p.is_contiguous():
+            raise UsageError(f"{who}: not contiguous (strides {p.stride()}); fusedopt walks "
+                             "each parameter's memory in order")
+        if not grad.is_contiguous():
+            raise UsageError(f"{who}: its gradient is not contiguous (strides "
+                             f"{grad.stride()})")
+        if p.device.type not in ("cpu", "cuda"):
+            raise UsageError(f"{who}: on {p.device}; fusedopt runs on the CPU and on CUDA")
+
+    def _active(self):
+        return [(g, i, p) for g, group in enumerate(self.param_groups)
+                for i, p in enumerate(group["params"]) if p.grad is not None]
+
+    def _step_of(self, p):
+        return self._steps.get(p, 0)
+
+    def _release(self):
+        """Takes the state out of the engines (copies), so they can go."""
+        for bound in self._engines:
+            taken = bound.engine.step_count()
+            for _, _, p in bound.params:
+                self._steps[p] = taken
+                state = self.state[p]
+                for key, t in list(state.items()):
+                    if isinstance(t, torch.Tensor):
+                        state[key] = t.clone()
+        self._engines = []
+        self._pushed = []
+        self._key = None
+
+    def _plan(self, active):
+        self._release()
+        device = active[0][2].device
+        for g, i, p in active:
+            self._check(g, i, p, p.grad, device)
+        # One engine per step count (params that skipped steps have their own), in order.
+        by_step = {}
+        for g, i, p in active:
+            by_step.setdefault(self._step_of(p), []).append((g, i, p))
+        if len(by_step) > 1 and (self._rule.reduction_passes > 0
+                                 or self._options["max_grad_norm"] > 0):
+            counts = ", ".join(str(s) for s in sorted(by_step))
+            raise UsageError(f"rule '{self._rule.name}' reduces over every tensor of a step, "
+                             f"but the parameters with gradients have taken different numbers "
+                             f"of steps ({counts}); step them together")
+        for steps, members in by_step.items():
+            self._engines.append(self._build(members, steps))
+        self._key = tuple(id(p) for _, _, p in active)
+
+    def _build(self, members, steps):
+        specs = []
+        for g, group in enumerate(self.param_groups):
+            spec = _C._GroupSpec()
+            spec.hypers = list(zip(self._hyper_names, self._group_hypers(group)))
+            specs.append(spec)
+        params, grads, slots = [], [], []
+        lists = [([], [], []) for _ in self.param_groups]
+        for g, i, p in members:
+            lists[g][0].append(p.detach())
+            lists[g][1].append(p.grad.detach())
+            lists[g][2].append(f"group{g}.param{i}")
+        for g, spec in enumerate(specs):
+            spec.params, spec.grads, spec.names = lists[g]
+        # The engine's param order: by group, then as listed.
+        ordered = sorted(members, key=lambda m: (m[0], m[1]))
+        engine = _C._Engine(self._rule, specs, self._options["state_dtype"],
+                            self._options["master_weights"], self._options["max_grad_norm"],
+                            self._options["strategy"])
+        self.engine_builds += 1
+        for slot, (g, i, p) in enumerate(ordered):
+            params.append((g, i, p))
+            grads.append(p.grad)
+            slots.append(slot)
+            old = self.state.get(p, {})
+            fresh = self._views(engine, slot, p)
+            for key, view in fresh.items():
+                if key in old and isinstance(old[key], torch.Tensor):
+                    view.copy_(old[key].reshape(view.shape))
+            self.state[p] = fresh
+        if steps:
+            engine.set_step_count(int(steps))
+        self._pushed.append([self._group_hypers(group) for group in self.param_groups])
+        return _Bound(engine, params, grads, slots)
+
+    def _views(self, engine, slot, p):
+        """The engine's state of one param as torch tensors (views, no copy), torch names."""
+        out = {}
+        for name in self._rule.states:
+            out[self._names.get(name, name)] = engine.state(name, slot, "param")
+        for name in self._rule.scalars:
+            out[self._names.get(name, name)] = engine.state(name, slot, "scalar")
+        shape = list(p.shape) or [1]
+        rows = shape[:-1] + [1] if len(shape) >= 2 else shape
+        cols = shape[:-2] + [1, shape[-1]] if len(shape) >= 2 else [1]
+        for name in self._rule.row_states:
+            out[self._names.get(name, name)] = engine.state(name, slot, "flat").view(rows)
+        for name in self._rule.col_states:
+            out[self._names.get(name, name)] = engine.state(name, slot, "flat").view(cols)
+        if self._options["master_weights"] and p.dtype != torch.float32:
+            out["master"] = engine.state("master", slot, "param")
+        return out
+
+    def _rebind_moved(self, bound, stream):
+        params, grads, moved = [], [], False
+        for k, (g, i, p) in enumerate(bound.params):
+            grad = p.grad
+            new_p = new_g = None
+            if grad is not bound.grads[k]:
+                if grad.dtype != bound.grads[k].dtype:
+                    return False  # another binding: plan again
+                self._check(g, i, p, grad, p.device)
+                bound.grads[k] = grad
+                new_g = grad.detach()
+                moved = True
+            ptr = p.data_ptr()
+            if ptr != bound.pptrs[k]:
+                self._check(g, i, p, grad, p.device)
+                bound.pptrs[k] = ptr
+                new_p = p.detach()
+                moved = True
+            params.append(new_p)
+            grads.append(new_g)
+        if moved:
+            bound.engine.rebind(params, grads, stream)
+        return True
+
+    def _stream(self, device):
+        if device.type == "cuda":
+            return torch.cuda.current_stream(device).cuda_stream
+        return 0
+
+    # ---- the step -------------------------------------------------------------------------
+    @torch.no_grad()
+    def step(self, closure=None, **kwargs):
+        """One fused step over every parameter with a gradient (those without are skipped,
+        as torch skips them). Under a GradScaler, the scale and the inf check it passes are
+        applied in the kernel."""
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        grad_scale, found_inf = self._amp_inputs(kwargs.pop("grad_scaler", None))
+        if kwargs:
+            raise TypeError(f"step() got unexpected keyword arguments {sorted(kwargs)}")
+        active = self._active()
+        if not active:
+            return loss
+        if self._key is None or len(active) != len(self._key) or any(
+                id(p) != k for (_, _, p), k in zip(active, self._key)):
+            self._plan(active)
+            stream = self._stream(active[0][2].device)
+        else:
+            stream = self._stream(active[0][2].device)
+            for bound in self._engines:
+                if not self._rebind_moved(bound, stream):
+                    self._plan(active)
+                    break
+        for e, bound in enumerate(self._engines):
+            for g, group in enumerate(self.param_groups):
+                values = self._group_hypers(group)
+                if values != self._pushed[e][g]:
+                    for name, new, old in zip(self._hyper_names, values, self._pushed[e][g]):
+                        if new != old:
+                            bound.engine.set_hyper(name, new, g,
+                                                   stream if bound.engine.device >= 0 else None)
+                    self._pushed[e][g] = values
+            if grad_scale is None and found_inf is None:
+                bound.engine.step(stream)
+            else:
+                bound.engine.step_amp(grad_scale, found_inf, stream)
+        return loss
+
+    def _amp_inputs(self, scaler):
+        """grad_scale and found_inf as torch's GradScaler hands them over (attributes set
+        for this step), or read from a scaler passed as `grad_scaler` (torch 1.13's form)."""
+        grad_scale = getattr(self, "grad_scale", None)
+        found_inf = getattr(self, "found_inf", None)
+        if scaler is not None and grad_scale is None and found_inf is None:
+            state = scaler._per_optimizer_states[id(self)]
+            if state["stage"].name == "READY":
+                scaler._check_inf_per_device(self)
+            scale = scaler._get_scale_async()
+            found_inf = sum(t.to(scale.device, non_blocking=True)
+                            for t in state["found_inf_per_device"].values())
+            grad_scale = None if state["stage"].name == "UNSCALED" else scale
+        prepared = []
+        for name, t in (("grad_scale", grad_scale), ("found_inf", found_inf)):
+            if t is not None:
+                if not isinstance(t, torch.Tensor) or t.numel() != 1:
+                    raise UsageError(f"{name} must be a tensor of one element")
+                t = t.detach().reshape(()).to(torch.float32)
+            prepared.append(t)
+        return prepared[0], prepared[1]
+
+    # ---- state_dict -----------------------------------------------------------------------
+    def _sync_steps(self):
+        for bound in self._engines:
+            taken = bound.engine.step_count()
+            for _, _, p in bound.params:
+                self._steps[p] = taken
+
+    def state_dict(self):
+        """torch's layout: {'state': {index: {name: tensor, 'step': tensor}},
+        'param_groups': [...]}, with torch's state names."""
+        self._sync_steps()
+        index, groups = 0, []
+        mapping = {}
+        for group in self.param_groups:
+            packed = {k: v for k, v in group.items() if k != "params"}
+            ids = []
+            for p in group["params"]:
+                if id(p) not in mapping:
+                    mapping[id(p)] = index
+                    index += 1
+                ids.append(mapping[id(p)])
+            packed["params"] = ids
+            groups.append(packed)
+        state = {}
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p not in self.state or not self.state[p]:
+                    continue
+                entry = {"step": torch.tensor(float(self._step_of(p)))}
+                entry.update(self.state[p])
+                state[mapping[id(p)]] = entry
+        return {"state": state, "param_groups": groups}
+
+    def load_state_dict(self, state_dict):
+        """Loads torch's layout (from this class or from the torch.optim class of the same
+        rule): hypers per group, states by torch's names, the step."""
+        groups = self.param_groups
+        saved = state_dict["param_groups"]
+        if len(groups) != len(saved):
+            raise ValueError("loaded state dict has a different number of parameter groups")
+        for g, (ours, theirs) in enumerate(zip(groups, saved)):
+            if len(ours["params"]) != len(theirs["params"]):
+                raise ValueError(f"loaded state dict's group {g} has {len(theirs['params'])} "
+                                 f"parameters, this optimizer's has {len(ours['params'])}")
+        self._release()
+        by_index = {}
+        for ours, theirs in zip(groups, saved):
+            for i, p in zip(theirs["params"], ours["params"]):
+                by_index[i] = p
+            for key, value in theirs.items():
+                if key != "params":
+                    ours[key] = value
+        reverse = {v: k for k, v in self._names.items()}
+        self.state.clear()
+        self._steps = {}
+        for i, entry in state_dict["state"].items():
+            if i not in by_index:
+                raise ValueError(f"loaded state dict has state for parameter {i}, which no "
+                                 "group lists")
+            p = by_index[i]
+            state = {}
+            for key, value in entry.items():
+                if key == "step":
+                    self._steps[p] = int(_float(value, "step"))
+                    continue
+                if value is None:
+                    continue  # torch's SGD keeps momentum_buffer None without momentum
+                if reverse.get(key, key) not in self._state_names() and key not in (
+                        "master",):
+                    continue  # a state the rule does not keep (e.g. torch's unused ones)
+                if isinstance(value, torch.Tensor):
+                    value = value.detach().to(device=p.device).clone()
+                state[key] = value
+            if "step" not in entry and state:
+                # torch's SGD counts no steps: a param with a momentum buffer has stepped.
+                self._steps[p] = 1
+            self.state[p] = state
+        self._key = None
+
+    def _state_names(self):
+        r = self._rule
+        return set(r.states) | set(r.scalars) | set(r.row_states) | set(r.col_states)
+
+    # ---- introspection --------------------------------------------------------------------
+    @property
+    def rule(self):
+        """The fusedopt.Rule this optimizer runs."""
+        return self._rule
+
+    def stats(self):
+        """What a step costs (the C++ OptimizerStats, one dict per engine)."""
+        return [bound.engine.stats() for bound in self._engines]
+
+    def __repr__(self):
+        return f"fusedopt.torch.Optimizer(rule='{self._rule.name}', " \
+               f"groups={len(self.param_groups)})"
+
+
+def from_torch(optimizer, **options):
+    """A fusedopt Optimizer equivalent to a live torch.optim optimizer: the same params and
+    groups, hypers and state (step included). ``options`` go to Optimizer (state_dtype, ...).
+    """
+    name = type(optimizer).__name__
+    if name not in TORCH_PRESETS:
+        raise UsageError(f"torch.optim.{name} has no fusedopt preset (presets exist for: "
+                         f"{', '.join(sorted(TORCH_PRESETS))})")
+    preset = TORCH_PRESETS[name]
+    amsgrad = {bool(g.get("amsgrad", False)) for g in optimizer.param_groups}
+    if len(amsgrad) > 1:
+        raise UsageError(f"torch.optim.{name}: groups differ in amsgrad; fusedopt runs one rule")
+    if amsgrad == {True}:
+        preset += "+amsgrad"
+    groups = []
+    for group in optimizer.param_groups:
+        groups.append({k: v for k, v in group.items() if k not in ("amsgrad",)})
+    opt = Optimizer(groups, rule=preset, **options)
+    opt.load_state_dict(optimizer.state_dict())
+    return opt

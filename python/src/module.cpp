@@ -1,0 +1,362 @@
+// fusedopt._fusedopt: the C++ library as a Python extension (nanobind). No libtorch: tensors
+// cross as DLPack (their __dlpack__), both ways, without a copy. The Python package
+// (python/fusedopt) builds the torch.optim.Optimizer on top of this.
+#include <nanobind/nanobind.h>
+#include <nanobind/ndarray.h>
+#include <nanobind/stl/optional.h>
+#include <nanobind/stl/pair.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/vector.h>
+
+#include <cstdint>
+#include <exception>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "fusedopt/error.hpp"
+#include "fusedopt/kernel.hpp"
+#include "fusedopt/optimizer.hpp"
+#include "fusedopt/version.hpp"
+
+namespace nb = nanobind;
+namespace fo = fusedopt;
+
+namespace {
+
+using Array = nb::ndarray<nb::ro>;  // any DLPack tensor, never converted (no copy)
+
+/// The Python exception classes of fusedopt.errors (set at import).
+struct Errors {
+  nb::object error, usage, unavailable, io, rule, compile, cuda, cache, internal;
+};
+Errors& errors() {
+  static Errors* e = new Errors;  // never destroyed: alive as long as the interpreter
+  return *e;
+}
+
+void translate(const std::exception_ptr& p, void*) {
+  const Errors& e = errors();
+  auto set = [](const nb::object& cls, nb::object instance) {
+    PyErr_SetObject(cls.ptr(), instance.ptr());
+  };
+  try {
+    std::rethrow_exception(p);
+  } catch (const fo::RuleError& x) {
+    set(e.rule,
+        e.rule(x.what(), x.file(), x.line(), x.column(), x.message(), x.source_line(), x.hint()));
+  } catch (const fo::CompileError& x) {
+    set(e.compile, e.compile(x.what(), x.log(), x.source()));
+  } catch (const fo::UsageError& x) {
+    set(e.usage, e.usage(x.what()));
+  } catch (const fo::UnavailableError& x) {
+    set(e.unavailable, e.unavailable(x.what()));
+  } catch (const fo::IoError& x) {
+    set(e.io, e.io(x.what()));
+  } catch (const fo::CudaError& x) {
+    set(e.cuda, e.cuda(x.what()));
+  } catch (const fo::CacheError& x) {
+    set(e.cache, e.cache(x.what()));
+  } catch (const fo::InternalError& x) {
+    set(e.internal, e.internal(x.what()));
+  } catch (const fo::Error& x) {
+    set(e.error, e.error(x.what()));
+  }
+}
+
+/// The storage dtype of a DLPack tensor, or a UsageError naming it.
+fo::DType dtype_of(const Array& a, const std::string& who) {
+  const nb::dlpack::dtype d = a.dtype();
+  const auto code = static_cast<nb::dlpack::dtype_code>(d.code);
+  if (d.lanes == 1) {
+    if (code == nb::dlpack::dtype_code::Float && d.bits == 32) return fo::DType::F32;
+    if (code == nb::dlpack::dtype_code::Float && d.bits == 16) return fo::DType::F16;
+    if (code == nb::dlpack::dtype_code::Bfloat && d.bits == 16) return fo::DType::BF16;
+  }
+  const char* kind = code == nb::dlpack::dtype_code::Float    ? "float"
+                     : code == nb::dlpack::dtype_code::Bfloat ? "bfloat"
+                     : code == nb::dlpack::dtype_code::Int    ? "int"
+                     : code == nb::dlpack::dtype_code::UInt   ? "uint"
+                                                              : "other";
+  throw fo::UsageError(who + " has dtype " + kind + std::to_string(d.bits) +
+                       "; fusedopt binds float32, float16 and bfloat16");
+}
+
+/// A fusedopt Tensor viewing a DLPack tensor in place (C-contiguous, one of our dtypes, on
+/// the host or a CUDA device), or a UsageError naming it.
+fo::Tensor view(const Array& a, const std::string& name) {
+  fo::Tensor t;
+  t.name = name;
+  t.dtype = dtype_of(a, name);
+  std::int64_t numel = 1, expect = 1;
+  for (std::size_t d = a.ndim(); d-- > 0;) {
+    const auto size = static_cast<std::int64_t>(a.shape(d));
+    if (size != 1 && a.stride(d) != expect) {
+      throw fo::UsageError(name +
+                           " is not contiguous (call .contiguous() on it, or keep the "
+                           "parameter contiguous: the fused kernel walks memory in order)");
+    }
+    expect *= size;
+  }
+  for (std::size_t d = 0; d < a.ndim(); ++d) {
+    t.shape.push_back(static_cast<std::int64_t>(a.shape(d)));
+    numel *= static_cast<std::int64_t>(a.shape(d));
+  }
+  t.numel = numel;
+  t.data = const_cast<void*>(a.data());
+  const int type = a.device_type();
+  if (type == nb::device::cpu::value) {
+    t.device = fo::Device::host();
+  } else if (type == nb::device::cuda::value) {
+    t.device = fo::Device::cuda(a.device_id());
+  } else {
+    throw fo::UsageError(name + " lives on a DLPack device of type " + std::to_string(type) +
+                         "; fusedopt runs on the CPU and on CUDA devices");
+  }
+  return t;
+}
+
+/// One param group as Python gives it: params, grads (same order), names, hypers.
+struct GroupSpec {
+  std::vector<Array> params, grads;
+  std::vector<std::string> names;
+  std::vector<std::pair<std::string, double>> hypers;
+};
+
+void* as_stream(std::uintptr_t stream) { return reinterpret_cast<void*>(stream); }
+
+/// A fusedopt::Optimizer over tensors Python owns (their memory must outlive it: the
+/// Python side keeps them), with the shapes its state views take.
+class Engine {
+ public:
+  Engine(const fo::Rule& rule, std::vector<GroupSpec> groups, const std::string& state_dtype,
+         bool master_weights, double max_grad_norm, const std::string& strategy) {
+    std::vector<fo::ParamGroup> pgs;
+    for (GroupSpec& g : groups) {
+      if (g.params.size() != g.grads.size() || g.params.size() != g.names.size()) {
+        throw fo::UsageError("a param group needs as many grads and names as params");
+      }
+      fo::ParamGroup pg;
+      for (std::size_t i = 0; i < g.params.size(); ++i) {
+        pg.params.push_back(view(g.params[i], g.names[i]));
+        fo::Tensor grad = view(g.grads[i], g.names[i] + ".grad");
+        grad.shape.clear();
+        pg.grads.push_back(std::move(grad));
+        shapes_.push_back(pg.params.back().shape);
+      }
+      pg.hypers = std::move(g.hypers);
+      pgs.push_back(std::move(pg));
+    }
+    fo::OptimizerOptions o;
+    o.state_dtype = fo::DTypeBinding::parse(state_dtype).param;
+    o.master_weights = master_weights;
+    o.max_grad_norm = max_grad_norm;
+    o.reduction_strategy = strategy == "store"       ? fo::ReductionStrategy::Store
+                           : strategy == "recompute" ? fo::ReductionStrategy::Recompute
+                                                     : fo::ReductionStrategy::Auto;
+    opt_.emplace(rule, std::move(pgs), o);
+    for (const auto& g : groups) {
+      for (const auto& p : g.params) {
+        device_ = p.device_type() == nb::device::cuda::value ? p.device_id() : -1;
+      }
+    }
+  }
+
+  void step(std::uintptr_t stream) { opt_->step(as_stream(stream)); }
+
+  /// torch's AMP protocol; None: the verdict is on the device still (ask step_taken()).
+  std::optional<bool> step_amp(std::optional<Array> grad_scale, std::optional<Array> found_inf,
+                               std::uintptr_t stream) {
+    auto scalar = [](const std::optional<Array>& a, const char* what) -> const float* {
+      if (!a) return nullptr;
+      if (dtype_of(*a, what) != fo::DType::F32 || a->size() != 1) {
+        throw fo::UsageError(std::string(what) + " must be one float32 value");
+      }
+      return static_cast<const float*>(a->data());
+    };
+    last_ = opt_->step_amp(scalar(grad_scale, "grad_scale"), scalar(found_inf, "found_inf"),
+                           as_stream(stream));
+    if (last_.known()) return last_.taken();
+    return std::nullopt;
+  }
+
+  bool step_taken() const { return last_.taken(); }
+
+  void rebind(const std::vector<std::optional<Array>>& params,
+              const std::vector<std::optional<Array>>& grads, std::uintptr_t stream) {
+    auto ptrs = [](const std::vector<std::optional<Array>>& list) {
+      std::vector<void*> out;
+      for (const auto& a : list) out.push_back(a ? const_cast<void*>(a->data()) : nullptr);
+      return out;
+    };
+    opt_->rebind(ptrs(params), ptrs(grads), as_stream(stream));
+  }
+
+  void set_hyper(const std::string& name, double value, std::optional<int> group,
+                 std::optional<std::uintptr_t> stream) {
+    if (stream) {
+      opt_->set_hyper(name, value, group, as_stream(*stream));
+    } else {
+      opt_->set_hyper(name, value, group);
+    }
+  }
+  double hyper(const std::string& name, int group) const { return opt_->hyper(name, group); }
+  std::int64_t step_count() const { return opt_->step_count(); }
+  void set_step_count(std::int64_t n) { opt_->set_step_count(n); }
+
+  /// State `name` of param `index` as a DLPack tensor (zero-copy; it keeps `self` alive).
+  /// Element states take the param's shape, scalars are 0-d, row/col states flat.
+  static nb::object state(nb::handle self, const std::string& name, int index,
+                          const std::string& shape_as) {
+    Engine& e = nb::cast<Engine&>(self);
+    const fo::Tensor t = e.opt_->state(name, index);
+    std::vector<std::size_t> shape;
+    if (shape_as == "param") {
+      for (std::int64_t d : e.shapes_.at(static_cast<std::size_t>(index)))
+        shape.push_back(static_cast<std::size_t>(d));
+    } else if (shape_as == "flat") {
+      shape.push_back(static_cast<std::size_t>(t.numel));
+    }  // "scalar": 0-d
+    nb::dlpack::dtype dt = nb::dtype<float>();
+    if (t.dtype == fo::DType::F64) dt = nb::dtype<double>();
+    if (t.dtype == fo::DType::F16)
+      dt = {static_cast<std::uint8_t>(nb::dlpack::dtype_code::Float), 16, 1};
+    if (t.dtype == fo::DType::BF16)
+      dt = {static_cast<std::uint8_t>(nb::dlpack::dtype_code::Bfloat), 16, 1};
+    static float dummy = 0;  // an empty tensor's view needs some address
+    void* data = t.data ? t.data : &dummy;
+    const bool cuda = t.device.kind == fo::Device::Kind::Cuda && t.data != nullptr;
+    nb::ndarray<nb::pytorch> out(data, shape.size(), shape.data(), self, nullptr, dt,
+                                 cuda ? nb::device::cuda::value : nb::device::cpu::value,
+                                 cuda ? t.device.index : 0);
+    return nb::cast(out, nb::rv_policy::reference);
+  }
+
+  nb::dict stats() const {
+    const fo::OptimizerStats s = opt_->stats();
+    nb::dict d;
+    d["tensors"] = s.tensors;
+    d["elements"] = s.elements;
+    d["launches_per_step"] = s.launches_per_step;
+    d["bytes_per_step"] = s.bytes_per_step;
+    d["state_bytes"] = s.state_bytes;
+    d["reduction_passes"] = s.reduction_passes;
+    d["reduction_strategy"] = s.reduction_strategy;
+    d["schedule_report"] = s.schedule_report;
+    d["kernel_keys"] = s.kernel_keys;
+    d["kernel_seconds"] = s.kernel_seconds;
+    d["kernel_origin"] = s.kernel_origin;
+    d["fusion_report"] = s.fusion_report;
+    return d;
+  }
+
+  void save(const std::string& path) const { opt_->save(path); }
+  void load(const std::string& path) { opt_->load(path); }
+  int device() const { return device_; }
+
+ private:
+  std::optional<fo::Optimizer> opt_;
+  std::vector<std::vector<std::int64_t>> shapes_;
+  fo::StepResult last_;
+  int device_ = -1;
+};
+
+}  // namespace
+
+NB_MODULE(_fusedopt, m) {
+  m.doc() = "fusedopt's C++ library (rules, kernels, the fused optimizer runtime)";
+  m.attr("__version__") = FUSEDOPT_VERSION_STRING;
+  {
+    nb::module_ err = nb::module_::import_("fusedopt.errors");
+    Errors& e = errors();
+    e.error = err.attr("Error");
+    e.usage = err.attr("UsageError");
+    e.unavailable = err.attr("UnavailableError");
+    e.io = err.attr("IoError");
+    e.rule = err.attr("RuleError");
+    e.compile = err.attr("CompileError");
+    e.cuda = err.attr("CudaError");
+    e.cache = err.attr("CacheError");
+    e.internal = err.attr("InternalError");
+  }
+  nb::register_exception_translator(translate);
+
+  nb::class_<fo::Rule>(m, "Rule", "A parsed and checked optimizer rule (immutable).")
+      .def_static(
+          "parse",
+          [](const std::string& text, const std::string& file) {
+            return fo::Rule::parse(text, file);
+          },
+          nb::arg("text"), nb::arg("file") = "<rule>",
+          "Parses and checks a rule's text; raises RuleError (file, line, column).")
+      .def_static("preset", &fo::Rule::preset, nb::arg("name"),
+                  "A shipped preset ('adamw', 'sgd', 'adamw+amsgrad', ...).")
+      .def_static("presets", &fo::Rule::presets)
+      .def_static("preset_options", &fo::Rule::preset_options, nb::arg("name"))
+      .def_prop_ro("name", &fo::Rule::name)
+      .def_prop_ro("hypers", &fo::Rule::hypers)
+      .def_prop_ro("states", &fo::Rule::states)
+      .def_prop_ro("scalars", &fo::Rule::scalars)
+      .def_prop_ro("row_states", &fo::Rule::row_states)
+      .def_prop_ro("col_states", &fo::Rule::col_states)
+      .def_prop_ro("reduction_passes", &fo::Rule::reduction_passes)
+      .def_prop_ro("text", &fo::Rule::text)
+      .def("describe", &fo::Rule::describe)
+      .def("with_grad_clipping", &fo::Rule::with_grad_clipping, nb::arg("max_grad_norm") = 1.0)
+      .def("__repr__", [](const fo::Rule& r) { return "<fusedopt.Rule '" + r.name() + "'>"; });
+
+  nb::class_<GroupSpec>(m, "_GroupSpec")
+      .def(nb::init<>())
+      .def_rw("params", &GroupSpec::params)
+      .def_rw("grads", &GroupSpec::grads)
+      .def_rw("names", &GroupSpec::names)
+      .def_rw("hypers", &GroupSpec::hypers);
+
+  nb::class_<Engine>(m, "_Engine")
+      .def(nb::init<const fo::Rule&, std::vector<GroupSpec>, const std::string&, bool, double,
+                    const std::string&>(),
+           nb::arg("rule"), nb::arg("groups"), nb::arg("state_dtype") = "fp32",
+           nb::arg("master_weights") = false, nb::arg("max_grad_norm") = 0.0,
+           nb::arg("strategy") = "auto")
+      .def("step", &Engine::step, nb::arg("stream") = 0)
+      .def("step_amp", &Engine::step_amp, nb::arg("grad_scale").none(), nb::arg("found_inf").none(),
+           nb::arg("stream") = 0)
+      .def("step_taken", &Engine::step_taken)
+      .def("rebind", &Engine::rebind, nb::arg("params"), nb::arg("grads"), nb::arg("stream") = 0)
+      .def("set_hyper", &Engine::set_hyper, nb::arg("name"), nb::arg("value"),
+           nb::arg("group").none() = nb::none(), nb::arg("stream").none() = nb::none())
+      .def("hyper", &Engine::hyper, nb::arg("name"), nb::arg("group") = 0)
+      .def("step_count", &Engine::step_count)
+      .def("set_step_count", &Engine::set_step_count)
+      .def("state", &Engine::state, nb::arg("name"), nb::arg("index"),
+           nb::arg("shape_as") = "param")
+      .def("stats", &Engine::stats)
+      .def("save", &Engine::save)
+      .def("load", &Engine::load)
+      .def_prop_ro("device", &Engine::device);
+
+  m.def(
+      "compile",
+      [](const fo::Rule& rule, const std::string& target, const std::string& dtypes,
+         const std::string& strategy) {
+        fo::CompileOptions o;
+        o.reduction_strategy = strategy == "store"       ? fo::ReductionStrategy::Store
+                               : strategy == "recompute" ? fo::ReductionStrategy::Recompute
+                                                         : fo::ReductionStrategy::Auto;
+        const fo::CompiledKernel k =
+            fo::compile_kernel(rule, fo::Target::parse(target), fo::DTypeBinding::parse(dtypes), o);
+        nb::dict d;
+        d["key"] = k.key;
+        d["origin"] = k.origin;
+        d["seconds"] = k.seconds;
+        d["target"] = k.target.str();
+        d["dtypes"] = k.dtypes.str();
+        d["disk_entry"] = k.disk_entry.string();
+        return d;
+      },
+      nb::arg("rule"), nb::arg("target") = "host", nb::arg("dtypes") = "fp32",
+      nb::arg("strategy") = "auto",
+      "Compiles (or fetches from the kernel cache) `rule` for a target ('host', 'sm_90') and "
+      "a dtype binding ('fp32', 'bf16:bf16:fp32+master').");
+}
