@@ -14,6 +14,8 @@ kernel, on torch's current stream.
   synchronisation on CUDA.
 """
 
+import warnings
+
 import torch
 
 from . import _fusedopt as _C
@@ -106,7 +108,8 @@ class Optimizer(torch.optim.Optimizer):
         self._rule = _rule(rule)
         self._preset = preset_base
         self._names = dict(_STATE_NAMES.get(self._preset, {}))
-        self._hyper_names = [name for name, _ in self._rule.hypers]
+        self._rule_defaults = dict(self._rule.hypers)
+        self._hyper_names = list(self._rule_defaults)
         self._options = {
             "state_dtype": _dtype_code(state_dtype, "state_dtype") if not isinstance(
                 state_dtype, str) else state_dtype,
@@ -172,7 +175,7 @@ class Optimizer(torch.optim.Optimizer):
                     out.append(_float(group[key][names.index(name)], key))
                     break
             else:
-                out.append(_float(self.defaults.get(name, dict(self._rule.hypers)[name]), name))
+                out.append(_float(self.defaults.get(name, self._rule_defaults[name]), name))
         return out
 
     def add_param_group(self, param_group):
@@ -446,12 +449,21 @@ class Optimizer(torch.optim.Optimizer):
                                  f"parameters, this optimizer's has {len(ours['params'])}")
         self._release()
         by_index = {}
-        for ours, theirs in zip(groups, saved):
+        options = set(self._rule.name.split("+")[1:]) if self._preset else set()
+        for g, (ours, theirs) in enumerate(zip(groups, saved)):
             for i, p in zip(theirs["params"], ours["params"]):
                 by_index[i] = p
             for key, value in theirs.items():
-                if key != "params":
-                    ours[key] = value
+                if key == "params":
+                    continue
+                if self._preset and key in _C.Rule.preset_options(self._preset) and \
+                        bool(value) != (key in options):
+                    warnings.warn(f"load_state_dict: group {g} has {key}={value}, but this "
+                                  f"optimizer runs '{self._rule.name}'; the rule decides "
+                                  f"(build it with {key}={not value} to follow the "
+                                  "checkpoint)", stacklevel=2)
+                    continue
+                ours[key] = value
         reverse = {v: k for k, v in self._names.items()}
         self.state.clear()
         self._steps = {}

@@ -186,8 +186,10 @@ def test_state_dict_round_trip_torch_fusedopt_torch(seed):
     assert [p is q for p, q in zip(ours.param_groups[0]["params"], qs)] == [True] * len(qs)
     compare_states(ours, theirs, rtol=0)
     loaded = ft.Optimizer(ps, rule="adamw")
-    loaded.load_state_dict(theirs.state_dict())
+    with pytest.warns(UserWarning, match="amsgrad=True"):
+        loaded.load_state_dict(theirs.state_dict())
     assert loaded.rule.name == "adamw"  # amsgrad comes from the rule, not the checkpoint
+    assert loaded.param_groups[0]["amsgrad"] is False
     # The next steps are equal: torch, fusedopt converted live (on torch's own params).
     ours = ft.Optimizer(ps, rule="adamw+amsgrad")
     ours.load_state_dict(theirs.state_dict())
@@ -544,3 +546,34 @@ def test_warmup_fills_the_cache_the_first_step_uses(cache_dir):
     opt.step()
     assert opt.stats()[0]["kernel_origin"] in ("memory", "disk")
     assert opt.stats()[0]["kernel_keys"] == [first[0]["key"]]
+
+
+CLI = os.environ.get("FUSEDOPT_CACHE_CLI", "")
+
+
+@pytest.mark.skipif(not os.path.exists(CLI), reason="no fusedopt-cache binary: set "
+                    "FUSEDOPT_CACHE_CLI (scripts/test-python sets it to the build's)")
+def test_the_cli_warms_the_cache_a_fresh_process_reads(tmp_path):
+    import subprocess
+    import sys
+    env = dict(os.environ, FUSEDOPT_CACHE_DIR=str(tmp_path))
+    subprocess.run([CLI, "warmup", "--preset", "lion", "--target", "host"], env=env,
+                   check=True, capture_output=True)
+    probe = ("import torch, fusedopt.torch as ft\n"
+             "p = torch.randn(10, requires_grad=True); p.grad = torch.ones(10)\n"
+             "o = ft.Optimizer([p], rule='lion'); o.step()\n"
+             "print(o.stats()[0]['kernel_origin'])\n")
+    out = subprocess.run([sys.executable, "-c", probe], env=env, check=True,
+                         capture_output=True, text=True).stdout.split()
+    assert out[-1] == "disk"  # the CLI's kernel, no compile
+
+
+def test_the_example_trains():
+    import subprocess
+    import sys
+    example = os.path.join(os.path.dirname(__file__), "..", "..", "examples", "torch_mlp.py")
+    out = subprocess.run([sys.executable, example, "--device", "cpu", "--steps", "60"],
+                         check=True, capture_output=True, text=True).stdout
+    for line in out.strip().splitlines():
+        first, last = (float(v) for v in line.split("loss ")[1].split(" in ")[0].split(" -> "))
+        assert last < 0.5 * first, line

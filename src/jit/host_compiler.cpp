@@ -84,6 +84,26 @@ std::string read_file(const std::string& path) {
   return ss.str();
 }
 
+/// The file `command` runs: found on PATH when it names no folder, then every symbolic
+/// link resolved. `command` itself when there is no such file.
+std::string resolve_executable(const std::string& command) {
+  std::error_code ec;
+  if (command.find('/') != std::string::npos) {
+    const fs::path real = fs::canonical(command, ec);
+    return ec ? command : real.string();
+  }
+  const char* path = std::getenv("PATH");
+  std::istringstream dirs(path ? path : "");
+  for (std::string dir; std::getline(dirs, dir, ':');) {
+    const fs::path candidate = fs::path(dir.empty() ? "." : dir) / command;
+    if (::access(candidate.c_str(), X_OK) == 0 && fs::is_regular_file(candidate, ec)) {
+      const fs::path real = fs::canonical(candidate, ec);
+      return ec ? candidate.string() : real.string();
+    }
+  }
+  return command;
+}
+
 class HostCompiler final : public Compiler {
  public:
   std::string identity() const override {
@@ -98,7 +118,16 @@ class HostCompiler final : public Compiler {
       } catch (const std::exception& e) {
         identity_ = std::string("unknown (") + e.what() + ")";
       }
-      for (const std::string& w : host_compiler_command()) identity_ += " | " + w;
+      // The executable as a file, not as it was spelled: "c++" and
+      // "/usr/bin/x86_64-linux-gnu-g++" (what a Python build's sysconfig picks) are one
+      // compiler, and its version line starts with the spelled name, which is dropped.
+      const std::vector<std::string>& words = host_compiler_command();
+      if (!words.empty()) {
+        const std::string spelled = fs::path(words.front()).filename().string();
+        if (identity_.rfind(spelled + " ", 0) == 0) identity_.erase(0, spelled.size() + 1);
+        identity_ += " | " + resolve_executable(words.front());
+      }
+      for (std::size_t w = 1; w < words.size(); ++w) identity_ += " | " + words[w];
     });
     return identity_;
   }
