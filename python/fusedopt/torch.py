@@ -14,6 +14,8 @@ kernel, on torch's current stream.
   synchronisation on CUDA.
 """
 
+import collections
+import operator
 import warnings
 
 import torch
@@ -70,13 +72,19 @@ def _float(value, key):
 
 
 class _Bound:
-    """One C++ optimizer (engine) over a set of params that share a step count."""
+    """One C++ optimizer (engine) over a set of params that share a step count, and what
+    it was last pointed at (so that a step finds moved tensors cheaply)."""
 
     def __init__(self, engine, params, grads, slots):
         self.engine = engine
         self.params = params  # [(group index, index in group, param)]
+        self.tensors = [p for _, _, p in params]
+        self.device = self.tensors[0].device
+        self.dtypes = [p.dtype for p in self.tensors]
+        self.shapes = [p.shape for p in self.tensors]
         self.grads = grads  # the grad tensors it was given (identity checks)
-        self.pptrs = [p.data_ptr() for _, _, p in params]
+        self.pptrs = [p.data_ptr() for p in self.tensors]
+        self.gptrs = [g.data_ptr() for g in grads]
         self.slots = slots  # index in the engine of each param
 
 
@@ -142,6 +150,8 @@ class Optimizer(torch.optim.Optimizer):
         for name, value in rule_defaults.items():
             if name not in covered:
                 defaults[name] = value
+        if self._preset == "adafactor" and "eps" in defaults:
+            defaults["eps"] = (None, defaults["eps"][1])  # torch's: None for eps1 = 0
         for key, value in hypers.items():
             if key in _IGNORED:
                 continue
@@ -256,7 +266,7 @@ class Optimizer(torch.optim.Optimizer):
                              f"of steps ({counts}); step them together")
         for steps, members in by_step.items():
             self._engines.append(self._build(members, steps))
-        self._key = tuple(id(p) for _, _, p in active)
+        self._key = [p for _, _, p in active]  # compared by identity
 
     def _build(self, members, steps):
         specs = []
@@ -312,27 +322,30 @@ class Optimizer(torch.optim.Optimizer):
         return out
 
     def _rebind_moved(self, bound, stream):
-        params, grads, moved = [], [], False
+        """Re-points the engine at grads (and params) that moved since the last step; False
+        when one changed its dtype or shape (the caller plans again)."""
+        grads = [p.grad for p in bound.tensors]
+        pptrs = [p.data_ptr() for p in bound.tensors]
+        if pptrs == bound.pptrs and all(map(operator.is_, grads, bound.grads)):
+            return True  # the steady state: nothing moved
+        new_params, new_grads = [], []
         for k, (g, i, p) in enumerate(bound.params):
-            grad = p.grad
-            new_p = new_g = None
+            grad, moved_p, moved_g = grads[k], pptrs[k] != bound.pptrs[k], False
             if grad is not bound.grads[k]:
-                if grad.dtype != bound.grads[k].dtype:
-                    return False  # another binding: plan again
-                self._check(g, i, p, grad, p.device)
-                bound.grads[k] = grad
-                new_g = grad.detach()
-                moved = True
-            ptr = p.data_ptr()
-            if ptr != bound.pptrs[k]:
-                self._check(g, i, p, grad, p.device)
-                bound.pptrs[k] = ptr
-                new_p = p.detach()
-                moved = True
-            params.append(new_p)
-            grads.append(new_g)
-        if moved:
-            bound.engine.rebind(params, grads, stream)
+                if grad.dtype != bound.grads[k].dtype or grad.shape != bound.grads[k].shape:
+                    return False
+                moved_g = grad.data_ptr() != bound.gptrs[k]
+            if moved_p and (p.dtype != bound.dtypes[k] or p.shape != bound.shapes[k]):
+                return False
+            if moved_p or moved_g:
+                self._check(g, i, p, grad, bound.device)
+            new_params.append(pptrs[k] if moved_p else 0)
+            new_grads.append(grad.data_ptr() if moved_g else 0)
+        bound.engine.rebind(new_params, new_grads, stream)
+        # Committed only once the engine took them (a refusal changes nothing).
+        bound.grads = grads
+        bound.pptrs = pptrs
+        bound.gptrs = [g.data_ptr() for g in grads]
         return True
 
     def _stream(self, device):
@@ -353,18 +366,18 @@ class Optimizer(torch.optim.Optimizer):
         grad_scale, found_inf = self._amp_inputs(kwargs.pop("grad_scaler", None))
         if kwargs:
             raise TypeError(f"step() got unexpected keyword arguments {sorted(kwargs)}")
-        active = self._active()
-        if not active:
+        with_grad = [p for group in self.param_groups for p in group["params"]
+                     if p.grad is not None]
+        if not with_grad:
             return loss
-        if self._key is None or len(active) != len(self._key) or any(
-                id(p) != k for (_, _, p), k in zip(active, self._key)):
-            self._plan(active)
-            stream = self._stream(active[0][2].device)
+        stream = self._stream(with_grad[0].device)
+        if self._key is None or len(with_grad) != len(self._key) or \
+                not all(map(operator.is_, with_grad, self._key)):
+            self._plan(self._active())
         else:
-            stream = self._stream(active[0][2].device)
             for bound in self._engines:
                 if not self._rebind_moved(bound, stream):
-                    self._plan(active)
+                    self._plan(self._active())
                     break
         for e, bound in enumerate(self._engines):
             for g, group in enumerate(self.param_groups):
@@ -495,6 +508,27 @@ class Optimizer(torch.optim.Optimizer):
         r = self._rule
         return set(r.states) | set(r.scalars) | set(r.row_states) | set(r.col_states)
 
+    # ---- copies and pickles ----------------------------------------------------------------
+    def __getstate__(self):
+        """torch's Optimizer state plus the rule (by preset name or text); the kernels are
+        not copied: the state is taken out of them, and a copy plans again at its first
+        step."""
+        self._sync_steps()
+        d = dict(self.__dict__)
+        d["_engines"], d["_pushed"], d["_key"] = [], [], None
+        d["_rule"] = ("preset", self._rule.name) if self._preset else ("text", self._rule.text)
+        state = collections.defaultdict(dict)
+        for p, entry in self.state.items():
+            state[p] = {k: v.clone() if isinstance(v, torch.Tensor) else v
+                        for k, v in entry.items()}
+        d["state"] = state
+        return d
+
+    def __setstate__(self, d):
+        kind, spec = d["_rule"]
+        d = dict(d, _rule=_C.Rule.preset(spec) if kind == "preset" else _C.Rule.parse(spec))
+        super().__setstate__(d)
+
     # ---- introspection --------------------------------------------------------------------
     @property
     def rule(self):
@@ -526,7 +560,21 @@ def from_torch(optimizer, **options):
         preset += "+amsgrad"
     groups = []
     for group in optimizer.param_groups:
-        groups.append({k: v for k, v in group.items() if k not in ("amsgrad",)})
+        group = {k: v for k, v in group.items() if k != "amsgrad"}
+        # torch >= 2.6: Adam(decoupled_weight_decay=True) is AdamW, AdamW says it again.
+        decoupled = group.pop("decoupled_weight_decay", None) if preset.startswith("adam") \
+            else None
+        if decoupled is not None and bool(decoupled) != preset.startswith("adamw"):
+            preset = preset.replace("adam", "adamw", 1) if decoupled else \
+                preset.replace("adamw", "adam", 1)
+        groups.append(group)
+    rule_hypers = set(dict(_C.Rule.preset(preset).hypers))
+    for g, group in enumerate(groups):
+        for key in group:
+            if key in _IGNORED or key in rule_hypers or key in _TUPLES:
+                continue
+            raise UsageError(f"torch.optim.{name}: group {g} has '{key}' = {group[key]!r}, "
+                             f"which the preset '{preset}' has no hyper for")
     opt = Optimizer(groups, rule=preset, **options)
     opt.load_state_dict(optimizer.state_dict())
     return opt

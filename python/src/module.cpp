@@ -183,11 +183,14 @@ class Engine {
 
   bool step_taken() const { return last_.taken(); }
 
-  void rebind(const std::vector<std::optional<Array>>& params,
-              const std::vector<std::optional<Array>>& grads, std::uintptr_t stream) {
-    auto ptrs = [](const std::vector<std::optional<Array>>& list) {
+  /// New addresses of params and grads (0: unchanged), checked by the caller to hold what
+  /// construction was given; see Optimizer::rebind.
+  void rebind(const std::vector<std::uintptr_t>& params, const std::vector<std::uintptr_t>& grads,
+              std::uintptr_t stream) {
+    auto ptrs = [](const std::vector<std::uintptr_t>& list) {
       std::vector<void*> out;
-      for (const auto& a : list) out.push_back(a ? const_cast<void*>(a->data()) : nullptr);
+      out.reserve(list.size());
+      for (std::uintptr_t a : list) out.push_back(reinterpret_cast<void*>(a));
       return out;
     };
     opt_->rebind(ptrs(params), ptrs(grads), as_stream(stream));

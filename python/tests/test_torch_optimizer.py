@@ -147,9 +147,11 @@ def test_nadam_matches_a_float64_reference(seed):
         assert math.isclose(state["mu_product"].item(), mu_product, rel_tol=1e-12)
 
 
-def test_a_real_model_trains_the_same(seed):
-    # An MLP on synthetic data: backward fills the grads, zero_grad(set_to_none=True) frees
-    # them, so every step's gradients are new tensors (rebound, not re-planned).
+@pytest.mark.parametrize("set_to_none", [True, False])
+def test_a_real_model_trains_the_same(seed, set_to_none):
+    # An MLP on synthetic data: backward fills the grads; zero_grad(set_to_none=True) frees
+    # them, so every step's gradients are new tensors (rebound, not re-planned), while
+    # set_to_none=False zeroes them in place.
     def mlp():
         return torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.Tanh(),
                                    torch.nn.Linear(32, 1))
@@ -161,7 +163,7 @@ def test_a_real_model_trains_the_same(seed):
     x, y = torch.randn(64, 16), torch.randn(64, 1)
     for _ in range(50):
         for model, opt in ((a, ours), (b, theirs)):
-            opt.zero_grad(set_to_none=True)
+            opt.zero_grad(set_to_none=set_to_none)
             torch.nn.functional.mse_loss(model(x), y).backward()
             opt.step()
     for (name, p), q in zip(a.named_parameters(), b.parameters()):
@@ -247,6 +249,11 @@ def test_from_torch_refuses_what_has_no_preset():
     p = torch.zeros(3, requires_grad=True)
     with pytest.raises(fusedopt.UsageError, match="LBFGS has no fusedopt preset"):
         ft.from_torch(torch.optim.LBFGS([p]))
+    # A group option the preset cannot follow is named, not dropped.
+    opt = torch.optim.SGD([p], lr=0.1)
+    opt.param_groups[0]["some_future_flag"] = True
+    with pytest.raises(fusedopt.UsageError, match="'some_future_flag'"):
+        ft.from_torch(opt)
 
 
 def test_lr_scheduler_changes_lr_without_recompiling(seed, cache_dir):
@@ -577,3 +584,27 @@ def test_the_example_trains():
     for line in out.strip().splitlines():
         first, last = (float(v) for v in line.split("loss ")[1].split(" in ")[0].split(" -> "))
         assert last < 0.5 * first, line
+
+
+def test_a_deep_copy_steps_on_its_own(seed):
+    import copy
+    import pickle
+    ps = make_params([(33,), (4, 8)])
+    ours = ft.Optimizer(ps, rule="nadam", lr=1e-2)
+    for _ in range(3):
+        feed(ps)
+        ours.step()
+    twin_opt = copy.deepcopy(ours)
+    qs = twin_opt.param_groups[0]["params"]
+    assert all(q is not p for p, q in zip(ps, qs))
+    compare_states(twin_opt, ours, rtol=0)
+    for _ in range(3):
+        feed(ps, qs)
+        ours.step()
+        twin_opt.step()
+    for p, q in zip(ps, qs):
+        assert torch.equal(p, q)
+    compare_states(twin_opt, ours, rtol=0)
+    again = pickle.loads(pickle.dumps(ours))
+    assert again.rule.name == "nadam"
+    compare_states(again, ours, rtol=0)
