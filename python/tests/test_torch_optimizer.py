@@ -608,3 +608,25 @@ def test_a_deep_copy_steps_on_its_own(seed):
     again = pickle.loads(pickle.dumps(ours))
     assert again.rule.name == "nadam"
     compare_states(again, ours, rtol=0)
+
+
+def test_a_refused_rebind_changes_nothing(seed):
+    ps = make_params([(64,), (64,)])
+    qs = twin(ps)
+    ours = ft.Optimizer(ps, rule="sgd", lr=0.1, momentum=0.9)
+    theirs = torch.optim.SGD(qs, lr=0.1, momentum=0.9)
+    feed(ps, qs)
+    ours.step()
+    theirs.step()
+    ps[1].grad = ps[0].detach()  # a gradient in another param's memory: refused
+    with pytest.raises(fusedopt.UsageError, match="overlaps"):
+        ours.step()
+    with pytest.raises(fusedopt.UsageError, match="overlaps"):  # not taken half-way
+        ours.step()
+    for p, q in zip(ps, qs):
+        assert torch.equal(p, q)
+    feed(ps, qs)  # fresh, proper gradients: the step goes on from where it was
+    ours.step()
+    theirs.step()
+    for p, q in zip(ps, qs):
+        close(p, q, "param")
