@@ -48,8 +48,8 @@ _TUPLES = {
     "eps": ("eps1", "eps2"),  # Adafactor's (eps1, eps2); a plain eps elsewhere
 }
 # Group keys torch (or its schedulers) keep that no rule reads.
-_IGNORED = {"params", "param_names", "foreach", "capturable", "differentiable", "fused", "initial_lr",
-            "amsgrad", "name"}
+_IGNORED = {"params", "param_names", "foreach", "capturable", "differentiable", "fused",
+            "initial_lr", "amsgrad", "name"}
 _DTYPES = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}
 
 
