@@ -314,7 +314,11 @@ class Optimizer(torch.optim.Optimizer):
         rows = shape[:-1] + [1] if len(shape) >= 2 else shape
         cols = shape[:-2] + [1, shape[-1]] if len(shape) >= 2 else [1]
         for name in self._rule.row_states:
-            out[self._names.get(name, name)] = engine.state(name, slot, "flat").view(rows)
+            # torch's Adafactor keeps a 1-D param's full variance as "variance": our row
+            # state of its numel rows.
+            key = "variance" if self._preset == "adafactor" and p.dim() < 2 else \
+                self._names.get(name, name)
+            out[key] = engine.state(name, slot, "flat").view(rows)
         for name in self._rule.col_states:
             out[self._names.get(name, name)] = engine.state(name, slot, "flat").view(cols)
         if self._options["master_weights"] and p.dtype != torch.float32:
@@ -478,6 +482,8 @@ class Optimizer(torch.optim.Optimizer):
                     continue
                 ours[key] = value
         reverse = {v: k for k, v in self._names.items()}
+        if self._preset == "adafactor":
+            reverse["variance"] = self._rule.row_states[0]
         self.state.clear()
         self._steps = {}
         for i, entry in state_dict["state"].items():

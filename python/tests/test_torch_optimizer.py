@@ -630,3 +630,31 @@ def test_a_refused_rebind_changes_nothing(seed):
     theirs.step()
     for p, q in zip(ps, qs):
         close(p, q, "param")
+
+
+def test_factored_and_scalar_states_in_torchs_shapes_and_round_trip(seed):
+    # adafactor (row/column states) and asgd (scalar states): torch's names and shapes in
+    # the state, and a state_dict round trip whose next steps are bit for bit the same.
+    for preset, names in (("adafactor", {(3, 37, 53): {"row_var": (3, 37, 1),
+                                                       "col_var": (3, 1, 53)},
+                                         (101,): {"variance": (101,)}}),
+                          ("asgd", {(3, 37, 53): {"eta": (), "mu": (), "ax": (3, 37, 53)},
+                                    (101,): {"eta": (), "mu": (), "ax": (101,)}})):
+        ps = make_params(list(names))
+        ours = ft.Optimizer(ps, rule=preset, lr=1e-2)
+        for _ in range(4):
+            feed(ps)
+            ours.step()
+        for p, want in zip(ps, names.values()):
+            for key, shape in want.items():
+                assert tuple(ours.state[p][key].shape) == shape, (preset, key)
+        qs = twin(ps)
+        other = ft.Optimizer(qs, rule=preset, lr=1.0)
+        other.load_state_dict(ours.state_dict())
+        for _ in range(3):
+            feed(ps, qs)
+            ours.step()
+            other.step()
+        for p, q in zip(ps, qs):
+            assert torch.equal(p, q), preset
+        compare_states(other, ours, rtol=0)
