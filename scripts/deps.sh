@@ -4,9 +4,10 @@
 fusedopt_deps=(cmake ninja-build g++ pkg-config libfmt-dev libxxhash-dev doctest-dev
                libbenchmark-dev clang-format libopenmpi-dev openmpi-bin)
 
-ensure_deps() {
+# Installs those of the Debian packages "$@" that are not installed (apt-get update first).
+apt_ensure() {
   local missing=()
-  for p in "${fusedopt_deps[@]}"; do
+  for p in "$@"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
   done
   if ((${#missing[@]})); then
@@ -16,6 +17,10 @@ ensure_deps() {
     $sudo apt-get update -qq
     DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${missing[@]}"
   fi
+}
+
+ensure_deps() {
+  apt_ensure "${fusedopt_deps[@]}"
   # The safetensors interop test (io_python) checks our files with the reference package.
   if ! python3 -c 'import safetensors, numpy' 2>/dev/null; then
     echo "installing: python3 safetensors numpy (pip)"
@@ -39,17 +44,7 @@ ensure_deps() {
 fusedopt_python_deps=(python3-torch python3-numpy python3-pytest python3-venv python3-dev)
 
 ensure_python_deps() {
-  local missing=()
-  for p in "${fusedopt_python_deps[@]}"; do
-    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
-  done
-  if ((${#missing[@]})); then
-    echo "installing: ${missing[*]}"
-    local sudo=""
-    [ "$(id -u)" -eq 0 ] || sudo="sudo"
-    $sudo apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${missing[@]}"
-  fi
+  apt_ensure "${fusedopt_python_deps[@]}"
 }
 
 # Configures and builds into $1 (Release).

@@ -91,19 +91,25 @@ def compare_states(ours, theirs, rtol=RTOL):
                 close(a[i][key], value, f"param {i} state {key}", rtol)
 
 
-@pytest.mark.parametrize("preset,cls,kw", CASES, ids=lambda c: str(c))
-def test_preset_matches_torch_after_100_steps(seed, preset, cls, kw):
-    ps = make_params()
+def run_against_torch(preset, cls, kw, ps, steps=100):
+    """`steps` steps of the preset and of torch's class on twins of `ps`, the same fresh
+    gradients each step; then every param and state compared."""
     qs = twin(ps)
     ours = ft.Optimizer(ps, rule=preset, **kw)
     theirs = cls(qs, **kw)
-    for _ in range(100):
+    for _ in range(steps):
         feed(ps, qs)
         ours.step()
         theirs.step()
     for i, (p, q) in enumerate(zip(ps, qs)):
-        close(p, q, f"param {i}")
+        close(p.cpu(), q.cpu(), f"param {i}")
     compare_states(ours, theirs)
+    return ours
+
+
+@pytest.mark.parametrize("preset,cls,kw", CASES, ids=lambda c: str(c))
+def test_preset_matches_torch_after_100_steps(seed, preset, cls, kw):
+    ours = run_against_torch(preset, cls, kw, make_params())
     assert ours.engine_builds == 1
 
 
