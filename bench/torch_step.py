@@ -1,22 +1,40 @@
 #!/usr/bin/env python3
-"""One AdamW step on BERT-base shapes (201 tensors, 109.5 M fp32 elements, torch's shapes):
-fusedopt.torch.Optimizer against torch.optim.AdamW(foreach=True) and (foreach=False), in the
-same run, on the same data, with the copy floor measured here.
+"""fusedopt.torch.Optimizer against torch.optim in the same run, on the same data, with the
+copy floor measured beside them: one optimizer step per case.
 
-AdamW moves 28 bytes per element and step (param read + written, grad read, exp_avg and
-exp_avg_sq read + written); the floor is a plain copy of the same bytes (half read, half
-written: dst.copy_(src) of 14 bytes per element; on the CPU the faster of that and
-numpy.copyto), its best time, as fusedopt-bench measures it. Each optimizer line reports
-the median of --steps timed steps after --warmup untimed ones, and the fraction of the
-floor.
+Cases (``--cases``, comma-separated):
+  adamw      AdamW fp32 on BERT-base shapes (201 tensors, 109.5 M elements, torch's shapes):
+             28 B/element (param read + written, grad read, exp_avg and exp_avg_sq read +
+             written), against torch.optim.AdamW foreach=True, foreach=False and (CUDA)
+             fused=True.
+  small      AdamW fp32 over 5,000 tensors of 1 K-64 K elements (a fixed list), the same
+             three torch variants.
+  amp        CUDA: mixed precision, torch's GradScaler driving each: fusedopt with bf16
+             params and grads, fp32 master and state, the unscale, the non-finite skip and
+             clipping by global norm (max_grad_norm) in its launches; torch with fp32
+             params and grads, scaler.unscale_ + clip_grad_norm_ + fused AdamW.
+  lamb       LAMB on BERT-base (global-norm clipping, per-tensor trust ratios), against
+             the same algorithm in torch foreach operations.
+  compile    the first step of a fresh optimizer: a cold compile (empty cache), a disk
+             hit in a fresh process, a memory hit.
+The floor is a plain copy of the bytes a step must move (half read, half written:
+dst.copy_(src); on the CPU the faster of that and numpy.copyto), its best time, as
+fusedopt-bench measures it. Each optimizer line is the median of --steps timed steps after
+--warmup untimed ones (CUDA events on a GPU), with its fraction of the floor.
 
-  python3 bench/torch_step.py [--device cpu|cuda] [--steps N] [--threads N] [--json FILE]
+  python3 bench/torch_step.py [--device cpu|cuda] [--cases adamw,small,...] [--steps N]
+                              [--threads N] [--json FILE]
+  python3 bench/torch_step.py --plot FILE.json FILE.png
 """
 import argparse
 import json
 import os
 import platform
+import random
 import statistics
+import subprocess
+import sys
+import tempfile
 import time
 
 import torch
@@ -36,6 +54,11 @@ def bert_base_shapes():
     return shapes
 
 
+def small_shapes():
+    rng = random.Random(5000)
+    return [(rng.randint(1024, 65536),) for _ in range(5000)]
+
+
 def cpu_name():
     try:
         with open("/proc/cpuinfo") as f:
@@ -47,10 +70,20 @@ def cpu_name():
     return platform.processor() or platform.machine()
 
 
+def driver_version():
+    try:
+        return subprocess.run(["nvidia-smi", "--query-gpu=driver_version",
+                               "--format=csv,noheader"], capture_output=True, text=True,
+                              check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
 def timer(device):
     if device == "cuda":
         def run(fn):
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start = torch.cuda.Event(enable_timing=True)
+            end = torch.cuda.Event(enable_timing=True)
             start.record()
             fn()
             end.record()
@@ -64,7 +97,7 @@ def timer(device):
     return run
 
 
-def median_seconds(fn, device, steps, warmup, best=False):
+def seconds(fn, device, steps, warmup, best=False):
     run = timer(device)
     for _ in range(warmup):
         run(fn)
@@ -72,81 +105,252 @@ def median_seconds(fn, device, steps, warmup, best=False):
     return min(times) if best else statistics.median(times)
 
 
+def copy_floor(nbytes, device, steps, warmup):
+    """Best time of a plain copy moving `nbytes` (read + written)."""
+    src = torch.randn(nbytes // 8, device=device)
+    dst = torch.empty_like(src)
+    best = seconds(lambda: dst.copy_(src), device, steps, warmup, best=True)
+    if device == "cpu":
+        import numpy
+        a, b = src.numpy(), dst.numpy()
+        best = min(best, seconds(lambda: numpy.copyto(b, a), device, steps, warmup, best=True))
+    return best
+
+
+def params_of(shapes, device, dtype=torch.float32):
+    ps = [torch.randn(s, device=device, dtype=dtype).requires_grad_() for s in shapes]
+    for p in ps:
+        p.grad = torch.randn_like(p) * 1e-3
+    return ps
+
+
+def torch_lamb(params, lr=1e-3, beta1=0.9, beta2=0.999, eps=1e-6, weight_decay=0.01,
+               max_grad_norm=1.0):
+    """apex FusedLAMB's algorithm in torch foreach operations (fusedopt's lamb preset)."""
+    state = {"m": [torch.zeros_like(p) for p in params],
+             "v": [torch.zeros_like(p) for p in params], "t": 0}
+
+    @torch.no_grad()
+    def step():
+        state["t"] += 1
+        t = state["t"]
+        grads = [p.grad for p in params]
+        norm = torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads)))
+        clip = min(1.0, max_grad_norm / (norm.item() + 1e-6))  # one sync, as apex's reads
+        m, v = state["m"], state["v"]
+        g = torch._foreach_mul(grads, clip)
+        torch._foreach_mul_(m, beta1)
+        torch._foreach_add_(m, g, alpha=1 - beta1)
+        torch._foreach_mul_(v, beta2)
+        torch._foreach_addcmul_(v, g, g, 1 - beta2)
+        denom = torch._foreach_sqrt(torch._foreach_div(v, 1 - beta2 ** t))
+        torch._foreach_add_(denom, eps)
+        u = torch._foreach_div(torch._foreach_div(m, 1 - beta1 ** t), denom)
+        torch._foreach_add_(u, params, alpha=weight_decay)
+        pn = torch.stack(torch._foreach_norm(params))
+        un = torch.stack(torch._foreach_norm(u))
+        ratio = torch.where((pn > 0) & (un > 0), pn / un, torch.ones_like(pn))
+        torch._foreach_mul_(u, (ratio * -lr).tolist())
+        torch._foreach_add_(params, u)
+
+    class Lamb:
+        pass
+    opt = Lamb()
+    opt.step = step
+    return opt
+
+
+def case_adamw(name, shapes, args, results):
+    device = args.device
+    elements = sum(torch.Size(s).numel() for s in shapes)
+    floor = copy_floor(28 * elements, device, args.steps, args.warmup)
+    makers = [("fusedopt.torch adamw", lambda ps: ft.Optimizer(ps, rule="adamw", lr=1e-3)),
+              ("torch AdamW foreach=True",
+               lambda ps: torch.optim.AdamW(ps, lr=1e-3, foreach=True)),
+              ("torch AdamW foreach=False",
+               lambda ps: torch.optim.AdamW(ps, lr=1e-3, foreach=False))]
+    if device == "cuda":
+        makers.append(("torch AdamW fused=True",
+                       lambda ps: torch.optim.AdamW(ps, lr=1e-3, fused=True)))
+    for label, make in makers:
+        if "foreach=False" in label and len(shapes) > 1000 and device == "cuda":
+            continue  # 5,000 launches a step: minutes, and not a contender
+        ps = params_of(shapes, device)
+        opt = make(ps)
+        s = seconds(opt.step, device, args.steps, args.warmup)
+        results.append({"case": name, "what": label, "seconds": s, "floor_seconds": floor,
+                        "bytes": 28 * elements, "tensors": len(shapes), "elements": elements})
+        del opt, ps
+
+
+def case_amp(args, results):
+    if args.device != "cuda":
+        return
+    shapes = bert_base_shapes()
+    elements = sum(torch.Size(s).numel() for s in shapes)
+    scaler_cls = torch.amp.GradScaler
+    # bytes: ours bf16 p r+w (4), bf16 g r (2) twice (norm pass, update), fp32 master r+w (8),
+    # m, v r+w (16): 32 B/element
+    floor = copy_floor(32 * elements, args.device, args.steps, args.warmup)
+
+    def ours_step_factory():
+        ps = params_of(shapes, "cuda", torch.bfloat16)
+        opt = ft.Optimizer(ps, rule="adamw", lr=1e-3, master_weights=True, max_grad_norm=1.0)
+        scaler = scaler_cls("cuda", init_scale=1024.0)
+        grads = [p.grad.clone() * 1024 for p in ps]
+
+        def step():
+            for p, g in zip(ps, grads):
+                p.grad = g
+            scaler.step(opt)
+            scaler.update()
+        return step
+
+    def torch_step_factory():
+        ps = params_of(shapes, "cuda", torch.float32)
+        opt = torch.optim.AdamW(ps, lr=1e-3, fused=True)
+        scaler = scaler_cls("cuda", init_scale=1024.0)
+        grads = [p.grad.clone() * 1024 for p in ps]
+
+        def step():
+            for p, g in zip(ps, grads):
+                p.grad = g.clone()
+            scaler.unscale_(opt)
+            torch.nn.utils.clip_grad_norm_(ps, 1.0)
+            scaler.step(opt)
+            scaler.update()
+        return step
+
+    for label, factory in (("fusedopt bf16+master, clip, GradScaler", ours_step_factory),
+                           ("torch fp32: unscale_ + clip_grad_norm_ + fused AdamW",
+                            torch_step_factory)):
+        step = factory()
+        s = seconds(step, "cuda", args.steps, args.warmup)
+        results.append({"case": "amp", "what": label, "seconds": s, "floor_seconds": floor,
+                        "bytes": 32 * elements, "tensors": len(shapes), "elements": elements})
+        del step
+
+
+def case_lamb(args, results):
+    shapes = bert_base_shapes()
+    elements = sum(torch.Size(s).numel() for s in shapes)
+    floor = copy_floor(44 * elements, args.device, args.steps, args.warmup)
+    for label, make in (("fusedopt lamb", lambda ps: ft.Optimizer(ps, rule="lamb", lr=1e-3)),
+                        ("torch foreach LAMB", torch_lamb)):
+        ps = params_of(shapes, args.device)
+        opt = make(ps)
+        s = seconds(opt.step, args.device, args.steps, args.warmup)
+        results.append({"case": "lamb", "what": label, "seconds": s, "floor_seconds": floor,
+                        "bytes": 44 * elements, "tensors": len(shapes), "elements": elements})
+        del opt, ps
+
+
+PROBE = """
+import sys, time, torch, fusedopt.torch as ft
+p = torch.randn(1000, device=sys.argv[1], requires_grad=True); p.grad = torch.ones_like(p)
+t0 = time.perf_counter()
+o = ft.Optimizer([p], rule=sys.argv[2]); o.step()
+if sys.argv[1] == "cuda": torch.cuda.synchronize()
+print(time.perf_counter() - t0, o.stats()[0]["kernel_origin"])
+"""
+
+
+def case_compile(args, results):
+    rule = "param p\ngrad g\nstate m = 0\nhyper lr = 0.1, beta = 0.9, salt = %d\n" \
+           "m = beta * m + g\np = p - lr * m\n" % random.SystemRandom().randrange(10 ** 9)
+    env = dict(os.environ, FUSEDOPT_CACHE_DIR=tempfile.mkdtemp(prefix="fusedopt-bench-"))
+    for label in ("cold compile (empty cache)", "disk hit (fresh process)"):
+        out = subprocess.run([sys.executable, "-c", PROBE, args.device, rule], env=env,
+                             check=True, capture_output=True, text=True).stdout.split()
+        results.append({"case": "compile", "what": f"{label}: {out[1]}",
+                        "seconds": float(out[0])})
+    p = torch.randn(1000, device=args.device, requires_grad=True)
+    p.grad = torch.ones_like(p)
+    ft.Optimizer([p], rule="adamw").step()
+    t0 = time.perf_counter()
+    o = ft.Optimizer([p], rule="adamw")
+    o.step()
+    if args.device == "cuda":
+        torch.cuda.synchronize()
+    results.append({"case": "compile",
+                    "what": f"memory hit (same process): {o.stats()[0]['kernel_origin']}",
+                    "seconds": time.perf_counter() - t0})
+
+
+def plot(json_path, png_path):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    with open(json_path) as f:
+        data = json.load(f)
+    rows = [r for r in data["results"] if "floor_seconds" in r]
+    fig, ax = plt.subplots(figsize=(10, 0.45 * len(rows) + 1.5))
+    labels = [f"{r['case']}: {r['what']}" for r in rows]
+    ax.barh(labels, [r["seconds"] * 1e3 for r in rows])
+    for i, r in enumerate(rows):
+        ax.text(r["seconds"] * 1e3, i, f" {r['floor_seconds'] / r['seconds']:.2f} of floor",
+                va="center")
+    ax.invert_yaxis()
+    ax.set_xlabel("ms per step (median)")
+    m = data["machine"]
+    ax.set_title(f"{m['device']}, torch {m['torch']}, fusedopt {m['fusedopt']}, {m['date']}")
+    fig.tight_layout()
+    fig.savefig(png_path, dpi=100)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--device", default="cpu")
+    ap.add_argument("--cases", default="adamw,small,amp,lamb,compile")
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--json", help="also write the results here")
     ap.add_argument("--threads", type=int, default=os.cpu_count(),
                     help="torch's CPU threads (default: every core, as fusedopt's OpenMP "
                          "kernel uses)")
+    ap.add_argument("--plot", nargs=2, metavar=("JSON", "PNG"),
+                    help="draw a results file instead of measuring")
     args = ap.parse_args()
+    if args.plot:
+        plot(*args.plot)
+        return
     torch.set_num_threads(args.threads)
-    device = args.device
     torch.manual_seed(0)
-    shapes = bert_base_shapes()
-    elements = sum(torch.Size(s).numel() for s in shapes)
-    bytes_per_step = 28 * elements
-
-    def fresh():
-        ps = [torch.randn(s, device=device).requires_grad_() for s in shapes]
-        for p in ps:
-            p.grad = torch.randn_like(p) * 1e-3
-        return ps
-
-    # The floor: copying 14 bytes per element (read once, written once).
-    src = torch.randn(7 * elements // 2, device=device)  # 14 bytes / element as fp32
-    dst = torch.empty_like(src)
-    floor = median_seconds(lambda: dst.copy_(src), device, args.steps, args.warmup, best=True)
-    if device == "cpu":  # and numpy's copy (one thread, often the faster on few cores)
-        import numpy
-        a, b = src.numpy(), dst.numpy()
-        floor = min(floor, median_seconds(lambda: numpy.copyto(b, a), device, args.steps,
-                                          args.warmup, best=True))
-    del src, dst
-
     results = []
-
-    def measure(name, make):
-        ps = fresh()
-        opt = make(ps)
-        seconds = median_seconds(opt.step, device, args.steps, args.warmup)
-        results.append({"name": name, "seconds": seconds, "floor_fraction": floor / seconds})
-        del opt, ps
-
-    measure("fusedopt.torch.Optimizer(rule='adamw')",
-            lambda ps: ft.Optimizer(ps, rule="adamw", lr=1e-3))
-    measure("torch.optim.AdamW(foreach=True)",
-            lambda ps: torch.optim.AdamW(ps, lr=1e-3, foreach=True))
-    measure("torch.optim.AdamW(foreach=False)",
-            lambda ps: torch.optim.AdamW(ps, lr=1e-3, foreach=False))
-    if device == "cuda":
-        measure("torch.optim.AdamW(fused=True)",
-                lambda ps: torch.optim.AdamW(ps, lr=1e-3, fused=True))
-
+    cases = args.cases.split(",")
+    if "adamw" in cases:
+        case_adamw("adamw", bert_base_shapes(), args, results)
+    if "small" in cases:
+        case_adamw("small", small_shapes(), args, results)
+    if "amp" in cases:
+        case_amp(args, results)
+    if "lamb" in cases:
+        case_lamb(args, results)
+    if "compile" in cases:
+        case_compile(args, results)
     machine = {
-        "device": torch.cuda.get_device_name() if device == "cuda" else cpu_name(),
+        "device": torch.cuda.get_device_name() if args.device == "cuda" else cpu_name(),
+        "driver": driver_version() if args.device == "cuda" else "",
         "threads": torch.get_num_threads(),
         "torch": torch.__version__,
+        "cuda": torch.version.cuda or "",
         "fusedopt": fusedopt.__version__,
         "python": platform.python_version(),
         "date": time.strftime("%Y-%m-%d"),
     }
-    print(f"AdamW step, BERT-base shapes: {len(shapes)} tensors, {elements / 1e6:.1f} M "
-          f"elements, {bytes_per_step / 1e9:.2f} GB moved per step; device {device} "
-          f"({machine['device']}, {machine['threads']} threads), torch {machine['torch']}")
-    print(f"copy floor (the same bytes, a plain copy): {floor * 1e3:.1f} ms "
-          f"({bytes_per_step / floor / 1e9:.1f} GB/s)")
-    base = next(r["seconds"] for r in results if r["name"].endswith("(foreach=True)"))
+    print(f"device {args.device} ({machine['device']}, {machine['threads']} threads), "
+          f"torch {machine['torch']}, fusedopt {machine['fusedopt']}, {machine['date']}")
     for r in results:
-        print(f"  {r['name']:42s} {r['seconds'] * 1e3:8.1f} ms   {r['floor_fraction']:.2f} of "
-              f"the floor   {base / r['seconds']:.2f}x foreach")
+        if "floor_seconds" in r:
+            floor = r["floor_seconds"]
+            print(f"  {r['case']:7s} {r['what']:52s} {r['seconds'] * 1e3:9.2f} ms  "
+                  f"{floor / r['seconds']:.2f} of the floor ({floor * 1e3:.2f} ms, "
+                  f"{r['bytes'] / floor / 1e9:.0f} GB/s; {r['tensors']} tensors)")
+        else:
+            print(f"  {r['case']:7s} {r['what']:52s} {r['seconds'] * 1e3:9.2f} ms")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"machine": machine, "tensors": len(shapes), "elements": elements,
-                       "bytes_per_step": bytes_per_step, "floor_seconds": floor,
-                       "results": results}, f, indent=2)
+            json.dump({"machine": machine, "results": results}, f, indent=2)
 
 
 if __name__ == "__main__":
