@@ -17,6 +17,7 @@ kernel, on torch's current stream.
 import collections
 import operator
 import warnings
+import weakref
 
 import torch
 
@@ -82,7 +83,9 @@ class _Bound:
         self.device = self.tensors[0].device
         self.dtypes = [p.dtype for p in self.tensors]
         self.shapes = [p.shape for p in self.tensors]
-        self.grads = grads  # the grad tensors it was given (identity checks)
+        # The grads it was pointed at, held weakly: zero_grad(set_to_none=True) must free
+        # them before the next backward, as it does without fusedopt.
+        self.grads = [weakref.ref(g) for g in grads]
         self.pptrs = [p.data_ptr() for p in self.tensors]
         self.gptrs = [g.data_ptr() for g in grads]
         self.slots = slots  # index in the engine of each param
@@ -330,13 +333,14 @@ class Optimizer(torch.optim.Optimizer):
         when one changed its dtype or shape (the caller plans again)."""
         grads = [p.grad for p in bound.tensors]
         pptrs = [p.data_ptr() for p in bound.tensors]
-        if pptrs == bound.pptrs and all(map(operator.is_, grads, bound.grads)):
+        last = [ref() for ref in bound.grads]
+        if pptrs == bound.pptrs and all(map(operator.is_, grads, last)):
             return True  # the steady state: nothing moved
         new_params, new_grads = [], []
         for k, (g, i, p) in enumerate(bound.params):
             grad, moved_p, moved_g = grads[k], pptrs[k] != bound.pptrs[k], False
-            if grad is not bound.grads[k]:
-                if grad.dtype != bound.grads[k].dtype or grad.shape != bound.grads[k].shape:
+            if grad is not last[k]:
+                if grad.dtype != bound.dtypes[k] or grad.shape != bound.shapes[k]:
                     return False
                 moved_g = grad.data_ptr() != bound.gptrs[k]
             if moved_p and (p.dtype != bound.dtypes[k] or p.shape != bound.shapes[k]):
@@ -347,7 +351,7 @@ class Optimizer(torch.optim.Optimizer):
             new_grads.append(grad.data_ptr() if moved_g else 0)
         bound.engine.rebind(new_params, new_grads, stream)
         # Committed only once the engine took them (a refusal changes nothing).
-        bound.grads = grads
+        bound.grads = [weakref.ref(g) for g in grads]
         bound.pptrs = pptrs
         bound.gptrs = [g.data_ptr() for g in grads]
         return True

@@ -664,3 +664,20 @@ def test_factored_and_scalar_states_in_torchs_shapes_and_round_trip(seed):
         for p, q in zip(ps, qs):
             assert torch.equal(p, q), preset
         compare_states(other, ours, rtol=0)
+
+
+def test_zero_grad_set_to_none_frees_the_gradients(seed):
+    # The optimizer must not keep the last step's gradients alive: zero_grad(set_to_none=True)
+    # frees them before the next backward, as it does with torch's optimizers.
+    import gc
+    import weakref
+    ps = make_params([(1000,), (10, 10)])
+    ours = ft.Optimizer(ps, rule="adamw")
+    feed(ps)
+    ours.step()
+    refs = [weakref.ref(p.grad) for p in ps]
+    ours.zero_grad(set_to_none=True)
+    gc.collect()
+    assert all(r() is None for r in refs)
+    feed(ps)
+    ours.step()  # new gradients, re-pointed
