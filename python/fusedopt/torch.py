@@ -345,8 +345,11 @@ class Optimizer(torch.optim.Optimizer):
                 moved_g = grad.data_ptr() != bound.gptrs[k]
             if moved_p and (p.dtype != bound.dtypes[k] or p.shape != bound.shapes[k]):
                 return False
-            if moved_p or moved_g:
+            if moved_p:
                 self._check(g, i, p, grad, bound.device)
+            elif moved_g and (grad.is_sparse or grad.device != bound.device or
+                              not grad.is_contiguous()):
+                self._check(g, i, p, grad, bound.device)  # raises, saying which and why
             new_params.append(pptrs[k] if moved_p else 0)
             new_grads.append(grad.data_ptr() if moved_g else 0)
         bound.engine.rebind(new_params, new_grads, stream)
