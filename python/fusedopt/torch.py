@@ -390,9 +390,9 @@ class Optimizer(torch.optim.Optimizer):
                 if not self._rebind_moved(bound, stream):
                     self._plan(self._active())
                     break
+        hypers = [self._group_hypers(group) for group in self.param_groups]
         for e, bound in enumerate(self._engines):
-            for g, group in enumerate(self.param_groups):
-                values = self._group_hypers(group)
+            for g, values in enumerate(hypers):
                 if values != self._pushed[e][g]:
                     for name, new, old in zip(self._hyper_names, values, self._pushed[e][g]):
                         if new != old:

@@ -124,6 +124,15 @@ struct GroupSpec {
   std::vector<std::pair<std::string, double>> hypers;
 };
 
+/// "auto", "recompute" or "store", or a UsageError.
+fo::ReductionStrategy strategy_of(const std::string& name) {
+  if (name == "auto") return fo::ReductionStrategy::Auto;
+  if (name == "recompute") return fo::ReductionStrategy::Recompute;
+  if (name == "store") return fo::ReductionStrategy::Store;
+  throw fo::UsageError("reduction_strategy '" + name +
+                       "' is none of 'auto', 'recompute' and 'store'");
+}
+
 void* as_stream(std::uintptr_t stream) { return reinterpret_cast<void*>(stream); }
 
 /// A fusedopt::Optimizer over tensors Python owns (their memory must outlive it: the
@@ -152,13 +161,14 @@ class Engine {
     o.state_dtype = fo::DTypeBinding::parse(state_dtype).param;
     o.master_weights = master_weights;
     o.max_grad_norm = max_grad_norm;
-    o.reduction_strategy = strategy == "store"       ? fo::ReductionStrategy::Store
-                           : strategy == "recompute" ? fo::ReductionStrategy::Recompute
-                                                     : fo::ReductionStrategy::Auto;
+    o.reduction_strategy = strategy_of(strategy);
     opt_.emplace(rule, std::move(pgs), o);
+    // One device (the Optimizer checked): the first param's.
     for (const auto& g : groups) {
-      for (const auto& p : g.params) {
+      if (!g.params.empty()) {
+        const Array& p = g.params.front();
         device_ = p.device_type() == nb::device::cuda::value ? p.device_id() : -1;
+        break;
       }
     }
   }
@@ -344,9 +354,7 @@ NB_MODULE(_fusedopt, m) {
       [](const fo::Rule& rule, const std::string& target, const std::string& dtypes,
          const std::string& strategy) {
         fo::CompileOptions o;
-        o.reduction_strategy = strategy == "store"       ? fo::ReductionStrategy::Store
-                               : strategy == "recompute" ? fo::ReductionStrategy::Recompute
-                                                         : fo::ReductionStrategy::Auto;
+        o.reduction_strategy = strategy_of(strategy);
         const fo::CompiledKernel k =
             fo::compile_kernel(rule, fo::Target::parse(target), fo::DTypeBinding::parse(dtypes), o);
         nb::dict d;

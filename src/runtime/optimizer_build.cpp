@@ -474,28 +474,35 @@ void Optimizer::rebind(const std::vector<void*>& param_data, const std::vector<v
                          "or none)",
                          list->size(), list == &param_data ? "param" : "grad", n);
   }
-  std::vector<ParamSlot> next = m.params;
-  bool changed = false;
+  // The new pointers in place (each old one kept), checked, then handed to the kernels; any
+  // refusal puts the old ones back.
+  std::vector<std::pair<Tensor*, void*>> old;
   for (std::size_t p = 0; p < n; ++p) {
-    ParamSlot& s = next[p];
     for (const bool grad : {false, true}) {
       const std::vector<void*>& list = grad ? grad_data : param_data;
-      Tensor& t = grad ? s.grad : s.param;
+      Tensor& t = grad ? m.params[p].grad : m.params[p].param;
       if (list.empty() || list[p] == nullptr || list[p] == t.data) continue;
+      old.emplace_back(&t, t.data);
       t.data = list[p];
-      changed = true;
     }
   }
-  if (!changed) return;
-  check_no_overlap(next);
-  std::swap(m.params, next);
+  if (old.empty()) return;
+  auto restore = [&] {
+    for (const auto& [t, data] : old) t->data = data;
+  };
+  try {
+    check_no_overlap(m.params);
+  } catch (...) {
+    restore();
+    throw;
+  }
   try {
     for (std::size_t b = 0; b < m.kernels.size(); ++b) {
       m.kernels[b]->rebind(m.binding_ptrs(b), stream);
     }
   } catch (...) {
     // A kernel refused (a host pointer for a CUDA optimizer): back to the old pointers.
-    std::swap(m.params, next);
+    restore();
     for (std::size_t b = 0; b < m.kernels.size(); ++b) {
       m.kernels[b]->rebind(m.binding_ptrs(b), stream);
     }
