@@ -85,6 +85,7 @@ DTypeBinding DTypeBinding::parse(std::string_view text) {
 
 Target Target::parse(std::string_view text) {
   if (text == "host" || text == "cpu") return Target::host();
+  if (text == "emu") return Target::emu();
   const bool ptx = text.size() > 8 && text.substr(0, 8) == "compute_";
   if ((text.size() > 3 && text.substr(0, 3) == "sm_") || ptx) {
     std::string_view digits = text.substr(ptx ? 8 : 3);
@@ -103,13 +104,14 @@ Target Target::parse(std::string_view text) {
     if (ok && sm >= 50) return Target{Kind::Cuda, sm, arch_specific, ptx};
   }
   throw UsageError(
-      fmt::format("bad target '{}': expected 'host' or a CUDA architecture like "
-                  "sm_80, sm_90, sm_90a or compute_90 (PTX)",
+      fmt::format("bad target '{}': expected 'host', 'emu' (the CUDA emulator) or a CUDA "
+                  "architecture like sm_80, sm_90, sm_90a or compute_90 (PTX)",
                   text));
 }
 
 std::string Target::str() const {
   if (kind == Kind::Host) return "host";
+  if (kind == Kind::Emu) return "emu";
   if (ptx) return fmt::format("compute_{}", sm);
   return fmt::format("sm_{}{}", sm, arch_specific ? "a" : "");
 }

@@ -3,13 +3,16 @@
 // a failing case always fails the executable (exit 1), whatever it printed. Where
 // FUSEDOPT_TEST_SKIP_RETURN_CODE is set (GPU-only suites, with the same CTest
 // SKIP_RETURN_CODE: cmake/FusedoptTests.cmake) the executable exits with that code instead
-// of 0 when it ran no case at all because something was absent.
+// of 0 when it ran no case at all because something was absent. Where FUSEDOPT_TEST_NO_SKIPS
+// is 1 (the GPU suite on the CUDA emulator, which must run every case) a skipped case fails
+// the executable.
 #define DOCTEST_CONFIG_IMPLEMENT
 #include <doctest/doctest.h>
 
 #include <cstdio>
 #include <cstdlib>
 #include <mutex>
+#include <string>
 
 namespace {
 
@@ -61,6 +64,11 @@ int main(int argc, char** argv) {
   if (context.shouldExit()) return result;
   const RunSummary& s = summary();
   if (result != 0 || s.failed != 0) return 1;
+  const char* no_skips = std::getenv("FUSEDOPT_TEST_NO_SKIPS");
+  if (no_skips != nullptr && std::string(no_skips) == "1" && s.absent > 0) {
+    std::printf("FUSEDOPT_TEST_NO_SKIPS=1: %u case(s) skipped, and none may be here\n", s.absent);
+    return 1;
+  }
   const char* code = std::getenv("FUSEDOPT_TEST_SKIP_RETURN_CODE");
   if (code != nullptr && *code != '\0' && s.ran == 0 && s.absent > 0) return std::atoi(code);
   return 0;

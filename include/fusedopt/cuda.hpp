@@ -16,6 +16,11 @@ namespace fusedopt {
 /// the reason in `*why` (never throws; always false in a build without CUDA).
 FUSEDOPT_API bool cuda_device_available(std::string* why = nullptr);
 
+/// True when the CUDA driver fusedopt loaded is its CPU emulator (libfusedopt-cuda-emu.so,
+/// through FUSEDOPT_CUDA_DRIVER_LIBRARY), which runs kernels correctly but says nothing about
+/// speed. Never throws; false where there is no CUDA device.
+FUSEDOPT_API bool cuda_device_emulated();
+
 /// Waits for the work queued on `stream` (a CUstream; nullptr: the default stream) of the
 /// calling thread's current context. Throws CudaError.
 FUSEDOPT_API void cuda_synchronize(void* stream = nullptr);

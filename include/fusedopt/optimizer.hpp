@@ -126,7 +126,8 @@ struct OptimizerStats {
   std::int64_t elements = 0;
   std::int64_t launches_per_step = 0;  ///< kernel launches of one step(): per dtype binding,
                                        ///< one per reduction pass, one finalize after each,
-                                       ///< and the update
+                                       ///< the update, and on CUDA the one-thread launch that
+                                       ///< counts the step on the device
   std::int64_t bytes_per_step = 0;     ///< bytes read + written by one step (every pass)
   std::size_t state_bytes = 0;         ///< memory of the rule's states, outputs and fp32
                                        ///< masters (64-byte aligned views)

@@ -1,5 +1,6 @@
-// Where a kernel runs: the host CPU or a CUDA architecture (sm_XX). Compiling needs only the
-// target, never the device.
+// Where a kernel runs: the host CPU, a CUDA architecture (sm_XX), or fusedopt's CUDA emulator
+// ("emu": the CUDA source built by the host compiler for the emulating driver). Compiling
+// needs only the target, never the device.
 #pragma once
 
 #include <string>
@@ -10,7 +11,10 @@
 namespace fusedopt {
 
 struct FUSEDOPT_API Target {
-  enum class Kind { Host, Cuda };
+  /// Emu: the CUDA kernel source, byte for byte, compiled by the host compiler with the
+  /// emulation header (templates/kernels/cuda_emu.h) into an image that fusedopt's emulating
+  /// CUDA driver (libfusedopt-cuda-emu.so) loads and runs on the CPU.
+  enum class Kind { Host, Cuda, Emu };
   Kind kind = Kind::Host;
   int sm = 0;                  ///< compute capability * 10 (e.g. 90) for Kind::Cuda
   bool arch_specific = false;  ///< "sm_90a": architecture-specific features
@@ -21,7 +25,10 @@ struct FUSEDOPT_API Target {
   static Target host() { return Target{}; }
   static Target cuda(int sm) { return Target{Kind::Cuda, sm, false, false}; }
   static Target cuda_ptx(int sm) { return Target{Kind::Cuda, sm, false, true}; }
-  /// "host", "sm_80", "sm_90", "sm_90a", "compute_90", ... Throws fusedopt::Error otherwise.
+  static Target emu() { return Target{Kind::Emu, 0, false, false}; }
+  /// CUDA source (the CUDA skeleton): a GPU architecture or the emulator.
+  bool cuda_source() const { return kind != Kind::Host; }
+  /// "host", "emu", "sm_80", "sm_90", "sm_90a", "compute_90", ... Throws fusedopt::Error otherwise.
   static Target parse(std::string_view text);
   std::string str() const;
   bool operator==(const Target& o) const {

@@ -215,13 +215,12 @@ std::string staging_macros(const std::string& code, int reduction_passes) {
 }
 
 std::string source_file_name(const KernelBody& body, const Target& target) {
-  return "fusedopt_" + line_file_name(body.name) +
-         (target.kind == Target::Kind::Cuda ? ".cu" : ".cpp");
+  return "fusedopt_" + line_file_name(body.name) + (target.cuda_source() ? ".cu" : ".cpp");
 }
 
 std::string generate_source(const KernelBody& body, const Target& target) {
-  std::string skeleton(embedded_file(
-      target.kind == Target::Kind::Cuda ? "kernels/cuda_kernel.cuh" : "kernels/host_kernel.hpp"));
+  std::string skeleton(
+      embedded_file(target.cuda_source() ? "kernels/cuda_kernel.cuh" : "kernels/host_kernel.hpp"));
   // The skeleton's "#ifndef FO_GENERATED" block only serves compiling it on its own.
   const std::string standalone = "#ifndef FO_GENERATED\n";
   if (std::size_t a = skeleton.find(standalone); a != std::string::npos) {

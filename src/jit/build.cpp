@@ -33,8 +33,8 @@ cache::KeyRecord kernel_record(const KernelSource& source, const Target& target)
       .add("compiler", compiler.identity())
       .add("options", options)
       // Generated sources include no headers: the prelude and skeletons are pasted into the
-      // source itself, so hashing the source covers every "header".
-      .add("headers", "")
+      // source itself, so hashing the source covers them; the emulator's compile adds one.
+      .add("headers", compiler.headers())
       .add("source", source.text);
   return r;
 }

@@ -19,7 +19,10 @@ class Compiler {
   virtual std::vector<std::string> options(const Target& target) const = 0;
   /// Extra target facts that change the output (host: the CPU's model and features).
   virtual std::string target_fingerprint(const Target& target) const = 0;
-  /// File extension of the binary for `target`: "cubin", "ptx" or "so".
+  /// Headers the compile adds to the source (the emulator's cuda_emu.h), as one text for
+  /// the cache key; "" when the source is the whole translation unit.
+  virtual std::string headers() const { return ""; }
+  /// File extension of the binary for `target`: "cubin", "ptx", "so" or "emu".
   virtual std::string extension(const Target& target) const = 0;
   /// Compiles `source` (named `file_name` in diagnostics). Throws CompileError with the log,
   /// the options and the source.
@@ -28,7 +31,8 @@ class Compiler {
 };
 
 /// The process-wide compiler for `target` (NVRTC for CUDA targets, the host compiler for
-/// the host). Throws fusedopt::Error when NVRTC cannot be loaded.
+/// the host and, with the emulation header, for the CUDA emulator). Throws
+/// fusedopt::Error when NVRTC cannot be loaded.
 const Compiler& compiler_for(const Target& target);
 
 /// NVRTC's version (major, minor) and the architectures it compiles for (75, 80, ...).
@@ -40,6 +44,16 @@ std::vector<int> nvrtc_supported_archs();
 /// registers, stack, spill stores and spill loads of every entry point. Not cached.
 std::string nvrtc_resource_log(const std::string& source, const std::string& file_name,
                                const Target& target);
+
+/// The host compiler (what compiler_for gives for the host).
+const Compiler& host_compiler();
+
+/// Runs the host compiler with `options`, then `-o OUT FILE`, on `source` written as
+/// `file_name` in a private temporary folder beside `files` (name, text); returns OUT's
+/// bytes. Throws CompileError with the log, the options and the source.
+std::string run_host_compiler(const std::string& source, const std::string& file_name,
+                              const std::vector<std::string>& options,
+                              const std::vector<std::pair<std::string, std::string>>& files = {});
 
 /// The host compiler command: FUSEDOPT_HOST_CXX, else the compiler fusedopt was built with.
 std::vector<std::string> host_compiler_command();

@@ -24,6 +24,7 @@
 namespace fusedopt::jit {
 
 const Compiler& nvrtc_compiler();
+const Compiler& emu_compiler();
 
 namespace fs = std::filesystem;
 
@@ -104,6 +105,48 @@ std::string resolve_executable(const std::string& command) {
   return command;
 }
 
+}  // namespace
+
+std::string run_host_compiler(const std::string& source, const std::string& file_name,
+                              const std::vector<std::string>& options,
+                              const std::vector<std::pair<std::string, std::string>>& files) {
+  TempDir tmp;
+  const std::string src = tmp.path() + "/" + fs::path(file_name).filename().string();
+  const std::string out = tmp.path() + "/kernel.out";
+  for (const auto& [name, text] : files) {
+    std::ofstream f(tmp.path() + "/" + name, std::ios::binary);
+    f << text;
+    if (!f) throw IoError("cannot write " + tmp.path() + "/" + name);
+  }
+  {
+    std::ofstream f(src, std::ios::binary);
+    f << source;
+    if (!f) throw IoError("cannot write " + src);
+  }
+  std::vector<std::string> argv = host_compiler_command();
+  argv.insert(argv.end(), options.begin(), options.end());
+  argv.insert(argv.end(), {"-o", out, src});
+  const double limit = compile_timeout_seconds();
+  ProcessResult r = run_process(argv, tmp.path(), limit);
+  if (r.timed_out) {
+    throw CompileError(fmt::format("the host compiler did not finish {} within {} s "
+                                   "(FUSEDOPT_COMPILE_TIMEOUT); it was stopped",
+                                   file_name, limit),
+                       r.output, options, source);
+  }
+  if (r.exit_code != 0) {
+    throw CompileError(
+        fmt::format("the host compiler failed to compile {} (exit {})", file_name, r.exit_code),
+        r.output, options, source);
+  }
+  std::string binary = read_file(out);
+  if (binary.empty())
+    throw CompileError("the host compiler produced no output", r.output, options, source);
+  return binary;
+}
+
+namespace {
+
 class HostCompiler final : public Compiler {
  public:
   std::string identity() const override {
@@ -167,35 +210,7 @@ class HostCompiler final : public Compiler {
 
   std::string compile(const std::string& source, const std::string& file_name,
                       const Target& target) const override {
-    TempDir tmp;
-    const std::string src = tmp.path() + "/" + fs::path(file_name).filename().string();
-    const std::string out = tmp.path() + "/kernel.so";
-    {
-      std::ofstream f(src, std::ios::binary);
-      f << source;
-      if (!f) throw IoError("cannot write " + src);
-    }
-    std::vector<std::string> opts = options(target);
-    std::vector<std::string> argv = host_compiler_command();
-    argv.insert(argv.end(), opts.begin(), opts.end());
-    argv.insert(argv.end(), {"-o", out, src});
-    const double limit = compile_timeout_seconds();
-    ProcessResult r = run_process(argv, tmp.path(), limit);
-    if (r.timed_out) {
-      throw CompileError(fmt::format("the host compiler did not finish {} within {} s "
-                                     "(FUSEDOPT_COMPILE_TIMEOUT); it was stopped",
-                                     file_name, limit),
-                         r.output, opts, source);
-    }
-    if (r.exit_code != 0) {
-      throw CompileError(
-          fmt::format("the host compiler failed to compile {} (exit {})", file_name, r.exit_code),
-          r.output, opts, source);
-    }
-    std::string binary = read_file(out);
-    if (binary.empty())
-      throw CompileError("the host compiler produced no output", r.output, opts, source);
-    return binary;
+    return run_host_compiler(source, file_name, options(target));
   }
 
  private:
@@ -207,10 +222,15 @@ class HostCompiler final : public Compiler {
 
 }  // namespace
 
-const Compiler& compiler_for(const Target& target) {
-  if (target.kind == Target::Kind::Cuda) return nvrtc_compiler();
+const Compiler& host_compiler() {
   static HostCompiler host;
   return host;
+}
+
+const Compiler& compiler_for(const Target& target) {
+  if (target.kind == Target::Kind::Cuda) return nvrtc_compiler();
+  if (target.kind == Target::Kind::Emu) return emu_compiler();
+  return host_compiler();
 }
 
 }  // namespace fusedopt::jit

@@ -132,6 +132,8 @@ Loaded& loaded() {
       l.failure = e.what();
       return;
     }
+    // fusedopt's emulator says what it is: its modules are emulator images (Target::emu).
+    l.api.emulator = l.lib->symbol("fusedopt_cuda_emulator") != nullptr;
     l.init_result = l.api.Init(0);
     if (l.init_result == CUDA_SUCCESS) {
       if (l.api.DriverGetVersion(&l.api.driver_version) != CUDA_SUCCESS) l.api.driver_version = 0;
@@ -183,6 +185,8 @@ bool cuda_device_available(std::string* why) {
   }
   return false;
 }
+
+bool driver_is_emulator() { return driver().emulator; }
 
 int device_count() {
   int count = 0;

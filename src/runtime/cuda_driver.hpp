@@ -20,6 +20,10 @@ using Event = void*;              ///< CUevent
 /// True when libcuda loads, cuInit succeeds and there is at least one device; otherwise
 /// false with the reason in `*why` (never throws).
 bool cuda_device_available(std::string* why = nullptr);
+/// True when the loaded driver is fusedopt's CUDA emulator (libfusedopt-cuda-emu.so, through
+/// FUSEDOPT_CUDA_DRIVER_LIBRARY): kernels are then built for Target::emu(), not for an
+/// sm_XX. Throws like device_count when the driver is unusable.
+bool driver_is_emulator();
 /// Number of CUDA devices. Throws CudaError / Error when the driver is unusable.
 int device_count();
 /// Compute capability as major * 10 + minor (90 for a 9.0 device).
@@ -132,6 +136,7 @@ namespace fusedopt::runtime::cuda {
 /// (cuMemAlloc is cuMemAlloc_v2, cuGraphInstantiate is cuGraphInstantiateWithFlags, ...).
 struct DriverApi {
   int driver_version = 0;  ///< cuDriverGetVersion, e.g. 13000
+  bool emulator = false;   ///< fusedopt's CUDA emulator (it exports fusedopt_cuda_emulator)
   decltype(&::cuInit) Init = nullptr;
   decltype(&::cuDriverGetVersion) DriverGetVersion = nullptr;
   decltype(&::cuDeviceGet) DeviceGet = nullptr;

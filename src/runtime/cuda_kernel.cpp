@@ -243,13 +243,15 @@ CudaKernel::CudaKernel(std::shared_ptr<const lang::Rule> rule, DTypeBinding dtyp
   k.sm = cuda::device_sm(device);
   k.sm_count = cuda::device_sm_count(device);
   // A CUBIN for the device when NVRTC knows it, else PTX (device_target.hpp); a CUBIN the
-  // driver refuses is retried once as PTX.
-  const CudaVersions versions = cuda_versions();
-  Target target = choose_cuda_target(k.sm, versions);
+  // driver refuses is retried once as PTX. fusedopt's CUDA emulator runs emulator images
+  // of the same source (Target::emu), and needs no NVRTC.
+  const bool emulated = cuda::driver_is_emulator();
+  const CudaVersions versions = emulated ? CudaVersions{} : cuda_versions();
+  Target target = emulated ? Target::emu() : choose_cuda_target(k.sm, versions);
   provider::ProvidedKernel built = provide(target);
   ScopedContext scope(k.ctx);
   CUresult loaded = cuda::driver().ModuleLoadData(&k.module, built.binary->data());
-  if (loaded != CUDA_SUCCESS && !target.ptx) {
+  if (loaded != CUDA_SUCCESS && !target.ptx && !emulated) {
     const char* name = nullptr;
     cuda::driver().GetErrorName(loaded, &name);
     target = ptx_fallback(k.sm, versions,

@@ -39,6 +39,18 @@ bool cuda_device_available(std::string* why) {
   return runtime::backend_available(Device::cuda(0), why);
 }
 
+bool cuda_device_emulated() {
+#if FUSEDOPT_HAVE_CUDA
+  try {
+    return cuda_device_available() && runtime::cuda::driver_is_emulator();
+  } catch (const Error&) {
+    return false;
+  }
+#else
+  return false;
+#endif
+}
+
 void cuda_synchronize(void* stream) { runtime::make_backend(Device::cuda(0))->synchronize(stream); }
 
 void cuda_copy_to_host(void* dst, const void* src, std::size_t bytes, int device) {

@@ -56,6 +56,7 @@ struct fo_vec1 {
 // data is streamed once per step; L2 still holds it), which also marks them in the SASS
 // (LDG.E.NA) for tests/cuda/test_sass.cpp. volatile keeps the order of a thread's own
 // accesses (the store of a role after its load).
+#if FO_PTX
 /// Elements [i, i+4) of p in one load; p + i must be aligned to sizeof(fo_vec4<T>).
 FO_FN fo_vec4<float> fo_load_n(fo_width<4>, const float* p, long long i) {
   fo_vec4<float> r;
@@ -89,15 +90,6 @@ FO_FN fo_vec1<T> fo_load_n(fo_width<1>, const T* p, long long i) {
   r.v[0].bits = h;
   return r;
 }
-/// An unloaded staging copy for a role the pass only writes.
-template <typename T>
-FO_FN fo_vec4<T> fo_empty_n(fo_width<4>, const T*) {
-  return fo_vec4<T>{};
-}
-template <typename T>
-FO_FN fo_vec1<T> fo_empty_n(fo_width<1>, const T*) {
-  return fo_vec1<T>{};
-}
 /// Writes the staged elements of a writable role back, in one store.
 FO_FN void fo_store_n(float* p, long long i, const fo_vec4<float>& s) {
   asm volatile("st.global.v4.f32 [%0], {%1, %2, %3, %4};" ::"l"(p + i), "f"(s.v[0]), "f"(s.v[1]),
@@ -115,6 +107,43 @@ FO_FN void fo_store_n(float* p, long long i, const fo_vec1<float>& s) {
 template <typename T>
 FO_FN void fo_store_n(T* p, long long i, const fo_vec1<T>& s) {
   asm volatile("st.global.u16 [%0], %1;" ::"l"(p + i), "h"(s.v[0].bits));
+}
+#else
+// The portable forms (the CUDA emulator, cuda_emu.h): the same accesses as plain loads and
+// stores of the staging types. FO_VECTOR_ACCESS(address, bytes) lets the emulator check
+// what the GPU requires of a vector access: an address aligned to its size.
+#ifndef FO_VECTOR_ACCESS
+#define FO_VECTOR_ACCESS(address, bytes)
+#endif
+template <typename T>
+FO_FN fo_vec4<T> fo_load_n(fo_width<4>, const T* p, long long i) {
+  FO_VECTOR_ACCESS(p + i, sizeof(fo_vec4<T>));
+  return *(const fo_vec4<T>*)(p + i);
+}
+template <typename T>
+FO_FN fo_vec1<T> fo_load_n(fo_width<1>, const T* p, long long i) {
+  fo_vec1<T> r;
+  r.v[0] = p[i];
+  return r;
+}
+template <typename T>
+FO_FN void fo_store_n(T* p, long long i, const fo_vec4<T>& s) {
+  FO_VECTOR_ACCESS(p + i, sizeof(fo_vec4<T>));
+  *(fo_vec4<T>*)(p + i) = s;
+}
+template <typename T>
+FO_FN void fo_store_n(T* p, long long i, const fo_vec1<T>& s) {
+  p[i] = s.v[0];
+}
+#endif
+/// An unloaded staging copy for a role the pass only writes.
+template <typename T>
+FO_FN fo_vec4<T> fo_empty_n(fo_width<4>, const T*) {
+  return fo_vec4<T>{};
+}
+template <typename T>
+FO_FN fo_vec1<T> fo_empty_n(fo_width<1>, const T*) {
+  return fo_vec1<T>{};
 }
 /// Read-only roles (the gradient) are never written back.
 template <typename T, typename V>

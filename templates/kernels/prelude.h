@@ -42,17 +42,6 @@ FO_FN double fo_abs(double x) { return fabs(x); }
 FO_FN double fo_min(double a, double b) { return fmin(a, b); }
 FO_FN double fo_max(double a, double b) { return fmax(a, b); }
 FO_FN bool fo_isfinite(double x) { return isfinite(x); }
-// Hardware conversions, round to nearest even.
-FO_FN float fo_f16_to_f32(unsigned short h) {
-  float f;
-  asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
-  return f;
-}
-FO_FN unsigned short fo_f32_to_f16(float f) {
-  unsigned short h;
-  asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f));
-  return h;
-}
 #else
 // Not static: FO_FN also marks member functions (trusted functors). -fvisibility=hidden
 // keeps these out of the shared object's exports.
@@ -96,6 +85,30 @@ FO_FN double fo_abs(double x) { return __builtin_fabs(x); }
 FO_FN double fo_min(double a, double b) { return __builtin_fmin(a, b); }
 FO_FN double fo_max(double a, double b) { return __builtin_fmax(a, b); }
 FO_FN bool fo_isfinite(double x) { return __builtin_isfinite(x); }
+#endif
+
+// FO_PTX: compiled by NVRTC for a GPU, so inline PTX is available. The CUDA emulator
+// (cuda_emu.h, FO_EMU) compiles the same CUDA source with the host compiler: it takes the
+// portable forms below and in the skeleton instead, the only places its code differs.
+#if defined(__CUDACC__) && !defined(FO_EMU)
+#define FO_PTX 1
+#else
+#define FO_PTX 0
+#endif
+
+#if FO_PTX
+// Hardware conversions, round to nearest even.
+FO_FN float fo_f16_to_f32(unsigned short h) {
+  float f;
+  asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
+  return f;
+}
+FO_FN unsigned short fo_f32_to_f16(float f) {
+  unsigned short h;
+  asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f));
+  return h;
+}
+#else
 // Software conversions, round to nearest even (same results as the GPU's cvt.rn).
 FO_FN float fo_f16_to_f32(unsigned short h) {
   unsigned int sign = (unsigned int)(h & 0x8000u) << 16;

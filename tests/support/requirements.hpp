@@ -43,7 +43,8 @@ inline const Availability& cuda_device_availability() {
     if (!fusedopt::cuda_device_available(&why)) {
       out.present = false;
       out.why = "no CUDA device: " + why;
-    } else if (!nvrtc_availability().present) {
+    } else if (!fusedopt::cuda_device_emulated() && !nvrtc_availability().present) {
+      // The CUDA emulator's kernels come from the host compiler: no NVRTC needed.
       out = nvrtc_availability();
     }
     return out;
@@ -53,7 +54,8 @@ inline const Availability& cuda_device_availability() {
 
 /// Decorator for a case that compiles with NVRTC (no GPU needed).
 inline Requires needs_nvrtc() { return Requires(nvrtc_availability()); }
-/// Decorator for a case that runs on a CUDA device (and so also needs NVRTC).
+/// Decorator for a case that runs on a CUDA device (and so also needs NVRTC, unless the
+/// device is fusedopt's CUDA emulator).
 inline Requires needs_cuda_device() { return Requires(cuda_device_availability()); }
 
 }  // namespace fusedopt::testing
