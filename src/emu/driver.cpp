@@ -288,6 +288,11 @@ FO_EMU_API unsigned long long fusedopt_emu_seed() {
   FO_LOCK;
   return d.executor->seed();
 }
+/// Restarts the block and thread orders from `seed`, as FUSEDOPT_EMU_SEED does at start.
+FO_EMU_API void fusedopt_emu_set_seed(unsigned long long seed) {
+  FO_LOCK;
+  d.executor->set_seed(seed);
+}
 /// The last report for error `code` (a launch that failed, a refused call), or "".
 FO_EMU_API const char* fusedopt_emu_error_report(int code) {
   FO_LOCK;

@@ -361,6 +361,11 @@ Executor::Executor(DeviceMemory& memory) {
 
 Executor::~Executor() { delete impl_; }
 
+void Executor::set_seed(std::uint64_t seed) {
+  seed_ = seed;
+  impl_->rng.s = seed;
+}
+
 LaunchResult Executor::run(const Kernel& kernel, Dim3 grid, Dim3 block, void** params) {
   LaunchResult r = impl_->run(kernel, grid, block, params);
   if (r.code != kSuccess) r.message += " [FUSEDOPT_EMU_SEED=" + std::to_string(seed_) + "]";

@@ -48,6 +48,8 @@ class Executor {
 
   /// The seed of the block and thread orders (FUSEDOPT_EMU_SEED, else a fresh one).
   std::uint64_t seed() const { return seed_; }
+  /// Restarts the orders from `seed` (FUSEDOPT_EMU_SEED's effect, for tests).
+  void set_seed(std::uint64_t seed);
 
   struct Impl;  // the fibers and the launch in progress (executor.cpp)
 
