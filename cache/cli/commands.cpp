@@ -229,7 +229,7 @@ int cmd_check(Args& args) {
 Parse and check rule files. Errors are printed as FILE:LINE:COL: error: MESSAGE,
 then the line and a caret; exit 2 if any file is bad.
 
-With --target (host, sm_80, sm_90, ...; comma-separated) and optionally --dtypes
+With --target (host, emu, sm_80, sm_90, ...; comma-separated) and optionally --dtypes
 (default fp32), also tells what each kernel does and costs, without a GPU: per
 pass, the tensors it reads and writes and the bytes per element; for CUDA
 targets, each entry point's registers, stack and spills (from NVRTC's ptxas).

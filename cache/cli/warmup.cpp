@@ -26,8 +26,8 @@ options:
   --preset NAME     a preset rule, NAME or NAME+OPTION (repeatable; 'all' for every preset)
   --all-presets     every preset, options included
   --rule FILE       a rule file (repeatable; bare arguments are rule files too)
-  --target T        host, sm_80, sm_90, sm_90a, ... (repeatable or comma-separated;
-                    default: host)
+  --target T        host, emu (the CUDA emulator), sm_80, sm_90, sm_90a, ...
+                    (repeatable or comma-separated; default: host)
   --dtypes D        PARAM:GRAD:STATE[+master] or one dtype for all, e.g. fp32,
                     bf16:bf16:fp32+master (repeatable or comma-separated; default: fp32)
   --jobs N          compile N kernels at once (default: the number of cores)

@@ -444,9 +444,42 @@ float = float - lr * half / std
     CHECK(a != c90);
   }
 
+  TEST_CASE("the emulator's target: the CUDA source unchanged, its own key, its header keyed") {
+    CHECK(Target::parse("emu") == Target::emu());
+    CHECK(Target::emu().str() == "emu");
+    CHECK(Target::emu().cuda_source());
+    CHECK_FALSE(Target::host().cuda_source());
+    auto body = codegen::generate_body(*preset_rule("adamw"), DTypeBinding{});
+    // Byte for byte what NVRTC compiles for sm_90, but for the first line, a comment
+    // naming the target.
+    auto after_first_line = [](const std::string& text) { return text.substr(text.find('\n')); };
+    CHECK(after_first_line(codegen::generate_source(body, Target::emu())) ==
+          after_first_line(codegen::generate_source(body, Target::cuda(90))));
+    const std::string src = codegen::generate_source(body, Target::emu());
+    cache::KeyRecord emu = provider::kernel_record(body, DTypeBinding{}, Target::emu(), src);
+    cache::KeyRecord host = provider::kernel_record(body, DTypeBinding{}, Target::host(), src);
+    CHECK(emu.key() != host.key());
+    CHECK(emu.get("headers").find("FO_EMU_ABI_VERSION") != std::string::npos);
+    CHECK(emu.get("options").find("-fsanitize=kernel-address") != std::string::npos);
+    // The image: its header, then a shared object exporting an entry per kernel.
+    const std::string image =
+        jit::compiler_for(Target::emu()).compile(src, "fusedopt_adamw.cu", Target::emu());
+    REQUIRE(image.size() > 24);
+    CHECK(image.compare(0, 8, "FOEMUIMG") == 0);
+    CHECK(image.compare(24, 4,
+                        "\x7f"
+                        "ELF") == 0);
+    for (const char* entry : {"fo_emu_entry_fusedopt_step", "fo_emu_entry_fusedopt_init",
+                              "fo_emu_entry_fusedopt_check", "fo_emu_entry_fusedopt_finalize",
+                              "fo_emu_sizes_fusedopt_advance_step", "fo_emu_module_init"}) {
+      CHECK_MESSAGE(image.find(entry) != std::string::npos, entry);
+    }
+  }
+
   TEST_CASE("bad targets and dtypes are clear errors") {
     CHECK_THROWS_WITH_AS(Target::parse("sm_9x"), doctest::Contains("bad target 'sm_9x'"), Error);
     CHECK_THROWS_WITH_AS(Target::parse("gpu"), doctest::Contains("sm_80"), Error);
+    CHECK_THROWS_WITH_AS(Target::parse("gpu"), doctest::Contains("'emu'"), Error);
     // Too many digits is a bad target, not an int overflow (UBSan).
     CHECK_THROWS_WITH_AS(Target::parse("sm_99999999999"),
                          doctest::Contains("bad target 'sm_99999999999'"), UsageError);
