@@ -57,6 +57,7 @@ struct Function {
 using Operation = std::function<CUresult()>;
 
 struct StreamRecord {
+  unsigned flags = 0;  // CU_STREAM_NON_BLOCKING: no implicit order with the legacy stream
   bool capturing = false;
   bool invalidated = false;
   CUstreamCaptureMode mode = CU_STREAM_CAPTURE_MODE_GLOBAL;
@@ -158,13 +159,21 @@ CUresult enqueue(Driver& d, CUstream stream, Operation op) {
     s->captured.push_back(std::move(op));
     return CUDA_SUCCESS;
   }
-  if (d.global_captures > 0 && (stream == nullptr || stream == CU_STREAM_LEGACY)) {
+  if (stream == nullptr || stream == CU_STREAM_LEGACY) {
+    // The legacy stream waits for every blocking stream: for a capturing one, that is an
+    // implicit dependency the real driver refuses.
+    bool blocking_capture = false;
     for (StreamRecord* s : d.streams) {
-      if (s->capturing) s->invalidated = true;
+      blocking_capture |= s->capturing && (s->flags & CU_STREAM_NON_BLOCKING) == 0;
     }
-    return report(d, CUDA_ERROR_STREAM_CAPTURE_IMPLICIT,
-                  "work on the legacy default stream during a stream capture in global mode "
-                  "(the capture is invalidated)");
+    if (blocking_capture) {
+      for (StreamRecord* s : d.streams) {
+        if (s->capturing) s->invalidated = true;
+      }
+      return report(d, CUDA_ERROR_STREAM_CAPTURE_IMPLICIT,
+                    "work on the legacy default stream while a blocking stream captures (the "
+                    "capture is invalidated)");
+    }
   }
   return op();
 }
@@ -790,6 +799,7 @@ FO_EMU_API CUresult CUDAAPI cuStreamCreate(CUstream* s, unsigned int flags) {
   if (!s || (flags & ~static_cast<unsigned>(CU_STREAM_NON_BLOCKING)) != 0)
     return CUDA_ERROR_INVALID_VALUE;
   auto* rec = new emu::StreamRecord;
+  rec->flags = flags;
   d.streams.insert(rec);
   *s = reinterpret_cast<CUstream>(rec);
   return CUDA_SUCCESS;

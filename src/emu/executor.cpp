@@ -5,6 +5,7 @@
 #include "emu/executor.hpp"
 
 #include <setjmp.h>
+#include <signal.h>
 #include <sys/mman.h>
 #include <ucontext.h>
 #include <unistd.h>
@@ -191,7 +192,58 @@ struct Executor::Impl {
 
 namespace {
 Executor::Impl* active = nullptr;  // the launch in progress (the driver's lock is held)
+
+// A fault inside a launch (an access the checks did not see, a fiber's stack overflowing
+// into its guard page) is named before the process dies of it: kernel, block, thread and
+// address on stderr, then the previous handler gets the fault.
+struct sigaction previous_segv, previous_bus;
+
+void on_fault(int sig, siginfo_t* info, void*) {
+  const Executor::Impl* x = active;
+  char buf[512];
+  int n = 0;
+  if (x != nullptr && x->kernel != nullptr && x->current != nullptr) {
+    const fo_emu_thread& t = *x->current->info;
+    const auto address = reinterpret_cast<unsigned long>(info->si_addr);
+    const bool stack = address - (t.stack_lo - 4096) < 4096 + 256;
+    n = std::snprintf(
+        buf, sizeof buf, "fusedopt-cuda-emu: %s block (%u,%u,%u) thread (%u,%u,%u): %s at %p%s\n",
+        x->kernel->name.c_str(), t.block_idx.x, t.block_idx.y, t.block_idx.z, t.thread_idx.x,
+        t.thread_idx.y, t.thread_idx.z, sig == SIGSEGV ? "segmentation fault" : "bus error",
+        info->si_addr, stack ? " (its stack overflowed)" : "");
+  }
+  if (n > 0) (void)!write(2, buf, static_cast<std::size_t>(n));
+  sigaction(sig, sig == SIGSEGV ? &previous_segv : &previous_bus, nullptr);
 }
+
+/// The fault handler for the calling thread's launches, on a stack of its own (a fiber
+/// whose stack overflowed has none left), unless the thread already has one.
+void install_fault_handler() {
+  thread_local bool alt_stack = false;
+  if (!alt_stack) {
+    stack_t old{};
+    if (sigaltstack(nullptr, &old) == 0 && (old.ss_flags & SS_DISABLE) != 0) {
+      static thread_local char memory[64 * 1024];
+      stack_t ss{};
+      ss.ss_sp = memory;
+      ss.ss_size = sizeof memory;
+      sigaltstack(&ss, nullptr);
+    }
+    alt_stack = true;
+  }
+  struct sigaction sa {};
+  sa.sa_sigaction = &on_fault;
+  sa.sa_flags = SA_SIGINFO | SA_ONSTACK;
+  sigemptyset(&sa.sa_mask);
+  sigaction(SIGSEGV, &sa, &previous_segv);
+  sigaction(SIGBUS, &sa, &previous_bus);
+}
+
+void remove_fault_handler() {
+  sigaction(SIGSEGV, &previous_segv, nullptr);
+  sigaction(SIGBUS, &previous_bus, nullptr);
+}
+}  // namespace
 
 void Executor::Impl::fiber_main() {
   Impl& x = *active;
@@ -327,6 +379,7 @@ LaunchResult Executor::Impl::run(const Kernel& k, Dim3 grid, Dim3 block, void** 
   abandoned = false;
   failure = {};
   active = this;
+  install_fault_handler();
   // Blocks in a shuffled order.
   std::vector<std::uint64_t> blocks(static_cast<std::size_t>(grid.count()));
   for (std::size_t b = 0; b < blocks.size(); ++b) blocks[b] = b;
@@ -341,6 +394,7 @@ LaunchResult Executor::Impl::run(const Kernel& k, Dim3 grid, Dim3 block, void** 
       break;
     }
   }
+  remove_fault_handler();
   active = nullptr;
   kernel = nullptr;
   params = nullptr;
