@@ -57,24 +57,26 @@ class EmuCompiler final : public Compiler {
     // short (the emulator is for correctness, never speed). The kernel-address sanitizer
     // in its outline form calls __asan_{load,store}N_noabort before every access the
     // compiler cannot prove safe; cuda_emu.h defines them (no ASan runtime is involved).
-    return {"-std=c++17",
-            "-O1",
-            "-fno-math-errno",
-            "-fPIC",
-            "-shared",
-            "-fvisibility=hidden",
-            "-w",
-            "-x",
-            "c++",
-            "-fsanitize=kernel-address",
-            "--param",
-            "asan-instrumentation-with-call-threshold=0",
-            "--param",
-            "asan-stack=0",
-            "--param",
-            "asan-globals=0",
-            "-include",
-            kHeaderName};
+    // g++ and clang++ spell its settings differently.
+    std::vector<std::string> o = {"-std=c++17",
+                                  "-O1",
+                                  "-fno-math-errno",
+                                  "-fPIC",
+                                  "-shared",
+                                  "-fvisibility=hidden",
+                                  "-w",
+                                  "-x",
+                                  "c++",
+                                  "-fsanitize=kernel-address"};
+    const bool clang = host_compiler().identity().find("clang") != std::string::npos;
+    for (const char* setting :
+         {"asan-instrumentation-with-call-threshold=0", "asan-stack=0", "asan-globals=0"}) {
+      o.push_back(clang ? "-mllvm" : "--param");
+      o.push_back(clang ? std::string("-") + setting : std::string(setting));
+    }
+    o.push_back("-include");
+    o.push_back(kHeaderName);
+    return o;
   }
   std::string target_fingerprint(const Target&) const override {
     struct utsname u {};
