@@ -156,9 +156,10 @@ class CudaBackend final : public Backend {
 
   Buffer allocate(std::size_t bytes) override {
     cuda::ContextScope scope(*context_);
-    // cuMemAlloc returns 256-byte aligned memory; zeroed so unused padding is defined.
-    cuda::DeviceBuffer b(std::max<std::size_t>(bytes, 256));
-    cuda::memset32_async(b.get(), 0, (b.size() + 3) / 4, nullptr);
+    // cuMemAlloc returns 256-byte aligned memory; zeroed so unused padding is defined, by
+    // 4-byte words: the allocation is whole words, so the memset stays inside it.
+    cuda::DeviceBuffer b(std::max<std::size_t>((bytes + 3) / 4 * 4, 256));
+    cuda::memset32_async(b.get(), 0, b.size() / 4, nullptr);
     cuda::synchronize(nullptr);
     const DevicePtr p = b.get();
     owned_.push_back(std::move(b));
