@@ -109,6 +109,12 @@ int sm_count() {
   return n;
 }
 
+std::string hex(std::uint64_t a) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "0x%llx", static_cast<unsigned long long>(a));
+  return buf;
+}
+
 /// A failure with a report: kept for cuGetErrorString and printed on stderr.
 CUresult report(Driver& d, CUresult code, const std::string& message) {
   d.details[code] = message;
@@ -183,7 +189,7 @@ CUresult check_range(Driver& d, const char* call, CUdeviceptr p, std::size_t byt
   if (d.memory.find(static_cast<std::uintptr_t>(p), bytes)) return CUDA_SUCCESS;
   return report(d, CUDA_ERROR_INVALID_VALUE,
                 std::string(call) + ": " + std::to_string(bytes) + " bytes at device address " +
-                    std::to_string(p) + " are not inside one live allocation (" +
+                    hex(p) + " are not inside one live allocation (" +
                     d.memory.describe(static_cast<std::uintptr_t>(p), bytes) + ")");
 }
 
@@ -696,7 +702,7 @@ FO_EMU_API CUresult CUDAAPI cuMemFree(CUdeviceptr p) {
   if (CUresult r = emu::refuse_if_capturing(d, "cuMemFree")) return r;
   if (!d.memory.free(static_cast<std::uintptr_t>(p))) {
     return emu::report(d, CUDA_ERROR_INVALID_VALUE,
-                       "cuMemFree of " + std::to_string(p) + ", not a live allocation (" +
+                       "cuMemFree of " + emu::hex(p) + ", not a live allocation (" +
                            d.memory.describe(static_cast<std::uintptr_t>(p), 1) + ")");
   }
   return CUDA_SUCCESS;
