@@ -52,6 +52,8 @@ struct BindingTensors {
   std::vector<std::int64_t> numel;
   std::vector<int> group;                         ///< param group of each tensor
   std::vector<std::vector<std::int64_t>> shapes;  ///< each tensor's shape (empty: 1-D)
+  /// Each tensor as errors name it ("group 1, param 0 ('w')"); empty: by its index here.
+  std::vector<std::string> names;
   /// Raw global reduction totals shared by every kernel of one optimizer (memory of the
   /// backend's device); null: the kernel keeps its own.
   void* global_totals = nullptr;

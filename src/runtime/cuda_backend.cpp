@@ -35,6 +35,7 @@ class CudaBoundKernel final : public BoundKernel {
     if (tensors.row_states || tensors.col_states) {
       kernel_.share_rc_states(dev(tensors.row_states), dev(tensors.col_states));
     }
+    kernel_.set_tensor_names(tensors.names);
     kernel_.set_plan(plan);
     any_elements_ = !plan.empty();
     num_tensors_ = plan.num_tensors();

@@ -328,29 +328,37 @@ void CudaKernel::check_device_pointers(const Plan& plan) const {
       const auto p = reinterpret_cast<std::uintptr_t>(
           plan.ptrs()[static_cast<std::size_t>(t * plan.num_roles() + r)]);
       if (p == 0) continue;  // an empty tensor (Plan::build refused null pointers otherwise)
+      // Formatted only for an error: rebind checks every pointer of every step that moves.
+      const auto who = [&] {
+        const auto ti = static_cast<std::size_t>(t);
+        return ti < tensor_names_.size()
+                   ? fmt::format("{}, role {}", tensor_names_[ti],
+                                 info_.body.roles.at(static_cast<std::size_t>(r)))
+                   : fmt::format("tensor {} role {}", t, r);
+      };
       // Catch host pointers early: the kernel would fault (an unrecoverable context error).
       unsigned int memory_type = 0;
       CUresult res = cuda::driver().PointerGetAttribute(
           &memory_type, CU_POINTER_ATTRIBUTE_MEMORY_TYPE, static_cast<CUdeviceptr>(p));
       if (res != CUDA_SUCCESS) {
         throw UsageError(
-            fmt::format("CudaKernel: tensor {} role {} (0x{:x}) is not memory the CUDA "
+            fmt::format("CudaKernel: {} (0x{:x}) is not memory the CUDA "
                         "driver knows (cuPointerGetAttribute failed with {})",
-                        t, r, p, static_cast<int>(res)));
+                        who(), p, static_cast<int>(res)));
       }
       // Pinned host memory is known to the driver too, and a pointer of another device
       // would fault the same way: only device (or managed) memory of this device.
       FUSEDOPT_CHECK_USAGE(
           !(memory_type != CU_MEMORYTYPE_DEVICE && memory_type != CU_MEMORYTYPE_UNIFIED),
-          "CudaKernel: tensor {} role {} (0x{:x}) is host memory, not device memory", t, r, p);
+          "CudaKernel: {} (0x{:x}) is host memory, not device memory", who(), p);
       int ordinal = -1;
       if (cuda::driver().PointerGetAttribute(&ordinal, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
                                              static_cast<CUdeviceptr>(p)) == CUDA_SUCCESS &&
           memory_type == CU_MEMORYTYPE_DEVICE && ordinal != impl_->ctx.device()) {
         throw UsageError(
-            fmt::format("CudaKernel: tensor {} role {} (0x{:x}) is memory of cuda:{}, "
+            fmt::format("CudaKernel: {} (0x{:x}) is memory of cuda:{}, "
                         "the kernel runs on cuda:{}",
-                        t, r, p, ordinal, impl_->ctx.device()));
+                        who(), p, ordinal, impl_->ctx.device()));
       }
     }
   }

@@ -59,6 +59,11 @@ class CudaKernel {
                    const std::vector<std::vector<double>>& hypers,
                    const std::vector<int>& group = {});
 
+  /// How errors name the plan's tensor t: `names[t]` ("group 1, param 0 ('w')") and the
+  /// role's name, instead of "tensor t role r" (this kernel's own indices, which an
+  /// optimizer's user cannot map back: a binding holds only some of the params).
+  void set_tensor_names(std::vector<std::string> names) { tensor_names_ = std::move(names); }
+
   /// Uploads `plan` (built for this kernel's body with chunks of kCudaChunk elements and
   /// device pointers), replacing any previous one, as set_tensors() does.
   void set_plan(const Plan& plan);
@@ -180,6 +185,7 @@ class CudaKernel {
   DTypeBinding dtypes_;
   provider::KernelInfo info_;
   std::unique_ptr<Impl> impl_;
+  std::vector<std::string> tensor_names_;  ///< set_tensor_names()
 };
 
 }  // namespace fusedopt::runtime

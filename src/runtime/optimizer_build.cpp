@@ -390,6 +390,7 @@ void Optimizer::Impl::bind_kernels() {
     t.numel.push_back(s.param.numel);
     t.group.push_back(s.group);
     t.shapes.push_back(s.param.shape);
+    t.names.push_back(runtime::describe(s));
     binding_params[b].push_back(static_cast<int>(p));
   }
   for (std::size_t b = 0; b < bindings.size(); ++b) tensors[b].ptrs = binding_ptrs(b);
