@@ -2,16 +2,21 @@
 // libcuda.so.1 through FUSEDOPT_CUDA_DRIVER_LIBRARY) that RUNS kernels on the CPU. One
 // device, "sm_90-like": compute capability 9.0, FUSEDOPT_EMU_SMS multiprocessors (default 4),
 // H100 limits for blocks, grids and shared memory. Its device memory is host memory, tracked
-// so that every kernel access and copy is checked; streams run in program order (every
-// operation is complete when its call returns); stream capture records operations and a
-// graph launch replays them, as the real driver does. Modules are emulator images
-// (Target::emu: the CUDA source compiled by the host compiler with cuda_emu.h); a CUBIN or
-// PTX is refused as a real GPU refuses another architecture's code. Errors come back as the
-// CUresult the real driver gives (bad handles, launches past limits, use after free, calls
-// without a current context, unsafe calls during a global capture), and a kernel that
-// reads or writes outside every live allocation, makes a misaligned vector access or
-// leaves a barrier unmatched fails its launch with a report (cuGetErrorString and stderr)
-// naming kernel, block, thread and address.
+// so that every kernel access and copy is checked. Streams are lazy: work queued on a
+// stream runs only when something waits for it (a stream or event synchronisation, a
+// synchronous copy on the legacy stream, the implicit order between the legacy stream and
+// blocking streams, a free), the latest a GPU may run it, so a missing synchronisation shows
+// as stale data (FUSEDOPT_EMU_STREAMS=eager runs each operation when it is issued). A
+// synchronous copy from the host returns with its bytes staged and the copy queued on the
+// legacy stream, as from pageable memory on a GPU. Stream capture records operations and a
+// graph launch replays them. Modules are emulator images (Target::emu: the CUDA source
+// compiled by the host compiler with cuda_emu.h); a CUBIN or PTX is refused as a real GPU
+// refuses another architecture's code. Errors come back as the CUresult the real driver
+// gives (bad handles, launches past limits, use after free, calls without a current context,
+// unsafe calls during a global capture), and a kernel that reads or writes outside every
+// live allocation, makes a misaligned vector access or leaves a barrier unmatched fails with
+// a report (cuGetErrorString and stderr) naming kernel, block, thread and address; like a
+// GPU's, the failure is returned by the call that ran the work (a synchronisation).
 //
 // Limits: nothing about timing, occupancy or the memory model (warps, races between
 // threads between barriers, caches) is emulated; math comes from the host's libm.
@@ -229,7 +234,8 @@ FO_EMU_API CUresult CUDAAPI cuCtxSetCurrent(CUcontext c) {
 FO_EMU_API CUresult CUDAAPI cuCtxSynchronize() {
   FO_LOCK;
   if (CUresult r = emu::need_context(d)) return r;
-  return emu::refuse_if_capturing(d, "cuCtxSynchronize");
+  if (CUresult r = emu::refuse_if_capturing(d, "cuCtxSynchronize")) return r;
+  return emu::wait_all(d);
 }
 
 FO_EMU_API CUresult CUDAAPI cuDevicePrimaryCtxRetain(CUcontext* c, CUdevice dev) {
@@ -247,8 +253,11 @@ FO_EMU_API CUresult CUDAAPI cuDevicePrimaryCtxRelease(CUdevice dev) {
   if (CUresult r = emu::need_init(d)) return r;
   if (dev != 0) return CUDA_ERROR_INVALID_DEVICE;
   if (d.primary_refs == 0) return CUDA_ERROR_INVALID_CONTEXT;
-  // The last release destroys the context and, with it, its memory.
-  if (--d.primary_refs == 0) d.memory.free_all();
+  // The last release destroys the context and, with it, its memory (after its work).
+  if (--d.primary_refs == 0) {
+    (void)emu::wait_all(d);
+    d.memory.free_all();
+  }
   return CUDA_SUCCESS;
 }
 
@@ -344,6 +353,7 @@ FO_EMU_API CUresult CUDAAPI cuModuleUnload(CUmodule m) {
   if (CUresult r = emu::need_init(d)) return r;
   auto* mod = reinterpret_cast<emu::Module*>(m);
   if (!d.modules.count(mod)) return CUDA_ERROR_INVALID_HANDLE;
+  (void)emu::wait_all(d);  // queued launches of its kernels run first
   for (auto it = d.functions.begin(); it != d.functions.end();) {
     if ((*it)->module == mod) {
       delete *it;
@@ -402,13 +412,15 @@ FO_EMU_API CUresult CUDAAPI cuLaunchKernel(CUfunction f, unsigned gx, unsigned g
   if (smem > 48 * 1024) return CUDA_ERROR_INVALID_VALUE;
   if (extra != nullptr) return CUDA_ERROR_NOT_SUPPORTED;
   if (!params && !fn->kernel.param_sizes.empty()) return CUDA_ERROR_INVALID_VALUE;
-  if (emu::capturing(d, stream) == nullptr) {
-    // Run now, unless the launch is refused (legacy work during a global capture).
+  if (!d.lazy && emu::capturing(d, stream) == nullptr) {
+    // Eager streams: run now, unless the launch is refused (legacy work during a global
+    // capture).
     return emu::enqueue(d, stream, [&d, fn, grid, block, params] {
       return emu::launch_now(d, *fn, grid, block, params);
     });
   }
-  // Captured: the argument values as they are now (a graph replays with these).
+  // Queued or captured: the argument values as they are now (as the real driver copies
+  // them; a graph replays with these).
   auto values = std::make_shared<std::vector<std::vector<char>>>();
   for (std::size_t k = 0; k < fn->kernel.param_sizes.size(); ++k) {
     const char* p = static_cast<const char*>(params[k]);

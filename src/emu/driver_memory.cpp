@@ -30,6 +30,8 @@ FO_EMU_API CUresult CUDAAPI cuMemFree(CUdeviceptr p) {
   if (CUresult r = emu::need_context(d)) return r;
   if (p == 0) return CUDA_SUCCESS;
   if (CUresult r = emu::refuse_if_capturing(d, "cuMemFree")) return r;
+  // Freeing memory waits for the device: no queued work may meet it freed.
+  if (CUresult r = emu::wait_all(d)) return r;
   if (!d.memory.free(static_cast<std::uintptr_t>(p))) {
     return emu::report(d, CUDA_ERROR_INVALID_VALUE,
                        "cuMemFree of " + emu::hex(p) + ", not a live allocation (" +
@@ -43,14 +45,27 @@ FO_EMU_API CUresult CUDAAPI cuMemcpyHtoD(CUdeviceptr dst, const void* src, std::
   if (CUresult r = emu::need_context(d)) return r;
   if (CUresult r = emu::refuse_if_capturing(d, "cuMemcpyHtoD")) return r;
   if (CUresult r = emu::check_range(d, "cuMemcpyHtoD", dst, n)) return r;
-  if (n) std::memcpy(reinterpret_cast<void*>(dst), src, n);
-  return CUDA_SUCCESS;
+  // As from pageable memory on a GPU: the legacy stream's work first, then the bytes are
+  // staged and the call returns, the copy itself still queued on the legacy stream (a
+  // launch on a non-blocking stream may run before it lands).
+  if (CUresult r = emu::wait_legacy(d)) return r;
+  if (n == 0) return CUDA_SUCCESS;
+  auto staged = std::make_shared<std::vector<char>>(static_cast<const char*>(src),
+                                                    static_cast<const char*>(src) + n);
+  return emu::enqueue(d, nullptr, [&d, dst, staged] {
+    if (CUresult r = emu::check_range(d, "cuMemcpyHtoD", dst, staged->size())) return r;
+    std::memcpy(reinterpret_cast<void*>(dst), staged->data(), staged->size());
+    return CUDA_SUCCESS;
+  });
 }
 
 FO_EMU_API CUresult CUDAAPI cuMemcpyDtoH(void* dst, CUdeviceptr src, std::size_t n) {
   FO_LOCK;
   if (CUresult r = emu::need_context(d)) return r;
   if (CUresult r = emu::refuse_if_capturing(d, "cuMemcpyDtoH")) return r;
+  if (CUresult r = emu::check_range(d, "cuMemcpyDtoH", src, n)) return r;
+  // Complete on return, after the legacy stream's work (not a non-blocking stream's).
+  if (CUresult r = emu::wait_legacy(d)) return r;
   if (CUresult r = emu::check_range(d, "cuMemcpyDtoH", src, n)) return r;
   if (n) std::memcpy(dst, reinterpret_cast<const void*>(src), n);
   return CUDA_SUCCESS;
@@ -61,9 +76,20 @@ FO_EMU_API CUresult CUDAAPI cuMemcpyHtoDAsync(CUdeviceptr dst, const void* src, 
   FO_LOCK;
   if (CUresult r = emu::need_context(d)) return r;
   if (CUresult r = emu::check_range(d, "cuMemcpyHtoDAsync", dst, n)) return r;
-  return emu::enqueue(d, stream, [&d, dst, src, n] {
-    if (CUresult r = emu::check_range(d, "cuMemcpyHtoDAsync", dst, n)) return r;
-    if (n) std::memcpy(reinterpret_cast<void*>(dst), src, n);
+  if (emu::capturing(d, stream)) {
+    // A graph's copy reads the host memory when it runs.
+    return emu::enqueue(d, stream, [&d, dst, src, n] {
+      if (CUresult r = emu::check_range(d, "cuMemcpyHtoDAsync", dst, n)) return r;
+      if (n) std::memcpy(reinterpret_cast<void*>(dst), src, n);
+      return CUDA_SUCCESS;
+    });
+  }
+  // From pageable memory the driver stages the bytes before it returns.
+  auto staged = std::make_shared<std::vector<char>>(static_cast<const char*>(src),
+                                                    static_cast<const char*>(src) + n);
+  return emu::enqueue(d, stream, [&d, dst, staged] {
+    if (CUresult r = emu::check_range(d, "cuMemcpyHtoDAsync", dst, staged->size())) return r;
+    if (!staged->empty()) std::memcpy(reinterpret_cast<void*>(dst), staged->data(), staged->size());
     return CUDA_SUCCESS;
   });
 }
@@ -146,9 +172,14 @@ FO_EMU_API CUresult CUDAAPI cuStreamDestroy(CUstream s) {
   auto* rec = reinterpret_cast<emu::StreamRecord*>(s);
   if (!d.streams.count(rec)) return CUDA_ERROR_INVALID_HANDLE;
   if (rec->capturing && rec->mode == CU_STREAM_CAPTURE_MODE_GLOBAL) --d.global_captures;
+  // Its queued work still runs (the real driver finishes it after the call returns).
+  const CUresult r = emu::run_pending(d, *rec);
+  for (auto& [event, stream] : d.events) {
+    if (stream == rec) stream = nullptr;  // that work is done
+  }
   d.streams.erase(rec);
   delete rec;
-  return CUDA_SUCCESS;
+  return r;
 }
 
 FO_EMU_API CUresult CUDAAPI cuStreamSynchronize(CUstream s) {
@@ -157,7 +188,7 @@ FO_EMU_API CUresult CUDAAPI cuStreamSynchronize(CUstream s) {
   if (!emu::valid_stream(d, s)) return CUDA_ERROR_INVALID_HANDLE;
   if (emu::capturing(d, s) || ((s == nullptr || s == CU_STREAM_LEGACY) && d.global_captures > 0))
     return emu::refuse_if_capturing(d, "cuStreamSynchronize");
-  return CUDA_SUCCESS;
+  return emu::run_pending(d, emu::record_of(d, s));
 }
 
 FO_EMU_API CUresult CUDAAPI cuStreamBeginCapture(CUstream s, CUstreamCaptureMode mode) {
@@ -234,34 +265,43 @@ FO_EMU_API CUresult CUDAAPI cuGraphExecDestroy(CUgraphExec e) {
   return emu::destroy(d.graph_execs, reinterpret_cast<emu::GraphRecord*>(e));
 }
 
-// ---- events (the work before a record is done when the record returns) --------------------
+// ---- events ---------------------------------------------------------------------------------
 
 FO_EMU_API CUresult CUDAAPI cuEventCreate(CUevent* e, unsigned int) {
   FO_LOCK;
   if (CUresult r = emu::need_context(d)) return r;
   if (!e) return CUDA_ERROR_INVALID_VALUE;
   *e = reinterpret_cast<CUevent>(new char);
-  d.events.insert(*e);
+  d.events[*e] = nullptr;
   return CUDA_SUCCESS;
 }
 
 FO_EMU_API CUresult CUDAAPI cuEventRecord(CUevent e, CUstream stream) {
   FO_LOCK;
   if (CUresult r = emu::need_context(d)) return r;
-  if (!d.events.count(e)) return CUDA_ERROR_INVALID_HANDLE;
+  auto it = d.events.find(e);
+  if (it == d.events.end()) return CUDA_ERROR_INVALID_HANDLE;
+  if (!emu::valid_stream(d, stream)) return CUDA_ERROR_INVALID_HANDLE;
+  it->second = emu::capturing(d, stream) ? nullptr : &emu::record_of(d, stream);
   return emu::enqueue(d, stream, [] { return CUDA_SUCCESS; });
 }
 
+// A query or a wait on an event runs the work queued before its record: the device has
+// made that progress (a lazy stream never runs ahead of what is waited for).
 FO_EMU_API CUresult CUDAAPI cuEventQuery(CUevent e) {
   FO_LOCK;
   if (CUresult r = emu::need_init(d)) return r;
-  return d.events.count(e) ? CUDA_SUCCESS : CUDA_ERROR_INVALID_HANDLE;
+  auto it = d.events.find(e);
+  if (it == d.events.end()) return CUDA_ERROR_INVALID_HANDLE;
+  return it->second ? emu::run_pending(d, *it->second) : CUDA_SUCCESS;
 }
 
 FO_EMU_API CUresult CUDAAPI cuEventSynchronize(CUevent e) {
   FO_LOCK;
   if (CUresult r = emu::need_init(d)) return r;
-  return d.events.count(e) ? CUDA_SUCCESS : CUDA_ERROR_INVALID_HANDLE;
+  auto it = d.events.find(e);
+  if (it == d.events.end()) return CUDA_ERROR_INVALID_HANDLE;
+  return it->second ? emu::run_pending(d, *it->second) : CUDA_SUCCESS;
 }
 
 FO_EMU_API CUresult CUDAAPI cuEventDestroy(CUevent e) {

@@ -3,8 +3,13 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <string>
 
 namespace fusedopt::emu {
+
+Driver::Driver() : executor(std::make_unique<Executor>(memory)) {
+  if (const char* v = std::getenv("FUSEDOPT_EMU_STREAMS")) lazy = std::string(v) != "eager";
+}
 
 Driver& driver() {
   static Driver* d = new Driver;  // never destroyed: calls may come from static destructors
@@ -106,7 +111,54 @@ CUresult enqueue(Driver& d, CUstream stream, Operation op) {
                     "capture is invalidated)");
     }
   }
-  return op();
+  if (!d.lazy) return op();
+  StreamRecord& s = record_of(d, stream);
+  if (&s == &d.legacy) {
+    for (StreamRecord* b : d.streams) {
+      if ((b->flags & CU_STREAM_NON_BLOCKING) == 0) {
+        if (CUresult r = run_pending(d, *b)) return r;
+      }
+    }
+  } else if ((s.flags & CU_STREAM_NON_BLOCKING) == 0) {
+    if (CUresult r = run_pending(d, d.legacy)) return r;
+  }
+  s.pending.push_back(std::move(op));
+  return CUDA_SUCCESS;
+}
+
+StreamRecord& record_of(Driver& d, CUstream s) {
+  if (s == nullptr || s == CU_STREAM_LEGACY || s == CU_STREAM_PER_THREAD) return d.legacy;
+  return *reinterpret_cast<StreamRecord*>(s);
+}
+
+CUresult run_pending(Driver& d, StreamRecord& s) {
+  while (!s.pending.empty()) {
+    Operation op = std::move(s.pending.front());
+    s.pending.pop_front();
+    if (CUresult r = op()) {
+      s.pending.clear();
+      return r;
+    }
+  }
+  return CUDA_SUCCESS;
+}
+
+CUresult wait_legacy(Driver& d) {
+  for (StreamRecord* b : d.streams) {
+    if ((b->flags & CU_STREAM_NON_BLOCKING) == 0) {
+      if (CUresult r = run_pending(d, *b)) return r;
+    }
+  }
+  return run_pending(d, d.legacy);
+}
+
+CUresult wait_all(Driver& d) {
+  CUresult first = run_pending(d, d.legacy);
+  for (StreamRecord* s : d.streams) {
+    const CUresult r = run_pending(d, *s);
+    if (first == CUDA_SUCCESS) first = r;
+  }
+  return first;
 }
 
 CUresult check_range(Driver& d, const char* call, CUdeviceptr p, std::size_t bytes) {

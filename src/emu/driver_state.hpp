@@ -7,6 +7,7 @@
 #include <cuda.h>
 
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <map>
 #include <memory>
@@ -41,6 +42,8 @@ struct StreamRecord {
   bool invalidated = false;
   CUstreamCaptureMode mode = CU_STREAM_CAPTURE_MODE_GLOBAL;
   std::vector<Operation> captured;
+  /// Issued, not yet run (lazy streams): run in order when something waits for them.
+  std::deque<Operation> pending;
 };
 
 struct GraphRecord {
@@ -58,12 +61,19 @@ struct Driver {
   std::set<StreamRecord*> streams;
   std::set<GraphRecord*> graphs;
   std::set<GraphRecord*> graph_execs;
-  std::set<CUevent> events;
+  /// Each event and the stream it was last recorded on (null: never recorded).
+  std::map<CUevent, StreamRecord*> events;
+  /// The legacy default stream (a null stream, CU_STREAM_LEGACY, CU_STREAM_PER_THREAD).
+  StreamRecord legacy;
+  /// Lazy streams (the default; FUSEDOPT_EMU_STREAMS=eager turns them off): work runs only
+  /// when something waits for it, the latest a GPU may run it, so a missing
+  /// synchronisation shows as stale data.
+  bool lazy = true;
   std::map<CUresult, std::string> details;  // the last report for each error code
   int global_captures = 0;
   bool seed_said = false;
 
-  Driver() : executor(std::make_unique<Executor>(memory)) {}
+  Driver();
 };
 
 /// The process's emulated driver (never destroyed: calls may come from static destructors).
@@ -87,9 +97,20 @@ CUresult refuse_if_capturing(Driver& d, const char* call);
 bool valid_stream(const Driver& d, CUstream s);
 /// The stream's record when it is capturing, else null.
 StreamRecord* capturing(const Driver& d, CUstream s);
-/// An asynchronous operation on `stream`: recorded while it captures, else run now (every
-/// operation completes before its call returns: program order is stream order).
+/// An asynchronous operation on `stream`: recorded while it captures; else queued on the
+/// stream (lazy streams), after the work it implicitly waits for (the legacy stream waits
+/// for every blocking stream, a blocking stream for the legacy one) has run; or, with eager
+/// streams, run now. Returns an error of work it ran.
 CUresult enqueue(Driver& d, CUstream stream, Operation op);
+/// The record of a valid stream handle (the legacy stream's for the null stream).
+StreamRecord& record_of(Driver& d, CUstream s);
+/// Runs the work queued on `s`, in order; the first failure is returned and drops the rest.
+CUresult run_pending(Driver& d, StreamRecord& s);
+/// What a synchronous call on the legacy stream waits for: the blocking streams, then the
+/// legacy stream. Non-blocking streams are not waited for, as on a GPU.
+CUresult wait_legacy(Driver& d);
+/// Every stream's work (cuCtxSynchronize, and calls that synchronise the device).
+CUresult wait_all(Driver& d);
 /// INVALID_VALUE with a report unless [p, p + bytes) lies inside one live allocation.
 CUresult check_range(Driver& d, const char* call, CUdeviceptr p, std::size_t bytes);
 /// Runs a kernel now.

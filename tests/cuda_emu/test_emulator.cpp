@@ -12,6 +12,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <random>
@@ -165,13 +166,18 @@ Kernels& kernels() {
   return k;
 }
 
+/// Launches, then (unless `wait` is false) waits for the stream: the emulator's streams are
+/// lazy, so a kernel runs, and reports what it did wrong, when something waits for it.
 CUresult launch(CUfunction f, unsigned grid, unsigned block, std::vector<void*> args,
-                CUstream stream = nullptr) {
-  return cu::driver().LaunchKernel(f, grid, 1, 1, block, 1, 1, 0, stream, args.data(), nullptr);
+                CUstream stream = nullptr, bool wait = true) {
+  const CUresult r =
+      cu::driver().LaunchKernel(f, grid, 1, 1, block, 1, 1, 0, stream, args.data(), nullptr);
+  if (r != CUDA_SUCCESS || !wait) return r;
+  return cu::driver().StreamSynchronize(stream);
 }
 CUresult launch(CUfunction f, unsigned grid, unsigned block, std::vector<void*> args,
-                cu::Stream stream) {
-  return launch(f, grid, block, std::move(args), static_cast<CUstream>(stream));
+                cu::Stream stream, bool wait = true) {
+  return launch(f, grid, block, std::move(args), static_cast<CUstream>(stream), wait);
 }
 
 template <typename T>
@@ -422,7 +428,7 @@ TEST_SUITE("cuda_emu") {
     float v = 0.5f;
     int nn = n;
     cu::begin_capture(s);
-    REQUIRE(launch(k["add"], 1, 128, {&yp, &v, &nn}, s) == CUDA_SUCCESS);
+    REQUIRE(launch(k["add"], 1, 128, {&yp, &v, &nn}, s, false) == CUDA_SUCCESS);
     v = 100.0f;  // the graph keeps the value at capture
     cu::Graph g = cu::end_capture(s);
     CHECK(download<float>(y, n) == y0);
@@ -442,6 +448,45 @@ TEST_SUITE("cuda_emu") {
     CUgraph bad = nullptr;
     CHECK(cu::driver().StreamEndCapture(static_cast<CUstream>(s), &bad) ==
           CUDA_ERROR_STREAM_CAPTURE_INVALIDATED);
+    cu::stream_destroy(s);
+  }
+
+  TEST_CASE(
+      "streams are lazy: work on a non-blocking stream lands when something waits for "
+      "it, and a synchronous upload lands before it only after the legacy stream's sync" *
+      testing::needs_cuda_device()) {
+    const Kernels& k = kernels();
+    const char* mode = std::getenv("FUSEDOPT_EMU_STREAMS");
+    const bool lazy = mode == nullptr || std::string(mode) != "eager";
+    const int n = 64;
+    const std::vector<float> y0 = random_floats(n, 6);
+    cu::DeviceBuffer y = upload(y0);
+    cu::synchronize(nullptr);
+    cu::Stream s = cu::stream_create();
+    void* yp = reinterpret_cast<void*>(y.get());
+    float v = 1.0f;
+    int nn = n;
+    REQUIRE(launch(k["add"], 1, 64, {&yp, &v, &nn}, s, false) == CUDA_SUCCESS);
+    // A synchronous copy waits for the legacy stream, not for a non-blocking one.
+    std::vector<float> want = y0;
+    for (float& x : want) x += 1.0f;
+    CHECK(download<float>(y, n) == (lazy ? y0 : want));
+    cu::synchronize(s);
+    CHECK(download<float>(y, n) == want);
+
+    // A synchronous copy from pageable memory returns before its bytes land: a kernel on a
+    // non-blocking stream may still read the old values...
+    const std::vector<float> fresh = random_floats(n, 7);
+    cu::DeviceBuffer out(n * sizeof(float));
+    void* op = reinterpret_cast<void*>(out.get());
+    int last = n - 1;
+    cu::copy_to_device(y.get(), fresh.data(), n * sizeof(float));
+    REQUIRE(launch(k["copy_upto"], 1, 64, {&yp, &op, &last}, s) == CUDA_SUCCESS);
+    CHECK(download<float>(out, n) == (lazy ? want : fresh));
+    // ... unless the legacy stream is synchronised first.
+    cu::synchronize(nullptr);
+    REQUIRE(launch(k["copy_upto"], 1, 64, {&yp, &op, &last}, s) == CUDA_SUCCESS);
+    CHECK(download<float>(out, n) == fresh);
     cu::stream_destroy(s);
   }
 

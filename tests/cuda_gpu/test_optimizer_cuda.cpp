@@ -44,10 +44,14 @@ struct DeviceModel {
     }
     return g;
   }
+  /// Copies the host grads to the device. From pageable memory a synchronous copy returns
+  /// before its bytes land, and a non-blocking stream does not wait for the legacy stream:
+  /// the legacy stream is synchronised, so any stream's next launch reads these grads.
   void upload_grads() {
     for (std::size_t i = 0; i < sizes.size(); ++i) {
       if (sizes[i]) cu::copy_to_device(dg[i].get(), hg[i].data(), sizes[i] * 4);
     }
+    cu::synchronize(nullptr);
   }
   std::vector<float> download_param(std::size_t i) const {
     std::vector<float> out(sizes[i]);
@@ -80,6 +84,7 @@ DeviceModel make_model(std::mt19937& rng) {
     m.dg.emplace_back(std::max<std::int64_t>(n, 1) * 4);
     if (n) cu::copy_to_device(m.dp.back().get(), m.hp.back().data(), n * 4);
   }
+  cu::synchronize(nullptr);  // landed before any stream's launch (see upload_grads)
   return m;
 }
 

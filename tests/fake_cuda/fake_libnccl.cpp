@@ -18,12 +18,14 @@
 // (ncclCommInitRankConfig with blocking = 0: ncclCommGetAsyncError says ncclInProgress until
 // every rank has joined). A peer that never arrives within the "peer_timeout_ms" setting is
 // ncclSystemError, never a hang.
+#include <dlfcn.h>
 #include <nccl.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <map>
@@ -585,9 +587,25 @@ void drop(ncclComm*) {}
 
 /// A collective: logged, then the injected error if any, then the data moved (one rank: the
 /// result is the input).
+/// Under fusedopt's CUDA emulator, whose streams run queued work only when something waits
+/// for it: the work queued on `stream` before the collective runs first, as a real NCCL
+/// kernel runs after it in stream order. (The fake driver has nothing queued: untouched.)
+void wait_for_stream(cudaStream_t stream) {
+  using Sync = int (*)(cudaStream_t);
+  static const Sync sync = []() -> Sync {
+    const char* path = std::getenv("FUSEDOPT_CUDA_DRIVER_LIBRARY");
+    void* lib = path ? dlopen(path, RTLD_NOW | RTLD_NOLOAD) : nullptr;
+    if (lib == nullptr || dlsym(lib, "fusedopt_cuda_emulator") == nullptr) return nullptr;
+    return reinterpret_cast<Sync>(dlsym(lib, "cuStreamSynchronize"));
+  }();
+  if (sync) sync(stream);
+}
+
 ncclResult_t launch(const std::string& line, ncclComm_t comm, const void* send, void* recv,
-                    std::size_t bytes, const std::function<ncclResult_t()>& over_ranks) {
+                    std::size_t bytes, const std::function<ncclResult_t()>& over_ranks,
+                    cudaStream_t stream) {
   note(line);
+  wait_for_stream(stream);
   if (const auto e = setting("launch_error")) return static_cast<ncclResult_t>(e);
   if (comm != nullptr && comm->failed != ncclSuccess) return comm->failed;
   if (comm == nullptr || comm->nranks == 1) {
@@ -792,21 +810,24 @@ ncclResult_t ncclAllReduce(const void* send, void* recv, size_t count, ncclDataT
                            type_name(type) + " " + op_name(op) + " " + where(stream) +
                            (send == recv ? " in-place" : "");
   return launch(line, comm, send, recv, count * type_size(type),
-                FAKE_NCCL_OVER_RANKS(Kind::AllReduce, send, recv, count, type, op, 0, line));
+                FAKE_NCCL_OVER_RANKS(Kind::AllReduce, send, recv, count, type, op, 0, line),
+                stream);
 }
 ncclResult_t ncclReduceScatter(const void* send, void* recv, size_t count, ncclDataType_t type,
                                ncclRedOp_t op, ncclComm_t comm, cudaStream_t stream) {
   const std::string line = std::string("ncclReduceScatter ") + std::to_string(count) + " " +
                            type_name(type) + " " + op_name(op) + " " + where(stream);
   return launch(line, comm, send, recv, count * type_size(type),
-                FAKE_NCCL_OVER_RANKS(Kind::ReduceScatter, send, recv, count, type, op, 0, line));
+                FAKE_NCCL_OVER_RANKS(Kind::ReduceScatter, send, recv, count, type, op, 0, line),
+                stream);
 }
 ncclResult_t ncclAllGather(const void* send, void* recv, size_t count, ncclDataType_t type,
                            ncclComm_t comm, cudaStream_t stream) {
   const std::string line = std::string("ncclAllGather ") + std::to_string(count) + " " +
                            type_name(type) + " " + where(stream);
   return launch(line, comm, send, recv, count * type_size(type),
-                FAKE_NCCL_OVER_RANKS(Kind::AllGather, send, recv, count, type, ncclSum, 0, line));
+                FAKE_NCCL_OVER_RANKS(Kind::AllGather, send, recv, count, type, ncclSum, 0, line),
+                stream);
 }
 ncclResult_t ncclReduce(const void* send, void* recv, size_t count, ncclDataType_t type,
                         ncclRedOp_t op, int root, ncclComm_t comm, cudaStream_t stream) {
@@ -814,16 +835,17 @@ ncclResult_t ncclReduce(const void* send, void* recv, size_t count, ncclDataType
                            type_name(type) + " " + op_name(op) + " root " + std::to_string(root) +
                            " " + where(stream) + (send == recv ? " in-place" : "");
   return launch(line, comm, send, recv, count * type_size(type),
-                FAKE_NCCL_OVER_RANKS(Kind::Reduce, send, recv, count, type, op, root, line));
+                FAKE_NCCL_OVER_RANKS(Kind::Reduce, send, recv, count, type, op, root, line),
+                stream);
 }
 ncclResult_t ncclBroadcast(const void* send, void* recv, size_t count, ncclDataType_t type,
                            int root, ncclComm_t comm, cudaStream_t stream) {
   const std::string line = std::string("ncclBroadcast ") + std::to_string(count) + " " +
                            type_name(type) + " root " + std::to_string(root) + " " + where(stream) +
                            (send == recv ? " in-place" : "");
-  return launch(
-      line, comm, send, recv, count * type_size(type),
-      FAKE_NCCL_OVER_RANKS(Kind::Broadcast, send, recv, count, type, ncclSum, root, line));
+  return launch(line, comm, send, recv, count * type_size(type),
+                FAKE_NCCL_OVER_RANKS(Kind::Broadcast, send, recv, count, type, ncclSum, root, line),
+                stream);
 }
 
 }  // extern "C"
