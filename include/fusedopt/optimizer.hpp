@@ -243,8 +243,9 @@ class FUSEDOPT_API Optimizer {
   /// The same, ordered on `stream` (a CUstream; nullptr is the legacy default stream) without
   /// waiting: the steps launched on `stream` after it use the new value, those queued
   /// before it the old one (an LR schedule changing "lr" every step costs no
-  /// synchronisation). Launches on other streams are not ordered with it; not while
-  /// `stream` is being captured (a captured graph reads the hypers when it replays).
+  /// synchronisation). Launches on other streams are not ordered with it. Refused with
+  /// UsageError, changing nothing, while `stream` is being captured (a captured copy would
+  /// read host memory gone by the replay; a captured step reads the hypers when it replays).
   void set_hyper(const std::string& name, double value, std::optional<int> group, void* stream);
   double hyper(const std::string& name, int group = 0) const;
   /// Steps taken so far (the next step's `step` is step_count() + 1).

@@ -207,6 +207,17 @@ FO_EMU_API CUresult CUDAAPI cuStreamBeginCapture(CUstream s, CUstreamCaptureMode
   return CUDA_SUCCESS;
 }
 
+FO_EMU_API CUresult CUDAAPI cuStreamIsCapturing(CUstream s, CUstreamCaptureStatus* status) {
+  FO_LOCK;
+  if (CUresult r = emu::need_context(d)) return r;
+  if (!emu::valid_stream(d, s) || !status) return CUDA_ERROR_INVALID_VALUE;
+  const emu::StreamRecord& rec = emu::record_of(d, s);
+  *status = !rec.capturing    ? CU_STREAM_CAPTURE_STATUS_NONE
+            : rec.invalidated ? CU_STREAM_CAPTURE_STATUS_INVALIDATED
+                              : CU_STREAM_CAPTURE_STATUS_ACTIVE;
+  return CUDA_SUCCESS;
+}
+
 FO_EMU_API CUresult CUDAAPI cuStreamEndCapture(CUstream s, CUgraph* g) {
   FO_LOCK;
   if (CUresult r = emu::need_context(d)) return r;

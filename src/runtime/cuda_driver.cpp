@@ -119,6 +119,7 @@ Loaded& loaded() {
       FUSEDOPT_CU_BIND(PointerGetAttribute);
       FUSEDOPT_CU_BIND(StreamBeginCapture);
       FUSEDOPT_CU_BIND(StreamEndCapture);
+      FUSEDOPT_CU_BIND(StreamIsCapturing);
       FUSEDOPT_CU_BIND(GraphInstantiate);
       FUSEDOPT_CU_BIND(GraphLaunch);
       FUSEDOPT_CU_BIND(GraphDestroy);

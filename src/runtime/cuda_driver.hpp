@@ -168,6 +168,7 @@ struct DriverApi {
   decltype(&::cuPointerGetAttribute) PointerGetAttribute = nullptr;
   decltype(&::cuStreamBeginCapture) StreamBeginCapture = nullptr;
   decltype(&::cuStreamEndCapture) StreamEndCapture = nullptr;
+  decltype(&::cuStreamIsCapturing) StreamIsCapturing = nullptr;
   decltype(&::cuGraphInstantiate) GraphInstantiate = nullptr;
   decltype(&::cuGraphLaunch) GraphLaunch = nullptr;
   decltype(&::cuGraphDestroy) GraphDestroy = nullptr;

@@ -461,6 +461,15 @@ void CudaKernel::set_hypers(int group, const std::vector<double>& values, cuda::
                        values.size(), k.num_hypers);
   if (k.num_hypers == 0) return;
   ScopedContext scope(k.ctx);
+  // A copy captured into a graph reads its host memory when the graph replays, and
+  // `values` is gone by then: refused, before anything changes.
+  CUstreamCaptureStatus capture = CU_STREAM_CAPTURE_STATUS_NONE;
+  FUSEDOPT_CU_CHECK(StreamIsCapturing, static_cast<CUstream>(stream), &capture);
+  FUSEDOPT_CHECK_USAGE(capture == CU_STREAM_CAPTURE_STATUS_NONE,
+                       "set_hyper on a stream that is being captured: a captured copy reads its "
+                       "host memory when the graph replays, and these values are gone by then; "
+                       "set hypers before capturing or between replays (a captured step reads "
+                       "the device's hypers each time it replays)");
   const std::size_t offset = static_cast<std::size_t>(group) * k.num_hypers;
   std::copy(values.begin(), values.end(),
             k.host_hypers.begin() + static_cast<std::ptrdiff_t>(offset));

@@ -360,8 +360,15 @@ void Optimizer::set_hyper(const std::string& name, double value, std::optional<i
 
 void Optimizer::set_hyper(const std::string& name, double value, std::optional<int> group,
                           void* stream) {
-  live("set_hyper").assign_hyper("set_hyper", name, value, group);
-  impl_->push_hypers_on(stream);
+  Impl& m = live("set_hyper");
+  const auto before = m.hypers;
+  m.assign_hyper("set_hyper", name, value, group);
+  try {
+    m.push_hypers_on(stream);
+  } catch (...) {
+    m.hypers = before;  // refused (a stream being captured): nothing changed
+    throw;
+  }
 }
 
 double Optimizer::hyper(const std::string& name, int group) const {

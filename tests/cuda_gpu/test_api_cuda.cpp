@@ -291,6 +291,12 @@ TEST_SUITE("cuda_gpu") {
                          Error);
     CHECK_THROWS_WITH_AS(gpu.set_hyper("lr", 1.0, 2, s), doctest::Contains("there is no group 2"),
                          UsageError);
+    // On a stream being captured: the graph would copy from host memory that is gone when
+    // it replays (a real GPU would read garbage), so it is refused.
+    cu::begin_capture(s);
+    CHECK_THROWS_WITH_AS(gpu.set_hyper("lr", 1.0, 0, s), doctest::Contains("being captured"),
+                         UsageError);
+    cu::graph_destroy(cu::end_capture(s));
     CHECK(gpu.hyper("lr", 0) == lr);
     cu::stream_destroy(s);
   }

@@ -28,6 +28,7 @@ struct State {
   std::set<CUdeviceptr> allocations;
   std::map<CUdeviceptr, size_t> sizes;
   std::map<CUfunction, std::string> function_names;
+  std::set<CUstream> capturing;
   int next_handle = 1;
 };
 
@@ -277,11 +278,25 @@ CUresult CUDAAPI cuPointerGetAttribute(void* data, CUpointer_attribute a, CUdevi
   }
   return CUDA_SUCCESS;
 }
-CUresult CUDAAPI cuStreamBeginCapture(CUstream, CUstreamCaptureMode) {
+CUresult CUDAAPI cuStreamBeginCapture(CUstream s, CUstreamCaptureMode) {
   note("cuStreamBeginCapture");
+  State& st = state();
+  std::lock_guard<std::mutex> lock(st.mutex);
+  st.capturing.insert(s);
   return CUDA_SUCCESS;
 }
-CUresult CUDAAPI cuStreamEndCapture(CUstream, CUgraph* g) {
+CUresult CUDAAPI cuStreamIsCapturing(CUstream s, CUstreamCaptureStatus* status) {
+  State& st = state();
+  std::lock_guard<std::mutex> lock(st.mutex);
+  *status = st.capturing.count(s) ? CU_STREAM_CAPTURE_STATUS_ACTIVE : CU_STREAM_CAPTURE_STATUS_NONE;
+  return CUDA_SUCCESS;
+}
+CUresult CUDAAPI cuStreamEndCapture(CUstream s, CUgraph* g) {
+  {
+    State& st = state();
+    std::lock_guard<std::mutex> lock(st.mutex);
+    st.capturing.erase(s);
+  }
   *g = reinterpret_cast<CUgraph>(new char);
   note("cuStreamEndCapture");
   return CUDA_SUCCESS;
