@@ -41,6 +41,15 @@ void run_gpu(const bench::Workload& w, int steps, double bytes) {
     std::string first = why.substr(0, why.find('\n'));
     if (!first.empty() && first.back() == ':') first.pop_back();
     std::printf("\nGPU: not run: no CUDA device (%s)\n", first.c_str());
+    std::printf(
+        "(the CUDA path runs on the CPU, for correctness only, with "
+        "FUSEDOPT_CUDA_DRIVER_LIBRARY=<build>/src/emu/libfusedopt-cuda-emu.so)\n");
+    return;
+  }
+  if (cuda_device_emulated()) {
+    std::printf(
+        "\nGPU: not run: the CUDA device is fusedopt's emulator, which checks what kernels "
+        "do but says nothing of their speed\n");
     return;
   }
   std::vector<CudaBuffer> p, g;
