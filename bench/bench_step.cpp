@@ -184,6 +184,10 @@ void BM_CudaStep(benchmark::State& state) {
     state.SkipWithError(("no CUDA device: " + why.substr(0, why.find('\n'))).c_str());
     return;
   }
+  if (cuda_device_emulated()) {
+    state.SkipWithError("the CUDA device is fusedopt's emulator: it has no speed to measure");
+    return;
+  }
   const bench::Workload w = workload(state.range(0));
   const bool fused = state.range(1) != 0;
   DeviceModel model(w);
