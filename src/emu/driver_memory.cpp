@@ -10,6 +10,18 @@
 
 namespace emu = fusedopt::emu;
 
+namespace {
+/// A query or a wait on an event runs the work queued before its record: the device has
+/// made that progress (a lazy stream never runs ahead of what is waited for), so a query
+/// never answers CUDA_ERROR_NOT_READY.
+CUresult wait_for_event(emu::Driver& d, CUevent e) {
+  if (CUresult r = emu::need_init(d)) return r;
+  auto it = d.events.find(e);
+  if (it == d.events.end()) return CUDA_ERROR_INVALID_HANDLE;
+  return it->second ? emu::run_pending(d, *it->second) : CUDA_SUCCESS;
+}
+}  // namespace
+
 extern "C" {
 
 // ---- memory ---------------------------------------------------------------------------------
@@ -297,22 +309,14 @@ FO_EMU_API CUresult CUDAAPI cuEventRecord(CUevent e, CUstream stream) {
   return emu::enqueue(d, stream, [] { return CUDA_SUCCESS; });
 }
 
-// A query or a wait on an event runs the work queued before its record: the device has
-// made that progress (a lazy stream never runs ahead of what is waited for).
 FO_EMU_API CUresult CUDAAPI cuEventQuery(CUevent e) {
   FO_LOCK;
-  if (CUresult r = emu::need_init(d)) return r;
-  auto it = d.events.find(e);
-  if (it == d.events.end()) return CUDA_ERROR_INVALID_HANDLE;
-  return it->second ? emu::run_pending(d, *it->second) : CUDA_SUCCESS;
+  return wait_for_event(d, e);
 }
 
 FO_EMU_API CUresult CUDAAPI cuEventSynchronize(CUevent e) {
   FO_LOCK;
-  if (CUresult r = emu::need_init(d)) return r;
-  auto it = d.events.find(e);
-  if (it == d.events.end()) return CUDA_ERROR_INVALID_HANDLE;
-  return it->second ? emu::run_pending(d, *it->second) : CUDA_SUCCESS;
+  return wait_for_event(d, e);
 }
 
 FO_EMU_API CUresult CUDAAPI cuEventDestroy(CUevent e) {
