@@ -57,7 +57,7 @@ class FUSEDOPT_COMM_API Work {
   Work() = default;
   /// Waits until the communicator's timeout from now.
   void wait();
-  /// Waits until `timeout` from now.
+  /// Waits until `timeout` from now (above 0, at most Communicator::kMaxTimeout).
   void wait(std::chrono::milliseconds timeout);
   /// Whether it is complete (does not wait); throws CommError if it failed.
   bool test();
@@ -77,7 +77,11 @@ class FUSEDOPT_COMM_API Work {
 /// done it. NCCL's max is not promised to propagate NaN (its sum does).
 class FUSEDOPT_COMM_API Communicator {
  public:
-  /// The default deadline of wait(): 5 minutes, or FUSEDOPT_COMM_TIMEOUT (seconds).
+  /// The longest timeout anything takes (7 days): a deadline past it would overflow the
+  /// clock. Longer ones (FUSEDOPT_COMM_TIMEOUT, set_timeout, Work::wait) are UsageError.
+  static constexpr std::chrono::milliseconds kMaxTimeout{7LL * 24 * 3600 * 1000};
+  /// The default deadline of wait(): 5 minutes, or FUSEDOPT_COMM_TIMEOUT (seconds, finite,
+  /// above 0, at most kMaxTimeout). Throws UsageError for another value.
   static std::chrono::milliseconds default_timeout();
 
   /// Every process of the job (MPI_COMM_WORLD). Initialises MPI if nobody has (and then

@@ -112,6 +112,9 @@ void Work::wait() {
 
 void Work::wait(std::chrono::milliseconds timeout) {
   FUSEDOPT_CHECK_USAGE(pending_ != nullptr, "Work::wait: this Work holds no operation");
+  FUSEDOPT_CHECK_USAGE(timeout.count() > 0 && timeout <= Communicator::kMaxTimeout,
+                       "Work::wait: {} ms is not a timeout above 0 and at most {} ms (7 days)",
+                       timeout.count(), Communicator::kMaxTimeout.count());
   wait_until(*pending_, std::chrono::steady_clock::now() + timeout, timeout);
 }
 
@@ -131,9 +134,15 @@ std::chrono::milliseconds Communicator::default_timeout() {
   if (const char* env = std::getenv("FUSEDOPT_COMM_TIMEOUT")) {
     char* end = nullptr;
     const double seconds = std::strtod(env, &end);
-    FUSEDOPT_CHECK_USAGE(end != env && *end == '\0' && seconds > 0,
-                         "FUSEDOPT_COMM_TIMEOUT='{}': expected a positive number of seconds", env);
-    return std::chrono::milliseconds(static_cast<std::int64_t>(seconds * 1000.0 + 0.5));
+    // Finite and bounded before it becomes an integer: 1e10 s overflowed the clock's
+    // deadline and inf the conversion, and every collective failed at once.
+    const double max_seconds = static_cast<double>(kMaxTimeout.count()) / 1000.0;
+    FUSEDOPT_CHECK_USAGE(end != env && *end == '\0' && seconds > 0 && seconds <= max_seconds,
+                         "FUSEDOPT_COMM_TIMEOUT='{}': expected a number of seconds above 0 and "
+                         "at most {} (7 days)",
+                         env, max_seconds);
+    return std::max(std::chrono::milliseconds(1),
+                    std::chrono::milliseconds(static_cast<std::int64_t>(seconds * 1000.0 + 0.5)));
   }
   return std::chrono::minutes(5);
 }
@@ -167,8 +176,10 @@ std::string Communicator::backend() const { return backend_->name(); }
 Device Communicator::device() const { return backend_->device(); }
 std::chrono::milliseconds Communicator::timeout() const { return backend_->timeout; }
 void Communicator::set_timeout(std::chrono::milliseconds timeout) {
-  FUSEDOPT_CHECK_USAGE(timeout.count() > 0, "Communicator::set_timeout: {} ms is not positive",
-                       timeout.count());
+  FUSEDOPT_CHECK_USAGE(timeout.count() > 0 && timeout <= kMaxTimeout,
+                       "Communicator::set_timeout: {} ms is not a timeout above 0 and at most {} "
+                       "ms (7 days)",
+                       timeout.count(), kMaxTimeout.count());
   backend_->timeout = timeout;
 }
 bool Communicator::broken() const { return backend_->broken; }

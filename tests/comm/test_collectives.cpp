@@ -18,9 +18,11 @@
 #include "fusedopt/comm.hpp"
 
 using fusedopt::DType;
+using fusedopt::UsageError;
 using fusedopt::comm::CommError;
 using fusedopt::comm::Communicator;
 using fusedopt::comm::ReduceOp;
+using fusedopt::comm::Work;
 namespace half = fusedopt::comm::detail;
 
 namespace fusedopt_tests {
@@ -195,6 +197,21 @@ TEST_SUITE("comm_mpi") {
       CHECK(std::isnan(m.get(1)));
       CHECK(s.get(0) == comm.size());
     }
+  }
+
+  TEST_CASE("timeouts past 7 days are refused before they overflow a deadline") {
+    Communicator& comm = world();
+    const auto before = comm.timeout();
+    const auto too_long = Communicator::kMaxTimeout + std::chrono::milliseconds(1);
+    CHECK_THROWS_WITH_AS(comm.set_timeout(too_long), doctest::Contains("at most 604800000 ms"),
+                         UsageError);
+    CHECK_THROWS_WITH_AS(comm.set_timeout(std::chrono::milliseconds(0)),
+                         doctest::Contains("above 0"), UsageError);
+    CHECK(comm.timeout() == before);
+    Work w = comm.barrier();
+    CHECK_THROWS_WITH_AS(w.wait(std::chrono::milliseconds::max()),
+                         doctest::Contains("at most 604800000 ms"), UsageError);
+    w.wait();  // the refusal waited for nothing: the barrier still completes
   }
 
   TEST_CASE("reduce_scatter, all_gather and broadcast move the right blocks") {

@@ -4,12 +4,15 @@
 // buffer, and the fp16/bf16 conversions the host reductions use, against every fp16 value.
 #include <doctest/doctest.h>
 
+#include <chrono>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <vector>
 
 #include "comm/half.hpp"
 #include "fusedopt/comm.hpp"
+#include "fusedopt/error.hpp"
 
 using fusedopt::DType;
 using fusedopt::Tensor;
@@ -46,6 +49,24 @@ std::vector<std::vector<int>> members(const std::vector<Bucket>& buckets) {
 }  // namespace
 
 TEST_SUITE("comm") {
+  TEST_CASE("FUSEDOPT_COMM_TIMEOUT is a finite number of seconds above 0 and at most 7 days") {
+    using fusedopt::comm::Communicator;
+    for (const char* bad : {"1e10", "inf", "nan", "1e400", "0", "-1", "604800.5", "5s", ""}) {
+      CAPTURE(bad);
+      ::setenv("FUSEDOPT_COMM_TIMEOUT", bad, 1);
+      CHECK_THROWS_WITH_AS(Communicator::default_timeout(),
+                           doctest::Contains("FUSEDOPT_COMM_TIMEOUT"), fusedopt::UsageError);
+    }
+    ::setenv("FUSEDOPT_COMM_TIMEOUT", "604800", 1);
+    CHECK(Communicator::default_timeout() == Communicator::kMaxTimeout);
+    ::setenv("FUSEDOPT_COMM_TIMEOUT", "2.5", 1);
+    CHECK(Communicator::default_timeout() == std::chrono::milliseconds(2500));
+    ::setenv("FUSEDOPT_COMM_TIMEOUT", "0.0001", 1);  // rounds to 0 ms: at least 1
+    CHECK(Communicator::default_timeout() == std::chrono::milliseconds(1));
+    ::unsetenv("FUSEDOPT_COMM_TIMEOUT");
+    CHECK(Communicator::default_timeout() == std::chrono::minutes(5));
+  }
+
   TEST_CASE("buckets: reverse order, a small first bucket, the byte cap") {
     Flat f;
     // fp32 sizes in bytes: 400, 4000, 400, 800, 2000, 400.
