@@ -2,13 +2,16 @@
 // (Bagua's do_flatten), so a bucketer or a flat copy can treat a dtype's params as one span.
 #include <fmt/format.h>
 
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <map>
+#include <optional>
 
 #include "fusedopt/error.hpp"
 #include "fusedopt/optimizer.hpp"
 #include "support/check.hpp"
+#include "support/checked_math.hpp"
 
 namespace fusedopt {
 
@@ -62,9 +65,19 @@ void FlatArena::add(const std::string& name, std::int64_t numel, DType dtype) {
   if (impl_->finalized) throw UsageError("FlatArena: add('" + name + "') after finalize()");
   FUSEDOPT_CHECK_USAGE(numel >= 0, "FlatArena: '{}' has a negative size ({})", name, numel);
   std::size_t& cursor = impl_->bytes[dtype];
+  // Checked: 2^62 + 16 fp32 elements wrapped to 64 bytes, and a view past its buffer.
+  const std::optional<std::size_t> size = support::checked_mul(
+      static_cast<std::size_t>(numel), static_cast<std::size_t>(dtype_size(dtype)));
+  const std::optional<std::size_t> rounded =
+      size ? support::checked_round_up(*size, kAlign) : std::nullopt;
+  const std::optional<std::size_t> end =
+      rounded ? support::checked_add(cursor, *rounded) : std::nullopt;
+  FUSEDOPT_CHECK_USAGE(end.has_value() && *end <= static_cast<std::size_t>(PTRDIFF_MAX),
+                       "FlatArena: '{}' of {} {} elements does not fit in memory (its bytes, "
+                       "with the views before it, overflow)",
+                       name, numel, to_string(dtype));
   impl_->entries.push_back({name, numel, dtype, cursor});
-  const std::size_t size = static_cast<std::size_t>(numel) * dtype_size(dtype);
-  cursor += (size + kAlign - 1) / kAlign * kAlign;
+  cursor = *end;
 }
 
 void FlatArena::finalize() {

@@ -17,6 +17,7 @@
 #include "runtime/log.hpp"
 #include "runtime/optimizer_impl.hpp"
 #include "support/check.hpp"
+#include "support/checked_math.hpp"
 
 namespace fusedopt {
 
@@ -105,15 +106,15 @@ std::vector<ByteRange> byte_ranges(const std::vector<ParamSlot>& params) {
     for (const bool grad : {false, true}) {
       const Tensor& t = grad ? params[p].grad : params[p].param;
       if (t.numel <= 0) continue;
-      std::uintptr_t bytes = 0, end = 0;
       const auto begin = reinterpret_cast<std::uintptr_t>(t.data);
-      const bool overflow = __builtin_mul_overflow(static_cast<std::uint64_t>(t.numel),
-                                                   dtype_size(t.dtype), &bytes) ||
-                            __builtin_add_overflow(begin, bytes, &end);
-      FUSEDOPT_CHECK_USAGE(!overflow,
+      const std::optional<std::uintptr_t> bytes = support::checked_mul(
+          static_cast<std::uintptr_t>(t.numel), static_cast<std::uintptr_t>(dtype_size(t.dtype)));
+      const std::optional<std::uintptr_t> end =
+          bytes ? support::checked_add(begin, *bytes) : std::nullopt;
+      FUSEDOPT_CHECK_USAGE(end.has_value(),
                            "{}: {} of {} elements runs past the end of the address space",
                            runtime::describe(params[p]), grad ? "grad" : "param", t.numel);
-      ranges.push_back({begin, end, p, grad});
+      ranges.push_back({begin, *end, p, grad});
     }
   }
   return ranges;

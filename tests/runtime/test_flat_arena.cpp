@@ -43,6 +43,25 @@ TEST_SUITE("runtime") {
                          fusedopt::Error);
   }
 
+  TEST_CASE("FlatArena refuses a size whose bytes overflow, and keeps what it had") {
+    using fusedopt::DType;
+    fusedopt::FlatArena arena;
+    arena.add("w", 16, DType::F32);
+    // 2^62 + 16 fp32 elements: 2^64 + 64 bytes, which wrapped to 64 and was taken.
+    const std::int64_t huge = (std::int64_t{1} << 62) + 16;
+    CHECK_THROWS_WITH_AS(arena.add("huge", huge, DType::F32),
+                         doctest::Contains("'huge' of 4611686018427387920 fp32 elements does "
+                                           "not fit in memory"),
+                         fusedopt::UsageError);
+    // Each fits alone, not after the views before it.
+    const std::int64_t half = std::int64_t{1} << 60;  // 2^62 bytes of fp32
+    arena.add("big", half, DType::F32);
+    CHECK_THROWS_WITH_AS(arena.add("more", half, DType::F32), doctest::Contains("'more'"),
+                         fusedopt::UsageError);
+    CHECK_THROWS_WITH_AS(arena.add("max", INT64_MAX, DType::BF16), doctest::Contains("'max'"),
+                         fusedopt::UsageError);
+  }
+
   TEST_CASE("an Optimizer runs over FlatArena views and matches the reference") {
     use_private_cache();
     fusedopt::FlatArena arena;
