@@ -199,6 +199,11 @@ void Optimizer::load(const std::filesystem::path& path) {
         fail(
             fmt::format("hyper '{}' of group {} has the value '{}', not a number", name, g, value));
       }
+      try {
+        Impl::check_hyper_value("load", name, static_cast<int>(g), x);
+      } catch (const UsageError& e) {
+        fail(e.what());
+      }
       hypers[g][k] = x;
       if (!seen.insert(k).second) {
         fail(fmt::format("hyper '{}' appears twice in group {}", name, g));

@@ -2,8 +2,10 @@
 // Construction lives in optimizer_build.cpp, checkpoints in checkpoint.cpp.
 #include <fmt/format.h>
 
+#include <cmath>
 #include <cstddef>
 #include <cstring>
+#include <limits>
 #include <optional>
 
 #include "abi.h"
@@ -341,6 +343,15 @@ void Optimizer::set_reduction_hook(ReductionHook hook) {
   live("set_reduction_hook").hook = std::move(hook);
 }
 
+void Optimizer::Impl::check_hyper_value(const std::string& where, const std::string& name,
+                                        int group, double value) {
+  constexpr double kMax = static_cast<double>(std::numeric_limits<float>::max());
+  FUSEDOPT_CHECK_USAGE(std::isfinite(value) && std::fabs(value) <= kMax,
+                       "{}: hyper '{}' of group {} is {}: a hyper must be a finite number within "
+                       "fp32's range (|x| <= {:.8g}), as the kernels read it",
+                       where, name, group, value, kMax);
+}
+
 void Optimizer::Impl::assign_hyper(const char* method, const std::string& name, double value,
                                    std::optional<int> group) {
   const std::size_t k = hyper_index(name);
@@ -348,6 +359,7 @@ void Optimizer::Impl::assign_hyper(const char* method, const std::string& name, 
   FUSEDOPT_CHECK_USAGE(!(group && (*group < 0 || *group >= groups)),
                        "{}('{}'): there is no group {} (the optimizer has {} group{})", method,
                        name, *group, groups, groups == 1 ? "" : "s");
+  check_hyper_value(method, name, group.value_or(0), value);
   for (int g = 0; g < groups; ++g) {
     if (!group || *group == g) hypers[static_cast<std::size_t>(g)][k] = value;
   }

@@ -257,6 +257,7 @@ void Optimizer::Impl::validate_groups(std::vector<ParamGroup>& groups) {
       }
       FUSEDOPT_CHECK_USAGE(given.insert(k).second,
                            "group {}: hyper '{}' is given twice (which one should win?)", g, name);
+      check_hyper_value("Optimizer", name, static_cast<int>(g), value);
       hypers[g][k] = value;
     }
     for (std::size_t i = 0; i < group.params.size(); ++i) {

@@ -19,6 +19,7 @@
 #include "runtime/log.hpp"
 #include "runtime/runtime_support.hpp"
 #include "support/host_kernel_calls.hpp"
+#include "support/temp_dir.hpp"
 
 namespace fusedopt_tests {
 namespace {
@@ -204,6 +205,60 @@ TEST_SUITE("runtime") {
     CHECK_THROWS_WITH_AS(opt.hyper("lr", -1),
                          "hyper('lr'): there is no group -1 (the optimizer has 2 groups)", Error);
     CHECK(opt.step_count() == 3);
+  }
+
+  TEST_CASE(
+      "a hyper must be finite and within fp32's range at construction, in set_hyper and in "
+      "a checkpoint: refused naming hyper and group, changing nothing") {
+    use_private_cache();
+    Params x({50, 60, 70});
+    ParamGroup g0 = x.group(0, 1), g1 = x.group(1, 2);
+    const double inf = std::numeric_limits<double>::infinity();
+    for (double bad : {std::nan(""), inf, -inf, 1e300, -1e39}) {
+      CAPTURE(bad);
+      g1.hypers = {{"lr", bad}};
+      CHECK_THROWS_WITH_AS(Optimizer(Rule::preset("sgd"), {g0, g1}),
+                           doctest::Contains("Optimizer: hyper 'lr' of group 1 is"),
+                           fusedopt::UsageError);
+    }
+    g1.hypers = {{"lr", 0.25}};
+    Optimizer opt(Rule::preset("sgd"), {g0, g1});
+    for (double bad : {std::nan(""), inf, -inf, 1e300, -1e39}) {
+      CAPTURE(bad);
+      CHECK_THROWS_WITH_AS(opt.set_hyper("lr", bad, 1),
+                           doctest::Contains("set_hyper: hyper 'lr' of group 1 is"),
+                           fusedopt::UsageError);
+      CHECK_THROWS_WITH_AS(opt.set_hyper("momentum", bad),
+                           doctest::Contains("hyper 'momentum' of group 0 is"),
+                           fusedopt::UsageError);
+    }
+    CHECK(opt.hyper("lr", 1) == 0.25);
+    CHECK(opt.hyper("momentum", 0) == 0.0);
+    opt.set_hyper("lr", 3.4e38, 1);  // the largest fp32s are fine
+    opt.set_hyper("lr", 0.25, 1);
+    // A checkpoint whose metadata says lr=-inf (the same length as 0.25: the file stays
+    // well formed) is refused, and the optimizer keeps its own hypers.
+    fusedopt::testing::TempDir dir;
+    const auto path = dir.path() / "opt.safetensors";
+    opt.save(path);
+    std::string bytes;
+    {
+      std::ifstream in(path, std::ios::binary);
+      std::stringstream ss;
+      ss << in.rdbuf();
+      bytes = ss.str();
+    }
+    const std::size_t at = bytes.find("lr=0.25");
+    REQUIRE(at != std::string::npos);
+    bytes.replace(at, 7, "lr=-inf");
+    {
+      std::ofstream out(path, std::ios::binary | std::ios::trunc);
+      out << bytes;
+    }
+    Optimizer fresh(Rule::preset("sgd"), {g0, g1});
+    CHECK_THROWS_WITH_AS(fresh.load(path), doctest::Contains("hyper 'lr' of group 1 is -inf"),
+                         fusedopt::UsageError);
+    CHECK(fresh.hyper("lr", 1) == 0.25);
   }
 
   TEST_CASE("state views name their tensor and reject unknown states and indices") {
