@@ -534,6 +534,19 @@ def test_unknown_hypers_are_refused():
         ft.Optimizer([{"params": [p], "mom": 0.1}], rule="sgd")
 
 
+@pytest.mark.parametrize("bad", [math.nan, math.inf, -math.inf, 1e300])
+def test_hypers_that_are_not_finite_fp32_numbers_are_refused(bad):
+    p = torch.ones(3, requires_grad=True)
+    p.grad = torch.full((3,), 0.5)
+    with pytest.raises(fusedopt.UsageError, match="hyper 'lr' of group 0"):
+        ft.Optimizer([p], rule="sgd", lr=bad)
+    opt = ft.Optimizer([p], rule="sgd", lr=0.1)
+    opt.param_groups[0]["lr"] = bad  # as a scheduler would: refused at the step
+    with pytest.raises(fusedopt.UsageError, match="hyper 'lr' of group 0"):
+        opt.step()
+    assert torch.equal(p.detach(), torch.ones(3))  # the refused step changed nothing
+
+
 def test_state_views_alias_the_kernels_memory(seed):
     p = torch.randn(10, requires_grad=True)
     opt = ft.Optimizer([p], rule="sgd", lr=0.1, momentum=0.9)
