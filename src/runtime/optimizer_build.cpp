@@ -87,6 +87,11 @@ void validate_pair(const ParamSlot& s) {
                        s.param.numel);
   FUSEDOPT_CHECK_USAGE(s.grad.shape.empty() || s.grad.shape == s.param.shape,
                        "{}: grad shape differs from the param's [{}]", who, dims);
+  try {
+    (void)runtime::matrix_shape(s.param.shape, s.param.numel);  // rows and columns fit
+  } catch (const UsageError& e) {
+    throw UsageError(fmt::format("{}: param {}", who, e.what()));
+  }
 }
 
 /// One tensor's bytes, for the overlap check: [begin, end) of slot `slot`'s param or grad.
@@ -424,10 +429,16 @@ void Optimizer::Impl::bind_kernels() {
         const runtime::MatrixShape m = runtime::matrix_shape(s.param.shape, s.param.numel);
         s.row_first = rows[b];
         s.col_first = cols[b];
-        s.row_count = m.batch * m.rows;
+        s.row_count = m.batch * m.rows;  // fits: checked with the param's shape
         s.col_count = m.batch * m.cols;
-        rows[b] += s.row_count;
-        cols[b] += s.col_count;
+        const std::optional<std::int64_t> r = support::checked_add(rows[b], s.row_count);
+        const std::optional<std::int64_t> c = support::checked_add(cols[b], s.col_count);
+        FUSEDOPT_CHECK_USAGE(r && c,
+                             "{}: the rows and columns of the params up to it overflow 64 bits "
+                             "(their row and column states could not be laid out)",
+                             runtime::describe(s));
+        rows[b] = *r;
+        cols[b] = *c;
       }
     }
     std::int64_t total = 0;

@@ -7,10 +7,13 @@
 #include <algorithm>
 #include <climits>
 #include <cstdint>
+#include <optional>
+#include <string>
 
 #include "fusedopt/error.hpp"
 #include "runtime/chunks.hpp"
 #include "support/check.hpp"
+#include "support/checked_math.hpp"
 
 namespace fusedopt::runtime {
 
@@ -26,9 +29,23 @@ MatrixShape matrix_shape(const std::vector<std::int64_t>& shape, std::int64_t nu
     m.rows = numel;
     return m;
   }
-  for (std::size_t d = 0; d + 2 < shape.size(); ++d) m.batch *= shape[d];
+  bool fits = true;
+  for (std::size_t d = 0; d + 2 < shape.size() && fits; ++d) {
+    const std::optional<std::int64_t> b = support::checked_mul(m.batch, shape[d]);
+    fits = b.has_value();
+    if (fits) m.batch = *b;
+  }
   m.rows = shape[shape.size() - 2];
   m.cols = shape.back();
+  fits = fits && support::checked_mul(m.batch, m.rows) && support::checked_mul(m.batch, m.cols);
+  if (!fits) {
+    std::string dims;
+    for (std::int64_t d : shape) dims += (dims.empty() ? "" : ", ") + std::to_string(d);
+    throw UsageError(
+        fmt::format("shape [{}] has more rows or columns than 64 bits count "
+                    "(its row and column states could not be laid out)",
+                    dims));
+  }
   return m;
 }
 
@@ -173,9 +190,18 @@ void Plan::lay_out_factored(const codegen::KernelBody& body, const std::vector<s
     rc_offsets_[3 * t] = num_rows_;
     rc_offsets_[3 * t + 1] = num_cols_;
     rc_offsets_[3 * t + 2] = num_mats_;
-    num_rows_ += m[t].batch * m[t].rows;
-    num_cols_ += m[t].batch * m[t].cols;
-    num_mats_ += m[t].batch;
+    // Each product fits (matrix_shape); their sums over tensors are checked too.
+    const std::optional<std::int64_t> rows =
+        support::checked_add(num_rows_, m[t].batch * m[t].rows);
+    const std::optional<std::int64_t> cols =
+        support::checked_add(num_cols_, m[t].batch * m[t].cols);
+    const std::optional<std::int64_t> mats = support::checked_add(num_mats_, m[t].batch);
+    FUSEDOPT_CHECK_USAGE(rows && cols && mats,
+                         "tensor {}: the rows and columns of the tensors up to it overflow 64 bits",
+                         t);
+    num_rows_ = *rows;
+    num_cols_ = *cols;
+    num_mats_ = *mats;
   }
   rc_offsets_[3 * n] = num_rows_;
   rc_offsets_[3 * n + 1] = num_cols_;

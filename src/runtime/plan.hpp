@@ -21,6 +21,9 @@ inline constexpr std::size_t kVectorAlign = 16;
 struct MatrixShape {
   std::int64_t batch = 1, rows = 0, cols = 1;
 };
+/// A tensor of `shape` (empty: 1-D of `numel`) as `batch` matrices of rows x cols (its last
+/// two dimensions). UsageError when batch * rows or batch * cols does not fit in 64 bits
+/// (possible with a 0 dimension: {2^32, 2^32, 0} has no elements but 2^64 rows).
 MatrixShape matrix_shape(const std::vector<std::int64_t>& shape, std::int64_t numel);
 
 /// Bytes role `role`'s pointer must be aligned to for the vector path: 4 elements of it

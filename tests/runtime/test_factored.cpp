@@ -357,6 +357,42 @@ p = p - lr * g * rsqrt(rv * cv * cv + 1)
     flat.grads.push_back(h.tensor());
     CHECK(Optimizer(Rule::preset("adafactor"), {flat}).stats().state_bytes == (1000 + 1) * 4);
   }
+
+  TEST_CASE("an empty param whose rows or columns overflow 64 bits is refused, naming it") {
+    use_private_cache();
+    // {2^32, 2^32, 0}: no elements, but 2^64 rows: the layout's products overflowed (UB).
+    const std::int64_t big = std::int64_t{1} << 32;
+    HostTensor p(8, DType::F32), g(8, DType::F32);
+    for (const char* preset : {"adafactor", "adamw"}) {
+      CAPTURE(preset);
+      fusedopt::ParamGroup group;
+      fusedopt::Tensor t = p.tensor("w");
+      t.numel = 0;
+      t.shape = {big, big, 0};
+      fusedopt::Tensor d = g.tensor();
+      d.numel = 0;
+      group.params.push_back(t);
+      group.grads.push_back(d);
+      CHECK_THROWS_WITH_AS(Optimizer(Rule::preset(preset), {group}),
+                           doctest::Contains("param shape [4294967296, 4294967296, 0] has more "
+                                             "rows or columns than 64 bits count"),
+                           fusedopt::UsageError);
+    }
+    // Two params whose rows fit alone, not together.
+    const std::int64_t half = std::int64_t{1} << 62;
+    fusedopt::ParamGroup two;
+    for (const char* name : {"a", "b"}) {
+      fusedopt::Tensor t = p.tensor(name);
+      t.numel = 0;
+      t.shape = {half, 0};
+      fusedopt::Tensor d = g.tensor();
+      d.numel = 0;
+      two.params.push_back(t);
+      two.grads.push_back(d);
+    }
+    CHECK_THROWS_WITH_AS(Optimizer(Rule::preset("adafactor"), {two}),
+                         doctest::Contains("overflow 64 bits"), fusedopt::UsageError);
+  }
 }
 
 }  // namespace fusedopt_tests
