@@ -179,14 +179,38 @@ ShardedOptimizer::ShardedOptimizer(Communicator comm, const Rule& rule,
   // gradients: the broadcasts are ranges of it (this throws UsageError naming the param).
   (void)detail::bucket_layout(m.params, options.buckets, {});
 
-  // Every rank must cut and step the same way.
-  std::string plan = fmt::format("ShardedOptimizer stage {}, {} ranks, rule {} ({} chars)\n",
-                                 options.stage, m.ranks, rule.name(), rule.text().size());
+  // Every rank must cut and step the same way: the rule (its text, by hash), the options,
+  // every group's hypers (defaults resolved: a value given or defaulted reads the same),
+  // and every param's name, size, shape and dtypes. A rank that differs in any of them
+  // (another name, lr=0.5 in one group) fails on every rank, naming the first difference.
+  const OptimizerOptions& o = options.optimizer;
+  std::string plan = fmt::format(
+      "ShardedOptimizer stage {}, {} ranks, rule {} ({} chars, hash {:016x})\n"
+      "options: state {}, master {}, capturable {}, max_grad_norm {:.17g}, strategy {}, "
+      "buckets {}/{}/{}\n",
+      options.stage, m.ranks, rule.name(), rule.text().size(),
+      std::hash<std::string>{}(rule.text()), to_string(o.state_dtype), o.master_weights,
+      o.capturable, o.max_grad_norm, static_cast<int>(o.reduction_strategy),
+      options.buckets.bucket_bytes, options.buckets.first_bucket_bytes,
+      options.buckets.max_tensors);
+  const std::vector<std::pair<std::string, double>> defaults = rule.hypers();
   for (std::size_t g = 0, i = 0; g < groups.size(); ++g) {
-    plan += fmt::format("group {}: {} params\n", g, groups[g].params.size());
+    std::string hypers;
+    for (const auto& [name, value] : defaults) {
+      double v = value;
+      for (const auto& [given, x] : groups[g].hypers) {
+        if (given == name) v = x;
+      }
+      hypers += fmt::format(" {}={:.17g}", name, v);
+    }
+    plan += fmt::format("group {}: {} params, hypers{}\n", g, groups[g].params.size(), hypers);
     for (std::size_t k = 0; k < groups[g].params.size(); ++k, ++i) {
-      plan +=
-          fmt::format("param {}: {} x {}\n", i, m.params[i].numel, to_string(m.params[i].dtype));
+      std::string shape;
+      for (std::int64_t d : m.params[i].shape)
+        shape += (shape.empty() ? "" : ",") + std::to_string(d);
+      plan += fmt::format("param {}: '{}' {} x {} [{}], grad {}\n", i, m.params[i].name,
+                          m.params[i].numel, to_string(m.params[i].dtype), shape,
+                          to_string(m.grads[i].dtype));
     }
   }
   m.comm.check_same("ShardedOptimizer plan", plan);

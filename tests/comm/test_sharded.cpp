@@ -261,10 +261,54 @@ TEST_SUITE("comm_mpi") {
       ShardedOptimizer sharded(comm, Rule::preset("adamw"), groups_of(arena));
       FAIL("a ShardedOptimizer was built over different parameters");
     } catch (const CommError& e) {
-      CHECK(e.cause().find("rank 0 has 'param 2: 17 x fp32', rank " +
-                           std::to_string(comm.size() - 1) + " has 'param 2: 18 x fp32'") !=
-            std::string::npos);
+      CHECK(e.cause().find("rank 0 has 'param 2: 'w2' 17 x fp32 [], grad fp32', rank " +
+                           std::to_string(comm.size() - 1) +
+                           " has 'param 2: 'w2' 18 x fp32 [], grad fp32'") != std::string::npos);
     }
+  }
+
+  TEST_CASE(
+      "ranks whose params differ only in a name, or whose groups differ in a hyper, fail "
+      "at construction, every one of them") {
+    Communicator comm = Communicator::mpi();
+    comm.set_timeout(std::chrono::seconds(20));
+    if (comm.size() == 1) return;
+    const bool odd_one = comm.rank() == comm.size() - 1;
+    {
+      FlatArena arena;
+      for (std::size_t i = 0; i < kSizes.size(); ++i) {
+        arena.add(odd_one && i == 1 ? "renamed" : "w" + std::to_string(i), kSizes[i],
+                  fusedopt::DType::F32);
+      }
+      arena.finalize();
+      try {
+        ShardedOptimizer sharded(comm, Rule::preset("adamw"), groups_of(arena));
+        FAIL("a ShardedOptimizer was built over params of other names");
+      } catch (const CommError& e) {
+        CHECK(e.cause().find("'renamed'") != std::string::npos);
+      }
+    }
+    {
+      Communicator again = Communicator::mpi();  // the first one is broken now
+      again.set_timeout(std::chrono::seconds(20));
+      FlatArena arena = make_arena(kSizes);
+      std::vector<ParamGroup> groups = groups_of(arena);
+      if (odd_one) groups[1].hypers = {{"lr", 0.5}};
+      try {
+        ShardedOptimizer sharded(again, Rule::preset("adamw"), groups);
+        FAIL("a ShardedOptimizer was built with another lr in one group");
+      } catch (const CommError& e) {
+        CHECK(e.cause().find("lr=0.5 ") != std::string::npos);
+      }
+    }
+    // A hyper given on one rank and defaulted on another is the same plan.
+    FlatArena arena = make_arena(kSizes);
+    std::vector<ParamGroup> groups = groups_of(arena);
+    if (odd_one) groups[0].hypers = {{"lr", Rule::preset("adamw").hypers()[0].second}};
+    Communicator third = Communicator::mpi();
+    third.set_timeout(std::chrono::seconds(20));
+    ShardedOptimizer sharded(third, Rule::preset("adamw"), groups);
+    CHECK(sharded.stats().ranks == comm.size());
   }
 
   TEST_CASE("a sharded checkpoint saved at W ranks loads at every world size up to W") {
