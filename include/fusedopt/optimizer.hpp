@@ -189,6 +189,11 @@ class FUSEDOPT_API StepResult {
 /// `stream`'s order), then read or write device memory, so they are safe after steps on any
 /// stream. state() is a view of device memory: read it in stream order after the steps (or
 /// after a synchronize).
+///
+/// Threads: an Optimizer is used by one thread at a time, as torch's optimizers are. A
+/// call to step, step_scaled, step_amp, set_hyper, set_step_count, rebind, save or load
+/// while another of them runs on the same optimizer (another thread, or a reduction hook
+/// calling back) is a UsageError naming both, never a race.
 class FUSEDOPT_API Optimizer {
  public:
   /// Throws Error naming the tensor and the reason for any misuse (grads missing or of a

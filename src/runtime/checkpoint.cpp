@@ -89,6 +89,7 @@ std::vector<std::string> split(const std::string& text, char sep) {
 
 void Optimizer::save(const std::filesystem::path& path) const {
   const Impl& m = live("save");
+  Impl::Exclusive hold(m, "save");
   std::vector<io::TensorView> views;
   // Memory the host can read is written in place; device memory is staged through host
   // memory (the backend's copies wait for every queued step first).
@@ -129,6 +130,7 @@ void Optimizer::save(const std::filesystem::path& path) const {
 
 void Optimizer::load(const std::filesystem::path& path) {
   Impl& m = live("load");
+  Impl::Exclusive hold(m, "load");
   auto fail = [&](const std::string& what) {
     throw UsageError(fmt::format("cannot load checkpoint {}: {}", path.string(), what));
   };

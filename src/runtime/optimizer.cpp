@@ -321,11 +321,14 @@ StepResult Optimizer::Impl::run_amp_step(const float* grad_scale, const float* f
 }
 
 StepResult Optimizer::step_amp(const float* grad_scale, const float* found_inf, void* stream) {
-  return live("step_amp").run_amp_step(grad_scale, found_inf, stream);
+  Impl& m = live("step_amp");
+  Impl::Exclusive hold(m, "step_amp");
+  return m.run_amp_step(grad_scale, found_inf, stream);
 }
 
 void Optimizer::set_step_count(std::int64_t count) {
   Impl& m = live("set_step_count");
+  Impl::Exclusive hold(m, "set_step_count");
   FUSEDOPT_CHECK_USAGE(count >= 0 && count <= kMaxSteps,
                        "Optimizer::set_step_count: {} steps; the count must be in 0 to 2^53",
                        count);
@@ -333,10 +336,16 @@ void Optimizer::set_step_count(std::int64_t count) {
   m.step_count = count;
 }
 
-void Optimizer::step(void* stream) { live("step").run_step(1.0f, false, stream); }
+void Optimizer::step(void* stream) {
+  Impl& m = live("step");
+  Impl::Exclusive hold(m, "step");
+  m.run_step(1.0f, false, stream);
+}
 
 StepResult Optimizer::step_scaled(float inv_grad_scale, void* stream) {
-  return live("step_scaled").run_step(inv_grad_scale, true, stream);
+  Impl& m = live("step_scaled");
+  Impl::Exclusive hold(m, "step_scaled");
+  return m.run_step(inv_grad_scale, true, stream);
 }
 
 void Optimizer::set_reduction_hook(ReductionHook hook) {
@@ -366,13 +375,16 @@ void Optimizer::Impl::assign_hyper(const char* method, const std::string& name, 
 }
 
 void Optimizer::set_hyper(const std::string& name, double value, std::optional<int> group) {
-  live("set_hyper").assign_hyper("set_hyper", name, value, group);
-  impl_->push_hypers();
+  Impl& m = live("set_hyper");
+  Impl::Exclusive hold(m, "set_hyper");
+  m.assign_hyper("set_hyper", name, value, group);
+  m.push_hypers();
 }
 
 void Optimizer::set_hyper(const std::string& name, double value, std::optional<int> group,
                           void* stream) {
   Impl& m = live("set_hyper");
+  Impl::Exclusive hold(m, "set_hyper");
   const auto before = m.hypers;
   m.assign_hyper("set_hyper", name, value, group);
   try {

@@ -481,6 +481,7 @@ std::vector<std::vector<void*>> Optimizer::Impl::binding_ptrs(std::size_t b) con
 void Optimizer::rebind(const std::vector<void*>& param_data, const std::vector<void*>& grad_data,
                        void* stream) {
   Impl& m = live("rebind");
+  Impl::Exclusive hold(m, "rebind");
   const std::size_t n = m.params.size();
   for (const auto* list : {&param_data, &grad_data}) {
     FUSEDOPT_CHECK_USAGE(list->empty() || list->size() == n,

@@ -3,6 +3,9 @@
 // Device memory and launches go through the backend seam (runtime/backend.hpp).
 #pragma once
 
+#include <fmt/format.h>
+
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
@@ -10,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "fusedopt/error.hpp"
 #include "fusedopt/optimizer.hpp"
 #include "runtime/backend.hpp"
 
@@ -63,6 +67,31 @@ std::string describe(const ParamSlot& slot);
 inline constexpr std::int64_t kMaxSteps = std::int64_t{1} << 53;
 
 struct Optimizer::Impl {
+  /// Who holds the optimizer now ("step", "save", ...; null: nobody). An Optimizer is used
+  /// by one thread at a time, as torch's optimizers are; Exclusive detects a second user.
+  mutable std::atomic<const char*> holder{nullptr};
+  /// Holds the optimizer for one call. A second call while it is held (another thread, or
+  /// a reduction hook calling back) is a UsageError naming both, instead of a race that
+  /// would lose a step or save a torn checkpoint.
+  class Exclusive {
+   public:
+    Exclusive(const Impl& m, const char* method) : m_(m) {
+      const char* held = nullptr;
+      if (!m.holder.compare_exchange_strong(held, method, std::memory_order_acquire)) {
+        throw UsageError(fmt::format(
+            "Optimizer::{}: called while {}() is running on this optimizer; an Optimizer is "
+            "used by one thread at a time (as torch's optimizers are): order the calls",
+            method, held ? held : "another call"));
+      }
+    }
+    ~Exclusive() { m_.holder.store(nullptr, std::memory_order_release); }
+    Exclusive(const Exclusive&) = delete;
+    Exclusive& operator=(const Exclusive&) = delete;
+
+   private:
+    const Impl& m_;
+  };
+
   Rule rule;
   OptimizerOptions options;
   Device device;

@@ -7,9 +7,11 @@
 #include <climits>
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <limits>
 #include <sstream>
+#include <thread>
 
 #include "cache/kernel_cache.hpp"
 #include "fusedopt/error.hpp"
@@ -259,6 +261,47 @@ TEST_SUITE("runtime") {
     CHECK_THROWS_WITH_AS(fresh.load(path), doctest::Contains("hyper 'lr' of group 1 is -inf"),
                          fusedopt::UsageError);
     CHECK(fresh.hyper("lr", 1) == 0.25);
+  }
+
+  TEST_CASE(
+      "an optimizer is used by one thread at a time: a call during a step, from another "
+      "thread or from its reduction hook, is refused naming both") {
+    use_private_cache();
+    Params x({50, 60, 70});
+    fusedopt::OptimizerOptions options;
+    options.max_grad_norm = 1.0;  // a reduction pass: the hook runs in the middle of the step
+    Optimizer opt(Rule::preset("adamw"), {x.group(0, 3)}, options);
+    fusedopt::testing::TempDir dir;
+    const auto path = dir.path() / "opt.safetensors";
+    std::string from_thread, from_hook;
+    opt.set_reduction_hook([&](const fusedopt::ReductionPartials&) {
+      std::thread other([&] {
+        try {
+          opt.save(path);
+        } catch (const fusedopt::UsageError& e) {
+          from_thread = e.what();
+        }
+      });
+      other.join();
+      try {
+        opt.set_hyper("lr", 0.5);
+      } catch (const fusedopt::UsageError& e) {
+        from_hook = e.what();
+      }
+    });
+    opt.step();
+    CHECK(from_thread.find("Optimizer::save: called while step() is running") != std::string::npos);
+    CHECK(from_hook.find("Optimizer::set_hyper: called while step() is running") !=
+          std::string::npos);
+    CHECK(opt.step_count() == 1);
+    CHECK(opt.hyper("lr", 0) == Rule::preset("adamw").hypers()[0].second);
+    CHECK_FALSE(std::filesystem::exists(path));
+    // Between calls the optimizer is free again.
+    opt.set_reduction_hook(nullptr);
+    opt.save(path);
+    opt.set_hyper("lr", 0.5);
+    opt.step();
+    CHECK(opt.step_count() == 2);
   }
 
   TEST_CASE("state views name their tensor and reject unknown states and indices") {
