@@ -172,6 +172,12 @@ class FUSEDOPT_API StepResult {
   mutable bool taken_ = true;
 };
 
+/// The one rule for a hyper's value: finite and within fp32's range (kernels read hypers as
+/// fp32: 1e300 would be inf there). Throws UsageError naming `where` (the caller), the
+/// hyper and its group otherwise.
+FUSEDOPT_API void check_hyper_value(const std::string& where, const std::string& name, int group,
+                                    double value);
+
 /// Runs `rule` over every parameter of every group. States are allocated (one arena per
 /// dtype and device) and initialised from the rule at construction.
 ///
@@ -189,6 +195,9 @@ class FUSEDOPT_API StepResult {
 /// `stream`'s order), then read or write device memory, so they are safe after steps on any
 /// stream. state() is a view of device memory: read it in stream order after the steps (or
 /// after a synchronize).
+///
+/// Hyper values: every entry point (group hypers, set_hyper, load) takes what
+/// check_hyper_value takes.
 ///
 /// Threads: an Optimizer is used by one thread at a time, as torch's optimizers are. A
 /// call to step, step_scaled, step_amp, set_hyper, set_step_count, rebind, save or load

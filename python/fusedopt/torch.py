@@ -15,7 +15,6 @@ kernel, on torch's current stream.
 """
 
 import collections
-import math
 import operator
 import warnings
 import weakref
@@ -60,9 +59,6 @@ def _dtype_code(dtype, who):
         raise UsageError(f"{who} has dtype {dtype}; fusedopt binds float32, float16 and "
                          "bfloat16")
     return _DTYPES[dtype]
-
-
-_FP32_MAX = 3.4028234663852886e38  # the largest finite fp32
 
 
 def _float(value, key):
@@ -196,16 +192,13 @@ class Optimizer(torch.optim.Optimizer):
         return out
 
     def add_param_group(self, param_group):
-        # The C++ rule for a hyper's value (Optimizer::Impl::check_hyper_value), checked here
-        # too so that construction refuses what the first step would (as torch refuses a NaN
-        # lr); before the group is added, so a refused group changes nothing.
+        # The library's rule for a hyper's value, checked here too so that construction
+        # refuses what the first step would (as torch refuses a NaN lr); before the group is
+        # added, so a refused group changes nothing.
         g = len(self.param_groups)
         merged = {**self.defaults, **param_group}
         for name, value in zip(self._hyper_names, self._group_hypers(merged)):
-            if not (math.isfinite(value) and abs(value) <= _FP32_MAX):
-                raise UsageError(f"Optimizer: hyper '{name}' of group {g} is {value}: a hyper "
-                                 "must be a finite number within fp32's range (|x| <= "
-                                 "3.4028235e+38), as the kernels read it")
+            _C.check_hyper_value("Optimizer", name, g, value)
         super().add_param_group(param_group)
         for key in param_group:
             if key in _IGNORED or key in self.defaults or key in self._hyper_names:

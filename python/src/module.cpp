@@ -349,6 +349,10 @@ NB_MODULE(_fusedopt, m) {
       .def("load", &Engine::load)
       .def_prop_ro("device", &Engine::device);
 
+  m.def("check_hyper_value", &fo::check_hyper_value, nb::arg("where"), nb::arg("name"),
+        nb::arg("group"), nb::arg("value"),
+        "The one rule for a hyper's value (finite, within fp32's range): UsageError otherwise.");
+
   m.def(
       "compile",
       [](const fo::Rule& rule, const std::string& target, const std::string& dtypes,

@@ -202,7 +202,7 @@ void Optimizer::load(const std::filesystem::path& path) {
             fmt::format("hyper '{}' of group {} has the value '{}', not a number", name, g, value));
       }
       try {
-        Impl::check_hyper_value("load", name, static_cast<int>(g), x);
+        check_hyper_value("load", name, static_cast<int>(g), x);
       } catch (const UsageError& e) {
         fail(e.what());
       }

@@ -352,8 +352,7 @@ void Optimizer::set_reduction_hook(ReductionHook hook) {
   live("set_reduction_hook").hook = std::move(hook);
 }
 
-void Optimizer::Impl::check_hyper_value(const std::string& where, const std::string& name,
-                                        int group, double value) {
+void check_hyper_value(const std::string& where, const std::string& name, int group, double value) {
   constexpr double kMax = static_cast<double>(std::numeric_limits<float>::max());
   FUSEDOPT_CHECK_USAGE(std::isfinite(value) && std::fabs(value) <= kMax,
                        "{}: hyper '{}' of group {} is {}: a hyper must be a finite number within "

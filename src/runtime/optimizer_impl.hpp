@@ -180,11 +180,6 @@ struct Optimizer::Impl {
 
   /// Index of hyper `name`; throws Error listing the rule's hypers otherwise.
   std::size_t hyper_index(const std::string& name) const;
-  /// The one rule for a hyper's value at every entry point (groups at construction,
-  /// set_hyper, checkpoint load): finite and within fp32's range (kernels read hypers as
-  /// fp32: 1e300 would be inf there), else UsageError naming `where`, the hyper and group.
-  static void check_hyper_value(const std::string& where, const std::string& name, int group,
-                                double value);
   /// `hypers` as the kernels read them (double: fo_prepare rounds each use once).
   std::vector<std::vector<double>> hyper_values() const;
   /// Hands the current hypers to every kernel's plan.
