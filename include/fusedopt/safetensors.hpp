@@ -18,7 +18,7 @@ namespace fusedopt {
 
 /// An open safetensors file: its header is read and validated at construction (entries,
 /// shapes, offsets tiling the data section); tensors are read on demand with pread. Range
-/// reads do not check the whole-data checksum fusedopt writes (verify() does, reading
+/// reads do not check the whole-file checksum fusedopt writes (verify() does, reading
 /// everything). Throws IoError naming the file and the defect.
 class FUSEDOPT_API SafetensorsReader {
  public:
@@ -43,9 +43,12 @@ class FUSEDOPT_API SafetensorsReader {
   /// Bytes [begin, begin + bytes) of tensor `name` into `out`; IoError when the range is
   /// not inside the tensor or the read fails.
   void read(const std::string& name, std::uint64_t begin, std::uint64_t bytes, void* out) const;
-  /// Reads the whole data section and checks it against the checksum fusedopt wrote (true),
-  /// false when the file has none; IoError when it does not match.
+  /// Reads the whole file and checks it against the checksum fusedopt wrote (true), false
+  /// when the file has none; IoError when it does not match.
   bool verify() const;
+  /// The checksum fusedopt recorded in the header (16 hex digits, covering the whole file),
+  /// as recorded: verify() checks it; "" when the file has none.
+  const std::string& checksum() const;
 
  private:
   struct Impl;

@@ -25,6 +25,7 @@
 #include "fusedopt/safetensors.hpp"
 #include "fusedopt/sharded.hpp"
 #include "support/check.hpp"
+#include "support/parse_number.hpp"
 
 namespace fusedopt::comm {
 
@@ -501,13 +502,9 @@ std::vector<std::string> fields(const std::string& line) {
 }
 
 std::int64_t to_int(const std::string& text, const std::string& what) {
-  errno = 0;
-  char* end = nullptr;
-  const long long v = std::strtoll(text.c_str(), &end, 10);
-  if (text.empty() || *end != '\0' || errno != 0) {
-    throw UsageError(fmt::format("{} '{}' is not an integer", what, text));
-  }
-  return v;
+  const std::optional<std::int64_t> v = support::parse_int_strict(text);
+  if (!v) throw UsageError(fmt::format("{} '{}' is not an integer", what, text));
+  return *v;
 }
 
 std::size_t st_bytes(const std::string& st_dtype) { return st_dtype == "F32" ? 4 : 2; }

@@ -129,19 +129,69 @@ void validate_for_write(const std::filesystem::path& path, const std::vector<Ten
       fail(fmt::format("metadata entry '{}' is not valid UTF-8", key));
     }
   }
-  if (metadata.count(kDataChecksumKey) != 0) {
-    fail(fmt::format("metadata entry '{}' is reserved: the writer computes it", kDataChecksumKey));
+  for (const char* key : {kChecksumKey, kDataChecksumKey}) {
+    if (metadata.count(key) != 0) {
+      fail(fmt::format("metadata entry '{}' is reserved: the writer computes it", key));
+    }
   }
 }
 
-std::uint64_t data_checksum(const std::vector<TensorView>& tensors) {
-  XXH3_state_t* state = XXH3_createState();
-  FUSEDOPT_CHECK_INTERNAL(state != nullptr, "XXH3_createState failed");
-  XXH3_64bits_reset(state);
-  for (const TensorView& t : tensors) XXH3_64bits_update(state, t.data, t.bytes);
-  const std::uint64_t digest = XXH3_64bits_digest(state);
-  XXH3_freeState(state);
-  return digest;
+/// XXH3-64 over a sequence of byte ranges.
+class Digest {
+ public:
+  Digest() : state_(XXH3_createState()) {
+    FUSEDOPT_CHECK_INTERNAL(state_ != nullptr, "XXH3_createState failed");
+    XXH3_64bits_reset(state_);
+  }
+  ~Digest() { XXH3_freeState(state_); }
+  Digest(const Digest&) = delete;
+  Digest& operator=(const Digest&) = delete;
+  void add(const void* data, std::size_t bytes) { XXH3_64bits_update(state_, data, bytes); }
+  std::string hex() const { return hex64(XXH3_64bits_digest(state_)); }
+
+ private:
+  XXH3_state_t* state_;
+};
+
+constexpr std::size_t kDigestChars = 16;
+
+/// Where the checksum's value starts in a header as fusedopt writes it (compact JSON: the
+/// quoted key right after the '{' or ',' that opens or continues the metadata object, then
+/// ':' and the value's quote), or npos when it is not there exactly once. A quote inside a
+/// string is escaped, so this spelling cannot occur inside another key or value.
+std::size_t checksum_value_at(const std::string& header) {
+  const std::string key = fmt::format("\"{}\":\"", kChecksumKey);
+  std::size_t found = std::string::npos;
+  for (std::size_t at = header.find(key); at != std::string::npos; at = header.find(key, at + 1)) {
+    if (at == 0 || (header[at - 1] != '{' && header[at - 1] != ',')) continue;
+    if (found != std::string::npos) return std::string::npos;
+    found = at + key.size();
+  }
+  return found;
+}
+
+/// The first bytes of a file as the writers lay them out: the 8-byte length field, then the
+/// header with the checksum's value as 16 '0's; `*value_at` is where that value starts
+/// within `head`, for the digest to replace it once the data has been hashed.
+std::string file_head(const std::filesystem::path& path, const std::vector<TensorView>& tensors,
+                      const std::map<std::string, std::string>& metadata, std::size_t* value_at) {
+  std::map<std::string, std::string> with_checksum = metadata;
+  with_checksum.emplace(kChecksumKey, std::string(kDigestChars, '0'));
+  const std::string header = header_json(tensors, with_checksum);
+  if (header.size() > kMaxHeaderBytes) {
+    throw IoError(fmt::format("{}: the header takes {} bytes, above the limit of {}", path.string(),
+                              header.size(), kMaxHeaderBytes));
+  }
+  std::string head(8, '\0');
+  for (int i = 0; i < 8; ++i) {
+    head[static_cast<std::size_t>(i)] =
+        static_cast<char>((static_cast<std::uint64_t>(header.size()) >> (8 * i)) & 0xFF);
+  }
+  head += header;
+  const std::size_t at = checksum_value_at(header);
+  FUSEDOPT_CHECK_INTERNAL(at != std::string::npos, "the checksum placeholder is not in the header");
+  *value_at = 8 + at;
+  return head;
 }
 
 }  // namespace
@@ -178,25 +228,19 @@ const void* SafetensorsFile::tensor_data(const std::string& name) const {
 void write_safetensors(const std::filesystem::path& path, const std::vector<TensorView>& tensors,
                        const std::map<std::string, std::string>& metadata) {
   validate_for_write(path, tensors, metadata);
-  std::map<std::string, std::string> with_checksum = metadata;
-  with_checksum.emplace(kDataChecksumKey, hex64(data_checksum(tensors)));
-  const std::string header = header_json(tensors, with_checksum);
-  if (header.size() > kMaxHeaderBytes) {
-    throw IoError(fmt::format("{}: the header takes {} bytes, above the limit of {}", path.string(),
-                              header.size(), kMaxHeaderBytes));
-  }
-  char length[8];
-  for (int i = 0; i < 8; ++i) {
-    length[i] = static_cast<char>((static_cast<std::uint64_t>(header.size()) >> (8 * i)) & 0xFF);
-  }
+  std::size_t value_at = 0;
+  std::string head = file_head(path, tensors, metadata, &value_at);
+  Digest digest;
+  digest.add(head.data(), head.size());
+  for (const TensorView& t : tensors) digest.add(t.data, t.bytes);
+  head.replace(value_at, kDigestChars, digest.hex());
 
   support::AtomicWriteOptions options;
   options.remove_stale_temps = true;  // a crashed save's temp must not pile up beside it
   support::AtomicWriteResult written = support::atomic_write(
       path,
       [&](int fd) {
-        bool ok = support::write_all(fd, length, sizeof length) &&
-                  support::write_all(fd, header.data(), header.size());
+        bool ok = support::write_all(fd, head.data(), head.size());
         for (std::size_t i = 0; ok && i < tensors.size(); ++i) {
           ok = support::write_all(fd, static_cast<const char*>(tensors[i].data), tensors[i].bytes);
         }
@@ -220,34 +264,19 @@ void write_safetensors_streamed(const std::filesystem::path& path,
                                 const std::map<std::string, std::string>& metadata,
                                 const TensorSource& source) {
   validate_for_write(path, tensors, metadata, /*need_data=*/false);
-  // The checksum goes into the header, which comes first: a placeholder of the same length,
+  // The checksum goes into the header, which comes first: the placeholder is written, and
   // overwritten once the data has streamed through.
-  std::map<std::string, std::string> with_checksum = metadata;
-  with_checksum.emplace(kDataChecksumKey, std::string(16, '0'));
-  const std::string header = header_json(tensors, with_checksum);
-  if (header.size() > kMaxHeaderBytes) {
-    throw IoError(fmt::format("{}: the header takes {} bytes, above the limit of {}", path.string(),
-                              header.size(), kMaxHeaderBytes));
-  }
-  const std::string key = fmt::format("\"{}\":\"", kDataChecksumKey);
-  const std::size_t at = header.find(key);
-  FUSEDOPT_CHECK_INTERNAL(at != std::string::npos, "the checksum placeholder is not in the header");
-  const std::uint64_t checksum_offset = 8 + at + key.size();
-  char length[8];
-  for (int i = 0; i < 8; ++i) {
-    length[i] = static_cast<char>((static_cast<std::uint64_t>(header.size()) >> (8 * i)) & 0xFF);
-  }
+  std::size_t value_at = 0;
+  const std::string head = file_head(path, tensors, metadata, &value_at);
   support::AtomicWriteOptions options;
   options.remove_stale_temps = true;
   std::string source_error;
   support::AtomicWriteResult written = support::atomic_write(
       path,
       [&](int fd) {
-        bool ok = support::write_all(fd, length, sizeof length) &&
-                  support::write_all(fd, header.data(), header.size());
-        XXH3_state_t* state = XXH3_createState();
-        if (state == nullptr) return false;
-        XXH3_64bits_reset(state);
+        bool ok = support::write_all(fd, head.data(), head.size());
+        Digest digest;
+        digest.add(head.data(), head.size());
         std::vector<char> buffer;
         for (std::size_t i = 0; ok && i < tensors.size(); ++i) {
           buffer.resize(tensors[i].bytes);
@@ -259,14 +288,13 @@ void write_safetensors_streamed(const std::filesystem::path& path,
             ok = false;
             break;
           }
-          XXH3_64bits_update(state, buffer.data(), buffer.size());
+          digest.add(buffer.data(), buffer.size());
           ok = support::write_all(fd, buffer.data(), buffer.size());
         }
-        const std::string digest = hex64(XXH3_64bits_digest(state));
-        XXH3_freeState(state);
         if (ok) {
-          ok = ::pwrite(fd, digest.data(), digest.size(), static_cast<off_t>(checksum_offset)) ==
-               static_cast<ssize_t>(digest.size());
+          const std::string hex = digest.hex();
+          ok = ::pwrite(fd, hex.data(), hex.size(), static_cast<off_t>(value_at)) ==
+               static_cast<ssize_t>(hex.size());
         }
         return ok;
       },
@@ -411,6 +439,52 @@ void check_tiling(std::vector<std::tuple<std::uint64_t, std::uint64_t, std::stri
 
 namespace {
 
+/// Checks (with `with_data`) the file against its checksum entry and takes the entry out of
+/// `file.metadata`: kChecksumKey over the length field, the header with the value zeroed and
+/// the data; or an older file's kDataChecksumKey over the data alone.
+void check_checksum(const std::string& header, bool with_data, const Fail& fail,
+                    SafetensorsFile& file) {
+  auto mismatch = [&](const char* key, const std::string& recorded, const std::string& actual,
+                      const char* what) {
+    fail(
+        fmt::format("{} does not match its checksum ({} {}, it hashes to {}): the file was "
+                    "changed or damaged after it was written",
+                    what, key, recorded, actual));
+  };
+  if (auto sum = file.metadata.find(kChecksumKey); sum != file.metadata.end()) {
+    file.checksum = sum->second;
+    file.metadata.erase(sum);
+    const std::size_t at = checksum_value_at(header);
+    if (file.checksum.size() != kDigestChars || at == std::string::npos ||
+        header.compare(at, kDigestChars, file.checksum) != 0) {
+      fail(fmt::format("{} '{}' is not the 16 hex digits where fusedopt writes them", kChecksumKey,
+                       file.checksum));
+    }
+    if (!with_data) return;
+    std::string head(8, '\0');
+    for (int i = 0; i < 8; ++i) {
+      head[static_cast<std::size_t>(i)] =
+          static_cast<char>((static_cast<std::uint64_t>(header.size()) >> (8 * i)) & 0xFF);
+    }
+    head += header;
+    head.replace(8 + at, kDigestChars, kDigestChars, '0');
+    Digest digest;
+    digest.add(head.data(), head.size());
+    digest.add(file.data.data(), file.data.size());
+    const std::string actual = digest.hex();
+    if (actual != file.checksum) mismatch(kChecksumKey, file.checksum, actual, "the file");
+    file.data_checked = true;
+  }
+  if (auto sum = file.metadata.find(kDataChecksumKey); sum != file.metadata.end()) {
+    const std::string recorded = sum->second;
+    file.metadata.erase(sum);
+    if (!with_data) return;
+    const std::string actual = hex64(XXH3_64bits(file.data.data(), file.data.size()));
+    if (recorded != actual) mismatch(kDataChecksumKey, recorded, actual, "the data section");
+    file.data_checked = true;
+  }
+}
+
 /// read_safetensors, or with `with_data` false the header alone (data_checked stays false).
 SafetensorsFile read_file(const std::filesystem::path& path, bool with_data,
                           std::uint64_t* data_offset) {
@@ -451,20 +525,7 @@ SafetensorsFile read_file(const std::filesystem::path& path, bool with_data,
   }
 
   check_tiling(std::move(ranges), data_bytes, fail);
-  auto sum = file.metadata.find(kDataChecksumKey);
-  if (sum != file.metadata.end() && !with_data) {
-    file.metadata.erase(sum);
-  } else if (sum != file.metadata.end()) {
-    const std::string actual = hex64(XXH3_64bits(file.data.data(), file.data.size()));
-    if (sum->second != actual) {
-      fail(
-          fmt::format("the data section does not match its checksum ({} {}, the data hashes to "
-                      "{}): the file was changed or damaged after it was written",
-                      kDataChecksumKey, sum->second, actual));
-    }
-    file.metadata.erase(sum);
-    file.data_checked = true;
-  }
+  check_checksum(header, with_data, fail, file);
   return file;
 }
 

@@ -15,9 +15,16 @@
 
 namespace fusedopt::io {
 
-/// The metadata entry holding the XXH3-64 (16 hex digits) of the whole data section:
-/// write_safetensors() always adds it, read_safetensors() checks it when present (files from
-/// other writers have none, and load unchecked, as safetensors itself has no checksum).
+/// The metadata entry holding the XXH3-64 (16 hex digits) of the whole file as written with
+/// this entry's value as 16 '0's: the length field, the header (every metadata entry, every
+/// tensor's name, dtype, shape and offsets, the padding) and the data section, so that any
+/// changed byte is refused. write_safetensors() always adds it; read_safetensors() checks it
+/// when present (files from other writers have none, and load unchecked, as safetensors
+/// itself has no checksum).
+inline constexpr const char* kChecksumKey = "fusedopt_xxh3_64";
+
+/// The entry of files written before 2026-11-26: the XXH3-64 of the data section alone.
+/// Still checked when present; never written, and reserved like kChecksumKey.
 inline constexpr const char* kDataChecksumKey = "fusedopt_data_xxh3_64";
 
 /// One tensor to write: its bytes are borrowed, not copied, and must stay alive for the call.
@@ -33,9 +40,9 @@ struct TensorView {
 /// written in the order given; names must be unique and non-empty; bytes must equal
 /// product(shape) * dtype size; at most 1 M tensors and a 100 MB header (what
 /// read_safetensors() accepts); a stale temp file of a crashed writer in the folder is
-/// removed, and an overwritten file keeps its permissions; adds kDataChecksumKey to the
-/// metadata (which must not hold it); throws fusedopt::Error naming the tensor and the
-/// problem; never leaves a half-written file at `path`.
+/// removed, and an overwritten file keeps its permissions; adds kChecksumKey to the
+/// metadata (which must hold neither it nor kDataChecksumKey); throws fusedopt::Error naming the
+/// tensor and the problem; never leaves a half-written file at `path`.
 void write_safetensors(const std::filesystem::path& path, const std::vector<TensorView>& tensors,
                        const std::map<std::string, std::string>& metadata);
 
@@ -57,10 +64,14 @@ struct SafetensorsFile {
     std::vector<std::int64_t> shape;
     std::uint64_t begin = 0, end = 0;  ///< byte range within `data`
   };
-  std::map<std::string, std::string> metadata;  ///< as written (without kDataChecksumKey)
+  std::map<std::string, std::string> metadata;  ///< as written (without the checksum entry)
   std::map<std::string, Entry> tensors;
-  bool data_checked = false;  ///< the file had kDataChecksumKey, and the data matched it
-  std::string data;           ///< the whole data section
+  /// The file had kChecksumKey (or an older file kDataChecksumKey), and it matched.
+  bool data_checked = false;
+  /// The value of kChecksumKey as recorded (16 hex digits), "" when the file has none;
+  /// read_safetensors_header() fills it without checking it.
+  std::string checksum;
+  std::string data;  ///< the whole data section
   /// Pointer to a tensor's bytes; throws fusedopt::Error if absent.
   const void* tensor_data(const std::string& name) const;
 };
@@ -68,8 +79,8 @@ struct SafetensorsFile {
 /// Reads and validates the whole file; any defect (too short, header length beyond the file
 /// or above 100 MB, more than 1 M tensors or 64 dimensions, malformed JSON, unknown dtype,
 /// shape/offset size mismatch, offsets out of bounds or overlapping or not covering the data
-/// exactly, duplicate names, non-string metadata, a data section that does not match its
-/// kDataChecksumKey) throws fusedopt::Error("<path>: <what is wrong>").
+/// exactly, duplicate names, non-string metadata, a file that does not match its
+/// kChecksumKey or kDataChecksumKey) throws fusedopt::Error("<path>: <what is wrong>").
 SafetensorsFile read_safetensors(const std::filesystem::path& path);
 
 /// The header of a file, validated as read_safetensors does it (entries, tiling of the

@@ -92,6 +92,8 @@ void SafetensorsReader::read(const std::string& name, std::uint64_t begin, std::
   }
 }
 
+const std::string& SafetensorsReader::checksum() const { return impl_->header.checksum; }
+
 bool SafetensorsReader::verify() const {
   return io::read_safetensors(impl_->path).data_checked;  // throws IoError on a mismatch
 }

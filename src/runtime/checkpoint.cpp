@@ -3,9 +3,6 @@
 // anything, so a failed load leaves the optimizer as it was.
 #include <fmt/format.h>
 
-#include <cerrno>
-#include <cstdlib>
-#include <cstring>
 #include <optional>
 #include <set>
 
@@ -13,6 +10,7 @@
 #include "io/safetensors.hpp"
 #include "jit/build.hpp"
 #include "runtime/optimizer_impl.hpp"
+#include "support/parse_number.hpp"
 
 namespace fusedopt {
 
@@ -22,7 +20,10 @@ namespace {
 
 /// The layout of the metadata and tensor names below.
 /// Bump when you change this: a key, a name pattern or a value's format.
-constexpr int kCheckpointFormat = 1;
+/// 2: the file's checksum (io::kChecksumKey, over the whole file) is required.
+/// 1: (before 2026-11-26) the same layout; a checksum of the data section when present.
+constexpr int kCheckpointFormat = 2;
+constexpr int kOldestFormat = 1;
 
 const char* st_dtype(DType d) { return io::safetensors_dtype(d); }
 
@@ -147,9 +148,18 @@ void Optimizer::load(const std::filesystem::path& path) {
   };
 
   // Everything is checked first; nothing is touched until all of it passed.
-  if (meta("fusedopt_checkpoint_format") != std::to_string(kCheckpointFormat)) {
-    fail(fmt::format("checkpoint format {} is not the format this fusedopt reads ({})",
-                     meta("fusedopt_checkpoint_format"), kCheckpointFormat));
+  const std::optional<std::int64_t> format =
+      support::parse_int_strict(meta("fusedopt_checkpoint_format"));
+  if (!format || *format < kOldestFormat || *format > kCheckpointFormat) {
+    fail(fmt::format("checkpoint format {} is not a format this fusedopt reads ({} to {})",
+                     meta("fusedopt_checkpoint_format"), kOldestFormat, kCheckpointFormat));
+  }
+  if (*format >= 2 && (file.checksum.empty() || !file.data_checked)) {
+    // save() writes it into every file of this format: its entry was removed or damaged.
+    throw IoError(fmt::format(
+        "cannot load checkpoint {}: it has no checksum ('{}'), which every checkpoint of "
+        "format {} carries: the file was changed or damaged after it was written",
+        path.string(), io::kChecksumKey, *format));
   }
   if (meta("rule") != m.rule.name()) {
     fail(fmt::format("it was saved by rule '{}', this optimizer runs rule '{}'", meta("rule"),
@@ -160,12 +170,11 @@ void Optimizer::load(const std::filesystem::path& path) {
                      m.rule.name()));
   }
   const std::string& step_text = meta("step");
-  errno = 0;
-  char* end = nullptr;
-  const long long step = std::strtoll(step_text.c_str(), &end, 10);
-  if (step_text.empty() || *end != '\0' || errno != 0 || step < 0) {
+  const std::optional<std::int64_t> parsed_step = support::parse_int_strict(step_text);
+  if (!parsed_step || *parsed_step < 0) {
     fail(fmt::format("step '{}' is not a step count", step_text));
   }
+  const std::int64_t step = *parsed_step;
   if (step > kMaxSteps) {
     fail(fmt::format("step {} is above the most steps an optimizer takes (2^53)", step_text));
   }
@@ -194,13 +203,13 @@ void Optimizer::load(const std::filesystem::path& path) {
       } catch (const Error& e) {
         fail(fmt::format("group {}: {}", g, e.what()));
       }
-      const char* begin = value.c_str();
-      char* stop = nullptr;
-      const double x = std::strtod(begin, &stop);
-      if (value.empty() || *stop != '\0') {
-        fail(
-            fmt::format("hyper '{}' of group {} has the value '{}', not a number", name, g, value));
+      // Only the spelling save() writes; then the rule every entry point applies.
+      const std::optional<double> parsed = support::parse_double_strict(value);
+      if (!parsed) {
+        fail(fmt::format("hyper '{}' of group {} has the value '{}', not a finite decimal number",
+                         name, g, value));
       }
+      const double x = *parsed;
       try {
         check_hyper_value("load", name, static_cast<int>(g), x);
       } catch (const UsageError& e) {

@@ -114,12 +114,12 @@ def cpp_writes_python_reads(exe, tmp, seed):
 
 
 def written_metadata(metadata):
-    """The caller's metadata: fusedopt adds the XXH3-64 of the data section (16 hex digits),
+    """The caller's metadata: fusedopt adds the XXH3-64 of the whole file (16 hex digits),
     which the C++ tests check against the bytes; here only its presence and form."""
     rest = dict(metadata)
-    digest = rest.pop("fusedopt_data_xxh3_64", "")
+    digest = rest.pop("fusedopt_xxh3_64", "")
     check(len(digest) == 16 and all(c in "0123456789abcdef" for c in digest),
-          f"data checksum {digest!r}")
+          f"file checksum {digest!r}")
     return rest
 
 

@@ -41,7 +41,8 @@ TEST_SUITE("io") {
                                 {{"step", "7"}});
     const fusedopt::SafetensorsReader r(path);
     CHECK(r.metadata().at("step") == "7");
-    CHECK(r.metadata().count("fusedopt_data_xxh3_64") == 0);
+    CHECK(r.metadata().count("fusedopt_xxh3_64") == 0);
+    CHECK(r.checksum().size() == 16);
     CHECK(r.names() == std::vector<std::string>{"h", "w/m", "w/v"});
     CHECK(r.entry("w/m").bytes == 4000);
     CHECK(r.entry("h").dtype == "BF16");

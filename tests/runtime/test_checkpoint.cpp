@@ -1,10 +1,12 @@
 // Checkpoints: a saved and reloaded optimizer takes the same next step, bit for bit; a
 // checkpoint that does not fit is refused with a clear error and changes nothing.
 #include <doctest/doctest.h>
+#include <fmt/format.h>
 #include <stdlib.h>
 
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 
 #include "fusedopt/error.hpp"
 #include "io/safetensors.hpp"
@@ -331,6 +333,133 @@ TEST_SUITE("runtime") {
     for (std::int64_t i = 0; i < m.p[0].numel(); ++i) {
       CHECK(m.p[0].get(i) == doctest::Approx(want[static_cast<std::size_t>(i)]).epsilon(1e-6));
     }
+  }
+
+  TEST_CASE("a checkpoint's numbers are read strictly: one spelling, finite hypers in range") {
+    use_private_cache();
+    TempFolder dir;
+    const std::string where = (dir.path() / "ckpt.safetensors").string();
+    Model m({7, 3}, {DType::F32});
+    std::mt19937 rng(fresh_seed());
+    for (HostTensor& t : m.p) fill_normal(t, rng);
+    Optimizer opt(fusedopt::Rule::preset("adamw"), m.groups());
+    fill_grads(m, rng);
+    opt.step();
+    opt.save(where);
+    fill_grads(m, rng);
+    opt.step();
+    const std::vector<std::string> before = snapshot(opt, m, false);
+    const std::string hypers = fusedopt::io::read_safetensors(where).metadata.at("hypers");
+    REQUIRE(hypers.rfind("group0:lr=0.001,", 0) == 0);
+    int n = 0;
+    // As a tool editing the file would write it (with a fresh, valid checksum): what the
+    // parser itself must refuse.
+    auto edited = [&](const std::string& key, const std::string& value) {
+      const std::string out = (dir.path() / ("e" + std::to_string(n++) + ".safetensors")).string();
+      rewrite_metadata(where, out, key, value);
+      return out;
+    };
+    for (const char* step : {" 1", "+1", "01", "0x1", "1.0", "1e0", "-3", "1 ", ""}) {
+      CAPTURE(step);
+      const std::string file = edited("step", step);
+      CHECK_THROWS_WITH_AS(
+          opt.load(file),
+          ("cannot load checkpoint " + file + ": step '" + step + "' is not a step count").c_str(),
+          fusedopt::UsageError);
+      CHECK(snapshot(opt, m, false) == before);
+    }
+    for (const char* lr :
+         {"nan", "NaN", "inf", "-inf", "1e400", "0x1p-10", " 0.5", "+0.5", "0.5 ", "1e", "."}) {
+      CAPTURE(lr);
+      std::string text = hypers;
+      text.replace(text.find("lr=0.001"), 8, std::string("lr=") + lr);
+      const std::string file = edited("hypers", text);
+      CHECK_THROWS_WITH_AS(
+          opt.load(file),
+          ("cannot load checkpoint " + file + ": hyper 'lr' of group 0 has the value '" + lr +
+           "', not a finite decimal number")
+              .c_str(),
+          fusedopt::UsageError);
+      CHECK(snapshot(opt, m, false) == before);
+    }
+    {
+      // Finite as a double, but not as the fp32 the kernels compute in.
+      std::string text = hypers;
+      text.replace(text.find("lr=0.001"), 8, "lr=1e300");
+      const std::string file = edited("hypers", text);
+      CHECK_THROWS_AS(opt.load(file), fusedopt::UsageError);
+      try {
+        opt.load(file);
+      } catch (const fusedopt::Error& e) {
+        CAPTURE(e.what());
+        CHECK(std::string(e.what()).find("'lr'") != std::string::npos);
+      }
+      CHECK(snapshot(opt, m, false) == before);
+    }
+    // What save() writes loads.
+    opt.load(where);
+    CHECK(opt.step_count() == 1);
+  }
+
+  TEST_CASE("every single-bit flip of a checkpoint is refused, or loads bit-identically") {
+    use_private_cache();
+    TempFolder dir;
+    const std::string saved = (dir.path() / "a.safetensors").string();
+    const std::string later = (dir.path() / "b.safetensors").string();
+    const std::string flipped = (dir.path() / "f.safetensors").string();
+    Model m({6, 3, 0}, {DType::BF16, DType::F32});
+    std::mt19937 rng(fresh_seed());
+    for (HostTensor& t : m.p) fill_normal(t, rng);
+    fusedopt::OptimizerOptions options;
+    options.master_weights = true;
+    Optimizer opt(fusedopt::Rule::preset("adamw"), m.groups(), options);
+    opt.set_hyper("lr", 0.0125, 0);
+    fill_grads(m, rng);
+    opt.step();
+    opt.save(saved);
+    const std::vector<std::string> at_save = snapshot(opt, m, true);
+    // The optimizer under test is one step further: a load that went through shows.
+    fill_grads(m, rng);
+    opt.step();
+    opt.set_hyper("lr", 0.5, 1);
+    opt.save(later);
+    const std::vector<std::string> current = snapshot(opt, m, true);
+    REQUIRE(current != at_save);
+
+    std::string good;
+    {
+      std::ifstream in(saved, std::ios::binary);
+      good.assign(std::istreambuf_iterator<char>(in), {});
+    }
+    int refused = 0, identical = 0;
+    for (std::size_t i = 0; i < good.size(); ++i) {
+      for (int bit = 0; bit < 8; ++bit) {
+        std::string bad = good;
+        bad[i] = static_cast<char>(bad[i] ^ (1 << bit));
+        {
+          std::ofstream out(flipped, std::ios::binary | std::ios::trunc);
+          out.write(bad.data(), static_cast<std::streamsize>(bad.size()));
+        }
+        INFO("byte ", i, " of ", good.size(), ", bit ", bit);
+        bool loaded = true;
+        try {
+          opt.load(flipped);
+        } catch (const fusedopt::Error&) {
+          loaded = false;
+        }
+        if (!loaded) {
+          ++refused;
+          REQUIRE(snapshot(opt, m, true) == current);
+          continue;
+        }
+        ++identical;
+        REQUIRE(snapshot(opt, m, true) == at_save);
+        opt.load(later);
+      }
+    }
+    MESSAGE(fmt::format("{} bytes, {} flips: {} refused, {} loaded bit-identically", good.size(),
+                        good.size() * 8, refused, identical));
+    CHECK(refused + identical == static_cast<int>(good.size() * 8));
   }
 }
 
