@@ -470,7 +470,25 @@ ShardStats ShardedOptimizer::stats() const {
 namespace {
 
 constexpr const char* kIndexFile = "index.safetensors";
-constexpr const char* kShardedFormat = "1";
+/// 2: each "files" line is "<file><TAB><its checksum>", every shard's checksum (16 hex
+/// digits, over the whole file) as it was written by this save. 1 (before 2026-11-26): file
+/// names alone; still read.
+constexpr const char* kShardedFormat = "2";
+constexpr const char* kOldestShardedFormat = "1";
+
+/// Sums `values` (host memory) over the ranks, staged through device memory when the
+/// communicator's buffers live on a CUDA device (NCCL reads device memory only).
+void host_all_reduce(Communicator& comm, double* values, std::size_t n) {
+  const Device d = comm.device();
+  if (d.kind != Device::Kind::Cuda) {
+    comm.all_reduce(values, static_cast<std::int64_t>(n)).wait();
+    return;
+  }
+  CudaBuffer buffer(n * sizeof(double), d.index);
+  cuda_copy_to_device(buffer.data(), values, n * sizeof(double), d.index);
+  comm.all_reduce(static_cast<double*>(buffer.data()), static_cast<std::int64_t>(n)).wait();
+  cuda_copy_to_host(values, buffer.data(), n * sizeof(double), d.index);
+}
 
 std::string shard_file(const std::string& tag, int rank, int ranks) {
   return fmt::format("shard-{}-{:05}-of-{:05}.safetensors", tag, rank, ranks);
@@ -479,9 +497,61 @@ std::string shard_file(const std::string& tag, int rank, int ranks) {
 /// How many ranks report a failure (every rank learns it, so all of them throw or none).
 int failures(Communicator& comm, bool failed) {
   double n = failed ? 1.0 : 0.0;
-  comm.all_reduce(&n, 1).wait();
+  host_all_reduce(comm, &n, 1);
   return static_cast<int>(n);
 }
+
+bool is_hex_digest(const std::string& text) {
+  return text.size() == 16 && text.find_first_not_of("0123456789abcdef") == std::string::npos;
+}
+
+/// Every rank's `digest` (16 hex digits), in rank order: exchanged as two exact 32-bit
+/// halves per rank.
+std::vector<std::string> gather_digests(Communicator& comm, const std::string& digest) {
+  const auto ranks = static_cast<std::size_t>(comm.size());
+  const auto rank = static_cast<std::size_t>(comm.rank());
+  std::vector<double> halves(2 * ranks, 0.0);
+  const std::uint64_t v = std::stoull(digest, nullptr, 16);
+  halves[2 * rank] = static_cast<double>(v >> 32);
+  halves[2 * rank + 1] = static_cast<double>(v & 0xffffffffu);
+  host_all_reduce(comm, halves.data(), halves.size());
+  std::vector<std::string> out;
+  for (std::size_t r = 0; r < ranks; ++r) {
+    const std::uint64_t hi = static_cast<std::uint64_t>(halves[2 * r]);
+    const std::uint64_t lo = static_cast<std::uint64_t>(halves[2 * r + 1]);
+    out.push_back(fmt::format("{:016x}", (hi << 32) | lo));
+  }
+  return out;
+}
+
+/// Reads all of `r` and checks it against its checksum; a file that carries the current
+/// checkpoint format must have one. IoError naming the file otherwise.
+void verify_whole(const SafetensorsReader& r) {
+  if (r.verify()) return;
+  auto it = r.metadata().find("fusedopt_checkpoint_format");
+  const bool current = it != r.metadata().end() && it->second != "1";
+  if (current || r.metadata().count("fusedopt_sharded_format")) {
+    throw IoError(
+        fmt::format("{}: it has no checksum, which every file fusedopt writes carries: "
+                    "the file was changed or damaged after it was written",
+                    r.path().string()));
+  }
+}
+
+/// An index, read and checked whole: its checksum, format, and the "files" lines as
+/// (file, checksum; "" for format 1).
+struct Index {
+  std::unique_ptr<SafetensorsReader> reader;
+  std::vector<std::pair<std::string, std::string>> files;
+  const std::string& meta(const char* key) const {
+    auto it = reader->metadata().find(key);
+    if (it == reader->metadata().end()) {
+      throw IoError(
+          fmt::format("{}: index metadata '{}' is missing", reader->path().string(), key));
+    }
+    return it->second;
+  }
+};
 
 std::vector<std::string> lines(const std::string& text) {
   std::vector<std::string> out;
@@ -509,15 +579,70 @@ std::int64_t to_int(const std::string& text, const std::string& what) {
 
 std::size_t st_bytes(const std::string& st_dtype) { return st_dtype == "F32" ? 4 : 2; }
 
+Index read_index(const std::filesystem::path& dir) {
+  Index index;
+  index.reader = std::make_unique<SafetensorsReader>(dir / kIndexFile);
+  verify_whole(*index.reader);
+  const std::string& format = index.meta("fusedopt_sharded_format");
+  if (format != kShardedFormat && format != kOldestShardedFormat) {
+    throw UsageError(fmt::format("{}: format {} is not one this fusedopt reads ({} to {})",
+                                 index.reader->path().string(), format, kOldestShardedFormat,
+                                 kShardedFormat));
+  }
+  for (const std::string& line : lines(index.meta("files"))) {
+    const std::vector<std::string> f = fields(line);
+    const bool ok =
+        format == kOldestShardedFormat ? f.size() == 1 : f.size() == 2 && is_hex_digest(f[1]);
+    if (!ok || f[0].empty() || f[0].find('/') != std::string::npos) {
+      throw UsageError(
+          fmt::format("{}: file line '{}' is malformed", index.reader->path().string(), line));
+    }
+    index.files.emplace_back(f[0], f.size() == 2 ? f[1] : std::string());
+  }
+  if (index.files.empty()) {
+    throw UsageError(fmt::format("{}: the index names no shard files", dir.string()));
+  }
+  return index;
+}
+
+/// Opens shard `f` of `index` and checks all of it: its own checksum, the one the index
+/// recorded for it (a shard of another save, or a file put in its place, is refused), and
+/// its step against the index's.
+std::unique_ptr<SafetensorsReader> open_shard(const std::filesystem::path& dir, const Index& index,
+                                              std::size_t f) {
+  const auto& [name, digest] = index.files[f];
+  auto r = std::make_unique<SafetensorsReader>(dir / name);
+  verify_whole(*r);
+  auto step = r->metadata().find("step");
+  if (step == r->metadata().end() || step->second != index.meta("step")) {
+    throw IoError(
+        fmt::format("{}: it holds step {}, the index's set step {}: it is a shard of "
+                    "another save",
+                    r->path().string(), step == r->metadata().end() ? "(none)" : step->second,
+                    index.meta("step")));
+  }
+  if (!digest.empty() && r->checksum() != digest) {
+    throw IoError(
+        fmt::format("{}: its checksum is {}, the index recorded {}: it is not the "
+                    "file this save wrote",
+                    r->path().string(), r->checksum().empty() ? "(none)" : r->checksum(), digest));
+  }
+  return r;
+}
+
 /// Commits a set of shard files: `dir`/index.safetensors, written atomically.
 void write_index(const std::filesystem::path& dir, const std::string& tag, int ranks, int stage,
                  std::int64_t step, const std::vector<std::string>& names,
-                 const std::vector<std::pair<std::int64_t, DType>>& sizes) {
+                 const std::vector<std::pair<std::int64_t, DType>>& sizes,
+                 const std::vector<std::string>& digests) {
   std::string params, pieces, files;
   for (std::size_t i = 0; i < names.size(); ++i) {
     params += fmt::format("{}\t{}\t{}\n", names[i], sizes[i].first, to_string(sizes[i].second));
   }
-  for (int r = 0; r < ranks; ++r) files += shard_file(tag, r, ranks) + "\n";
+  for (int r = 0; r < ranks; ++r) {
+    files +=
+        fmt::format("{}\t{}\n", shard_file(tag, r, ranks), digests[static_cast<std::size_t>(r)]);
+  }
   // Every rank's pieces follow from the sizes; written out so that a reader needs no
   // sharding arithmetic of its own.
   const std::vector<std::vector<Piece>> cut = cut_into_shards(sizes, ranks);
@@ -558,13 +683,15 @@ void ShardedOptimizer::save(const std::filesystem::path& dir) const {
   // overwrites a file the committed index names.
   double draw = 0;
   if (m.rank == 0) draw = static_cast<double>(std::random_device{}() & 0xffffffu);
-  m.comm.all_reduce(&draw, 1).wait();
+  host_all_reduce(m.comm, &draw, 1);
   const std::string tag =
       fmt::format("{}-{:06x}", m.local->step_count(), static_cast<unsigned>(draw));
-  std::string error;
+  std::string error, digest(16, '0');
   try {
     std::filesystem::create_directories(dir);
-    m.local->save(dir / shard_file(tag, m.rank, m.ranks));  // atomic
+    const std::filesystem::path shard = dir / shard_file(tag, m.rank, m.ranks);
+    m.local->save(shard);  // atomic
+    digest = SafetensorsReader(shard).checksum();
   } catch (const std::exception& e) {
     error = e.what();
   }
@@ -574,8 +701,9 @@ void ShardedOptimizer::save(const std::filesystem::path& dir) const {
         "{}); the previous checkpoint there is untouched",
         n, m.ranks, dir.string(), error.empty() ? "written" : error));
   }
-  // Every shard is on disk. Test hook: a save killed here must leave the previous
-  // checkpoint loadable.
+  // Every shard is on disk; the index records each one's checksum, which binds it to this
+  // save. Test hook: a save killed here must leave the previous checkpoint loadable.
+  const std::vector<std::string> digests = gather_digests(m.comm, digest);
   if (m.rank == 0 && std::getenv("FUSEDOPT_TEST_KILL_SHARDED_SAVE") != nullptr) {
     std::raise(SIGKILL);
   }
@@ -587,7 +715,7 @@ void ShardedOptimizer::save(const std::filesystem::path& dir) const {
         sizes.emplace_back(p.numel, p.dtype);
         names.push_back(p.name);
       }
-      write_index(dir, tag, m.ranks, m.options.stage, m.local->step_count(), names, sizes);
+      write_index(dir, tag, m.ranks, m.options.stage, m.local->step_count(), names, sizes, digests);
       // The previous sets' files are garbage now.
       for (const auto& f : std::filesystem::directory_iterator(dir)) {
         const std::string name = f.path().filename().string();
@@ -614,16 +742,8 @@ void ShardedOptimizer::load(const std::filesystem::path& dir) {
   std::exception_ptr error;
   std::filesystem::path staged;
   try {
-    const SafetensorsReader index(dir / kIndexFile);
-    auto meta = [&](const char* key) -> const std::string& {
-      auto it = index.metadata().find(key);
-      if (it == index.metadata().end()) fail(fmt::format("index metadata '{}' is missing", key));
-      return it->second;
-    };
-    if (meta("fusedopt_sharded_format") != kShardedFormat) {
-      fail(fmt::format("format {} is not the one this fusedopt reads ({})",
-                       meta("fusedopt_sharded_format"), kShardedFormat));
-    }
+    const Index index = read_index(dir);
+    auto meta = [&](const char* key) -> const std::string& { return index.meta(key); };
     // The parameters must be ours.
     const std::vector<std::string> saved = lines(meta("params"));
     if (saved.size() != m.params.size()) {
@@ -638,10 +758,23 @@ void ShardedOptimizer::load(const std::filesystem::path& dir) {
         fail(fmt::format("parameter {} was '{}', here it is '{}'", i, saved[i], mine));
       }
     }
-    const std::vector<std::string> files = lines(meta("files"));
+    std::vector<std::string> files;
+    for (const auto& [name, digest] : index.files) files.push_back(name);
     const auto old_ranks = to_int(meta("world_size"), "world_size");
     if (old_ranks < 1 || static_cast<std::size_t>(old_ranks) != files.size()) {
       fail(fmt::format("world size {} with {} files", old_ranks, files.size()));
+    }
+    // Every shard is checked whole before anything is read from it: those this rank reads,
+    // and every (this rank + k * ranks)-th, so that each is checked by some rank.
+    std::map<std::size_t, std::unique_ptr<SafetensorsReader>> readers;
+    auto reader = [&](std::size_t f) -> SafetensorsReader& {
+      auto& r = readers[f];
+      if (!r) r = open_shard(dir, index, f);
+      return *r;
+    };
+    for (std::size_t f = static_cast<std::size_t>(m.rank); f < files.size();
+         f += static_cast<std::size_t>(m.ranks)) {
+      reader(f);
     }
     // Old pieces per parameter: (file, begin, end).
     struct Old {
@@ -662,12 +795,6 @@ void ShardedOptimizer::load(const std::filesystem::path& dir) {
       old[static_cast<std::size_t>(param)].push_back({static_cast<std::size_t>(file), begin, end});
     }
     // This rank's pieces, assembled from the ranges of the old pieces they overlap.
-    std::map<std::size_t, std::unique_ptr<SafetensorsReader>> readers;
-    auto reader = [&](std::size_t f) -> SafetensorsReader& {
-      auto& r = readers[f];
-      if (!r) r = std::make_unique<SafetensorsReader>(dir / files[f]);
-      return *r;
-    };
     std::vector<std::vector<char>> buffers;
     std::vector<SafetensorsTensor> tensors;
     for (std::size_t i = 0; i < m.params.size(); ++i) {
@@ -773,25 +900,18 @@ DType dtype_of_st(const std::string& st) {
 
 void ShardedOptimizer::merge_checkpoint(const std::filesystem::path& dir,
                                         const std::filesystem::path& file) {
-  const SafetensorsReader index(dir / kIndexFile);
-  auto meta = [&](const char* key) -> const std::string& {
-    auto it = index.metadata().find(key);
-    if (it == index.metadata().end()) {
-      throw UsageError(fmt::format("{}: index metadata '{}' is missing", dir.string(), key));
-    }
-    return it->second;
-  };
+  // Everything is checked whole before anything is written.
+  const Index index = read_index(dir);
+  auto meta = [&](const char* key) -> const std::string& { return index.meta(key); };
   std::vector<std::string> names;
   std::vector<std::pair<std::int64_t, DType>> sizes;
   parse_params(meta("params"), &names, &sizes);
-  const std::vector<std::string> files = lines(meta("files"));
   std::vector<std::unique_ptr<SafetensorsReader>> shards;
-  for (const std::string& f : files) shards.push_back(std::make_unique<SafetensorsReader>(dir / f));
-  FUSEDOPT_CHECK_USAGE(!shards.empty(), "{}: the index names no shard files", dir.string());
+  for (std::size_t f = 0; f < index.files.size(); ++f) shards.push_back(open_shard(dir, index, f));
+  const std::size_t world = index.files.size();
   const std::map<std::string, std::string>& saved = shards.front()->metadata();
   const bool masters = saved.count("master_weights") && saved.at("master_weights") == "true";
-  const std::vector<std::vector<Piece>> cut =
-      cut_into_shards(sizes, static_cast<int>(files.size()));
+  const std::vector<std::vector<Piece>> cut = cut_into_shards(sizes, static_cast<int>(world));
   // The rule's states (and master) as the shard files hold them.
   std::vector<std::pair<std::string, std::string>> states;
   for (std::size_t i = 0; i < names.size() && states.empty(); ++i) {
@@ -831,6 +951,7 @@ void ShardedOptimizer::split_checkpoint(const std::filesystem::path& file,
   FUSEDOPT_CHECK_USAGE(world_size >= 1, "split_checkpoint: world size {} is not positive",
                        world_size);
   const SafetensorsReader in(file);
+  verify_whole(in);  // before anything is written
   auto it = in.metadata().find("params");
   if (it == in.metadata().end()) {
     throw UsageError(fmt::format(
@@ -845,6 +966,7 @@ void ShardedOptimizer::split_checkpoint(const std::filesystem::path& file,
   const std::string step = in.metadata().count("step") ? in.metadata().at("step") : "0";
   const std::string tag = fmt::format("{}-split{}", step, world_size);
   std::filesystem::create_directories(dir);
+  std::vector<std::string> digests;
   for (int r = 0; r < world_size; ++r) {
     struct Out {
       std::string name;
@@ -864,12 +986,13 @@ void ShardedOptimizer::split_checkpoint(const std::filesystem::path& file,
         }
       }
     }
-    write_safetensors(dir / shard_file(tag, r, world_size), tensors, in.metadata(),
-                      [&](std::size_t k, void* out) {
-                        in.read(plan[k].name, plan[k].bytes_begin, plan[k].bytes, out);
-                      });
+    const std::filesystem::path shard = dir / shard_file(tag, r, world_size);
+    write_safetensors(shard, tensors, in.metadata(), [&](std::size_t k, void* out) {
+      in.read(plan[k].name, plan[k].bytes_begin, plan[k].bytes, out);
+    });
+    digests.push_back(SafetensorsReader(shard).checksum());
   }
-  write_index(dir, tag, world_size, 1, to_int(step, "step"), names, sizes);
+  write_index(dir, tag, world_size, 1, to_int(step, "step"), names, sizes, digests);
 }
 
 }  // namespace fusedopt::comm
