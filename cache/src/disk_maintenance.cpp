@@ -14,6 +14,8 @@
 #include "entry_format.hpp"
 #include "file_lock.hpp"
 #include "fusedopt/error.hpp"
+#include "support/atomic_write.hpp"
+#include "support/build_dirs.hpp"
 #include "support/file_io.hpp"
 #include "trusted_open.hpp"
 
@@ -21,8 +23,35 @@ namespace fusedopt::cache {
 
 namespace {
 
-/// A temp file older than this was left by a store that died; younger ones may be in use.
+/// A temp file older than this was left by a store that died, whoever wrote it.
 constexpr std::time_t kStaleTempSeconds = 3600;
+/// A temp file whose writer's pid is gone from this host is stale once this old: the grace
+/// spares a store in progress on another host sharing the folder (a store takes well under
+/// a second), whose pid means nothing here.
+constexpr std::time_t kDeadWriterGraceSeconds = 60;
+
+/// Why temp file `file` is stale ("" while it may be in use).
+std::string stale_temp_reason(const detail::ScannedFile& file, std::time_t now) {
+  const std::time_t age = now - file.st.st_mtim.tv_sec;
+  pid_t pid = 0;
+  if (age >= kDeadWriterGraceSeconds &&
+      support::parse_temp_name(file.path.filename().string(), &pid) && pid != ::getpid() &&
+      !support::process_alive(pid)) {
+    return "stale temp file left by process " + std::to_string(pid) +
+           ", which is gone (an interrupted store)";
+  }
+  if (age >= kStaleTempSeconds) {
+    return "stale temp file left by an interrupted store (" + std::to_string(age / 60) +
+           " minutes old)";
+  }
+  return "";
+}
+
+std::string build_dir_reason(const support::StaleBuildDir& dir) {
+  const std::string owner = dir.pid != 0 ? "process " + std::to_string(dir.pid) + ", which is gone"
+                                         : "an older fusedopt, untouched for a day";
+  return "stale compiler build folder of " + owner + " (" + std::to_string(dir.bytes) + " bytes)";
+}
 
 /// Deletes a lock file if nobody holds it; the lock is held across the unlink so that a
 /// waiter which later gets it notices the file is gone and locks the new one.
@@ -140,12 +169,9 @@ std::vector<BadEntry> DiskStore::verify(bool remove) const {
                                       " (left in place; its contents were not examined)"});
         break;
       case detail::FileKind::Temp: {
-        std::time_t age = now - file.st.st_mtim.tv_sec;
-        if (age < kStaleTempSeconds) break;
-        bad.push_back({file.path,
-                       "stale temp file left by an interrupted store (" + std::to_string(age / 60) +
-                           " minutes old)",
-                       remove});
+        std::string reason = stale_temp_reason(file, now);
+        if (reason.empty()) break;
+        bad.push_back({file.path, std::move(reason), remove});
         if (remove) support::unlink_if_same(file.path, file.st);
         break;
       }
@@ -157,10 +183,39 @@ std::vector<BadEntry> DiskStore::verify(bool remove) const {
         break;
     }
   }
+  // Build folders of compiles whose process died (in the temporary folder, not the cache).
+  for (const support::StaleBuildDir& dir : support::stale_build_dirs()) {
+    bad.push_back({dir.path, build_dir_reason(dir), remove});
+    if (remove) support::remove_build_dir(dir.path);
+  }
   return bad;
 }
 
+Removal DiskStore::remove_stale() const {
+  Removal out;
+  const std::time_t now = std::time(nullptr);
+  for (const detail::ScannedFile& file : detail::scan(dir_)) {
+    if (file.kind != detail::FileKind::Temp || stale_temp_reason(file, now).empty()) continue;
+    if (::unlink(file.path.c_str()) == 0) {
+      out.removed_bytes += static_cast<std::uint64_t>(file.st.st_size);
+    } else if (errno != ENOENT) {
+      out.leftovers.push_back({file.path, support::errno_text(errno)});
+    }
+  }
+  for (const support::StaleBuildDir& dir : support::stale_build_dirs()) {
+    support::remove_build_dir(dir.path);
+    std::error_code ec;
+    if (std::filesystem::exists(dir.path, ec)) {
+      out.leftovers.push_back({dir.path, "cannot remove the stale build folder"});
+    } else {
+      out.removed_bytes += dir.bytes;
+    }
+  }
+  return out;
+}
+
 Removal DiskStore::prune(std::uint64_t max_bytes) const {
+  Removal out = remove_stale();
   std::vector<detail::ScannedFile> entries;
   std::uint64_t total = 0;
   for (detail::ScannedFile& file : detail::scan(dir_)) {
@@ -168,7 +223,6 @@ Removal DiskStore::prune(std::uint64_t max_bytes) const {
     total += static_cast<std::uint64_t>(file.st.st_size);
     entries.push_back(std::move(file));
   }
-  Removal out;
   if (total <= max_bytes) return out;
   std::sort(entries.begin(), entries.end(), mtime_before);
   for (const detail::ScannedFile& file : entries) {
@@ -213,6 +267,10 @@ Removal DiskStore::clear() const {
   }
   for (const std::filesystem::path& shard : detail::shard_dirs(dir_)) {
     ::rmdir(shard.c_str());  // fails, harmlessly, unless the sub-folder is now empty
+  }
+  for (const support::StaleBuildDir& dir : support::stale_build_dirs()) {
+    support::remove_build_dir(dir.path);
+    out.removed_bytes += dir.bytes;
   }
   return out;
 }

@@ -92,7 +92,15 @@ std::pair<std::string, Origin> KernelCache::Impl::from_disk(
 
 KernelCache::KernelCache(Options options)
     : options_(std::move(options)), impl_(std::make_shared<Impl>()) {
-  if (options_.mode == Mode::On) disk_ = std::make_unique<DiskStore>(options_.dir);
+  if (options_.mode == Mode::On) {
+    disk_ = std::make_unique<DiskStore>(options_.dir);
+    // What killed processes left (stale temps, compiler build folders): best effort, a
+    // failure here only leaves them for the next start or `fusedopt-cache prune`.
+    try {
+      (void)disk_->remove_stale();
+    } catch (const std::exception&) {
+    }
+  }
 }
 
 KernelCache& KernelCache::global() {

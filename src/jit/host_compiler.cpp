@@ -15,6 +15,7 @@
 #include "fusedopt/error.hpp"
 #include "jit/compiler.hpp"
 #include "jit/process.hpp"
+#include "support/build_dirs.hpp"
 #include "support/check.hpp"
 
 #ifndef FUSEDOPT_DEFAULT_HOST_CXX
@@ -53,25 +54,13 @@ double compile_timeout_seconds() {
 
 namespace {
 
-/// A private temporary folder, removed on destruction.
+/// A private build folder (support/build_dirs.hpp), removed on destruction.
 class TempDir {
  public:
-  TempDir() {
-    std::error_code ec;
-    fs::path base = fs::temp_directory_path(ec);
-    if (ec)
-      throw IoError("no temporary folder for the host compiler (check TMPDIR): " + ec.message());
-    std::string tmpl = (base / "fusedopt-build-XXXXXX").string();
-    if (!mkdtemp(tmpl.data())) {
-      throw IoError("cannot create a temporary folder for the host compiler in " + base.string() +
-                    ": " + std::strerror(errno));
-    }
-    path_ = tmpl;
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path_, ec);
-  }
+  TempDir() : path_(support::make_build_dir().string()) {}
+  ~TempDir() { support::remove_build_dir(path_); }
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
   const std::string& path() const { return path_; }
 
  private:

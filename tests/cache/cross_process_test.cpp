@@ -101,6 +101,7 @@ std::string payload_for(int k) { return binary_payload(20000 + k, static_cast<un
 
 TEST_SUITE("cache") {
   TEST_CASE("eight processes compile each missing key exactly once") {
+    fusedopt::testing::ScopedTmpdir own_tmpdir;  // verify reports build folders there
     TempDir tmp;
     auto dir = tmp.path() / "cache";
     auto log = tmp.path() / "compiles.log";

@@ -1,6 +1,9 @@
 // DiskStore's maintenance operations: list, verify (naming every bad file and why), prune
-// (least recently used first), clear and total_bytes.
+// (least recently used first), clear, total_bytes, and remove_stale (what killed processes
+// left: temp files, compiler build folders).
 #include <doctest/doctest.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <map>
@@ -73,6 +76,7 @@ TEST_SUITE("cache") {
   }
 
   TEST_CASE("verify returns nothing for a healthy cache") {
+    fusedopt::testing::ScopedTmpdir own_tmpdir;  // verify reports build folders there
     TempDir tmp;
     DiskStore store(tmp.path());
     CHECK(store.verify().empty());
@@ -86,6 +90,7 @@ TEST_SUITE("cache") {
   }
 
   TEST_CASE("verify names each bad entry with its reason and removes them when asked") {
+    fusedopt::testing::ScopedTmpdir own_tmpdir;  // verify reports build folders there
     TempDir tmp;
     DiskStore store(tmp.path());
     KeyRecord good = make_record("good");
@@ -146,6 +151,7 @@ TEST_SUITE("cache") {
   }
 
   TEST_CASE("verify reports unexpected files at the top of the cache folder") {
+    fusedopt::testing::ScopedTmpdir own_tmpdir;  // verify reports build folders there
     TempDir tmp;
     DiskStore store(tmp.path());
     write_raw(tmp.path() / "README", "hello");
@@ -239,3 +245,111 @@ TEST_SUITE("cache") {
   }
 
 }  // TEST_SUITE
+
+namespace {
+
+/// A pid that is gone: a child that exited and was reaped.
+pid_t dead_pid() {
+  const pid_t pid = ::fork();
+  if (pid == 0) ::_exit(0);
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  return pid;
+}
+
+/// A temp name atomic_write() makes for `pid`.
+std::string temp_name(const std::string& stem, pid_t pid) {
+  return "." + stem + "." + std::to_string(pid) + ".0123456789abcdef.tmp";
+}
+
+}  // namespace
+
+TEST_SUITE("cache") {
+  TEST_CASE(
+      "what killed processes left (temps of dead writers, their compiler build folders) is "
+      "shown by verify, and removed by remove_stale, prune, clear and a KernelCache start") {
+    fusedopt::testing::ScopedTmpdir tmpdir;
+    const std::filesystem::path builds = tmpdir.path();
+    TempDir tmp;
+    DiskStore store(tmp.path());
+    const KeyRecord r = make_record("r");
+    store.store(r, "so", binary_payload(100));
+    const std::filesystem::path shard = store.entry_path(r.key(), "so").parent_path();
+    const pid_t dead = dead_pid();
+    const std::string hex = r.key().hex();
+    struct Planted {
+      std::filesystem::path path;
+      bool stale;
+    };
+    auto plant = [&]() {
+      std::vector<Planted> p = {
+          // A dead writer's temp, two minutes old: stale. One second old: it may be another
+          // host's store in progress, not yet. Ours (alive), old: in use.
+          {shard / temp_name(hex, dead), true},
+          {shard / temp_name(hex + "1", dead), false},
+          {shard / temp_name(hex + "2", ::getpid()), false},
+          // A dead process's build folder with the compiler's leftovers in it: stale. A
+          // live one (ours): in use.
+          {builds / ("fusedopt-build-" + std::to_string(dead) + "-Ab12Cd"), true},
+          {builds / ("fusedopt-build-" + std::to_string(::getpid()) + "-Ef34Gh"), false},
+          // Not ours to judge: a file, and a name of another shape.
+          {builds / ("fusedopt-build-" + std::to_string(dead) + "-file00"), false},
+          {builds / "fusedopt-build-x-yyyyyy", false},
+      };
+      write_raw(p[0].path, "half an entry");
+      write_raw(p[1].path, "in progress");
+      write_raw(p[2].path, "ours");
+      set_age(p[0].path, 120);
+      set_age(p[2].path, 120);
+      for (std::size_t k : {3u, 4u, 6u}) {
+        std::filesystem::create_directories(p[k].path / "sub");
+        write_raw(p[k].path / "sub" / "cc1plus-tmp.s", std::string(1000, 'x'));
+      }
+      write_raw(p[5].path, "a file");
+      return p;
+    };
+    auto check_left = [&](const std::vector<Planted>& planted) {
+      for (const Planted& p : planted) {
+        CAPTURE(p.path);
+        CHECK(std::filesystem::exists(p.path) == !p.stale);
+      }
+      CHECK(store.load(r, "so") == std::optional<std::string>(binary_payload(100)));
+    };
+    auto cleanup = [&](const std::vector<Planted>& planted) {
+      for (const Planted& p : planted) std::filesystem::remove_all(p.path);
+    };
+
+    std::vector<Planted> planted = plant();
+    auto bad = by_path(store.verify());
+    CHECK(bad.size() == 2);
+    CHECK(bad[planted[0].path] == "stale temp file left by process " + std::to_string(dead) +
+                                      ", which is gone (an interrupted store)");
+    CHECK(bad[planted[3].path] == "stale compiler build folder of process " + std::to_string(dead) +
+                                      ", which is gone (1000 bytes)");
+    for (const Planted& p : planted) CHECK(std::filesystem::exists(p.path));  // shown only
+    const fusedopt::cache::Removal removed = store.remove_stale();
+    CHECK(removed.removed_bytes == 13 + 1000);
+    CHECK(removed.leftovers.empty());
+    check_left(planted);
+    cleanup(planted);
+
+    planted = plant();
+    (void)store.prune(1 << 30);
+    check_left(planted);
+    cleanup(planted);
+
+    planted = plant();
+    CHECK(store.verify(true).size() == 2);
+    check_left(planted);
+    cleanup(planted);
+
+    planted = plant();
+    {
+      fusedopt::cache::KernelCache::Options options;
+      options.dir = tmp.path();
+      fusedopt::cache::KernelCache cache(options);  // its start removes them
+    }
+    check_left(planted);
+    cleanup(planted);
+  }
+}

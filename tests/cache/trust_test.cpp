@@ -94,6 +94,7 @@ fs::path plant_sub_folder(const DiskStore& store, const KeyRecord& record,
 
 TEST_SUITE("cache") {
   TEST_CASE("a planted 0777 sub-folder is refused even after chmod go-w of the cache folder") {
+    fusedopt::testing::ScopedTmpdir own_tmpdir;  // verify reports build folders there
     TempDir tmp;
     fs::path dir = tmp.path() / "cache";
     DiskStore store(dir);
@@ -136,6 +137,7 @@ TEST_SUITE("cache") {
   }
 
   TEST_CASE("a sub-folder that is a symbolic link to another folder is refused, not followed") {
+    fusedopt::testing::ScopedTmpdir own_tmpdir;  // verify reports build folders there
     TempDir tmp;
     DiskStore store(tmp.path() / "cache");
     KeyRecord record = make_record("kernel");
@@ -162,6 +164,7 @@ TEST_SUITE("cache") {
 
   TEST_CASE("an entry file owned by another user is a miss, never loaded, and verify names it" *
             Requires(root_availability())) {
+    fusedopt::testing::ScopedTmpdir own_tmpdir;  // verify reports build folders there
     TempDir tmp;
     DiskStore store(tmp.path());
     KeyRecord record = make_record("kernel");
@@ -184,6 +187,7 @@ TEST_SUITE("cache") {
   TEST_CASE(
       "an entry file writable by group or others is a miss, never loaded, and verify "
       "names it") {
+    fusedopt::testing::ScopedTmpdir own_tmpdir;  // verify reports build folders there
     for (mode_t mode : {mode_t{0666}, mode_t{0620}, mode_t{0602}}) {
       TempDir tmp;
       DiskStore store(tmp.path());
@@ -215,6 +219,7 @@ TEST_SUITE("cache") {
   }
 
   TEST_CASE("a cache copied from a build box loads once the copy belongs to the user") {
+    fusedopt::testing::ScopedTmpdir own_tmpdir;  // verify reports build folders there
     TempDir tmp;
     fs::path built = tmp.path() / "buildbox";
     KeyRecord a = make_record("a"), b = make_record("b");

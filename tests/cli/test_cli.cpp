@@ -1,13 +1,19 @@
 // fusedopt-cache end to end: warmup, verify, repair, concurrency, check, help, bad input.
 #include <doctest/doctest.h>
+#include <fcntl.h>
+#include <signal.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <filesystem>
 #include <fstream>
 #include <regex>
 #include <sstream>
+#include <thread>
 
+#include "support/build_dirs.hpp"
 #include "support/requirements.hpp"
 #include "support/run.hpp"
 
@@ -351,5 +357,151 @@ TEST_SUITE("cli") {
     CHECK(bad.code == 1);
     CHECK(bad.err.find("FUSEDOPT_COMPILE_TIMEOUT=soon is not a number of seconds") !=
           std::string::npos);
+  }
+}
+
+namespace {
+
+/// Starts the CLI with `args` and `env` added, without waiting; its output goes to files in
+/// `io`.
+pid_t start_cli(const std::vector<std::string>& args, const std::vector<std::string>& env,
+                const fs::path& io) {
+  const std::string out = (io / "out").string(), err = (io / "err").string();
+  const pid_t pid = fork();
+  if (pid == 0) {
+    const int o = open(out.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
+    const int e = open(err.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
+    dup2(o, 1);
+    dup2(e, 2);
+    for (const std::string& kv : env) putenv(const_cast<char*>(kv.c_str()));
+    std::vector<char*> argv;
+    std::string cli = FUSEDOPT_CACHE_CLI;
+    argv.push_back(cli.data());
+    for (const std::string& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+    argv.push_back(nullptr);
+    execv(argv[0], argv.data());
+    _exit(127);
+  }
+  return pid;
+}
+
+/// A "compiler" that answers --version, and otherwise writes a temporary into $TMPDIR,
+/// starts a child of its own, writes "<its pid> <the child's pid> <its TMPDIR>" to
+/// $FAKE_CXX_PIDS and waits: a compile that never ends, with a process tree.
+fs::path hanging_compiler(const fs::path& dir) {
+  const fs::path cxx = dir / "hanging-cxx";
+  std::ofstream f(cxx);
+  f << "#!/bin/sh\n"
+       "if [ \"$1\" = --version ]; then echo hanging 1.0; exit 0; fi\n"
+       "echo 'a temporary, as cc1plus writes' > \"${TMPDIR:-/tmp}/cc-fake.s\"\n"
+       "sleep 300 &\n"
+       "echo \"$$ $! $TMPDIR\" > \"$FAKE_CXX_PIDS.part\" && mv \"$FAKE_CXX_PIDS.part\" "
+       "\"$FAKE_CXX_PIDS\"\n"
+       "wait\n";
+  f.close();
+  fs::permissions(cxx, fs::perms::owner_all);
+  return cxx;
+}
+
+/// Whether every process in `pids` is gone within `seconds` (a zombie counts as gone).
+bool all_gone(const std::vector<pid_t>& pids, double seconds) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
+  while (true) {
+    bool gone = true;
+    for (pid_t p : pids) gone = gone && !fusedopt::support::process_alive(p);
+    if (gone) return true;
+    if (std::chrono::steady_clock::now() > deadline) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+}
+
+std::vector<fs::path> build_dirs_in(const fs::path& dir) {
+  std::vector<fs::path> out;
+  for (const auto& e : fs::directory_iterator(dir)) {
+    if (e.path().filename().string().rfind("fusedopt-build-", 0) == 0) out.push_back(e.path());
+  }
+  return out;
+}
+
+}  // namespace
+
+TEST_SUITE("cli") {
+  TEST_CASE(
+      "warmup killed with SIGKILL mid-compile takes its compiler down with it; the build "
+      "folder it leaves is shown by verify and removed by prune") {
+    TempDir d;
+    const fs::path tmpdir = d.path() / "tmp", io = d.path() / "io";
+    fs::create_directories(tmpdir);
+    fs::create_directories(io);
+    const fs::path pids_file = d.path() / "pids";
+    const std::string cache = (d.path() / "c").string();
+    const std::vector<std::string> env = {
+        "FUSEDOPT_HOST_CXX=" + hanging_compiler(d.path()).string(),
+        "FAKE_CXX_PIDS=" + pids_file.string(), "TMPDIR=" + tmpdir.string()};
+    const pid_t cli = start_cli({"warmup", "--preset", "sgd", "--cache-dir", cache}, env, io);
+    REQUIRE(cli > 0);
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+    while (!fs::exists(pids_file) && std::chrono::steady_clock::now() < deadline) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    REQUIRE(fs::exists(pids_file));
+    pid_t compiler = 0, child = 0;
+    std::string compiler_tmpdir;
+    {
+      std::ifstream in(pids_file);
+      in >> compiler >> child >> compiler_tmpdir;
+    }
+    REQUIRE(compiler > 0);
+    REQUIRE(child > 0);
+    const std::vector<fs::path> left = build_dirs_in(tmpdir);
+    REQUIRE(left.size() == 1);
+    // The compiler's own temporaries go into the build folder.
+    CHECK(fs::path(compiler_tmpdir) == left[0]);
+    CHECK(left[0].filename().string().rfind("fusedopt-build-" + std::to_string(cli) + "-", 0) == 0);
+
+    ::kill(cli, SIGKILL);
+    int status = 0;
+    ::waitpid(cli, &status, 0);
+    CHECK(all_gone({compiler, child}, 10));
+    if (!all_gone({compiler, child}, 0)) {
+      ::kill(compiler, SIGKILL);
+      ::kill(child, SIGKILL);
+    }
+    REQUIRE(build_dirs_in(tmpdir).size() == 1);  // SIGKILL: nothing of ours ran after it
+
+    const std::vector<std::string> same_tmp = {"TMPDIR=" + tmpdir.string()};
+    CliResult v = run_cli({"verify", "--cache-dir", cache}, same_tmp);
+    INFO(v.out, v.err);
+    CHECK(v.code == 1);
+    CHECK(v.out.find(left[0].string()) != std::string::npos);
+    CHECK(v.out.find("stale compiler build folder of process " + std::to_string(cli) +
+                     ", which is gone") != std::string::npos);
+    CHECK(build_dirs_in(tmpdir).size() == 1);  // shown, not removed
+    CliResult p = run_cli({"prune", "--max-bytes", "1G", "--cache-dir", cache}, same_tmp);
+    CHECK(p.code == 0);
+    CHECK(build_dirs_in(tmpdir).empty());
+    CHECK(run_cli({"verify", "--cache-dir", cache}, same_tmp).code == 0);
+  }
+
+  TEST_CASE("a compile stopped at FUSEDOPT_COMPILE_TIMEOUT leaves no process and no file") {
+    TempDir d;
+    const fs::path tmpdir = d.path() / "tmp";
+    fs::create_directories(tmpdir);
+    const fs::path pids_file = d.path() / "pids";
+    CliResult r = run_cli({"warmup", "--preset", "sgd", "--cache-dir", (d.path() / "c").string()},
+                          {"FUSEDOPT_HOST_CXX=" + hanging_compiler(d.path()).string(),
+                           "FAKE_CXX_PIDS=" + pids_file.string(), "TMPDIR=" + tmpdir.string(),
+                           "FUSEDOPT_COMPILE_TIMEOUT=2"});
+    INFO(r.err);
+    CHECK(r.code == 1);
+    CHECK(r.err.find("(FUSEDOPT_COMPILE_TIMEOUT); it was stopped") != std::string::npos);
+    REQUIRE(fs::exists(pids_file));
+    pid_t compiler = 0, child = 0;
+    {
+      std::ifstream in(pids_file);
+      in >> compiler >> child;
+    }
+    CHECK(all_gone({compiler, child}, 10));
+    CHECK(fs::is_empty(tmpdir));  // no build folder, no compiler temporary
   }
 }

@@ -38,6 +38,10 @@ inline CliResult run_cli(const std::vector<std::string>& args, const RunOptions&
     int e = open(err_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
     dup2(o, 1);
     dup2(e, 2);
+    // A TMPDIR of its own (unless the test gives one): what the CLI finds there (build
+    // folders left by killed processes, which verify reports) is the test's alone.
+    const std::string tmpdir = "TMPDIR=" + io.str();
+    putenv(const_cast<char*>(tmpdir.c_str()));
     for (const std::string& kv : options.env) putenv(const_cast<char*>(kv.c_str()));
     if (options.as_user) {
       const uid_t id = *options.as_user;

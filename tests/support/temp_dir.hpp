@@ -4,6 +4,7 @@
 
 #include <stdlib.h>
 
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -31,6 +32,35 @@ class TempDir {
 
  private:
   std::filesystem::path path_;
+};
+
+/// TMPDIR pointed at a fresh private folder for one test, restored at the end: what a test
+/// sees there (compiler build folders left by killed processes, which `verify` reports) is
+/// its own, not what other programs on the machine left in /tmp. Not for MPI tests, whose
+/// ranks share folders by name.
+class ScopedTmpdir {
+ public:
+  ScopedTmpdir() {
+    const char* old = std::getenv("TMPDIR");
+    if (old != nullptr) old_ = old;
+    had_ = old != nullptr;
+    ::setenv("TMPDIR", dir_.str().c_str(), 1);
+  }
+  ~ScopedTmpdir() {
+    if (had_) {
+      ::setenv("TMPDIR", old_.c_str(), 1);
+    } else {
+      ::unsetenv("TMPDIR");
+    }
+  }
+  ScopedTmpdir(const ScopedTmpdir&) = delete;
+  ScopedTmpdir& operator=(const ScopedTmpdir&) = delete;
+  const std::filesystem::path& path() const { return dir_.path(); }
+
+ private:
+  TempDir dir_;
+  std::string old_;
+  bool had_ = false;
 };
 
 inline std::string read_file(const std::filesystem::path& p) {

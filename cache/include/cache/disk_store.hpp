@@ -41,14 +41,21 @@ class DiskStore {
                                                 const std::function<std::string()>& compile) const;
 
   std::vector<EntryInfo> list() const;
-  /// Re-hashes every entry; returns the bad ones (and deletes them when `remove`).
+  /// Re-hashes every entry; returns the bad ones (and deletes them when `remove`), stale
+  /// temp files and stale compiler build folders (remove_stale()) among them.
   std::vector<BadEntry> verify(bool remove = false) const;
-  /// Removes least recently used entries until the total is at most `max_bytes`. An entry
-  /// that cannot be removed (a read-only folder) is a leftover, and the next one is tried.
+  /// Removes what processes that died left: temp files of stores whose process is gone from
+  /// this host (after a minute's grace, for hosts sharing the folder) or older than an hour,
+  /// and this user's compiler build folders in the temporary folder whose process is gone
+  /// (support/build_dirs.hpp). Run when a KernelCache opens the folder, and by prune().
+  Removal remove_stale() const;
+  /// remove_stale(), then removes least recently used entries until the total is at most
+  /// `max_bytes`. An entry that cannot be removed (a read-only folder) is a leftover, and
+  /// the next one is tried.
   Removal prune(std::uint64_t max_bytes) const;
-  /// Removes every entry (and stale temp and lock files). Entries that cannot be removed
-  /// and sub-folders that are not trusted (not entered) are leftovers; files that are not
-  /// the cache's are left alone.
+  /// Removes every entry, temp and free lock file, and stale build folders. Entries that
+  /// cannot be removed and sub-folders that are not trusted (not entered) are leftovers;
+  /// files that are not the cache's are left alone.
   Removal clear() const;
   std::uint64_t total_bytes() const;
 
