@@ -15,6 +15,9 @@ kernel, on torch's current stream.
 """
 
 import collections
+import collections.abc
+import math
+import numbers
 import operator
 import warnings
 import weakref
@@ -52,6 +55,15 @@ _TUPLES = {
 _IGNORED = {"params", "param_names", "foreach", "capturable", "differentiable", "fused",
             "initial_lr", "amsgrad", "name"}
 _DTYPES = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}
+_TORCH_DTYPES = {code: dtype for dtype, code in _DTYPES.items()}
+_INT_DTYPES = {torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64}
+# States torch's class leaves out while a hyper of the param's group is 0 (RMSprop keeps no
+# momentum_buffer without momentum, no grad_avg unless centered): torch state -> that hyper.
+_UNUSED_WHEN_ZERO = {
+    "sgd": {"momentum_buffer": "momentum"},
+    "rmsprop": {"momentum_buffer": "momentum", "grad_avg": "centered"},
+}
+_MAX_STEPS = 2**53  # the C++ Optimizer's bound on a step count
 
 
 def _dtype_code(dtype, who):
@@ -69,7 +81,13 @@ def _float(value, key):
         value = value.item()
     if value is None:
         return 0.0
-    return float(value)
+    if not isinstance(value, (str, bytes)):
+        try:
+            return float(value)
+        except (TypeError, ValueError):
+            pass
+    raise UsageError(f"hyper '{key}' is {value!r} (a {type(value).__name__}); a hyper is a "
+                     "number (booleans as 0/1)")
 
 
 class _Bound:
@@ -195,10 +213,8 @@ class Optimizer(torch.optim.Optimizer):
         # The library's rule for a hyper's value, checked here too so that construction
         # refuses what the first step would (as torch refuses a NaN lr); before the group is
         # added, so a refused group changes nothing.
-        g = len(self.param_groups)
-        merged = {**self.defaults, **param_group}
-        for name, value in zip(self._hyper_names, self._group_hypers(merged)):
-            _C.check_hyper_value("Optimizer", name, g, value)
+        self._check_group_hypers("Optimizer", len(self.param_groups),
+                                 {**self.defaults, **param_group})
         super().add_param_group(param_group)
         for key in param_group:
             if key in _IGNORED or key in self.defaults or key in self._hyper_names:
@@ -207,6 +223,23 @@ class Optimizer(torch.optim.Optimizer):
                              f"'{self._rule.name}' has no hyper '{key}' (it has: "
                              f"{', '.join(self._hyper_names) or 'none'})")
         self._key = None  # the next step plans again
+
+    def _check_group_hypers(self, where, g, group):
+        """Group g's hypers as the kernel will read them: torch's tuple keys of the right
+        length, every hyper a number that passes the library's check_hyper_value."""
+        for key, names in _TUPLES.items():
+            if key in group and isinstance(self.defaults.get(key), tuple):
+                value = group[key]
+                if not isinstance(value, (tuple, list)) or len(value) != len(names):
+                    raise UsageError(f"{where}: param group {g}: hyper '{key}' is {value!r}; it "
+                                     f"must be a tuple of {len(names)} ({', '.join(names)})")
+        try:
+            values = self._group_hypers(group)
+        except UsageError as e:
+            raise UsageError(f"{where}: param group {g}: {e}") from None
+        for name, value in zip(self._hyper_names, values):
+            _C.check_hyper_value(where, name, g, value)
+        return dict(zip(self._hyper_names, values))
 
     # ---- planning -------------------------------------------------------------------------
     def _who(self, g, i, p=None):
@@ -469,60 +502,197 @@ class Optimizer(torch.optim.Optimizer):
 
     def load_state_dict(self, state_dict):
         """Loads torch's layout (from this class or from the torch.optim class of the same
-        rule): hypers per group, states by torch's names, the step."""
-        groups = self.param_groups
-        saved = state_dict["param_groups"]
+        rule): hypers per group, states by torch's names, the step. All or nothing: the whole
+        state dict is checked first (groups, hypers, every state's presence, shape and dtype,
+        every step), then taken; a refused one raises UsageError (a ValueError) naming the
+        group or parameter, the state and the problem, and leaves the optimizer as it was."""
+        updates, states, steps, notes = self._read_state_dict(state_dict)
+        for note in notes:  # before anything changes (a warning filter may raise)
+            warnings.warn(note, stacklevel=2)
+        self._release()
+        for ours, update in zip(self.param_groups, updates):
+            ours.update(update)
+        self.state.clear()
+        self._steps = steps
+        for p, state in states.items():
+            self.state[p] = state
+        self._key = None
+
+    def _read_state_dict(self, state_dict):
+        """load_state_dict's reading and checking, changing nothing: per group the keys to
+        set, per param its states (converted copies on its device), the steps, and the
+        warnings to give."""
+        who = "load_state_dict"
+        if not isinstance(state_dict, collections.abc.Mapping) or \
+                "param_groups" not in state_dict or "state" not in state_dict:
+            raise UsageError(f"{who}: a state dict is a dict with 'state' and 'param_groups' "
+                             f"(got {type(state_dict).__name__})")
+        groups, saved = self.param_groups, state_dict["param_groups"]
+        if not isinstance(saved, (list, tuple)) or not all(
+                isinstance(t, collections.abc.Mapping) and
+                isinstance(t.get("params"), (list, tuple)) for t in saved):
+            raise UsageError(f"{who}: the state dict's 'param_groups' must be a list of dicts, "
+                             "each with a list 'params'")
         if len(groups) != len(saved):
-            raise ValueError("loaded state dict has a different number of parameter groups")
+            raise UsageError(f"{who}: loaded state dict has a different number of parameter "
+                             f"groups ({len(saved)}; this optimizer has {len(groups)})")
         for g, (ours, theirs) in enumerate(zip(groups, saved)):
             if len(ours["params"]) != len(theirs["params"]):
-                raise ValueError(f"loaded state dict's group {g} has {len(theirs['params'])} "
-                                 f"parameters, this optimizer's has {len(ours['params'])}")
-        self._release()
-        by_index = {}
+                raise UsageError(f"{who}: loaded state dict's group {g} has "
+                                 f"{len(theirs['params'])} parameters, this optimizer's has "
+                                 f"{len(ours['params'])}")
+        by_index = {}  # saved index -> (group, param)
+        updates, notes, hypers, optional = [], [], [], []
         options = set(self._rule.name.split("+")[1:]) if self._preset else set()
         for g, (ours, theirs) in enumerate(zip(groups, saved)):
             for i, p in zip(theirs["params"], ours["params"]):
-                by_index[i] = p
+                if not isinstance(i, numbers.Integral) or isinstance(i, bool):
+                    raise UsageError(f"{who}: loaded state dict's group {g} lists parameter "
+                                     f"{i!r}; parameters are listed by their integer index")
+                if i in by_index:
+                    raise UsageError(f"{who}: loaded state dict lists parameter {i} twice "
+                                     f"(groups {by_index[i][0]} and {g})")
+                by_index[i] = (g, p)
+            update, off = {}, set()
             for key, value in theirs.items():
                 if key == "params":
                     continue
                 if self._preset and key in _C.Rule.preset_options(self._preset) and \
                         bool(value) != (key in options):
-                    warnings.warn(f"load_state_dict: group {g} has {key}={value}, but this "
-                                  f"optimizer runs '{self._rule.name}'; the rule decides "
-                                  f"(build it with {key}={not value} to follow the "
-                                  "checkpoint)", stacklevel=2)
+                    notes.append(f"load_state_dict: group {g} has {key}={value}, but this "
+                                 f"optimizer runs '{self._rule.name}'; the rule decides (build "
+                                 f"it with {key}={not value} to follow the checkpoint)")
+                    if key in options:
+                        off.add(key)
                     continue
-                ours[key] = value
-        reverse = {v: k for k, v in self._names.items()}
-        if self._preset == "adafactor":
-            reverse["variance"] = self._rule.row_states[0]
-        self.state.clear()
-        self._steps = {}
+                update[key] = value
+            updates.append(update)
+            hypers.append(self._check_group_hypers(who, g, {**ours, **update}))
+            optional.append(self._states_of_options(off))
+        if not isinstance(state_dict["state"], collections.abc.Mapping):
+            raise UsageError(f"{who}: the state dict's 'state' must be a dict (parameter index "
+                             "-> its states)")
+        states, steps = {}, {}
         for i, entry in state_dict["state"].items():
             if i not in by_index:
-                raise ValueError(f"loaded state dict has state for parameter {i}, which no "
-                                 "group lists")
-            p = by_index[i]
+                raise UsageError(f"{who}: loaded state dict has state for parameter {i!r}, "
+                                 "which no group lists")
+            if not isinstance(entry, collections.abc.Mapping):
+                raise UsageError(f"{who}: the state of parameter {i} must be a dict of "
+                                 f"states, not {type(entry).__name__}")
+            g, p = by_index[i]
+            expected = self._expected_states(p, hypers[g], optional[g])
             state = {}
             for key, value in entry.items():
                 if key == "step":
-                    self._steps[p] = int(_float(value, "step"))
-                    continue
-                if value is None:
+                    steps[p] = self._loaded_step(i, value)
+                elif value is None:
                     continue  # torch's SGD keeps momentum_buffer None without momentum
-                if reverse.get(key, key) not in self._state_names() and key not in (
-                        "master",):
-                    continue  # a state the rule does not keep (e.g. torch's unused ones)
-                if isinstance(value, torch.Tensor):
-                    value = value.detach().to(device=p.device).clone()
-                state[key] = value
+                elif key in expected:
+                    state[key] = self._loaded_state(i, key, value, p, expected[key])
+                # else: a state the rule does not keep (e.g. torch's unused ones)
             if "step" not in entry and state:
                 # torch's SGD counts no steps: a param with a momentum buffer has stepped.
-                self._steps[p] = 1
-            self.state[p] = state
-        self._key = None
+                steps[p] = 1
+            if state or steps.get(p, 0):
+                # A param has stepped: every state its rule reads must come with it (one
+                # missing would start again from its initial value, silently).
+                for key, (_, _, _, required) in expected.items():
+                    if required and key not in state:
+                        has = ", ".join(f"'{k}'" for k in state) or "no states"
+                        raise UsageError(
+                            f"{who}: parameter {i} has no state '{key}' (it has {has}, step "
+                            f"{steps.get(p, 0)}); rule '{self._rule.name}' needs it for a "
+                            "parameter that has stepped")
+            states[p] = state
+        return updates, states, steps, notes
+
+    def _states_of_options(self, options):
+        """The torch names of the states that the preset options `options` add to the rule
+        (a checkpoint made without the option has none of them)."""
+        if not options:
+            return set()
+        kept = set(self._rule.name.split("+")[1:]) - set(options)
+        without = _C.Rule.preset("+".join([self._preset] + sorted(kept)))
+        names = set(without.states) | set(without.scalars) | set(without.row_states) | \
+            set(without.col_states)
+        return {self._names.get(n, n) for n in self._state_names() - names}
+
+    def _expected_states(self, p, hypers, optional):
+        """The states of param p (torch's names) as _views will hold them: key -> (shapes
+        accepted, dtype kept, what the shape is, required)."""
+        shape = tuple(p.shape)
+        flat = list(shape) or [1]
+        rows = tuple(flat[:-1] + [1]) if len(flat) >= 2 else tuple(flat)
+        cols = tuple(flat[:-2] + [1, flat[-1]]) if len(flat) >= 2 else (1,)
+        unused = {key for key, hyper in _UNUSED_WHEN_ZERO.get(self._preset, {}).items()
+                  if hypers.get(hyper, 1.0) == 0.0}
+        out = {}
+        state_dtype = _TORCH_DTYPES.get(self._options["state_dtype"])
+        for name in self._rule.states:
+            out[self._names.get(name, name)] = ({shape}, state_dtype,
+                                                f"the parameter has {shape}", True)
+        for name in self._rule.scalars:
+            out[self._names.get(name, name)] = ({()}, torch.float64,
+                                                "a scalar state has shape ()", True)
+        for name in self._rule.row_states:
+            key = "variance" if self._preset == "adafactor" and p.dim() < 2 else \
+                self._names.get(name, name)
+            # A 0-d param's row state: one row, (1,) here, () in torch's Adafactor.
+            out[key] = ({rows, shape} if p.dim() < 2 else {rows}, torch.float32,
+                        f"the row state of a parameter of shape {shape} has {rows}", True)
+        for name in self._rule.col_states:
+            # torch's Adafactor keeps no column state for a param of less than 2 dimensions.
+            out[self._names.get(name, name)] = (
+                {cols}, torch.float32,
+                f"the column state of a parameter of shape {shape} has {cols}",
+                not (self._preset == "adafactor" and p.dim() < 2))
+        if self._options["master_weights"] and p.dtype != torch.float32:
+            out["master"] = ({shape}, torch.float32, f"the parameter has {shape}", False)
+        for key in set(out) & (unused | optional):
+            out[key] = out[key][:3] + (False,)
+        return out
+
+    @staticmethod
+    def _loaded_step(i, value):
+        """A saved step count as an int: a whole number, 0 to 2^53, given as an int, a float
+        or a tensor of one element (torch's)."""
+        x = value
+        if isinstance(x, torch.Tensor) and x.numel() == 1:
+            x = x.item()
+        if isinstance(x, numbers.Real) and not isinstance(x, bool):
+            if isinstance(x, numbers.Integral):
+                n = int(x)
+            elif math.isfinite(float(x)) and float(x).is_integer():
+                n = int(float(x))
+            else:
+                n = None
+            if n is not None and 0 <= n <= _MAX_STEPS:
+                return n
+        shown = f"a tensor of {value.numel()} elements" if isinstance(value, torch.Tensor) and \
+            value.numel() != 1 else repr(value)
+        raise UsageError(f"load_state_dict: the step of parameter {i} is {shown}; a step count "
+                         "is a whole number from 0 to 2^53 (an int, a float or a tensor of one "
+                         "element)")
+
+    @staticmethod
+    def _loaded_state(i, key, value, p, expected):
+        """One saved state, checked against what the rule keeps for p and copied onto p's
+        device in the dtype the kernel keeps it in."""
+        shapes, dtype, shape_is, _ = expected
+        what = f"load_state_dict: state '{key}' of parameter {i}"
+        if shapes == {()} and isinstance(value, numbers.Real) and not isinstance(value, bool):
+            value = torch.tensor(float(value), dtype=torch.float64)  # torch 1.x: a number
+        if not isinstance(value, torch.Tensor):
+            raise UsageError(f"{what} must be a tensor, not {type(value).__name__}")
+        if value.layout != torch.strided:
+            raise UsageError(f"{what} is a {value.layout} tensor; a state is a dense tensor")
+        if not (value.dtype.is_floating_point or value.dtype in _INT_DTYPES):
+            raise UsageError(f"{what} has dtype {value.dtype}; a state is real numbers (kept "
+                             f"as {dtype or 'the state dtype'})")
+        if tuple(value.shape) not in shapes:
+            raise UsageError(f"{what} has shape {tuple(value.shape)}, {shape_is}")
+        return value.detach().to(device=p.device, dtype=dtype or value.dtype, copy=True)
 
     def _state_names(self):
         r = self._rule
