@@ -2,7 +2,9 @@
 // random seeds every rank agrees on (drawn by rank 0, broadcast).
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -19,6 +21,11 @@ std::uint32_t shared_seed();
 /// A FlatArena of fp32 tensors "w0", "w1", ... of these sizes (params and grads zeroed).
 fusedopt::FlatArena make_arena(const std::vector<std::int64_t>& sizes);
 inline float* data(const fusedopt::Tensor& t) { return static_cast<float*>(t.data); }
+/// memcmp(a, b, n) == 0, and true for n == 0 (an empty tensor's data may be null, which
+/// memcmp must not be given).
+inline bool same_bytes(const void* a, const void* b, std::size_t n) {
+  return n == 0 || std::memcmp(a, b, n) == 0;
+}
 /// Rank r's gradient of element k of tensor i at step `step`, in [-0.1, 0.1): any rank can
 /// compute every rank's, for float64 references.
 float grad_value(std::uint32_t seed, int r, int step, std::size_t i, std::int64_t k);

@@ -170,7 +170,7 @@ TEST_SUITE("comm_mpi") {
         std::vector<float> mine(data(dp.param(i)), data(dp.param(i)) + kSizes[i]);
         std::vector<float> root = mine;
         comm.broadcast(root.data(), kSizes[i], DType::F32, 0).wait();
-        CHECK(std::memcmp(root.data(), mine.data(), mine.size() * 4) == 0);
+        CHECK(same_bytes(root.data(), mine.data(), mine.size() * 4));
       }
     }
   }

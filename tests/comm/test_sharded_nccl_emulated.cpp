@@ -186,7 +186,7 @@ void require_close(const std::vector<float>& got, const std::vector<float>& want
 void require_replicas_agree(const std::vector<float>& mine) {
   std::vector<float> root = mine;
   world().broadcast(root.data(), static_cast<std::int64_t>(root.size()), DType::F32, 0).wait();
-  CHECK(std::memcmp(root.data(), mine.data(), mine.size() * 4) == 0);
+  CHECK(same_bytes(root.data(), mine.data(), mine.size() * 4));
 }
 
 }  // namespace
@@ -237,7 +237,7 @@ TEST_SUITE("comm_nccl_emulated") {
         comm.all_reduce(dev.data(), kCount, d, op).wait();
         std::vector<char> got(static_cast<std::size_t>(kCount) * es);
         dev.copy_to_host(got.data(), got.size());
-        CHECK(std::memcmp(got.data(), want.data(), got.size()) == 0);
+        CHECK(same_bytes(got.data(), want.data(), got.size()));
       }
       // Reduce-scatter: block q of every rank's n blocks, summed, lands on rank q.
       for (int q = 0; q < n; ++q) {
@@ -254,7 +254,7 @@ TEST_SUITE("comm_nccl_emulated") {
       comm.reduce_scatter(dev.data(), block.data(), kCount, d).wait();
       std::vector<char> got(static_cast<std::size_t>(kCount) * es);
       block.copy_to_host(got.data(), got.size());
-      CHECK(std::memcmp(got.data(), want.data(), got.size()) == 0);
+      CHECK(same_bytes(got.data(), want.data(), got.size()));
       // All-gather, in place: rank r's block r reaches every rank.
       for (int r = 0; r < n; ++r) {
         for (std::int64_t k = 0; k < kCount; ++k)
@@ -272,14 +272,14 @@ TEST_SUITE("comm_nccl_emulated") {
       void* mine = static_cast<char*>(dev.data()) + static_cast<std::size_t>(me * kCount) * es;
       comm.all_gather(mine, dev.data(), kCount, d).wait();
       dev.copy_to_host(gathered.data(), gathered.size());
-      CHECK(std::memcmp(gathered.data(), want.data(), gathered.size()) == 0);
+      CHECK(same_bytes(gathered.data(), want.data(), gathered.size()));
       // Broadcast from the last rank.
       for (std::int64_t k = 0; k < kCount; ++k) bits_of(d, value(me, k), host.data(), k);
       for (std::int64_t k = 0; k < kCount; ++k) bits_of(d, value(n - 1, k), want.data(), k);
       dev.copy_from_host(host.data(), static_cast<std::size_t>(kCount) * es);
       comm.broadcast(dev.data(), kCount, d, n - 1).wait();
       dev.copy_to_host(got.data(), got.size());
-      CHECK(std::memcmp(got.data(), want.data(), got.size()) == 0);
+      CHECK(same_bytes(got.data(), want.data(), got.size()));
     }
     // NCCL's max is fmax: a NaN beside a number gives the number (unlike MPI's).
     {
@@ -351,7 +351,7 @@ TEST_SUITE("comm_nccl_emulated") {
       REQUIRE(a.size() == b.size());
       if (std::string(c.preset) == "adamw" && exact()) {
         // Element-wise on the same summed gradients, by the same kernel code: the same bits.
-        CHECK(std::memcmp(a.data(), b.data(), a.size() * 4) == 0);
+        CHECK(same_bytes(a.data(), b.data(), a.size() * 4));
       }
       // LAMB's norms add the pieces' float64 totals in another order: a few ulps per step.
       require_close(a, b, 1e-5f);
@@ -565,7 +565,7 @@ TEST_SUITE("comm_nccl_emulated") {
             const std::vector<float> got = fresh.get_params();
             if (k == ranks && exact()) {
               // The same pieces, sums and norms as the run that saved: the same bits.
-              CHECK(std::memcmp(got.data(), reference.data(), got.size() * 4) == 0);
+              CHECK(same_bytes(got.data(), reference.data(), got.size() * 4));
             }
             // The sum of k equal gradients times 1/k (exact for k a power of two), and
             // LAMB's norms from pieces cut elsewhere: within a few ulps.
@@ -588,7 +588,7 @@ TEST_SUITE("comm_nccl_emulated") {
           REQUIRE(plain.step_scaled(1.0f / static_cast<float>(ranks)));
           const std::vector<float> got = plain_model.get_params();
           if (elementwise && exact()) {
-            CHECK(std::memcmp(got.data(), reference.data(), got.size() * 4) == 0);
+            CHECK(same_bytes(got.data(), reference.data(), got.size() * 4));
           }
           require_close(got, reference, 1e-6f);
           std::filesystem::remove(merged);
