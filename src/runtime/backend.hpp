@@ -91,9 +91,6 @@ class BoundKernel {
   /// values of the step).
   virtual void finalize(int pass, bool accumulate, double step, float inv_grad_scale,
                         void* stream) = 0;
-  /// Whether the grad check counted a non-finite value (after pass 0's finalize of every
-  /// kernel). Synchronous on CUDA.
-  virtual bool found_nonfinite(void* stream) = 0;
   virtual TensorTotalsView tensor_totals() = 0;
   /// What codegen said about the kernel (schedule, slots, bytes per pass); no code.
   virtual const codegen::KernelBody& body() const = 0;
@@ -102,8 +99,10 @@ class BoundKernel {
   /// The update pass: `step` (1-based) and grads times `inv_grad_scale`; then, for a rule
   /// with scalar states, every tensor's new scalar values (one more launch).
   virtual void step(double step, float inv_grad_scale, void* stream) = 0;
-  /// Whether every gradient times `inv_grad_scale` is finite.
-  virtual bool grads_finite(float inv_grad_scale, void* stream) = 0;
+  /// The separate grad check: sets the double at `flag` (the verdict slot, this device's
+  /// memory, zeroed by the caller) to 1 when a gradient times `inv_grad_scale` is not
+  /// finite; ordered on `stream` (one launch on CUDA, done on return on the host).
+  virtual void check_grads(float inv_grad_scale, void* flag, void* stream) = 0;
   /// Replaces the hyper table: `hypers[g]` is group g's values in Rule::hypers order.
   virtual void set_hypers(const std::vector<std::vector<double>>& hypers) = 0;
   /// The same, ordered on `stream` after the work queued there, without waiting (the
@@ -134,11 +133,6 @@ class BoundKernel {
   /// Every launch of this step divides its inverse scale by the loss scale at
   /// `device_scale` (device memory: a device GradScaler's), until end_step(); null: none.
   virtual void use_device_scale(const void* device_scale) { (void)device_scale; }
-  /// The separate grad check (one launch): sets the double at `flag` (device memory, zeroed
-  /// by the caller) to 1 if a gradient times the inverse scale is not finite.
-  virtual void check_grads_on_device(float inv_grad_scale, void* flag, void* stream) {
-    (void)inv_grad_scale, (void)flag, (void)stream;
-  }
   /// From now until end_step(), the launches of this step (its count included) do nothing
   /// when the double at `flag` is non-zero.
   virtual void skip_when(const void* flag) { (void)flag; }

@@ -55,7 +55,6 @@ class CudaBoundKernel final : public BoundKernel {
                 void* stream) override {
     kernel_.finalize(stream, pass, accumulate, step, inv_grad_scale, true);
   }
-  bool found_nonfinite(void* stream) override { return kernel_.found_nonfinite(stream); }
   TensorTotalsView tensor_totals() override {
     return {static_cast<double*>(host_view(kernel_.tensor_totals())), num_tensors_,
             kernel_.body().num_tensor_slots};
@@ -66,9 +65,6 @@ class CudaBoundKernel final : public BoundKernel {
   void step(double step, float inv_grad_scale, void* stream) override {
     kernel_.run_pass(stream, kernel_.reduction_passes(), step, inv_grad_scale, false, true);
     kernel_.update_scalars(stream, step, true);  // before end_step's count
-  }
-  bool grads_finite(float inv_grad_scale, void* stream) override {
-    return kernel_.grads_finite(stream, inv_grad_scale);
   }
   void set_hypers(const std::vector<std::vector<double>>& hypers) override {
     // The device hyper table is shared by every launch: wait for queued steps (on any
@@ -116,7 +112,7 @@ class CudaBoundKernel final : public BoundKernel {
   void use_device_scale(const void* device_scale) override {
     kernel_.set_scale_source(dev(device_scale));
   }
-  void check_grads_on_device(float inv_grad_scale, void* flag, void* stream) override {
+  void check_grads(float inv_grad_scale, void* flag, void* stream) override {
     kernel_.check_grads_into(stream, inv_grad_scale, true, dev(flag));
   }
   void skip_when(const void* flag) override { kernel_.set_skip_flag(dev(flag)); }

@@ -40,9 +40,6 @@ class HostBoundKernel final : public BoundKernel {
   void finalize(int pass, bool accumulate, double step, float inv_grad_scale, void*) override {
     kernel_.finalize(prepared_, pass, accumulate, step, inv_grad_scale);
   }
-  bool found_nonfinite(void*) override {
-    return prepared_.global_totals()[kernel_.body().num_global_slots - 1] > 0.0;
-  }
   TensorTotalsView tensor_totals() override {
     return {prepared_.tensor_totals(), prepared_.num_tensors(), kernel_.body().num_tensor_slots};
   }
@@ -52,8 +49,8 @@ class HostBoundKernel final : public BoundKernel {
     kernel_.run_pass(prepared_, kernel_.reduction_passes(), step, inv_grad_scale);
     kernel_.update_scalars(prepared_, step);
   }
-  bool grads_finite(float inv_grad_scale, void*) override {
-    return kernel_.grads_finite(prepared_, inv_grad_scale);
+  void check_grads(float inv_grad_scale, void* flag, void*) override {
+    if (!kernel_.grads_finite(prepared_, inv_grad_scale)) *static_cast<double*>(flag) = 1.0;
   }
   void set_hypers(const std::vector<std::vector<double>>& hypers) override {
     prepared_.set_hypers(hypers);

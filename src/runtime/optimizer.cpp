@@ -158,88 +158,72 @@ StepResult Optimizer::Impl::run_step(float inv_grad_scale, bool scaled, void* st
                                      const void* skip_flag) {
   FUSEDOPT_CHECK_USAGE(step_count < kMaxSteps,
                        "the optimizer has taken {} steps, the most it takes (2^53)", step_count);
-  // The grad check rides on pass 0 (one read of the gradient for the unscale, the check and
-  // any norm) unless pass 0 writes (the Store strategy with one reduction pass): the skip
-  // must be known before anything is written. Else it is its own launch before the step.
-  bool fold_check = scaled && reduction_passes > 0;
-  for (const auto& kernel : kernels) fold_check = fold_check && kernel->body().store_pass != 0;
-  // CUDA: the step count, the check and the skip live on the device and nothing waits. The
-  // shared grad-check slot (the last global total) is the skip flag: the separate check
-  // zeroes and sets it, a folded check is pass 0's finalize writing it; every launch after
-  // it (the step's count included) does nothing when it is set.
-  const bool on_device = !kernels.empty() && kernels.front()->checks_on_device();
-  FUSEDOPT_CHECK_INTERNAL(scaler == nullptr || (scaled && on_device),
+  // How `SkipIf` acts, the one device difference: the host reads the verdict and stops;
+  // CUDA hands it to every later launch (the step's count included), and nothing waits.
+  const bool skip_on_device = !kernels.empty() && kernels.front()->checks_on_device();
+  FUSEDOPT_CHECK_INTERNAL(scaler == nullptr || (scaled && skip_on_device),
                           "a device GradScaler steps only a CUDA optimizer");
+  // The verdict slot: the last global total (0, or non-zero when a gradient is not finite).
   auto* const flag =
       static_cast<double*>(global_totals.data()) + detail::lang_rule(rule).num_global_reductions;
   const std::int64_t serial = ++verdicts->serial;
-  if (on_device) {
-    // Set for this step alone (a step that threw half-way may have left them set).
-    const void* scale = device_scale;
-    if (scaler) scale = static_cast<const std::byte*>(scaler->scaler) + offsetof(fo_scaler, scale);
-    for (auto& kernel : kernels) {
-      kernel->use_device_scale(scale);
-      kernel->skip_when(skip_flag);
-    }
-  }
-  if (scaled && on_device) {
-    if (!fold_check) {
-      backend->fill(flag, 0, sizeof(double), stream);
-      for (auto& kernel : kernels) kernel->check_grads_on_device(inv_grad_scale, flag, stream);
-      if (hook) call_check_hook(stream);  // combines the device flag (in stream order)
-      for (auto& kernel : kernels) kernel->skip_when(flag);
-    }
-  } else if (scaled && !fold_check) {
-    // Every binding is checked before any is stepped: a non-finite gradient anywhere must
-    // leave every tensor untouched.
-    bool finite = true;
-    for (auto& kernel : kernels) {
-      if (!kernel->grads_finite(inv_grad_scale, stream)) {
-        finite = false;
-        break;
-      }
-    }
-    if (hook) {
-      // The hook combines the verdict across ranks (the grad-check slot, by max), so every
-      // rank takes or skips the same step.
-      const double found = finite ? 0.0 : 1.0;
-      backend->copy_from_host(flag, &found, sizeof found);
-      call_check_hook(stream);
-      double combined = 0;
-      backend->copy_to_host(&combined, flag, sizeof combined);
-      finite = combined == 0.0;
-    }
-    if (!finite) return StepResult(false);
+  // Set for this step alone (a step that threw half-way may have left them set); the host's
+  // kernels take neither.
+  const void* scale = device_scale;
+  if (scaler) scale = static_cast<const std::byte*>(scaler->scaler) + offsetof(fo_scaler, scale);
+  for (auto& kernel : kernels) {
+    kernel->use_device_scale(scale);
+    kernel->skip_when(skip_flag);
   }
   // The host's value; CUDA launches read theirs from the device count instead.
   const auto step = static_cast<double>(step_count + 1);  // exact: step_count < 2^53
-  for (int pass = 0; pass < reduction_passes; ++pass) {
-    for (auto& kernel : kernels)
-      kernel->reduce(pass, step, inv_grad_scale, fold_check && pass == 0, stream);
-    // Fixed binding order: the global totals combine the same way every step.
-    for (std::size_t b = 0; b < kernels.size(); ++b) {
-      kernels[b]->finalize(pass, b > 0, step, inv_grad_scale, stream);
+  using K = runtime::StepOp::Kind;
+  for (const runtime::StepOp& op : scaled ? scaled_program : plain_program) {
+    switch (op.kind) {
+      case K::CheckGrads:
+        backend->fill(flag, 0, sizeof(double), stream);
+        for (auto& kernel : kernels) kernel->check_grads(inv_grad_scale, flag, stream);
+        break;
+      case K::CheckHook:
+        if (hook) call_check_hook(stream);  // combines the verdict across ranks (by max)
+        break;
+      case K::SkipIf:
+        if (skip_on_device) {
+          for (auto& kernel : kernels) kernel->skip_when(flag);
+        } else {
+          double found = 0;
+          backend->copy_to_host(&found, flag, sizeof found);
+          if (found != 0.0) return StepResult(false);
+        }
+        break;
+      case K::Reduce:
+        for (auto& kernel : kernels)
+          kernel->reduce(op.pass, step, inv_grad_scale, op.check_grads, stream);
+        break;
+      case K::Finalize:
+        // Fixed binding order: the global totals combine the same way every step.
+        for (std::size_t b = 0; b < kernels.size(); ++b) {
+          kernels[b]->finalize(op.pass, b > 0, step, inv_grad_scale, stream);
+        }
+        break;
+      case K::Hook:
+        if (hook) call_hook(op.pass, stream);
+        break;
+      case K::Update:
+        for (auto& kernel : kernels) kernel->step(step, inv_grad_scale, stream);
+        break;
+      case K::End:
+        for (auto& kernel : kernels) kernel->end_step(stream);
+        if (scaler) {
+          kernels.front()->update_scaler(scaler->scaler, flag, scaler->growth, scaler->backoff,
+                                         scaler->interval, stream);
+        }
+        break;
     }
-    // The hook first: the grad check's count is a global slot (combined by max), so every
-    // rank sees the same verdict and skips the same steps.
-    if (hook) call_hook(pass, stream);
-    if (pass == 0 && fold_check) {
-      if (on_device) {
-        for (auto& kernel : kernels) kernel->skip_when(flag);
-      } else if (!kernels.empty() && kernels.front()->found_nonfinite(stream)) {
-        return StepResult(false);
-      }
-    }
-  }
-  for (auto& kernel : kernels) kernel->step(step, inv_grad_scale, stream);
-  for (auto& kernel : kernels) kernel->end_step(stream);
-  if (scaler) {
-    kernels.front()->update_scaler(scaler->scaler, flag, scaler->growth, scaler->backoff,
-                                   scaler->interval, stream);
   }
   // The host's count of steps launched; on CUDA, step_count() reads the device's.
   ++step_count;
-  if (!on_device || !(scaled || skip_flag)) return StepResult(true);
+  if (!skip_on_device || !(scaled || skip_flag)) return StepResult(true);
   verdicts->backend = backend.get();
   verdicts->flag = flag;
   auto pending = std::make_shared<StepResult::Pending>();

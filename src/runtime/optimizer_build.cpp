@@ -463,6 +463,13 @@ void Optimizer::Impl::bind_kernels() {
     kernels.push_back(backend->bind(detail::RuleAccess::impl(rule), t, h));
   }
   for (auto& kernel : kernels) kernel->init_states();
+  // The grad check rides on pass 0 (one read of the gradient for the unscale, the check and
+  // any norm) unless a pass 0 writes (the Store strategy with one reduction pass): the skip
+  // must be known before anything is written.
+  bool fold_check = true;
+  for (const auto& kernel : kernels) fold_check = fold_check && kernel->body().store_pass != 0;
+  plain_program = runtime::compile_step(reduction_passes, false, fold_check);
+  scaled_program = runtime::compile_step(reduction_passes, true, fold_check);
 }
 
 std::vector<std::vector<void*>> Optimizer::Impl::binding_ptrs(std::size_t b) const {

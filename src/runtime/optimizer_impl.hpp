@@ -16,6 +16,7 @@
 #include "fusedopt/error.hpp"
 #include "fusedopt/optimizer.hpp"
 #include "runtime/backend.hpp"
+#include "runtime/step_program.hpp"
 
 namespace fusedopt {
 
@@ -111,6 +112,9 @@ struct Optimizer::Impl {
   std::vector<runtime::Arena> arenas;
   std::vector<DTypeBinding> bindings;
   runtime::Buffer global_totals;  ///< shared global reduction totals (backend memory)
+  /// The step as a program (step_program.hpp): plain, and scaled (checked and skipped on a
+  /// non-finite gradient); compiled by bind_kernels().
+  runtime::StepProgram plain_program, scaled_program;
   std::vector<std::unique_ptr<runtime::BoundKernel>> kernels;  ///< one per binding
   std::int64_t step_count = 0;
   std::string fusion_report;

@@ -1,0 +1,45 @@
+// A step as a program: at construction the Optimizer compiles its schedule (reduction
+// passes, where the grad check rides) into a list of ops for each kind of step (plain, or
+// scaled: checked and skipped on a non-finite gradient), and one executor walks the list
+// every step. The executor's only device difference is how `SkipIf` acts: the host reads
+// the verdict and stops; CUDA hands it to every later launch, so that nothing waits.
+#pragma once
+
+#include <string>
+#include <vector>
+
+namespace fusedopt::runtime {
+
+struct StepOp {
+  enum class Kind {
+    CheckGrads,  ///< the separate grad check: the verdict slot = 1 when a gradient is not finite
+    CheckHook,   ///< hands the verdict slot to the reduction hook (pass -1: combined by max)
+    SkipIf,      ///< the step is not taken when the verdict slot is set
+    Reduce,      ///< reduction pass `pass` of every binding (pass 0 may fold the grad check)
+    Finalize,    ///< pass `pass`'s partials into totals, bindings in a fixed order
+    Hook,        ///< hands pass `pass`'s totals to the reduction hook
+    Update,      ///< the update pass of every binding (and its scalar states)
+    End,         ///< counts the step (on the device where the count lives there)
+  };
+  Kind kind;
+  int pass = -1;             ///< Reduce, Finalize, Hook
+  bool check_grads = false;  ///< Reduce: this pass also checks the gradients (pass 0)
+
+  bool operator==(const StepOp& o) const {
+    return kind == o.kind && pass == o.pass && check_grads == o.check_grads;
+  }
+};
+
+using StepProgram = std::vector<StepOp>;
+
+/// The program of one step over `passes` reduction passes. `scaled`: the gradients are
+/// checked and the step skipped when one is not finite: the check is folded into pass 0
+/// when `fold_check` (one read of the gradients; not when pass 0 writes), else it is its
+/// own launch before anything else.
+StepProgram compile_step(int passes, bool scaled, bool fold_check);
+
+/// "check grads, hook check, skip if, reduce 0 (+check), finalize 0, hook 0, update, end":
+/// for logs and stats.
+std::string describe(const StepProgram& program);
+
+}  // namespace fusedopt::runtime

@@ -1,0 +1,38 @@
+// compile_step: the step as a program of ops, for every schedule the Optimizer can have
+// (reduction passes, scaled or not, the grad check folded into pass 0 or separate).
+#include <doctest/doctest.h>
+
+#include "runtime/step_program.hpp"
+
+namespace fusedopt_tests {
+namespace {
+
+using fusedopt::runtime::compile_step;
+using fusedopt::runtime::describe;
+
+}  // namespace
+
+TEST_SUITE("runtime") {
+  TEST_CASE("a plain step is the reduction passes, then the update and the count") {
+    CHECK(describe(compile_step(0, false, true)) == "update, end");
+    CHECK(describe(compile_step(2, false, true)) ==
+          "reduce 0, finalize 0, hook 0, reduce 1, finalize 1, hook 1, update, end");
+    // Whether the check may be folded does not matter without a check.
+    CHECK(compile_step(2, false, false) == compile_step(2, false, true));
+  }
+
+  TEST_CASE("a scaled step checks every gradient before anything is written") {
+    // No reduction pass: the check is its own launch, handed to the hook, then the skip.
+    CHECK(describe(compile_step(0, true, true)) == "check grads, hook check, skip if, update, end");
+    // Folded into pass 0: one read of the gradients; the skip after pass 0's hook, so that
+    // every rank sees the combined verdict.
+    CHECK(describe(compile_step(2, true, true)) ==
+          "reduce 0 (+check), finalize 0, hook 0, skip if, reduce 1, finalize 1, hook 1, "
+          "update, end");
+    // Pass 0 writes (the Store strategy): the check cannot ride on it.
+    CHECK(describe(compile_step(1, true, false)) ==
+          "check grads, hook check, skip if, reduce 0, finalize 0, hook 0, update, end");
+  }
+}
+
+}  // namespace fusedopt_tests
