@@ -1,0 +1,68 @@
+// ShardedOptimizer's private state, shared by its translation units: the step
+// (sharded_optimizer.cpp) and the checkpoints (sharded_checkpoint.cpp).
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <utility>
+#include <vector>
+
+#include "comm/buckets.hpp"
+#include "comm/shard_layout.hpp"
+#include "fusedopt/cuda.hpp"
+#include "fusedopt/sharded.hpp"
+
+namespace fusedopt::comm {
+
+using detail::Piece;
+
+struct ShardedOptimizer::Impl {
+  explicit Impl(Communicator c) : comm(std::move(c)) {}
+  Communicator comm;
+  ShardOptions options;
+  int rank = 0;
+  int ranks = 1;
+
+  /// Every parameter over all groups, in order.
+  std::vector<Tensor> params, grads;
+  /// Per dtype: elements of its parameters.
+  std::map<DType, std::int64_t> total;
+  /// Per parameter: its pieces, one per rank whose shard it overlaps.
+  std::vector<std::vector<Piece>> cut;
+  /// Per parameter: the piece this rank owns, [begin, end) of its elements.
+  std::vector<std::pair<std::int64_t, std::int64_t>> owned;
+  /// Per local (piece) index of the fused optimizer: the parameter it is a piece of.
+  std::vector<int> piece_param;
+
+  std::unique_ptr<Optimizer> local;
+  std::unique_ptr<GradBucketer> reducer;
+  /// ZeRO-2: per parameter, the reducer's gradient indices of its pieces (one per owner).
+  std::vector<std::vector<int>> reducer_grads;
+  /// The parameter broadcasts: buckets of pieces, each from its owner.
+  std::vector<Bucket> gather;
+  /// NCCL: device scratch for the per-tensor totals' all-reduce (grown on demand).
+  std::unique_ptr<CudaBuffer> device_table;
+
+  /// Parameter (or gradient) `i` cut at the shard boundaries: (view, owner) per piece.
+  std::vector<std::pair<Tensor, int>> pieces(const Tensor& t, std::size_t i) const {
+    std::vector<std::pair<Tensor, int>> out;
+    for (const Piece& p : cut[i]) out.emplace_back(detail::slice(t, p.begin, p.end), p.rank);
+    return out;
+  }
+
+  void combine(const ReductionPartials& p);
+  void gather_params(void* stream);
+  bool finish_and(const std::function<StepResult()>& step_shard, void* stream);
+};
+
+namespace detail {
+
+/// Sums `values` (host memory) over the ranks, staged through device memory when the
+/// communicator's buffers live on a CUDA device (NCCL reads device memory only).
+void host_all_reduce(Communicator& comm, double* values, std::size_t n);
+
+}  // namespace detail
+
+}  // namespace fusedopt::comm
