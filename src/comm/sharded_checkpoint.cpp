@@ -7,7 +7,6 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <csignal>
 #include <cstdlib>
 #include <exception>
 #include <map>
@@ -262,11 +261,9 @@ void ShardedOptimizer::save(const std::filesystem::path& dir) const {
         n, m.ranks, dir.string(), error.empty() ? "written" : error));
   }
   // Every shard is on disk; the index records each one's checksum, which binds it to this
-  // save. Test hook: a save killed here must leave the previous checkpoint loadable.
+  // save. A save killed before the index is renamed into place leaves the previous
+  // checkpoint loadable (comm_sharded_kill).
   const std::vector<std::string> digests = gather_digests(m.comm, digest);
-  if (m.rank == 0 && std::getenv("FUSEDOPT_TEST_KILL_SHARDED_SAVE") != nullptr) {
-    std::raise(SIGKILL);
-  }
   if (m.rank == 0) {
     try {
       std::vector<std::pair<std::int64_t, DType>> sizes;

@@ -78,7 +78,8 @@ int main(int argc, char** argv) {
     if (std::strcmp(argv[1], "save") == 0) {
       model.opt->save(dir);  // checkpoint A
       model.step(c.rank(), 3);
-      setenv("FUSEDOPT_TEST_KILL_SHARDED_SAVE", "1", 1);
+      // tests/comm/kill_at_index.cpp, preloaded, kills rank 0 as it commits the index.
+      setenv("FUSEDOPT_TEST_KILL_ON_INDEX", "1", 1);
       model.opt->save(dir);  // rank 0 dies inside
       std::fprintf(stderr, "rank %d: the second save returned; it should have been killed\n",
                    c.rank());
