@@ -35,26 +35,15 @@ const char* st_dtype(DType d) { return io::safetensors_dtype(d); }
 /// ones included, so the set does not depend on sizes.
 std::vector<CheckpointTensor> Optimizer::Impl::checkpoint_tensors() const {
   std::vector<CheckpointTensor> out;
-  for (const runtime::ParamSlot& s : params) {
-    for (std::size_t k = 0; k < num_states; ++k) {
-      out.push_back(
-          {s.name + "/" + state_names[k], options.state_dtype, s.param.numel, s.states[k]});
-    }
-    for (std::size_t k = 0; k < scalar_names.size(); ++k) {
-      out.push_back({s.name + "/" + scalar_names[k], DType::F64, 1, s.scalars + k});
-    }
-    for (std::size_t k = 0; k < row_names.size(); ++k) {
-      const auto kk = static_cast<std::int64_t>(k);
-      out.push_back({s.name + "/" + row_names[k], DType::F32, s.row_count,
-                     s.row_base + kk * s.row_stride + s.row_first});
-    }
-    for (std::size_t k = 0; k < col_names.size(); ++k) {
-      const auto kk = static_cast<std::int64_t>(k);
-      out.push_back({s.name + "/" + col_names[k], DType::F32, s.col_count,
-                     s.col_base + kk * s.col_stride + s.col_first});
-    }
-    if (options.master_weights && s.param.dtype != DType::F32) {
-      out.push_back({s.name + "/master", DType::F32, s.param.numel, s.master});
+  for (std::size_t p = 0; p < params.size(); ++p) {
+    for (const runtime::StateSpec& spec : specs) {
+      if (!spec.saved()) continue;
+      // A master for every 16-bit param (empty ones too), none for an fp32 one.
+      if (spec.kind == runtime::StateSpec::Kind::Master && params[p].param.dtype == DType::F32) {
+        continue;
+      }
+      const Tensor t = state_view(spec, p);
+      out.push_back({t.name, t.dtype, t.numel, t.data});
     }
   }
   return out;

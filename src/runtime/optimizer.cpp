@@ -42,62 +42,51 @@ void Optimizer::Impl::push_hypers_on(void* stream) {
   for (auto& kernel : kernels) kernel->set_hypers_on(h, stream);
 }
 
-int Optimizer::Impl::state_index(const std::string& name) const {
-  for (std::size_t k = 0; k < state_names.size(); ++k) {
-    if (state_names[k] == name) return static_cast<int>(k);
+const runtime::StateSpec& Optimizer::Impl::state_spec(const std::string& name) const {
+  for (const runtime::StateSpec& spec : specs) {
+    if (spec.name == name) return spec;
   }
-  for (std::size_t k = 0; k < scalar_names.size(); ++k) {
-    if (scalar_names[k] == name) return static_cast<int>(state_names.size() + k);
-  }
-  const std::size_t rc = state_names.size() + scalar_names.size();
-  for (std::size_t k = 0; k < row_names.size(); ++k) {
-    if (row_names[k] == name) return static_cast<int>(rc + k);
-  }
-  for (std::size_t k = 0; k < col_names.size(); ++k) {
-    if (col_names[k] == name) return static_cast<int>(rc + row_names.size() + k);
-  }
-  if (name == "master" && options.master_weights) return -1;
   std::string known;
-  for (const std::string& s : state_names) known += (known.empty() ? "" : ", ") + s;
-  for (const std::string& s : scalar_names) known += (known.empty() ? "" : ", ") + s;
-  for (const std::string& s : row_names) known += (known.empty() ? "" : ", ") + s;
-  for (const std::string& s : col_names) known += (known.empty() ? "" : ", ") + s;
-  if (options.master_weights) known += (known.empty() ? "" : ", ") + std::string("master");
+  for (const runtime::StateSpec& spec : specs) known += (known.empty() ? "" : ", ") + spec.name;
   throw UsageError(fmt::format("rule '{}' has no state '{}' (it has: {})", rule.name(), name,
                                known.empty() ? "none" : known));
 }
 
-Tensor Optimizer::Impl::state_view(int s, std::size_t p) const {
+Tensor Optimizer::Impl::state_view(const runtime::StateSpec& spec, std::size_t p) const {
+  using K = runtime::StateSpec::Kind;
   const runtime::ParamSlot& slot = params[p];
   Tensor t;
-  t.numel = slot.param.numel;
   t.device = device;
-  if (s < 0) {
-    t.data = slot.master;
-    t.dtype = DType::F32;
-    t.name = slot.name + "/master";
-    if (t.data == nullptr) t.numel = 0;  // an fp32 param (or an empty one) has no master
-  } else if (static_cast<std::size_t>(s) >= state_names.size() + scalar_names.size()) {
-    // A row or column state: one float per row (column) of the param's matrices.
-    std::size_t k = static_cast<std::size_t>(s) - state_names.size() - scalar_names.size();
-    const bool row = k < row_names.size();
-    if (!row) k -= row_names.size();
-    const auto kk = static_cast<std::int64_t>(k);
-    t.data = row ? slot.row_base + kk * slot.row_stride + slot.row_first
-                 : slot.col_base + kk * slot.col_stride + slot.col_first;
-    t.numel = row ? slot.row_count : slot.col_count;
-    t.dtype = DType::F32;
-    t.name = slot.name + "/" + (row ? row_names[k] : col_names[k]);
-  } else if (static_cast<std::size_t>(s) >= state_names.size()) {
-    const std::size_t k = static_cast<std::size_t>(s) - state_names.size();
-    t.data = slot.scalars + k;  // one double per tensor, empty tensors included
-    t.numel = 1;
-    t.dtype = DType::F64;
-    t.name = slot.name + "/" + scalar_names[k];
-  } else {
-    t.data = slot.states[static_cast<std::size_t>(s)];
-    t.dtype = options.state_dtype;
-    t.name = slot.name + "/" + state_names[static_cast<std::size_t>(s)];
+  t.dtype = spec.dtype;
+  t.name = slot.name + "/" + spec.name;
+  const auto k = static_cast<std::int64_t>(spec.index);
+  switch (spec.kind) {
+    case K::Element:
+      t.data = slot.states[spec.index];
+      t.numel = slot.param.numel;
+      break;
+    case K::Output:
+      t.data = slot.states[num_states + spec.index];
+      t.numel = slot.param.numel;
+      break;
+    case K::Scalar:
+      t.data = slot.scalars + k;  // one double per tensor, empty tensors included
+      t.numel = 1;
+      break;
+    case K::Row:
+      // One float per row (column) of the param's matrices.
+      t.data = slot.row_base + k * slot.row_stride + slot.row_first;
+      t.numel = slot.row_count;
+      break;
+    case K::Col:
+      t.data = slot.col_base + k * slot.col_stride + slot.col_first;
+      t.numel = slot.col_count;
+      break;
+    case K::Master:
+      t.data = slot.master;
+      // An fp32 param (or an empty one) has no master.
+      t.numel = slot.master != nullptr ? slot.param.numel : 0;
+      break;
   }
   return t;
 }
@@ -433,12 +422,12 @@ OptimizerStats Optimizer::stats() const {
 }
 
 Tensor Optimizer::state(const std::string& name, int param_index) const {
-  const int s = live("state").state_index(name);
+  const runtime::StateSpec& spec = live("state").state_spec(name);
   FUSEDOPT_CHECK_USAGE(
       !(param_index < 0 || static_cast<std::size_t>(param_index) >= impl_->params.size()),
       "state('{}', {}): there is no param {} (the optimizer has {})", name, param_index,
       param_index, impl_->params.size());
-  return impl_->state_view(s, static_cast<std::size_t>(param_index));
+  return impl_->state_view(spec, static_cast<std::size_t>(param_index));
 }
 
 }  // namespace fusedopt

@@ -235,6 +235,17 @@ void Optimizer::Impl::take_rule(const Rule& user_rule) {
   for (int s : r.row_states) row_names.push_back(r.symbols[s].name);
   for (int s : r.col_states) col_names.push_back(r.symbols[s].name);
   for (int h : r.hypers) hyper_names.push_back(r.symbols[h].name);
+  using K = runtime::StateSpec::Kind;
+  auto add = [&](K kind, const std::vector<std::string>& names, std::size_t first, std::size_t end,
+                 DType dtype) {
+    for (std::size_t k = first; k < end; ++k) specs.push_back({kind, names[k], dtype, k - first});
+  };
+  add(K::Element, state_names, 0, num_states, options.state_dtype);
+  add(K::Output, state_names, num_states, state_names.size(), options.state_dtype);
+  add(K::Scalar, scalar_names, 0, scalar_names.size(), DType::F64);
+  add(K::Row, row_names, 0, row_names.size(), DType::F32);
+  add(K::Col, col_names, 0, col_names.size(), DType::F32);
+  if (options.master_weights) specs.push_back({K::Master, "master", DType::F32, 0});
 }
 
 void Optimizer::Impl::validate_groups(std::vector<ParamGroup>& groups) {

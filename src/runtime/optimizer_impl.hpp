@@ -50,6 +50,27 @@ struct ParamSlot {
                      ///< without scalar states (one with them binds every tensor)
 };
 
+/// One state the optimizer keeps per parameter: a row of the table built from the rule
+/// (Optimizer::Impl::specs), which state(), the state views and checkpoints iterate. A new
+/// kind of state is one more Kind and its case in Impl::state_view.
+struct StateSpec {
+  enum class Kind {
+    Element,  ///< `state`: one value per element, in OptimizerOptions::state_dtype
+    Output,   ///< `output`: one per element, written every step, not saved
+    Scalar,   ///< `scalar`: one float64 per tensor
+    Row,      ///< `row`: one fp32 per row of the tensor's matrices
+    Col,      ///< `col`: one fp32 per column
+    Master,   ///< the fp32 master copy of a 16-bit param (master_weights)
+  };
+  Kind kind;
+  std::string name;
+  DType dtype;
+  std::size_t index = 0;  ///< its position among the states of its kind
+
+  /// Whether checkpoints hold it (everything but outputs).
+  bool saved() const { return kind != Kind::Output; }
+};
+
 /// One tensor of a checkpoint: its name, storage and the optimizer's memory for it.
 struct CheckpointTensor {
   std::string name;
@@ -104,6 +125,9 @@ struct Optimizer::Impl {
   std::vector<std::string> scalar_names;  ///< per-tensor scalar states (`scalar`)
   std::vector<std::string> row_names;     ///< row states (`row`)
   std::vector<std::string> col_names;     ///< column states (`col`)
+  /// Every state per parameter, in that order (element states, outputs, scalars, rows,
+  /// columns, then the master copy when master_weights): the one table of them.
+  std::vector<runtime::StateSpec> specs;
   runtime::Buffer rc_states;  ///< every binding's row states, then its column states (fp32)
   runtime::Buffer scalars;    ///< [binding's first tensor + index in binding][scalar], doubles
   std::vector<std::string> hyper_names;     ///< Rule::hypers order
@@ -193,12 +217,11 @@ struct Optimizer::Impl {
                     std::optional<int> group);
   /// The same, ordered on `stream` (no waiting).
   void push_hypers_on(void* stream);
-  /// Index of state `name` in state_names, -1 for "master", state_names.size() + k for
-  /// scalar state k, or throws listing them.
-  int state_index(const std::string& name) const;
-  /// The view of state `s` (the master for -1, a scalar state past state_names) of
-  /// parameter `p`.
-  Tensor state_view(int s, std::size_t p) const;
+  /// The spec of state `name`, or throws listing the states.
+  const runtime::StateSpec& state_spec(const std::string& name) const;
+  /// The view of state `spec` of parameter `p` (its numel is 0 where the param has none:
+  /// an fp32 param's master).
+  Tensor state_view(const runtime::StateSpec& spec, std::size_t p) const;
   /// What a checkpoint holds (checkpoint.cpp).
   std::vector<runtime::CheckpointTensor> checkpoint_tensors() const;
   /// The hypers as checkpoint metadata (checkpoint.cpp).
