@@ -16,6 +16,7 @@ int main(int argc, char** argv) {
   std::stringstream text;
   text << in.rdbuf();
   try {
+    // docs:begin compile
     fusedopt::Rule rule = fusedopt::Rule::parse(text.str(), argv[1]);
     // CUBIN for an H100, compiled once, then served from $FUSEDOPT_CACHE_DIR (no GPU needed).
     fusedopt::CompiledKernel k = fusedopt::compile_kernel(
@@ -24,6 +25,7 @@ int main(int argc, char** argv) {
     std::printf("%s for %s (%s): %s, %zu bytes, %s in %.3f s\n", rule.name().c_str(),
                 k.target.str().c_str(), k.dtypes.str().c_str(), k.key.c_str(), k.binary->size(),
                 k.origin.c_str(), k.seconds);
+    // docs:end compile
     return 0;
   } catch (const fusedopt::RuleError& e) {
     std::fprintf(stderr, "%s\n", e.what());

@@ -338,6 +338,7 @@ int run(int argc, char** argv) {
   // Every rank starts from the same parameters (the same seed), as DDP's broadcast of
   // rank 0's module would make them.
   FlatArena model = make_model(args.seed);
+  // docs:begin setup
   // Caps far below DDP's 25 MiB, so that this 21 KB model still has several buckets:
   // {b3, W3, b2}, {W2}, {b1}, {W1} (ZeRO-2 also cuts them at the shard boundaries).
   BucketOptions buckets;
@@ -360,6 +361,7 @@ int run(int argc, char** argv) {
     sharded.emplace(comm, Rule::preset(args.optimizer),
                     std::vector<ParamGroup>{make_group(model, args.optimizer)}, options);
   }
+  // docs:end setup
   if (root) {
     std::int64_t params = 0;
     for (std::int64_t n : kNumel) params += n;
@@ -382,6 +384,7 @@ int run(int argc, char** argv) {
     const std::vector<int> order = epoch_order(args.samples, args.seed, epoch);
     double loss = 0;
     for (int s = 0; s < steps; ++s) {
+      // docs:begin step
       // This rank's contiguous slice of the step's global batch.
       const int* mine = order.data() + s * args.batch + rank * shard;
       loss += forward_backward(model, data, mine, shard, [&](int i) {
@@ -399,6 +402,7 @@ int run(int argc, char** argv) {
         bucketer->finish();  // the gradients now hold the sum over ranks
         taken = opt->step_scaled(bucketer->grad_scale());
       }
+      // docs:end step
       if (!taken) {
         // The sum carries a NaN or an infinity to every rank (the sharded optimizer combines
         // its owners' checks): all of them stop here.

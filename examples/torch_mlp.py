@@ -11,6 +11,7 @@ import torch
 
 import fusedopt.torch as ft
 
+# docs:begin adabelief
 # AdaBelief (Zhuang et al., 2020) in fusedopt's rule language: Adam whose second moment
 # tracks the gradient's deviation from its running mean.
 ADABELIEF = """
@@ -23,6 +24,7 @@ m = lerp(m, g, 1 - beta1)
 s = beta2 * s + (1 - beta2) * (g - m) * (g - m) + eps
 p = p - lr * (m / (1 - beta1 ^ step)) / (sqrt(s / (1 - beta2 ^ step)) + eps)
 """
+# docs:end adabelief
 
 
 def train(rule, device, steps, **hypers):

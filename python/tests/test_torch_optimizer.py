@@ -605,6 +605,20 @@ def test_the_example_trains():
         assert last < 0.5 * first, line
 
 
+def test_the_quickstart_runs(tmp_path):
+    # examples/torch_quickstart.py is the README's PyTorch example (scripts/check-docs).
+    import subprocess
+    import sys
+    example = os.path.join(os.path.dirname(__file__), "..", "..", "examples",
+                           "torch_quickstart.py")
+    out = subprocess.run([sys.executable, os.path.abspath(example)], cwd=tmp_path, check=True,
+                         capture_output=True, text=True).stdout
+    assert "1 launch per step instead of 2" in out, out
+    state = torch.load(tmp_path / "opt.pt")
+    assert sorted(state["state"][0]) == ["exp_avg", "exp_avg_sq", "step"]
+    assert float(out.split("loss ")[-1]) < 1.0, out  # from about 57
+
+
 def test_a_deep_copy_steps_on_its_own(seed):
     import copy
     import pickle

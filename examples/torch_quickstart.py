@@ -1,0 +1,27 @@
+"""The README's PyTorch example: fused AdamW on a small model, an LR scheduler, and a state
+dict that torch.optim.AdamW loads. Run by python/tests (test_the_quickstart_runs).
+
+  python3 examples/torch_quickstart.py      (writes opt.pt in the current folder)
+"""
+# docs:begin quickstart
+import torch
+import fusedopt.torch as ft
+
+torch.manual_seed(0)
+model = torch.nn.Linear(64, 1)
+x = torch.randn(256, 64)
+y = x @ torch.randn(64, 1)  # a target the model can fit
+opt = ft.Optimizer(model.parameters(), rule="adamw", lr=5e-2, betas=(0.9, 0.999))
+# ... or any rule: ft.Optimizer(params, rule=open("my_momentum.rule").read(), lr=1e-3)
+sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=200)
+for step in range(200):
+    opt.zero_grad(set_to_none=True)
+    loss = torch.nn.functional.mse_loss(model(x), y)
+    loss.backward()
+    opt.step()  # one fused launch over every param with a grad (torch's current stream)
+    sched.step()  # changes group["lr"]: the next step uses it, nothing recompiles
+print(opt.stats()[0]["fusion_report"])
+torch.save(opt.state_dict(), "opt.pt")
+torch.optim.AdamW(model.parameters()).load_state_dict(opt.state_dict())  # torch's layout
+# docs:end quickstart
+print(f"loss {loss.item():.6f}")
