@@ -1,4 +1,4 @@
-// File naming inside the cache folder (see disk_layout.hpp and cache/README.md).
+// File naming inside the cache folder (see disk_layout.hpp and docs/cache.md).
 #include "disk_layout.hpp"
 
 #include <dirent.h>

@@ -1,5 +1,5 @@
 // The byte layout of one disk-cache entry file (header + payload) and the checks a reader
-// applies to it. Every field is little-endian; cache/README.md is the written spec.
+// applies to it. Every field is little-endian; docs/cache.md is the written spec.
 #pragma once
 
 #include <sys/types.h>

@@ -1,5 +1,5 @@
 // Keys and key records: the canonical, length-prefixed encoding of everything that went into
-// a binary, and its XXH3-128 hash. See cache/README.md for the byte layout.
+// a binary, and its XXH3-128 hash. See docs/cache.md for the byte layout.
 #include "cache/key.hpp"
 
 #include <xxhash.h>

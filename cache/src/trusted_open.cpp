@@ -1,5 +1,5 @@
 // Opening the cache's folders and entries without trusting what others may have planted
-// (see trusted_open.hpp and the threat model in cache/README.md).
+// (see trusted_open.hpp and the threat model in docs/cache.md).
 #include "trusted_open.hpp"
 
 #include <fcntl.h>

@@ -1,7 +1,7 @@
 // Opening the cache's folders and entry files so that nothing another user planted is ever
 // read: every step below the cache folder is an openat() relative to the parent's
 // descriptor that does not follow symbolic links, and the checks (owner, mode, kind) are
-// made with fstat() on the very descriptor that is then read. Threat model: cache/README.md.
+// made with fstat() on the very descriptor that is then read. Threat model: docs/cache.md.
 #pragma once
 
 #include <sys/stat.h>

@@ -1,6 +1,6 @@
 // How big a rule may be. The byte and depth limits stop the parser early; the counts below
 // bound what the code generator and the compilers get, chosen so that the largest legal
-// rule compiles in a few seconds with g++ -O3 and with NVRTC (measured in the README).
+// rule compiles in a few seconds with g++ -O3 and with NVRTC (measured: docs/rules.md#limits).
 #pragma once
 
 #include <cstddef>

@@ -88,7 +88,8 @@ std::string describe(const ParamSlot& slot);
 /// counter can never overflow); a checkpoint claiming more is refused.
 inline constexpr std::int64_t kMaxSteps = std::int64_t{1} << 53;
 
-struct Optimizer::Impl {
+// Hidden: nested in an exported class, it would otherwise export every method (internals).
+struct FUSEDOPT_NO_EXPORT Optimizer::Impl {
   /// Who holds the optimizer now ("step", "save", ...; null: nobody). An Optimizer is used
   /// by one thread at a time, as torch's optimizers are; Exclusive detects a second user.
   mutable std::atomic<const char*> holder{nullptr};

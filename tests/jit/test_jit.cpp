@@ -109,7 +109,7 @@ TEST_SUITE("jit") {
   }
 
   TEST_CASE("the largest legal rule compiles for the host and loads, in seconds") {
-    // lang/limits.hpp bounds rules so that this stays a few seconds (README: Limits); the
+    // lang/limits.hpp bounds rules so that this stays a few seconds (docs/rules.md#limits); the
     // time is reported, not asserted.
     cache::KernelCache cache(no_cache());
     auto rule = lang::parse_rule(testing::sized_rule({}), "largest.rule");

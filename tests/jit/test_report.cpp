@@ -18,7 +18,7 @@ namespace {
 
 using Names = std::vector<std::string>;
 
-/// LAMB fp32 with the Store strategy, as its rule and schedule say (README, lamb.rule):
+/// LAMB fp32 with the Store strategy, as its rule and schedule say (docs/rules.md, lamb.rule):
 /// the global norm reads g; the norms pass reads p g m v and keeps m, v and u; the update
 /// reads p and u and writes p.
 void check_lamb_store(const KernelReport& r) {

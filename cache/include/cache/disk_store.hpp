@@ -1,6 +1,6 @@
 // The disk tier of the kernel cache: one file per entry in a private folder, published
 // atomically, one compile per key across processes, corrupt entries are misses. On-disk
-// format: cache/README.md.
+// format: docs/cache.md.
 #pragma once
 
 #include <cstdint>

@@ -1,7 +1,7 @@
 // The kernel cache: compiled binaries (CUBIN, shared objects) stored by a 128-bit hash of a
 // canonical record of everything that went into them. A memory tier (per-key once across
 // threads) sits in front of the disk tier (disk_store.hpp). Knows nothing of CUDA. On-disk
-// format: cache/README.md.
+// format: docs/cache.md.
 #pragma once
 
 #include <cstdint>

@@ -1,5 +1,5 @@
 // Cache keys: the canonical record of everything that went into a binary, and the 128-bit
-// hash (XXH3-128) of its bytes that names the binary. Byte layout: cache/README.md.
+// hash (XXH3-128) of its bytes that names the binary. Byte layout: docs/cache.md.
 #pragma once
 
 #include <cstdint>
