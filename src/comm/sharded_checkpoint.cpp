@@ -16,6 +16,7 @@
 
 #include "comm/sharded_impl.hpp"
 #include "fusedopt/safetensors.hpp"
+#include "io/checkpoint_format.hpp"
 #include "support/check.hpp"
 #include "support/parse_number.hpp"
 
@@ -23,6 +24,7 @@ namespace fusedopt::comm {
 
 using detail::cut_into_shards;
 using detail::host_all_reduce;
+namespace ck = io::checkpoint;
 
 namespace detail {
 
@@ -112,31 +114,26 @@ struct Index {
   }
 };
 
-std::vector<std::string> lines(const std::string& text) {
-  std::vector<std::string> out;
-  std::istringstream in(text);
-  for (std::string l; std::getline(in, l);) out.push_back(l);
-  return out;
-}
+using ck::fields;
+using ck::lines;
 
-std::vector<std::string> fields(const std::string& line) {
-  std::vector<std::string> out;
-  std::size_t begin = 0;
-  while (true) {
-    const std::size_t tab = line.find('\t', begin);
-    out.push_back(line.substr(begin, tab == std::string::npos ? std::string::npos : tab - begin));
-    if (tab == std::string::npos) return out;
-    begin = tab + 1;
-  }
-}
-
+/// An integer of the index; IoError (a malformed file) otherwise.
 std::int64_t to_int(const std::string& text, const std::string& what) {
   const std::optional<std::int64_t> v = support::parse_int_strict(text);
-  if (!v) throw UsageError(fmt::format("{} '{}' is not an integer", what, text));
+  if (!v) throw IoError(fmt::format("{} '{}' is not an integer", what, text));
   return *v;
 }
 
-std::size_t st_bytes(const std::string& st_dtype) { return st_dtype == "F32" ? 4 : 2; }
+/// The DType of a stored state's safetensors dtype; IoError for one no checkpoint holds.
+DType st_to_dtype(const std::string& st) {
+  const std::optional<DType> d = ck::from_st_dtype(st);
+  if (!d) throw IoError(fmt::format("a state is stored as {}, which no checkpoint holds", st));
+  return *d;
+}
+
+std::size_t st_bytes(const std::string& st) {
+  return static_cast<std::size_t>(dtype_size(st_to_dtype(st)));
+}
 
 Index read_index(const std::filesystem::path& dir) {
   Index index;
@@ -144,22 +141,22 @@ Index read_index(const std::filesystem::path& dir) {
   verify_whole(*index.reader);
   const std::string& format = index.meta("fusedopt_sharded_format");
   if (format != kShardedFormat && format != kOldestShardedFormat) {
-    throw UsageError(fmt::format("{}: format {} is not one this fusedopt reads ({} to {})",
-                                 index.reader->path().string(), format, kOldestShardedFormat,
-                                 kShardedFormat));
+    throw IoError(fmt::format("{}: format {} is not one this fusedopt reads ({} to {})",
+                              index.reader->path().string(), format, kOldestShardedFormat,
+                              kShardedFormat));
   }
   for (const std::string& line : lines(index.meta("files"))) {
     const std::vector<std::string> f = fields(line);
     const bool ok =
         format == kOldestShardedFormat ? f.size() == 1 : f.size() == 2 && is_hex_digest(f[1]);
     if (!ok || f[0].empty() || f[0].find('/') != std::string::npos) {
-      throw UsageError(
+      throw IoError(
           fmt::format("{}: file line '{}' is malformed", index.reader->path().string(), line));
     }
     index.files.emplace_back(f[0], f.size() == 2 ? f[1] : std::string());
   }
   if (index.files.empty()) {
-    throw UsageError(fmt::format("{}: the index names no shard files", dir.string()));
+    throw IoError(fmt::format("{}: the index names no shard files", dir.string()));
   }
   return index;
 }
@@ -172,13 +169,13 @@ std::unique_ptr<SafetensorsReader> open_shard(const std::filesystem::path& dir, 
   const auto& [name, digest] = index.files[f];
   auto r = std::make_unique<SafetensorsReader>(dir / name);
   verify_whole(*r);
-  auto step = r->metadata().find("step");
-  if (step == r->metadata().end() || step->second != index.meta("step")) {
+  auto step = r->metadata().find(ck::kStepKey);
+  if (step == r->metadata().end() || step->second != index.meta(ck::kStepKey)) {
     throw IoError(
         fmt::format("{}: it holds step {}, the index's set step {}: it is a shard of "
                     "another save",
                     r->path().string(), step == r->metadata().end() ? "(none)" : step->second,
-                    index.meta("step")));
+                    index.meta(ck::kStepKey)));
   }
   if (!digest.empty() && r->checksum() != digest) {
     throw IoError(
@@ -194,9 +191,10 @@ void write_index(const std::filesystem::path& dir, const std::string& tag, int r
                  std::int64_t step, const std::vector<std::string>& names,
                  const std::vector<std::pair<std::int64_t, DType>>& sizes,
                  const std::vector<std::string>& digests) {
-  std::string params, pieces, files;
+  std::string pieces, files;
+  std::vector<ck::ParamEntry> params;
   for (std::size_t i = 0; i < names.size(); ++i) {
-    params += fmt::format("{}\t{}\t{}\n", names[i], sizes[i].first, to_string(sizes[i].second));
+    params.push_back({names[i], sizes[i].first, sizes[i].second});
   }
   for (int r = 0; r < ranks; ++r) {
     files +=
@@ -214,8 +212,8 @@ void write_index(const std::filesystem::path& dir, const std::string& tag, int r
       {"world_size", std::to_string(ranks)},
       {"stage", std::to_string(stage)},
       {"tag", tag},
-      {"step", std::to_string(step)},
-      {"params", params},
+      {ck::kStepKey, std::to_string(step)},
+      {ck::kParamsKey, ck::format_params(params)},
       {"files", files},
       {"pieces", pieces},
   };
@@ -293,8 +291,12 @@ void ShardedOptimizer::save(const std::filesystem::path& dir) const {
 
 void ShardedOptimizer::load(const std::filesystem::path& dir) {
   Impl& m = live("load");
+  // A set that does not fit this optimizer is a UsageError; a malformed one an IoError.
   auto fail = [&](const std::string& what) {
     throw UsageError(fmt::format("cannot load sharded checkpoint {}: {}", dir.string(), what));
+  };
+  auto malformed = [&](const std::string& what) {
+    throw IoError(fmt::format("cannot load sharded checkpoint {}: {}", dir.string(), what));
   };
   std::exception_ptr error;
   std::filesystem::path staged;
@@ -302,7 +304,7 @@ void ShardedOptimizer::load(const std::filesystem::path& dir) {
     const Index index = read_index(dir);
     auto meta = [&](const char* key) -> const std::string& { return index.meta(key); };
     // The parameters must be ours.
-    const std::vector<std::string> saved = lines(meta("params"));
+    const std::vector<std::string> saved = lines(meta(ck::kParamsKey));
     if (saved.size() != m.params.size()) {
       fail(fmt::format("it holds {} parameters, this optimizer has {}", saved.size(),
                        m.params.size()));
@@ -319,7 +321,7 @@ void ShardedOptimizer::load(const std::filesystem::path& dir) {
     for (const auto& [name, digest] : index.files) files.push_back(name);
     const auto old_ranks = to_int(meta("world_size"), "world_size");
     if (old_ranks < 1 || static_cast<std::size_t>(old_ranks) != files.size()) {
-      fail(fmt::format("world size {} with {} files", old_ranks, files.size()));
+      malformed(fmt::format("world size {} with {} files", old_ranks, files.size()));
     }
     // Every shard is checked whole before anything is read from it: those this rank reads,
     // and every (this rank + k * ranks)-th, so that each is checked by some rank.
@@ -341,13 +343,13 @@ void ShardedOptimizer::load(const std::filesystem::path& dir) {
     std::vector<std::vector<Old>> old(m.params.size());
     for (const std::string& line : lines(meta("pieces"))) {
       const std::vector<std::string> f = fields(line);
-      if (f.size() != 4) fail(fmt::format("piece '{}' is malformed", line));
+      if (f.size() != 4) malformed(fmt::format("piece '{}' is malformed", line));
       const auto file = to_int(f[0], "piece file"), param = to_int(f[1], "piece param");
       const auto begin = to_int(f[2], "piece begin"), end = to_int(f[3], "piece end");
       if (file < 0 || file >= old_ranks || param < 0 ||
           static_cast<std::size_t>(param) >= m.params.size() || begin < 0 || end < begin ||
           end > m.params[static_cast<std::size_t>(param)].numel) {
-        fail(fmt::format("piece '{}' is out of range", line));
+        malformed(fmt::format("piece '{}' is out of range", line));
       }
       old[static_cast<std::size_t>(param)].push_back({static_cast<std::size_t>(file), begin, end});
     }
@@ -367,7 +369,7 @@ void ShardedOptimizer::load(const std::filesystem::path& dir) {
         SafetensorsReader& r = reader(o.file);
         if (kinds.empty()) {
           for (const auto& [state, st] : states_of(r, name)) {
-            kinds.emplace_back(name + "/" + state, st);
+            kinds.emplace_back(ck::tensor_name(name, state), st);
             buffers.emplace_back(static_cast<std::size_t>(b - a) * st_bytes(st));
           }
         }
@@ -377,8 +379,8 @@ void ShardedOptimizer::load(const std::filesystem::path& dir) {
           const SafetensorsReader::Entry e = r.entry(kinds[k].first);  // IoError if absent
           if (e.dtype != kinds[k].second ||
               e.bytes != static_cast<std::uint64_t>(o.end - o.begin) * es) {
-            fail(fmt::format("{}: tensor '{}' does not match its piece [{}, {})", files[o.file],
-                             kinds[k].first, o.begin, o.end));
+            malformed(fmt::format("{}: tensor '{}' does not match its piece [{}, {})",
+                                  files[o.file], kinds[k].first, o.begin, o.end));
           }
           r.read(kinds[k].first, static_cast<std::uint64_t>(lo - o.begin) * es,
                  static_cast<std::uint64_t>(hi - lo) * es,
@@ -387,15 +389,13 @@ void ShardedOptimizer::load(const std::filesystem::path& dir) {
         covered += hi - lo;
       }
       if (covered != b - a) {
-        fail(fmt::format("the pieces of '{}' cover {} of its elements [{}, {})", name, covered, a,
-                         b));
+        malformed(fmt::format("the pieces of '{}' cover {} of its elements [{}, {})", name, covered,
+                              a, b));
       }
       const std::size_t first = buffers.size() - kinds.size();
       for (std::size_t k = 0; k < kinds.size(); ++k) {
-        const DType d = kinds[k].second == "F32"    ? DType::F32
-                        : kinds[k].second == "BF16" ? DType::BF16
-                                                    : DType::F16;
-        tensors.push_back({kinds[k].first, d, b - a, buffers[first + k].data()});
+        tensors.push_back(
+            {kinds[k].first, st_to_dtype(kinds[k].second), b - a, buffers[first + k].data()});
       }
     }
     // The saver's metadata (rule, step, hypers: the same in every file) with this rank's
@@ -429,28 +429,14 @@ void ShardedOptimizer::load(const std::filesystem::path& dir) {
 
 namespace {
 
-/// A parameter list "name<TAB>numel<TAB>dtype" per line (the index's and Optimizer::save's).
-void parse_params(const std::string& text, std::vector<std::string>* names,
+/// The params table of `where` as names and (elements, dtype) pairs.
+void parse_params(const std::string& text, const std::string& where,
+                  std::vector<std::string>* names,
                   std::vector<std::pair<std::int64_t, DType>>* sizes) {
-  for (const std::string& line : lines(text)) {
-    const std::vector<std::string> f = fields(line);
-    if (f.size() != 3) throw UsageError(fmt::format("parameter line '{}' is malformed", line));
-    DType d = DType::F32;
-    bool known = false;
-    for (DType c : {DType::F32, DType::BF16, DType::F16}) {
-      if (to_string(c) == f[2]) {
-        d = c;
-        known = true;
-      }
-    }
-    if (!known) throw UsageError(fmt::format("parameter line '{}': unknown dtype", line));
-    names->push_back(f[0]);
-    sizes->emplace_back(to_int(f[1], "parameter size"), d);
+  for (const ck::ParamEntry& p : ck::parse_params(text, where)) {
+    names->push_back(p.name);
+    sizes->emplace_back(p.numel, p.dtype);
   }
-}
-
-DType dtype_of_st(const std::string& st) {
-  return st == "F32" ? DType::F32 : st == "BF16" ? DType::BF16 : DType::F16;
 }
 
 }  // namespace
@@ -462,12 +448,13 @@ void ShardedOptimizer::merge_checkpoint(const std::filesystem::path& dir,
   auto meta = [&](const char* key) -> const std::string& { return index.meta(key); };
   std::vector<std::string> names;
   std::vector<std::pair<std::int64_t, DType>> sizes;
-  parse_params(meta("params"), &names, &sizes);
+  parse_params(meta(ck::kParamsKey), index.reader->path().string(), &names, &sizes);
   std::vector<std::unique_ptr<SafetensorsReader>> shards;
   for (std::size_t f = 0; f < index.files.size(); ++f) shards.push_back(open_shard(dir, index, f));
   const std::size_t world = index.files.size();
   const std::map<std::string, std::string>& saved = shards.front()->metadata();
-  const bool masters = saved.count("master_weights") && saved.at("master_weights") == "true";
+  const bool masters =
+      saved.count(ck::kMasterWeightsKey) && saved.at(ck::kMasterWeightsKey) == "true";
   const std::vector<std::vector<Piece>> cut = cut_into_shards(sizes, static_cast<int>(world));
   // The rule's states (and master) as the shard files hold them.
   std::vector<std::pair<std::string, std::string>> states;
@@ -487,17 +474,19 @@ void ShardedOptimizer::merge_checkpoint(const std::filesystem::path& dir,
     if (masters && sizes[i].second != DType::F32) own.emplace_back("master", "F32");
     for (const auto& [state, st] : own) {
       plan.push_back({i, state, st});
-      tensors.push_back({names[i] + "/" + state, dtype_of_st(st), sizes[i].first, nullptr});
+      tensors.push_back(
+          {ck::tensor_name(names[i], state), st_to_dtype(st), sizes[i].first, nullptr});
     }
   }
   std::map<std::string, std::string> metadata = saved;
-  metadata["params"] = meta("params");
+  metadata[ck::kParamsKey] = meta(ck::kParamsKey);
   write_safetensors(file, tensors, metadata, [&](std::size_t k, void* out) {
     const Out& o = plan[k];
     const std::size_t es = st_bytes(o.st_dtype);
     for (const Piece& p : cut[o.param]) {
       shards[static_cast<std::size_t>(p.rank)]->read(
-          names[o.param] + "/" + o.state, 0, static_cast<std::uint64_t>(p.end - p.begin) * es,
+          ck::tensor_name(names[o.param], o.state), 0,
+          static_cast<std::uint64_t>(p.end - p.begin) * es,
           static_cast<char*>(out) + static_cast<std::size_t>(p.begin) * es);
     }
   });
@@ -509,18 +498,18 @@ void ShardedOptimizer::split_checkpoint(const std::filesystem::path& file,
                        world_size);
   const SafetensorsReader in(file);
   verify_whole(in);  // before anything is written
-  auto it = in.metadata().find("params");
+  auto it = in.metadata().find(ck::kParamsKey);
   if (it == in.metadata().end()) {
-    throw UsageError(fmt::format(
+    throw IoError(fmt::format(
         "{}: no parameter list in its metadata (written by a fusedopt older than 2026-11): "
         "load it into an Optimizer and save it again",
         file.string()));
   }
   std::vector<std::string> names;
   std::vector<std::pair<std::int64_t, DType>> sizes;
-  parse_params(it->second, &names, &sizes);
+  parse_params(it->second, file.string(), &names, &sizes);
   const std::vector<std::vector<Piece>> cut = cut_into_shards(sizes, world_size);
-  const std::string step = in.metadata().count("step") ? in.metadata().at("step") : "0";
+  const std::string step = in.metadata().count(ck::kStepKey) ? in.metadata().at(ck::kStepKey) : "0";
   const std::string tag = fmt::format("{}-split{}", step, world_size);
   std::filesystem::create_directories(dir);
   std::vector<std::string> digests;
@@ -537,9 +526,10 @@ void ShardedOptimizer::split_checkpoint(const std::filesystem::path& file,
         if (p.rank != r) continue;
         for (const auto& [state, st] : states_of(in, names[i])) {
           const std::size_t es = st_bytes(st);
-          plan.push_back({names[i] + "/" + state, static_cast<std::size_t>(p.begin) * es,
+          plan.push_back({ck::tensor_name(names[i], state), static_cast<std::size_t>(p.begin) * es,
                           static_cast<std::size_t>(p.end - p.begin) * es});
-          tensors.push_back({names[i] + "/" + state, dtype_of_st(st), p.end - p.begin, nullptr});
+          tensors.push_back(
+              {ck::tensor_name(names[i], state), st_to_dtype(st), p.end - p.begin, nullptr});
         }
       }
     }

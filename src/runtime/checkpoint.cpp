@@ -7,6 +7,7 @@
 #include <set>
 
 #include "fusedopt/error.hpp"
+#include "io/checkpoint_format.hpp"
 #include "io/safetensors.hpp"
 #include "jit/build.hpp"
 #include "runtime/optimizer_impl.hpp"
@@ -18,21 +19,14 @@ using runtime::CheckpointTensor;
 
 namespace {
 
-/// The layout of the metadata and tensor names below.
-/// Bump when you change this: a key, a name pattern or a value's format.
-/// 2: the file's checksum (io::kChecksumKey, over the whole file) is required.
-/// 1: (before 2026-11-26) the same layout; a checksum of the data section when present.
-constexpr int kCheckpointFormat = 2;
-constexpr int kOldestFormat = 1;
-
-const char* st_dtype(DType d) { return io::safetensors_dtype(d); }
+namespace ck = io::checkpoint;
 
 }  // namespace
 
-/// The rule states (not the per-step outputs) of every param, its scalar states (one F64
-/// each, empty params included), then the masters: what save() writes and load()
-/// requires. A master is expected for every 16-bit param when master_weights is set, empty
-/// ones included, so the set does not depend on sizes.
+/// Every saved state of every param (StateSpec::saved(): not the per-step outputs), in the
+/// specs' order: what save() writes and load() requires. A master is expected for every
+/// 16-bit param when master_weights is set, empty ones included, so the set does not depend
+/// on sizes.
 std::vector<CheckpointTensor> Optimizer::Impl::checkpoint_tensors() const {
   std::vector<CheckpointTensor> out;
   for (std::size_t p = 0; p < params.size(); ++p) {
@@ -62,21 +56,6 @@ std::string Optimizer::Impl::hypers_text() const {
   return out;
 }
 
-namespace {
-
-std::vector<std::string> split(const std::string& text, char sep) {
-  std::vector<std::string> out;
-  std::size_t begin = 0;
-  while (true) {
-    const std::size_t end = text.find(sep, begin);
-    out.push_back(text.substr(begin, end == std::string::npos ? std::string::npos : end - begin));
-    if (end == std::string::npos) return out;
-    begin = end + 1;
-  }
-}
-
-}  // namespace
-
 void Optimizer::save(const std::filesystem::path& path) const {
   const Impl& m = live("save");
   Impl::Exclusive hold(m, "save");
@@ -93,27 +72,25 @@ void Optimizer::save(const std::filesystem::path& path) const {
       m.backend->copy_to_host(staged.back().data(), e.data, bytes);
       data = staged.back().data();
     }
-    views.push_back({e.name, st_dtype(e.dtype), {e.numel}, data, bytes});
+    views.push_back({e.name, ck::st_dtype(e.dtype), {e.numel}, data, bytes});
   }
   std::string keys;
   for (const auto& kernel : m.kernels) keys += (keys.empty() ? "" : ",") + kernel->key();
-  // "name<TAB>numel<TAB>dtype" per param, in order: what a tool needs to cut the file into
-  // shards (ShardedOptimizer::split_checkpoint); load() does not read it.
-  std::string params;
+  std::vector<ck::ParamEntry> params;
   for (const runtime::ParamSlot& s : m.params) {
-    params += fmt::format("{}\t{}\t{}\n", s.name, s.param.numel, to_string(s.param.dtype));
+    params.push_back({s.name, s.param.numel, s.param.dtype});
   }
   const std::map<std::string, std::string> metadata = {
-      {"fusedopt_checkpoint_format", std::to_string(kCheckpointFormat)},
-      {"fusedopt_version", jit::version()},
-      {"rule", m.rule.name()},
-      {"rule_text", m.rule.text()},
-      {"kernel_keys", keys},
-      {"step", std::to_string(m.current_step_count())},
-      {"hypers", m.hypers_text()},
-      {"state_dtype", to_string(m.options.state_dtype)},
-      {"master_weights", m.options.master_weights ? "true" : "false"},
-      {"params", params},
+      {ck::kFormatKey, std::to_string(ck::kFormat)},
+      {ck::kVersionKey, jit::version()},
+      {ck::kRuleKey, m.rule.name()},
+      {ck::kRuleTextKey, m.rule.text()},
+      {ck::kKernelKeysKey, keys},
+      {ck::kStepKey, std::to_string(m.current_step_count())},
+      {ck::kHypersKey, m.hypers_text()},
+      {ck::kStateDtypeKey, to_string(m.options.state_dtype)},
+      {ck::kMasterWeightsKey, m.options.master_weights ? "true" : "false"},
+      {ck::kParamsKey, ck::format_params(params)},
   };
   io::write_safetensors(path, views, metadata);  // atomic: temp file, fsync, rename
 }
@@ -121,8 +98,13 @@ void Optimizer::save(const std::filesystem::path& path) const {
 void Optimizer::load(const std::filesystem::path& path) {
   Impl& m = live("load");
   Impl::Exclusive hold(m, "load");
+  // A file that does not fit this optimizer is a UsageError; one that is malformed (damaged,
+  // or written by something else) an IoError.
   auto fail = [&](const std::string& what) {
     throw UsageError(fmt::format("cannot load checkpoint {}: {}", path.string(), what));
+  };
+  auto malformed = [&](const std::string& what) {
+    throw IoError(fmt::format("cannot load checkpoint {}: {}", path.string(), what));
   };
   io::SafetensorsFile file;
   try {
@@ -132,16 +114,15 @@ void Optimizer::load(const std::filesystem::path& path) {
   }
   auto meta = [&](const char* key) -> const std::string& {
     auto it = file.metadata.find(key);
-    if (it == file.metadata.end()) fail(fmt::format("metadata '{}' is missing", key));
+    if (it == file.metadata.end()) malformed(fmt::format("metadata '{}' is missing", key));
     return it->second;
   };
 
   // Everything is checked first; nothing is touched until all of it passed.
-  const std::optional<std::int64_t> format =
-      support::parse_int_strict(meta("fusedopt_checkpoint_format"));
-  if (!format || *format < kOldestFormat || *format > kCheckpointFormat) {
-    fail(fmt::format("checkpoint format {} is not a format this fusedopt reads ({} to {})",
-                     meta("fusedopt_checkpoint_format"), kOldestFormat, kCheckpointFormat));
+  const std::optional<std::int64_t> format = support::parse_int_strict(meta(ck::kFormatKey));
+  if (!format || *format < ck::kOldestFormat || *format > ck::kFormat) {
+    malformed(fmt::format("checkpoint format {} is not a format this fusedopt reads ({} to {})",
+                          meta(ck::kFormatKey), ck::kOldestFormat, ck::kFormat));
   }
   if (*format >= 2 && (file.checksum.empty() || !file.data_checked)) {
     // save() writes it into every file of this format: its entry was removed or damaged.
@@ -150,26 +131,26 @@ void Optimizer::load(const std::filesystem::path& path) {
         "format {} carries: the file was changed or damaged after it was written",
         path.string(), io::kChecksumKey, *format));
   }
-  if (meta("rule") != m.rule.name()) {
-    fail(fmt::format("it was saved by rule '{}', this optimizer runs rule '{}'", meta("rule"),
+  if (meta(ck::kRuleKey) != m.rule.name()) {
+    fail(fmt::format("it was saved by rule '{}', this optimizer runs rule '{}'", meta(ck::kRuleKey),
                      m.rule.name()));
   }
-  if (meta("rule_text") != m.rule.text()) {
+  if (meta(ck::kRuleTextKey) != m.rule.text()) {
     fail(fmt::format("rule '{}' was saved with a different text (the rule changed since)",
                      m.rule.name()));
   }
-  const std::string& step_text = meta("step");
+  const std::string& step_text = meta(ck::kStepKey);
   const std::optional<std::int64_t> parsed_step = support::parse_int_strict(step_text);
   if (!parsed_step || *parsed_step < 0) {
-    fail(fmt::format("step '{}' is not a step count", step_text));
+    malformed(fmt::format("step '{}' is not a step count", step_text));
   }
   const std::int64_t step = *parsed_step;
   if (step > kMaxSteps) {
-    fail(fmt::format("step {} is above the most steps an optimizer takes (2^53)", step_text));
+    malformed(fmt::format("step {} is above the most steps an optimizer takes (2^53)", step_text));
   }
 
   std::vector<std::vector<double>> hypers = m.hypers;
-  const std::vector<std::string> groups = split(meta("hypers"), ';');
+  const std::vector<std::string> groups = ck::fields(meta(ck::kHypersKey), ';');
   if (groups.size() != m.hypers.size()) {
     fail(fmt::format("it holds hypers for {} param group{}, this optimizer has {}", groups.size(),
                      groups.size() == 1 ? "" : "s", m.hypers.size()));
@@ -177,26 +158,28 @@ void Optimizer::load(const std::filesystem::path& path) {
   for (std::size_t g = 0; g < groups.size(); ++g) {
     const std::string prefix = fmt::format("group{}:", g);
     if (groups[g].compare(0, prefix.size(), prefix) != 0) {
-      fail(fmt::format("hypers of group {} are malformed: '{}'", g, groups[g]));
+      malformed(fmt::format("hypers of group {} are malformed: '{}'", g, groups[g]));
     }
     std::set<std::size_t> seen;
-    for (const std::string& item : split(groups[g].substr(prefix.size()), ',')) {
+    for (const std::string& item : ck::fields(groups[g].substr(prefix.size()), ',')) {
       if (item.empty() && m.hyper_names.empty()) continue;  // a rule without hypers
       const std::size_t eq = item.find('=');
-      if (eq == std::string::npos)
-        fail(fmt::format("hyper '{}' of group {} is malformed", item, g));
+      if (eq == std::string::npos) {
+        malformed(fmt::format("hyper '{}' of group {} is malformed", item, g));
+      }
       const std::string name = item.substr(0, eq), value = item.substr(eq + 1);
       std::size_t k = 0;
       try {
         k = m.hyper_index(name);
       } catch (const Error& e) {
-        fail(fmt::format("group {}: {}", g, e.what()));
+        malformed(fmt::format("group {}: {}", g, e.what()));  // the rule's text matched
       }
       // Only the spelling save() writes; then the rule every entry point applies.
       const std::optional<double> parsed = support::parse_double_strict(value);
       if (!parsed) {
-        fail(fmt::format("hyper '{}' of group {} has the value '{}', not a finite decimal number",
-                         name, g, value));
+        malformed(
+            fmt::format("hyper '{}' of group {} has the value '{}', not a finite decimal number",
+                        name, g, value));
       }
       const double x = *parsed;
       try {
@@ -206,11 +189,11 @@ void Optimizer::load(const std::filesystem::path& path) {
       }
       hypers[g][k] = x;
       if (!seen.insert(k).second) {
-        fail(fmt::format("hyper '{}' appears twice in group {}", name, g));
+        malformed(fmt::format("hyper '{}' appears twice in group {}", name, g));
       }
     }
     if (seen.size() != m.hyper_names.size()) {
-      fail(fmt::format("group {} lacks some of the rule's hypers", g));
+      malformed(fmt::format("group {} lacks some of the rule's hypers", g));
     }
   }
 
@@ -221,9 +204,9 @@ void Optimizer::load(const std::filesystem::path& path) {
     auto it = file.tensors.find(e.name);
     if (it == file.tensors.end()) fail(fmt::format("tensor '{}' is missing", e.name));
     const io::SafetensorsFile::Entry& entry = it->second;
-    if (entry.dtype != st_dtype(e.dtype)) {
+    if (entry.dtype != ck::st_dtype(e.dtype)) {
       fail(fmt::format("tensor '{}' is {}, this optimizer keeps it as {}", e.name, entry.dtype,
-                       st_dtype(e.dtype)));
+                       ck::st_dtype(e.dtype)));
     }
     if (entry.shape != std::vector<std::int64_t>{e.numel}) {
       std::string shape;

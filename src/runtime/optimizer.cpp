@@ -10,6 +10,7 @@
 
 #include "abi.h"
 #include "fusedopt/error.hpp"
+#include "io/checkpoint_format.hpp"
 #include "rule_access.hpp"
 #include "runtime/optimizer_impl.hpp"
 #include "support/check.hpp"
@@ -58,7 +59,7 @@ Tensor Optimizer::Impl::state_view(const runtime::StateSpec& spec, std::size_t p
   Tensor t;
   t.device = device;
   t.dtype = spec.dtype;
-  t.name = slot.name + "/" + spec.name;
+  t.name = io::checkpoint::tensor_name(slot.name, spec.name);
   const auto k = static_cast<std::int64_t>(spec.index);
   switch (spec.kind) {
     case K::Element:

@@ -286,7 +286,7 @@ TEST_SUITE("runtime") {
       CHECK_THROWS_WITH_AS(
           opt.load(twice),
           ("cannot load checkpoint " + twice + ": hyper 'lr' appears twice in group 1").c_str(),
-          fusedopt::UsageError);
+          fusedopt::IoError);  // malformed: not what save() writes
     }
     const std::string huge = with_step("9223372036854775807");
     CHECK_THROWS_WITH_AS(opt.load(huge),
@@ -294,7 +294,7 @@ TEST_SUITE("runtime") {
                           ": step 9223372036854775807 is above the most steps an optimizer "
                           "takes (2^53)")
                              .c_str(),
-                         fusedopt::UsageError);
+                         fusedopt::IoError);
     CHECK(opt.step_count() == 1);
     // 2^53 itself loads; the next step would pass the limit and is refused, not wrapped.
     opt.load(with_step("9007199254740992"));
@@ -365,7 +365,7 @@ TEST_SUITE("runtime") {
       CHECK_THROWS_WITH_AS(
           opt.load(file),
           ("cannot load checkpoint " + file + ": step '" + step + "' is not a step count").c_str(),
-          fusedopt::UsageError);
+          fusedopt::IoError);
       CHECK(snapshot(opt, m, false) == before);
     }
     for (const char* lr :
@@ -379,7 +379,7 @@ TEST_SUITE("runtime") {
           ("cannot load checkpoint " + file + ": hyper 'lr' of group 0 has the value '" + lr +
            "', not a finite decimal number")
               .c_str(),
-          fusedopt::UsageError);
+          fusedopt::IoError);
       CHECK(snapshot(opt, m, false) == before);
     }
     {

@@ -1,0 +1,134 @@
+// The checkpoint format, in one place: the metadata keys and format numbers that
+// Optimizer::save writes and load reads, the params table ("name<TAB>numel<TAB>dtype" per
+// parameter) that the sharded checkpoints and fusedopt-ckpt cut files by, tensor names
+// ("<param>/<state>") and the safetensors dtypes of states. Header-only, so that the core
+// (src/runtime/checkpoint.cpp) and the comm module (src/comm/sharded_checkpoint.cpp), which
+// are separate libraries, read and write the same format with the same code. A malformed
+// field is an IoError: the file was damaged or written by something else.
+#pragma once
+
+#include <fmt/format.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "fusedopt/dtype.hpp"
+#include "fusedopt/error.hpp"
+#include "support/parse_number.hpp"
+
+namespace fusedopt::io::checkpoint {
+
+/// The layout of the metadata and tensor names. Bump when a key, a name pattern or a value's
+/// format changes. 2: the file's checksum (io::kChecksumKey, over the whole file) is required.
+/// 1 (before 2026-11-26): the same layout; a checksum of the data section when present.
+inline constexpr int kFormat = 2;
+inline constexpr int kOldestFormat = 1;
+
+inline constexpr const char* kFormatKey = "fusedopt_checkpoint_format";
+inline constexpr const char* kVersionKey = "fusedopt_version";
+inline constexpr const char* kRuleKey = "rule";
+inline constexpr const char* kRuleTextKey = "rule_text";
+inline constexpr const char* kKernelKeysKey = "kernel_keys";
+inline constexpr const char* kStepKey = "step";
+inline constexpr const char* kHypersKey = "hypers";
+inline constexpr const char* kStateDtypeKey = "state_dtype";
+inline constexpr const char* kMasterWeightsKey = "master_weights";
+/// The params table: what a tool needs to cut the file into shards; load() does not read it.
+inline constexpr const char* kParamsKey = "params";
+
+/// The tensor of state `state` of parameter `param`: "<param>/<state>" (a state name holds
+/// no '/').
+inline std::string tensor_name(const std::string& param, const std::string& state) {
+  return param + "/" + state;
+}
+
+/// The safetensors dtype of a stored state: "F32", "F16", "BF16", "F64".
+inline const char* st_dtype(DType d) {
+  switch (d) {
+    case DType::F32:
+      return "F32";
+    case DType::F16:
+      return "F16";
+    case DType::BF16:
+      return "BF16";
+    case DType::F64:
+      return "F64";
+  }
+  return "?";
+}
+
+/// The DType of a safetensors dtype a checkpoint may hold, or nullopt.
+inline std::optional<DType> from_st_dtype(const std::string& st) {
+  for (DType d : {DType::F32, DType::F16, DType::BF16, DType::F64}) {
+    if (st == st_dtype(d)) return d;
+  }
+  return std::nullopt;
+}
+
+/// The lines of `text` (each ended by '\n'; a last line without one counts too).
+inline std::vector<std::string> lines(const std::string& text) {
+  std::vector<std::string> out;
+  std::size_t begin = 0;
+  while (begin < text.size()) {
+    const std::size_t end = text.find('\n', begin);
+    out.push_back(text.substr(begin, end == std::string::npos ? std::string::npos : end - begin));
+    if (end == std::string::npos) break;
+    begin = end + 1;
+  }
+  return out;
+}
+
+/// `line` split at `sep`.
+inline std::vector<std::string> fields(const std::string& line, char sep = '\t') {
+  std::vector<std::string> out;
+  std::size_t begin = 0;
+  while (true) {
+    const std::size_t end = line.find(sep, begin);
+    out.push_back(line.substr(begin, end == std::string::npos ? std::string::npos : end - begin));
+    if (end == std::string::npos) return out;
+    begin = end + 1;
+  }
+}
+
+/// One row of the params table.
+struct ParamEntry {
+  std::string name;
+  std::int64_t numel = 0;
+  DType dtype = DType::F32;
+};
+
+inline std::string format_params(const std::vector<ParamEntry>& params) {
+  std::string out;
+  for (const ParamEntry& p : params) {
+    out += fmt::format("{}\t{}\t{}\n", p.name, p.numel, to_string(p.dtype));
+  }
+  return out;
+}
+
+/// The params table `text`; IoError naming `where` and the bad line.
+inline std::vector<ParamEntry> parse_params(const std::string& text, const std::string& where) {
+  std::vector<ParamEntry> out;
+  for (const std::string& line : lines(text)) {
+    const std::vector<std::string> f = fields(line);
+    const std::optional<std::int64_t> numel =
+        f.size() == 3 ? support::parse_int_strict(f[1]) : std::nullopt;
+    std::optional<DType> dtype;
+    for (DType d : {DType::F32, DType::F16, DType::BF16}) {
+      if (f.size() == 3 && f[2] == to_string(d)) dtype = d;
+    }
+    if (f.size() != 3 || f[0].empty() || !numel || *numel < 0 || !dtype) {
+      throw IoError(
+          fmt::format("{}: parameter line '{}' is malformed (name<TAB>elements<TAB>"
+                      "fp32|fp16|bf16)",
+                      where, line));
+    }
+    out.push_back({f[0], *numel, *dtype});
+  }
+  return out;
+}
+
+}  // namespace fusedopt::io::checkpoint
