@@ -3,6 +3,7 @@
 // anything, so a failed load leaves the optimizer as it was.
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <optional>
 #include <set>
 
@@ -95,132 +96,167 @@ void Optimizer::save(const std::filesystem::path& path) const {
   io::write_safetensors(path, views, metadata);  // atomic: temp file, fsync, rename
 }
 
+namespace {
+
+/// How load() refuses: a file that does not fit this optimizer is a UsageError; one that is
+/// malformed (damaged, or written by something else) an IoError. Both name the file.
+struct Refusal {
+  const std::filesystem::path& path;
+  [[noreturn]] void misfit(const std::string& what) const {
+    throw UsageError(fmt::format("cannot load checkpoint {}: {}", path.string(), what));
+  }
+  [[noreturn]] void malformed(const std::string& what) const {
+    throw IoError(fmt::format("cannot load checkpoint {}: {}", path.string(), what));
+  }
+};
+
+/// Metadata entry `key` of `file`, or malformed.
+const std::string& meta(const io::SafetensorsFile& file, const char* key, const Refusal& r) {
+  auto it = file.metadata.find(key);
+  if (it == file.metadata.end()) r.malformed(fmt::format("metadata '{}' is missing", key));
+  return it->second;
+}
+
+/// The format, the checksum it requires and the rule: is this file for this optimizer?
+void check_header(const io::SafetensorsFile& file, const Rule& rule, const Refusal& r) {
+  const std::optional<std::int64_t> format =
+      support::parse_int_strict(meta(file, ck::kFormatKey, r));
+  if (!format || *format < ck::kOldestFormat || *format > ck::kFormat) {
+    r.malformed(fmt::format("checkpoint format {} is not a format this fusedopt reads ({} to {})",
+                            meta(file, ck::kFormatKey, r), ck::kOldestFormat, ck::kFormat));
+  }
+  if (*format >= 2 && (file.checksum.empty() || !file.data_checked)) {
+    // save() writes it into every file of this format: its entry was removed or damaged.
+    r.malformed(
+        fmt::format("it has no checksum ('{}'), which every checkpoint of format {} "
+                    "carries: the file was changed or damaged after it was written",
+                    io::kChecksumKey, *format));
+  }
+  if (meta(file, ck::kRuleKey, r) != rule.name()) {
+    r.misfit(fmt::format("it was saved by rule '{}', this optimizer runs rule '{}'",
+                         meta(file, ck::kRuleKey, r), rule.name()));
+  }
+  if (meta(file, ck::kRuleTextKey, r) != rule.text()) {
+    r.misfit(fmt::format("rule '{}' was saved with a different text (the rule changed since)",
+                         rule.name()));
+  }
+}
+
+std::int64_t read_step(const io::SafetensorsFile& file, const Refusal& r) {
+  const std::string& text = meta(file, ck::kStepKey, r);
+  const std::optional<std::int64_t> step = support::parse_int_strict(text);
+  if (!step || *step < 0) r.malformed(fmt::format("step '{}' is not a step count", text));
+  if (*step > kMaxSteps) {
+    r.malformed(fmt::format("step {} is above the most steps an optimizer takes (2^53)", text));
+  }
+  return *step;
+}
+
+/// Group `g`'s hypers as hypers_text() writes them ("groupG:name=value,..."), into `out`
+/// (the group's values in `names` order): every hyper once, in the writer's spelling, through
+/// the rule every entry point applies.
+void read_group_hypers(const std::vector<std::string>& names, std::size_t g,
+                       const std::string& text, std::vector<double>& out, const Refusal& r) {
+  const std::string prefix = fmt::format("group{}:", g);
+  if (text.compare(0, prefix.size(), prefix) != 0) {
+    r.malformed(fmt::format("hypers of group {} are malformed: '{}'", g, text));
+  }
+  std::set<std::size_t> seen;
+  for (const std::string& item : ck::fields(text.substr(prefix.size()), ',')) {
+    if (item.empty() && names.empty()) continue;  // a rule without hypers
+    const std::size_t eq = item.find('=');
+    if (eq == std::string::npos) {
+      r.malformed(fmt::format("hyper '{}' of group {} is malformed", item, g));
+    }
+    const std::string name = item.substr(0, eq), value = item.substr(eq + 1);
+    const auto at = std::find(names.begin(), names.end(), name);
+    if (at == names.end()) {  // the rule's text matched: the file is malformed
+      r.malformed(fmt::format("group {} has hyper '{}', which the rule has not", g, name));
+    }
+    const auto k = static_cast<std::size_t>(at - names.begin());
+    const std::optional<double> x = support::parse_double_strict(value);
+    if (!x) {
+      r.malformed(
+          fmt::format("hyper '{}' of group {} has the value '{}', not a finite decimal number",
+                      name, g, value));
+    }
+    try {
+      check_hyper_value("load", name, static_cast<int>(g), *x);
+    } catch (const UsageError& e) {
+      r.misfit(e.what());
+    }
+    out[k] = *x;
+    if (!seen.insert(k).second) {
+      r.malformed(fmt::format("hyper '{}' appears twice in group {}", name, g));
+    }
+  }
+  if (seen.size() != names.size()) {
+    r.malformed(fmt::format("group {} lacks some of the rule's hypers", g));
+  }
+}
+
+/// Every group's hypers of `file`, starting from `current` (the optimizer's).
+std::vector<std::vector<double>> read_hypers(const io::SafetensorsFile& file,
+                                             const std::vector<std::string>& names,
+                                             std::vector<std::vector<double>> current,
+                                             const Refusal& r) {
+  const std::vector<std::string> groups = ck::fields(meta(file, ck::kHypersKey, r), ';');
+  if (groups.size() != current.size()) {
+    r.misfit(fmt::format("it holds hypers for {} param group{}, this optimizer has {}",
+                         groups.size(), groups.size() == 1 ? "" : "s", current.size()));
+  }
+  for (std::size_t g = 0; g < groups.size(); ++g) {
+    read_group_hypers(names, g, groups[g], current[g], r);
+  }
+  return current;
+}
+
+/// The file holds exactly the tensors `expected`, each in its dtype and shape.
+void check_tensors(const io::SafetensorsFile& file, const std::vector<CheckpointTensor>& expected,
+                   const Refusal& r) {
+  std::set<std::string> names;
+  for (const CheckpointTensor& e : expected) {
+    names.insert(e.name);
+    auto it = file.tensors.find(e.name);
+    if (it == file.tensors.end()) r.misfit(fmt::format("tensor '{}' is missing", e.name));
+    const io::SafetensorsFile::Entry& entry = it->second;
+    if (entry.dtype != ck::st_dtype(e.dtype)) {
+      r.misfit(fmt::format("tensor '{}' is {}, this optimizer keeps it as {}", e.name, entry.dtype,
+                           ck::st_dtype(e.dtype)));
+    }
+    if (entry.shape != std::vector<std::int64_t>{e.numel}) {
+      std::string shape;
+      for (std::int64_t d : entry.shape) shape += (shape.empty() ? "" : ", ") + std::to_string(d);
+      r.misfit(fmt::format("tensor '{}' has shape [{}], this optimizer's has [{}]", e.name, shape,
+                           e.numel));
+    }
+  }
+  for (const auto& [name, entry] : file.tensors) {
+    if (!names.count(name)) {
+      r.misfit(fmt::format("it holds tensor '{}', which this optimizer has no param or state for",
+                           name));
+    }
+  }
+}
+
+}  // namespace
+
 void Optimizer::load(const std::filesystem::path& path) {
   Impl& m = live("load");
   Impl::Exclusive hold(m, "load");
-  // A file that does not fit this optimizer is a UsageError; one that is malformed (damaged,
-  // or written by something else) an IoError.
-  auto fail = [&](const std::string& what) {
-    throw UsageError(fmt::format("cannot load checkpoint {}: {}", path.string(), what));
-  };
-  auto malformed = [&](const std::string& what) {
-    throw IoError(fmt::format("cannot load checkpoint {}: {}", path.string(), what));
-  };
   io::SafetensorsFile file;
   try {
     file = io::read_safetensors(path);
   } catch (const Error& e) {
     throw IoError(fmt::format("cannot load checkpoint: {}", e.what()));
   }
-  auto meta = [&](const char* key) -> const std::string& {
-    auto it = file.metadata.find(key);
-    if (it == file.metadata.end()) malformed(fmt::format("metadata '{}' is missing", key));
-    return it->second;
-  };
-
   // Everything is checked first; nothing is touched until all of it passed.
-  const std::optional<std::int64_t> format = support::parse_int_strict(meta(ck::kFormatKey));
-  if (!format || *format < ck::kOldestFormat || *format > ck::kFormat) {
-    malformed(fmt::format("checkpoint format {} is not a format this fusedopt reads ({} to {})",
-                          meta(ck::kFormatKey), ck::kOldestFormat, ck::kFormat));
-  }
-  if (*format >= 2 && (file.checksum.empty() || !file.data_checked)) {
-    // save() writes it into every file of this format: its entry was removed or damaged.
-    throw IoError(fmt::format(
-        "cannot load checkpoint {}: it has no checksum ('{}'), which every checkpoint of "
-        "format {} carries: the file was changed or damaged after it was written",
-        path.string(), io::kChecksumKey, *format));
-  }
-  if (meta(ck::kRuleKey) != m.rule.name()) {
-    fail(fmt::format("it was saved by rule '{}', this optimizer runs rule '{}'", meta(ck::kRuleKey),
-                     m.rule.name()));
-  }
-  if (meta(ck::kRuleTextKey) != m.rule.text()) {
-    fail(fmt::format("rule '{}' was saved with a different text (the rule changed since)",
-                     m.rule.name()));
-  }
-  const std::string& step_text = meta(ck::kStepKey);
-  const std::optional<std::int64_t> parsed_step = support::parse_int_strict(step_text);
-  if (!parsed_step || *parsed_step < 0) {
-    malformed(fmt::format("step '{}' is not a step count", step_text));
-  }
-  const std::int64_t step = *parsed_step;
-  if (step > kMaxSteps) {
-    malformed(fmt::format("step {} is above the most steps an optimizer takes (2^53)", step_text));
-  }
-
-  std::vector<std::vector<double>> hypers = m.hypers;
-  const std::vector<std::string> groups = ck::fields(meta(ck::kHypersKey), ';');
-  if (groups.size() != m.hypers.size()) {
-    fail(fmt::format("it holds hypers for {} param group{}, this optimizer has {}", groups.size(),
-                     groups.size() == 1 ? "" : "s", m.hypers.size()));
-  }
-  for (std::size_t g = 0; g < groups.size(); ++g) {
-    const std::string prefix = fmt::format("group{}:", g);
-    if (groups[g].compare(0, prefix.size(), prefix) != 0) {
-      malformed(fmt::format("hypers of group {} are malformed: '{}'", g, groups[g]));
-    }
-    std::set<std::size_t> seen;
-    for (const std::string& item : ck::fields(groups[g].substr(prefix.size()), ',')) {
-      if (item.empty() && m.hyper_names.empty()) continue;  // a rule without hypers
-      const std::size_t eq = item.find('=');
-      if (eq == std::string::npos) {
-        malformed(fmt::format("hyper '{}' of group {} is malformed", item, g));
-      }
-      const std::string name = item.substr(0, eq), value = item.substr(eq + 1);
-      std::size_t k = 0;
-      try {
-        k = m.hyper_index(name);
-      } catch (const Error& e) {
-        malformed(fmt::format("group {}: {}", g, e.what()));  // the rule's text matched
-      }
-      // Only the spelling save() writes; then the rule every entry point applies.
-      const std::optional<double> parsed = support::parse_double_strict(value);
-      if (!parsed) {
-        malformed(
-            fmt::format("hyper '{}' of group {} has the value '{}', not a finite decimal number",
-                        name, g, value));
-      }
-      const double x = *parsed;
-      try {
-        check_hyper_value("load", name, static_cast<int>(g), x);
-      } catch (const UsageError& e) {
-        fail(e.what());
-      }
-      hypers[g][k] = x;
-      if (!seen.insert(k).second) {
-        malformed(fmt::format("hyper '{}' appears twice in group {}", name, g));
-      }
-    }
-    if (seen.size() != m.hyper_names.size()) {
-      malformed(fmt::format("group {} lacks some of the rule's hypers", g));
-    }
-  }
-
+  const Refusal refusal{path};
+  check_header(file, m.rule, refusal);
+  const std::int64_t step = read_step(file, refusal);
+  std::vector<std::vector<double>> hypers = read_hypers(file, m.hyper_names, m.hypers, refusal);
   const std::vector<CheckpointTensor> expected = m.checkpoint_tensors();
-  std::set<std::string> names;
-  for (const CheckpointTensor& e : expected) {
-    names.insert(e.name);
-    auto it = file.tensors.find(e.name);
-    if (it == file.tensors.end()) fail(fmt::format("tensor '{}' is missing", e.name));
-    const io::SafetensorsFile::Entry& entry = it->second;
-    if (entry.dtype != ck::st_dtype(e.dtype)) {
-      fail(fmt::format("tensor '{}' is {}, this optimizer keeps it as {}", e.name, entry.dtype,
-                       ck::st_dtype(e.dtype)));
-    }
-    if (entry.shape != std::vector<std::int64_t>{e.numel}) {
-      std::string shape;
-      for (std::int64_t d : entry.shape) shape += (shape.empty() ? "" : ", ") + std::to_string(d);
-      fail(fmt::format("tensor '{}' has shape [{}], this optimizer's has [{}]", e.name, shape,
-                       e.numel));
-    }
-  }
-  for (const auto& [name, entry] : file.tensors) {
-    if (!names.count(name)) {
-      fail(fmt::format("it holds tensor '{}', which this optimizer has no param or state for",
-                       name));
-    }
-  }
+  check_tensors(file, expected, refusal);
 
   // The backend's copies wait for every queued step and land before they return.
   for (const CheckpointTensor& e : expected) {
