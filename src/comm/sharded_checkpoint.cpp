@@ -289,120 +289,161 @@ void ShardedOptimizer::save(const std::filesystem::path& dir) const {
   }
 }
 
+namespace {
+
+/// How a sharded load refuses: a set that does not fit this optimizer is a UsageError; a
+/// malformed one an IoError. Both name the folder.
+struct Refusal {
+  const std::filesystem::path& dir;
+  [[noreturn]] void misfit(const std::string& what) const {
+    throw UsageError(fmt::format("cannot load sharded checkpoint {}: {}", dir.string(), what));
+  }
+  [[noreturn]] void malformed(const std::string& what) const {
+    throw IoError(fmt::format("cannot load sharded checkpoint {}: {}", dir.string(), what));
+  }
+};
+
+/// The index's params table must list exactly `params`, in order.
+void check_params(const Index& index, const std::vector<Tensor>& params, const Refusal& r) {
+  const std::vector<std::string> saved = lines(index.meta(ck::kParamsKey));
+  if (saved.size() != params.size()) {
+    r.misfit(
+        fmt::format("it holds {} parameters, this optimizer has {}", saved.size(), params.size()));
+  }
+  for (std::size_t i = 0; i < saved.size(); ++i) {
+    const std::string mine =
+        ck::format_params({{params[i].name, params[i].numel, params[i].dtype}});
+    if (saved[i] + "\n" != mine) {
+      r.misfit(fmt::format("parameter {} was '{}', here it is '{}'", i, saved[i],
+                           mine.substr(0, mine.size() - 1)));
+    }
+  }
+}
+
+/// A piece of a parameter in the saved set: elements [begin, end) in file `file`.
+struct OldPiece {
+  std::size_t file;
+  std::int64_t begin, end;
+};
+
+/// The index's pieces, per parameter.
+std::vector<std::vector<OldPiece>> read_pieces(const Index& index,
+                                               const std::vector<Tensor>& params,
+                                               const Refusal& r) {
+  const std::int64_t files = static_cast<std::int64_t>(index.files.size());
+  const auto old_ranks = to_int(index.meta("world_size"), "world_size");
+  if (old_ranks < 1 || old_ranks != files) {
+    r.malformed(fmt::format("world size {} with {} files", old_ranks, files));
+  }
+  std::vector<std::vector<OldPiece>> old(params.size());
+  for (const std::string& line : lines(index.meta("pieces"))) {
+    const std::vector<std::string> f = fields(line);
+    if (f.size() != 4) r.malformed(fmt::format("piece '{}' is malformed", line));
+    const auto file = to_int(f[0], "piece file"), param = to_int(f[1], "piece param");
+    const auto begin = to_int(f[2], "piece begin"), end = to_int(f[3], "piece end");
+    if (file < 0 || file >= files || param < 0 ||
+        static_cast<std::size_t>(param) >= params.size() || begin < 0 || end < begin ||
+        end > params[static_cast<std::size_t>(param)].numel) {
+      r.malformed(fmt::format("piece '{}' is out of range", line));
+    }
+    old[static_cast<std::size_t>(param)].push_back({static_cast<std::size_t>(file), begin, end});
+  }
+  return old;
+}
+
+/// The shards of a set, each opened and checked whole (open_shard) on first use.
+class ShardReaders {
+ public:
+  ShardReaders(const std::filesystem::path& dir, const Index& index) : dir_(dir), index_(index) {}
+  SafetensorsReader& operator()(std::size_t f) {
+    auto& r = readers_[f];
+    if (!r) r = open_shard(dir_, index_, f);
+    return *r;
+  }
+
+ private:
+  const std::filesystem::path& dir_;
+  const Index& index_;
+  std::map<std::size_t, std::unique_ptr<SafetensorsReader>> readers_;
+};
+
+/// One parameter's states over elements [a, b), read from the saved pieces they overlap.
+struct Assembled {
+  std::vector<std::vector<char>> buffers;  ///< one per state tensor
+  std::vector<SafetensorsTensor> tensors;  ///< their views, as a checkpoint of [a, b)
+};
+
+void assemble_param(const std::string& name, std::int64_t a, std::int64_t b,
+                    const std::vector<OldPiece>& old, const Index& index, ShardReaders& reader,
+                    Assembled& out, const Refusal& r) {
+  // The tensors of a piece: "<name>/<state>" (and "/master"), as the saver wrote them.
+  std::vector<std::pair<std::string, std::string>> kinds;  // (tensor name, st dtype)
+  std::int64_t covered = 0;
+  for (const OldPiece& o : old) {
+    const std::int64_t lo = std::max(a, o.begin), hi = std::min(b, o.end);
+    if (lo >= hi) continue;
+    SafetensorsReader& file = reader(o.file);
+    if (kinds.empty()) {
+      for (const auto& [state, st] : states_of(file, name)) {
+        kinds.emplace_back(ck::tensor_name(name, state), st);
+        out.buffers.emplace_back(static_cast<std::size_t>(b - a) * st_bytes(st));
+      }
+    }
+    const std::size_t first = out.buffers.size() - kinds.size();
+    for (std::size_t k = 0; k < kinds.size(); ++k) {
+      const std::size_t es = st_bytes(kinds[k].second);
+      const SafetensorsReader::Entry e = file.entry(kinds[k].first);  // IoError if absent
+      if (e.dtype != kinds[k].second ||
+          e.bytes != static_cast<std::uint64_t>(o.end - o.begin) * es) {
+        r.malformed(fmt::format("{}: tensor '{}' does not match its piece [{}, {})",
+                                index.files[o.file].first, kinds[k].first, o.begin, o.end));
+      }
+      file.read(kinds[k].first, static_cast<std::uint64_t>(lo - o.begin) * es,
+                static_cast<std::uint64_t>(hi - lo) * es,
+                out.buffers[first + k].data() + static_cast<std::size_t>(lo - a) * es);
+    }
+    covered += hi - lo;
+  }
+  if (covered != b - a) {
+    r.malformed(
+        fmt::format("the pieces of '{}' cover {} of its elements [{}, {})", name, covered, a, b));
+  }
+  const std::size_t first = out.buffers.size() - kinds.size();
+  for (std::size_t k = 0; k < kinds.size(); ++k) {
+    out.tensors.push_back(
+        {kinds[k].first, st_to_dtype(kinds[k].second), b - a, out.buffers[first + k].data()});
+  }
+}
+
+}  // namespace
+
 void ShardedOptimizer::load(const std::filesystem::path& dir) {
   Impl& m = live("load");
-  // A set that does not fit this optimizer is a UsageError; a malformed one an IoError.
-  auto fail = [&](const std::string& what) {
-    throw UsageError(fmt::format("cannot load sharded checkpoint {}: {}", dir.string(), what));
-  };
-  auto malformed = [&](const std::string& what) {
-    throw IoError(fmt::format("cannot load sharded checkpoint {}: {}", dir.string(), what));
-  };
+  const Refusal refusal{dir};
   std::exception_ptr error;
   std::filesystem::path staged;
   try {
     const Index index = read_index(dir);
-    auto meta = [&](const char* key) -> const std::string& { return index.meta(key); };
-    // The parameters must be ours.
-    const std::vector<std::string> saved = lines(meta(ck::kParamsKey));
-    if (saved.size() != m.params.size()) {
-      fail(fmt::format("it holds {} parameters, this optimizer has {}", saved.size(),
-                       m.params.size()));
-    }
-    for (std::size_t i = 0; i < saved.size(); ++i) {
-      const std::vector<std::string> f = fields(saved[i]);
-      const std::string mine = fmt::format("{}\t{}\t{}", m.params[i].name, m.params[i].numel,
-                                           to_string(m.params[i].dtype));
-      if (f.size() != 3 || saved[i] != mine) {
-        fail(fmt::format("parameter {} was '{}', here it is '{}'", i, saved[i], mine));
-      }
-    }
-    std::vector<std::string> files;
-    for (const auto& [name, digest] : index.files) files.push_back(name);
-    const auto old_ranks = to_int(meta("world_size"), "world_size");
-    if (old_ranks < 1 || static_cast<std::size_t>(old_ranks) != files.size()) {
-      malformed(fmt::format("world size {} with {} files", old_ranks, files.size()));
-    }
+    check_params(index, m.params, refusal);
+    const std::vector<std::vector<OldPiece>> old = read_pieces(index, m.params, refusal);
     // Every shard is checked whole before anything is read from it: those this rank reads,
     // and every (this rank + k * ranks)-th, so that each is checked by some rank.
-    std::map<std::size_t, std::unique_ptr<SafetensorsReader>> readers;
-    auto reader = [&](std::size_t f) -> SafetensorsReader& {
-      auto& r = readers[f];
-      if (!r) r = open_shard(dir, index, f);
-      return *r;
-    };
-    for (std::size_t f = static_cast<std::size_t>(m.rank); f < files.size();
+    ShardReaders reader(dir, index);
+    for (std::size_t f = static_cast<std::size_t>(m.rank); f < index.files.size();
          f += static_cast<std::size_t>(m.ranks)) {
       reader(f);
     }
-    // Old pieces per parameter: (file, begin, end).
-    struct Old {
-      std::size_t file;
-      std::int64_t begin, end;
-    };
-    std::vector<std::vector<Old>> old(m.params.size());
-    for (const std::string& line : lines(meta("pieces"))) {
-      const std::vector<std::string> f = fields(line);
-      if (f.size() != 4) malformed(fmt::format("piece '{}' is malformed", line));
-      const auto file = to_int(f[0], "piece file"), param = to_int(f[1], "piece param");
-      const auto begin = to_int(f[2], "piece begin"), end = to_int(f[3], "piece end");
-      if (file < 0 || file >= old_ranks || param < 0 ||
-          static_cast<std::size_t>(param) >= m.params.size() || begin < 0 || end < begin ||
-          end > m.params[static_cast<std::size_t>(param)].numel) {
-        malformed(fmt::format("piece '{}' is out of range", line));
-      }
-      old[static_cast<std::size_t>(param)].push_back({static_cast<std::size_t>(file), begin, end});
-    }
     // This rank's pieces, assembled from the ranges of the old pieces they overlap.
-    std::vector<std::vector<char>> buffers;
-    std::vector<SafetensorsTensor> tensors;
+    Assembled mine;
     for (std::size_t i = 0; i < m.params.size(); ++i) {
       const auto [a, b] = m.owned[i];
-      if (a == b) continue;
-      const std::string& name = m.params[i].name;
-      // The tensors of a piece: "<name>/<state>" (and "/master"), as the saver wrote them.
-      std::vector<std::pair<std::string, std::string>> kinds;  // (tensor name, st dtype)
-      std::int64_t covered = 0;
-      for (const Old& o : old[i]) {
-        const std::int64_t lo = std::max(a, o.begin), hi = std::min(b, o.end);
-        if (lo >= hi) continue;
-        SafetensorsReader& r = reader(o.file);
-        if (kinds.empty()) {
-          for (const auto& [state, st] : states_of(r, name)) {
-            kinds.emplace_back(ck::tensor_name(name, state), st);
-            buffers.emplace_back(static_cast<std::size_t>(b - a) * st_bytes(st));
-          }
-        }
-        const std::size_t first = buffers.size() - kinds.size();
-        for (std::size_t k = 0; k < kinds.size(); ++k) {
-          const std::size_t es = st_bytes(kinds[k].second);
-          const SafetensorsReader::Entry e = r.entry(kinds[k].first);  // IoError if absent
-          if (e.dtype != kinds[k].second ||
-              e.bytes != static_cast<std::uint64_t>(o.end - o.begin) * es) {
-            malformed(fmt::format("{}: tensor '{}' does not match its piece [{}, {})",
-                                  files[o.file], kinds[k].first, o.begin, o.end));
-          }
-          r.read(kinds[k].first, static_cast<std::uint64_t>(lo - o.begin) * es,
-                 static_cast<std::uint64_t>(hi - lo) * es,
-                 buffers[first + k].data() + static_cast<std::size_t>(lo - a) * es);
-        }
-        covered += hi - lo;
-      }
-      if (covered != b - a) {
-        malformed(fmt::format("the pieces of '{}' cover {} of its elements [{}, {})", name, covered,
-                              a, b));
-      }
-      const std::size_t first = buffers.size() - kinds.size();
-      for (std::size_t k = 0; k < kinds.size(); ++k) {
-        tensors.push_back(
-            {kinds[k].first, st_to_dtype(kinds[k].second), b - a, buffers[first + k].data()});
-      }
+      if (a < b) assemble_param(m.params[i].name, a, b, old[i], index, reader, mine, refusal);
     }
     // The saver's metadata (rule, step, hypers: the same in every file) with this rank's
     // pieces, through Optimizer::load, which checks all of it.
     staged = std::filesystem::temp_directory_path() /
              fmt::format("fusedopt-sharded-load-{}-{}.safetensors", ::getpid(), m.rank);
-    write_safetensors(staged, tensors, reader(0).metadata());
+    write_safetensors(staged, mine.tensors, reader(0).metadata());
   } catch (...) {
     error = std::current_exception();
   }
