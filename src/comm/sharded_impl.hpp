@@ -6,6 +6,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -51,6 +52,18 @@ struct ShardedOptimizer::Impl {
     for (const Piece& p : cut[i]) out.emplace_back(detail::slice(t, p.begin, p.end), p.rank);
     return out;
   }
+
+  // Construction, step by step (sharded_optimizer.cpp).
+  /// Checks every group's params and grads (errors name the param) and takes them.
+  void take_params(const std::vector<ParamGroup>& groups);
+  /// What every rank must agree on: rule, options, hypers, every param (check_same).
+  std::string plan_fingerprint(const Rule& rule, const std::vector<ParamGroup>& groups) const;
+  /// The fused optimizer over this rank's pieces, its hook combining totals across ranks.
+  void build_local(const Rule& rule, const std::vector<ParamGroup>& groups);
+  /// The gradient reducer: all-reduce (ZeRO-1), or each piece to its owner (ZeRO-2).
+  void build_reducer();
+  /// The parameter broadcasts: buckets of pieces, each from its owner.
+  void build_gather();
 
   void combine(const ReductionPartials& p);
   void gather_params(void* stream);

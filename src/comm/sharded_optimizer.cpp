@@ -25,6 +25,9 @@ using detail::slice;
 
 namespace {
 
+/// UsageError for a rule whose states belong to whole tensors (not sharded yet).
+void check_shardable(const Rule& rule);
+
 std::string where(const Device& d) {
   return d.kind == Device::Kind::Cuda ? fmt::format("cuda:{}", d.index) : std::string("host");
 }
@@ -46,42 +49,8 @@ ShardedOptimizer::ShardedOptimizer(Communicator comm, const Rule& rule,
                        "ShardedOptimizer: stage {} is neither 1 (ZeRO-1) nor 2 (ZeRO-2)",
                        options.stage);
   FUSEDOPT_CHECK_USAGE(!groups.empty(), "ShardedOptimizer: no param groups given");
-  if (!rule.scalars().empty() || !rule.row_states().empty() || !rule.col_states().empty()) {
-    std::string names;
-    for (const auto& list : {rule.scalars(), rule.row_states(), rule.col_states()}) {
-      for (const std::string& s : list) names += (names.empty() ? "" : ", ") + s;
-    }
-    throw UsageError(fmt::format(
-        "ShardedOptimizer: rule '{}' keeps per-tensor scalar or row/column states ({}), "
-        "which are not sharded yet (a shard holds a slice of a tensor; those states belong "
-        "to the whole tensor): use Optimizer for this rule",
-        rule.name(), names));
-  }
-  for (std::size_t g = 0; g < groups.size(); ++g) {
-    FUSEDOPT_CHECK_USAGE(groups[g].params.size() == groups[g].grads.size(),
-                         "ShardedOptimizer: group {} has {} params but {} grads", g,
-                         groups[g].params.size(), groups[g].grads.size());
-    for (std::size_t k = 0; k < groups[g].params.size(); ++k) {
-      Tensor p = groups[g].params[k];
-      const Tensor& gr = groups[g].grads[k];
-      const std::size_t i = m.params.size();
-      if (p.name.empty()) p.name = fmt::format("param{}", i);
-      FUSEDOPT_CHECK_USAGE(gr.numel == p.numel && gr.dtype == p.dtype,
-                           "ShardedOptimizer: param {} ('{}'): its grad has {} x {}, the param "
-                           "{} x {}",
-                           i, p.name, gr.numel, to_string(gr.dtype), p.numel, to_string(p.dtype));
-      FUSEDOPT_CHECK_USAGE(p.numel >= 0, "ShardedOptimizer: param {} ('{}') has {} elements", i,
-                           p.name, p.numel);
-      FUSEDOPT_CHECK_USAGE(p.device == m.comm.device() && gr.device == m.comm.device(),
-                           "ShardedOptimizer: param {} ('{}') and its grad live on {} and {}; the "
-                           "{} communicator reduces memory of {}",
-                           i, p.name, where(p.device), where(gr.device), m.comm.backend(),
-                           where(m.comm.device()));
-      m.total[p.dtype] += p.numel;
-      m.params.push_back(p);
-      m.grads.push_back(gr);
-    }
-  }
+  check_shardable(rule);
+  m.take_params(groups);
   {
     std::vector<std::pair<std::int64_t, DType>> sizes;
     for (const Tensor& p : m.params) sizes.emplace_back(p.numel, p.dtype);
@@ -90,21 +59,72 @@ ShardedOptimizer::ShardedOptimizer(Communicator comm, const Rule& rule,
   // The parameters' layout must be one buffer per dtype in parameter order, as for the
   // gradients: the broadcasts are ranges of it (this throws UsageError naming the param).
   (void)detail::bucket_layout(m.params, options.buckets, {});
+  m.comm.check_same("ShardedOptimizer plan", m.plan_fingerprint(rule, groups));
+  m.build_local(rule, groups);
+  m.build_reducer();
+  m.build_gather();
+}
 
-  // Every rank must cut and step the same way: the rule (its text, by hash), the options,
-  // every group's hypers (defaults resolved: a value given or defaulted reads the same),
-  // and every param's name, size, shape and dtypes. A rank that differs in any of them
-  // (another name, lr=0.5 in one group) fails on every rank, naming the first difference.
+namespace {
+
+void check_shardable(const Rule& rule) {
+  if (rule.scalars().empty() && rule.row_states().empty() && rule.col_states().empty()) return;
+  std::string names;
+  for (const auto& list : {rule.scalars(), rule.row_states(), rule.col_states()}) {
+    for (const std::string& s : list) names += (names.empty() ? "" : ", ") + s;
+  }
+  throw UsageError(fmt::format(
+      "ShardedOptimizer: rule '{}' keeps per-tensor scalar or row/column states ({}), "
+      "which are not sharded yet (a shard holds a slice of a tensor; those states belong "
+      "to the whole tensor): use Optimizer for this rule",
+      rule.name(), names));
+}
+
+}  // namespace
+
+void ShardedOptimizer::Impl::take_params(const std::vector<ParamGroup>& groups) {
+  for (std::size_t g = 0; g < groups.size(); ++g) {
+    FUSEDOPT_CHECK_USAGE(groups[g].params.size() == groups[g].grads.size(),
+                         "ShardedOptimizer: group {} has {} params but {} grads", g,
+                         groups[g].params.size(), groups[g].grads.size());
+    for (std::size_t k = 0; k < groups[g].params.size(); ++k) {
+      Tensor p = groups[g].params[k];
+      const Tensor& gr = groups[g].grads[k];
+      const std::size_t i = params.size();
+      if (p.name.empty()) p.name = fmt::format("param{}", i);
+      FUSEDOPT_CHECK_USAGE(gr.numel == p.numel && gr.dtype == p.dtype,
+                           "ShardedOptimizer: param {} ('{}'): its grad has {} x {}, the param "
+                           "{} x {}",
+                           i, p.name, gr.numel, to_string(gr.dtype), p.numel, to_string(p.dtype));
+      FUSEDOPT_CHECK_USAGE(p.numel >= 0, "ShardedOptimizer: param {} ('{}') has {} elements", i,
+                           p.name, p.numel);
+      FUSEDOPT_CHECK_USAGE(p.device == comm.device() && gr.device == comm.device(),
+                           "ShardedOptimizer: param {} ('{}') and its grad live on {} and {}; the "
+                           "{} communicator reduces memory of {}",
+                           i, p.name, where(p.device), where(gr.device), comm.backend(),
+                           where(comm.device()));
+      total[p.dtype] += p.numel;
+      params.push_back(p);
+      grads.push_back(gr);
+    }
+  }
+}
+
+// Every rank must cut and step the same way: the rule (its text, by hash), the options,
+// every group's hypers (defaults resolved: a value given or defaulted reads the same), and
+// every param's name, size, shape and dtypes. A rank that differs in any of them (another
+// name, lr=0.5 in one group) fails on every rank, naming the first difference.
+std::string ShardedOptimizer::Impl::plan_fingerprint(const Rule& rule,
+                                                     const std::vector<ParamGroup>& groups) const {
   const OptimizerOptions& o = options.optimizer;
   std::string plan = fmt::format(
       "ShardedOptimizer stage {}, {} ranks, rule {} ({} chars, hash {:016x})\n"
       "options: state {}, master {}, capturable {}, max_grad_norm {:.17g}, strategy {}, "
       "buckets {}/{}/{}\n",
-      options.stage, m.ranks, rule.name(), rule.text().size(),
-      std::hash<std::string>{}(rule.text()), to_string(o.state_dtype), o.master_weights,
-      o.capturable, o.max_grad_norm, static_cast<int>(o.reduction_strategy),
-      options.buckets.bucket_bytes, options.buckets.first_bucket_bytes,
-      options.buckets.max_tensors);
+      options.stage, ranks, rule.name(), rule.text().size(), std::hash<std::string>{}(rule.text()),
+      to_string(o.state_dtype), o.master_weights, o.capturable, o.max_grad_norm,
+      static_cast<int>(o.reduction_strategy), options.buckets.bucket_bytes,
+      options.buckets.first_bucket_bytes, options.buckets.max_tensors);
   const std::vector<std::pair<std::string, double>> defaults = rule.hypers();
   for (std::size_t g = 0, i = 0; g < groups.size(); ++g) {
     std::string hypers;
@@ -118,69 +138,74 @@ ShardedOptimizer::ShardedOptimizer(Communicator comm, const Rule& rule,
     plan += fmt::format("group {}: {} params, hypers{}\n", g, groups[g].params.size(), hypers);
     for (std::size_t k = 0; k < groups[g].params.size(); ++k, ++i) {
       std::string shape;
-      for (std::int64_t d : m.params[i].shape)
+      for (std::int64_t d : params[i].shape)
         shape += (shape.empty() ? "" : ",") + std::to_string(d);
-      plan += fmt::format("param {}: '{}' {} x {} [{}], grad {}\n", i, m.params[i].name,
-                          m.params[i].numel, to_string(m.params[i].dtype), shape,
-                          to_string(m.grads[i].dtype));
+      plan +=
+          fmt::format("param {}: '{}' {} x {} [{}], grad {}\n", i, params[i].name, params[i].numel,
+                      to_string(params[i].dtype), shape, to_string(grads[i].dtype));
     }
   }
-  m.comm.check_same("ShardedOptimizer plan", plan);
+  return plan;
+}
 
-  // The fused optimizer over this rank's pieces, group by group.
+// The fused optimizer over this rank's pieces, group by group; its reduction hook combines
+// the totals across ranks.
+void ShardedOptimizer::Impl::build_local(const Rule& rule, const std::vector<ParamGroup>& groups) {
   std::vector<ParamGroup> local_groups(groups.size());
-  m.owned.assign(m.params.size(), {0, 0});
+  owned.assign(params.size(), {0, 0});
   for (std::size_t g = 0, i = 0; g < groups.size(); ++g) {
     local_groups[g].hypers = groups[g].hypers;
     for (std::size_t k = 0; k < groups[g].params.size(); ++k, ++i) {
-      for (const auto& [piece, r] : m.pieces(m.params[i], i)) {
-        if (r != m.rank) continue;
+      for (const auto& [piece, r] : pieces(params[i], i)) {
+        if (r != rank) continue;
         const std::int64_t begin =
-            (static_cast<std::byte*>(piece.data) - static_cast<std::byte*>(m.params[i].data)) /
+            (static_cast<std::byte*>(piece.data) - static_cast<std::byte*>(params[i].data)) /
             static_cast<std::int64_t>(dtype_size(piece.dtype));
-        m.owned[i] = {begin, begin + piece.numel};
+        owned[i] = {begin, begin + piece.numel};
         local_groups[g].params.push_back(piece);
-        local_groups[g].grads.push_back(slice(m.grads[i], begin, begin + piece.numel));
-        m.piece_param.push_back(static_cast<int>(i));
+        local_groups[g].grads.push_back(slice(grads[i], begin, begin + piece.numel));
+        piece_param.push_back(static_cast<int>(i));
       }
     }
   }
-  m.local = std::make_unique<Optimizer>(rule, std::move(local_groups), options.optimizer);
-  Impl* self = impl_.get();
-  m.local->set_reduction_hook([self](const ReductionPartials& p) { self->combine(p); });
+  local = std::make_unique<Optimizer>(rule, std::move(local_groups), options.optimizer);
+  local->set_reduction_hook([this](const ReductionPartials& p) { combine(p); });
+}
 
-  // Gradient reduction: all-reduce (ZeRO-1), or each piece reduced to its owner (ZeRO-2).
+// Gradient reduction: all-reduce (ZeRO-1), or each piece reduced to its owner (ZeRO-2).
+void ShardedOptimizer::Impl::build_reducer() {
   if (options.stage == 1) {
-    m.reducer = std::make_unique<GradBucketer>(m.comm, m.grads, options.buckets);
-  } else {
-    std::vector<Tensor> grad_pieces;
-    std::vector<int> roots;
-    m.reducer_grads.resize(m.params.size());
-    for (std::size_t i = 0; i < m.grads.size(); ++i) {
-      for (const auto& [piece, r] : m.pieces(m.grads[i], i)) {
-        m.reducer_grads[i].push_back(static_cast<int>(grad_pieces.size()));
-        grad_pieces.push_back(piece);
-        roots.push_back(r);
-      }
-    }
-    m.reducer = std::unique_ptr<GradBucketer>(
-        new GradBucketer(m.comm, std::move(grad_pieces), options.buckets, std::move(roots)));
+    reducer = std::make_unique<GradBucketer>(comm, grads, options.buckets);
+    return;
   }
-  // Parameter broadcasts: buckets of the pieces, each from its owner.
-  {
-    std::vector<Tensor> param_pieces;
-    std::vector<int> roots;
-    for (std::size_t i = 0; i < m.params.size(); ++i) {
-      for (const auto& [piece, r] : m.pieces(m.params[i], i)) {
-        param_pieces.push_back(piece);
-        roots.push_back(r);
-      }
+  std::vector<Tensor> grad_pieces;
+  std::vector<int> roots;
+  reducer_grads.resize(params.size());
+  for (std::size_t i = 0; i < grads.size(); ++i) {
+    for (const auto& [piece, r] : pieces(grads[i], i)) {
+      reducer_grads[i].push_back(static_cast<int>(grad_pieces.size()));
+      grad_pieces.push_back(piece);
+      roots.push_back(r);
     }
-    BucketOptions gather_options = options.buckets;
-    gather_options.first_bucket_bytes = gather_options.bucket_bytes;  // nothing to overlap
-    gather_options.max_tensors = 0;
-    m.gather = detail::bucket_layout(param_pieces, gather_options, roots);
   }
+  reducer = std::unique_ptr<GradBucketer>(
+      new GradBucketer(comm, std::move(grad_pieces), options.buckets, std::move(roots)));
+}
+
+// Parameter broadcasts: buckets of the pieces, each from its owner.
+void ShardedOptimizer::Impl::build_gather() {
+  std::vector<Tensor> param_pieces;
+  std::vector<int> roots;
+  for (std::size_t i = 0; i < params.size(); ++i) {
+    for (const auto& [piece, r] : pieces(params[i], i)) {
+      param_pieces.push_back(piece);
+      roots.push_back(r);
+    }
+  }
+  BucketOptions gather_options = options.buckets;
+  gather_options.first_bucket_bytes = gather_options.bucket_bytes;  // nothing to overlap
+  gather_options.max_tensors = 0;
+  gather = detail::bucket_layout(param_pieces, gather_options, roots);
 }
 
 ShardedOptimizer::~ShardedOptimizer() = default;
