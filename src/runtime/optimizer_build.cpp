@@ -386,6 +386,24 @@ void Optimizer::Impl::lay_out_arenas() {
 }
 
 void Optimizer::Impl::bind_kernels() {
+  std::vector<runtime::BindingTensors> tensors = binding_tensors();
+  lay_out_scalars(tensors);
+  lay_out_rc_states(tensors);
+  const std::vector<std::vector<double>> h = hyper_values();
+  for (const runtime::BindingTensors& t : tensors) {
+    kernels.push_back(backend->bind(detail::RuleAccess::impl(rule), t, h));
+  }
+  for (auto& kernel : kernels) kernel->init_states();
+  // The grad check rides on pass 0 (one read of the gradient for the unscale, the check and
+  // any norm) unless a pass 0 writes (the Store strategy with one reduction pass): the skip
+  // must be known before anything is written.
+  bool fold_check = true;
+  for (const auto& kernel : kernels) fold_check = fold_check && kernel->body().store_pass != 0;
+  plain_program = runtime::compile_step(reduction_passes, false, fold_check);
+  scaled_program = runtime::compile_step(reduction_passes, true, fold_check);
+}
+
+std::vector<runtime::BindingTensors> Optimizer::Impl::binding_tensors() {
   // The global reduction totals: one row shared by every binding's kernel. Its last slot
   // is the grad check, which capturable steps also use as the device-side skip flag and
   // which a step_scaled's separate check hands to the reduction hook (every rule has it).
@@ -412,75 +430,68 @@ void Optimizer::Impl::bind_kernels() {
     binding_params[b].push_back(static_cast<int>(p));
   }
   for (std::size_t b = 0; b < bindings.size(); ++b) tensors[b].ptrs = binding_ptrs(b);
+  return tensors;
+}
+
+void Optimizer::Impl::lay_out_scalars(std::vector<runtime::BindingTensors>& tensors) {
   // Scalar states: one row of doubles per tensor, each binding's tensors adjacent, in one
   // allocation of the device (zeroed; the kernels write the initial values).
-  if (!scalar_names.empty()) {
-    const std::size_t per = scalar_names.size();
-    std::size_t rows = 0;
-    for (const auto& t : tensors) rows += t.numel.size();
-    scalars = backend->allocate(rows * per * sizeof(double));
-    auto* base = static_cast<double*>(scalars.data());
-    std::size_t first = 0;
-    for (std::size_t b = 0; b < tensors.size(); ++b) {
-      tensors[b].scalars = base + first * per;
-      for (std::size_t i = 0; i < binding_params[b].size(); ++i) {
-        params[static_cast<std::size_t>(binding_params[b][i])].scalars = base + (first + i) * per;
-      }
-      first += tensors[b].numel.size();
+  if (scalar_names.empty()) return;
+  const std::size_t per = scalar_names.size();
+  std::size_t rows = 0;
+  for (const auto& t : tensors) rows += t.numel.size();
+  scalars = backend->allocate(rows * per * sizeof(double));
+  auto* base = static_cast<double*>(scalars.data());
+  std::size_t first = 0;
+  for (std::size_t b = 0; b < tensors.size(); ++b) {
+    tensors[b].scalars = base + first * per;
+    for (std::size_t i = 0; i < binding_params[b].size(); ++i) {
+      params[static_cast<std::size_t>(binding_params[b][i])].scalars = base + (first + i) * per;
     }
+    first += tensors[b].numel.size();
   }
+}
+
+void Optimizer::Impl::lay_out_rc_states(std::vector<runtime::BindingTensors>& tensors) {
   // Row and column states: per binding, state-major ([k][row of the binding]), fp32.
-  if (!row_names.empty() || !col_names.empty()) {
-    const auto nr = static_cast<std::int64_t>(row_names.size());
-    const auto nc = static_cast<std::int64_t>(col_names.size());
-    std::vector<std::int64_t> rows(tensors.size(), 0), cols(tensors.size(), 0);
-    for (std::size_t b = 0; b < tensors.size(); ++b) {
-      for (int p : binding_params[b]) {
-        ParamSlot& s = params[static_cast<std::size_t>(p)];
-        const runtime::MatrixShape m = runtime::matrix_shape(s.param.shape, s.param.numel);
-        s.row_first = rows[b];
-        s.col_first = cols[b];
-        s.row_count = m.batch * m.rows;  // fits: checked with the param's shape
-        s.col_count = m.batch * m.cols;
-        const std::optional<std::int64_t> r = support::checked_add(rows[b], s.row_count);
-        const std::optional<std::int64_t> c = support::checked_add(cols[b], s.col_count);
-        FUSEDOPT_CHECK_USAGE(r && c,
-                             "{}: the rows and columns of the params up to it overflow 64 bits "
-                             "(their row and column states could not be laid out)",
-                             runtime::describe(s));
-        rows[b] = *r;
-        cols[b] = *c;
-      }
-    }
-    std::int64_t total = 0;
-    for (std::size_t b = 0; b < tensors.size(); ++b) total += rows[b] * nr + cols[b] * nc;
-    rc_states = backend->allocate(static_cast<std::size_t>(total) * sizeof(float));
-    auto* at = static_cast<float*>(rc_states.data());
-    for (std::size_t b = 0; b < tensors.size(); ++b) {
-      tensors[b].row_states = at;
-      tensors[b].col_states = at + rows[b] * nr;
-      for (int p : binding_params[b]) {
-        ParamSlot& s = params[static_cast<std::size_t>(p)];
-        s.row_base = at;
-        s.row_stride = rows[b];
-        s.col_base = at + rows[b] * nr;
-        s.col_stride = cols[b];
-      }
-      at += rows[b] * nr + cols[b] * nc;
+  if (row_names.empty() && col_names.empty()) return;
+  const auto nr = static_cast<std::int64_t>(row_names.size());
+  const auto nc = static_cast<std::int64_t>(col_names.size());
+  std::vector<std::int64_t> rows(tensors.size(), 0), cols(tensors.size(), 0);
+  for (std::size_t b = 0; b < tensors.size(); ++b) {
+    for (int p : binding_params[b]) {
+      ParamSlot& s = params[static_cast<std::size_t>(p)];
+      const runtime::MatrixShape m = runtime::matrix_shape(s.param.shape, s.param.numel);
+      s.row_first = rows[b];
+      s.col_first = cols[b];
+      s.row_count = m.batch * m.rows;  // fits: checked with the param's shape
+      s.col_count = m.batch * m.cols;
+      const std::optional<std::int64_t> r = support::checked_add(rows[b], s.row_count);
+      const std::optional<std::int64_t> c = support::checked_add(cols[b], s.col_count);
+      FUSEDOPT_CHECK_USAGE(r && c,
+                           "{}: the rows and columns of the params up to it overflow 64 bits "
+                           "(their row and column states could not be laid out)",
+                           runtime::describe(s));
+      rows[b] = *r;
+      cols[b] = *c;
     }
   }
-  const std::vector<std::vector<double>> h = hyper_values();
-  for (const runtime::BindingTensors& t : tensors) {
-    kernels.push_back(backend->bind(detail::RuleAccess::impl(rule), t, h));
+  std::int64_t total = 0;
+  for (std::size_t b = 0; b < tensors.size(); ++b) total += rows[b] * nr + cols[b] * nc;
+  rc_states = backend->allocate(static_cast<std::size_t>(total) * sizeof(float));
+  auto* at = static_cast<float*>(rc_states.data());
+  for (std::size_t b = 0; b < tensors.size(); ++b) {
+    tensors[b].row_states = at;
+    tensors[b].col_states = at + rows[b] * nr;
+    for (int p : binding_params[b]) {
+      ParamSlot& s = params[static_cast<std::size_t>(p)];
+      s.row_base = at;
+      s.row_stride = rows[b];
+      s.col_base = at + rows[b] * nr;
+      s.col_stride = cols[b];
+    }
+    at += rows[b] * nr + cols[b] * nc;
   }
-  for (auto& kernel : kernels) kernel->init_states();
-  // The grad check rides on pass 0 (one read of the gradient for the unscale, the check and
-  // any norm) unless a pass 0 writes (the Store strategy with one reduction pass): the skip
-  // must be known before anything is written.
-  bool fold_check = true;
-  for (const auto& kernel : kernels) fold_check = fold_check && kernel->body().store_pass != 0;
-  plain_program = runtime::compile_step(reduction_passes, false, fold_check);
-  scaled_program = runtime::compile_step(reduction_passes, true, fold_check);
 }
 
 std::vector<std::vector<void*>> Optimizer::Impl::binding_ptrs(std::size_t b) const {

@@ -200,6 +200,12 @@ struct FUSEDOPT_NO_EXPORT Optimizer::Impl {
   void lay_out_arenas();
   /// Plans one kernel per binding over its tensors and writes the initial states.
   void bind_kernels();
+  /// Each binding's tensors (the shared global totals allocated); binding_params filled.
+  std::vector<runtime::BindingTensors> binding_tensors();
+  /// Scalar states: one row of doubles per tensor, each binding's tensors adjacent.
+  void lay_out_scalars(std::vector<runtime::BindingTensors>& tensors);
+  /// Row and column states: per binding, state-major, fp32.
+  void lay_out_rc_states(std::vector<runtime::BindingTensors>& tensors);
   /// The fusion and schedule reports (stats(), FUSEDOPT_LOG=info).
   void report();
 
