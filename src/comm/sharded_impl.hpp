@@ -65,7 +65,13 @@ struct ShardedOptimizer::Impl {
   /// The parameter broadcasts: buckets of pieces, each from its owner.
   void build_gather();
 
+  /// The reduction hook: the local optimizer's totals combined across ranks.
   void combine(const ReductionPartials& p);
+  void combine_globals(const ReductionPartials& p);
+  void combine_per_tensor(const ReductionPartials& p);
+  void exchange_table(const ReductionPartials& p, const std::vector<double*>& totals,
+                      const std::vector<int>& columns, std::vector<double>& table, bool back) const;
+  void reduce_table(const ReductionPartials& p, std::vector<double>& table, ReduceOp op);
   void gather_params(void* stream);
   bool finish_and(const std::function<StepResult()>& step_shard, void* stream);
 };

@@ -219,9 +219,14 @@ ShardedOptimizer::Impl& ShardedOptimizer::live(const char* method) const {
 }
 
 void ShardedOptimizer::Impl::combine(const ReductionPartials& p) {
+  combine_globals(p);
+  combine_per_tensor(p);
+}
+
+// Global slots: float64 all-reduces, one per kind (sum, max) on the host; on the device
+// (NCCL) one per slot, in place, in the step's stream order.
+void ShardedOptimizer::Impl::combine_globals(const ReductionPartials& p) {
   const bool on_device = p.device.kind == Device::Kind::Cuda;
-  // Global slots: float64 all-reduces, one per kind (sum, max) on the host; on the device
-  // (NCCL) one per slot, in place, in the step's stream order.
   for (const bool max : {false, true}) {
     const ReduceOp op = max ? ReduceOp::Max : ReduceOp::Sum;
     std::vector<int> slots;
@@ -240,19 +245,21 @@ void ShardedOptimizer::Impl::combine(const ReductionPartials& p) {
     comm.all_reduce(values.data(), static_cast<std::int64_t>(values.size()), op).wait();
     for (std::size_t k = 0; k < slots.size(); ++k) p.global[slots[k]] = values[k];
   }
-  // Per-tensor slots: a table [parameter][column] over every parameter (the pieces of a
-  // parameter on different ranks add up; a parameter this rank does not own contributes 0,
-  // or -inf to a max), one float64 all-reduce per kind. Device totals are staged through
-  // the host (they are few: a handful of doubles per tensor).
-  const std::size_t n = params.size();
+}
+
+// Per-tensor slots: a table [parameter][column] over every parameter (the pieces of a
+// parameter on different ranks add up; a parameter this rank does not own contributes 0,
+// or -inf to a max), one float64 all-reduce per kind. Device totals are staged through the
+// host (they are few: a handful of doubles per tensor).
+void ShardedOptimizer::Impl::combine_per_tensor(const ReductionPartials& p) {
+  const bool on_device = p.device.kind == Device::Kind::Cuda;
   std::vector<std::vector<double>> staged(p.tensors.size());
-  auto totals_of = [&](std::size_t b) -> double* {
-    return on_device ? staged[b].data() : p.tensors[b].data;
-  };
   auto totals_bytes = [&](std::size_t b) {
     return static_cast<std::size_t>(p.tensors[b].num_tensors * p.tensors[b].stride) *
            sizeof(double);
   };
+  std::vector<double*> totals;  // each kernel's totals, as the host reads them
+  for (std::size_t b = 0; b < p.tensors.size(); ++b) totals.push_back(p.tensors[b].data);
   bool read = false;
   for (const bool max : {false, true}) {
     std::vector<int> columns;
@@ -264,49 +271,62 @@ void ShardedOptimizer::Impl::combine(const ReductionPartials& p) {
       for (std::size_t b = 0; b < p.tensors.size(); ++b) {
         staged[b].resize(totals_bytes(b) / sizeof(double));
         cuda_copy_to_host(staged[b].data(), p.tensors[b].data, totals_bytes(b), p.device.index);
+        totals[b] = staged[b].data();
       }
       read = true;
     }
-    const std::size_t width = columns.size();
-    std::vector<double> table(n * width, max ? -std::numeric_limits<double>::infinity() : 0.0);
-    for (std::size_t b = 0; b < p.tensors.size(); ++b) {
-      const ReductionPartials::TensorTotals& t = p.tensors[b];
-      const double* data = totals_of(b);
-      for (std::int64_t k = 0; k < t.num_tensors; ++k) {
-        const auto param = static_cast<std::size_t>(
-            piece_param[static_cast<std::size_t>(t.params[static_cast<std::size_t>(k)])]);
-        for (std::size_t c = 0; c < width; ++c)
-          table[param * width + c] = data[k * t.stride + columns[c]];
-      }
-    }
-    const ReduceOp op = max ? ReduceOp::Max : ReduceOp::Sum;
-    const auto count = static_cast<std::int64_t>(table.size());
-    if (on_device) {
-      const std::size_t bytes = table.size() * sizeof(double);
-      if (!device_table || device_table->size() < bytes)
-        device_table = std::make_unique<CudaBuffer>(bytes, p.device.index);
-      auto* d = static_cast<double*>(device_table->data());
-      cuda_copy_to_device(d, table.data(), bytes, p.device.index);
-      comm.all_reduce(d, count, op, p.stream).wait();
-      cuda_copy_to_host(table.data(), d, bytes, p.device.index);
-    } else {
-      comm.all_reduce(table.data(), count, op).wait();
-    }
-    for (std::size_t b = 0; b < p.tensors.size(); ++b) {
-      const ReductionPartials::TensorTotals& t = p.tensors[b];
-      double* data = totals_of(b);
-      for (std::int64_t k = 0; k < t.num_tensors; ++k) {
-        const auto param = static_cast<std::size_t>(
-            piece_param[static_cast<std::size_t>(t.params[static_cast<std::size_t>(k)])]);
-        for (std::size_t c = 0; c < width; ++c)
-          data[k * t.stride + columns[c]] = table[param * width + c];
-      }
-    }
+    std::vector<double> table(params.size() * columns.size(),
+                              max ? -std::numeric_limits<double>::infinity() : 0.0);
+    exchange_table(p, totals, columns, table, false);
+    reduce_table(p, table, max ? ReduceOp::Max : ReduceOp::Sum);
+    exchange_table(p, totals, columns, table, true);
   }
   if (read) {
     for (std::size_t b = 0; b < p.tensors.size(); ++b)
       cuda_copy_to_device(p.tensors[b].data, staged[b].data(), totals_bytes(b), p.device.index);
   }
+}
+
+// Copies the `columns` of every kernel's per-tensor totals into the table by parameter
+// (`back`: the table back into the totals).
+void ShardedOptimizer::Impl::exchange_table(const ReductionPartials& p,
+                                            const std::vector<double*>& totals,
+                                            const std::vector<int>& columns,
+                                            std::vector<double>& table, bool back) const {
+  const std::size_t width = columns.size();
+  for (std::size_t b = 0; b < p.tensors.size(); ++b) {
+    const ReductionPartials::TensorTotals& t = p.tensors[b];
+    for (std::int64_t k = 0; k < t.num_tensors; ++k) {
+      const auto param = static_cast<std::size_t>(
+          piece_param[static_cast<std::size_t>(t.params[static_cast<std::size_t>(k)])]);
+      for (std::size_t c = 0; c < width; ++c) {
+        double& slot = totals[b][k * t.stride + columns[c]];
+        double& cell = table[param * width + c];
+        if (back) {
+          slot = cell;
+        } else {
+          cell = slot;
+        }
+      }
+    }
+  }
+}
+
+// The table reduced over the ranks (through device memory for NCCL).
+void ShardedOptimizer::Impl::reduce_table(const ReductionPartials& p, std::vector<double>& table,
+                                          ReduceOp op) {
+  const auto count = static_cast<std::int64_t>(table.size());
+  if (p.device.kind != Device::Kind::Cuda) {
+    comm.all_reduce(table.data(), count, op).wait();
+    return;
+  }
+  const std::size_t bytes = table.size() * sizeof(double);
+  if (!device_table || device_table->size() < bytes)
+    device_table = std::make_unique<CudaBuffer>(bytes, p.device.index);
+  auto* d = static_cast<double*>(device_table->data());
+  cuda_copy_to_device(d, table.data(), bytes, p.device.index);
+  comm.all_reduce(d, count, op, p.stream).wait();
+  cuda_copy_to_host(table.data(), d, bytes, p.device.index);
 }
 
 void ShardedOptimizer::Impl::gather_params(void* stream) {
