@@ -58,6 +58,52 @@ std::size_t vector_align(const codegen::KernelBody& body, int role) {
              : kVectorAlign;
 }
 
+/// Tensor `t` of `request` (its pointers, size, group and shape checked) into the plan.
+void Plan::take_tensor(const codegen::KernelBody& body, const PlanRequest& request, std::size_t t,
+                       const std::vector<std::int64_t>& shape, int group) {
+  const auto& ptrs = *request.ptrs;
+  const auto& numel = *request.numel;
+  const char* who = request.who;
+  const int given_roles = num_given_roles_;
+  FUSEDOPT_CHECK_USAGE(static_cast<int>(ptrs[t].size()) == given_roles,
+                       "{}: tensor {} has {} pointers, the kernel needs {}", who, t, ptrs[t].size(),
+                       given_roles);
+  FUSEDOPT_CHECK_USAGE(numel[t] >= 0, "{}: tensor {} has a negative size", who, t);
+  FUSEDOPT_CHECK_USAGE(!(group < 0 || group >= num_groups_),
+                       "{}: tensor {} is in group {}, but there are {} groups", who, t, group,
+                       num_groups_);
+  tensor_groups_[t] = group;
+  std::int64_t product = 1;
+  for (std::int64_t d : shape) {
+    FUSEDOPT_CHECK_USAGE(d >= 0 && (d == 0 || product <= INT64_MAX / d),
+                         "{}: tensor {} has a bad shape (a negative or too large dimension)", who,
+                         t);
+    product *= d;
+  }
+  FUSEDOPT_CHECK_USAGE(shape.empty() || product == numel[t],
+                       "{}: tensor {} has a shape of {} elements but {} elements", who, t, product,
+                       numel[t]);
+  const bool matrix = shape.size() >= 2;
+  double* info = &tensor_info_[4 * t];
+  info[0] = static_cast<double>(numel[t]);
+  info[1] = static_cast<double>(std::max<std::size_t>(shape.size(), 1));
+  info[2] = static_cast<double>(matrix ? shape[shape.size() - 2] : numel[t]);
+  info[3] = static_cast<double>(matrix ? shape.back() : 1);
+  bool all_aligned = true;
+  for (int r = 0; r < given_roles; ++r) {
+    void* ptr = ptrs[t][static_cast<std::size_t>(r)];
+    FUSEDOPT_CHECK_USAGE(numel[t] == 0 || ptr, "{}: tensor {} role {} is a null pointer", who, t,
+                         r);
+    all_aligned &= reinterpret_cast<std::uintptr_t>(ptr) % vector_align(body, r) == 0;
+    ptrs_[t * static_cast<std::size_t>(num_roles_) + static_cast<std::size_t>(r)] = ptr;
+  }
+  // Scratch views are laid out kVectorAlign-aligned (scratch_align is a multiple).
+  // A tensor whose 16-bit roles sit at 8 bytes still takes the vector path: each role
+  // needs only its own 4 elements' width.
+  aligned_[t] = all_aligned ? 1 : 0;
+  num_aligned_ += all_aligned && numel[t] > 0;
+}
+
 Plan Plan::build(const codegen::KernelBody& body, const PlanRequest& request) {
   static const std::vector<int> kNoGroups;
   const auto& ptrs = *request.ptrs;
@@ -93,46 +139,9 @@ Plan Plan::build(const codegen::KernelBody& body, const PlanRequest& request) {
   FUSEDOPT_CHECK_USAGE(shapes.empty() || shapes.size() == n, "{}: {} tensors but {} shapes", who, n,
                        shapes.size());
   for (std::size_t t = 0; t < n; ++t) {
-    FUSEDOPT_CHECK_USAGE(static_cast<int>(ptrs[t].size()) == given_roles,
-                         "{}: tensor {} has {} pointers, the kernel needs {}", who, t,
-                         ptrs[t].size(), given_roles);
-    FUSEDOPT_CHECK_USAGE(numel[t] >= 0, "{}: tensor {} has a negative size", who, t);
-    const int g = group.empty() ? 0 : group[t];
-    FUSEDOPT_CHECK_USAGE(!(g < 0 || g >= p.num_groups_),
-                         "{}: tensor {} is in group {}, but there are {} groups", who, t, g,
-                         hypers.size());
-    p.tensor_groups_[t] = g;
-    const std::vector<std::int64_t> no_shape;
-    const std::vector<std::int64_t>& shape = shapes.empty() ? no_shape : shapes[t];
-    std::int64_t product = 1;
-    for (std::int64_t d : shape) {
-      FUSEDOPT_CHECK_USAGE(d >= 0 && (d == 0 || product <= INT64_MAX / d),
-                           "{}: tensor {} has a bad shape (a negative or too large dimension)", who,
-                           t);
-      product *= d;
-    }
-    FUSEDOPT_CHECK_USAGE(shape.empty() || product == numel[t],
-                         "{}: tensor {} has a shape of {} elements but {} elements", who, t,
-                         product, numel[t]);
-    const bool matrix = shape.size() >= 2;
-    double* info = &p.tensor_info_[4 * t];
-    info[0] = static_cast<double>(numel[t]);
-    info[1] = static_cast<double>(std::max<std::size_t>(shape.size(), 1));
-    info[2] = static_cast<double>(matrix ? shape[shape.size() - 2] : numel[t]);
-    info[3] = static_cast<double>(matrix ? shape.back() : 1);
-    bool all_aligned = true;
-    for (int r = 0; r < given_roles; ++r) {
-      void* ptr = ptrs[t][static_cast<std::size_t>(r)];
-      FUSEDOPT_CHECK_USAGE(numel[t] == 0 || ptr, "{}: tensor {} role {} is a null pointer", who, t,
-                           r);
-      all_aligned &= reinterpret_cast<std::uintptr_t>(ptr) % vector_align(body, r) == 0;
-      p.ptrs_[t * static_cast<std::size_t>(p.num_roles_) + static_cast<std::size_t>(r)] = ptr;
-    }
-    // Scratch views are laid out kVectorAlign-aligned (scratch_align is a multiple).
-    // A tensor whose 16-bit roles sit at 8 bytes still takes the vector path: each role
-    // needs only its own 4 elements' width.
-    p.aligned_[t] = all_aligned ? 1 : 0;
-    p.num_aligned_ += all_aligned && numel[t] > 0;
+    static const std::vector<std::int64_t> kNoShape;
+    p.take_tensor(body, request, t, shapes.empty() ? kNoShape : shapes[t],
+                  group.empty() ? 0 : group[t]);
   }
   p.chunks_ = build_chunks(numel, group, request.chunk_elems, p.num_groups_);
   p.num_tensors_ = static_cast<std::int64_t>(n);

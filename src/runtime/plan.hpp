@@ -128,6 +128,8 @@ class Plan {
   std::size_t scratch_bytes() const { return scratch_bytes_; }
 
  private:
+  void take_tensor(const codegen::KernelBody& body, const PlanRequest& request, std::size_t t,
+                   const std::vector<std::int64_t>& shape, int group);
   void lay_out_reductions(const codegen::KernelBody& body);
   void lay_out_factored(const codegen::KernelBody& body, const std::vector<std::int64_t>& numel,
                         const std::vector<std::vector<std::int64_t>>& shapes,
