@@ -65,99 +65,96 @@ std::string read_exact(int fd, std::string& out, std::size_t n, const char* what
 
 }  // namespace
 
-EntryCheck read_entry(int fd, std::uint64_t file_bytes, const Key& name_key, ReadDepth depth) {
-  EntryCheck check;
-  if (file_bytes < kPrefixBytes) {
-    // A short file that does not even start like an entry is foreign, not truncated.
-    std::string head;
-    read_exact(fd, head, static_cast<std::size_t>(file_bytes), "header");
-    std::size_t n = std::min(head.size(), kMagic.size());
-    if (std::string_view(head).substr(0, n) != kMagic.substr(0, n)) {
-      check.problem = "not a fusedopt cache entry (bad magic)";
-    } else {
-      check.problem =
-          "truncated: file is " + std::to_string(file_bytes) + " bytes, shorter than the header";
-    }
-    return check;
+namespace {
+
+/// Why a file shorter than the fixed prefix is not an entry: foreign or truncated.
+std::string short_file_problem(int fd, std::uint64_t file_bytes) {
+  // A short file that does not even start like an entry is foreign, not truncated.
+  std::string head;
+  read_exact(fd, head, static_cast<std::size_t>(file_bytes), "header");
+  const std::size_t n = std::min(head.size(), kMagic.size());
+  if (std::string_view(head).substr(0, n) != kMagic.substr(0, n)) {
+    return "not a fusedopt cache entry (bad magic)";
   }
+  return "truncated: file is " + std::to_string(file_bytes) + " bytes, shorter than the header";
+}
+
+/// Reads and checks the header (prefix, key record, trailer) into `check`; the stored
+/// payload hash goes to `*stored_sum`. Returns the problem, or "" when the header holds.
+std::string read_header(int fd, std::uint64_t file_bytes, EntryCheck& check, Key* stored_sum) {
   std::string prefix;
   if (auto problem = read_exact(fd, prefix, kPrefixBytes, "header"); !problem.empty()) {
-    check.problem = problem;
-    return check;
+    return problem;
   }
   if (std::string_view(prefix).substr(0, kMagic.size()) != kMagic) {
-    check.problem = "not a fusedopt cache entry (bad magic)";
-    return check;
+    return "not a fusedopt cache entry (bad magic)";
   }
-  std::uint32_t version = get_u32(prefix.data() + 8);
+  const std::uint32_t version = get_u32(prefix.data() + 8);
   if (version != kFormatVersion) {
-    check.problem = "unsupported format version " + std::to_string(version) +
-                    " (this build reads version " + std::to_string(kFormatVersion) + ")";
-    return check;
+    return "unsupported format version " + std::to_string(version) + " (this build reads version " +
+           std::to_string(kFormatVersion) + ")";
   }
-  std::uint64_t record_length = get_u64(prefix.data() + 16);
-  std::uint64_t room = file_bytes - kPrefixBytes;
+  const std::uint64_t record_length = get_u64(prefix.data() + 16);
+  const std::uint64_t room = file_bytes - kPrefixBytes;
   if (record_length > room || room - record_length < kTrailerBytes) {
-    check.problem = "truncated: file is " + std::to_string(file_bytes) +
-                    " bytes, header says the key record alone is " + std::to_string(record_length) +
-                    " bytes";
-    return check;
+    return "truncated: file is " + std::to_string(file_bytes) +
+           " bytes, header says the key record alone is " + std::to_string(record_length) +
+           " bytes";
   }
   if (auto problem =
           read_exact(fd, check.record_bytes, static_cast<std::size_t>(record_length), "key record");
       !problem.empty()) {
-    check.problem = problem;
-    return check;
+    return problem;
   }
   std::string trailer;
   if (auto problem = read_exact(fd, trailer, kTrailerBytes, "header"); !problem.empty()) {
-    check.problem = problem;
-    return check;
+    return problem;
   }
   check.payload_bytes = get_u64(trailer.data());
-  Key stored_sum{get_u64(trailer.data() + 8), get_u64(trailer.data() + 16)};
-  std::uint64_t actual_payload = room - record_length - kTrailerBytes;
+  *stored_sum = Key{get_u64(trailer.data() + 8), get_u64(trailer.data() + 16)};
+  const std::uint64_t actual_payload = room - record_length - kTrailerBytes;
   if (actual_payload < check.payload_bytes) {
-    check.problem = "truncated: payload is " + std::to_string(actual_payload) +
-                    " bytes, header says " + std::to_string(check.payload_bytes);
-    return check;
+    return "truncated: payload is " + std::to_string(actual_payload) + " bytes, header says " +
+           std::to_string(check.payload_bytes);
   }
   if (actual_payload > check.payload_bytes) {
-    check.problem = "extra bytes: file is " + std::to_string(file_bytes) + " bytes, header says " +
-                    std::to_string(file_bytes - (actual_payload - check.payload_bytes));
-    return check;
+    return "extra bytes: file is " + std::to_string(file_bytes) + " bytes, header says " +
+           std::to_string(file_bytes - (actual_payload - check.payload_bytes));
   }
-  if (depth == ReadDepth::Header) return check;
+  return {};
+}
 
-  auto record = KeyRecord::deserialize(check.record_bytes);
-  if (!record) {
-    check.problem = "malformed key record in the header";
-    return check;
-  }
-  Key record_key = hash128(check.record_bytes);
-  if (record_key != name_key) {
-    check.problem = "key mismatch: header record hashes to " + record_key.hex();
-    return check;
-  }
+/// Checks the key record against the file's name and reads and checks the payload into
+/// `check`. Returns the problem, or "" when the entry holds.
+std::string read_payload(int fd, const Key& name_key, const Key& stored_sum, EntryCheck& check) {
+  if (!KeyRecord::deserialize(check.record_bytes)) return "malformed key record in the header";
+  const Key record_key = hash128(check.record_bytes);
+  if (record_key != name_key) return "key mismatch: header record hashes to " + record_key.hex();
   if (auto problem =
           read_exact(fd, check.payload, static_cast<std::size_t>(check.payload_bytes), "payload");
       !problem.empty()) {
-    check.problem = problem;
-    check.payload.clear();
-    return check;
+    return problem;
   }
   // A file that grew after fstat() is not what the header describes.
   char extra = 0;
-  if (read_full(fd, &extra, 1) != 0) {
-    check.problem = "extra bytes: the file is longer than its header says";
-    check.payload.clear();
+  if (read_full(fd, &extra, 1) != 0) return "extra bytes: the file is longer than its header says";
+  if (hash128(check.payload) != stored_sum) return "payload hash mismatch";
+  return {};
+}
+
+}  // namespace
+
+EntryCheck read_entry(int fd, std::uint64_t file_bytes, const Key& name_key, ReadDepth depth) {
+  EntryCheck check;
+  if (file_bytes < kPrefixBytes) {
+    check.problem = short_file_problem(fd, file_bytes);
     return check;
   }
-  if (hash128(check.payload) != stored_sum) {
-    check.problem = "payload hash mismatch";
-    check.payload.clear();
-    return check;
-  }
+  Key stored_sum{};
+  check.problem = read_header(fd, file_bytes, check, &stored_sum);
+  if (!check.problem.empty() || depth == ReadDepth::Header) return check;
+  check.problem = read_payload(fd, name_key, stored_sum, check);
+  if (!check.problem.empty()) check.payload.clear();
   return check;
 }
 
