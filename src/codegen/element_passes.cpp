@@ -1,0 +1,205 @@
+// The element passes of one rule: fo_reduce_element<pass> for each reduction pass and
+// fo_element for the update, each made of its loads, its statements (and accumulations) and
+// its stores, as the schedule (schedule.hpp) says.
+#include <fmt/format.h>
+
+#include <set>
+
+#include "codegen/body_emitter.hpp"
+
+namespace fusedopt::codegen {
+
+using lang::Expr;
+using lang::Op;
+using lang::SymKind;
+
+std::string BodyEmitter::pass_function(int pass) {
+  const PassShape p{
+      pass,
+      s_.passes.at(pass),
+      pass == rule_.reduction_passes,
+      pass == s_.store_pass,
+      pass == rule_.reduction_passes && s_.store_pass >= 0,
+      std::set<int>(s_.passes.at(pass).stmts.begin(), s_.passes.at(pass).stmts.end())};
+  em_.def_override_.clear();
+  em_.orig_override_.clear();
+  Writer loads, body, stores;
+  emit_loads(p, loads);
+  emit_statements(p, body);
+  emit_stores(p, stores);
+  return wrap_pass(p, loads, body, stores);
+}
+
+void BodyEmitter::emit_loads(const PassShape& p, Writer& loads) {
+  // The update of the Store strategy reads what crossed through scratch tensors.
+  if (p.update_after_store) {
+    for (std::size_t c = 0; c < s_.crossings.size(); ++c) {
+      const Crossing& x = s_.crossings[c];
+      const std::string local = fmt::format("fo_x{}", c);
+      loads.line(fmt::format("  const float {} = fo_load(t.r{}, i);", local,
+                             s_.first_scratch_role + static_cast<int>(c)));
+      if (x.def >= 0) {
+        em_.def_override_[x.def] = local;
+      } else {
+        em_.orig_override_[x.sym] = local;
+      }
+    }
+    // Final values of fp32 tensors finished early are read back from the tensors.
+    for (int sym : s_.early_syms) {
+      const int role = role_of(rule_, s_, sym);
+      if (!p.plan.reads.count(role)) continue;
+      const std::string local = fmt::format("fo_r_{}", rule_.symbols[sym].name);
+      loads.line(fmt::format("  const float {} = fo_load(t.r{}, i);", local, role));
+      em_.def_override_[last_def_.at(sym)] = local;
+    }
+  }
+
+  // Originals this pass reads: every evaluated tensor reference without a definition.
+  std::set<int> originals;
+  auto scan = [&](const Expr& e) {
+    visit_evaluated(e, [&](const Expr& x) {
+      if (x.op == Op::Ref && x.def < 0 && is_tensor(rule_.symbols[x.sym].kind) &&
+          !em_.orig_override_.count(x.sym)) {
+        originals.insert(x.sym);
+      }
+    });
+  };
+  for (int i : p.plan.stmts) scan(*rule_.stmts[i].value);
+  for (int r : p.plan.reductions) scan(*rule_.reductions[r].arg);
+  if (p.store) {
+    for (const Crossing& x : s_.crossings) {
+      if (x.def < 0) originals.insert(x.sym);
+    }
+  }
+  emit_rc_loads(loads);
+  for (std::size_t sym = 0; sym < rule_.symbols.size(); ++sym) {
+    const lang::Symbol& x = rule_.symbols[sym];
+    if (!is_tensor(x.kind) && !(x.kind == SymKind::Temp)) continue;
+    const int s = static_cast<int>(sym);
+    if (x.kind == SymKind::Temp) {
+      loads.line(fmt::format("  float v_{} = 0.0f;", x.name));
+    } else if (originals.count(s)) {
+      const std::string scale = x.kind == SymKind::Grad ? " * U.inv_grad_scale" : "";
+      loads.line(fmt::format("  {}float v_{} = fo_load(t.r{}, i){};",
+                             x.kind == SymKind::Grad ? "const " : "", x.name, role_of(rule_, s_, s),
+                             scale));
+    } else {
+      loads.line(fmt::format("  float v_{} = 0.0f;", x.name));
+    }
+  }
+  if (p.store) {
+    for (std::size_t c = 0; c < s_.crossings.size(); ++c) {
+      const Crossing& x = s_.crossings[c];
+      if (x.def < 0) {
+        loads.line(fmt::format("  fo_store(t.r{}, i, v_{});",
+                               s_.first_scratch_role + static_cast<int>(c), x.name));
+      }
+    }
+  }
+}
+
+void BodyEmitter::emit_statements(const PassShape& p, Writer& body) {
+  for (std::size_t i = 0; i < rule_.stmts.size(); ++i) {
+    const lang::Stmt& st = rule_.stmts[i];
+    if (!p.update) {
+      std::vector<const Expr*> calls;
+      collect_reductions(*st.value, calls);
+      for (const Expr* call : calls) {
+        const lang::Reduction& r = rule_.reductions[call->reduction];
+        if (r.pass != p.pass || r.scope == lang::Scope::Matrix) continue;
+        body.line_directive(call->loc.line, file_);
+        if (lanes(r)) {
+          body.line("  " + accumulate(r.kind, acc_[call->reduction], em_.element(*r.arg)));
+        } else {  // row_mean / col_mean: summed per row / per column, divided at the end
+          body.line(fmt::format("  fo_{}r[{}] += (double)({});",
+                                r.scope == lang::Scope::Row ? "r" : "c", r.slot,
+                                em_.element(*r.arg)));
+        }
+      }
+    }
+    if (!p.compute.count(static_cast<int>(i))) continue;
+    const lang::Symbol& target = rule_.symbols.at(st.target);
+    body.line_directive(st.loc.line, file_);
+    body.line(fmt::format("  v_{} = {};", target.name, em_.element(*st.value)));
+    if (p.store) {
+      for (std::size_t c = 0; c < s_.crossings.size(); ++c) {
+        if (s_.crossings[c].def == static_cast<int>(i)) {
+          body.line(fmt::format("  fo_store(t.r{}, i, v_{});",
+                                s_.first_scratch_role + static_cast<int>(c), target.name));
+        }
+      }
+    }
+  }
+  body.restore_line();
+}
+
+void BodyEmitter::emit_stores(const PassShape& p, Writer& stores) {
+  // Stores: the update stores what it finished; the store pass what it finished early.
+  std::set<int> finished;
+  if (p.update) {
+    for (const auto& [sym, def] : last_def_) {
+      if (!p.update_after_store || !s_.early_syms.count(sym)) finished.insert(sym);
+    }
+  } else if (p.store) {
+    finished = s_.early_syms;
+  }
+  for (int sym : finished) {
+    const lang::Symbol& x = rule_.symbols[sym];
+    stores.line(fmt::format("  fo_store(t.r{}, i, v_{});", role_of(rule_, s_, sym), x.name));
+    if (x.kind == SymKind::Param && dtypes_.master) {
+      stores.line(fmt::format("  fo_store(t.r0, i, v_{});", x.name));
+    }
+  }
+  if (p.pass == 0 && check_acc_ >= 0) {
+    stores.line(fmt::format("  if (fo_check) {{ {} }}",
+                            accumulate(lang::ReduceKind::AnyNonFinite, check_acc_,
+                                       fmt::format("fo_load(t.r1, i) * U.inv_grad_scale"))));
+  }
+  for (const lang::Symbol& x : rule_.symbols) {
+    if (is_tensor(x.kind) || x.kind == SymKind::Temp || is_rc(x.kind))
+      stores.line(fmt::format("  (void)v_{};", x.name));
+  }
+}
+
+void BodyEmitter::emit_rc_loads(Writer& loads) const {
+  for (int s : rule_.row_states) {
+    loads.line(fmt::format("  float v_{} = X.rs[{} * X.nrows + X.row];", rule_.symbols[s].name,
+                           rule_.symbols[s].index));
+  }
+  for (int s : rule_.col_states) {
+    loads.line(fmt::format("  float v_{} = X.cs[{} * X.ncols + X.col];", rule_.symbols[s].name,
+                           rule_.symbols[s].index));
+  }
+}
+
+std::string BodyEmitter::wrap_pass(const PassShape& p, const Writer& loads, const Writer& body,
+                                   const Writer& stores) {
+  Writer w;
+  // Factored rules: the element's row and column (fo_rcx), and row/column sums.
+  const char* rc = factored_ ? "_rc" : "";
+  const char* x = factored_ ? ", const fo_rcx& X" : "";
+  if (p.update) {
+    w.line(
+        fmt::format("FO_FN void fo_element{}(const fo_tensor& t, long long i, const fo_uniform& U, "
+                    "const fo_tvals& T{}) {{",
+                    rc, x));
+  } else {
+    w.line("template <>");
+    w.line(
+        fmt::format("FO_FN void fo_reduce_element{}<{}>(const fo_tensor& t, long long i, "
+                    "const fo_uniform& U, const fo_tvals& T{}, float* fo_a, int fo_stride, "
+                    "bool fo_check{}) {{",
+                    rc, p.pass, x, factored_ ? ", double* fo_rr, double* fo_cr" : ""));
+  }
+  w.line("  (void)T;");
+  if (factored_) w.line("  (void)X;");
+  if (!p.update) w.line("  (void)fo_a; (void)fo_stride; (void)fo_check;");
+  if (!p.update && factored_) w.line("  (void)fo_rr; (void)fo_cr;");
+  w.append(loads);
+  w.append(body);
+  w.append(stores);
+  w.line("}");
+  return w.str();
+}
+
+}  // namespace fusedopt::codegen

@@ -1,0 +1,87 @@
+// The row and column stages of factored rules (rules with `row`/`col` states or row_mean,
+// col_mean, matrix_mean): which pass computes each row, column and matrix slot,
+// fo_row_stage / fo_col_stage and fo_rc_init.
+#include <fmt/format.h>
+
+#include "codegen/body_emitter.hpp"
+
+namespace fusedopt::codegen {
+
+using lang::SymKind;
+
+std::string BodyEmitter::rc_functions() {
+  Writer w;
+  if (!factored_) return "";
+  auto slot_table = [&](const char* fn, lang::Scope scope, auto value) {
+    w.line(fmt::format("FO_FN int {}(int s) {{", fn));
+    for (const lang::Reduction& r : rule_.reductions) {
+      if (r.scope == scope) w.line(fmt::format("  if (s == {}) return {};", r.slot, value(r)));
+    }
+    w.line("  (void)s;");
+    w.line("  return -1;");
+    w.line("}");
+  };
+  auto pass_of = [](const lang::Reduction& r) { return r.pass; };
+  slot_table("fo_row_slot_pass", lang::Scope::Row, pass_of);
+  slot_table("fo_col_slot_pass", lang::Scope::Col, pass_of);
+  slot_table("fo_matrix_slot_pass", lang::Scope::Matrix, pass_of);
+  slot_table("fo_matrix_slot_col", lang::Scope::Matrix,
+             [](const lang::Reduction& r) { return r.arg->level == lang::Level::Col ? 1 : 0; });
+  em_.def_override_.clear();
+  em_.orig_override_.clear();
+  for (const bool row : {true, false}) {
+    const SymKind kind = row ? SymKind::RowState : SymKind::ColState;
+    const lang::Level level = row ? lang::Level::Row : lang::Level::Col;
+    const std::vector<int>& states = row ? rule_.row_states : rule_.col_states;
+    w.line(fmt::format(
+        "FO_FN void fo_{}_stage(const fo_rcx& X, const fo_uniform& U, const fo_tvals& T, "
+        "float* fo_out, double* fo_m) {{",
+        row ? "row" : "col"));
+    w.line("  (void)X; (void)U; (void)T; (void)fo_out; (void)fo_m;");
+    for (int s : states) {
+      w.line(fmt::format("  float v_{} = X.{}s[{} * X.n{}s + X.{}];", rule_.symbols[s].name,
+                         row ? "r" : "c", rule_.symbols[s].index, row ? "row" : "col",
+                         row ? "row" : "col"));
+    }
+    for (const lang::Symbol& x : rule_.symbols) {
+      if (x.kind == SymKind::Temp) w.line(fmt::format("  float v_{} = 0.0f;", x.name));
+    }
+    for (std::size_t i = 0; i < rule_.stmts.size(); ++i) {
+      const lang::Stmt& st = rule_.stmts[i];
+      const SymKind k = rule_.symbols[st.target].kind;
+      const lang::Level l = st.value->level;
+      const bool temp = k == SymKind::Temp && !st.value->uniform &&
+                        (l == lang::Level::Tensor || l == lang::Level::Matrix || l == level);
+      if (k != kind && !temp) continue;
+      w.line_directive(st.loc.line, file_);
+      w.line(fmt::format("  v_{} = {};", rule_.symbols[st.target].name, em_.element(*st.value)));
+    }
+    for (const lang::Reduction& r : rule_.reductions) {
+      if (r.scope == lang::Scope::Matrix && r.arg->level == level) {
+        w.line_directive(r.loc.line, file_);
+        w.line(fmt::format("  fo_m[{}] = (double)({});", r.slot, em_.element(*r.arg)));
+      }
+    }
+    w.restore_line();
+    for (int s : states) {
+      w.line(fmt::format("  fo_out[{}] = v_{};", rule_.symbols[s].index, rule_.symbols[s].name));
+    }
+    for (const lang::Symbol& x : rule_.symbols) {
+      if (x.kind == SymKind::Temp) w.line(fmt::format("  (void)v_{};", x.name));
+    }
+    w.line("}");
+  }
+  w.line("FO_FN void fo_rc_init(const double* h, float* fo_rs, float* fo_cs) {");
+  w.line("  (void)h; (void)fo_rs; (void)fo_cs;");
+  for (const bool row : {true, false}) {
+    for (int s : row ? rule_.row_states : rule_.col_states) {
+      const lang::Symbol& sym = rule_.symbols[s];
+      w.line(fmt::format("  fo_{}s[{}] = (float)({});", row ? "r" : "c", sym.index,
+                         em_.tensor_value(*sym.init)));
+    }
+  }
+  w.line("}");
+  return w.str();
+}
+
+}  // namespace fusedopt::codegen
