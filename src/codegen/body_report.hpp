@@ -7,9 +7,9 @@
 #include <vector>
 
 #include "codegen/body_emitter.hpp"
+#include "codegen/body_parts.hpp"
 #include "codegen/codegen.hpp"
 #include "codegen/schedule.hpp"
-#include "codegen/writer.hpp"
 #include "fusedopt/dtype.hpp"
 #include "lang/ast.hpp"
 

@@ -8,6 +8,7 @@
 #include <fmt/format.h>
 
 #include "codegen/body_emitter.hpp"
+#include "codegen/body_parts.hpp"
 #include "codegen/body_report.hpp"
 #include "codegen/writer.hpp"
 

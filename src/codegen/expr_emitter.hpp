@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "codegen/body_parts.hpp"
 #include "codegen/writer.hpp"
 #include "fusedopt/error.hpp"
 #include "lang/ast.hpp"

@@ -1,0 +1,114 @@
+// The body around a trusted functor: C++ handed over by the caller, compiled as written,
+// with the same ABI as a rule's body (no reductions, no hoisted values).
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cctype>
+
+#include "codegen/body_parts.hpp"
+#include "codegen/codegen.hpp"
+#include "codegen/writer.hpp"
+#include "fusedopt/error.hpp"
+
+namespace fusedopt::codegen {
+
+namespace {
+
+bool valid_identifier(const std::string& s) {
+  if (s.empty() || !(std::isalpha(static_cast<unsigned char>(s[0])) || s[0] == '_')) return false;
+  return std::all_of(s.begin(), s.end(), [](char c) {
+    return std::isalnum(static_cast<unsigned char>(c)) || c == '_';
+  });
+}
+
+}  // namespace
+
+KernelBody generate_functor_body(const TrustedFunctor& functor, const DTypeBinding& dtypes) {
+  for (const auto& [name, value] : functor.hypers) {
+    if (!valid_identifier(name) || name == "step") {
+      throw UsageError(
+          fmt::format("trusted functor '{}': hyper name '{}' is not a C++ identifier "
+                      "(or is the reserved 'step')",
+                      functor.name, name));
+    }
+  }
+  if (functor.code.empty()) throw UsageError("trusted functor '" + functor.name + "' has no code");
+  KernelBody body;
+  body.kind = "trusted-functor";
+  body.name = functor.name;
+  body.num_hypers = static_cast<int>(functor.hypers.size());
+  body.num_uniforms = 0;
+  const int nstates = static_cast<int>(functor.states.size());
+  body.roles.push_back("p");
+  body.roles.push_back("g");
+  for (const auto& s : functor.states) body.roles.push_back(s.first);
+  const int master_role = dtypes.master ? 2 + nstates : -1;
+  if (dtypes.master) body.roles.push_back("p_master");
+  body.num_roles = static_cast<int>(body.roles.size());
+  const int value_role = dtypes.master ? master_role : 0;
+  for (const auto& h : functor.hypers) body.hypers.push_back(h.first);
+
+  Writer w;
+  w.line("// TRUSTED FUNCTOR: the code below was handed over as C++ and compiled as written.");
+  emit_common_prologue(w, body);
+  w.line("struct fo_hypers {");
+  for (const auto& h : functor.hypers) w.line(fmt::format("  float {};", h.first));
+  w.line("  float step;");
+  w.line("};");
+  w.line("namespace fo_user {");
+  w.line_directive(1, line_file_name(functor.name));
+  w.line(functor.code);
+  w.restore_line();
+  w.line("}  // namespace fo_user");
+  std::vector<RoleDecl> roles = {{storage_type(dtypes.param), true},
+                                 {storage_type(dtypes.grad), false}};
+  for (int s = 0; s < nstates; ++s) roles.push_back({storage_type(dtypes.state), true});
+  if (dtypes.master) roles.push_back({"float", true});
+  emit_tensor_binding(w, roles);
+  emit_prepare(w, body, {}, {}, "");
+  w.line("FO_FN int fo_acc_count(int) { return 0; }");
+  w.line("FO_FN int fo_acc_max(int, int) { return 0; }");
+  w.line("FO_FN int fo_acc_slot(int, int) { return 0; }");
+  w.line(
+      "FO_FN void fo_tensor_values(const double*, const double*, const double*, double, "
+      "const double*, const double*, fo_tvals& T, double*) { T.v[0] = 0.0f; }");
+  w.line("FO_FN void fo_scalar_init(const double*, double*) {}");
+  w.line("template <int kPass>");
+  w.line(
+      "FO_FN void fo_reduce_element(const fo_tensor&, long long, const fo_uniform&, "
+      "const fo_tvals&, float*, int, bool) {}");
+  w.line(
+      "FO_FN void fo_element(const fo_tensor& t, long long i, const fo_uniform& U, const "
+      "fo_tvals&) {");
+  w.line("  fo_hypers h;");
+  for (int k = 0; k < body.num_hypers; ++k) {
+    w.line(fmt::format("  h.{} = U.h[{}];", functor.hypers[k].first, k));
+  }
+  w.line("  h.step = U.step;");
+  w.line(fmt::format("  float p = fo_load(t.r{}, i);", value_role));
+  w.line("  const float g = fo_load(t.r1, i) * U.inv_grad_scale;");
+  std::string args = "p";
+  for (int s = 0; s < nstates; ++s) {
+    w.line(fmt::format("  float s{0} = fo_load(t.r{1}, i);", s, 2 + s));
+    args += fmt::format(", s{}", s);
+  }
+  w.line(fmt::format("  fo_user::Functor()({}, g, h);", args));
+  w.line(fmt::format("  fo_store(t.r{}, i, p);", value_role));
+  if (dtypes.master) w.line("  fo_store(t.r0, i, p);");
+  for (int s = 0; s < nstates; ++s) w.line(fmt::format("  fo_store(t.r{0}, i, s{1});", 2 + s, s));
+  w.line("}");
+  emit_grad_finite(w);
+  w.line("FO_FN void fo_init_element(const fo_tensor& t, long long i, const fo_uniform& U) {");
+  w.line("  (void)U;");
+  if (dtypes.master) w.line(fmt::format("  fo_store(t.r{}, i, fo_load(t.r0, i));", master_role));
+  for (int s = 0; s < nstates; ++s) {
+    w.line(
+        fmt::format("  fo_store(t.r{}, i, {});", 2 + s, float_literal(functor.states[s].second)));
+  }
+  w.line("}");
+  body.code = uniform_struct(body) + w.str();
+  body.code += staging_macros(body.code, 0);
+  return body;
+}
+
+}  // namespace fusedopt::codegen
