@@ -75,6 +75,13 @@ class BodyEmitter {
 
   /// The locals a pass starts from: scratch values, tensor reads, zeroed temporaries.
   void emit_loads(const PassShape& p, Writer& loads);
+  /// The update of the Store strategy: the values that crossed through scratch tensors and
+  /// the final values of fp32 tensors finished early, read back (element code reads them
+  /// through the overrides of em_).
+  void emit_scratch_loads(const PassShape& p, Writer& loads);
+  /// The tensor symbols whose value before the step this pass reads (after the overrides of
+  /// emit_scratch_loads): every evaluated reference without a definition.
+  std::set<int> originals_read(const PassShape& p) const;
   /// The statements (and, in a reduction pass, the accumulations of its reductions).
   void emit_statements(const PassShape& p, Writer& body);
   /// What the pass writes back, and the grad check of pass 0.
@@ -82,6 +89,11 @@ class BodyEmitter {
   /// Row and column states as this element's row and column hold them (never stored by
   /// element code: the end of the step writes them, once per row and column).
   void emit_rc_loads(Writer& loads) const;
+  /// fo_row_stage (`row`) or fo_col_stage: a row's or a column's new states and the
+  /// arguments of the matrix_mean calls at its level.
+  void emit_rc_stage(Writer& w, bool row);
+  /// fo_rc_init: the initial values of the row and column states.
+  void emit_rc_init(Writer& w);
   /// The function around the three parts.
   std::string wrap_pass(const PassShape& p, const Writer& loads, const Writer& body,
                         const Writer& stores);

@@ -32,45 +32,8 @@ std::string BodyEmitter::pass_function(int pass) {
 
 void BodyEmitter::emit_loads(const PassShape& p, Writer& loads) {
   // The update of the Store strategy reads what crossed through scratch tensors.
-  if (p.update_after_store) {
-    for (std::size_t c = 0; c < s_.crossings.size(); ++c) {
-      const Crossing& x = s_.crossings[c];
-      const std::string local = fmt::format("fo_x{}", c);
-      loads.line(fmt::format("  const float {} = fo_load(t.r{}, i);", local,
-                             s_.first_scratch_role + static_cast<int>(c)));
-      if (x.def >= 0) {
-        em_.def_override_[x.def] = local;
-      } else {
-        em_.orig_override_[x.sym] = local;
-      }
-    }
-    // Final values of fp32 tensors finished early are read back from the tensors.
-    for (int sym : s_.early_syms) {
-      const int role = role_of(rule_, s_, sym);
-      if (!p.plan.reads.count(role)) continue;
-      const std::string local = fmt::format("fo_r_{}", rule_.symbols[sym].name);
-      loads.line(fmt::format("  const float {} = fo_load(t.r{}, i);", local, role));
-      em_.def_override_[last_def_.at(sym)] = local;
-    }
-  }
-
-  // Originals this pass reads: every evaluated tensor reference without a definition.
-  std::set<int> originals;
-  auto scan = [&](const Expr& e) {
-    visit_evaluated(e, [&](const Expr& x) {
-      if (x.op == Op::Ref && x.def < 0 && is_tensor(rule_.symbols[x.sym].kind) &&
-          !em_.orig_override_.count(x.sym)) {
-        originals.insert(x.sym);
-      }
-    });
-  };
-  for (int i : p.plan.stmts) scan(*rule_.stmts[i].value);
-  for (int r : p.plan.reductions) scan(*rule_.reductions[r].arg);
-  if (p.store) {
-    for (const Crossing& x : s_.crossings) {
-      if (x.def < 0) originals.insert(x.sym);
-    }
-  }
+  if (p.update_after_store) emit_scratch_loads(p, loads);
+  const std::set<int> originals = originals_read(p);
   emit_rc_loads(loads);
   for (std::size_t sym = 0; sym < rule_.symbols.size(); ++sym) {
     const lang::Symbol& x = rule_.symbols[sym];
@@ -96,6 +59,48 @@ void BodyEmitter::emit_loads(const PassShape& p, Writer& loads) {
       }
     }
   }
+}
+
+void BodyEmitter::emit_scratch_loads(const PassShape& p, Writer& loads) {
+  for (std::size_t c = 0; c < s_.crossings.size(); ++c) {
+    const Crossing& x = s_.crossings[c];
+    const std::string local = fmt::format("fo_x{}", c);
+    loads.line(fmt::format("  const float {} = fo_load(t.r{}, i);", local,
+                           s_.first_scratch_role + static_cast<int>(c)));
+    if (x.def >= 0) {
+      em_.def_override_[x.def] = local;
+    } else {
+      em_.orig_override_[x.sym] = local;
+    }
+  }
+  // Final values of fp32 tensors finished early are read back from the tensors.
+  for (int sym : s_.early_syms) {
+    const int role = role_of(rule_, s_, sym);
+    if (!p.plan.reads.count(role)) continue;
+    const std::string local = fmt::format("fo_r_{}", rule_.symbols[sym].name);
+    loads.line(fmt::format("  const float {} = fo_load(t.r{}, i);", local, role));
+    em_.def_override_[last_def_.at(sym)] = local;
+  }
+}
+
+std::set<int> BodyEmitter::originals_read(const PassShape& p) const {
+  std::set<int> originals;
+  auto scan = [&](const Expr& e) {
+    visit_evaluated(e, [&](const Expr& x) {
+      if (x.op == Op::Ref && x.def < 0 && is_tensor(rule_.symbols[x.sym].kind) &&
+          !em_.orig_override_.count(x.sym)) {
+        originals.insert(x.sym);
+      }
+    });
+  };
+  for (int i : p.plan.stmts) scan(*rule_.stmts[i].value);
+  for (int r : p.plan.reductions) scan(*rule_.reductions[r].arg);
+  if (p.store) {
+    for (const Crossing& x : s_.crossings) {
+      if (x.def < 0) originals.insert(x.sym);
+    }
+  }
+  return originals;
 }
 
 void BodyEmitter::emit_statements(const PassShape& p, Writer& body) {

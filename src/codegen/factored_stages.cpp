@@ -9,68 +9,82 @@ namespace fusedopt::codegen {
 
 using lang::SymKind;
 
+namespace {
+
+/// `FO_FN int fn(int s)`: value(r) of each reduction r of `scope`, by slot; -1 for others.
+template <typename Value>
+void slot_table(Writer& w, const lang::Rule& rule, const char* fn, lang::Scope scope, Value value) {
+  w.line(fmt::format("FO_FN int {}(int s) {{", fn));
+  for (const lang::Reduction& r : rule.reductions) {
+    if (r.scope == scope) w.line(fmt::format("  if (s == {}) return {};", r.slot, value(r)));
+  }
+  w.line("  (void)s;");
+  w.line("  return -1;");
+  w.line("}");
+}
+
+}  // namespace
+
 std::string BodyEmitter::rc_functions() {
   Writer w;
   if (!factored_) return "";
-  auto slot_table = [&](const char* fn, lang::Scope scope, auto value) {
-    w.line(fmt::format("FO_FN int {}(int s) {{", fn));
-    for (const lang::Reduction& r : rule_.reductions) {
-      if (r.scope == scope) w.line(fmt::format("  if (s == {}) return {};", r.slot, value(r)));
-    }
-    w.line("  (void)s;");
-    w.line("  return -1;");
-    w.line("}");
-  };
   auto pass_of = [](const lang::Reduction& r) { return r.pass; };
-  slot_table("fo_row_slot_pass", lang::Scope::Row, pass_of);
-  slot_table("fo_col_slot_pass", lang::Scope::Col, pass_of);
-  slot_table("fo_matrix_slot_pass", lang::Scope::Matrix, pass_of);
-  slot_table("fo_matrix_slot_col", lang::Scope::Matrix,
+  slot_table(w, rule_, "fo_row_slot_pass", lang::Scope::Row, pass_of);
+  slot_table(w, rule_, "fo_col_slot_pass", lang::Scope::Col, pass_of);
+  slot_table(w, rule_, "fo_matrix_slot_pass", lang::Scope::Matrix, pass_of);
+  slot_table(w, rule_, "fo_matrix_slot_col", lang::Scope::Matrix,
              [](const lang::Reduction& r) { return r.arg->level == lang::Level::Col ? 1 : 0; });
   em_.def_override_.clear();
   em_.orig_override_.clear();
-  for (const bool row : {true, false}) {
-    const SymKind kind = row ? SymKind::RowState : SymKind::ColState;
-    const lang::Level level = row ? lang::Level::Row : lang::Level::Col;
-    const std::vector<int>& states = row ? rule_.row_states : rule_.col_states;
-    w.line(fmt::format(
-        "FO_FN void fo_{}_stage(const fo_rcx& X, const fo_uniform& U, const fo_tvals& T, "
-        "float* fo_out, double* fo_m) {{",
-        row ? "row" : "col"));
-    w.line("  (void)X; (void)U; (void)T; (void)fo_out; (void)fo_m;");
-    for (int s : states) {
-      w.line(fmt::format("  float v_{} = X.{}s[{} * X.n{}s + X.{}];", rule_.symbols[s].name,
-                         row ? "r" : "c", rule_.symbols[s].index, row ? "row" : "col",
-                         row ? "row" : "col"));
-    }
-    for (const lang::Symbol& x : rule_.symbols) {
-      if (x.kind == SymKind::Temp) w.line(fmt::format("  float v_{} = 0.0f;", x.name));
-    }
-    for (std::size_t i = 0; i < rule_.stmts.size(); ++i) {
-      const lang::Stmt& st = rule_.stmts[i];
-      const SymKind k = rule_.symbols[st.target].kind;
-      const lang::Level l = st.value->level;
-      const bool temp = k == SymKind::Temp && !st.value->uniform &&
-                        (l == lang::Level::Tensor || l == lang::Level::Matrix || l == level);
-      if (k != kind && !temp) continue;
-      w.line_directive(st.loc.line, file_);
-      w.line(fmt::format("  v_{} = {};", rule_.symbols[st.target].name, em_.element(*st.value)));
-    }
-    for (const lang::Reduction& r : rule_.reductions) {
-      if (r.scope == lang::Scope::Matrix && r.arg->level == level) {
-        w.line_directive(r.loc.line, file_);
-        w.line(fmt::format("  fo_m[{}] = (double)({});", r.slot, em_.element(*r.arg)));
-      }
-    }
-    w.restore_line();
-    for (int s : states) {
-      w.line(fmt::format("  fo_out[{}] = v_{};", rule_.symbols[s].index, rule_.symbols[s].name));
-    }
-    for (const lang::Symbol& x : rule_.symbols) {
-      if (x.kind == SymKind::Temp) w.line(fmt::format("  (void)v_{};", x.name));
-    }
-    w.line("}");
+  for (const bool row : {true, false}) emit_rc_stage(w, row);
+  emit_rc_init(w);
+  return w.str();
+}
+
+void BodyEmitter::emit_rc_stage(Writer& w, bool row) {
+  const SymKind kind = row ? SymKind::RowState : SymKind::ColState;
+  const lang::Level level = row ? lang::Level::Row : lang::Level::Col;
+  const std::vector<int>& states = row ? rule_.row_states : rule_.col_states;
+  w.line(
+      fmt::format("FO_FN void fo_{}_stage(const fo_rcx& X, const fo_uniform& U, const fo_tvals& T, "
+                  "float* fo_out, double* fo_m) {{",
+                  row ? "row" : "col"));
+  w.line("  (void)X; (void)U; (void)T; (void)fo_out; (void)fo_m;");
+  for (int s : states) {
+    w.line(fmt::format("  float v_{} = X.{}s[{} * X.n{}s + X.{}];", rule_.symbols[s].name,
+                       row ? "r" : "c", rule_.symbols[s].index, row ? "row" : "col",
+                       row ? "row" : "col"));
   }
+  for (const lang::Symbol& x : rule_.symbols) {
+    if (x.kind == SymKind::Temp) w.line(fmt::format("  float v_{} = 0.0f;", x.name));
+  }
+  for (std::size_t i = 0; i < rule_.stmts.size(); ++i) {
+    const lang::Stmt& st = rule_.stmts[i];
+    const SymKind k = rule_.symbols[st.target].kind;
+    const lang::Level l = st.value->level;
+    const bool temp = k == SymKind::Temp && !st.value->uniform &&
+                      (l == lang::Level::Tensor || l == lang::Level::Matrix || l == level);
+    if (k != kind && !temp) continue;
+    w.line_directive(st.loc.line, file_);
+    w.line(fmt::format("  v_{} = {};", rule_.symbols[st.target].name, em_.element(*st.value)));
+  }
+  for (const lang::Reduction& r : rule_.reductions) {
+    if (r.scope == lang::Scope::Matrix && r.arg->level == level) {
+      w.line_directive(r.loc.line, file_);
+      w.line(fmt::format("  fo_m[{}] = (double)({});", r.slot, em_.element(*r.arg)));
+    }
+  }
+  w.restore_line();
+  for (int s : states) {
+    w.line(fmt::format("  fo_out[{}] = v_{};", rule_.symbols[s].index, rule_.symbols[s].name));
+  }
+  for (const lang::Symbol& x : rule_.symbols) {
+    if (x.kind == SymKind::Temp) w.line(fmt::format("  (void)v_{};", x.name));
+  }
+  w.line("}");
+}
+
+void BodyEmitter::emit_rc_init(Writer& w) {
   w.line("FO_FN void fo_rc_init(const double* h, float* fo_rs, float* fo_cs) {");
   w.line("  (void)h; (void)fo_rs; (void)fo_cs;");
   for (const bool row : {true, false}) {
@@ -81,7 +95,6 @@ std::string BodyEmitter::rc_functions() {
     }
   }
   w.line("}");
-  return w.str();
 }
 
 }  // namespace fusedopt::codegen

@@ -21,9 +21,9 @@ bool valid_identifier(const std::string& s) {
   });
 }
 
-}  // namespace
-
-KernelBody generate_functor_body(const TrustedFunctor& functor, const DTypeBinding& dtypes) {
+/// Refuses hyper names that are not C++ identifiers (or are the reserved 'step') and a
+/// functor without code.
+void check_functor(const TrustedFunctor& functor) {
   for (const auto& [name, value] : functor.hypers) {
     if (!valid_identifier(name) || name == "step") {
       throw UsageError(
@@ -33,24 +33,26 @@ KernelBody generate_functor_body(const TrustedFunctor& functor, const DTypeBindi
     }
   }
   if (functor.code.empty()) throw UsageError("trusted functor '" + functor.name + "' has no code");
-  KernelBody body;
-  body.kind = "trusted-functor";
-  body.name = functor.name;
-  body.num_hypers = static_cast<int>(functor.hypers.size());
-  body.num_uniforms = 0;
-  const int nstates = static_cast<int>(functor.states.size());
-  body.roles.push_back("p");
-  body.roles.push_back("g");
-  for (const auto& s : functor.states) body.roles.push_back(s.first);
-  const int master_role = dtypes.master ? 2 + nstates : -1;
-  if (dtypes.master) body.roles.push_back("p_master");
-  body.num_roles = static_cast<int>(body.roles.size());
-  const int value_role = dtypes.master ? master_role : 0;
-  for (const auto& h : functor.hypers) body.hypers.push_back(h.first);
+}
 
-  Writer w;
-  w.line("// TRUSTED FUNCTOR: the code below was handed over as C++ and compiled as written.");
-  emit_common_prologue(w, body);
+/// Where a functor's tensors are: p, g, the states (from role 2), then the fp32 master.
+struct FunctorRoles {
+  int nstates = 0;
+  int master_role = -1;  ///< -1: no master
+  int value_role = 0;    ///< where p's fp32 value lives: the master, else the param
+};
+
+FunctorRoles functor_roles(const TrustedFunctor& functor, const DTypeBinding& dtypes) {
+  FunctorRoles r;
+  r.nstates = static_cast<int>(functor.states.size());
+  r.master_role = dtypes.master ? 2 + r.nstates : -1;
+  r.value_role = dtypes.master ? r.master_role : 0;
+  return r;
+}
+
+/// fo_hypers (the functor's view of the hypers and step) and the functor's code, as
+/// written, in namespace fo_user under a #line naming the functor.
+void emit_user_code(Writer& w, const TrustedFunctor& functor) {
   w.line("struct fo_hypers {");
   for (const auto& h : functor.hypers) w.line(fmt::format("  float {};", h.first));
   w.line("  float step;");
@@ -60,12 +62,11 @@ KernelBody generate_functor_body(const TrustedFunctor& functor, const DTypeBindi
   w.line(functor.code);
   w.restore_line();
   w.line("}  // namespace fo_user");
-  std::vector<RoleDecl> roles = {{storage_type(dtypes.param), true},
-                                 {storage_type(dtypes.grad), false}};
-  for (int s = 0; s < nstates; ++s) roles.push_back({storage_type(dtypes.state), true});
-  if (dtypes.master) roles.push_back({"float", true});
-  emit_tensor_binding(w, roles);
-  emit_prepare(w, body, {}, {}, "");
+}
+
+/// What a body without reductions or per-tensor values defines: empty accumulator tables,
+/// fo_tensor_values, fo_scalar_init and the fo_reduce_element template.
+void emit_no_reductions(Writer& w) {
   w.line("FO_FN int fo_acc_count(int) { return 0; }");
   w.line("FO_FN int fo_acc_max(int, int) { return 0; }");
   w.line("FO_FN int fo_acc_slot(int, int) { return 0; }");
@@ -77,35 +78,80 @@ KernelBody generate_functor_body(const TrustedFunctor& functor, const DTypeBindi
   w.line(
       "FO_FN void fo_reduce_element(const fo_tensor&, long long, const fo_uniform&, "
       "const fo_tvals&, float*, int, bool) {}");
+}
+
+/// fo_element: loads p, g and the states, calls the functor, stores p (and the master)
+/// and the states.
+void emit_functor_element(Writer& w, const TrustedFunctor& functor, const FunctorRoles& roles,
+                          bool master) {
   w.line(
       "FO_FN void fo_element(const fo_tensor& t, long long i, const fo_uniform& U, const "
       "fo_tvals&) {");
   w.line("  fo_hypers h;");
-  for (int k = 0; k < body.num_hypers; ++k) {
+  for (std::size_t k = 0; k < functor.hypers.size(); ++k) {
     w.line(fmt::format("  h.{} = U.h[{}];", functor.hypers[k].first, k));
   }
   w.line("  h.step = U.step;");
-  w.line(fmt::format("  float p = fo_load(t.r{}, i);", value_role));
+  w.line(fmt::format("  float p = fo_load(t.r{}, i);", roles.value_role));
   w.line("  const float g = fo_load(t.r1, i) * U.inv_grad_scale;");
   std::string args = "p";
-  for (int s = 0; s < nstates; ++s) {
+  for (int s = 0; s < roles.nstates; ++s) {
     w.line(fmt::format("  float s{0} = fo_load(t.r{1}, i);", s, 2 + s));
     args += fmt::format(", s{}", s);
   }
   w.line(fmt::format("  fo_user::Functor()({}, g, h);", args));
-  w.line(fmt::format("  fo_store(t.r{}, i, p);", value_role));
-  if (dtypes.master) w.line("  fo_store(t.r0, i, p);");
-  for (int s = 0; s < nstates; ++s) w.line(fmt::format("  fo_store(t.r{0}, i, s{1});", 2 + s, s));
+  w.line(fmt::format("  fo_store(t.r{}, i, p);", roles.value_role));
+  if (master) w.line("  fo_store(t.r0, i, p);");
+  for (int s = 0; s < roles.nstates; ++s) {
+    w.line(fmt::format("  fo_store(t.r{0}, i, s{1});", 2 + s, s));
+  }
   w.line("}");
-  emit_grad_finite(w);
+}
+
+/// fo_init_element: the master from the param, the states' initial values.
+void emit_functor_init(Writer& w, const TrustedFunctor& functor, const FunctorRoles& roles,
+                       bool master) {
   w.line("FO_FN void fo_init_element(const fo_tensor& t, long long i, const fo_uniform& U) {");
   w.line("  (void)U;");
-  if (dtypes.master) w.line(fmt::format("  fo_store(t.r{}, i, fo_load(t.r0, i));", master_role));
-  for (int s = 0; s < nstates; ++s) {
+  if (master) w.line(fmt::format("  fo_store(t.r{}, i, fo_load(t.r0, i));", roles.master_role));
+  for (int s = 0; s < roles.nstates; ++s) {
     w.line(
         fmt::format("  fo_store(t.r{}, i, {});", 2 + s, float_literal(functor.states[s].second)));
   }
   w.line("}");
+}
+
+}  // namespace
+
+KernelBody generate_functor_body(const TrustedFunctor& functor, const DTypeBinding& dtypes) {
+  check_functor(functor);
+  const FunctorRoles roles = functor_roles(functor, dtypes);
+  KernelBody body;
+  body.kind = "trusted-functor";
+  body.name = functor.name;
+  body.num_hypers = static_cast<int>(functor.hypers.size());
+  body.num_uniforms = 0;
+  body.roles.push_back("p");
+  body.roles.push_back("g");
+  for (const auto& s : functor.states) body.roles.push_back(s.first);
+  if (dtypes.master) body.roles.push_back("p_master");
+  body.num_roles = static_cast<int>(body.roles.size());
+  for (const auto& h : functor.hypers) body.hypers.push_back(h.first);
+
+  Writer w;
+  w.line("// TRUSTED FUNCTOR: the code below was handed over as C++ and compiled as written.");
+  emit_common_prologue(w, body);
+  emit_user_code(w, functor);
+  std::vector<RoleDecl> decls = {{storage_type(dtypes.param), true},
+                                 {storage_type(dtypes.grad), false}};
+  for (int s = 0; s < roles.nstates; ++s) decls.push_back({storage_type(dtypes.state), true});
+  if (dtypes.master) decls.push_back({"float", true});
+  emit_tensor_binding(w, decls);
+  emit_prepare(w, body, {}, {}, "");
+  emit_no_reductions(w);
+  emit_functor_element(w, functor, roles, dtypes.master);
+  emit_grad_finite(w);
+  emit_functor_init(w, functor, roles, dtypes.master);
   body.code = uniform_struct(body) + w.str();
   body.code += staging_macros(body.code, 0);
   return body;
