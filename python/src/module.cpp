@@ -277,24 +277,26 @@ class Engine {
 
 }  // namespace
 
-NB_MODULE(_fusedopt, m) {
-  m.doc() = "fusedopt's C++ library (rules, kernels, the fused optimizer runtime)";
-  m.attr("__version__") = FUSEDOPT_VERSION_STRING;
-  {
-    nb::module_ err = nb::module_::import_("fusedopt.errors");
-    Errors& e = errors();
-    e.error = err.attr("Error");
-    e.usage = err.attr("UsageError");
-    e.unavailable = err.attr("UnavailableError");
-    e.io = err.attr("IoError");
-    e.rule = err.attr("RuleError");
-    e.compile = err.attr("CompileError");
-    e.cuda = err.attr("CudaError");
-    e.cache = err.attr("CacheError");
-    e.internal = err.attr("InternalError");
-  }
-  nb::register_exception_translator(translate);
+namespace {
 
+/// The Python exception of each C++ error class (fusedopt.errors).
+void bind_errors(nb::module_& m) {
+  nb::module_ err = nb::module_::import_("fusedopt.errors");
+  Errors& e = errors();
+  e.error = err.attr("Error");
+  e.usage = err.attr("UsageError");
+  e.unavailable = err.attr("UnavailableError");
+  e.io = err.attr("IoError");
+  e.rule = err.attr("RuleError");
+  e.compile = err.attr("CompileError");
+  e.cuda = err.attr("CudaError");
+  e.cache = err.attr("CacheError");
+  e.internal = err.attr("InternalError");
+  nb::register_exception_translator(translate);
+}
+
+/// fusedopt.Rule.
+void bind_rule(nb::module_& m) {
   nb::class_<fo::Rule>(m, "Rule", "A parsed and checked optimizer rule (immutable).")
       .def_static(
           "parse",
@@ -318,7 +320,10 @@ NB_MODULE(_fusedopt, m) {
       .def("describe", &fo::Rule::describe)
       .def("with_grad_clipping", &fo::Rule::with_grad_clipping, nb::arg("max_grad_norm") = 1.0)
       .def("__repr__", [](const fo::Rule& r) { return "<fusedopt.Rule '" + r.name() + "'>"; });
+}
 
+/// The optimizer engine behind fusedopt.torch.Optimizer (_Engine, _GroupSpec).
+void bind_engine(nb::module_& m) {
   nb::class_<GroupSpec>(m, "_GroupSpec")
       .def(nb::init<>())
       .def_rw("params", &GroupSpec::params)
@@ -348,7 +353,10 @@ NB_MODULE(_fusedopt, m) {
       .def("save", &Engine::save)
       .def("load", &Engine::load)
       .def_prop_ro("device", &Engine::device);
+}
 
+/// Module functions: check_hyper_value, compile.
+void bind_functions(nb::module_& m) {
   m.def("check_hyper_value", &fo::check_hyper_value, nb::arg("where"), nb::arg("name"),
         nb::arg("group"), nb::arg("value"),
         "The one rule for a hyper's value (finite, within fp32's range): UsageError otherwise.");
@@ -374,4 +382,15 @@ NB_MODULE(_fusedopt, m) {
       nb::arg("strategy") = "auto",
       "Compiles (or fetches from the kernel cache) `rule` for a target ('host', 'sm_90') and "
       "a dtype binding ('fp32', 'bf16:bf16:fp32+master').");
+}
+
+}  // namespace
+
+NB_MODULE(_fusedopt, m) {
+  m.doc() = "fusedopt's C++ library (rules, kernels, the fused optimizer runtime)";
+  m.attr("__version__") = FUSEDOPT_VERSION_STRING;
+  bind_errors(m);
+  bind_rule(m);
+  bind_engine(m);
+  bind_functions(m);
 }
