@@ -213,8 +213,9 @@ class FUSEDOPT_API Optimizer {
   Optimizer& operator=(Optimizer&&) noexcept;
 
   /// One step: one launch per dtype binding. `stream` is a CUstream for CUDA tensors
-  /// (nullptr: the default stream), ignored on the host.
-  void step(void* stream = nullptr);
+  /// (nullptr: the default stream), ignored on the host. Always taken (the same face as
+  /// step_scaled and comm::ShardedOptimizer::step).
+  StepResult step(void* stream = nullptr);
   /// A step with the gradients multiplied by `inv_grad_scale` in the kernel. If any
   /// unscaled gradient is not finite, nothing changes (params, state and the step count
   /// stay bit for bit) and the result says not taken. The check rides on the first pass
@@ -299,6 +300,23 @@ class FUSEDOPT_API Optimizer {
 /// whole GradScaler step can be captured in a CUDA graph, and the host reads the state back only
 /// when asked (scale(), growth_tracker(), last_step_taken()). Copies of a device GradScaler share
 /// its state.
+class GradScaler;
+
+/// An optimizer GradScaler::step drives through the optimizer itself, besides Optimizer:
+/// comm::ShardedOptimizer, which reduces its gradients across ranks around the scaler's step
+/// (scaler.step(sharded) and sharded.step(scaler) are the same call).
+class FUSEDOPT_API ScaledOptimizer {
+ public:
+  virtual ~ScaledOptimizer() = default;
+  /// One step under `scaler` (see GradScaler::step).
+  virtual StepResult step(GradScaler& scaler, void* stream = nullptr) = 0;
+
+ protected:
+  ScaledOptimizer() = default;
+  ScaledOptimizer(const ScaledOptimizer&) = default;
+  ScaledOptimizer& operator=(const ScaledOptimizer&) = default;
+};
+
 class FUSEDOPT_API GradScaler {
  public:
   struct Options {
@@ -335,6 +353,8 @@ class FUSEDOPT_API GradScaler {
   /// one more factor into the same launches: data parallel passes GradBucketer::grad_scale() (1 /
   /// ranks), so the average over ranks and the unscale are one multiplication.
   StepResult step(Optimizer& opt, void* stream = nullptr, float grad_factor = 1.0f);
+  /// Steps `opt` (a comm::ShardedOptimizer) under this scaler: opt.step(*this, stream).
+  StepResult step(ScaledOptimizer& opt, void* stream = nullptr) { return opt.step(*this, stream); }
   /// Whether the last step() was taken (false: skipped for a non-finite gradient); true
   /// before any. A device GradScaler reads it from the device, after every queued launch.
   bool last_step_taken() const;

@@ -69,7 +69,7 @@ struct ShardStats {
 /// pass), the global ones are all-reduced in place on the device, and every rank gathers
 /// the parameters before it reads the step's verdict (a skipped step broadcasts unchanged
 /// pieces).
-class FUSEDOPT_COMM_API ShardedOptimizer {
+class FUSEDOPT_COMM_API ShardedOptimizer : public ScaledOptimizer {
  public:
   /// Collective: every rank of `comm` constructs it with the same parameters (sizes, dtypes,
   /// groups), rule and options; a difference is a CommError on every rank naming it.
@@ -86,16 +86,22 @@ class FUSEDOPT_COMM_API ShardedOptimizer {
 
   /// One step with the average over ranks: waits for the gradient reductions (marking
   /// every gradient not marked yet), steps this rank's shard, gathers the parameters.
-  /// Returns false, changing nothing on any rank, when a gradient is not finite.
-  bool step(void* stream = nullptr);
+  /// Not taken, changing nothing on any rank, when a gradient is not finite. The same face
+  /// as Optimizer's: a StepResult (on CUDA the verdict may stay on the device until asked).
+  StepResult step(void* stream = nullptr);
   /// step() with the gradients also multiplied by `inv_grad_scale`.
-  bool step_scaled(float inv_grad_scale, void* stream = nullptr);
+  StepResult step_scaled(float inv_grad_scale, void* stream = nullptr);
   /// step() under dynamic loss scaling: `scaler` unscales (one factor 1/(scale x ranks))
-  /// and updates its scale the same way on every rank.
-  bool step(GradScaler& scaler, void* stream = nullptr);
+  /// and updates its scale the same way on every rank. scaler.step(*this) does the same.
+  StepResult step(GradScaler& scaler, void* stream = nullptr) override;
 
   void set_hyper(const std::string& name, double value, std::optional<int> group = std::nullopt);
+  /// set_hyper ordered on `stream` without waiting (as Optimizer's).
+  void set_hyper(const std::string& name, double value, std::optional<int> group, void* stream);
   double hyper(const std::string& name, int group = 0) const;
+  /// This rank's piece of state `name` of parameter `param` (its index over all groups):
+  /// elements owned_range(param) of it; numel 0 (data null) where this rank owns none.
+  Tensor state(const std::string& name, int param) const;
   std::int64_t step_count() const;
   ShardStats stats() const;
   /// The fused optimizer over this rank's pieces (its params are views of the pieces).

@@ -73,7 +73,7 @@ struct ShardedOptimizer::Impl {
                       const std::vector<int>& columns, std::vector<double>& table, bool back) const;
   void reduce_table(const ReductionPartials& p, std::vector<double>& table, ReduceOp op);
   void gather_params(void* stream);
-  bool finish_and(const std::function<StepResult()>& step_shard, void* stream);
+  StepResult finish_and(const std::function<StepResult()>& step_shard, void* stream);
 };
 
 namespace detail {

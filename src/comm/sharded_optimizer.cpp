@@ -337,8 +337,8 @@ void ShardedOptimizer::Impl::gather_params(void* stream) {
   for (Work& w : work) w.wait();
 }
 
-bool ShardedOptimizer::Impl::finish_and(const std::function<StepResult()>& step_shard,
-                                        void* stream) {
+StepResult ShardedOptimizer::Impl::finish_and(const std::function<StepResult()>& step_shard,
+                                              void* stream) {
   reducer->mark_all_ready(stream);  // what backward did not mark
   reducer->finish();
   // The verdict is the same on every rank (the hook combines the grad check), so either
@@ -346,7 +346,7 @@ bool ShardedOptimizer::Impl::finish_and(const std::function<StepResult()>& step_
   // gathers (a skipped step broadcasts the unchanged pieces), then asks.
   const StepResult result = step_shard();
   if (!result.known() || result.taken()) gather_params(stream);
-  return result.taken();
+  return result;
 }
 
 void ShardedOptimizer::mark_ready(int param, void* stream) {
@@ -365,15 +365,15 @@ void ShardedOptimizer::mark_all_ready(void* stream) {
   live("mark_all_ready").reducer->mark_all_ready(stream);
 }
 
-bool ShardedOptimizer::step(void* stream) { return step_scaled(1.0f, stream); }
+StepResult ShardedOptimizer::step(void* stream) { return step_scaled(1.0f, stream); }
 
-bool ShardedOptimizer::step_scaled(float inv_grad_scale, void* stream) {
+StepResult ShardedOptimizer::step_scaled(float inv_grad_scale, void* stream) {
   Impl& m = live("step_scaled");
   const float factor = inv_grad_scale / static_cast<float>(m.ranks);
   return m.finish_and([&] { return m.local->step_scaled(factor, stream); }, stream);
 }
 
-bool ShardedOptimizer::step(GradScaler& scaler, void* stream) {
+StepResult ShardedOptimizer::step(GradScaler& scaler, void* stream) {
   Impl& m = live("step");
   const float factor = m.reducer->grad_scale();
   return m.finish_and([&] { return scaler.step(*m.local, stream, factor); }, stream);
@@ -381,6 +381,27 @@ bool ShardedOptimizer::step(GradScaler& scaler, void* stream) {
 
 void ShardedOptimizer::set_hyper(const std::string& name, double value, std::optional<int> group) {
   live("set_hyper").local->set_hyper(name, value, group);
+}
+
+void ShardedOptimizer::set_hyper(const std::string& name, double value, std::optional<int> group,
+                                 void* stream) {
+  live("set_hyper").local->set_hyper(name, value, group, stream);
+}
+
+Tensor ShardedOptimizer::state(const std::string& name, int param) const {
+  const Impl& m = live("state");
+  FUSEDOPT_CHECK_USAGE(param >= 0 && static_cast<std::size_t>(param) < m.params.size(),
+                       "ShardedOptimizer::state('{}', {}): there is no param {} (there are {})",
+                       name, param, param, m.params.size());
+  for (std::size_t k = 0; k < m.piece_param.size(); ++k) {
+    if (m.piece_param[k] == param) return m.local->state(name, static_cast<int>(k));
+  }
+  // Not owned here: an empty view (the name is still checked against the rule).
+  Tensor none = m.local->stats().tensors > 0 ? m.local->state(name, 0) : Tensor{};
+  none.data = nullptr;
+  none.numel = 0;
+  none.name = m.params[static_cast<std::size_t>(param)].name + "/" + name;
+  return none;
 }
 
 double ShardedOptimizer::hyper(const std::string& name, int group) const {

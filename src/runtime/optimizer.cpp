@@ -310,10 +310,10 @@ void Optimizer::set_step_count(std::int64_t count) {
   m.step_count = count;
 }
 
-void Optimizer::step(void* stream) {
+StepResult Optimizer::step(void* stream) {
   Impl& m = live("step");
   Impl::Exclusive hold(m, "step");
-  m.run_step(1.0f, false, stream);
+  return m.run_step(1.0f, false, stream);
 }
 
 StepResult Optimizer::step_scaled(float inv_grad_scale, void* stream) {

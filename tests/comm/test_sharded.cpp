@@ -188,7 +188,10 @@ TEST_SUITE("comm_mpi") {
       }
       const std::vector<float> before = params_of(sharded_arena);
       for (int i = static_cast<int>(kSizes.size()) - 1; i >= 0; --i) sharded.mark_ready(i);
-      CHECK(sharded.step(scaler_sharded) == !poisoned);
+      // One face: scaler.step(sharded) is sharded.step(scaler) (alternated here).
+      const bool taken =
+          step % 2 == 0 ? sharded.step(scaler_sharded) : scaler_sharded.step(sharded);
+      CHECK(taken == !poisoned);
       bucketer.mark_all_ready();
       bucketer.finish();
       CHECK(scaler_dp.step(dp, nullptr, bucketer.grad_scale()) == !poisoned);
@@ -237,6 +240,21 @@ TEST_SUITE("comm_mpi") {
           static_cast<double>(total) + 64.0 * 2 * static_cast<double>(sizes.size() + comm.size()));
     CHECK(s.ranks == comm.size());
     CHECK(s.gather_collectives >= comm.size());
+    // state(name, param): this rank's piece of the param's state, as owned_range says.
+    for (int i = 0; i < static_cast<int>(sizes.size()); ++i) {
+      CAPTURE(i);
+      const auto [begin, end] = sharded.owned_range(i);
+      for (const char* name : {"m", "v"}) {
+        const fusedopt::Tensor t = sharded.state(name, i);
+        CHECK(t.numel == end - begin);
+        CHECK((t.numel == 0) == (t.data == nullptr));
+        double n = static_cast<double>(t.numel);
+        comm.all_reduce(&n, 1).wait();
+        CHECK(n == static_cast<double>(sizes[static_cast<std::size_t>(i)]));
+      }
+    }
+    CHECK_THROWS_AS((void)sharded.state("momentum", 0), fusedopt::UsageError);
+    CHECK_THROWS_AS((void)sharded.state("m", static_cast<int>(sizes.size())), fusedopt::UsageError);
   }
 
   TEST_CASE("rules with scalar or row/column states are refused, naming them") {
