@@ -1,7 +1,5 @@
 // CudaKernel: generate -> cache/NVRTC -> cuModuleLoadData -> one launch per step over a
 // device-resident plan.
-#include "runtime/cuda_kernel.hpp"
-
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -16,203 +14,11 @@
 #include "fusedopt/error.hpp"
 #include "jit/compiler.hpp"
 #include "provider/kernel_provider.hpp"
+#include "runtime/cuda_kernel_impl.hpp"
 #include "runtime/device_target.hpp"
 #include "support/check.hpp"
 
 namespace fusedopt::runtime {
-
-using cuda::DeviceBuffer;
-using cuda::DevicePtr;
-
-namespace {
-
-/// Remembers the calling thread's current context and puts it back at scope exit, so a
-/// CudaKernel never leaves a thread bound to a context it did not ask for.
-class SavedContext {
- public:
-  SavedContext() { FUSEDOPT_CU_CHECK(CtxGetCurrent, &previous_); }
-  ~SavedContext() {
-    try {
-      const cuda::DriverApi& api = cuda::driver();  // loaded: the constructor succeeded
-      CUcontext now = nullptr;
-      if (api.CtxGetCurrent(&now) == CUDA_SUCCESS && now != previous_) api.CtxSetCurrent(previous_);
-    } catch (const Error&) {
-      // Unreachable in practice; a destructor must not throw.
-    }
-  }
-  SavedContext(const SavedContext&) = delete;
-  SavedContext& operator=(const SavedContext&) = delete;
-
- private:
-  CUcontext previous_ = nullptr;
-};
-
-/// Makes `ctx` current for a scope, then restores the caller's context.
-class ScopedContext {
- public:
-  explicit ScopedContext(const cuda::PrimaryContext& ctx) { ctx.make_current(); }
-
- private:
-  SavedContext saved_;  // constructed before the body runs: holds the caller's context
-};
-
-template <typename T>
-T* as_device_pointer(DevicePtr p) {
-  return reinterpret_cast<T*>(static_cast<std::uintptr_t>(p));
-}
-
-template <typename T>
-DeviceBuffer upload(const std::vector<T>& host) {
-  DeviceBuffer b(std::max<std::size_t>(host.size() * sizeof(T), 16));  // never 0 bytes
-  cuda::copy_to_device(b.get(), host.data(), host.size() * sizeof(T));
-  return b;
-}
-
-}  // namespace
-
-struct CudaKernel::Impl {
-  // Declared first: destroyed last, after the module and every buffer.
-  cuda::PrimaryContext ctx;
-  CUmodule module = nullptr;
-  CUfunction f_step = nullptr;
-  CUfunction f_init = nullptr;
-  CUfunction f_check = nullptr;
-  CUfunction f_advance = nullptr;
-  CUfunction f_update_scale = nullptr;
-  CUfunction f_scalars = nullptr;
-  Target target;  // what was loaded: sm_XX, or compute_XX (PTX the driver compiled)
-  std::vector<CUfunction> f_reduce;  // fusedopt_reduce_<pass>, one per reduction pass
-  CUfunction f_finalize = nullptr;
-  std::map<CUfunction, int> blocks_per_sm;  // occupancy at kCudaBlock threads
-  int num_hypers = 0;
-  int sm = 0;
-  int sm_count = 0;
-
-  // The plan.
-  DeviceBuffer chunks;
-  DeviceBuffer ptrs;
-  DeviceBuffer hypers;
-  DeviceBuffer aligned;
-  DeviceBuffer flag;        // int: fusedopt_check's result
-  DeviceBuffer capturable;  // double: steps taken
-  // Reductions.
-  DeviceBuffer partials;       // float[num_chunks * max_acc]
-  DeviceBuffer tensor_totals;  // double[num_tensors * tensor slots]
-  DeviceBuffer tensor_chunks;  // long long[2 * num_tensors]
-  DeviceBuffer own_global;     // double[global slots]
-  DevicePtr shared_global = 0;
-  // Per-tensor scalar states (rules that declare `scalar`).
-  DeviceBuffer tensor_groups;  // int[num_tensors]
-  DeviceBuffer tensor_info;    // double[4 * num_tensors]: numel, dims, rows, cols
-  DeviceBuffer own_scalars;    // double[num_tensors * scalars]
-  DevicePtr shared_scalars = 0;
-  int num_scalars = 0;
-  // Factored rules (row/col states and means).
-  bool factored = false;
-  DeviceBuffer rc_offsets, chunk_cols, row_totals, col_totals, matrix_totals, col_partials;
-  DeviceBuffer own_rows, own_cols;
-  DevicePtr shared_rows = 0, shared_cols = 0;
-  DevicePtr skip = 0;          // set_skip_flag: launches do nothing when this double is non-zero
-  DevicePtr scale_source = 0;  // set_scale_source: the loss scale the launches divide by
-  std::int64_t num_tensors = 0;
-  int reduction_passes = 0;
-  std::vector<double> host_hypers;
-  std::int64_t num_chunks = 0;
-  int num_groups = 0;
-  int num_aligned = 0;
-  bool planned = false;
-  Plan plan;  // the host tables of the last set_plan (rebind redoes its pointers)
-
-  explicit Impl(int device) : ctx(device) {}
-
-  ~Impl() {
-    try {
-      ScopedContext scope(ctx);
-      chunks = DeviceBuffer();
-      ptrs = DeviceBuffer();
-      hypers = DeviceBuffer();
-      aligned = DeviceBuffer();
-      flag = DeviceBuffer();
-      capturable = DeviceBuffer();
-      partials = DeviceBuffer();
-      tensor_totals = DeviceBuffer();
-      tensor_chunks = DeviceBuffer();
-      own_global = DeviceBuffer();
-      tensor_groups = DeviceBuffer();
-      tensor_info = DeviceBuffer();
-      rc_offsets = DeviceBuffer();
-      chunk_cols = DeviceBuffer();
-      row_totals = DeviceBuffer();
-      col_totals = DeviceBuffer();
-      matrix_totals = DeviceBuffer();
-      col_partials = DeviceBuffer();
-      own_rows = DeviceBuffer();
-      own_cols = DeviceBuffer();
-      own_scalars = DeviceBuffer();
-      if (module) cuda::driver().ModuleUnload(module);  // teardown: nothing to report to
-    } catch (const Error&) {
-      // The context could not be made current: the driver is shutting down.
-    }
-  }
-
-  void require_plan(const char* what) const {
-    FUSEDOPT_CHECK_USAGE(planned, "CudaKernel::{}: call set_tensors() first", what);
-  }
-
-  /// One wave: as many blocks as fit on the device at once (the occupancy of `f` at
-  /// kCudaBlock threads, times the SMs), never more than there are chunks.
-  unsigned grid(CUfunction f) const {
-    auto it = blocks_per_sm.find(f);
-    const int per_sm = it == blocks_per_sm.end() ? 1 : std::max(1, it->second);
-    const std::int64_t cap = static_cast<std::int64_t>(per_sm) * std::max(1, sm_count);
-    return static_cast<unsigned>(std::max<std::int64_t>(1, std::min(num_chunks, cap)));
-  }
-
-  fo_launch make_launch(double step, float inv_grad_scale, bool capturable_mode) const {
-    fo_launch L{};
-    L.chunks = as_device_pointer<const fo_chunk>(chunks.get());
-    L.num_chunks = static_cast<long long>(num_chunks);
-    L.ptrs = as_device_pointer<void* const>(ptrs.get());
-    L.hypers = as_device_pointer<const double>(hypers.get());
-    L.step = step;
-    L.inv_grad_scale = inv_grad_scale;
-    L.skip_if_set = skip ? as_device_pointer<const double>(skip) : nullptr;
-    if (capturable_mode) L.step_ptr = as_device_pointer<const double>(capturable.get());
-    if (scale_source) L.grad_scale_ptr = as_device_pointer<const float>(scale_source);
-    L.aligned = as_device_pointer<const unsigned char>(aligned.get());
-    if (reduction_passes > 0) {
-      L.partials = as_device_pointer<float>(partials.get());
-      L.tensor_totals = as_device_pointer<double>(tensor_totals.get());
-      L.tensor_chunks = as_device_pointer<const long long>(tensor_chunks.get());
-    }
-    L.global_totals = as_device_pointer<double>(global());
-    L.num_tensors = static_cast<long long>(num_tensors);
-    L.tensor_info = as_device_pointer<const double>(tensor_info.get());
-    if (num_scalars > 0 || factored) {
-      L.scalars = num_scalars > 0 ? as_device_pointer<double>(scalars()) : nullptr;
-      L.tensor_groups = as_device_pointer<const int>(tensor_groups.get());
-    }
-    if (factored) {
-      L.rc_offsets = as_device_pointer<const long long>(rc_offsets.get());
-      L.chunk_cols = as_device_pointer<const long long>(chunk_cols.get());
-      L.row_states = as_device_pointer<float>(shared_rows ? shared_rows : own_rows.get());
-      L.col_states = as_device_pointer<float>(shared_cols ? shared_cols : own_cols.get());
-      L.row_totals = as_device_pointer<double>(row_totals.get());
-      L.col_totals = as_device_pointer<double>(col_totals.get());
-      L.matrix_totals = as_device_pointer<double>(matrix_totals.get());
-      L.col_partials = as_device_pointer<double>(col_partials.get());
-    }
-    return L;
-  }
-
-  DevicePtr scalars() const { return shared_scalars ? shared_scalars : own_scalars.get(); }
-
-  DevicePtr global() const { return shared_global ? shared_global : own_global.get(); }
-
-  void launch(CUfunction f, CUstream stream, void** args, unsigned grid_x, unsigned block_x) const {
-    FUSEDOPT_CU_CHECK(LaunchKernel, f, grid_x, 1, 1, block_x, 1, 1, 0, stream, args, nullptr);
-  }
-};
 
 CudaKernel::CudaKernel(std::shared_ptr<const lang::Rule> rule, DTypeBinding dtypes, int device,
                        cache::KernelCache& cache, codegen::Strategy strategy)
@@ -237,7 +43,7 @@ CudaKernel::CudaKernel(std::shared_ptr<const lang::Rule> rule, DTypeBinding dtyp
                        const std::function<provider::ProvidedKernel(const Target&)>& provide)
     : rule_(std::move(rule)), dtypes_(dtypes) {
   if (!rule_) throw InternalError("CudaKernel: no rule");
-  SavedContext saved;  // PrimaryContext's constructor binds the context: undo that on exit
+  cuda::SavedCurrentContext saved;  // PrimaryContext's constructor binds it: undo that on exit
   impl_ = std::make_unique<Impl>(device);
   Impl& k = *impl_;
   k.sm = cuda::device_sm(device);
@@ -249,7 +55,7 @@ CudaKernel::CudaKernel(std::shared_ptr<const lang::Rule> rule, DTypeBinding dtyp
   const CudaVersions versions = emulated ? CudaVersions{} : cuda_versions();
   Target target = emulated ? Target::emu() : choose_cuda_target(k.sm, versions);
   provider::ProvidedKernel built = provide(target);
-  ScopedContext scope(k.ctx);
+  cuda::ContextScope scope(k.ctx);
   CUresult loaded = cuda::driver().ModuleLoadData(&k.module, built.binary->data());
   if (loaded != CUDA_SUCCESS && !target.ptx && !emulated) {
     const char* name = nullptr;
@@ -366,7 +172,7 @@ void CudaKernel::check_device_pointers(const Plan& plan) const {
 
 void CudaKernel::set_plan(const Plan& plan) {
   Impl& k = *impl_;
-  ScopedContext scope(k.ctx);
+  cuda::ContextScope scope(k.ctx);
   check_device_pointers(plan);
   // Build everything before replacing anything: a failed upload leaves the old plan.
   DeviceBuffer d_partials, d_totals, d_ranges;
@@ -440,7 +246,7 @@ void CudaKernel::rebind(const std::vector<std::vector<void*>>& ptrs, cuda::Strea
   k.require_plan("rebind");
   Plan plan = k.plan;
   plan.rebind(info_.body, ptrs);
-  ScopedContext scope(k.ctx);
+  cuda::ContextScope scope(k.ctx);
   check_device_pointers(plan);
   // From pageable memory: the driver stages the bytes before returning.
   cuda::copy_to_device_async(k.ptrs.get(), plan.ptrs().data(), plan.ptrs().size() * sizeof(void*),
@@ -460,7 +266,7 @@ void CudaKernel::set_hypers(int group, const std::vector<double>& values, cuda::
                        "CudaKernel::set_hypers: {} values given, the rule has {} hypers",
                        values.size(), k.num_hypers);
   if (k.num_hypers == 0) return;
-  ScopedContext scope(k.ctx);
+  cuda::ContextScope scope(k.ctx);
   // A copy captured into a graph reads its host memory when the graph replays, and
   // `values` is gone by then: refused, before anything changes.
   CUstreamCaptureStatus capture = CU_STREAM_CAPTURE_STATUS_NONE;
@@ -477,198 +283,5 @@ void CudaKernel::set_hypers(int group, const std::vector<double>& values, cuda::
   cuda::copy_to_device_async(k.hypers.get() + offset * sizeof(double), values.data(),
                              values.size() * sizeof(double), stream);
 }
-
-void CudaKernel::step(cuda::Stream stream, double step, float inv_grad_scale) {
-  Impl& k = *impl_;
-  k.require_plan("step");
-  if (k.num_chunks > 0) {
-    for (int pass = 0; pass < k.reduction_passes; ++pass) {
-      run_pass(stream, pass, step, inv_grad_scale, false, false);
-      finalize(stream, pass, false, step, inv_grad_scale, false);
-    }
-    run_pass(stream, k.reduction_passes, step, inv_grad_scale, false, false);
-  }
-  update_scalars(stream, step, false);
-}
-
-void CudaKernel::share_scalars(DevicePtr scalars) { impl_->shared_scalars = scalars; }
-DevicePtr CudaKernel::scalars() const { return impl_->scalars(); }
-
-void CudaKernel::share_rc_states(DevicePtr rows, DevicePtr cols) {
-  impl_->shared_rows = rows;
-  impl_->shared_cols = cols;
-}
-
-void CudaKernel::run_scalars(cuda::Stream stream, double step, bool capturable_mode, int init) {
-  Impl& k = *impl_;
-  if (!info_.body.writes_after_update() || k.num_tensors == 0) return;
-  ScopedContext scope(k.ctx);
-  fo_launch L = k.make_launch(step, 1.0f, capturable_mode);
-  if (init) L.skip_if_set = nullptr;  // initial values are not part of a step
-  void* args[] = {&L, &init};
-  const std::int64_t blocks = std::min<std::int64_t>((k.num_tensors + kCudaBlock - 1) / kCudaBlock,
-                                                     4 * std::max<std::int64_t>(1, k.sm_count));
-  k.launch(k.f_scalars, static_cast<CUstream>(stream), args, static_cast<unsigned>(blocks),
-           kCudaBlock);
-}
-
-void CudaKernel::update_scalars(cuda::Stream stream, double step, bool capturable_mode) {
-  impl_->require_plan("update_scalars");
-  run_scalars(stream, step, capturable_mode, 0);
-}
-
-int CudaKernel::reduction_passes() const { return impl_->reduction_passes; }
-
-void CudaKernel::run_pass(cuda::Stream stream, int pass, double step, float inv_grad_scale,
-                          bool check_grads, bool capturable_mode) {
-  Impl& k = *impl_;
-  k.require_plan("run_pass");
-  FUSEDOPT_CHECK_INTERNAL(!(pass < 0 || pass > k.reduction_passes),
-                          "CudaKernel::run_pass({}): the rule has {} passes", pass,
-                          k.reduction_passes + 1);
-  if (k.num_chunks == 0) return;
-  ScopedContext scope(k.ctx);
-  fo_launch L = k.make_launch(step, inv_grad_scale, capturable_mode);
-  L.check_grads = check_grads ? 1 : 0;
-  if (pass == k.reduction_passes) {
-    void* args[] = {&L};
-    k.launch(k.f_step, static_cast<CUstream>(stream), args, k.grid(k.f_step), kCudaBlock);
-  } else {
-    CUfunction f = k.f_reduce.at(static_cast<std::size_t>(pass));
-    void* args[] = {&L};
-    k.launch(f, static_cast<CUstream>(stream), args, k.grid(f), kCudaBlock);
-  }
-}
-
-void CudaKernel::finalize(cuda::Stream stream, int pass, bool accumulate, double step,
-                          float inv_grad_scale, bool capturable_mode) {
-  Impl& k = *impl_;
-  k.require_plan("finalize");
-  ScopedContext scope(k.ctx);
-  fo_launch L = k.make_launch(step, inv_grad_scale, capturable_mode);
-  L.global_accumulate = accumulate ? 1 : 0;
-  int p = pass;
-  void* args[] = {&L, &p};
-  // One block per tensor (its threads share the tensor's chunk partials), at most one wave.
-  const std::int64_t cap = 4 * static_cast<std::int64_t>(std::max(1, k.sm_count));
-  const std::int64_t blocks = std::max<std::int64_t>(1, std::min(k.num_tensors, cap));
-  k.launch(k.f_finalize, static_cast<CUstream>(stream), args, static_cast<unsigned>(blocks),
-           kCudaBlock);
-}
-
-void CudaKernel::share_global_totals(DevicePtr totals) { impl_->shared_global = totals; }
-DevicePtr CudaKernel::global_totals() const { return impl_->global(); }
-DevicePtr CudaKernel::tensor_totals() const { return impl_->tensor_totals.get(); }
-
-bool CudaKernel::found_nonfinite(cuda::Stream stream) {
-  Impl& k = *impl_;
-  ScopedContext scope(k.ctx);
-  cuda::synchronize(stream);
-  double count = 0;
-  cuda::copy_to_host(&count, k.global() + (info_.body.num_global_slots - 1) * sizeof(double),
-                     sizeof count);
-  return count > 0;
-}
-
-void CudaKernel::advance_step(cuda::Stream stream) {
-  Impl& k = *impl_;
-  ScopedContext scope(k.ctx);
-  CUdeviceptr step_ptr = static_cast<CUdeviceptr>(k.capturable.get());
-  CUdeviceptr skip = static_cast<CUdeviceptr>(k.skip);
-  void* advance_args[] = {&step_ptr, &skip};
-  k.launch(k.f_advance, static_cast<CUstream>(stream), advance_args, 1, 1);
-}
-
-void CudaKernel::set_skip_flag(DevicePtr flag) { impl_->skip = flag; }
-void CudaKernel::set_scale_source(DevicePtr scale) { impl_->scale_source = scale; }
-
-void CudaKernel::update_scale(cuda::Stream stream, DevicePtr scaler, DevicePtr found, float growth,
-                              float backoff, int interval) {
-  Impl& k = *impl_;
-  ScopedContext scope(k.ctx);
-  CUdeviceptr s = static_cast<CUdeviceptr>(scaler);
-  CUdeviceptr f = static_cast<CUdeviceptr>(found);
-  void* args[] = {&s, &f, &growth, &backoff, &interval};
-  k.launch(k.f_update_scale, static_cast<CUstream>(stream), args, 1, 1);
-}
-
-void CudaKernel::check_grads_into(cuda::Stream stream, float inv_grad_scale, bool capturable_mode,
-                                  DevicePtr flag) {
-  Impl& k = *impl_;
-  k.require_plan("check_grads_into");
-  if (k.num_chunks == 0) return;
-  ScopedContext scope(k.ctx);
-  fo_launch L = k.make_launch(0.0f, inv_grad_scale, capturable_mode);
-  L.skip_if_set = nullptr;  // the check itself always runs
-  CUdeviceptr found = static_cast<CUdeviceptr>(flag);
-  void* args[] = {&L, &found};
-  k.launch(k.f_check, static_cast<CUstream>(stream), args, k.grid(k.f_check), kCudaBlock);
-}
-
-void CudaKernel::init_states(cuda::Stream stream) {
-  Impl& k = *impl_;
-  k.require_plan("init_states");
-  run_scalars(stream, 0.0, false, 1);
-  if (k.num_chunks == 0) return;
-  ScopedContext scope(k.ctx);
-  fo_launch L = k.make_launch(0.0f, 1.0f, false);
-  L.skip_if_set = nullptr;
-  void* args[] = {&L};
-  k.launch(k.f_init, static_cast<CUstream>(stream), args, k.grid(k.f_init), kCudaBlock);
-}
-
-bool CudaKernel::grads_finite(cuda::Stream stream, float inv_grad_scale) {
-  Impl& k = *impl_;
-  k.require_plan("grads_finite");
-  if (k.num_chunks == 0) return true;
-  ScopedContext scope(k.ctx);
-  cuda::memset32_async(k.flag.get(), 0u, 2, stream);
-  fo_launch L = k.make_launch(0.0f, inv_grad_scale, false);
-  L.skip_if_set = nullptr;
-  CUdeviceptr flag = static_cast<CUdeviceptr>(k.flag.get());
-  void* args[] = {&L, &flag};
-  k.launch(k.f_check, static_cast<CUstream>(stream), args, k.grid(k.f_check), kCudaBlock);
-  // The stream may be non-blocking: wait for it before the (legacy-stream) copy.
-  cuda::synchronize(stream);
-  double found_nonfinite = 0;
-  cuda::copy_to_host(&found_nonfinite, k.flag.get(), sizeof found_nonfinite);
-  return found_nonfinite == 0.0;
-}
-
-void CudaKernel::step_capturable(cuda::Stream stream) {
-  Impl& k = *impl_;
-  k.require_plan("step_capturable");
-  ScopedContext scope(k.ctx);
-  if (k.num_chunks > 0) {
-    for (int pass = 0; pass < k.reduction_passes; ++pass) {
-      run_pass(stream, pass, 0.0, 1.0f, false, true);
-      finalize(stream, pass, false, 0.0, 1.0f, true);
-    }
-    run_pass(stream, k.reduction_passes, 0.0, 1.0f, false, true);
-  }
-  update_scalars(stream, 0.0, true);  // before the count: it reads this step's number
-  // Counted even with no chunk, so the count stays the number of steps.
-  advance_step(stream);
-}
-
-void CudaKernel::set_capturable_state(double steps_taken) {
-  Impl& k = *impl_;
-  ScopedContext scope(k.ctx);
-  cuda::copy_to_device(k.capturable.get(), &steps_taken, sizeof steps_taken);
-  cuda::synchronize(nullptr);  // landed before any stream's next launch reads it
-}
-
-double CudaKernel::capturable_steps_taken() const {
-  Impl& k = *impl_;
-  ScopedContext scope(k.ctx);
-  double steps = 0.0;
-  // The steps may have run on a non-blocking stream, which the legacy-stream copy does not
-  // wait for: wait for the whole context first.
-  cuda::context_synchronize();
-  cuda::copy_to_host(&steps, k.capturable.get(), sizeof steps);
-  return steps;
-}
-
-DevicePtr CudaKernel::capturable_step_ptr() const { return impl_->capturable.get(); }
 
 }  // namespace fusedopt::runtime
