@@ -46,6 +46,38 @@ std::string describe_device(const Device& d) {
   return d.kind == Device::Kind::Host ? "host" : fmt::format("cuda:{}", d.index);
 }
 
+/// Gradient `next` (after `i` in parameter order, of the same dtype and device) must follow
+/// gradient `i` (of `bytes` bytes) in the same buffer, at most kMaxGap bytes on.
+void check_follows(const std::vector<Tensor>& grads, int i, std::size_t bytes, int next) {
+  const Tensor& g = grads[static_cast<std::size_t>(i)];
+  const auto end = reinterpret_cast<std::uintptr_t>(g.data) + bytes;
+  const auto next_start =
+      reinterpret_cast<std::uintptr_t>(grads[static_cast<std::size_t>(next)].data);
+  if (next_start >= end && next_start - end <= kMaxGap) return;
+  throw UsageError(fmt::format(
+      "GradBucketer: gradient {} ('{}') does not follow gradient {} ('{}') in one buffer "
+      "({}): keep the gradients of each dtype in one flat buffer in parameter order "
+      "(FlatArena does), at most {} bytes apart",
+      next, grad_name(grads, next), i, grad_name(grads, i),
+      next_start < end ? "they overlap or are out of order"
+                       : fmt::format("{} bytes apart", next_start - end),
+      kMaxGap));
+}
+
+/// Gradient `i` (of `bytes` bytes) into bucket `b`, whose range then runs from it (the
+/// lowest address so far) to the end of the bucket's first gradient.
+void add_to_bucket(const std::vector<Tensor>& grads, int i, std::size_t bytes, Bucket& b) {
+  const Tensor& g = grads[static_cast<std::size_t>(i)];
+  b.grads.push_back(i);
+  b.bytes += bytes;
+  const Tensor& top = grads[static_cast<std::size_t>(b.grads.front())];
+  const auto top_end = reinterpret_cast<std::uintptr_t>(top.data) +
+                       static_cast<std::size_t>(top.numel) * dtype_size(top.dtype);
+  b.data = g.data;
+  b.count = static_cast<std::int64_t>((top_end - reinterpret_cast<std::uintptr_t>(g.data)) /
+                                      static_cast<std::size_t>(dtype_size(g.dtype)));
+}
+
 }  // namespace
 
 namespace detail {
@@ -84,23 +116,7 @@ std::vector<Bucket> bucket_layout(const std::vector<Tensor>& grads, const Bucket
     const std::size_t bytes =
         static_cast<std::size_t>(g.numel) * static_cast<std::size_t>(dtype_size(g.dtype));
     Open& o = open[{static_cast<int>(g.dtype), {static_cast<int>(g.device.kind), g.device.index}}];
-    if (o.last >= 0) {
-      // The gradient after this one (in parameter order) of the same dtype and device must
-      // follow it in the same buffer.
-      const Tensor& next = grads[static_cast<std::size_t>(o.last)];
-      const auto end = reinterpret_cast<std::uintptr_t>(g.data) + bytes;
-      const auto next_start = reinterpret_cast<std::uintptr_t>(next.data);
-      if (next_start < end || next_start - end > kMaxGap) {
-        throw UsageError(fmt::format(
-            "GradBucketer: gradient {} ('{}') does not follow gradient {} ('{}') in one "
-            "buffer ({}): keep the gradients of each dtype in one flat buffer in parameter "
-            "order (FlatArena does), at most {} bytes apart",
-            o.last, grad_name(grads, o.last), i, grad_name(grads, i),
-            next_start < end ? "they overlap or are out of order"
-                             : fmt::format("{} bytes apart", next_start - end),
-            kMaxGap));
-      }
-    }
+    if (o.last >= 0) check_follows(grads, i, bytes, o.last);
     const std::size_t cap = o.first ? options.first_bucket_bytes : options.bucket_bytes;
     const int root = roots.empty() ? -1 : roots[static_cast<std::size_t>(i)];
     Bucket& b = o.bucket;
@@ -116,16 +132,7 @@ std::vector<Bucket> bucket_layout(const std::vector<Tensor>& grads, const Bucket
       o.bucket.root = root;
     }
     Bucket& cur = o.bucket;
-    cur.grads.push_back(i);
-    cur.bytes += bytes;
-    // The range runs from this gradient (the lowest address so far) to the end of the
-    // bucket's first gradient.
-    const Tensor& top = grads[static_cast<std::size_t>(cur.grads.front())];
-    const auto top_end = reinterpret_cast<std::uintptr_t>(top.data) +
-                         static_cast<std::size_t>(top.numel) * dtype_size(top.dtype);
-    cur.data = g.data;
-    cur.count = static_cast<std::int64_t>((top_end - reinterpret_cast<std::uintptr_t>(g.data)) /
-                                          static_cast<std::size_t>(dtype_size(g.dtype)));
+    add_to_bucket(grads, i, bytes, cur);
     o.last = i;
     const bool full =
         cur.bytes >= (o.first ? options.first_bucket_bytes : options.bucket_bytes) ||
