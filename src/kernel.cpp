@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "fusedopt/error.hpp"
 #include "jit/compiler.hpp"
 #include "lang/parse.hpp"
 #include "presets.hpp"
@@ -17,6 +18,26 @@
 #include "support/check.hpp"
 
 namespace fusedopt {
+
+const char* to_string(ReductionStrategy strategy) {
+  switch (strategy) {
+    case ReductionStrategy::Auto:
+      return "auto";
+    case ReductionStrategy::Recompute:
+      return "recompute";
+    case ReductionStrategy::Store:
+      return "store";
+  }
+  return "?";
+}
+
+ReductionStrategy parse_reduction_strategy(const std::string& name) {
+  for (ReductionStrategy s :
+       {ReductionStrategy::Auto, ReductionStrategy::Recompute, ReductionStrategy::Store}) {
+    if (name == to_string(s)) return s;
+  }
+  throw UsageError("reduction strategy '" + name + "' is none of 'auto', 'recompute' and 'store'");
+}
 
 Rule Rule::parse(std::string_view text, const std::string& file) {
   return Rule(lang::parse_rule(text, file));

@@ -183,18 +183,6 @@ std::string join_names(const std::vector<std::string>& names) {
   return out.empty() ? "-" : out;
 }
 
-const char* strategy_name(ReductionStrategy s) {
-  switch (s) {
-    case ReductionStrategy::Auto:
-      return "auto";
-    case ReductionStrategy::Recompute:
-      return "recompute";
-    case ReductionStrategy::Store:
-      return "store";
-  }
-  return "?";
-}
-
 /// What `rule` compiles to for each target and binding: per pass, the tensors read and
 /// written and the bytes per element; per CUDA entry point, registers and spills.
 void print_reports(const Rule& rule, const std::vector<Target>& targets,
@@ -203,7 +191,7 @@ void print_reports(const Rule& rule, const std::vector<Target>& targets,
     for (const DTypeBinding& d : dtypes) {
       const KernelReport r = report_kernel(rule, t, d);
       fmt::print("  {} {}: {} B/element per step{}\n", t.str(), d.str(), r.bytes_per_element,
-                 r.passes.size() > 1 ? fmt::format(" ({})", strategy_name(r.strategy)) : "");
+                 r.passes.size() > 1 ? fmt::format(" ({})", to_string(r.strategy)) : "");
       for (std::size_t k = 0; k < r.passes.size(); ++k) {
         const KernelPass& p = r.passes[k];
         fmt::print("    pass {} ({}): reads {}; writes {}; {} B/element\n", k,

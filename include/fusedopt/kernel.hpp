@@ -102,6 +102,11 @@ enum class ReductionStrategy {
               ///< update needs in fp32 scratch tensors (4 bytes per element each)
 };
 
+/// "auto", "recompute", "store".
+FUSEDOPT_API const char* to_string(ReductionStrategy strategy);
+/// to_string's names back; UsageError naming the others for anything else.
+FUSEDOPT_API ReductionStrategy parse_reduction_strategy(const std::string& name);
+
 /// How compile_kernel gets a kernel.
 struct CompileOptions {
   ReductionStrategy reduction_strategy = ReductionStrategy::Auto;

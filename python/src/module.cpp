@@ -124,13 +124,9 @@ struct GroupSpec {
   std::vector<std::pair<std::string, double>> hypers;
 };
 
-/// "auto", "recompute" or "store", or a UsageError.
+/// "auto", "recompute" or "store", or a UsageError (the library's one parser).
 fo::ReductionStrategy strategy_of(const std::string& name) {
-  if (name == "auto") return fo::ReductionStrategy::Auto;
-  if (name == "recompute") return fo::ReductionStrategy::Recompute;
-  if (name == "store") return fo::ReductionStrategy::Store;
-  throw fo::UsageError("reduction_strategy '" + name +
-                       "' is none of 'auto', 'recompute' and 'store'");
+  return fo::parse_reduction_strategy(name);
 }
 
 void* as_stream(std::uintptr_t stream) { return reinterpret_cast<void*>(stream); }

@@ -14,18 +14,6 @@ using lang::Op;
 using lang::Rule;
 using lang::SymKind;
 
-const char* to_string(Strategy s) {
-  switch (s) {
-    case Strategy::Auto:
-      return "auto";
-    case Strategy::Recompute:
-      return "recompute";
-    case Strategy::Store:
-      return "store";
-  }
-  return "?";
-}
-
 void collect_reductions(const Expr& e, std::vector<const Expr*>& out) {
   for (const lang::ExprPtr& a : e.args) collect_reductions(*a, out);
   if (e.op == Op::Reduce) out.push_back(&e);

@@ -17,7 +17,7 @@ namespace fusedopt::codegen {
 /// How values computed by the last reduction pass reach the update pass: the public
 /// ReductionStrategy (Auto: whichever moves fewer bytes per element, ties recompute).
 using Strategy = ReductionStrategy;
-const char* to_string(Strategy s);
+using fusedopt::to_string;  // of ReductionStrategy (fusedopt/kernel.hpp)
 
 /// A value that crosses from the store pass to the update pass through a scratch tensor:
 /// statement `def`'s result, or (def == -1) the original value of tensor symbol `sym`.

@@ -404,7 +404,7 @@ OptimizerStats Optimizer::stats() const {
   st.state_bytes += m.rc_states.size();
   st.reduction_passes = m.reduction_passes;
   if (m.reduction_passes > 0 && !m.kernels.empty()) {
-    st.reduction_strategy = codegen::to_string(m.kernels.front()->body().strategy);
+    st.reduction_strategy = to_string(m.kernels.front()->body().strategy);
   }
   st.schedule_report = m.schedule_report;
   static const char* kRank[] = {"memory", "disk", "compiled"};
