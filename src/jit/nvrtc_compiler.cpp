@@ -10,8 +10,8 @@
 
 #include "fusedopt/error.hpp"
 #include "jit/compiler.hpp"
-#include "jit/dynlib.hpp"
 #include "support/check.hpp"
+#include "support/dynlib.hpp"
 
 #if FUSEDOPT_HAVE_CUDA
 #include <nvrtc.h>
@@ -23,7 +23,7 @@ namespace fusedopt::jit {
 namespace {
 
 struct NvrtcApi {
-  std::unique_ptr<DynLib> lib;
+  std::unique_ptr<support::DynLib> lib;
   int major = 0;
   int minor = 0;
   decltype(&nvrtcVersion) version = nullptr;
@@ -42,7 +42,7 @@ struct NvrtcApi {
 };
 
 template <typename F>
-void bind(const DynLib& lib, const char* name, F* out) {
+void bind(const support::DynLib& lib, const char* name, F* out) {
   *out = reinterpret_cast<F>(lib.symbol(name));
   FUSEDOPT_CHECK_AVAILABLE(*out, "{} has no symbol {}: NVRTC too old", lib.path(), name);
 }
@@ -61,7 +61,7 @@ const NvrtcApi& nvrtc() {
       candidates.emplace_back(c);
     }
     std::string errors;
-    api.lib = DynLib::open_first(candidates, &errors);
+    api.lib = support::DynLib::open_first(candidates, &errors);
     if (!api.lib) {
       failure = "NVRTC could not be loaded (set FUSEDOPT_NVRTC_LIBRARY to libnvrtc.so):" + errors;
       return;

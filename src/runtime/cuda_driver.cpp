@@ -12,8 +12,8 @@
 #include <vector>
 
 #include "fusedopt/error.hpp"
-#include "jit/dynlib.hpp"
 #include "support/check.hpp"
+#include "support/dynlib.hpp"
 
 namespace fusedopt::runtime::cuda {
 
@@ -28,7 +28,7 @@ using GetProcAddress = CUresult (*)(const char*, void**, int, cuuint64_t,
                                     CUdriverProcAddressQueryResult*);
 
 struct Loaded {
-  std::unique_ptr<jit::DynLib> lib;
+  std::unique_ptr<support::DynLib> lib;
   DriverApi api;
   std::string failure;  // empty when usable
   CUresult init_result = CUDA_SUCCESS;
@@ -36,7 +36,7 @@ struct Loaded {
 
 /// The entry point for `symbol` (the versioned name from <cuda.h>): cuGetProcAddress with
 /// the header's CUDA_VERSION, so the driver hands out the variant with our ABI; else dlsym.
-void* resolve(const jit::DynLib& lib, GetProcAddress gpa, const std::string& symbol) {
+void* resolve(const support::DynLib& lib, GetProcAddress gpa, const std::string& symbol) {
   if (gpa) {
     // cuGetProcAddress takes the base name and picks the _vN variant from the version;
     // LEGACY_STREAM: a null stream means the legacy default stream, as with the dlsym names.
@@ -58,7 +58,7 @@ void* resolve(const jit::DynLib& lib, GetProcAddress gpa, const std::string& sym
 }
 
 template <typename F>
-void bind(const jit::DynLib& lib, GetProcAddress gpa, const char* symbol, F* out) {
+void bind(const support::DynLib& lib, GetProcAddress gpa, const char* symbol, F* out) {
   *out = reinterpret_cast<F>(resolve(lib, gpa, symbol));
   if (!*out) {
     throw UnavailableError(
@@ -80,7 +80,7 @@ Loaded& loaded() {
     candidates.emplace_back("libcuda.so.1");
     candidates.emplace_back("libcuda.so");
     std::string errors;
-    l.lib = jit::DynLib::open_first(candidates, &errors);
+    l.lib = support::DynLib::open_first(candidates, &errors);
     if (!l.lib) {
       l.failure = "the CUDA driver (libcuda.so.1) could not be loaded:" + errors;
       return;

@@ -8,8 +8,8 @@
 #include "cache/kernel_cache.hpp"
 #include "codegen/codegen.hpp"
 #include "fusedopt/error.hpp"
-#include "jit/dynlib.hpp"
 #include "support/check.hpp"
+#include "support/dynlib.hpp"
 
 namespace fusedopt::runtime {
 
@@ -20,7 +20,7 @@ using PassPoint = void (*)(const fo_launch*, int);
 }  // namespace
 
 struct HostKernel::Impl {
-  std::shared_ptr<const jit::DynLib> lib;
+  std::shared_ptr<const support::DynLib> lib;
   EntryPoint step = nullptr;
   EntryPoint init = nullptr;
   CheckPoint check = nullptr;
@@ -88,7 +88,7 @@ HostKernel::HostKernel(std::shared_ptr<const lang::Rule> rule, DTypeBinding dtyp
 HostKernel::HostKernel(std::shared_ptr<const lang::Rule> rule, DTypeBinding dtypes,
                        provider::ProvidedKernel built)
     : rule_(std::move(rule)), dtypes_(dtypes), impl_(std::make_unique<Impl>()) {
-  impl_->lib = jit::load_host_module(built.key.hex(), *built.binary, "fusedopt-" + rule_->name);
+  impl_->lib = support::load_host_module(built.key.hex(), *built.binary, "fusedopt-" + rule_->name);
   auto abi = reinterpret_cast<int (*)()>(impl_->lib->symbol("fusedopt_abi_version"));
   impl_->step = reinterpret_cast<EntryPoint>(impl_->lib->symbol("fusedopt_step_host"));
   impl_->init = reinterpret_cast<EntryPoint>(impl_->lib->symbol("fusedopt_init_host"));

@@ -1,5 +1,5 @@
 // dlopen wrappers. Host kernels load from a memfd, so no file is left behind.
-#include "jit/dynlib.hpp"
+#include "support/dynlib.hpp"
 
 #include <dlfcn.h>
 #include <fcntl.h>
@@ -13,18 +13,25 @@
 
 #include "fusedopt/error.hpp"
 
-namespace fusedopt::jit {
+namespace fusedopt::support {
+
+std::unique_ptr<DynLib> DynLib::open(const std::string& path, std::string* error) {
+  if (void* h = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL)) {
+    return std::unique_ptr<DynLib>(new DynLib(h, path));
+  }
+  const char* e = dlerror();
+  if (error) *error = e ? e : "unknown error";
+  return nullptr;
+}
 
 std::unique_ptr<DynLib> DynLib::open_first(const std::vector<std::string>& candidates,
                                            std::string* error) {
   std::string errors;
   for (const std::string& name : candidates) {
     if (name.empty()) continue;
-    if (void* h = dlopen(name.c_str(), RTLD_NOW | RTLD_LOCAL)) {
-      return std::unique_ptr<DynLib>(new DynLib(h, name));
-    }
-    const char* e = dlerror();
-    errors += "\n  " + name + ": " + (e ? e : "unknown error");
+    std::string e;
+    if (std::unique_ptr<DynLib> lib = open(name, &e)) return lib;
+    errors += "\n  " + name + ": " + e;
   }
   if (error) *error = errors;
   return nullptr;
@@ -86,4 +93,4 @@ std::shared_ptr<const DynLib> load_host_module(const std::string& key, const std
   return lib;
 }
 
-}  // namespace fusedopt::jit
+}  // namespace fusedopt::support

@@ -1,15 +1,20 @@
-// dlopen'ed shared libraries: NVRTC and the CUDA driver (so fusedopt builds and runs on
-// machines without them) and compiled host kernels.
+// dlopen'ed shared libraries: NVRTC, the CUDA driver and NCCL (so fusedopt builds and runs
+// on machines without them) and compiled host kernels. Stateless apart from the process-wide
+// table of load_host_module(), so a copy linked into each of libfusedopt and
+// libfusedopt_comm (hidden in both) behaves as one.
 #pragma once
 
 #include <memory>
 #include <string>
 #include <vector>
 
-namespace fusedopt::jit {
+namespace fusedopt::support {
 
 class DynLib {
  public:
+  /// Opens `path` (RTLD_NOW | RTLD_LOCAL); nullptr if it does not load, with dlerror()'s
+  /// message in `*error`.
+  static std::unique_ptr<DynLib> open(const std::string& path, std::string* error);
   /// Opens the first of `candidates` that loads; nullptr if none does, with the dlerror()
   /// messages joined into `*error`.
   static std::unique_ptr<DynLib> open_first(const std::vector<std::string>& candidates,
@@ -37,4 +42,4 @@ class DynLib {
 std::shared_ptr<const DynLib> load_host_module(const std::string& key, const std::string& bytes,
                                                const std::string& name);
 
-}  // namespace fusedopt::jit
+}  // namespace fusedopt::support
