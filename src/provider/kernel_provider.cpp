@@ -6,7 +6,7 @@
 #include <string>
 
 #include "fusedopt/error.hpp"
-#include "runtime/log.hpp"
+#include "support/log.hpp"
 
 namespace fusedopt::provider {
 
@@ -30,7 +30,7 @@ void warn_once_if_unwritable(const cache::KernelCache& cache) {
   if (error.empty()) return;
   static std::once_flag once;
   std::call_once(once, [&] {
-    runtime::log(runtime::LogLevel::Warn,
+    support::log(support::LogLevel::Warn,
                  "the kernel cache folder cannot be written, so kernels are kept in memory only "
                  "(compiled again by every process): " +
                      error);
@@ -84,7 +84,7 @@ cache::KernelCache& default_cache() {
       cache::KernelCache::Options options = cache::KernelCache::options_from_env();
       options.mode = cache::KernelCache::Mode::Memory;
       fallback = std::make_unique<cache::KernelCache>(options);
-      runtime::log(runtime::LogLevel::Warn,
+      support::log(support::LogLevel::Warn,
                    std::string("the kernel cache folder cannot be used, so kernels are kept in "
                                "memory only (compiled again by every process): ") +
                        e.what());

@@ -14,10 +14,10 @@
 
 #include "fusedopt/error.hpp"
 #include "rule_access.hpp"
-#include "runtime/log.hpp"
 #include "runtime/optimizer_impl.hpp"
 #include "support/check.hpp"
 #include "support/checked_math.hpp"
+#include "support/log.hpp"
 
 namespace fusedopt {
 
@@ -577,12 +577,12 @@ void Optimizer::Impl::report() {
                     reduction_passes == 1 ? "" : "es", bindings.size() > 1 ? " per binding" : "");
     schedule_report = describe_schedule(detail::lang_rule(rule), kernels, bindings);
   }
-  runtime::log(runtime::LogLevel::Info, fusion_report);
-  if (!schedule_report.empty()) runtime::log(runtime::LogLevel::Info, schedule_report);
-  if (runtime::log_enabled(runtime::LogLevel::Debug)) {
+  support::log(support::LogLevel::Info, fusion_report);
+  if (!schedule_report.empty()) support::log(support::LogLevel::Info, schedule_report);
+  if (support::log_enabled(support::LogLevel::Debug)) {
     for (std::size_t b = 0; b < kernels.size(); ++b) {
-      runtime::log(
-          runtime::LogLevel::Debug,
+      support::log(
+          support::LogLevel::Debug,
           fmt::format("kernel {} ({}) on {}: {} tensors, {} from {} in {:.3f} s", bindings[b].str(),
                       rule.name(), backend->name(), binding_params[b].size(), kernels[b]->key(),
                       kernels[b]->origin(), kernels[b]->seconds()));

@@ -19,9 +19,9 @@
 #include "presets.hpp"
 #include "runtime/backend.hpp"
 #include "runtime/host_kernel.hpp"
-#include "runtime/log.hpp"
 #include "runtime/runtime_support.hpp"
 #include "support/host_kernel_calls.hpp"
+#include "support/log.hpp"
 #include "support/temp_dir.hpp"
 
 namespace fusedopt_tests {
@@ -382,21 +382,21 @@ TEST_SUITE("runtime") {
 
   TEST_CASE("FUSEDOPT_LOG=info prints the fusion report at construction") {
     use_private_cache();
-    using fusedopt::runtime::LogLevel;
-    CHECK(fusedopt::runtime::parse_log_level("warn") == LogLevel::Warn);
-    CHECK(fusedopt::runtime::parse_log_level(" INFO ") == LogLevel::Info);
-    CHECK(fusedopt::runtime::parse_log_level("debug") == LogLevel::Debug);
-    CHECK_FALSE(fusedopt::runtime::parse_log_level("verbose").has_value());
+    using fusedopt::support::LogLevel;
+    CHECK(fusedopt::support::parse_log_level("warn") == LogLevel::Warn);
+    CHECK(fusedopt::support::parse_log_level(" INFO ") == LogLevel::Info);
+    CHECK(fusedopt::support::parse_log_level("debug") == LogLevel::Debug);
+    CHECK_FALSE(fusedopt::support::parse_log_level("verbose").has_value());
 
-    const LogLevel before = fusedopt::runtime::log_level();
+    const LogLevel before = fusedopt::support::log_level();
     Params x({5, 6});
-    fusedopt::runtime::set_log_level(LogLevel::Info);
+    fusedopt::support::set_log_level(LogLevel::Info);
     const std::string info =
         capture_stderr([&] { Optimizer opt(Rule::preset("adamw"), {x.group(0, 2)}); });
-    fusedopt::runtime::set_log_level(LogLevel::Warn);
+    fusedopt::support::set_log_level(LogLevel::Warn);
     const std::string quiet =
         capture_stderr([&] { Optimizer opt(Rule::preset("adamw"), {x.group(0, 2)}); });
-    fusedopt::runtime::set_log_level(before);
+    fusedopt::support::set_log_level(before);
     CHECK(info ==
           "fusedopt: info: adamw over 2 tensors (11 elements): 1 launch per step instead of 2\n");
     CHECK(quiet.empty());

@@ -6,7 +6,7 @@
 #include <string>
 #include <string_view>
 
-namespace fusedopt::runtime {
+namespace fusedopt::support {
 
 enum class LogLevel { Warn = 0, Info = 1, Debug = 2 };
 
@@ -22,4 +22,4 @@ inline bool log_enabled(LogLevel level) { return level <= log_level(); }
 /// Prints "fusedopt: <level>: <message>" to stderr when `level` is enabled.
 void log(LogLevel level, const std::string& message);
 
-}  // namespace fusedopt::runtime
+}  // namespace fusedopt::support

@@ -1,13 +1,13 @@
 // FUSEDOPT_LOG: read once; one line per message, written with a single fputs so lines from
 // several threads do not interleave.
-#include "runtime/log.hpp"
+#include "support/log.hpp"
 
 #include <atomic>
 #include <cctype>
 #include <cstdio>
 #include <cstdlib>
 
-namespace fusedopt::runtime {
+namespace fusedopt::support {
 
 namespace {
 
@@ -70,4 +70,4 @@ void log(LogLevel level, const std::string& message) {
   std::fputs(line.c_str(), stderr);
 }
 
-}  // namespace fusedopt::runtime
+}  // namespace fusedopt::support
