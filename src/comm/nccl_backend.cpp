@@ -1,29 +1,21 @@
 // The NCCL transport: CUDA device memory, collectives launched on the caller's stream and
 // tracked by a CudaEvent recorded after each launch, so that Communicator's deadline loop
-// polls them without blocking. NCCL is loaded at run time with dlopen (FUSEDOPT_NCCL_LIBRARY,
-// else libnccl.so.2) and never linked: fusedopt builds and runs where NCCL or a GPU is
-// absent, and nccl.h gives only types and enums. Through the core's public API only
+// polls them without blocking. NCCL is loaded at run time (nccl_api.hpp) and never linked:
+// fusedopt builds and runs where NCCL or a GPU is absent. Through the core's public API only
 // (CudaEvent, CudaBuffer, CudaDeviceScope, cuda_device_available).
 #include <fmt/format.h>
 
-#include <algorithm>
 #include <chrono>
-#include <cstdlib>
 #include <cstring>
 #include <mutex>
 #include <thread>
-#include <type_traits>
 #include <utility>
 #include <vector>
 
 #include "comm/backend.hpp"
+#include "comm/nccl_api.hpp"
 #include "fusedopt/cuda.hpp"
 #include "support/check.hpp"
-
-#if FUSEDOPT_HAVE_NCCL
-#include <dlfcn.h>
-#include <nccl.h>
-#endif
 
 namespace fusedopt::comm::detail {
 
@@ -46,166 +38,6 @@ std::shared_ptr<Backend> wrap_nccl(void*, int) { throw UnavailableError(kNoNccl)
 #else
 
 namespace {
-
-constexpr const char* kDefaultLibrary = "libnccl.so.2";
-constexpr const char* kHowToGetNccl =
-    "install NCCL (the CUDA toolkit's libnccl.so.2 on the loader's path, or apt-get install "
-    "libnccl2 from NVIDIA's CUDA repository), or set FUSEDOPT_NCCL_LIBRARY to the library's "
-    "path";
-/// The oldest NCCL used: 2.10 (code 21000), the first with ncclBfloat16.
-constexpr int kOldestVersion = 21000;
-/// From NCCL 2.14 (ncclCommInitRankConfig, non-blocking communicators) ranks join within
-/// fusedopt's deadline; before, ncclCommInitRank blocks under NCCL's own timeouts.
-constexpr int kNonBlockingVersion = 21400;
-
-/// The NCCL entry points fusedopt uses, with the signatures of the nccl.h it was built
-/// with (NCCL keeps its C API stable across 2.x).
-struct NcclApi {
-  std::string path;  ///< what was loaded
-  int version = 0;   ///< ncclGetVersion: 22809 for 2.28.9
-  decltype(&::ncclGetVersion) GetVersion = nullptr;
-  decltype(&::ncclGetUniqueId) GetUniqueId = nullptr;
-  decltype(&::ncclCommInitRank) CommInitRank = nullptr;
-  decltype(&::ncclCommDestroy) CommDestroy = nullptr;
-  decltype(&::ncclCommAbort) CommAbort = nullptr;
-  decltype(&::ncclCommGetAsyncError) CommGetAsyncError = nullptr;
-  decltype(&::ncclGetErrorString) GetErrorString = nullptr;
-  decltype(&::ncclCommCount) CommCount = nullptr;
-  decltype(&::ncclCommCuDevice) CommCuDevice = nullptr;
-  decltype(&::ncclCommUserRank) CommUserRank = nullptr;
-  decltype(&::ncclAllReduce) AllReduce = nullptr;
-  decltype(&::ncclReduceScatter) ReduceScatter = nullptr;
-  decltype(&::ncclAllGather) AllGather = nullptr;
-  decltype(&::ncclBroadcast) Broadcast = nullptr;
-  decltype(&::ncclReduce) Reduce = nullptr;
-  /// NCCL 2.13 and later (null before): the detail of a communicator's last error.
-  const char* (*GetLastError)(ncclComm_t) = nullptr;
-  /// NCCL 2.14 and later (null before): a communicator made with a config (non-blocking).
-  ncclResult_t (*CommInitRankConfig)(ncclComm_t*, int, ncclUniqueId, int, ncclConfig_t*) = nullptr;
-};
-
-/// "2.28.9" from a version code (NCCL changed the encoding at 2.9).
-std::string version_text(int code) {
-  if (code >= 10000) return fmt::format("{}.{}.{}", code / 10000, code % 10000 / 100, code % 100);
-  return fmt::format("{}.{}.{}", code / 1000, code % 1000 / 100, code % 100);
-}
-
-/// The loaded NCCL; UnavailableError naming what was tried and how to get it. A failed
-/// attempt is not remembered: the next one reads FUSEDOPT_NCCL_LIBRARY again, so a program
-/// can fix the variable and retry. A library that loaded stays for the process's life
-/// (never dlclose'd: its threads may outlive any communicator).
-const NcclApi& nccl() {
-  static std::mutex mutex;
-  static const NcclApi* loaded = nullptr;
-  std::lock_guard<std::mutex> lock(mutex);
-  if (loaded) return *loaded;
-
-  const char* env = std::getenv("FUSEDOPT_NCCL_LIBRARY");
-  const bool from_env = env != nullptr && *env != '\0';
-  const std::string path = from_env ? env : kDefaultLibrary;
-  const std::string tried =
-      from_env ? fmt::format("{} (FUSEDOPT_NCCL_LIBRARY)", path) : fmt::format("{}", path);
-  void* handle = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
-  if (!handle) {
-    const char* error = dlerror();
-    throw UnavailableError(fmt::format("NCCL could not be loaded from {}: {}; {}", tried,
-                                       error ? error : "unknown dlopen error", kHowToGetNccl));
-  }
-  auto api = std::make_unique<NcclApi>();
-  api->path = path;
-  std::string missing;
-  auto bind = [&](const char* symbol, auto* out, bool required) {
-    *out = reinterpret_cast<std::remove_pointer_t<decltype(out)> >(dlsym(handle, symbol));
-    if (!*out && required) missing += missing.empty() ? symbol : std::string(", ") + symbol;
-  };
-  bind("ncclGetVersion", &api->GetVersion, true);
-  bind("ncclGetUniqueId", &api->GetUniqueId, true);
-  bind("ncclCommInitRank", &api->CommInitRank, true);
-  bind("ncclCommDestroy", &api->CommDestroy, true);
-  bind("ncclCommAbort", &api->CommAbort, true);
-  bind("ncclCommGetAsyncError", &api->CommGetAsyncError, true);
-  bind("ncclGetErrorString", &api->GetErrorString, true);
-  bind("ncclCommCount", &api->CommCount, true);
-  bind("ncclCommCuDevice", &api->CommCuDevice, true);
-  bind("ncclCommUserRank", &api->CommUserRank, true);
-  bind("ncclAllReduce", &api->AllReduce, true);
-  bind("ncclReduceScatter", &api->ReduceScatter, true);
-  bind("ncclAllGather", &api->AllGather, true);
-  bind("ncclBroadcast", &api->Broadcast, true);
-  bind("ncclReduce", &api->Reduce, true);
-  bind("ncclGetLastError", &api->GetLastError, false);
-  bind("ncclCommInitRankConfig", &api->CommInitRankConfig, false);
-  if (!missing.empty()) {
-    dlclose(handle);
-    throw UnavailableError(fmt::format(
-        "{} loaded but has no entry point {}: it is not NCCL, or an NCCL older than {}; {}", tried,
-        missing, version_text(kOldestVersion), kHowToGetNccl));
-  }
-  if (api->GetVersion(&api->version) != ncclSuccess) api->version = 0;
-  if (api->version < kOldestVersion) {
-    dlclose(handle);
-    throw UnavailableError(fmt::format(
-        "{} is NCCL {}, older than {}, the oldest fusedopt uses (bf16 collectives); {}", tried,
-        api->version ? version_text(api->version) : std::string("of unknown version"),
-        version_text(kOldestVersion), kHowToGetNccl));
-  }
-  loaded = api.release();  // never destroyed, like the library
-  return *loaded;
-}
-
-const char* result_name(ncclResult_t r) {
-  switch (r) {
-    case ncclSuccess:
-      return "ncclSuccess";
-    case ncclUnhandledCudaError:
-      return "ncclUnhandledCudaError";
-    case ncclSystemError:
-      return "ncclSystemError";
-    case ncclInternalError:
-      return "ncclInternalError";
-    case ncclInvalidArgument:
-      return "ncclInvalidArgument";
-    case ncclInvalidUsage:
-      return "ncclInvalidUsage";
-    case ncclRemoteError:
-      return "ncclRemoteError";
-    case ncclInProgress:
-      return "ncclInProgress";
-    default:
-      return "ncclResult_t";
-  }
-}
-
-/// "ncclSystemError (code 2): unhandled system error (run with NCCL_DEBUG=INFO for
-/// details); last error: ..." with the communicator's last error where NCCL keeps one.
-std::string error_text(const NcclApi& api, ncclResult_t r, ncclComm_t comm) {
-  const char* text = api.GetErrorString(r);
-  std::string out = fmt::format("{} (code {}): {}", result_name(r), static_cast<int>(r),
-                                text ? text : "no description");
-  if (api.GetLastError) {
-    const char* last = api.GetLastError(comm);
-    if (last && *last) out += fmt::format("; last error: {}", last);
-  }
-  return out;
-}
-
-/// What a call on a non-blocking communicator came to: `r` itself unless it is
-/// ncclInProgress, else ncclCommGetAsyncError polled until the call is done (its result) or
-/// until `deadline` passes (ncclInProgress: the caller aborts the communicator).
-ncclResult_t settle(const NcclApi& api, ncclComm_t comm, ncclResult_t r,
-                    std::chrono::steady_clock::time_point deadline) {
-  auto pause = std::chrono::microseconds(20);
-  while (r == ncclInProgress) {
-    ncclResult_t state = ncclSuccess;
-    const ncclResult_t q = api.CommGetAsyncError(comm, &state);
-    if (q != ncclSuccess) return q;
-    if (state != ncclInProgress) return state;
-    if (std::chrono::steady_clock::now() >= deadline) return ncclInProgress;
-    std::this_thread::sleep_for(pause);
-    pause = std::min(pause * 2, std::chrono::microseconds(2000));
-  }
-  return r;
-}
 
 /// "0.25 s" for an error message.
 std::string seconds_text(std::chrono::milliseconds t) {
@@ -334,7 +166,7 @@ class NcclBackend final : public Backend {
     // while it connects to a peer the first time): the launch is on the stream only once
     // that is done, so the event is recorded after it, within the deadline.
     if (r == ncclInProgress) {
-      r = settle(api_, comm_, r, std::chrono::steady_clock::now() + timeout);
+      r = nccl_settle(api_, comm_, r, std::chrono::steady_clock::now() + timeout);
       if (r == ncclInProgress) {
         abort_comm();
         fail_start(c, fmt::format("NCCL did not finish enqueueing it within the deadline of {}; "
@@ -342,7 +174,7 @@ class NcclBackend final : public Backend {
                                   seconds_text(timeout)));
       }
     }
-    if (r != ncclSuccess) fail_start(c, error_text(api_, r, comm_));
+    if (r != ncclSuccess) fail_start(c, nccl_error_text(api_, r, comm_));
     try {
       p->event->record(c.stream);
     } catch (const Error& e) {
@@ -393,13 +225,13 @@ class NcclBackend final : public Backend {
     const ncclResult_t r = api_.CommGetAsyncError(comm_, &async);
     if (r != ncclSuccess) {
       const std::string cause =
-          fmt::format("ncclCommGetAsyncError failed: {}", error_text(api_, r, comm_));
+          fmt::format("ncclCommGetAsyncError failed: {}", nccl_error_text(api_, r, comm_));
       abort_comm();
       throw CommError(rank_, operation, bytes, cause + "; the communicator was aborted");
     }
     if (async == ncclSuccess || async == ncclInProgress) return;
     const std::string cause =
-        fmt::format("NCCL reported an asynchronous error, {}", error_text(api_, async, comm_));
+        fmt::format("NCCL reported an asynchronous error, {}", nccl_error_text(api_, async, comm_));
     abort_comm();
     throw CommError(rank_, operation, bytes,
                     cause + "; the communicator was aborted (ncclCommAbort)");
@@ -500,7 +332,7 @@ std::shared_ptr<Backend> make_nccl_backend(const NcclApi& api, ncclComm_t comm, 
   ncclResult_t r = api.CommCount(comm, &size);
   if (r == ncclSuccess) r = api.CommUserRank(comm, &rank);
   if (r != ncclSuccess) {
-    const std::string cause = error_text(api, r, comm);
+    const std::string cause = nccl_error_text(api, r, comm);
     give_up();
     throw CommError(-1, "ncclCommCount/ncclCommUserRank", 0, cause);
   }
@@ -513,51 +345,18 @@ std::shared_ptr<Backend> make_nccl_backend(const NcclApi& api, ncclComm_t comm, 
   }
 }
 
-}  // namespace
-
-bool nccl_available(std::string* why) {
-  // Never throws: every reason becomes a sentence of `why`.
-  std::string reasons;
-  try {
-    std::string no_device;
-    if (!cuda_device_available(&no_device)) reasons = "there is no CUDA device: " + no_device;
-    try {
-      (void)nccl();
-    } catch (const Error& e) {
-      reasons += (reasons.empty() ? "" : "; and ") + std::string(e.what());
-    }
-  } catch (const std::exception& e) {
-    reasons += (reasons.empty() ? "" : "; and ") + std::string(e.what());
-  }
-  if (reasons.empty()) return true;
-  if (why) *why = reasons;
-  return false;
-}
-
-std::shared_ptr<Backend> make_nccl(int device, Backend& bootstrap) {
-  FUSEDOPT_CHECK_USAGE(bootstrap.device().kind == Device::Kind::Host,
-                       "Communicator::nccl: the bootstrap must be a host-memory (MPI) "
-                       "communicator, not an '{}' one",
-                       bootstrap.name());
-  const NcclApi& api = nccl();
-  require_device(device);
-  const std::shared_ptr<Backend> boot = bootstrap.shared_from_this();
+/// Rank 0's unique id, on every rank: it goes over the bootstrap, each byte as one fp32
+/// value (exact), with a last value saying whether rank 0 could make one: a failure there is
+/// an error on every rank, not a wait for an id that never comes.
+ncclUniqueId share_unique_id(const NcclApi& api, const std::shared_ptr<Backend>& boot) {
   const int rank = boot->rank();
-  // NCCL makes its id and joins on the current device: `device`'s primary context, current
-  // until the end (which also checks that the device exists, on every rank, before the
-  // broadcast).
-  CudaDeviceScope scope(device);
-
-  // Rank 0's unique id goes to every rank over the bootstrap, each byte as one fp32 value
-  // (exact), with a last value saying whether rank 0 could make one: a failure there is an
-  // error on every rank, not a wait for an id that never comes.
   constexpr std::size_t kIdBytes = sizeof(ncclUniqueId);
   ncclUniqueId id;
   std::memset(&id, 0, sizeof id);
   std::string rank0_failure;
   if (rank == 0) {
     const ncclResult_t r = api.GetUniqueId(&id);
-    if (r != ncclSuccess) rank0_failure = error_text(api, r, nullptr);
+    if (r != ncclSuccess) rank0_failure = nccl_error_text(api, r, nullptr);
   }
   std::vector<float> values(kIdBytes + 1, 0.0f);
   const auto* id_bytes = reinterpret_cast<const unsigned char*>(&id);
@@ -580,19 +379,24 @@ std::shared_ptr<Backend> make_nccl(int device, Backend& bootstrap) {
   }
   auto* out_bytes = reinterpret_cast<unsigned char*>(&id);
   for (std::size_t i = 0; i < kIdBytes; ++i) out_bytes[i] = static_cast<unsigned char>(values[i]);
+  return id;
+}
 
-  // Every rank has just passed the broadcast above, so all of them are joining. From NCCL
-  // 2.14 the communicator is non-blocking: the join is polled against the bootstrap's
-  // deadline, and a rank that never joins (or a network that never connects) is a CommError
-  // with the communicator aborted, not a hang. Older NCCL blocks in ncclCommInitRank.
-  const std::string what = fmt::format("ncclCommInitRank({} ranks, cuda:{})", boot->size(), device);
+/// This rank's communicator over `id`, on the current device (`device`). Every rank has
+/// passed the id's broadcast, so all of them are joining. From NCCL 2.14 the communicator is
+/// non-blocking: the join is polled against the bootstrap's deadline, and a rank that never
+/// joins (or a network that never connects) is a CommError with the communicator aborted,
+/// not a hang. Older NCCL blocks in ncclCommInitRank.
+ncclComm_t join(const NcclApi& api, const Backend& boot, const ncclUniqueId& id, int device) {
+  const int rank = boot.rank();
+  const std::string what = fmt::format("ncclCommInitRank({} ranks, cuda:{})", boot.size(), device);
   ncclComm_t comm = nullptr;
-  if (api.CommInitRankConfig && api.version >= kNonBlockingVersion) {
+  if (api.CommInitRankConfig && api.version >= kNcclNonBlockingVersion) {
     ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
     config.blocking = 0;
-    const auto deadline = std::chrono::steady_clock::now() + boot->timeout;
-    ncclResult_t r = api.CommInitRankConfig(&comm, boot->size(), id, rank, &config);
-    if (comm != nullptr) r = settle(api, comm, r, deadline);
+    const auto deadline = std::chrono::steady_clock::now() + boot.timeout;
+    ncclResult_t r = api.CommInitRankConfig(&comm, boot.size(), id, rank, &config);
+    if (comm != nullptr) r = nccl_settle(api, comm, r, deadline);
     if (r != ncclSuccess) {
       const std::string cause =
           r == ncclInProgress
@@ -600,26 +404,64 @@ std::shared_ptr<Backend> make_nccl(int device, Backend& bootstrap) {
                     "not every rank joined within the deadline of {} (a rank that "
                     "did not call Communicator::nccl, or a network NCCL cannot use: "
                     "NCCL_DEBUG=INFO says which); the communicator was aborted",
-                    seconds_text(boot->timeout))
-              : error_text(api, r, comm);
+                    seconds_text(boot.timeout))
+              : nccl_error_text(api, r, comm);
       if (comm != nullptr) api.CommAbort(comm);
       throw CommError(rank, what, 0, cause);
     }
   } else {
-    const ncclResult_t r = api.CommInitRank(&comm, boot->size(), id, rank);
-    if (r != ncclSuccess) throw CommError(rank, what, 0, error_text(api, r, nullptr));
+    const ncclResult_t r = api.CommInitRank(&comm, boot.size(), id, rank);
+    if (r != ncclSuccess) throw CommError(rank, what, 0, nccl_error_text(api, r, nullptr));
   }
+  return comm;
+}
+
+}  // namespace
+
+bool nccl_available(std::string* why) {
+  // Never throws: every reason becomes a sentence of `why`.
+  std::string reasons;
+  try {
+    std::string no_device;
+    if (!cuda_device_available(&no_device)) reasons = "there is no CUDA device: " + no_device;
+    try {
+      (void)load_nccl();
+    } catch (const Error& e) {
+      reasons += (reasons.empty() ? "" : "; and ") + std::string(e.what());
+    }
+  } catch (const std::exception& e) {
+    reasons += (reasons.empty() ? "" : "; and ") + std::string(e.what());
+  }
+  if (reasons.empty()) return true;
+  if (why) *why = reasons;
+  return false;
+}
+
+std::shared_ptr<Backend> make_nccl(int device, Backend& bootstrap) {
+  FUSEDOPT_CHECK_USAGE(bootstrap.device().kind == Device::Kind::Host,
+                       "Communicator::nccl: the bootstrap must be a host-memory (MPI) "
+                       "communicator, not an '{}' one",
+                       bootstrap.name());
+  const NcclApi& api = load_nccl();
+  require_device(device);
+  const std::shared_ptr<Backend> boot = bootstrap.shared_from_this();
+  // NCCL makes its id and joins on the current device: `device`'s primary context, current
+  // until the end (which also checks that the device exists, on every rank, before the
+  // broadcast).
+  CudaDeviceScope scope(device);
+  const ncclUniqueId id = share_unique_id(api, boot);
+  ncclComm_t comm = join(api, *boot, id, device);
   return make_nccl_backend(api, comm, device, /*owned=*/true, boot);
 }
 
 std::shared_ptr<Backend> wrap_nccl(void* nccl_comm, int device) {
   FUSEDOPT_CHECK_USAGE(nccl_comm != nullptr, "Communicator::nccl_wrap: null ncclComm_t");
-  const NcclApi& api = nccl();
+  const NcclApi& api = load_nccl();
   require_device(device);
   auto comm = static_cast<ncclComm_t>(nccl_comm);
   int comm_device = -1;
   const ncclResult_t r = api.CommCuDevice(comm, &comm_device);
-  if (r != ncclSuccess) throw CommError(-1, "ncclCommCuDevice", 0, error_text(api, r, comm));
+  if (r != ncclSuccess) throw CommError(-1, "ncclCommCuDevice", 0, nccl_error_text(api, r, comm));
   FUSEDOPT_CHECK_USAGE(comm_device == device,
                        "Communicator::nccl_wrap: the ncclComm_t is on cuda:{}, not cuda:{}",
                        comm_device, device);

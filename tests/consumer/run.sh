@@ -7,7 +7,8 @@
 #                 BUILD_SHARED_LIBS=ON and FUSEDOPT_CUDA=OFF (so it also proves the build
 #                 without CUDA); run it; install that build (fusedopt's own install rules) into
 #                 a prefix; check that libfusedopt.so exports the public API and none of the
-#                 internals; find_package on that prefix. One library build serves both.
+#                 internals, and libfusedopt_comm.so none of them either; find_package on
+#                 that prefix. One library build serves both.
 # Usage: run.sh MODE BUILD_DIR SOURCE_DIR CXX_COMPILER [COMPILER_LAUNCHER]
 # Work goes to BUILD_DIR/consumer-MODE.
 set -euo pipefail
@@ -57,15 +58,22 @@ case "$mode" in
       grep -qF "$api" <<<"$symbols" || {
         echo "consumer (shared): $lib does not export $api" >&2; exit 1; }
     done
-    internals="$(grep -E 'fusedopt::(lang|codegen|jit|provider|runtime|cache|io|detail)::' \
-                 <<<"$symbols" || true)"
-    if [ -n "$internals" ]; then
-      echo "consumer (shared): $lib exports internals:" >&2
-      head -n 20 <<<"$internals" >&2
-      exit 1
-    fi
+    # The internals, support's included: libfusedopt_comm links its own hidden copy of the
+    # support pieces it uses (DynLib, the log), and must not export them either.
+    internal='fusedopt::(lang|codegen|jit|provider|runtime|cache|io|support|detail)::'
+    comm_lib="$(find "$work/prefix" -name 'libfusedopt_comm.so.*' -type f | head -n 1)"
+    [ -n "$comm_lib" ] || {
+      echo "consumer (shared): no libfusedopt_comm.so.* installed" >&2; exit 1; }
+    for checked in "$lib" "$comm_lib"; do
+      internals="$(nm -DC --defined-only "$checked" | grep -E "$internal" || true)"
+      if [ -n "$internals" ]; then
+        echo "consumer (shared): $checked exports internals:" >&2
+        head -n 20 <<<"$internals" >&2
+        exit 1
+      fi
+    done
     echo "consumer (shared): $(basename "$lib") exports $(wc -l <<<"$symbols") symbols," \
-         "no internals"
+         "no internals; $(basename "$comm_lib") none of the core's or support's"
     step "${consumer[@]}" -DCMAKE_PREFIX_PATH="$work/prefix" \
       -DFUSEDOPT_EXPECT_TYPE=SHARED_LIBRARY
     ;;
