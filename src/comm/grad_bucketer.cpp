@@ -4,8 +4,6 @@
 
 #include <algorithm>
 #include <chrono>
-#include <cstdio>
-#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <utility>
@@ -13,6 +11,7 @@
 #include "comm/buckets.hpp"
 #include "fusedopt/comm.hpp"
 #include "support/check.hpp"
+#include "support/log.hpp"
 
 namespace fusedopt::comm {
 
@@ -31,15 +30,6 @@ std::string mib(std::size_t bytes) {
   if (bytes % (std::size_t{1} << 20) == 0) return fmt::format("{} MiB", bytes >> 20);
   if (bytes % (std::size_t{1} << 10) == 0) return fmt::format("{} KiB", bytes >> 10);
   return fmt::format("{} bytes", bytes);
-}
-
-/// FUSEDOPT_LOG=info or debug (the core's variable; comm prints its own lines).
-bool log_info() {
-  const char* level = std::getenv("FUSEDOPT_LOG");
-  if (level == nullptr) return false;
-  std::string l(level);
-  for (char& c : l) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-  return l.find("info") != std::string::npos || l.find("debug") != std::string::npos;
 }
 
 std::string describe_device(const Device& d) {
@@ -188,8 +178,8 @@ GradBucketer::GradBucketer(Communicator comm, std::vector<Tensor> grads, BucketO
     waiting_[b] = static_cast<int>(buckets_[b].grads.size());
   }
   work_.resize(buckets_.size());
-  if (log_info() && comm_.rank() == 0) {
-    std::fprintf(stderr, "fusedopt: info: %s\n", report().c_str());
+  if (support::log_enabled(support::LogLevel::Info) && comm_.rank() == 0) {
+    support::log(support::LogLevel::Info, report());
   }
 }
 
