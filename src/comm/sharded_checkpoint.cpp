@@ -291,17 +291,7 @@ void ShardedOptimizer::save(const std::filesystem::path& dir) const {
 
 namespace {
 
-/// How a sharded load refuses: a set that does not fit this optimizer is a UsageError; a
-/// malformed one an IoError. Both name the folder.
-struct Refusal {
-  const std::filesystem::path& dir;
-  [[noreturn]] void misfit(const std::string& what) const {
-    throw UsageError(fmt::format("cannot load sharded checkpoint {}: {}", dir.string(), what));
-  }
-  [[noreturn]] void malformed(const std::string& what) const {
-    throw IoError(fmt::format("cannot load sharded checkpoint {}: {}", dir.string(), what));
-  }
-};
+using ck::Refusal;
 
 /// The index's params table must list exactly `params`, in order.
 void check_params(const Index& index, const std::vector<Tensor>& params, const Refusal& r) {
@@ -419,7 +409,7 @@ void assemble_param(const std::string& name, std::int64_t a, std::int64_t b,
 
 void ShardedOptimizer::load(const std::filesystem::path& dir) {
   Impl& m = live("load");
-  const Refusal refusal{dir};
+  const Refusal refusal{fmt::format("cannot load sharded checkpoint {}", dir.string())};
   std::exception_ptr error;
   std::filesystem::path staged;
   try {

@@ -94,6 +94,19 @@ inline std::vector<std::string> fields(const std::string& line, char sep = '\t')
   }
 }
 
+/// How a load refuses, its message starting with `prefix` ("cannot load checkpoint PATH"):
+/// a file that does not fit the optimizer is a UsageError; a malformed one (damaged, or
+/// written by something else) an IoError.
+struct Refusal {
+  std::string prefix;
+  [[noreturn]] void misfit(const std::string& what) const {
+    throw UsageError(prefix + ": " + what);
+  }
+  [[noreturn]] void malformed(const std::string& what) const {
+    throw IoError(prefix + ": " + what);
+  }
+};
+
 /// One row of the params table.
 struct ParamEntry {
   std::string name;

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "fusedopt/error.hpp"
+#include "io/checkpoint_format.hpp"
 #include "io/json.hpp"
 #include "support/atomic_write.hpp"
 #include "support/check.hpp"
@@ -196,19 +197,7 @@ std::string file_head(const std::filesystem::path& path, const std::vector<Tenso
 
 }  // namespace
 
-const char* safetensors_dtype(DType d) {
-  switch (d) {
-    case DType::F32:
-      return "F32";
-    case DType::F16:
-      return "F16";
-    case DType::BF16:
-      return "BF16";
-    case DType::F64:
-      return "F64";
-  }
-  return "?";
-}
+const char* safetensors_dtype(DType d) { return checkpoint::st_dtype(d); }
 
 int dtype_bytes(const std::string& st_dtype) {
   static const std::map<std::string, int, std::less<>> kSizes = {

@@ -98,17 +98,7 @@ void Optimizer::save(const std::filesystem::path& path) const {
 
 namespace {
 
-/// How load() refuses: a file that does not fit this optimizer is a UsageError; one that is
-/// malformed (damaged, or written by something else) an IoError. Both name the file.
-struct Refusal {
-  const std::filesystem::path& path;
-  [[noreturn]] void misfit(const std::string& what) const {
-    throw UsageError(fmt::format("cannot load checkpoint {}: {}", path.string(), what));
-  }
-  [[noreturn]] void malformed(const std::string& what) const {
-    throw IoError(fmt::format("cannot load checkpoint {}: {}", path.string(), what));
-  }
-};
+using ck::Refusal;
 
 /// Metadata entry `key` of `file`, or malformed.
 const std::string& meta(const io::SafetensorsFile& file, const char* key, const Refusal& r) {
@@ -251,7 +241,7 @@ void Optimizer::load(const std::filesystem::path& path) {
     throw IoError(fmt::format("cannot load checkpoint: {}", e.what()));
   }
   // Everything is checked first; nothing is touched until all of it passed.
-  const Refusal refusal{path};
+  const Refusal refusal{fmt::format("cannot load checkpoint {}", path.string())};
   check_header(file, m.rule, refusal);
   const std::int64_t step = read_step(file, refusal);
   std::vector<std::vector<double>> hypers = read_hypers(file, m.hyper_names, m.hypers, refusal);
