@@ -204,15 +204,21 @@ struct BucketStats {
 /// (a CommError on every rank naming the first difference otherwise).
 class FUSEDOPT_COMM_API GradBucketer {
  public:
-  friend class ShardedOptimizer;  // ZeRO-2: buckets reduced to their owners
   GradBucketer(Communicator comm, std::vector<Tensor> grads, BucketOptions options = {});
+  /// Reduce-to-owner (ZeRO-2): gradient i is reduced to rank roots[i] instead of all-reduced
+  /// (a bucket holds one root; equal roots form a contiguous run of gradients).
+  GradBucketer(Communicator comm, std::vector<Tensor> grads, BucketOptions options,
+               std::vector<int> roots);
+  ~GradBucketer();
+  GradBucketer(GradBucketer&&) noexcept;
+  GradBucketer& operator=(GradBucketer&&) noexcept;
 
   /// The buckets of `grads` (no communication): what the constructor builds. Throws
   /// UsageError naming the gradient when the gradients of a dtype are not in one buffer in
   /// parameter order (more than 256 bytes apart, overlapping, or out of order).
   static std::vector<Bucket> layout(const std::vector<Tensor>& grads, const BucketOptions& options);
 
-  const std::vector<Bucket>& buckets() const { return buckets_; }
+  const std::vector<Bucket>& buckets() const;
   /// The bucket of gradient `grad`, -1 for an empty one.
   int bucket_of(int grad) const;
   /// Gradient `grad` is complete for this step (on `stream`, for NCCL: the all-reduce is
@@ -228,27 +234,14 @@ class FUSEDOPT_COMM_API GradBucketer {
   /// "201 gradients -> 9 all-reduces (25 MiB buckets, first 1 MiB)".
   std::string report() const;
   /// Collectives started so far (all steps).
-  std::int64_t collectives() const { return collectives_; }
+  std::int64_t collectives() const;
   BucketStats stats() const;
 
  private:
-  void start_ready(void* stream);
-  Communicator comm_;
-  std::vector<Tensor> grads_;
-  BucketOptions options_;
-  std::vector<Bucket> buckets_;
-  std::vector<int> bucket_of_;
-  std::vector<char> marked_;
-  std::vector<int> waiting_;  ///< per bucket: gradients not ready yet this step
-  std::vector<Work> work_;
-  std::size_t next_ = 0;  ///< the next bucket to start
-  std::int64_t collectives_ = 0;
-  std::int64_t steps_ = 0;
-  double wait_seconds_ = 0;
-
-  /// ZeRO-2: gradient i is reduced to rank roots[i] (equal roots form a contiguous run).
-  GradBucketer(Communicator comm, std::vector<Tensor> grads, BucketOptions options,
-               std::vector<int> roots);
+  struct Impl;
+  /// The Impl, or UsageError("GradBucketer::<method>: this GradBucketer was moved from").
+  Impl& live(const char* method) const;
+  std::unique_ptr<Impl> impl_;
 };
 
 }  // namespace fusedopt::comm

@@ -145,69 +145,97 @@ std::vector<Bucket> GradBucketer::layout(const std::vector<Tensor>& grads,
   return detail::bucket_layout(grads, options, {});
 }
 
+struct GradBucketer::Impl {
+  Impl(Communicator comm, std::vector<Tensor> grads, BucketOptions options)
+      : comm_(std::move(comm)), grads_(std::move(grads)), options_(options) {}
+  void start_ready(void* stream);
+  std::string report() const;
+
+  Communicator comm_;
+  std::vector<Tensor> grads_;
+  BucketOptions options_;
+  std::vector<Bucket> buckets_;
+  std::vector<int> bucket_of_;
+  std::vector<char> marked_;
+  std::vector<int> waiting_;  ///< per bucket: gradients not ready yet this step
+  std::vector<Work> work_;
+  std::size_t next_ = 0;  ///< the next bucket to start
+  std::int64_t collectives_ = 0;
+  std::int64_t steps_ = 0;
+  double wait_seconds_ = 0;
+};
+
 GradBucketer::GradBucketer(Communicator comm, std::vector<Tensor> grads, BucketOptions options)
     : GradBucketer(std::move(comm), std::move(grads), options, {}) {}
 
 GradBucketer::GradBucketer(Communicator comm, std::vector<Tensor> grads, BucketOptions options,
                            std::vector<int> roots)
-    : comm_(std::move(comm)), grads_(std::move(grads)), options_(options) {
-  buckets_ = detail::bucket_layout(grads_, options_, roots);
-  bucket_of_.assign(grads_.size(), -1);
-  for (std::size_t b = 0; b < buckets_.size(); ++b) {
-    for (int g : buckets_[b].grads) bucket_of_[static_cast<std::size_t>(g)] = static_cast<int>(b);
-    FUSEDOPT_CHECK_USAGE(buckets_[b].device == comm_.device(),
+    : impl_(std::make_unique<Impl>(std::move(comm), std::move(grads), options)) {
+  Impl& m = *impl_;
+  m.buckets_ = detail::bucket_layout(m.grads_, m.options_, roots);
+  m.bucket_of_.assign(m.grads_.size(), -1);
+  for (std::size_t b = 0; b < m.buckets_.size(); ++b) {
+    for (int g : m.buckets_[b].grads)
+      m.bucket_of_[static_cast<std::size_t>(g)] = static_cast<int>(b);
+    FUSEDOPT_CHECK_USAGE(m.buckets_[b].device == m.comm_.device(),
                          "GradBucketer: gradient {} ('{}') lives on {}, the {} communicator "
                          "reduces memory of {}",
-                         buckets_[b].grads.front(), grad_name(grads_, buckets_[b].grads.front()),
-                         describe_device(buckets_[b].device), comm_.backend(),
-                         describe_device(comm_.device()));
+                         m.buckets_[b].grads.front(),
+                         grad_name(m.grads_, m.buckets_[b].grads.front()),
+                         describe_device(m.buckets_[b].device), m.comm_.backend(),
+                         describe_device(m.comm_.device()));
   }
   // Every rank must start the same collectives in the same order: compare the plans.
-  std::string plan = fmt::format("gradients {}\n", grads_.size());
-  for (std::size_t i = 0; i < grads_.size(); ++i) {
-    plan += fmt::format("gradient {}: {} x {}\n", i, grads_[i].numel, to_string(grads_[i].dtype));
+  std::string plan = fmt::format("gradients {}\n", m.grads_.size());
+  for (std::size_t i = 0; i < m.grads_.size(); ++i) {
+    plan +=
+        fmt::format("gradient {}: {} x {}\n", i, m.grads_[i].numel, to_string(m.grads_[i].dtype));
   }
-  for (std::size_t b = 0; b < buckets_.size(); ++b) {
-    plan += fmt::format("bucket {}: {} elements of {}, root {}\n", b, buckets_[b].count,
-                        to_string(buckets_[b].dtype), buckets_[b].root);
+  for (std::size_t b = 0; b < m.buckets_.size(); ++b) {
+    plan += fmt::format("bucket {}: {} elements of {}, root {}\n", b, m.buckets_[b].count,
+                        to_string(m.buckets_[b].dtype), m.buckets_[b].root);
   }
-  comm_.check_same("GradBucketer plan", plan);
-  marked_.assign(grads_.size(), 0);
-  waiting_.resize(buckets_.size());
-  for (std::size_t b = 0; b < buckets_.size(); ++b) {
-    waiting_[b] = static_cast<int>(buckets_[b].grads.size());
+  m.comm_.check_same("GradBucketer plan", plan);
+  m.marked_.assign(m.grads_.size(), 0);
+  m.waiting_.resize(m.buckets_.size());
+  for (std::size_t b = 0; b < m.buckets_.size(); ++b) {
+    m.waiting_[b] = static_cast<int>(m.buckets_[b].grads.size());
   }
-  work_.resize(buckets_.size());
-  if (support::log_enabled(support::LogLevel::Info) && comm_.rank() == 0) {
-    support::log(support::LogLevel::Info, report());
+  m.work_.resize(m.buckets_.size());
+  if (support::log_enabled(support::LogLevel::Info) && m.comm_.rank() == 0) {
+    support::log(support::LogLevel::Info, m.report());
   }
 }
 
 int GradBucketer::bucket_of(int grad) const {
-  FUSEDOPT_CHECK_USAGE(grad >= 0 && static_cast<std::size_t>(grad) < grads_.size(),
-                       "GradBucketer: there is no gradient {} (there are {})", grad, grads_.size());
-  return bucket_of_[static_cast<std::size_t>(grad)];
+  const Impl& m = live("bucket_of");
+  FUSEDOPT_CHECK_USAGE(grad >= 0 && static_cast<std::size_t>(grad) < m.grads_.size(),
+                       "GradBucketer: there is no gradient {} (there are {})", grad,
+                       m.grads_.size());
+  return m.bucket_of_[static_cast<std::size_t>(grad)];
 }
 
 void GradBucketer::mark_ready(int grad, void* stream) {
+  Impl& m = live("mark_ready");
   const int b = bucket_of(grad);
-  auto& m = marked_[static_cast<std::size_t>(grad)];
-  FUSEDOPT_CHECK_USAGE(!m,
+  auto& marked = m.marked_[static_cast<std::size_t>(grad)];
+  FUSEDOPT_CHECK_USAGE(!marked,
                        "GradBucketer::mark_ready: gradient {} ('{}') is already ready in this step",
-                       grad, grad_name(grads_, grad));
-  m = 1;
+                       grad, grad_name(m.grads_, grad));
+  marked = 1;
   if (b < 0) return;
-  --waiting_[static_cast<std::size_t>(b)];
-  start_ready(stream);
+  --m.waiting_[static_cast<std::size_t>(b)];
+  m.start_ready(stream);
 }
 
 void GradBucketer::mark_all_ready(void* stream) {
-  for (std::size_t g = 0; g < grads_.size(); ++g) {
-    if (!marked_[g]) mark_ready(static_cast<int>(g), stream);
+  Impl& m = live("mark_all_ready");
+  for (std::size_t g = 0; g < m.grads_.size(); ++g) {
+    if (!m.marked_[g]) mark_ready(static_cast<int>(g), stream);
   }
 }
 
-void GradBucketer::start_ready(void* stream) {
+void GradBucketer::Impl::start_ready(void* stream) {
   while (next_ < buckets_.size() && waiting_[next_] == 0) {
     Bucket& b = buckets_[next_];
     work_[next_] = b.root < 0
@@ -219,44 +247,49 @@ void GradBucketer::start_ready(void* stream) {
 }
 
 void GradBucketer::finish() {
-  for (std::size_t g = 0; g < grads_.size(); ++g) {
+  Impl& m = live("finish");
+  for (std::size_t g = 0; g < m.grads_.size(); ++g) {
     FUSEDOPT_CHECK_USAGE(
-        marked_[g], "GradBucketer::finish: gradient {} ('{}') was not marked ready in this step", g,
-        grad_name(grads_, static_cast<int>(g)));
+        m.marked_[g], "GradBucketer::finish: gradient {} ('{}') was not marked ready in this step",
+        g, grad_name(m.grads_, static_cast<int>(g)));
   }
   const auto t0 = std::chrono::steady_clock::now();
-  for (Work& w : work_) {
+  for (Work& w : m.work_) {
     if (w.valid()) w.wait();
   }
-  wait_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  ++steps_;
+  m.wait_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  ++m.steps_;
   // The next step.
-  std::fill(marked_.begin(), marked_.end(), 0);
-  for (std::size_t b = 0; b < buckets_.size(); ++b) {
-    waiting_[b] = static_cast<int>(buckets_[b].grads.size());
-    work_[b] = Work();
+  std::fill(m.marked_.begin(), m.marked_.end(), 0);
+  for (std::size_t b = 0; b < m.buckets_.size(); ++b) {
+    m.waiting_[b] = static_cast<int>(m.buckets_[b].grads.size());
+    m.work_[b] = Work();
   }
-  next_ = 0;
+  m.next_ = 0;
 }
 
 BucketStats GradBucketer::stats() const {
+  const Impl& m = live("stats");
   BucketStats s;
-  s.gradients = static_cast<int>(grads_.size());
-  s.buckets = static_cast<int>(buckets_.size());
-  for (const Bucket& b : buckets_) {
+  s.gradients = static_cast<int>(m.grads_.size());
+  s.buckets = static_cast<int>(m.buckets_.size());
+  for (const Bucket& b : m.buckets_) {
     s.bytes_per_step += b.bytes;
     s.largest_bucket = std::max(s.largest_bucket, b.bytes);
   }
-  s.steps = steps_;
-  s.collectives = collectives_;
-  s.wait_seconds = wait_seconds_;
+  s.steps = m.steps_;
+  s.collectives = m.collectives_;
+  s.wait_seconds = m.wait_seconds_;
   s.report = report();
   return s;
 }
 
-float GradBucketer::grad_scale() const { return 1.0f / static_cast<float>(comm_.size()); }
+float GradBucketer::grad_scale() const {
+  const Impl& m = live("grad_scale");
+  return 1.0f / static_cast<float>(m.comm_.size());
+}
 
-std::string GradBucketer::report() const {
+std::string GradBucketer::Impl::report() const {
   const bool to_owners = !buckets_.empty() && buckets_.front().root >= 0;
   return fmt::format(
       "{} gradients -> {} {}{} per step ({} buckets, first {}{})", grads_.size(), buckets_.size(),
@@ -265,5 +298,21 @@ std::string GradBucketer::report() const {
       options_.max_tensors > 0 ? fmt::format(", at most {} gradients each", options_.max_tensors)
                                : "");
 }
+
+GradBucketer::~GradBucketer() = default;
+GradBucketer::GradBucketer(GradBucketer&&) noexcept = default;
+GradBucketer& GradBucketer::operator=(GradBucketer&&) noexcept = default;
+
+GradBucketer::Impl& GradBucketer::live(const char* method) const {
+  FUSEDOPT_CHECK_USAGE(impl_ != nullptr, "GradBucketer::{}: this GradBucketer was moved from",
+                       method);
+  return *impl_;
+}
+
+const std::vector<Bucket>& GradBucketer::buckets() const { return live("buckets").buckets_; }
+
+std::int64_t GradBucketer::collectives() const { return live("collectives").collectives_; }
+
+std::string GradBucketer::report() const { return live("report").report(); }
 
 }  // namespace fusedopt::comm

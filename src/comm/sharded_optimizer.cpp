@@ -188,8 +188,8 @@ void ShardedOptimizer::Impl::build_reducer() {
       roots.push_back(r);
     }
   }
-  reducer = std::unique_ptr<GradBucketer>(
-      new GradBucketer(comm, std::move(grad_pieces), options.buckets, std::move(roots)));
+  reducer = std::make_unique<GradBucketer>(comm, std::move(grad_pieces), options.buckets,
+                                           std::move(roots));
 }
 
 // Parameter broadcasts: buckets of the pieces, each from its owner.

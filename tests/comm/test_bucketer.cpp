@@ -246,6 +246,23 @@ TEST_SUITE("comm_mpi") {
     }
   }
 
+  TEST_CASE("a moved-from GradBucketer refuses every call, naming it; the new one works") {
+    Communicator& comm = world();
+    FlatArena arena = make_arena(kSizes);
+    std::vector<fusedopt::Tensor> grads;
+    for (std::size_t i = 0; i < arena.size(); ++i) grads.push_back(arena.grad(i));
+    GradBucketer first(comm, grads);
+    GradBucketer second = std::move(first);
+    CHECK_THROWS_WITH_AS(first.mark_ready(0),  // NOLINT(bugprone-use-after-move): the point
+                         "GradBucketer::mark_ready: this GradBucketer was moved from",
+                         fusedopt::UsageError);
+    CHECK_THROWS_AS((void)first.buckets(), fusedopt::UsageError);
+    CHECK_THROWS_AS(first.finish(), fusedopt::UsageError);
+    second.mark_all_ready();
+    second.finish();
+    CHECK(second.stats().steps == 1);
+  }
+
   TEST_CASE("ranks with different gradients fail at construction, every one of them") {
     Communicator comm = Communicator::mpi();
     comm.set_timeout(std::chrono::seconds(20));
