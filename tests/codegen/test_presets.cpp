@@ -52,6 +52,12 @@ fusedopt::cache::KernelCache& test_cache() {
     fusedopt::cache::KernelCache::Options options;
     options.dir = dir.path();
     options.mode = fusedopt::cache::KernelCache::Mode::Memory;
+    // Under CTest, the build folder's kernel cache for tests: one compile per kernel per
+    // build, whichever suite needs it first.
+    if (const char* shared = std::getenv("FUSEDOPT_TEST_KERNEL_CACHE"); shared && *shared) {
+      options.dir = shared;
+      options.mode = fusedopt::cache::KernelCache::Mode::On;
+    }
     return options;
   }());
   return cache;

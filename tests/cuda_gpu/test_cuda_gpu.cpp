@@ -33,7 +33,7 @@ namespace {
 cache::KernelCache& test_cache() {
   static cache::KernelCache c([] {
     cache::KernelCache::Options o;
-    o.mode = cache::KernelCache::Mode::Off;
+    o.mode = cache::KernelCache::Mode::Memory;
     return o;
   }());
   return c;

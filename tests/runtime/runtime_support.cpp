@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <filesystem>
 #include <mutex>
 #include <stdexcept>
@@ -19,7 +20,11 @@ namespace {
 struct PrivateCacheDir {
   fusedopt::testing::TempDir dir;
   PrivateCacheDir() {
-    setenv("FUSEDOPT_CACHE_DIR", dir.path().c_str(), 1);
+    // Under CTest, the build folder's kernel cache for tests (FUSEDOPT_TEST_KERNEL_CACHE):
+    // each kernel compiled once per build rather than once per suite; the user's cache
+    // never.
+    const char* shared = std::getenv("FUSEDOPT_TEST_KERNEL_CACHE");
+    setenv("FUSEDOPT_CACHE_DIR", shared && *shared ? shared : dir.path().c_str(), 1);
     setenv("FUSEDOPT_CACHE", "on", 1);
   }
 };

@@ -16,8 +16,9 @@
 
 namespace fusedopt_tests {
 
-/// Points FUSEDOPT_CACHE_DIR at a fresh 0700 folder (removed at exit) before the first
-/// kernel is built; every test calls it first.
+/// Points FUSEDOPT_CACHE_DIR at a fresh 0700 folder (removed at exit), or under CTest at the
+/// build folder's kernel cache for tests (FUSEDOPT_TEST_KERNEL_CACHE), before the first
+/// kernel is built: never the user's cache. Every test calls it first.
 void use_private_cache();
 
 /// A fresh seed per test, or FUSEDOPT_TEST_SEED to replay a failure.
