@@ -397,7 +397,7 @@ Tensor ShardedOptimizer::state(const std::string& name, int param) const {
     if (m.piece_param[k] == param) return m.local->state(name, static_cast<int>(k));
   }
   // Not owned here: an empty view (the name is still checked against the rule).
-  Tensor none = m.local->stats().tensors > 0 ? m.local->state(name, 0) : Tensor{};
+  Tensor none = m.piece_param.empty() ? Tensor{} : m.local->state(name, 0);
   none.data = nullptr;
   none.numel = 0;
   none.name = m.params[static_cast<std::size_t>(param)].name + "/" + name;

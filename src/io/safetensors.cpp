@@ -156,6 +156,16 @@ class Digest {
 
 constexpr std::size_t kDigestChars = 16;
 
+/// The 8-byte little-endian header length that starts a safetensors file.
+std::string length_field(std::size_t header_bytes) {
+  std::string out(8, '\0');
+  for (int i = 0; i < 8; ++i) {
+    out[static_cast<std::size_t>(i)] =
+        static_cast<char>((static_cast<std::uint64_t>(header_bytes) >> (8 * i)) & 0xFF);
+  }
+  return out;
+}
+
 /// Where the checksum's value starts in a header as fusedopt writes it (compact JSON: the
 /// quoted key right after the '{' or ',' that opens or continues the metadata object, then
 /// ':' and the value's quote), or npos when it is not there exactly once. A quote inside a
@@ -183,12 +193,7 @@ std::string file_head(const std::filesystem::path& path, const std::vector<Tenso
     throw IoError(fmt::format("{}: the header takes {} bytes, above the limit of {}", path.string(),
                               header.size(), kMaxHeaderBytes));
   }
-  std::string head(8, '\0');
-  for (int i = 0; i < 8; ++i) {
-    head[static_cast<std::size_t>(i)] =
-        static_cast<char>((static_cast<std::uint64_t>(header.size()) >> (8 * i)) & 0xFF);
-  }
-  head += header;
+  std::string head = length_field(header.size()) + header;
   const std::size_t at = checksum_value_at(header);
   FUSEDOPT_CHECK_INTERNAL(at != std::string::npos, "the checksum placeholder is not in the header");
   *value_at = 8 + at;
@@ -450,12 +455,7 @@ void check_checksum(const std::string& header, bool with_data, const Fail& fail,
                        file.checksum));
     }
     if (!with_data) return;
-    std::string head(8, '\0');
-    for (int i = 0; i < 8; ++i) {
-      head[static_cast<std::size_t>(i)] =
-          static_cast<char>((static_cast<std::uint64_t>(header.size()) >> (8 * i)) & 0xFF);
-    }
-    head += header;
+    std::string head = length_field(header.size()) + header;
     head.replace(8 + at, kDigestChars, kDigestChars, '0');
     Digest digest;
     digest.add(head.data(), head.size());
