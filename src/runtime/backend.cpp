@@ -53,10 +53,11 @@ Plan plan_binding(Backend& backend, const codegen::KernelBody& body, PlanRequest
   return plan;
 }
 
-std::string Backend::name() const {
-  const Device d = device();
+std::string device_name(const Device& d) {
   return d.kind == Device::Kind::Host ? std::string("host") : fmt::format("cuda:{}", d.index);
 }
+
+std::string Backend::name() const { return device_name(device()); }
 
 std::unique_ptr<Backend> make_backend(const Device& device) {
   if (device.kind == Device::Kind::Host) return make_host_backend();

@@ -16,6 +16,7 @@
 #include "fusedopt/optimizer.hpp"
 #include "lang/ast.hpp"
 #include "runtime/plan.hpp"
+#include "runtime/step_args.hpp"
 
 namespace fusedopt::runtime {
 
@@ -75,78 +76,58 @@ struct TensorTotalsView {
   int stride = 0;
 };
 
-/// One compiled kernel planned over one binding's tensors.
+/// One compiled kernel planned over one binding's tensors. Every launch is ordered on
+/// `stream` and reads its step, gradient factor and skip flag from StepArgs: the same calls
+/// on the host (where a launch is done when it returns) and on CUDA (where nothing waits).
 class BoundKernel {
  public:
   virtual ~BoundKernel() = default;
-  /// Writes every state's initial value (and the master copy).
+  /// Writes every state's initial value (and the master copy); done on return.
   virtual void init_states() = 0;
   /// Reduction pass `pass` (below body().reduction_passes); `check_grads` also counts
   /// non-finite unscaled gradients in pass 0.
-  virtual void reduce(int pass, double step, float inv_grad_scale, bool check_grads,
-                      void* stream) = 0;
+  virtual void reduce(int pass, const StepArgs& args, bool check_grads, void* stream) = 0;
   /// Combines pass `pass`'s partials into the totals; with `accumulate` the shared global
   /// totals are combined into rather than replaced (a kernel before this one wrote them).
-  /// `step` and `inv_grad_scale` are the step's (a factored rule's matrix means read
-  /// values of the step).
-  virtual void finalize(int pass, bool accumulate, double step, float inv_grad_scale,
-                        void* stream) = 0;
+  /// A factored rule's matrix means read values of the step (`args`).
+  virtual void finalize(int pass, bool accumulate, const StepArgs& args, void* stream) = 0;
   virtual TensorTotalsView tensor_totals() = 0;
   /// What codegen said about the kernel (schedule, slots, bytes per pass); no code.
   virtual const codegen::KernelBody& body() const = 0;
   /// Scratch memory of the Store strategy, in bytes.
   virtual std::int64_t scratch_bytes() const = 0;
-  /// The update pass: `step` (1-based) and grads times `inv_grad_scale`; then, for a rule
-  /// with scalar states, every tensor's new scalar values (one more launch).
-  virtual void step(double step, float inv_grad_scale, void* stream) = 0;
-  /// The separate grad check: sets the double at `flag` (the verdict slot, this device's
-  /// memory, zeroed by the caller) to 1 when a gradient times `inv_grad_scale` is not
-  /// finite; ordered on `stream` (one launch on CUDA, done on return on the host).
-  virtual void check_grads(float inv_grad_scale, void* flag, void* stream) = 0;
-  /// Replaces the hyper table: `hypers[g]` is group g's values in Rule::hypers order.
-  virtual void set_hypers(const std::vector<std::vector<double>>& hypers) = 0;
-  /// The same, ordered on `stream` after the work queued there, without waiting (the
-  /// launches queued on `stream` after it read the new values). Default: set_hypers().
-  virtual void set_hypers_on(const std::vector<std::vector<double>>& hypers, void* stream) {
-    (void)stream;
-    set_hypers(hypers);
-  }
+  /// The update pass; then, for a rule with scalar, row or column states, every tensor's
+  /// new values of them (one more launch).
+  virtual void update(const StepArgs& args, void* stream) = 0;
+  /// The separate grad check: sets the double at `flag` (the verdict slot, zeroed by the
+  /// caller) to 1 when a gradient times `inv_grad_scale` (over `device_scale` when
+  /// non-null) is not finite.
+  virtual void check_grads(float inv_grad_scale, const float* device_scale, void* flag,
+                           void* stream) = 0;
+  /// Counts a step: the double at `steps_taken` grows by one unless `skip` is non-null and
+  /// the double there is non-zero (the step was not taken).
+  virtual void count_step(double* steps_taken, const double* skip, void* stream) = 0;
+  /// A GradScaler's update after a step: the fo_scaler at `scaler` from the step's
+  /// grad-check flag at `flag` (abi.h's fo_update_scale).
+  virtual void update_scaler(void* scaler, const void* flag, float growth, float backoff,
+                             int interval, void* stream) = 0;
+  /// Replaces the hyper table (`hypers[g]`: group g's values in Rule::hypers order), ordered
+  /// on `stream` after the work queued there, without waiting: the launches queued on
+  /// `stream` after it read the new values.
+  virtual void set_hypers(const std::vector<std::vector<double>>& hypers, void* stream) = 0;
   /// New role pointers for the binding's tensors (BindingTensors::ptrs' form, sizes
   /// unchanged), ordered on `stream` without waiting.
   virtual void rebind(const std::vector<std::vector<void*>>& ptrs, void* stream) = 0;
-  /// Launches per step (0 when every tensor is empty).
-  virtual int launches_per_step() const = 0;
+  /// Launches per step (0 when every tensor is empty), the step's count included when
+  /// `with_count` and the count is a launch on this device.
+  virtual int launches_per_step(bool with_count) const = 0;
   virtual std::string key() const = 0;
   virtual std::string origin() const = 0;
   virtual double seconds() const = 0;
-  /// CUDA kernels: the steps taken as the device counts them (a replayed graph advances it
-  /// without the host; a step skipped on the device does not count). Synchronous; not while
-  /// capturing. -1: the count lives on the host.
-  virtual std::int64_t device_steps() const { return -1; }
-  /// Sets the device's count of steps taken (a checkpoint load), synchronously: complete on
-  /// return, after every queued step. Default (the count lives on the host): nothing.
-  virtual void set_device_steps(std::int64_t taken) { (void)taken; }
-
-  /// Whether steps are counted, and grad-scaled steps checked and skipped, on the device
-  /// (CUDA), with nothing waiting on the host. The calls below are for such kernels.
-  virtual bool checks_on_device() const { return false; }
-  /// Every launch of this step divides its inverse scale by the loss scale at
-  /// `device_scale` (device memory: a device GradScaler's), until end_step(); null: none.
-  virtual void use_device_scale(const void* device_scale) { (void)device_scale; }
-  /// From now until end_step(), the launches of this step (its count included) do nothing
-  /// when the double at `flag` is non-zero.
-  virtual void skip_when(const void* flag) { (void)flag; }
-  /// After a step's last pass: counts the step on the device (unless skipped), then forgets
-  /// the skip flag and the device scale.
-  virtual void end_step(void* stream) { (void)stream; }
-  /// A device GradScaler's update after a step, on `stream` (one tiny launch): the
-  /// fo_scaler at `scaler` from the step's grad-check flag at `flag` (abi.h's
-  /// fo_update_scale). Only where checks_on_device().
-  virtual void update_scaler(void* scaler, const void* flag, float growth, float backoff,
-                             int interval, void* stream) {
-    (void)scaler, (void)flag, (void)growth, (void)backoff, (void)interval, (void)stream;
-  }
 };
+
+/// "host", "cuda:0": how errors and logs name a device.
+std::string device_name(const Device& device);
 
 /// One device: its memory and its kernels. Every call makes the device current for its
 /// duration and leaves the caller's current device (CUDA context) as it was.

@@ -254,8 +254,7 @@ void Optimizer::load(const std::filesystem::path& path) {
     m.backend->copy_from_host(e.data, file.tensor_data(e.name),
                               static_cast<std::size_t>(e.numel) * dtype_size(e.dtype));
   }
-  m.step_count = step;
-  for (auto& kernel : m.kernels) kernel->set_device_steps(step);
+  m.set_steps_taken(step);
   m.hypers = std::move(hypers);
   m.push_hypers();
 }

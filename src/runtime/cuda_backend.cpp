@@ -47,13 +47,15 @@ class CudaBoundKernel final : public BoundKernel {
     cuda::synchronize(nullptr);
   }
 
-  void reduce(int pass, double step, float inv_grad_scale, bool check_grads,
-              void* stream) override {
-    kernel_.run_pass(stream, pass, step, inv_grad_scale, check_grads, true);
+  // Every launch reads its step from the optimizer's count of steps taken (StepArgs), which
+  // the step's last launch advances unless the device found a non-finite gradient: a step
+  // (scaled or not) only launches, and any sequence of steps can be captured in a CUDA
+  // graph and replayed.
+  void reduce(int pass, const StepArgs& args, bool check_grads, void* stream) override {
+    kernel_.run_pass(stream, pass, args, check_grads);
   }
-  void finalize(int pass, bool accumulate, double step, float inv_grad_scale,
-                void* stream) override {
-    kernel_.finalize(stream, pass, accumulate, step, inv_grad_scale, true);
+  void finalize(int pass, bool accumulate, const StepArgs& args, void* stream) override {
+    kernel_.finalize(stream, pass, accumulate, args);
   }
   TensorTotalsView tensor_totals() override {
     return {static_cast<double*>(host_view(kernel_.tensor_totals())), num_tensors_,
@@ -62,21 +64,23 @@ class CudaBoundKernel final : public BoundKernel {
   const codegen::KernelBody& body() const override { return kernel_.body(); }
   std::int64_t scratch_bytes() const override { return static_cast<std::int64_t>(scratch_.size()); }
 
-  void step(double step, float inv_grad_scale, void* stream) override {
-    kernel_.run_pass(stream, kernel_.reduction_passes(), step, inv_grad_scale, false, true);
-    kernel_.update_scalars(stream, step, true);  // before end_step's count
+  void update(const StepArgs& args, void* stream) override {
+    kernel_.run_pass(stream, kernel_.reduction_passes(), args);
+    kernel_.update_scalars(stream, args);  // before the count
   }
-  void set_hypers(const std::vector<std::vector<double>>& hypers) override {
-    // The device hyper table is shared by every launch: wait for queued steps (on any
-    // stream) before replacing it, and for the copy before the next step can start.
+  void check_grads(float inv_grad_scale, const float* device_scale, void* flag,
+                   void* stream) override {
+    kernel_.check_grads_into(stream, inv_grad_scale, device_scale, dev(flag));
+  }
+  void count_step(double* steps_taken, const double* skip, void* stream) override {
+    kernel_.advance_step(stream, dev(steps_taken), dev(skip));
+  }
+  void update_scaler(void* scaler, const void* flag, float growth, float backoff, int interval,
+                     void* stream) override {
     cuda::ContextScope scope(context_);
-    cuda::context_synchronize();
-    for (std::size_t g = 0; g < hypers.size(); ++g) {
-      kernel_.set_hypers(static_cast<int>(g), hypers[g], nullptr);
-    }
-    cuda::context_synchronize();
+    kernel_.update_scale(stream, dev(scaler), dev(flag), growth, backoff, interval);
   }
-  void set_hypers_on(const std::vector<std::vector<double>>& hypers, void* stream) override {
+  void set_hypers(const std::vector<std::vector<double>>& hypers, void* stream) override {
     // Staged from pageable memory before the call returns, applied in `stream`'s order.
     cuda::ContextScope scope(context_);
     for (std::size_t g = 0; g < hypers.size(); ++g) {
@@ -87,45 +91,16 @@ class CudaBoundKernel final : public BoundKernel {
     cuda::ContextScope scope(context_);
     kernel_.rebind(ptrs, static_cast<cuda::Stream>(stream));
   }
-  int launches_per_step() const override {
-    // Every tensor's scalar, row and column states, after the update.
+  int launches_per_step(bool with_count) const override {
+    // Every tensor's scalar, row and column states, after the update; the count.
     const int scalars = kernel_.body().writes_after_update() ? 1 : 0;
-    if (!any_elements_) return scalars;
-    return 2 + 2 * kernel_.reduction_passes() + scalars;  // passes, finalizes, the count
+    const int count = with_count ? 1 : 0;
+    if (!any_elements_) return scalars + count;
+    return 1 + 2 * kernel_.reduction_passes() + scalars + count;  // passes, finalizes
   }
   std::string key() const override { return kernel_.key(); }
   std::string origin() const override { return kernel_.origin(); }
   double seconds() const override { return kernel_.seconds(); }
-  std::int64_t device_steps() const override {
-    return static_cast<std::int64_t>(kernel_.capturable_steps_taken());
-  }
-  void set_device_steps(std::int64_t taken) override {
-    cuda::ContextScope scope(context_);
-    cuda::context_synchronize();  // no queued step may still read or advance it
-    kernel_.set_capturable_state(static_cast<double>(taken));
-  }
-
-  // Every CUDA step reads its step from the device count, which advances after the step's
-  // last launch unless the device found a non-finite gradient: a step (scaled or not) only
-  // launches, and any sequence of steps can be captured in a CUDA graph and replayed.
-  bool checks_on_device() const override { return true; }
-  void use_device_scale(const void* device_scale) override {
-    kernel_.set_scale_source(dev(device_scale));
-  }
-  void check_grads(float inv_grad_scale, void* flag, void* stream) override {
-    kernel_.check_grads_into(stream, inv_grad_scale, true, dev(flag));
-  }
-  void skip_when(const void* flag) override { kernel_.set_skip_flag(dev(flag)); }
-  void end_step(void* stream) override {
-    kernel_.advance_step(stream);
-    kernel_.set_skip_flag(0);
-    kernel_.set_scale_source(0);
-  }
-  void update_scaler(void* scaler, const void* flag, float growth, float backoff, int interval,
-                     void* stream) override {
-    cuda::ContextScope scope(context_);
-    kernel_.update_scale(stream, dev(scaler), dev(flag), growth, backoff, interval);
-  }
 
  private:
   const cuda::PrimaryContext& context_;  // the backend's: outlives this kernel

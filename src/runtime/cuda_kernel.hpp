@@ -17,6 +17,7 @@
 #include "provider/kernel_provider.hpp"
 #include "runtime/cuda_driver.hpp"
 #include "runtime/plan.hpp"
+#include "runtime/step_args.hpp"
 
 namespace fusedopt::runtime {
 
@@ -88,16 +89,13 @@ class CudaKernel {
   /// Reduction passes before the update (0: element-wise).
   int reduction_passes() const;
   /// Launches pass `pass`: a reduction pass (below reduction_passes(); `check_grads`: pass
-  /// 0 also counts non-finite unscaled gradients) or the update (pass == reduction_passes()).
-  /// `capturable_mode` reads the step from the device: one past the steps taken (see below).
-  void run_pass(cuda::Stream stream, int pass, double step, float inv_grad_scale, bool check_grads,
-                bool capturable_mode);
+  /// 0 also counts non-finite unscaled gradients) or the update (pass == reduction_passes()),
+  /// with the step, scale and skip flag of `args` (device pointers).
+  void run_pass(cuda::Stream stream, int pass, const StepArgs& args, bool check_grads = false);
   /// Launches the finalize of reduction pass `pass` (combine into the global totals with
-  /// `accumulate`, else replace them).
-  /// `step`, `inv_grad_scale` and `capturable_mode` as the pass's (a factored rule's
-  /// matrix means evaluate row values of the step).
-  void finalize(cuda::Stream stream, int pass, bool accumulate, double step = 0.0,
-                float inv_grad_scale = 1.0f, bool capturable_mode = false);
+  /// `accumulate`, else replace them); `args` as the pass's (a factored rule's matrix means
+  /// evaluate row values of the step).
+  void finalize(cuda::Stream stream, int pass, bool accumulate, const StepArgs& args);
   /// Uses `rows` and `cols` (device memory: row states then column states, state-major,
   /// an optimizer's) for a factored rule's row and column states. Before set_plan.
   void share_rc_states(cuda::DevicePtr rows, cuda::DevicePtr cols);
@@ -108,18 +106,18 @@ class CudaKernel {
   cuda::DevicePtr tensor_totals() const;
   /// Synchronizes `stream` and reads whether the grad check found a non-finite value.
   bool found_nonfinite(cuda::Stream stream);
-  /// Counts a step on the device (one tiny launch after the step's last pass): the steps
-  /// taken advance by one, unless the skip flag (set_skip_flag) is set.
-  void advance_step(cuda::Stream stream);
+  /// Counts a step on the device (one tiny launch after the step's last pass): the double at
+  /// `steps_taken` grows by one, unless `skip` is non-zero and the double there is too.
+  void advance_step(cuda::Stream stream, cuda::DevicePtr steps_taken, cuda::DevicePtr skip);
   /// What codegen said about the kernel (no code).
   const codegen::KernelBody& body() const { return info_.body; }
   /// Writes every state tensor's initial value (one launch), and every tensor's scalar
   /// states (one more, for a rule that declares `scalar`).
   void init_states(cuda::Stream stream);
   /// After the update pass, before advance_step: each tensor's scalar states as the step
-  /// computed them (one launch, one thread per tensor, skipped with the step; nothing for a
-  /// rule without scalar states). `capturable_mode` reads the step from the device.
-  void update_scalars(cuda::Stream stream, double step, bool capturable_mode);
+  /// (`args`) computed them (one launch, one thread per tensor, skipped with the step;
+  /// nothing for a rule without scalar states).
+  void update_scalars(cuda::Stream stream, const StepArgs& args);
   /// Uses `scalars` (device memory, num_tensors * body().num_scalars doubles: an
   /// optimizer's state) for the per-tensor scalar states instead of this kernel's own.
   /// Call before set_plan / set_tensors.
@@ -142,16 +140,11 @@ class CudaKernel {
   /// Synchronous (complete on return); not while a stream is being captured.
   void set_capturable_state(double steps_taken);
   /// Device-side grad check: launches the check on `stream`, setting the double at `flag`
-  /// to 1 if an unscaled gradient is not finite (the caller zeroes it first). Nothing waits.
-  void check_grads_into(cuda::Stream stream, float inv_grad_scale, bool capturable_mode,
+  /// to 1 if a gradient times `inv_grad_scale` (over the fp32 at `device_scale` when
+  /// non-null: abi.h's fo_unscale_factor) is not finite (the caller zeroes it first).
+  /// Nothing waits.
+  void check_grads_into(cuda::Stream stream, float inv_grad_scale, const float* device_scale,
                         cuda::DevicePtr flag);
-  /// From now on every step, reduction and advance launch does nothing when the double at
-  /// `flag` is non-zero (0: never skip).
-  void set_skip_flag(cuda::DevicePtr flag);
-  /// From now on every launch divides its inverse-grad-scale argument by the loss scale at
-  /// `scale` (device memory: a device GradScaler's fo_scaler::scale; abi.h's
-  /// fo_unscale_factor); 0: the argument alone again.
-  void set_scale_source(cuda::DevicePtr scale);
   /// A device GradScaler's update (fusedopt_update_scale, one thread): the fo_scaler at
   /// `scaler` from the step's grad-check flag at `found` (torch's _amp_update_scale_).
   void update_scale(cuda::Stream stream, cuda::DevicePtr scaler, cuda::DevicePtr found,
@@ -179,7 +172,7 @@ class CudaKernel {
   /// Refuses host memory and memory of another device in `plan`'s pointer table.
   void check_device_pointers(const Plan& plan) const;
   /// fusedopt_scalars over every tensor: initial values (`init` 1) or the step's (0).
-  void run_scalars(cuda::Stream stream, double step, bool capturable_mode, int init);
+  void run_scalars(cuda::Stream stream, const StepArgs& args, int init);
   struct Impl;
   std::shared_ptr<const lang::Rule> rule_;
   DTypeBinding dtypes_;

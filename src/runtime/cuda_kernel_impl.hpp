@@ -82,8 +82,6 @@ struct CudaKernel::Impl {
   DeviceBuffer rc_offsets, chunk_cols, row_totals, col_totals, matrix_totals, col_partials;
   DeviceBuffer own_rows, own_cols;
   DevicePtr shared_rows = 0, shared_cols = 0;
-  DevicePtr skip = 0;          // set_skip_flag: launches do nothing when this double is non-zero
-  DevicePtr scale_source = 0;  // set_scale_source: the loss scale the launches divide by
   std::int64_t num_tensors = 0;
   int reduction_passes = 0;
   std::vector<double> host_hypers;
@@ -138,17 +136,14 @@ struct CudaKernel::Impl {
     return static_cast<unsigned>(std::max<std::int64_t>(1, std::min(num_chunks, cap)));
   }
 
-  fo_launch make_launch(double step, float inv_grad_scale, bool capturable_mode) const {
+  /// The launch of `args` (device pointers) over the plan's tables.
+  fo_launch make_launch(const StepArgs& args) const {
     fo_launch L{};
     L.chunks = as_device_pointer<const fo_chunk>(chunks.get());
     L.num_chunks = static_cast<long long>(num_chunks);
     L.ptrs = as_device_pointer<void* const>(ptrs.get());
     L.hypers = as_device_pointer<const double>(hypers.get());
-    L.step = step;
-    L.inv_grad_scale = inv_grad_scale;
-    L.skip_if_set = skip ? as_device_pointer<const double>(skip) : nullptr;
-    if (capturable_mode) L.step_ptr = as_device_pointer<const double>(capturable.get());
-    if (scale_source) L.grad_scale_ptr = as_device_pointer<const float>(scale_source);
+    args.apply(L);
     L.aligned = as_device_pointer<const unsigned char>(aligned.get());
     if (reduction_passes > 0) {
       L.partials = as_device_pointer<float>(partials.get());

@@ -34,32 +34,44 @@ class HostBoundKernel final : public BoundKernel {
   }
 
   void init_states() override { kernel_.init_states(prepared_); }
-  void reduce(int pass, double step, float inv_grad_scale, bool check_grads, void*) override {
-    kernel_.run_pass(prepared_, pass, step, inv_grad_scale, check_grads);
+  void reduce(int pass, const StepArgs& args, bool check_grads, void*) override {
+    kernel_.run_pass(prepared_, pass, args, check_grads);
   }
-  void finalize(int pass, bool accumulate, double step, float inv_grad_scale, void*) override {
-    kernel_.finalize(prepared_, pass, accumulate, step, inv_grad_scale);
+  void finalize(int pass, bool accumulate, const StepArgs& args, void*) override {
+    kernel_.finalize(prepared_, pass, accumulate, args);
   }
   TensorTotalsView tensor_totals() override {
     return {prepared_.tensor_totals(), prepared_.num_tensors(), kernel_.body().num_tensor_slots};
   }
   const codegen::KernelBody& body() const override { return kernel_.body(); }
   std::int64_t scratch_bytes() const override { return static_cast<std::int64_t>(scratch_.size()); }
-  void step(double step, float inv_grad_scale, void*) override {
-    kernel_.run_pass(prepared_, kernel_.reduction_passes(), step, inv_grad_scale);
-    kernel_.update_scalars(prepared_, step);
+  void update(const StepArgs& args, void*) override {
+    kernel_.run_pass(prepared_, kernel_.reduction_passes(), args);
+    kernel_.update_scalars(prepared_, args);
   }
-  void check_grads(float inv_grad_scale, void* flag, void*) override {
-    if (!kernel_.grads_finite(prepared_, inv_grad_scale)) *static_cast<double*>(flag) = 1.0;
+  void check_grads(float inv_grad_scale, const float* device_scale, void* flag, void*) override {
+    if (!kernel_.grads_finite(prepared_, inv_grad_scale, device_scale)) {
+      *static_cast<double*>(flag) = 1.0;
+    }
   }
-  void set_hypers(const std::vector<std::vector<double>>& hypers) override {
+  // The count and the scaler's update: a few instructions on the calling thread, as the
+  // CUDA kernels' one-thread launches do them.
+  void count_step(double* steps_taken, const double* skip, void*) override {
+    if (skip == nullptr || *skip == 0.0) *steps_taken += 1.0;
+  }
+  void update_scaler(void* scaler, const void* flag, float growth, float backoff, int interval,
+                     void*) override {
+    fo_update_scale(static_cast<fo_scaler*>(scaler), *static_cast<const double*>(flag) != 0.0,
+                    growth, backoff, interval);
+  }
+  void set_hypers(const std::vector<std::vector<double>>& hypers, void*) override {
     prepared_.set_hypers(hypers);
   }
   void rebind(const std::vector<std::vector<void*>>& ptrs, void*) override {
     prepared_.rebind(kernel_.body(), ptrs);
   }
-  int launches_per_step() const override {
-    // Every tensor's scalar, row and column states, after the update.
+  int launches_per_step(bool) const override {
+    // Every tensor's scalar, row and column states, after the update; the count is no launch.
     const int scalars = kernel_.body().writes_after_update() ? 1 : 0;
     return (prepared_.empty() ? 0 : 1 + 2 * kernel_.reduction_passes()) + scalars;
   }

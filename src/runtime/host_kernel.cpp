@@ -51,14 +51,13 @@ HostKernel::Prepared::Prepared(Plan plan) : plan_(std::move(plan)) {
   }
 }
 
-fo_launch HostKernel::Prepared::launch(double step, float inv_grad_scale) const {
+fo_launch HostKernel::Prepared::launch(const StepArgs& args) const {
   fo_launch L{};
   L.chunks = plan_.chunks().data();
   L.num_chunks = static_cast<long long>(plan_.num_chunks());
   L.ptrs = plan_.ptrs().data();
   L.hypers = plan_.hypers().data();
-  L.step = step;
-  L.inv_grad_scale = inv_grad_scale;
+  args.apply(L);
   L.partials = partials_.empty() ? nullptr : partials_.data();
   L.tensor_totals = const_cast<double*>(tensor_totals_.empty() ? nullptr : tensor_totals_.data());
   L.global_totals = const_cast<double*>(global_totals());
@@ -125,14 +124,14 @@ HostKernel::Prepared HostKernel::prepare(const std::vector<std::vector<void*>>& 
   return Prepared(Plan::build(info_.body, plan_request(ptrs, numel, hypers, group)));
 }
 
-void HostKernel::run_pass(Prepared& prepared, int pass, double step, float inv_grad_scale,
+void HostKernel::run_pass(Prepared& prepared, int pass, const StepArgs& args,
                           bool check_grads) const {
   const int n = info_.body.reduction_passes;
   if (pass < 0 || pass > n) {
     throw InternalError(
         fmt::format("HostKernel::run_pass({}): the rule has {} passes", pass, n + 1));
   }
-  fo_launch L = prepared.launch(step, inv_grad_scale);
+  fo_launch L = prepared.launch(args);
   L.check_grads = check_grads ? 1 : 0;
   if (pass == n) {
     if (!prepared.empty()) impl_->step(&L);
@@ -141,23 +140,26 @@ void HostKernel::run_pass(Prepared& prepared, int pass, double step, float inv_g
   }
 }
 
-void HostKernel::finalize(Prepared& prepared, int pass, bool accumulate, double step,
-                          float inv_grad_scale) const {
-  fo_launch L = prepared.launch(step, inv_grad_scale);
+void HostKernel::finalize(Prepared& prepared, int pass, bool accumulate,
+                          const StepArgs& args) const {
+  fo_launch L = prepared.launch(args);
   L.global_accumulate = accumulate ? 1 : 0;
   impl_->finalize(&L, pass);
 }
 
 void HostKernel::step(const Prepared& prepared, double step, float inv_grad_scale) const {
   auto& p = const_cast<Prepared&>(prepared);  // only the reduction scratch changes
+  StepArgs args;
+  args.step = step;
+  args.inv_grad_scale = inv_grad_scale;
   if (!prepared.empty()) {
     for (int pass = 0; pass < info_.body.reduction_passes; ++pass) {
-      run_pass(p, pass, step, inv_grad_scale);
-      finalize(p, pass, false, step, inv_grad_scale);
+      run_pass(p, pass, args);
+      finalize(p, pass, false, args);
     }
-    run_pass(p, info_.body.reduction_passes, step, inv_grad_scale);
+    run_pass(p, info_.body.reduction_passes, args);
   }
-  update_scalars(prepared, step);  // empty tensors too: a scalar counts steps, not elements
+  update_scalars(prepared, args);  // empty tensors too: a scalar counts steps, not elements
 }
 
 void HostKernel::init_states(const Prepared& prepared) const {
@@ -166,15 +168,19 @@ void HostKernel::init_states(const Prepared& prepared) const {
   if (info_.body.writes_after_update()) impl_->scalars(&L, 1);
 }
 
-void HostKernel::update_scalars(const Prepared& prepared, double step) const {
+void HostKernel::update_scalars(const Prepared& prepared, const StepArgs& args) const {
   if (!info_.body.writes_after_update()) return;
-  const fo_launch L = prepared.launch(step, 1.0f);
+  const fo_launch L = prepared.launch(args);
   impl_->scalars(&L, 0);
 }
 
-bool HostKernel::grads_finite(const Prepared& prepared, float inv_grad_scale) const {
+bool HostKernel::grads_finite(const Prepared& prepared, float inv_grad_scale,
+                              const float* device_scale) const {
   if (prepared.empty()) return true;
-  const fo_launch L = prepared.launch(0.0f, inv_grad_scale);
+  StepArgs args;
+  args.inv_grad_scale = inv_grad_scale;
+  args.device_scale = device_scale;
+  const fo_launch L = prepared.launch(args);
   return impl_->check(&L) != 0;
 }
 

@@ -14,6 +14,7 @@
 #include "lang/ast.hpp"
 #include "provider/kernel_provider.hpp"
 #include "runtime/plan.hpp"
+#include "runtime/step_args.hpp"
 
 namespace fusedopt::runtime {
 
@@ -42,8 +43,15 @@ class HostKernel {
     /// Whether a launch has any work (false when every tensor is empty).
     bool empty() const { return plan_.empty(); }
     const Plan& plan() const { return plan_; }
-    /// The launch for `step` and `inv_grad_scale`, pointing into this object.
-    fo_launch launch(double step, float inv_grad_scale) const;
+    /// The launch for `args`, pointing into this object.
+    fo_launch launch(const StepArgs& args) const;
+    /// The launch for `step` and `inv_grad_scale`.
+    fo_launch launch(double step, float inv_grad_scale) const {
+      StepArgs args;
+      args.step = step;
+      args.inv_grad_scale = inv_grad_scale;
+      return launch(args);
+    }
     /// Uses `totals` (FO_NUM_GLOBAL_SLOTS doubles, shared with other kernels of one
     /// optimizer) for the global totals instead of this plan's own.
     void share_global_totals(double* totals) { global_ = totals; }
@@ -122,13 +130,11 @@ class HostKernel {
   int reduction_passes() const;
   /// Pass `pass` alone: a reduction pass (pass < reduction_passes(); with `check_grads`,
   /// pass 0 also counts non-finite unscaled gradients) or the update (the last pass).
-  void run_pass(Prepared& prepared, int pass, double step, float inv_grad_scale,
-                bool check_grads = false) const;
+  void run_pass(Prepared& prepared, int pass, const StepArgs& args, bool check_grads = false) const;
   /// Combines reduction pass `pass`'s chunk partials into the totals; with `accumulate`,
   /// the global totals are combined into (another kernel wrote them first), not replaced.
-  /// A factored rule's matrix means evaluate row values of step `step`.
-  void finalize(Prepared& prepared, int pass, bool accumulate, double step = 0.0,
-                float inv_grad_scale = 1.0f) const;
+  /// A factored rule's matrix means evaluate row values of the step (`args`).
+  void finalize(Prepared& prepared, int pass, bool accumulate, const StepArgs& args) const;
   /// What codegen said about the kernel (no code): schedule, slots, bytes per pass.
   const codegen::KernelBody& body() const { return info_.body; }
   /// Writes every state tensor's initial value (the rule's `state NAME = INIT`; with a
@@ -136,10 +142,11 @@ class HostKernel {
   void init_states(const Prepared& prepared) const;
   /// After a step's update pass: writes each tensor's scalar states (`scalar NAME`) as the
   /// step computed them (every tensor, empty ones included; nothing when the rule has none).
-  void update_scalars(const Prepared& prepared, double step) const;
-  /// Whether every gradient element times `inv_grad_scale` is finite (one pass over the
-  /// gradients; run it before a grad-scaled step).
-  bool grads_finite(const Prepared& prepared, float inv_grad_scale) const;
+  void update_scalars(const Prepared& prepared, const StepArgs& args) const;
+  /// Whether every gradient element times `inv_grad_scale` (over `*device_scale` when
+  /// non-null) is finite (one pass over the gradients; run it before a grad-scaled step).
+  bool grads_finite(const Prepared& prepared, float inv_grad_scale,
+                    const float* device_scale = nullptr) const;
 
   const lang::Rule& rule() const { return *rule_; }
   const DTypeBinding& dtypes() const { return dtypes_; }

@@ -34,13 +34,16 @@ std::vector<std::vector<double>> Optimizer::Impl::hyper_values() const {
 }
 
 void Optimizer::Impl::push_hypers() {
-  const std::vector<std::vector<double>> h = hyper_values();
-  for (auto& kernel : kernels) kernel->set_hypers(h);
+  // The hyper tables are read by every launch: the copy waits for the queued steps (on any
+  // stream), and the next step for the copy.
+  backend->synchronize();
+  push_hypers_on(nullptr);
+  backend->synchronize();
 }
 
 void Optimizer::Impl::push_hypers_on(void* stream) {
   const std::vector<std::vector<double>> h = hyper_values();
-  for (auto& kernel : kernels) kernel->set_hypers_on(h, stream);
+  for (auto& kernel : kernels) kernel->set_hypers(h, stream);
 }
 
 const runtime::StateSpec& Optimizer::Impl::state_spec(const std::string& name) const {
@@ -104,11 +107,15 @@ Optimizer::Impl::~Impl() {
 }
 
 std::int64_t Optimizer::Impl::current_step_count() const {
-  for (const auto& kernel : kernels) {
-    const std::int64_t on_device = kernel->device_steps();
-    if (on_device >= 0) return on_device;
-  }
-  return step_count;
+  double taken = 0;
+  backend->copy_to_host(&taken, steps_taken.data(), sizeof taken);  // after queued steps
+  return static_cast<std::int64_t>(taken);
+}
+
+void Optimizer::Impl::set_steps_taken(std::int64_t count) {
+  const auto taken = static_cast<double>(count);                      // exact: count <= 2^53
+  backend->copy_from_host(steps_taken.data(), &taken, sizeof taken);  // after queued steps
+  steps_launched = count;
 }
 Optimizer::Optimizer(Optimizer&&) noexcept = default;
 Optimizer& Optimizer::operator=(Optimizer&&) noexcept = default;
@@ -143,67 +150,81 @@ bool StepResult::taken() const {
   return taken_;
 }
 
+bool Optimizer::Impl::skipped_now(const void* flag) const {
+  const auto* readable = static_cast<const double*>(backend->host_address(flag));
+  return readable != nullptr && *readable != 0.0;
+}
+
+runtime::StepArgs Optimizer::Impl::step_args(float inv_grad_scale, const DeviceScaler* scaler,
+                                             const float* device_scale) const {
+  // What every launch reads besides its tables: the count of steps taken (the launches'
+  // step is one past it), the loss scale where the device holds it; the skip flag comes
+  // with the verdict.
+  runtime::StepArgs args;
+  args.inv_grad_scale = inv_grad_scale;
+  args.steps_taken = static_cast<const double*>(steps_taken.data());
+  args.device_scale = device_scale;
+  if (scaler) {
+    args.device_scale = reinterpret_cast<const float*>(
+        static_cast<const std::byte*>(scaler->scaler) + offsetof(fo_scaler, scale));
+  }
+  return args;
+}
+
 StepResult Optimizer::Impl::run_step(float inv_grad_scale, bool scaled, void* stream,
                                      const DeviceScaler* scaler, const float* device_scale,
                                      const void* skip_flag) {
-  FUSEDOPT_CHECK_USAGE(step_count < kMaxSteps,
-                       "the optimizer has taken {} steps, the most it takes (2^53)", step_count);
-  // How `SkipIf` acts, the one device difference: the host reads the verdict and stops;
-  // CUDA hands it to every later launch (the step's count included), and nothing waits.
-  const bool skip_on_device = !kernels.empty() && kernels.front()->checks_on_device();
-  FUSEDOPT_CHECK_INTERNAL(scaler == nullptr || (scaled && skip_on_device),
-                          "a device GradScaler steps only a CUDA optimizer");
+  FUSEDOPT_CHECK_USAGE(steps_launched < kMaxSteps,
+                       "the optimizer has taken {} steps, the most it takes (2^53)",
+                       steps_launched);
+  FUSEDOPT_CHECK_INTERNAL(scaler == nullptr || scaled,
+                          "a device GradScaler's step is a scaled step");
   // The verdict slot: the last global total (0, or non-zero when a gradient is not finite).
   auto* const flag =
       static_cast<double*>(global_totals.data()) + detail::lang_rule(rule).num_global_reductions;
   const std::int64_t serial = ++verdicts->serial;
-  // Set for this step alone (a step that threw half-way may have left them set); the host's
-  // kernels take neither.
-  const void* scale = device_scale;
-  if (scaler) scale = static_cast<const std::byte*>(scaler->scaler) + offsetof(fo_scaler, scale);
-  for (auto& kernel : kernels) {
-    kernel->use_device_scale(scale);
-    kernel->skip_when(skip_flag);
+  runtime::StepArgs args = step_args(inv_grad_scale, scaler, device_scale);
+  // A verdict made before the step (PyTorch's found_inf): as `SkipIf` below.
+  if (skip_flag != nullptr) {
+    if (skipped_now(skip_flag)) return StepResult(false);
+    args.skip = static_cast<const double*>(skip_flag);
   }
-  // The host's value; CUDA launches read theirs from the device count instead.
-  const auto step = static_cast<double>(step_count + 1);  // exact: step_count < 2^53
   using K = runtime::StepOp::Kind;
   for (const runtime::StepOp& op : scaled ? scaled_program : plain_program) {
     switch (op.kind) {
       case K::CheckGrads:
         backend->fill(flag, 0, sizeof(double), stream);
-        for (auto& kernel : kernels) kernel->check_grads(inv_grad_scale, flag, stream);
+        for (auto& kernel : kernels) {
+          kernel->check_grads(inv_grad_scale, args.device_scale, flag, stream);
+        }
         break;
       case K::CheckHook:
         if (hook) call_check_hook(stream);  // combines the verdict across ranks (by max)
         break;
       case K::SkipIf:
-        if (skip_on_device) {
-          for (auto& kernel : kernels) kernel->skip_when(flag);
-        } else {
-          double found = 0;
-          backend->copy_to_host(&found, flag, sizeof found);
-          if (found != 0.0) return StepResult(false);
-        }
+        // The one place the devices differ: where the verdict can be read in place (host
+        // memory) the step stops now; elsewhere every later launch (the count included)
+        // reads it, and nothing waits.
+        if (skipped_now(flag)) return StepResult(false);
+        args.skip = flag;
         break;
       case K::Reduce:
-        for (auto& kernel : kernels)
-          kernel->reduce(op.pass, step, inv_grad_scale, op.check_grads, stream);
+        for (auto& kernel : kernels) kernel->reduce(op.pass, args, op.check_grads, stream);
         break;
       case K::Finalize:
         // Fixed binding order: the global totals combine the same way every step.
         for (std::size_t b = 0; b < kernels.size(); ++b) {
-          kernels[b]->finalize(op.pass, b > 0, step, inv_grad_scale, stream);
+          kernels[b]->finalize(op.pass, b > 0, args, stream);
         }
         break;
       case K::Hook:
         if (hook) call_hook(op.pass, stream);
         break;
       case K::Update:
-        for (auto& kernel : kernels) kernel->step(step, inv_grad_scale, stream);
+        for (auto& kernel : kernels) kernel->update(args, stream);
         break;
       case K::End:
-        for (auto& kernel : kernels) kernel->end_step(stream);
+        count_step(args.skip, stream);
         if (scaler) {
           kernels.front()->update_scaler(scaler->scaler, flag, scaler->growth, scaler->backoff,
                                          scaler->interval, stream);
@@ -211,15 +232,33 @@ StepResult Optimizer::Impl::run_step(float inv_grad_scale, bool scaled, void* st
         break;
     }
   }
-  // The host's count of steps launched; on CUDA, step_count() reads the device's.
-  ++step_count;
-  if (!skip_on_device || !(scaled || skip_flag)) return StepResult(true);
+  ++steps_launched;
+  // The verdict is known now unless a launch still holds it.
+  if (args.skip == nullptr || backend->host_address(args.skip) != nullptr) {
+    return StepResult(!skipped_now(args.skip));
+  }
   verdicts->backend = backend.get();
-  verdicts->flag = flag;
+  verdicts->flag = args.skip;
   auto pending = std::make_shared<StepResult::Pending>();
   pending->source = verdicts;
   pending->serial = serial;
   return StepResult(std::shared_ptr<const StepResult::Pending>(std::move(pending)));
+}
+
+void Optimizer::Impl::count_step(const double* skip, void* stream) {
+  auto* const count = static_cast<double*>(steps_taken.data());
+  if (!kernels.empty()) {
+    kernels.front()->count_step(count, skip, stream);
+    return;
+  }
+  // Nothing to launch on (no binding): the count is written from here, after the queued
+  // work (copy_from_host waits for it).
+  double taken = 0;
+  backend->copy_to_host(&taken, count, sizeof taken);
+  double skipped = 0;
+  if (skip) backend->copy_to_host(&skipped, skip, sizeof skipped);
+  if (skipped == 0.0) taken += 1.0;
+  backend->copy_from_host(count, &taken, sizeof taken);
 }
 
 void Optimizer::Impl::call_check_hook(void* stream) {
@@ -272,22 +311,14 @@ void Optimizer::Impl::call_hook(int pass, void* stream) {
 
 StepResult Optimizer::Impl::run_amp_step(const float* grad_scale, const float* found_inf,
                                          void* stream) {
-  const bool on_device = !kernels.empty() && kernels.front()->checks_on_device();
-  if (!on_device) {
-    // Host memory: the verdict and the scale are known now.
-    if (found_inf && *found_inf != 0.0f) return StepResult(false);
-    const float inv =
-        grad_scale ? static_cast<float>(1.0 / static_cast<double>(*grad_scale)) : 1.0f;
-    return run_step(inv, false, stream);
-  }
-  // CUDA: the fp32 found_inf becomes the step's skip flag (a double that is non-zero when
-  // it is): its four bytes land in the flag's high word (little-endian: sign, exponent and
-  // the top of the mantissa), the low word zeroed, so 0.0f (and -0.0f) reads as zero and
-  // anything else as non-zero. Launches only; the kernels divide by *grad_scale.
+  // The fp32 found_inf becomes the step's skip flag (a double that is non-zero when it is):
+  // its four bytes land in the flag's high word (little-endian: sign, exponent and the top
+  // of the mantissa), the low word zeroed, so 0.0f (and -0.0f) reads as zero and anything
+  // else as non-zero. Copies on the device only; the launches divide by *grad_scale.
   auto* const flag =
       static_cast<double*>(global_totals.data()) + detail::lang_rule(rule).num_global_reductions;
-  backend->fill(flag, 0, sizeof(double), stream);
   if (found_inf) {
+    backend->fill(flag, 0, sizeof(double), stream);
     backend->copy_on_device(reinterpret_cast<std::byte*>(flag) + sizeof(float), found_inf,
                             sizeof(float), stream);
   }
@@ -306,8 +337,7 @@ void Optimizer::set_step_count(std::int64_t count) {
   FUSEDOPT_CHECK_USAGE(count >= 0 && count <= kMaxSteps,
                        "Optimizer::set_step_count: {} steps; the count must be in 0 to 2^53",
                        count);
-  for (auto& kernel : m.kernels) kernel->set_device_steps(count);
-  m.step_count = count;
+  m.set_steps_taken(count);
 }
 
 StepResult Optimizer::step(void* stream) {
@@ -409,8 +439,9 @@ OptimizerStats Optimizer::stats() const {
   st.schedule_report = m.schedule_report;
   static const char* kRank[] = {"memory", "disk", "compiled"};
   int slowest = -1;
-  for (const auto& kernel : m.kernels) {
-    st.launches_per_step += kernel->launches_per_step();
+  for (std::size_t b = 0; b < m.kernels.size(); ++b) {
+    const auto& kernel = m.kernels[b];
+    st.launches_per_step += kernel->launches_per_step(b == 0);  // the count: one per step
     st.kernel_keys.push_back(kernel->key());
     st.kernel_seconds += kernel->seconds();
     for (int k = 0; k < 3; ++k) {

@@ -53,10 +53,6 @@ std::size_t advance(std::size_t cursor, std::size_t n, std::size_t bytes, const 
 
 bool valid_dtype(DType d) { return d == DType::F32 || d == DType::F16 || d == DType::BF16; }
 
-std::string device_str(const Device& d) {
-  return d.kind == Device::Kind::Host ? std::string("host") : fmt::format("cuda:{}", d.index);
-}
-
 /// Checks one param/grad pair on its own.
 void validate_pair(const ParamSlot& s) {
   const std::string who = runtime::describe(s);
@@ -73,7 +69,8 @@ void validate_pair(const ParamSlot& s) {
   FUSEDOPT_CHECK_USAGE(!(s.param.numel > 0 && s.grad.data == nullptr),
                        "{}: grad data is null ({} elements)", who, s.grad.numel);
   FUSEDOPT_CHECK_USAGE((s.grad.device == s.param.device), "{}: grad is on {} but param is on {}",
-                       who, device_str(s.grad.device), device_str(s.param.device));
+                       who, runtime::device_name(s.grad.device),
+                       runtime::device_name(s.param.device));
   std::int64_t elements = 1;
   std::string dims;
   for (std::int64_t d : s.param.shape) {
@@ -209,8 +206,8 @@ Optimizer::Optimizer(const Rule& user_rule, std::vector<ParamGroup> groups,
     m.backend = runtime::make_backend(m.device);
   } catch (const UnavailableError& e) {
     throw UnavailableError(fmt::format("{}: param is on {} but {}",
-                                       runtime::describe(m.params.front()), device_str(m.device),
-                                       e.what()));
+                                       runtime::describe(m.params.front()),
+                                       runtime::device_name(m.device), e.what()));
   }
   m.lay_out_arenas();
   m.bind_kernels();
@@ -296,8 +293,8 @@ void Optimizer::Impl::validate_groups(std::vector<ParamGroup>& groups) {
       if (!params.empty() && !(s.param.device == params.front().param.device)) {
         throw UsageError(
             fmt::format("{}: param is on {} but {} is on {} (one optimizer, one device)", who,
-                        device_str(s.param.device), runtime::describe(params.front()),
-                        device_str(params.front().param.device)));
+                        runtime::device_name(s.param.device), runtime::describe(params.front()),
+                        runtime::device_name(params.front().param.device)));
       }
       params.push_back(std::move(s));
     }
@@ -394,6 +391,7 @@ void Optimizer::Impl::bind_kernels() {
     kernels.push_back(backend->bind(detail::RuleAccess::impl(rule), t, h));
   }
   for (auto& kernel : kernels) kernel->init_states();
+  steps_taken = backend->allocate(sizeof(double));  // zeroed: no step taken
   // The grad check rides on pass 0 (one read of the gradient for the unscale, the check and
   // any norm) unless a pass 0 writes (the Store strategy with one reduction pass): the skip
   // must be known before anything is written.
@@ -561,7 +559,9 @@ void Optimizer::Impl::report() {
     elements += s.param.numel;
     nonempty += s.param.numel > 0 ? 1 : 0;
   }
-  for (const auto& kernel : kernels) launches += kernel->launches_per_step();
+  for (std::size_t b = 0; b < kernels.size(); ++b) {
+    launches += kernels[b]->launches_per_step(b == 0);  // the step's count: one per step
+  }
   fusion_report =
       fmt::format("{} over {} tensor{} ({}): {} launch{} per step instead of {}", rule.name(),
                   params.size(), params.size() == 1 ? "" : "s", format_elements(elements), launches,

@@ -141,7 +141,13 @@ struct FUSEDOPT_NO_EXPORT Optimizer::Impl {
   /// non-finite gradient); compiled by bind_kernels().
   runtime::StepProgram plain_program, scaled_program;
   std::vector<std::unique_ptr<runtime::BoundKernel>> kernels;  ///< one per binding
-  std::int64_t step_count = 0;
+  /// The steps taken (one double, backend memory): launches read their step from it (one
+  /// past it) and a step's last launch counts it unless the step was skipped, so the count
+  /// needs nothing from the host (graph replays advance it). Allocated by bind_kernels().
+  runtime::Buffer steps_taken;
+  /// Steps launched since construction or the last set_steps_taken (the 2^53 limit's count,
+  /// kept on the host so that a step never waits for the device).
+  std::int64_t steps_launched = 0;
   std::string fusion_report;
   // Reductions.
   int reduction_passes = 0;
@@ -177,6 +183,14 @@ struct FUSEDOPT_NO_EXPORT Optimizer::Impl {
   StepResult run_step(float inv_grad_scale, bool scaled, void* stream,
                       const DeviceScaler* scaler = nullptr, const float* device_scale = nullptr,
                       const void* skip_flag = nullptr);
+  /// What a step's launches read: `inv_grad_scale`, the count of steps taken, the loss
+  /// scale of `scaler` or `device_scale` (device memory) when non-null.
+  runtime::StepArgs step_args(float inv_grad_scale, const DeviceScaler* scaler,
+                              const float* device_scale) const;
+  /// Whether the verdict at `flag` can be read in place (host memory) and says skip.
+  bool skipped_now(const void* flag) const;
+  /// The End op: counts the step in steps_taken unless `skip` says it was skipped.
+  void count_step(const double* skip, void* stream);
   /// PyTorch's AMP protocol (Optimizer::step_amp).
   StepResult run_amp_step(const float* grad_scale, const float* found_inf, void* stream);
   /// Binding `b`'s tensors' role pointers, in kernel role order (param, grad, states,
@@ -209,9 +223,10 @@ struct FUSEDOPT_NO_EXPORT Optimizer::Impl {
   /// The fusion and schedule reports (stats(), FUSEDOPT_LOG=info).
   void report();
 
-  /// The steps taken: the device's count on CUDA (graph replays advance it without the
-  /// host), else the host's.
+  /// The steps taken (steps_taken, read after the queued steps).
   std::int64_t current_step_count() const;
+  /// Sets the steps taken, after the queued steps (a checkpoint load, set_step_count).
+  void set_steps_taken(std::int64_t count);
 
   /// Index of hyper `name`; throws Error listing the rule's hypers otherwise.
   std::size_t hyper_index(const std::string& name) const;

@@ -4,7 +4,7 @@
 #define FUSEDOPT_ABI_H
 
 // Bump when you change this: any struct below or an exported entry point's signature.
-#define FO_ABI_VERSION 11
+#define FO_ABI_VERSION 12
 
 // Launch constants shared by the runtime and the kernels (one source for both):
 /// Threads per block of every CUDA kernel (the runtime's kCudaBlock).
@@ -45,8 +45,8 @@ struct fo_launch {
   long long num_tensors;           ///< tensors of the plan (also set for rules with scalar states)
   int global_accumulate;           ///< finalize: 0 = write the global totals, 1 = combine into them
   int check_grads;                 ///< pass 0 also counts non-finite unscaled gradients
-  /// Non-null (CUDA grad scaling): when *skip_if_set != 0 (a non-finite gradient was found
-  /// on the device), the launch does nothing.
+  /// Non-null: when *skip_if_set != 0 (a non-finite gradient was found on the device), the
+  /// launch does nothing (every entry but init and the grad check; host and CUDA alike).
   const double* skip_if_set;
 
   // Per-tensor scalar states (rules that declare `scalar`; null/0 otherwise).

@@ -14,6 +14,16 @@
 #define FO_LANES 16
 #endif
 
+/// The launch's step (abi.h): one past the count the launch points at, else its own.
+static inline double fo_launch_step(const fo_launch* L) {
+  return L->step_ptr ? *L->step_ptr + 1.0 : L->step;
+}
+
+/// Whether the launch does nothing: its skip flag (abi.h's skip_if_set) is set.
+static inline bool fo_launch_skipped(const fo_launch* L) {
+  return L->skip_if_set != 0 && *L->skip_if_set != 0.0;
+}
+
 /// The per-tensor values of a tensor of group `group`: its reduction results, its scalar
 /// states and what element code reads of them (nothing when the rule has none).
 static inline fo_tvals fo_chunk_values(const fo_launch* L, int tensor, int group, double step,
@@ -29,7 +39,8 @@ static inline fo_tvals fo_chunk_values(const fo_launch* L, int tensor, int group
 
 template <bool kInit>
 static void fo_run(const fo_launch* L) {
-  const double step = L->step_ptr ? *L->step_ptr : L->step;
+  if (!kInit && fo_launch_skipped(L)) return;
+  const double step = fo_launch_step(L);
   const float inv_grad_scale = fo_unscale_factor(L->inv_grad_scale, L->grad_scale_ptr);
   // One chunk (a small launch) runs on the calling thread: waking a thread team would cost
   // more than the work.
@@ -88,7 +99,7 @@ FO_FN double fo_combine(bool is_max, double a, double b) {
 
 template <int kPass>
 static void fo_reduce_run(const fo_launch* L) {
-  const double step = L->step_ptr ? *L->step_ptr : L->step;
+  const double step = fo_launch_step(L);
   const float inv_grad_scale = fo_unscale_factor(L->inv_grad_scale, L->grad_scale_ptr);
   const int count = fo_acc_count(kPass);
   const bool check = kPass == 0 && L->check_grads != 0;
@@ -159,11 +170,13 @@ static void fo_reduce_run(const fo_launch* L) {
 
 /// Reduction pass `pass` (0-based, below FO_REDUCTION_PASSES): every chunk's partials.
 FO_EXTERN_C void fusedopt_reduce_host(const fo_launch* L, int pass) {
+  if (fo_launch_skipped(L)) return;
   FO_REDUCE_DISPATCH(L, pass);  // one case per reduction pass of the rule (codegen)
 }
 
 /// Combines pass `pass`'s chunk partials into the per-tensor and global totals.
 FO_EXTERN_C void fusedopt_finalize_host(const fo_launch* L, int pass) {
+  if (fo_launch_skipped(L)) return;
   const int count = fo_acc_count(pass);
   for (int j = 0; j < count; ++j) {
     const bool is_max = fo_acc_max(pass, j) != 0;
@@ -187,7 +200,7 @@ FO_EXTERN_C void fusedopt_finalize_host(const fo_launch* L, int pass) {
   }
 #if FO_FACTORED
   // After every per-tensor and global total: the column and matrix means.
-  const double step = L->step_ptr ? *L->step_ptr : L->step;
+  const double step = fo_launch_step(L);
   const float inv_grad_scale = fo_unscale_factor(L->inv_grad_scale, L->grad_scale_ptr);
   for (long long t = 0; t < L->num_tensors; ++t) fo_rc_finalize(*L, pass, t, step, inv_grad_scale);
 #endif
@@ -196,7 +209,7 @@ FO_EXTERN_C void fusedopt_finalize_host(const fo_launch* L, int pass) {
 /// 1 when every gradient element of the chunk table, unscaled, is finite; else 0. Runs
 /// before a step with grad scaling so a non-finite step can change nothing.
 FO_EXTERN_C int fusedopt_check_host(const fo_launch* L) {
-  const double step = L->step_ptr ? *L->step_ptr : L->step;
+  const double step = fo_launch_step(L);
   const float inv_grad_scale = fo_unscale_factor(L->inv_grad_scale, L->grad_scale_ptr);
   int all_finite = 1;
 #pragma omp parallel for schedule(static) reduction(& : all_finite) if (L->num_chunks > 1)
@@ -217,7 +230,8 @@ FO_EXTERN_C int fusedopt_check_host(const fo_launch* L) {
 /// values after the step (after its last pass: the same function the passes read them
 /// through), for every tensor, empty ones included.
 FO_EXTERN_C void fusedopt_scalars_host(const fo_launch* L, int init) {
-  const double step = L->step_ptr ? *L->step_ptr : L->step;
+  if (!init && fo_launch_skipped(L)) return;
+  const double step = fo_launch_step(L);
 #if FO_FACTORED
   {  // first: the row values read the scalars as the step did
     const float inv_grad_scale = fo_unscale_factor(L->inv_grad_scale, L->grad_scale_ptr);

@@ -192,9 +192,10 @@ void run_adafactor(const std::vector<std::vector<std::int64_t>>& shapes,
 
 TEST_SUITE("factored state") {
   TEST_CASE("adafactor matches torch.optim.Adafactor on matrices, a batch and 1-D params") {
-    // Primes; one matrix of 1031 x 1021 (many chunks of whole rows), a batch of 3 matrices,
-    // 1-D params of 2^20 + 3 and 101 elements, empty ones of both kinds.
-    run_adafactor({{37, 53}, {3, 11, 7}, {101}, {0, 5}, {}, {1031, 1021}, {(1 << 20) + 3}},
+    // Primes; one matrix of 521 x 263 (five chunks of whole rows: 124 rows of 263 columns
+    // fill a 2^15-element host chunk), a batch of 3 matrices, 1-D params of 2^17 + 3 (four
+    // whole chunks and a tail) and 101 elements, empty ones of both kinds.
+    run_adafactor({{37, 53}, {3, 11, 7}, {101}, {0, 5}, {}, {521, 263}, {(1 << 17) + 3}},
                   {0, 0, 0, 0, 0, 0, 0}, AdafactorHypers{}, 100);
   }
 
