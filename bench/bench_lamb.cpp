@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "fusedopt/optimizer.hpp"
+#include "runtime/reduction_hook.hpp"
 #include "workloads.hpp"
 
 using namespace fusedopt;
@@ -348,9 +349,10 @@ void report_pass_times(benchmark::State& state, std::vector<Clock::time_point>& 
 /// reduction pass (after its finalize).
 void report_pass_times(benchmark::State& state, Optimizer& opt) {
   std::vector<Clock::time_point> marks;
-  opt.set_reduction_hook([&marks](const ReductionPartials&) { marks.push_back(Clock::now()); });
+  fusedopt::detail::OptimizerAccess::set_reduction_hook(
+      opt, [&marks](const ReductionPartials&) { marks.push_back(Clock::now()); });
   report_pass_times(state, marks, [&] { opt.step(); });
-  opt.set_reduction_hook({});
+  fusedopt::detail::OptimizerAccess::set_reduction_hook(opt, {});
 }
 
 /// fusedopt's lamb preset; range(0): 0 = ReductionStrategy::Auto, 1 = Recompute.

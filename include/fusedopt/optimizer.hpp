@@ -5,7 +5,6 @@
 
 #include <cstdint>
 #include <filesystem>
-#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -77,48 +76,6 @@ struct OptimizerOptions {
   double max_grad_norm = 0.0;
   ReductionStrategy reduction_strategy = ReductionStrategy::Auto;
 };
-
-/// One total a reduction pass produces: what it is and how ranks combine it.
-struct ReductionSlotInfo {
-  std::string name;         ///< the rule's function ("tensor_norm", ...) or "grad_check"
-  bool per_tensor = false;  ///< a value per tensor (else one global value)
-  int slot = 0;             ///< index in ReductionPartials::global, or the column of
-                            ///< ReductionPartials::TensorTotals
-  int pass = 0;             ///< the pass that computes it
-  bool max = false;         ///< ranks combine it by max (maxabs, any_nonfinite, grad_check);
-                            ///< else by sum
-  int line = 0;             ///< the rule line of the call (0: built in)
-};
-
-/// The raw totals of one reduction pass on this process, handed to the reduction hook
-/// before the next pass reads them: sums (of x, of x*x for norms), max |x|, and counts of
-/// non-finite values, in double. A sharded optimizer combines the slots of this pass
-/// across ranks in place (sum, or max where `max`), e.g. with one all-reduce each; the
-/// next pass then sees the totals of every rank. Norms take their square root afterwards.
-/// Memory is host memory for host optimizers and device memory (of the optimizer's
-/// device, ordered on `stream`) for CUDA ones. Slots of other passes must be left alone.
-/// A scaled step whose grad check does not ride on pass 0 (rules without reductions, the
-/// Store strategy, capturable steps) first calls the hook with pass -1 and one slot,
-/// "grad_check" (global, max): non-zero when this process found a non-finite gradient;
-/// combined across ranks, every rank takes or skips the same step.
-struct ReductionPartials {
-  int pass = 0;
-  Device device;
-  void* stream = nullptr;
-  double* global = nullptr;  ///< [num_global] raw global totals
-  int num_global = 0;
-  std::vector<ReductionSlotInfo> slots;  ///< the slots this pass wrote (global and per tensor)
-  /// Per-tensor totals of one dtype binding: data[t * stride + slot] belongs to the t-th
-  /// tensor of the binding, which is parameter params[t] (index over all groups, in order).
-  struct TensorTotals {
-    double* data = nullptr;
-    std::int64_t num_tensors = 0;
-    int stride = 0;
-    std::vector<int> params;
-  };
-  std::vector<TensorTotals> tensors;
-};
-using ReductionHook = std::function<void(const ReductionPartials&)>;
 
 /// What a step costs, and where its kernel came from.
 struct OptimizerStats {
@@ -203,6 +160,10 @@ FUSEDOPT_API void check_hyper_value(const std::string& where, const std::string&
 /// call to step, step_scaled, step_amp, set_hyper, set_step_count, rebind, save or load
 /// while another of them runs on the same optimizer (another thread, or a reduction hook
 /// calling back) is a UsageError naming both, never a race.
+namespace detail {
+struct OptimizerAccess;  // fusedopt's own libraries (src/runtime/reduction_hook.hpp)
+}  // namespace detail
+
 class FUSEDOPT_API Optimizer {
  public:
   /// Throws Error naming the tensor and the reason for any misuse (grads missing or of a
@@ -248,10 +209,6 @@ class FUSEDOPT_API Optimizer {
   /// for every queued launch of the device first.
   void set_step_count(std::int64_t count);
 
-  /// Called after each reduction pass of a step with this process's raw totals (see
-  /// ReductionPartials), before the next pass reads them; empty: none.
-  void set_reduction_hook(ReductionHook hook);
-
   /// Sets a hyper for one group, or for every group when `group` is empty. CUDA: waits for
   /// every queued launch of the device first, so it is safe whatever stream the steps use.
   void set_hyper(const std::string& name, double value, std::optional<int> group = std::nullopt);
@@ -281,6 +238,7 @@ class FUSEDOPT_API Optimizer {
  private:
   friend class GradScaler;  // a device GradScaler steps with its scale in device memory
   friend class StepResult;  // reads a step's verdict from the device
+  friend struct detail::OptimizerAccess;  // the comm library's reduction hook
   struct Impl;
   /// The Impl, or UsageError("Optimizer::<method>: this Optimizer was moved from").
   Impl& live(const char* method) const;

@@ -14,6 +14,7 @@
 #include "comm/shard_layout.hpp"
 #include "fusedopt/cuda.hpp"
 #include "fusedopt/sharded.hpp"
+#include "runtime/reduction_hook.hpp"
 
 namespace fusedopt::comm {
 

@@ -169,7 +169,8 @@ void ShardedOptimizer::Impl::build_local(const Rule& rule, const std::vector<Par
     }
   }
   local = std::make_unique<Optimizer>(rule, std::move(local_groups), options.optimizer);
-  local->set_reduction_hook([this](const ReductionPartials& p) { combine(p); });
+  fusedopt::detail::OptimizerAccess::set_reduction_hook(
+      *local, [this](const ReductionPartials& p) { combine(p); });
 }
 
 // Gradient reduction: all-reduce (ZeRO-1), or each piece reduced to its owner (ZeRO-2).

@@ -13,6 +13,7 @@
 #include "io/checkpoint_format.hpp"
 #include "rule_access.hpp"
 #include "runtime/optimizer_impl.hpp"
+#include "runtime/reduction_hook.hpp"
 #include "support/check.hpp"
 
 namespace fusedopt {
@@ -352,9 +353,13 @@ StepResult Optimizer::step_scaled(float inv_grad_scale, void* stream) {
   return m.run_step(inv_grad_scale, true, stream);
 }
 
-void Optimizer::set_reduction_hook(ReductionHook hook) {
-  live("set_reduction_hook").hook = std::move(hook);
+namespace detail {
+
+void OptimizerAccess::set_reduction_hook(Optimizer& opt, ReductionHook hook) {
+  opt.live("set_reduction_hook").hook = std::move(hook);
 }
+
+}  // namespace detail
 
 void check_hyper_value(const std::string& where, const std::string& name, int group, double value) {
   constexpr double kMax = static_cast<double>(std::numeric_limits<float>::max());

@@ -16,6 +16,7 @@
 #include "fusedopt/error.hpp"
 #include "fusedopt/optimizer.hpp"
 #include "runtime/backend.hpp"
+#include "runtime/reduction_hook.hpp"
 #include "runtime/step_program.hpp"
 
 namespace fusedopt {

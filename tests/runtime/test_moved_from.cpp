@@ -9,6 +9,7 @@
 #include <utility>
 
 #include "fusedopt/error.hpp"
+#include "runtime/reduction_hook.hpp"
 #include "runtime/runtime_support.hpp"
 
 namespace fusedopt_tests {
@@ -65,7 +66,8 @@ TEST_SUITE("runtime") {
     // NOLINTBEGIN(bugprone-use-after-move): using the moved-from object is the point.
     CHECK_THROWS_WITH_AS(a.step(), msg("step").c_str(), UsageError);
     CHECK_THROWS_WITH_AS(a.step_scaled(0.5f), msg("step_scaled").c_str(), UsageError);
-    CHECK_THROWS_WITH_AS(a.set_reduction_hook({}), msg("set_reduction_hook").c_str(), UsageError);
+    CHECK_THROWS_WITH_AS(fusedopt::detail::OptimizerAccess::set_reduction_hook(a, {}),
+                         msg("set_reduction_hook").c_str(), UsageError);
     CHECK_THROWS_WITH_AS(a.set_hyper("lr", 0.1), msg("set_hyper").c_str(), UsageError);
     CHECK_THROWS_WITH_AS(a.hyper("lr"), msg("hyper").c_str(), UsageError);
     CHECK_THROWS_WITH_AS(a.step_count(), msg("step_count").c_str(), UsageError);

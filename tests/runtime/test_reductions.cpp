@@ -38,6 +38,7 @@
 #include <thread>
 
 #include "fusedopt/error.hpp"
+#include "runtime/reduction_hook.hpp"
 #include "runtime/runtime_support.hpp"
 
 namespace fusedopt_tests {
@@ -925,25 +926,26 @@ TEST_SUITE("runtime") {
     std::vector<HookCall> calls;  // rank 0's calls during the first step
     int step_now = 0;
     for (int r = 0; r < 2; ++r) {
-      ranks[r].opt->set_reduction_hook([&, r](const fusedopt::ReductionPartials& rp) {
-        if (r == 0 && step_now == 1) {
-          HookCall c;
-          c.pass = rp.pass;
-          c.device = rp.device.kind;
-          c.num_global = rp.num_global;
-          c.slots = rp.slots;
-          c.global.assign(rp.global, rp.global + rp.num_global);
-          for (const auto& tt : rp.tensors) {
-            c.tensor_data.emplace_back(tt.data, tt.data + tt.num_tensors * tt.stride);
-            c.tensor_params.push_back(tt.params);
-            c.tensor_stride.push_back(tt.stride);
-            c.tensor_count.push_back(tt.num_tensors);
-          }
-          std::lock_guard<std::mutex> lock(record_mu);
-          calls.push_back(std::move(c));
-        }
-        all_reduce(r, rp);
-      });
+      fusedopt::detail::OptimizerAccess::set_reduction_hook(
+          *ranks[r].opt, [&, r](const fusedopt::ReductionPartials& rp) {
+            if (r == 0 && step_now == 1) {
+              HookCall c;
+              c.pass = rp.pass;
+              c.device = rp.device.kind;
+              c.num_global = rp.num_global;
+              c.slots = rp.slots;
+              c.global.assign(rp.global, rp.global + rp.num_global);
+              for (const auto& tt : rp.tensors) {
+                c.tensor_data.emplace_back(tt.data, tt.data + tt.num_tensors * tt.stride);
+                c.tensor_params.push_back(tt.params);
+                c.tensor_stride.push_back(tt.stride);
+                c.tensor_count.push_back(tt.num_tensors);
+              }
+              std::lock_guard<std::mutex> lock(record_mu);
+              calls.push_back(std::move(c));
+            }
+            all_reduce(r, rp);
+          });
     }
     // What rank 0's first pass must total: sum g^2 over its tensors; its second: sum p^2 per
     // tensor.
@@ -1068,8 +1070,8 @@ TEST_SUITE("runtime") {
                     Net(lamb, init, {DType::F32}, g, {}, {hl}, {}, half, nt - half)};
     AllReduce2 all_reduce(std::chrono::seconds(5));
     for (int r = 0; r < 2; ++r) {
-      ranks[r].opt->set_reduction_hook(
-          [&, r](const fusedopt::ReductionPartials& rp) { all_reduce(r, rp); });
+      fusedopt::detail::OptimizerAccess::set_reduction_hook(
+          *ranks[r].opt, [&, r](const fusedopt::ReductionPartials& rp) { all_reduce(r, rp); });
     }
     auto step_both = [&](bool taken[2]) {
       std::thread threads[2];

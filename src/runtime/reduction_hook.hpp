@@ -1,0 +1,68 @@
+// The reduction hook: how fusedopt's comm library combines a step's reduction totals across
+// ranks between passes (ShardedOptimizer all-reduces them in place). Internal: the types
+// name passes and slots of the kernel's schedule, which the public API does not expose; the
+// one entry point is exported from the core library so that libfusedopt_comm can call it.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "fusedopt/export.hpp"
+#include "fusedopt/optimizer.hpp"
+
+namespace fusedopt {
+
+/// One total a reduction pass produces: what it is and how ranks combine it.
+struct ReductionSlotInfo {
+  std::string name;         ///< the rule's function ("tensor_norm", ...) or "grad_check"
+  bool per_tensor = false;  ///< a value per tensor (else one global value)
+  int slot = 0;             ///< index in ReductionPartials::global, or the column of
+                            ///< ReductionPartials::TensorTotals
+  int pass = 0;             ///< the pass that computes it
+  bool max = false;         ///< ranks combine it by max (maxabs, any_nonfinite, grad_check);
+                            ///< else by sum
+  int line = 0;             ///< the rule line of the call (0: built in)
+};
+
+/// The raw totals of one reduction pass on this process, handed to the reduction hook
+/// before the next pass reads them: sums (of x, of x*x for norms), max |x|, and counts of
+/// non-finite values, in double. A sharded optimizer combines the slots of this pass
+/// across ranks in place (sum, or max where `max`), e.g. with one all-reduce each; the
+/// next pass then sees the totals of every rank. Norms take their square root afterwards.
+/// Memory is host memory for host optimizers and device memory (of the optimizer's
+/// device, ordered on `stream`) for CUDA ones. Slots of other passes must be left alone.
+/// A scaled step whose grad check does not ride on pass 0 (rules without reductions, the
+/// Store strategy, capturable steps) first calls the hook with pass -1 and one slot,
+/// "grad_check" (global, max): non-zero when this process found a non-finite gradient;
+/// combined across ranks, every rank takes or skips the same step.
+struct ReductionPartials {
+  int pass = 0;
+  Device device;
+  void* stream = nullptr;
+  double* global = nullptr;  ///< [num_global] raw global totals
+  int num_global = 0;
+  std::vector<ReductionSlotInfo> slots;  ///< the slots this pass wrote (global and per tensor)
+  /// Per-tensor totals of one dtype binding: data[t * stride + slot] belongs to the t-th
+  /// tensor of the binding, which is parameter params[t] (index over all groups, in order).
+  struct TensorTotals {
+    double* data = nullptr;
+    std::int64_t num_tensors = 0;
+    int stride = 0;
+    std::vector<int> params;
+  };
+  std::vector<TensorTotals> tensors;
+};
+using ReductionHook = std::function<void(const ReductionPartials&)>;
+
+namespace detail {
+
+struct FUSEDOPT_API OptimizerAccess {
+  /// Calls `hook` after each reduction pass of `opt`'s steps with this process's raw totals
+  /// (see ReductionPartials), before the next pass reads them; empty: none.
+  static void set_reduction_hook(Optimizer& opt, ReductionHook hook);
+};
+
+}  // namespace detail
+}  // namespace fusedopt
