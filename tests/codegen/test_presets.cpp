@@ -27,6 +27,7 @@
 #include "presets.hpp"
 #include "runtime/host_kernel.hpp"
 #include "support/host_kernel_calls.hpp"
+#include "support/kernel_cache.hpp"
 #include "support/temp_dir.hpp"
 
 using fusedopt::test::default_hypers;
@@ -46,22 +47,7 @@ using fusedopt::runtime::HostKernel;
 
 using fusedopt::testing::TempDir;
 
-fusedopt::cache::KernelCache& test_cache() {
-  static TempDir dir;  // constructed first, so destroyed after the cache
-  static fusedopt::cache::KernelCache cache([] {
-    fusedopt::cache::KernelCache::Options options;
-    options.dir = dir.path();
-    options.mode = fusedopt::cache::KernelCache::Mode::Memory;
-    // Under CTest, the build folder's kernel cache for tests: one compile per kernel per
-    // build, whichever suite needs it first.
-    if (const char* shared = std::getenv("FUSEDOPT_TEST_KERNEL_CACHE"); shared && *shared) {
-      options.dir = shared;
-      options.mode = fusedopt::cache::KernelCache::Mode::On;
-    }
-    return options;
-  }());
-  return cache;
-}
+fusedopt::cache::KernelCache& test_cache() { return fusedopt::testing::test_kernel_cache(); }
 
 /// A fresh seed per test, or FUSEDOPT_TEST_SEED to replay a failure.
 std::uint32_t fresh_seed() {

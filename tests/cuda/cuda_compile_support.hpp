@@ -12,6 +12,7 @@
 #include "fusedopt/target.hpp"
 #include "presets.hpp"
 #include "provider/kernel_provider.hpp"
+#include "support/kernel_cache.hpp"
 
 namespace fusedopt::testing {
 
@@ -27,9 +28,7 @@ inline const char* const kEntryPoints[] = {"fusedopt_step", "fusedopt_init", "fu
 /// Every preset in every dtype binding compiles for sm_<sm> to a CUBIN with all CUDA entry
 /// points, from a self-contained source with the vector path compiled in.
 inline void check_every_preset_compiles(int sm) {
-  cache::KernelCache::Options o;
-  o.mode = cache::KernelCache::Mode::Off;
-  cache::KernelCache cache(o);
+  cache::KernelCache& cache = test_kernel_cache();
   for (const std::string& name : preset_names()) {
     for (const char* dt : {"fp32", "bf16:bf16:fp32+master", "fp16:fp16:bf16"}) {
       INFO(name << " sm_" << sm << " " << dt);

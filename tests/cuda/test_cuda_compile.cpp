@@ -14,6 +14,7 @@
 #include "presets.hpp"
 #include "provider/kernel_provider.hpp"
 #include "rule_access.hpp"
+#include "support/kernel_cache.hpp"
 #include "support/requirements.hpp"
 
 using namespace fusedopt;
@@ -22,14 +23,7 @@ using fusedopt::testing::kEntryPoints;
 
 namespace {
 
-cache::KernelCache& shared_cache() {
-  static cache::KernelCache cache([] {
-    cache::KernelCache::Options o;
-    o.mode = cache::KernelCache::Mode::Memory;
-    return o;
-  }());
-  return cache;
-}
+cache::KernelCache& shared_cache() { return testing::test_kernel_cache(); }
 
 }  // namespace
 

@@ -18,6 +18,7 @@
 #include "codegen/codegen.hpp"
 #include "presets.hpp"
 #include "provider/kernel_provider.hpp"
+#include "support/kernel_cache.hpp"
 #include "support/requirements.hpp"
 #include "support/temp_dir.hpp"
 
@@ -81,9 +82,7 @@ int count(const std::string& text, const std::regex& re) {
 TEST_SUITE("cuda") {
   TEST_CASE("fusedopt_step's vector path loads and stores exactly the update's roles, no spills" *
             testing::needs_nvrtc() * testing::Requires(cuobjdump_availability())) {
-    cache::KernelCache::Options o;
-    o.mode = cache::KernelCache::Mode::Off;
-    cache::KernelCache cache(o);
+    cache::KernelCache& cache = testing::test_kernel_cache();
     struct Case {
       const char* preset;
       const char* dtypes;

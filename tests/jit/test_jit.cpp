@@ -19,6 +19,7 @@
 #include "provider/kernel_provider.hpp"
 #include "runtime/host_kernel.hpp"
 #include "support/host_kernel_calls.hpp"
+#include "support/kernel_cache.hpp"
 #include "support/requirements.hpp"
 #include "support/sized_rule.hpp"
 #include "support/temp_dir.hpp"
@@ -45,18 +46,8 @@ bool is_elf(const std::string& bytes) {
                                            "ELF") == 0;
 }
 
-/// One cache for the cases that are not about caching, so that a kernel two cases build
-/// (sgd on the host) is compiled once per run.
-cache::KernelCache& shared_cache() {
-  static testing::TempDir dir;  // constructed first, so destroyed after the cache
-  static cache::KernelCache cache([] {
-    cache::KernelCache::Options o;
-    o.dir = dir.path();
-    o.mode = cache::KernelCache::Mode::Memory;
-    return o;
-  }());
-  return cache;
-}
+/// The cache of the cases that are not about caching (support/kernel_cache.hpp).
+cache::KernelCache& shared_cache() { return testing::test_kernel_cache(); }
 
 codegen::TrustedFunctor functor_sgd() {
   codegen::TrustedFunctor f;
