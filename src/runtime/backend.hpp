@@ -1,8 +1,9 @@
 // The seam between the Optimizer (and, next, the comm module) and a device. A Backend is
-// one device, host or CUDA: it owns memory (allocate, free, copy to and from the host,
-// fill, synchronise) and makes BoundKernels. A BoundKernel runs one compiled kernel over
-// the tensors of one dtype binding, planned once (runtime::Plan). Nothing above this seam
-// knows which device it runs on.
+// one device, host or CUDA: memory (allocate, free, copy to and from the host, fill,
+// synchronise) and loaded kernels (load() -> Module, module.hpp). Everything else, the
+// tables of a plan and the step's launches over them, is the same code for every device
+// (runtime::Binding, the step program). Nothing above this seam knows which device it runs
+// on.
 #pragma once
 
 #include <cstddef>
@@ -11,10 +12,12 @@
 #include <string>
 #include <vector>
 
+#include "cache/kernel_cache.hpp"
 #include "codegen/codegen.hpp"
 #include "fusedopt/dtype.hpp"
 #include "fusedopt/optimizer.hpp"
 #include "lang/ast.hpp"
+#include "runtime/module.hpp"
 #include "runtime/plan.hpp"
 #include "runtime/step_args.hpp"
 
@@ -76,56 +79,6 @@ struct TensorTotalsView {
   int stride = 0;
 };
 
-/// One compiled kernel planned over one binding's tensors. Every launch is ordered on
-/// `stream` and reads its step, gradient factor and skip flag from StepArgs: the same calls
-/// on the host (where a launch is done when it returns) and on CUDA (where nothing waits).
-class BoundKernel {
- public:
-  virtual ~BoundKernel() = default;
-  /// Writes every state's initial value (and the master copy); done on return.
-  virtual void init_states() = 0;
-  /// Reduction pass `pass` (below body().reduction_passes); `check_grads` also counts
-  /// non-finite unscaled gradients in pass 0.
-  virtual void reduce(int pass, const StepArgs& args, bool check_grads, void* stream) = 0;
-  /// Combines pass `pass`'s partials into the totals; with `accumulate` the shared global
-  /// totals are combined into rather than replaced (a kernel before this one wrote them).
-  /// A factored rule's matrix means read values of the step (`args`).
-  virtual void finalize(int pass, bool accumulate, const StepArgs& args, void* stream) = 0;
-  virtual TensorTotalsView tensor_totals() = 0;
-  /// What codegen said about the kernel (schedule, slots, bytes per pass); no code.
-  virtual const codegen::KernelBody& body() const = 0;
-  /// Scratch memory of the Store strategy, in bytes.
-  virtual std::int64_t scratch_bytes() const = 0;
-  /// The update pass; then, for a rule with scalar, row or column states, every tensor's
-  /// new values of them (one more launch).
-  virtual void update(const StepArgs& args, void* stream) = 0;
-  /// The separate grad check: sets the double at `flag` (the verdict slot, zeroed by the
-  /// caller) to 1 when a gradient times `inv_grad_scale` (over `device_scale` when
-  /// non-null) is not finite.
-  virtual void check_grads(float inv_grad_scale, const float* device_scale, void* flag,
-                           void* stream) = 0;
-  /// Counts a step: the double at `steps_taken` grows by one unless `skip` is non-null and
-  /// the double there is non-zero (the step was not taken).
-  virtual void count_step(double* steps_taken, const double* skip, void* stream) = 0;
-  /// A GradScaler's update after a step: the fo_scaler at `scaler` from the step's
-  /// grad-check flag at `flag` (abi.h's fo_update_scale).
-  virtual void update_scaler(void* scaler, const void* flag, float growth, float backoff,
-                             int interval, void* stream) = 0;
-  /// Replaces the hyper table (`hypers[g]`: group g's values in Rule::hypers order), ordered
-  /// on `stream` after the work queued there, without waiting: the launches queued on
-  /// `stream` after it read the new values.
-  virtual void set_hypers(const std::vector<std::vector<double>>& hypers, void* stream) = 0;
-  /// New role pointers for the binding's tensors (BindingTensors::ptrs' form, sizes
-  /// unchanged), ordered on `stream` without waiting.
-  virtual void rebind(const std::vector<std::vector<void*>>& ptrs, void* stream) = 0;
-  /// Launches per step (0 when every tensor is empty), the step's count included when
-  /// `with_count` and the count is a launch on this device.
-  virtual int launches_per_step(bool with_count) const = 0;
-  virtual std::string key() const = 0;
-  virtual std::string origin() const = 0;
-  virtual double seconds() const = 0;
-};
-
 /// "host", "cuda:0": how errors and logs name a device.
 std::string device_name(const Device& device);
 
@@ -157,11 +110,32 @@ class Backend {
   /// copied with copy_to_host.
   virtual const void* host_address(const void* p) const { return nullptr; }
 
-  /// Gets the kernel of `rule` for `tensors.dtypes` from the kernel provider, loads it and
-  /// plans it over `tensors` (memory of this device).
-  virtual std::unique_ptr<BoundKernel> bind(std::shared_ptr<const lang::Rule> rule,
-                                            const BindingTensors& tensors,
-                                            const std::vector<std::vector<double>>& hypers) = 0;
+  /// Copies `bytes` from host memory to this device's memory, ordered on `stream` after the
+  /// work queued there, without waiting; `host_src` may be reused on return.
+  virtual void copy_from_host_async(void* dst, const void* host_src, std::size_t bytes,
+                                    void* stream) = 0;
+  /// Whether `stream` is being captured into a CUDA graph (a copy from host memory then
+  /// would read that memory when the graph replays).
+  virtual bool capturing(void* stream) const {
+    (void)stream;
+    return false;
+  }
+
+  /// The kernel of `rule` for `dtypes` (and `strategy`), from `cache` or compiled, loaded
+  /// on this device.
+  virtual std::unique_ptr<Module> load(std::shared_ptr<const lang::Rule> rule,
+                                       const DTypeBinding& dtypes, codegen::Strategy strategy,
+                                       cache::KernelCache& cache) = 0;
+  /// Elements per chunk of a plan for this device's kernels.
+  virtual std::int64_t chunk_elems() const = 0;
+  /// Alignment of the Store strategy's scratch views, in bytes.
+  virtual std::size_t scratch_align() const = 0;
+  /// Refuses (UsageError) pointers of `plan` this device's kernels cannot use (CUDA: host
+  /// memory, another device's), naming the tensor (`names[t]`, else its index) and role.
+  virtual void check_pointers(const Plan& plan, const codegen::KernelBody& body,
+                              const std::vector<std::string>& names) const {
+    (void)plan, (void)body, (void)names;
+  }
 
  protected:
   friend class Buffer;

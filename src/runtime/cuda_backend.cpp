@@ -1,13 +1,12 @@
 // The CUDA Backend: memory of one device (cuMemAlloc in its primary context), kernels from
-// NVRTC loaded into that context (a CudaKernel with an uploaded Plan), one launch per pass
-// on the caller's stream. Every call makes the context current and then restores the
-// caller's.
+// NVRTC loaded into that context (CudaModule), launched on the caller's stream. Every call
+// makes the context current and then restores the caller's.
 #include <fmt/format.h>
 
 #include "fusedopt/error.hpp"
 #include "runtime/backend.hpp"
 #include "runtime/cuda_driver.hpp"
-#include "runtime/cuda_kernel.hpp"
+#include "runtime/cuda_module.hpp"
 #include "support/check.hpp"
 
 namespace fusedopt::runtime {
@@ -18,97 +17,47 @@ using cuda::DevicePtr;
 DevicePtr dev(const void* p) { return static_cast<DevicePtr>(reinterpret_cast<std::uintptr_t>(p)); }
 void* host_view(DevicePtr p) { return reinterpret_cast<void*>(static_cast<std::uintptr_t>(p)); }
 
-class CudaBoundKernel final : public BoundKernel {
- public:
-  CudaBoundKernel(Backend& backend, const cuda::PrimaryContext& context,
-                  std::shared_ptr<const lang::Rule> rule, const BindingTensors& tensors,
-                  const std::vector<std::vector<double>>& hypers)
-      : context_(context),
-        kernel_(std::move(rule), tensors.dtypes, context.device(), provider::cache_at({}),
-                tensors.strategy) {
-    PlanRequest request("CudaKernel", tensors.ptrs, tensors.numel, hypers, tensors.group,
-                        kCudaChunk);
-    request.shapes = &tensors.shapes;
-    const Plan plan = plan_binding(backend, kernel_.body(), request, 256, &scratch_);
-    if (tensors.global_totals) kernel_.share_global_totals(dev(tensors.global_totals));
-    if (tensors.scalars) kernel_.share_scalars(dev(tensors.scalars));
-    if (tensors.row_states || tensors.col_states) {
-      kernel_.share_rc_states(dev(tensors.row_states), dev(tensors.col_states));
-    }
-    kernel_.set_tensor_names(tensors.names);
-    kernel_.set_plan(plan);
-    any_elements_ = !plan.empty();
-    num_tensors_ = plan.num_tensors();
-  }
-
-  void init_states() override {
-    cuda::ContextScope scope(context_);
-    kernel_.init_states(nullptr);
-    cuda::synchronize(nullptr);
-  }
-
-  // Every launch reads its step from the optimizer's count of steps taken (StepArgs), which
-  // the step's last launch advances unless the device found a non-finite gradient: a step
-  // (scaled or not) only launches, and any sequence of steps can be captured in a CUDA
-  // graph and replayed.
-  void reduce(int pass, const StepArgs& args, bool check_grads, void* stream) override {
-    kernel_.run_pass(stream, pass, args, check_grads);
-  }
-  void finalize(int pass, bool accumulate, const StepArgs& args, void* stream) override {
-    kernel_.finalize(stream, pass, accumulate, args);
-  }
-  TensorTotalsView tensor_totals() override {
-    return {static_cast<double*>(host_view(kernel_.tensor_totals())), num_tensors_,
-            kernel_.body().num_tensor_slots};
-  }
-  const codegen::KernelBody& body() const override { return kernel_.body(); }
-  std::int64_t scratch_bytes() const override { return static_cast<std::int64_t>(scratch_.size()); }
-
-  void update(const StepArgs& args, void* stream) override {
-    kernel_.run_pass(stream, kernel_.reduction_passes(), args);
-    kernel_.update_scalars(stream, args);  // before the count
-  }
-  void check_grads(float inv_grad_scale, const float* device_scale, void* flag,
-                   void* stream) override {
-    kernel_.check_grads_into(stream, inv_grad_scale, device_scale, dev(flag));
-  }
-  void count_step(double* steps_taken, const double* skip, void* stream) override {
-    kernel_.advance_step(stream, dev(steps_taken), dev(skip));
-  }
-  void update_scaler(void* scaler, const void* flag, float growth, float backoff, int interval,
-                     void* stream) override {
-    cuda::ContextScope scope(context_);
-    kernel_.update_scale(stream, dev(scaler), dev(flag), growth, backoff, interval);
-  }
-  void set_hypers(const std::vector<std::vector<double>>& hypers, void* stream) override {
-    // Staged from pageable memory before the call returns, applied in `stream`'s order.
-    cuda::ContextScope scope(context_);
-    for (std::size_t g = 0; g < hypers.size(); ++g) {
-      kernel_.set_hypers(static_cast<int>(g), hypers[g], stream);
+/// Refuses host memory and memory of another device in `plan`'s pointer table: the kernel
+/// would fault (an unrecoverable context error).
+void check_device_pointers(int device, const Plan& plan, const codegen::KernelBody& body,
+                           const std::vector<std::string>& names) {
+  const int roles = plan.num_roles() - static_cast<int>(body.scratch.size());
+  for (std::int64_t t = 0; t < plan.num_tensors(); ++t) {
+    for (int r = 0; r < roles; ++r) {
+      const auto p = reinterpret_cast<std::uintptr_t>(
+          plan.ptrs()[static_cast<std::size_t>(t * plan.num_roles() + r)]);
+      if (p == 0) continue;  // an empty tensor (Plan::build refused null pointers otherwise)
+      // Formatted only for an error: rebind checks every pointer of every step that moves.
+      const auto who = [&] {
+        const auto ti = static_cast<std::size_t>(t);
+        return ti < names.size() ? fmt::format("{}, role {}", names[ti],
+                                               body.roles.at(static_cast<std::size_t>(r)))
+                                 : fmt::format("tensor {} role {}", t, r);
+      };
+      unsigned int memory_type = 0;
+      CUresult res = cuda::driver().PointerGetAttribute(
+          &memory_type, CU_POINTER_ATTRIBUTE_MEMORY_TYPE, static_cast<CUdeviceptr>(p));
+      if (res != CUDA_SUCCESS) {
+        throw UsageError(fmt::format(
+            "cuda:{}: {} (0x{:x}) is not memory the CUDA driver knows (cuPointerGetAttribute "
+            "failed with {})",
+            device, who(), p, static_cast<int>(res)));
+      }
+      // Pinned host memory is known to the driver too, and a pointer of another device
+      // would fault the same way: only device (or managed) memory of this device.
+      FUSEDOPT_CHECK_USAGE(
+          !(memory_type != CU_MEMORYTYPE_DEVICE && memory_type != CU_MEMORYTYPE_UNIFIED),
+          "cuda:{}: {} (0x{:x}) is host memory, not device memory", device, who(), p);
+      int ordinal = -1;
+      if (cuda::driver().PointerGetAttribute(&ordinal, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
+                                             static_cast<CUdeviceptr>(p)) == CUDA_SUCCESS &&
+          memory_type == CU_MEMORYTYPE_DEVICE && ordinal != device) {
+        throw UsageError(
+            fmt::format("cuda:{}: {} (0x{:x}) is memory of cuda:{}", device, who(), p, ordinal));
+      }
     }
   }
-  void rebind(const std::vector<std::vector<void*>>& ptrs, void* stream) override {
-    cuda::ContextScope scope(context_);
-    kernel_.rebind(ptrs, static_cast<cuda::Stream>(stream));
-  }
-  int launches_per_step(bool with_count) const override {
-    // Every tensor's scalar, row and column states, after the update; the count.
-    const int scalars = kernel_.body().writes_after_update() ? 1 : 0;
-    const int count = with_count ? 1 : 0;
-    if (!any_elements_) return scalars + count;
-    return 1 + 2 * kernel_.reduction_passes() + scalars + count;  // passes, finalizes
-  }
-  std::string key() const override { return kernel_.key(); }
-  std::string origin() const override { return kernel_.origin(); }
-  double seconds() const override { return kernel_.seconds(); }
-
- private:
-  const cuda::PrimaryContext& context_;  // the backend's: outlives this kernel
-  CudaKernel kernel_;
-  Buffer scratch_;
-  std::int64_t num_tensors_ = 0;
-  bool any_elements_ = false;
-};
+}
 
 class CudaBackend final : public Backend {
  public:
@@ -172,11 +121,33 @@ class CudaBackend final : public Backend {
     cuda::synchronize(stream);
   }
 
-  std::unique_ptr<BoundKernel> bind(std::shared_ptr<const lang::Rule> rule,
-                                    const BindingTensors& tensors,
-                                    const std::vector<std::vector<double>>& hypers) override {
+  void copy_from_host_async(void* dst, const void* host_src, std::size_t bytes,
+                            void* stream) override {
     cuda::ContextScope scope(*context_);
-    return std::make_unique<CudaBoundKernel>(*this, *context_, std::move(rule), tensors, hypers);
+    // From pageable memory: the driver stages the bytes before returning.
+    cuda::copy_to_device_async(dev(dst), host_src, bytes, stream);
+  }
+
+  bool capturing(void* stream) const override {
+    cuda::ContextScope scope(*context_);
+    CUstreamCaptureStatus capture = CU_STREAM_CAPTURE_STATUS_NONE;
+    FUSEDOPT_CU_CHECK(StreamIsCapturing, static_cast<CUstream>(stream), &capture);
+    return capture != CU_STREAM_CAPTURE_STATUS_NONE;
+  }
+
+  std::unique_ptr<Module> load(std::shared_ptr<const lang::Rule> rule, const DTypeBinding& dtypes,
+                               codegen::Strategy strategy, cache::KernelCache& cache) override {
+    cuda::SavedCurrentContext saved;
+    return load_cuda_module(*context_, [&](const Target& target) {
+      return provider::provide({rule, nullptr, dtypes, target, strategy}, cache);
+    });
+  }
+  std::int64_t chunk_elems() const override { return kCudaChunk; }
+  std::size_t scratch_align() const override { return 256; }
+  void check_pointers(const Plan& plan, const codegen::KernelBody& body,
+                      const std::vector<std::string>& names) const override {
+    cuda::ContextScope scope(*context_);
+    check_device_pointers(context_->device(), plan, body, names);
   }
 
  protected:

@@ -13,6 +13,7 @@
 #include <tuple>
 
 #include "fusedopt/error.hpp"
+#include "provider/kernel_provider.hpp"
 #include "rule_access.hpp"
 #include "runtime/optimizer_impl.hpp"
 #include "support/check.hpp"
@@ -156,7 +157,7 @@ std::string role_list(const codegen::KernelBody& body, const std::vector<int>& r
 
 /// What each pass reads and writes, and why the strategy was chosen, per binding.
 std::string describe_schedule(const lang::Rule& r,
-                              const std::vector<std::unique_ptr<runtime::BoundKernel>>& backends,
+                              const std::vector<std::unique_ptr<runtime::Binding>>& backends,
                               const std::vector<DTypeBinding>& bindings) {
   std::string out;
   for (std::size_t b = 0; b < backends.size(); ++b) {
@@ -388,7 +389,10 @@ void Optimizer::Impl::bind_kernels() {
   lay_out_rc_states(tensors);
   const std::vector<std::vector<double>> h = hyper_values();
   for (const runtime::BindingTensors& t : tensors) {
-    kernels.push_back(backend->bind(detail::RuleAccess::impl(rule), t, h));
+    kernels.push_back(std::make_unique<runtime::Binding>(
+        *backend,
+        backend->load(detail::RuleAccess::impl(rule), t.dtypes, t.strategy, provider::cache_at({})),
+        t, h));
   }
   for (auto& kernel : kernels) kernel->init_states();
   steps_taken = backend->allocate(sizeof(double));  // zeroed: no step taken

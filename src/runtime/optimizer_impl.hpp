@@ -16,6 +16,7 @@
 #include "fusedopt/error.hpp"
 #include "fusedopt/optimizer.hpp"
 #include "runtime/backend.hpp"
+#include "runtime/binding.hpp"
 #include "runtime/reduction_hook.hpp"
 #include "runtime/step_program.hpp"
 
@@ -141,7 +142,7 @@ struct FUSEDOPT_NO_EXPORT Optimizer::Impl {
   /// The step as a program (step_program.hpp): plain, and scaled (checked and skipped on a
   /// non-finite gradient); compiled by bind_kernels().
   runtime::StepProgram plain_program, scaled_program;
-  std::vector<std::unique_ptr<runtime::BoundKernel>> kernels;  ///< one per binding
+  std::vector<std::unique_ptr<runtime::Binding>> kernels;  ///< one per binding
   /// The steps taken (one double, backend memory): launches read their step from it (one
   /// past it) and a step's last launch counts it unless the step was skipped, so the count
   /// needs nothing from the host (graph replays advance it). Allocated by bind_kernels().

@@ -44,7 +44,7 @@ struct PlanRequest {
         group(&group_),
         chunk_elems(chunk_elems_) {}
 
-  const char* who = "plan";  ///< prefixes every error ("HostKernel", "CudaKernel")
+  const char* who = "plan";  ///< prefixes every error ("Binding")
   /// `ptrs[t]`: tensor t's role pointers (param, grad, states, outputs, master), plus the
   /// scratch tensors unless `lay_out_scratch`.
   const std::vector<std::vector<void*>>* ptrs = nullptr;

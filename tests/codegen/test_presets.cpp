@@ -25,7 +25,6 @@
 #include "fusedopt/dtype.hpp"
 #include "lang/ast.hpp"
 #include "presets.hpp"
-#include "runtime/host_kernel.hpp"
 #include "support/host_kernel_calls.hpp"
 #include "support/kernel_cache.hpp"
 #include "support/temp_dir.hpp"
@@ -40,7 +39,7 @@ namespace fusedopt_tests {
 namespace {
 
 using fusedopt::DTypeBinding;
-using fusedopt::runtime::HostKernel;
+using fusedopt::testing::Kernel;
 
 // ---------------------------------------------------------------------------------------
 // Fixtures: a private kernel cache, seeds.
@@ -252,7 +251,7 @@ std::vector<double> rule_init(const fusedopt::lang::Rule& rule, const Hypers& h)
 }
 
 /// The kernel's hyper vector for `h`, after checking the rule has exactly those hypers.
-std::vector<double> kernel_hypers(const HostKernel& kernel, const Hypers& h) {
+std::vector<double> kernel_hypers(const Kernel& kernel, const Hypers& h) {
   std::vector<std::string> names = names_of(kernel.rule(), kernel.rule().hypers);
   std::sort(names.begin(), names.end());
   std::vector<std::string> expected;
@@ -314,7 +313,7 @@ void run_case(const std::string& name, const std::string& label, const std::vect
   std::mt19937 rng(seed);
   std::normal_distribution<float> normal(0.0f, 1.0f);
 
-  HostKernel kernel(fusedopt::preset_rule(name), DTypeBinding{}, test_cache());
+  Kernel kernel(fusedopt::preset_rule(name), DTypeBinding{}, test_cache());
   const auto& rule = kernel.rule();
   // The spec's states: the rule's state tensors, then its per-tensor scalar states (the
   // reference keeps a scalar per element: every element's copy must equal the tensor's).
@@ -363,13 +362,14 @@ void run_case(const std::string& name, const std::string& label, const std::vect
     for (std::size_t j = 0; j < n_tensor_states; ++j) ptrs[k].push_back(s[k][j].data());
   }
   // Planned once (the scalar states live in the plan); the tensors stay where they are.
-  HostKernel::Prepared prepared = kernel.prepare(ptrs, sizes, hypers, group);
+  const std::unique_ptr<fusedopt::runtime::Binding> prepared =
+      kernel.prepare(ptrs, sizes, hypers, group);
   // A tensor's scalar state j (j >= n_tensor_states) as the kernel keeps it.
   auto scalar_of = [&](std::size_t k, std::size_t j) {
-    return prepared.scalars()[k * n_scalars + (j - n_tensor_states)];
+    return prepared->scalars()[k * n_scalars + (j - n_tensor_states)];
   };
   // The rule's `state NAME = INIT`, written by the kernel, must be the reference's start.
-  kernel.init_states(prepared);
+  prepared->init_states();
   for (std::size_t k = 0; k < nt; ++k) {
     for (std::size_t j = n_tensor_states; j < ns; ++j) {
       // Scalar states start in double from the double hypers; the reference's hypers are
@@ -401,7 +401,7 @@ void run_case(const std::string& name, const std::string& label, const std::vect
       const std::size_t at = offset(rng);
       for (std::size_t i = 0; i < g[k].size(); ++i) g[k][i] = pool[(at + i) & (pool.size() - 1)];
     }
-    kernel.step(prepared, static_cast<float>(t));
+    Kernel::step(*prepared, static_cast<float>(t));
     // Every value is compared after the first steps, every tenth and the last.
     const bool compare = t <= 3 || t % 10 == 0 || t == kSteps;
     Comparison cmp;
@@ -493,7 +493,7 @@ void run_adamw_storage(const std::string& binding) {
   std::mt19937 rng(seed);
   std::normal_distribution<float> normal(0.0f, 1.0f);
 
-  HostKernel kernel(fusedopt::preset_rule("adamw"), b, test_cache());
+  Kernel kernel(fusedopt::preset_rule("adamw"), b, test_cache());
   REQUIRE(kernel.num_roles() == (b.master ? 5 : 4));
   const Hypers h = with(kAdamWDefaults, {{"lr", 1e-2}, {"weight_decay", 0.1}});
   const std::vector<std::vector<double>> hypers = {kernel_hypers(kernel, h)};

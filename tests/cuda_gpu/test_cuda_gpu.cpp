@@ -1,4 +1,5 @@
-// CudaKernel on a real device: AdamW against a float64 reference written here (fresh
+// One kernel on a real device, through the Optimizer's own Binding (testing::Kernel):
+// AdamW against a float64 reference written here (fresh
 // random data, empty tensors in the middle and at the end), misaligned pointers (scalar
 // path) against aligned ones (vector path), bf16 params with an fp32 master, a captured
 // CUDA graph of capturable steps against eager steps, the gradient check, and 10,000
@@ -21,11 +22,12 @@
 #include "fusedopt/error.hpp"
 #include "presets.hpp"
 #include "runtime/cuda_driver.hpp"
-#include "runtime/cuda_kernel.hpp"
+#include "runtime/cuda_module.hpp"
+#include "support/kernel_run.hpp"
 #include "support/requirements.hpp"
 
 using namespace fusedopt;
-using runtime::CudaKernel;
+using testing::Kernel;
 namespace cuda = fusedopt::runtime::cuda;
 
 namespace {
@@ -138,13 +140,21 @@ struct DeviceRole {
   }
 };
 
-/// The pointer lists CudaKernel::set_tensors takes, from role-major lists.
-std::vector<std::vector<cuda::DevicePtr>> pointer_lists(const std::vector<const DeviceRole*>& roles,
-                                                        std::size_t num_tensors) {
-  std::vector<std::vector<cuda::DevicePtr>> out(num_tensors);
+/// A device address as the pointer tables hold it.
+void* as_ptr(cuda::DevicePtr p) { return reinterpret_cast<void*>(static_cast<std::uintptr_t>(p)); }
+
+/// The pointer lists Kernel::prepare takes, from role-major lists.
+std::vector<std::vector<void*>> pointer_lists(const std::vector<const DeviceRole*>& roles,
+                                              std::size_t num_tensors) {
+  std::vector<std::vector<void*>> out(num_tensors);
   for (std::size_t t = 0; t < num_tensors; ++t)
-    for (const DeviceRole* r : roles) out[t].push_back(r->ptrs[t]);
+    for (const DeviceRole* r : roles) out[t].push_back(as_ptr(r->ptrs[t]));
   return out;
+}
+
+/// The grid of the plan's update launch.
+unsigned grid_size(const runtime::Binding& b) {
+  return runtime::cuda_step_grid(b.module(), b.plan().num_chunks());
 }
 
 std::vector<float> random_floats(std::mt19937& rng, std::size_t n, double sd) {
@@ -160,8 +170,9 @@ struct Fp32AdamWRun {
   std::vector<std::int64_t> numel;
   DeviceRole p, g, m, v;
   std::vector<std::vector<double>> rp, rm, rv;
-  CudaKernel kernel;
+  Kernel kernel;
   AdamW ref;
+  std::unique_ptr<runtime::Binding> binding;
 
   Fp32AdamWRun(std::vector<std::int64_t> sizes, bool misalign)
       : numel(sizes),
@@ -169,9 +180,9 @@ struct Fp32AdamWRun {
         g(numel, 4, misalign),
         m(numel, 4, misalign),
         v(numel, 4, misalign),
-        kernel(preset_rule("adamw"), DTypeBinding{}, 0, test_cache()) {
+        kernel(preset_rule("adamw"), DTypeBinding{}, test_cache(), Device::cuda(0)) {
     REQUIRE(kernel.num_roles() == 4);
-    kernel.set_tensors(pointer_lists({&p, &g, &m, &v}, numel.size()), numel, {ref.hypers()});
+    binding = kernel.prepare(pointer_lists({&p, &g, &m, &v}, numel.size()), numel, {ref.hypers()});
   }
 
   /// Fresh random params; states set to garbage first, then init_states must zero them.
@@ -189,8 +200,7 @@ struct Fp32AdamWRun {
       rm[t].assign(n, 0.0);
       rv[t].assign(n, 0.0);
     }
-    kernel.init_states(nullptr);
-    cuda::synchronize(nullptr);
+    binding->init_states();
   }
 
   /// Uploads `grads` and runs step `t` on the device and in the reference.
@@ -199,7 +209,7 @@ struct Fp32AdamWRun {
       g.upload(i, grads[i]);
       ref.step(rp[i], rm[i], rv[i], std::vector<double>(grads[i].begin(), grads[i].end()), t);
     }
-    kernel.step(nullptr, static_cast<float>(t), 1.0f);  // legacy stream: ordered with the copies
+    Kernel::step(*binding, t);  // legacy stream: ordered with the copies
   }
 
   void check(double tol) {
@@ -235,15 +245,15 @@ void check_bf16_master(std::size_t offset16) {
   INFO("seed " << seed);
   std::mt19937 rng(seed);
   const DTypeBinding d = DTypeBinding::parse("bf16:bf16:fp32+master");
-  CudaKernel k(preset_rule("adamw"), d, 0, test_cache());
+  Kernel k(preset_rule("adamw"), d, test_cache(), Device::cuda(0));
   REQUIRE(k.num_roles() == 5);  // p, g, m, v, master
   const std::vector<std::int64_t>& numel = kSizes;
   const std::size_t nt = numel.size();
   DeviceRole p(numel, 2, offset16), g(numel, 2, offset16), m(numel, 4, false), v(numel, 4, false),
       master(numel, 4, false);
   AdamW ref;
-  k.set_tensors(pointer_lists({&p, &g, &m, &v, &master}, nt), numel, {ref.hypers()});
-  CHECK(k.num_aligned_tensors() == 5);
+  const auto b = k.prepare(pointer_lists({&p, &g, &m, &v, &master}, nt), numel, {ref.hypers()});
+  CHECK(b->plan().num_aligned() == 5);
   std::vector<std::vector<double>> rp(nt), rm(nt), rv(nt);
   for (std::size_t t = 0; t < nt; ++t) {
     const std::size_t n = static_cast<std::size_t>(numel[t]);
@@ -257,7 +267,7 @@ void check_bf16_master(std::size_t offset16) {
     rm[t].assign(n, 0.0);
     rv[t].assign(n, 0.0);
   }
-  k.init_states(nullptr);  // copies p into the master, zeroes m and v
+  b->init_states();  // copies p into the master, zeroes m and v
   for (int step = 1; step <= 100; ++step) {
     for (std::size_t t = 0; t < nt; ++t) {
       const std::size_t n = static_cast<std::size_t>(numel[t]);
@@ -270,7 +280,7 @@ void check_bf16_master(std::size_t offset16) {
       g.upload(t, bits);
       ref.step(rp[t], rm[t], rv[t], gd, step);
     }
-    k.step(nullptr, static_cast<float>(step));
+    Kernel::step(*b, step);
   }
   const double sp = max_abs(rp), sm = max_abs(rm), sv = max_abs(rv);
   for (std::size_t t = 0; t < nt; ++t) {
@@ -294,9 +304,9 @@ TEST_SUITE("cuda") {
     INFO("seed " << seed << " (FUSEDOPT_TEST_SEED replays it)");
     std::mt19937 rng(seed);
     Fp32AdamWRun run(kSizes, false);
-    CHECK(run.kernel.num_aligned_tensors() == 5);  // every non-empty tensor: the vector path
-    CHECK(run.kernel.num_chunks() == 6);           // 65537 = 65536 + 1; empty tensors skipped
-    CHECK(run.kernel.grid_size() == 6);
+    CHECK(run.binding->plan().num_aligned() == 5);  // every non-empty tensor: the vector path
+    CHECK(run.binding->plan().num_chunks() == 6);   // 65537 = 65536 + 1; empty tensors skipped
+    CHECK(grid_size(*run.binding) == 6);
     run.init(rng);
     for (int t = 1; t <= 100; ++t) run.step(random_grads(rng, run.numel), t);
     run.check(1e-4);
@@ -309,8 +319,8 @@ TEST_SUITE("cuda") {
     std::mt19937 rng_a(seed), rng_b(seed);
     Fp32AdamWRun aligned(kSizes, false);
     Fp32AdamWRun misaligned(kSizes, true);
-    CHECK(aligned.kernel.num_aligned_tensors() == 5);
-    CHECK(misaligned.kernel.num_aligned_tensors() == 0);
+    CHECK(aligned.binding->plan().num_aligned() == 5);
+    CHECK(misaligned.binding->plan().num_aligned() == 0);
     aligned.init(rng_a);
     misaligned.init(rng_b);
     std::mt19937 grads(seed + 1);
@@ -341,10 +351,10 @@ TEST_SUITE("cuda") {
     DeviceRole g_aligned(sizes, 4, false), g_off(sizes, 4, true);
     DeviceRole g = std::move(g_aligned);
     g.ptrs[1] = g_off.ptrs[1];  // tensor 1's gradient is 4 bytes off
-    CudaKernel k(preset_rule("adamw"), DTypeBinding{}, 0, test_cache());
+    Kernel k(preset_rule("adamw"), DTypeBinding{}, test_cache(), Device::cuda(0));
     AdamW ref;
-    k.set_tensors(pointer_lists({&p, &g, &m, &v}, 2), sizes, {ref.hypers()});
-    CHECK(k.num_aligned_tensors() == 1);
+    const auto b = k.prepare(pointer_lists({&p, &g, &m, &v}, 2), sizes, {ref.hypers()});
+    CHECK(b->plan().num_aligned() == 1);
     std::vector<std::vector<double>> rp(2), rm(2), rv(2);
     for (std::size_t t = 0; t < 2; ++t) {
       std::vector<float> host = random_floats(rng, 4096, 1.0);
@@ -353,14 +363,14 @@ TEST_SUITE("cuda") {
       rm[t].assign(4096, 0.0);
       rv[t].assign(4096, 0.0);
     }
-    k.init_states(nullptr);
+    b->init_states();
     for (int t = 1; t <= 5; ++t) {
       for (std::size_t i = 0; i < 2; ++i) {
         std::vector<float> gr = random_floats(rng, 4096, 1.0);
         g.upload(i, gr);
         ref.step(rp[i], rm[i], rv[i], std::vector<double>(gr.begin(), gr.end()), t);
       }
-      k.step(nullptr, static_cast<float>(t));
+      Kernel::step(*b, t);
     }
     for (std::size_t t = 0; t < 2; ++t)
       check_close(p.download<float>(t, 4096), rp[t], 1e-4, "p", max_abs(rp));
@@ -376,7 +386,7 @@ TEST_SUITE("cuda") {
     }
   }
 
-  TEST_CASE("a captured graph of capturable steps replayed 10 times matches 10 eager steps" *
+  TEST_CASE("a captured graph of counted steps replayed 10 times matches 10 eager steps" *
             testing::needs_cuda_device()) {
     const std::uint32_t seed = fresh_seed();
     INFO("seed " << seed);
@@ -392,7 +402,7 @@ TEST_SUITE("cuda") {
       graph.g.upload(t, grads[t]);
     }
     for (int t = 1; t <= 10; ++t) {
-      eager.kernel.step(nullptr, static_cast<float>(t));
+      Kernel::step(*eager.binding, t);
       for (std::size_t i = 0; i < kSizes.size(); ++i) {
         eager.ref.step(eager.rp[i], eager.rm[i], eager.rv[i],
                        std::vector<double>(grads[i].begin(), grads[i].end()), t);
@@ -400,15 +410,19 @@ TEST_SUITE("cuda") {
     }
     cuda::synchronize(nullptr);
 
-    graph.kernel.set_capturable_state(0.0);
+    // The count of steps taken in device memory: each step reads it, then advances it.
+    runtime::Buffer steps = graph.kernel.backend().allocate(sizeof(double));  // zeroed
+    auto* const taken = static_cast<double*>(steps.data());
     cuda::Stream s = cuda::stream_create();
     cuda::begin_capture(s);
-    graph.kernel.step_capturable(s);
+    Kernel::counted_step(*graph.binding, taken, s);
     cuda::Graph g = cuda::end_capture(s);
     cuda::GraphExec exec = cuda::graph_instantiate(g);
     for (int t = 1; t <= 10; ++t) cuda::graph_launch(exec, s);
     cuda::synchronize(s);
-    CHECK(graph.kernel.capturable_steps_taken() == 10.0);
+    double counted = 0;
+    graph.kernel.backend().copy_to_host(&counted, taken, sizeof counted);
+    CHECK(counted == 10.0);
     for (std::size_t t = 0; t < kSizes.size(); ++t) {
       const std::size_t n = static_cast<std::size_t>(kSizes[t]);
       std::vector<float> a = eager.p.download<float>(t, n), b = graph.p.download<float>(t, n);
@@ -424,27 +438,27 @@ TEST_SUITE("cuda") {
     cuda::stream_destroy(s);
   }
 
-  TEST_CASE("grads_finite finds a NaN, an overflow after unscaling, and passes finite grads" *
+  TEST_CASE("the grad check finds a NaN, an overflow after unscaling, and passes finite grads" *
             testing::needs_cuda_device()) {
     std::mt19937 rng(fresh_seed());
     Fp32AdamWRun run(kSizes, false);
     run.init(rng);
     auto grads = random_grads(rng, kSizes);
     for (std::size_t t = 0; t < kSizes.size(); ++t) run.g.upload(t, grads[t]);
-    CHECK(run.kernel.grads_finite(nullptr, 1.0f));
+    CHECK(run.kernel.grads_finite(*run.binding, 1.0f));
     grads[3].back() = std::numeric_limits<float>::quiet_NaN();  // the 1-element tail chunk
     run.g.upload(3, grads[3]);
-    CHECK_FALSE(run.kernel.grads_finite(nullptr, 1.0f));
+    CHECK_FALSE(run.kernel.grads_finite(*run.binding, 1.0f));
     grads[3].back() = 1.0f;
     grads[1][2] = 1e30f;  // finite, but not once multiplied by 1e10
     run.g.upload(3, grads[3]);
     run.g.upload(1, grads[1]);
-    CHECK(run.kernel.grads_finite(nullptr, 1.0f));
-    CHECK_FALSE(run.kernel.grads_finite(nullptr, 1e10f));
+    CHECK(run.kernel.grads_finite(*run.binding, 1.0f));
+    CHECK_FALSE(run.kernel.grads_finite(*run.binding, 1e10f));
     // A non-blocking stream: the result is read after that stream's work.
     cuda::Stream s = cuda::stream_create();
-    CHECK_FALSE(run.kernel.grads_finite(s, 1e10f));
-    CHECK(run.kernel.grads_finite(s, 1.0f));
+    CHECK_FALSE(run.kernel.grads_finite(*run.binding, 1e10f, s));
+    CHECK(run.kernel.grads_finite(*run.binding, 1.0f, s));
     cuda::stream_destroy(s);
   }
 
@@ -471,16 +485,17 @@ TEST_SUITE("cuda") {
     }
     std::vector<cuda::DeviceBuffer> arenas;
     for (int r = 0; r < 4; ++r) arenas.emplace_back((total + 4) * sizeof(float));
-    std::vector<std::vector<cuda::DevicePtr>> ptrs(nt);
+    std::vector<std::vector<void*>> ptrs(nt);
     for (std::size_t t = 0; t < nt; ++t)
-      for (int r = 0; r < 4; ++r) ptrs[t].push_back(arenas[r].get() + offset[t] * sizeof(float));
+      for (int r = 0; r < 4; ++r)
+        ptrs[t].push_back(as_ptr(arenas[r].get() + offset[t] * sizeof(float)));
     AdamW ref;
-    CudaKernel k(preset_rule("adamw"), DTypeBinding{}, 0, test_cache());
-    k.set_tensors(ptrs, numel, {ref.hypers()});
-    CHECK(k.num_aligned_tensors() == expect_aligned);
+    Kernel k(preset_rule("adamw"), DTypeBinding{}, test_cache(), Device::cuda(0));
+    const auto b = k.prepare(ptrs, numel, {ref.hypers()});
+    CHECK(b->plan().num_aligned() == expect_aligned);
     std::int64_t nonempty = 0;
     for (auto n : numel) nonempty += n > 0;
-    CHECK(k.num_chunks() == nonempty);
+    CHECK(b->plan().num_chunks() == nonempty);
     std::vector<float> host_p(total + 4, 0.0f), host_g(total + 4, 0.0f);
     std::vector<std::vector<double>> rp(nt), rm(nt), rv(nt);
     std::normal_distribution<float> dist(0.0f, 1.0f);
@@ -491,7 +506,7 @@ TEST_SUITE("cuda") {
       rv[t].assign(numel[t], 0.0);
     }
     cuda::copy_to_device(arenas[0].get(), host_p.data(), host_p.size() * sizeof(float));
-    k.init_states(nullptr);
+    b->init_states();
     for (int step = 1; step <= 5; ++step) {
       for (std::size_t t = 0; t < nt; ++t) {
         std::vector<double> gd(numel[t]);
@@ -499,7 +514,7 @@ TEST_SUITE("cuda") {
         ref.step(rp[t], rm[t], rv[t], gd, step);
       }
       cuda::copy_to_device(arenas[1].get(), host_g.data(), host_g.size() * sizeof(float));
-      k.step(nullptr, static_cast<float>(step));
+      Kernel::step(*b, step);
     }
     std::vector<float> out(total + 4);
     cuda::copy_to_host(out.data(), arenas[0].get(), out.size() * sizeof(float));
@@ -514,28 +529,29 @@ TEST_SUITE("cuda") {
     CHECK(bad == 0);
   }
 
-  TEST_CASE("CudaKernel rejects bad tensor lists with clear errors" *
+  TEST_CASE("a CUDA binding refuses bad tensor lists and host memory with clear errors" *
             testing::needs_cuda_device()) {
     cuda::PrimaryContext ctx(0);  // current for the test's own buffers and copies
-    CudaKernel k(preset_rule("adamw"), DTypeBinding{}, 0, test_cache());
+    Kernel k(preset_rule("adamw"), DTypeBinding{}, test_cache(), Device::cuda(0));
     AdamW ref;
-    CHECK_THROWS_WITH_AS(k.step(nullptr, 1.0f), "CudaKernel::step: call set_tensors() first",
-                         Error);
     cuda::DeviceBuffer b(64);
-    const cuda::DevicePtr d = b.get();
-    CHECK_THROWS_WITH_AS(k.set_tensors({{d, d, d}}, {4}, {ref.hypers()}),
-                         "CudaKernel: tensor 0 has 3 pointers, the kernel needs 4", Error);
-    CHECK_THROWS_WITH_AS(k.set_tensors({{d, 0, d, d}}, {4}, {ref.hypers()}),
-                         "CudaKernel: tensor 0 role 1 is a null pointer", Error);
-    CHECK_THROWS_WITH_AS(k.set_tensors({{d, d, d, d}}, {4}, {{1.0f}}),
-                         "CudaKernel: group 0 has 1 hyper values, the rule has 6", Error);
+    void* const d = as_ptr(b.get());
+    CHECK_THROWS_WITH_AS(k.prepare({{d, d, d}}, {4}, {ref.hypers()}),
+                         "Binding: tensor 0 has 3 pointers, the kernel needs 4", Error);
+    CHECK_THROWS_WITH_AS(k.prepare({{d, nullptr, d, d}}, {4}, {ref.hypers()}),
+                         "Binding: tensor 0 role 1 is a null pointer", Error);
+    CHECK_THROWS_WITH_AS(k.prepare({{d, d, d, d}}, {4}, {{1.0f}}),
+                         "Binding: group 0 has 1 hyper values, the rule has 6", Error);
+    std::vector<float> host(4);
+    CHECK_THROWS_WITH_AS(k.prepare({{d, d, host.data(), d}}, {4}, {ref.hypers()}),
+                         doctest::Contains("tensor 0 role 2"), UsageError);
     // Empty tensors only: a valid plan with nothing to launch.
-    k.set_tensors({{0, 0, 0, 0}}, {0}, {ref.hypers()});
-    CHECK(k.num_chunks() == 0);
-    k.step(nullptr, 1.0f);
-    CHECK(k.grads_finite(nullptr, 1.0f));
-    CHECK_THROWS_WITH_AS(k.set_hypers(1, ref.hypers()),
-                         "CudaKernel::set_hypers: group 1 out of range (1 groups)", Error);
+    const auto empty = k.prepare({{nullptr, nullptr, nullptr, nullptr}}, {0}, {ref.hypers()});
+    CHECK(empty->plan().num_chunks() == 0);
+    Kernel::step(*empty, 1.0);
+    CHECK(k.grads_finite(*empty, 1.0f));
+    CHECK_THROWS_WITH_AS(empty->set_hypers({ref.hypers(), ref.hypers()}, nullptr),
+                         "set_hypers: 2 groups given, the plan has 1", Error);
   }
 
   TEST_CASE("cuda_device_available explains itself and device queries agree" *

@@ -17,7 +17,6 @@
 #include "lang/parse.hpp"
 #include "presets.hpp"
 #include "provider/kernel_provider.hpp"
-#include "runtime/host_kernel.hpp"
 #include "support/host_kernel_calls.hpp"
 #include "support/kernel_cache.hpp"
 #include "support/requirements.hpp"
@@ -94,7 +93,7 @@ TEST_SUITE("jit") {
     cache::KernelCache& cache = shared_cache();
     for (const std::string& name : preset_names()) {
       INFO(name);
-      runtime::HostKernel k(preset_rule(name), DTypeBinding{}, cache);
+      testing::Kernel k(preset_rule(name), DTypeBinding{}, cache);
       CHECK(k.num_roles() >= 2);
     }
   }
@@ -105,7 +104,7 @@ TEST_SUITE("jit") {
     cache::KernelCache cache(no_cache());
     auto rule = lang::parse_rule(testing::sized_rule({}), "largest.rule");
     const auto start = std::chrono::steady_clock::now();
-    runtime::HostKernel k(rule, DTypeBinding{}, cache);
+    testing::Kernel k(rule, DTypeBinding{}, cache);
     MESSAGE("host compile of the largest legal rule: ",
             std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(), " s");
     CHECK(k.num_roles() == 2 + 32);  // param, grad, 31 states and one output
@@ -137,7 +136,7 @@ avg = decay * avg + (1 - decay) * w
                                  "mine.rule");
     testing::TempDir dir;
     cache::KernelCache cache(no_cache());
-    runtime::HostKernel k(rule, DTypeBinding{}, cache);
+    testing::Kernel k(rule, DTypeBinding{}, cache);
     REQUIRE(k.num_roles() == 5);
     std::mt19937 rng(std::random_device{}());
     std::normal_distribution<float> normal(0.0f, 1.0f);
@@ -196,7 +195,7 @@ avg = decay * avg + (1 - decay) * w
     for (int round = 0; round < 3; ++round) {
       for (float sign : {-1.0f, 1.0f}) {
         std::string text = fmt::format("param p\ngrad g\np = p + {} * g + {}\n", sign, round);
-        runtime::HostKernel k(lang::parse_rule(text, "r.rule"), DTypeBinding{}, cache);
+        testing::Kernel k(lang::parse_rule(text, "r.rule"), DTypeBinding{}, cache);
         std::vector<float> p = {1.0f, 2.0f}, g = {0.5f, 0.25f};
         run(k, {{p.data(), g.data()}}, {2}, {default_hypers(k)}, 1.0f);
         CHECK(p[0] == 1.0f + sign * 0.5f + round);
@@ -207,7 +206,7 @@ avg = decay * avg + (1 - decay) * w
 
   TEST_CASE("the host kernel's gradient check finds a non-finite element anywhere") {
     cache::KernelCache& cache = shared_cache();
-    runtime::HostKernel k(preset_rule("sgd"), DTypeBinding{}, cache);
+    testing::Kernel k(preset_rule("sgd"), DTypeBinding{}, cache);
     std::mt19937 rng(std::random_device{}());
     std::uniform_real_distribution<float> uniform(-1.0f, 1.0f);
     const std::vector<std::int64_t> sizes = {5, 0, 100000, 3};
@@ -240,7 +239,7 @@ avg = decay * avg + (1 - decay) * w
     // torch.lerp(a, b, w): a + w (b - a) when |w| < 0.5, else b - (b - a) (1 - w); its CPU
     // vector kernel and its CUDA kernel compute each branch as one fused multiply-add.
     cache::KernelCache cache(no_cache());
-    runtime::HostKernel k(
+    testing::Kernel k(
         lang::parse_rule("param p\ngrad g\nhyper w = 0.1\np = lerp(p, g, w)\n", "lerp.rule"),
         DTypeBinding{}, cache);
     std::mt19937 rng(std::random_device{}());
@@ -271,12 +270,12 @@ avg = decay * avg + (1 - decay) * w
     // The host prelude writes them as selects (so the element loop vectorises): a NaN
     // operand yields the other one, as fmaxf/fminf, in whichever position it is.
     cache::KernelCache cache(no_cache());
-    runtime::HostKernel k(lang::parse_rule("param p\ngrad g\nstate a = 0, b = 0\n"
-                                           "hyper lo = -0.5, hi = 0.75\n"
-                                           "a = max(p, g)\nb = min(g, p)\n"
-                                           "p = clamp(p + g, lo, hi)\n",
-                                           "minmax.rule"),
-                          DTypeBinding{}, cache);
+    testing::Kernel k(lang::parse_rule("param p\ngrad g\nstate a = 0, b = 0\n"
+                                       "hyper lo = -0.5, hi = 0.75\n"
+                                       "a = max(p, g)\nb = min(g, p)\n"
+                                       "p = clamp(p + g, lo, hi)\n",
+                                       "minmax.rule"),
+                      DTypeBinding{}, cache);
     std::mt19937 rng(std::random_device{}());
     std::normal_distribution<float> normal(0.0f, 1.0f);
     const std::int64_t n = 4099;
@@ -337,7 +336,7 @@ float = float - lr * half / std
 
   TEST_CASE("C++ and CUDA names are rule names: std, int, float, half, auto, class on the host") {
     cache::KernelCache cache(no_cache());
-    runtime::HostKernel k(lang::parse_rule(kCxxNamesRule, "names.rule"), DTypeBinding{}, cache);
+    testing::Kernel k(lang::parse_rule(kCxxNamesRule, "names.rule"), DTypeBinding{}, cache);
     // One step over 3 elements against the same formula written out here.
     std::vector<float> p = {1.0f, -2.0f, 0.5f}, g = {0.5f, 1.0f, -3.0f};
     std::vector<float> half(3, 0.0f), aut(3, 0.0f);

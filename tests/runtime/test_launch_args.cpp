@@ -10,15 +10,15 @@
 
 #include "cache/kernel_cache.hpp"
 #include "presets.hpp"
-#include "runtime/host_kernel.hpp"
 #include "runtime/runtime_support.hpp"
 #include "support/host_kernel_calls.hpp"
+#include "support/kernel_run.hpp"
 
 namespace fusedopt_tests {
 namespace {
 
-using fusedopt::runtime::HostKernel;
 using fusedopt::runtime::StepArgs;
+using fusedopt::testing::Kernel;
 
 /// One tensor's roles (param, grad, states) as fresh normal values, and their bits.
 struct Roles {
@@ -46,16 +46,10 @@ Roles make_roles(int roles, std::size_t n, std::mt19937& rng) {
 
 /// One step of `kernel` over `roles` with `args`: every reduction pass, the update, the
 /// scalar states.
-void step(const HostKernel& kernel, Roles& roles, const StepArgs& args) {
+void step(const Kernel& kernel, Roles& roles, const StepArgs& args) {
   const std::vector<std::int64_t> numel = {static_cast<std::int64_t>(roles.v[0].size())};
-  HostKernel::Prepared p =
-      kernel.prepare(roles.ptrs(), numel, {fusedopt::test::default_hypers(kernel)});
-  for (int pass = 0; pass < kernel.reduction_passes(); ++pass) {
-    kernel.run_pass(p, pass, args);
-    kernel.finalize(p, pass, false, args);
-  }
-  kernel.run_pass(p, kernel.reduction_passes(), args);
-  kernel.update_scalars(p, args);
+  Kernel::step(*kernel.prepare(roles.ptrs(), numel, {fusedopt::test::default_hypers(kernel)}),
+               args);
 }
 
 }  // namespace
@@ -67,8 +61,8 @@ TEST_SUITE("runtime") {
     // Bias corrections read the step; lamb has reduction passes.
     for (const char* name : {"adamw", "lamb", "nadam"}) {
       CAPTURE(name);
-      HostKernel kernel(fusedopt::preset_rule(name), fusedopt::DTypeBinding{},
-                        fusedopt::cache::KernelCache::global());
+      Kernel kernel(fusedopt::preset_rule(name), fusedopt::DTypeBinding{},
+                    fusedopt::cache::KernelCache::global());
       const Roles start = make_roles(kernel.num_roles(), 5000, rng);
       const double taken = 6.0;
       Roles by_value = start, by_count = start, skipped = start, not_skipped = start;

@@ -18,10 +18,11 @@
 #include "io/safetensors.hpp"
 #include "presets.hpp"
 #include "runtime/backend.hpp"
-#include "runtime/host_kernel.hpp"
+#include "runtime/host_module.hpp"
 #include "runtime/reduction_hook.hpp"
 #include "runtime/runtime_support.hpp"
 #include "support/host_kernel_calls.hpp"
+#include "support/kernel_run.hpp"
 #include "support/log.hpp"
 #include "support/temp_dir.hpp"
 
@@ -424,14 +425,14 @@ TEST_SUITE("runtime") {
     const std::int64_t chunk = fusedopt::runtime::kHostChunkElems;
     const std::int64_t expect = 1 + (huge + chunk - 1) / chunk + (big + chunk - 1) / chunk;
     use_private_cache();
-    fusedopt::runtime::HostKernel k(fusedopt::preset_rule("sgd"), fusedopt::DTypeBinding{},
-                                    fusedopt::cache::KernelCache::global());
+    fusedopt::testing::Kernel k(fusedopt::preset_rule("sgd"), fusedopt::DTypeBinding{},
+                                fusedopt::cache::KernelCache::global());
     static float dummy[3];
     std::vector<std::vector<void*>> ptrs(4, {dummy, dummy + 1, dummy + 2});
     const std::vector<double> defaults = fusedopt::test::default_hypers(k);
     const auto prepared = k.prepare(ptrs, numel, {defaults, defaults}, group);
-    REQUIRE(prepared.num_chunks() == expect);
-    const std::vector<fo_chunk>& chunks = prepared.chunks();
+    REQUIRE(prepared->plan().num_chunks() == expect);
+    const std::vector<fo_chunk>& chunks = prepared->plan().chunks();
     CHECK(chunks.front().tensor == 2);  // group 0 first
     CHECK(chunks.back().begin == 1LL << 31);
     CHECK(chunks.back().end == big);
@@ -441,7 +442,10 @@ TEST_SUITE("runtime") {
     CHECK(huge_last.begin == (huge - 1) / chunk * chunk);
     CHECK(huge_last.begin > INT_MAX);
     CHECK(huge_last.end == huge);
-    const fo_launch L = prepared.launch(7.0f, 0.5f);
+    fusedopt::runtime::StepArgs args;
+    args.step = 7.0;
+    args.inv_grad_scale = 0.5f;
+    const fo_launch L = prepared->launch_table(args);
     CHECK(L.num_chunks == expect);
     CHECK(L.step == 7.0f);
     CHECK(L.inv_grad_scale == 0.5f);

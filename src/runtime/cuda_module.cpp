@@ -1,0 +1,199 @@
+// CudaModule: the image in the device's primary context, its entry points and the grid of
+// each: chunk launches one wave wide, finalize a block per tensor, the scalar states a thread
+// per tensor, the count and the scaler's update one thread.
+#include "runtime/cuda_module.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "fusedopt/error.hpp"
+#include "jit/compiler.hpp"
+#include "runtime/device_target.hpp"
+#include "support/check.hpp"
+
+namespace fusedopt::runtime {
+
+namespace {
+
+CudaVersions cuda_versions() {
+  CudaVersions v;
+  // Asked each time (not the value cached at cuInit): cheap, and exact if it ever changes.
+  if (cuda::driver().DriverGetVersion(&v.driver) != CUDA_SUCCESS) v.driver = 0;
+  std::tie(v.nvrtc_major, v.nvrtc_minor) = jit::nvrtc_version();
+  v.nvrtc_archs = jit::nvrtc_supported_archs();
+  return v;
+}
+
+template <typename T>
+T device_arg(const T* p) {
+  return const_cast<T>(p);
+}
+
+class CudaModule final : public Module {
+ public:
+  CudaModule(const cuda::PrimaryContext& ctx, CUmodule module, provider::KernelInfo info)
+      : Module(std::move(info)), ctx_(ctx), module_(module) {
+    sm_count_ = cuda::device_sm_count(ctx.device());
+    f_step_ = function("fusedopt_step");
+    f_init_ = function("fusedopt_init");
+    f_check_ = function("fusedopt_check");
+    f_advance_ = function("fusedopt_advance_step");
+    f_update_scale_ = function("fusedopt_update_scale");
+    f_scalars_ = function("fusedopt_scalars");
+    f_finalize_ = function("fusedopt_finalize");
+    for (int pass = 0; pass < body().reduction_passes; ++pass) {
+      f_reduce_.push_back(function(fmt::format("fusedopt_reduce_{}", pass)));
+    }
+    FUSEDOPT_CU_CHECK(OccupancyMaxActiveBlocksPerMultiprocessor, &step_per_sm_, f_step_, kCudaBlock,
+                      0);
+    FUSEDOPT_CU_CHECK(OccupancyMaxActiveBlocksPerMultiprocessor, &init_per_sm_, f_init_, kCudaBlock,
+                      0);
+    FUSEDOPT_CU_CHECK(OccupancyMaxActiveBlocksPerMultiprocessor, &check_per_sm_, f_check_,
+                      kCudaBlock, 0);
+    for (CUfunction f : f_reduce_) {
+      int n = 0;
+      FUSEDOPT_CU_CHECK(OccupancyMaxActiveBlocksPerMultiprocessor, &n, f, kCudaBlock, 0);
+      reduce_per_sm_.push_back(n);
+    }
+  }
+
+  ~CudaModule() override {
+    try {
+      cuda::ContextScope scope(ctx_);
+      cuda::driver().ModuleUnload(module_);  // teardown: nothing to report to
+    } catch (const Error&) {
+      // The context could not be made current: the driver is shutting down.
+    }
+  }
+
+  void step(const fo_launch& L, void* stream) override {
+    chunk_launch(f_step_, step_per_sm_, L, stream);
+  }
+  void init(const fo_launch& L, void* stream) override {
+    chunk_launch(f_init_, init_per_sm_, L, stream);
+  }
+  void reduce(int pass, const fo_launch& L, void* stream) override {
+    const auto p = static_cast<std::size_t>(pass);
+    FUSEDOPT_CHECK_INTERNAL(p < f_reduce_.size(), "reduction pass {}: the rule has {}", pass,
+                            f_reduce_.size());
+    chunk_launch(f_reduce_[p], reduce_per_sm_[p], L, stream);
+  }
+  void finalize(int pass, const fo_launch& L, void* stream) override {
+    fo_launch table = L;
+    void* params[] = {&table, &pass};
+    // One block per tensor (its threads share the tensor's chunk partials), at most one wave.
+    const std::int64_t blocks =
+        std::max<std::int64_t>(1, std::min<std::int64_t>(L.num_tensors, cap()));
+    launch(f_finalize_, params, static_cast<unsigned>(blocks), kCudaBlock, stream);
+  }
+  void scalars(bool init, const fo_launch& L, void* stream) override {
+    if (L.num_tensors == 0) return;
+    fo_launch table = L;
+    int first = init ? 1 : 0;
+    void* params[] = {&table, &first};
+    const std::int64_t blocks =
+        std::min<std::int64_t>((L.num_tensors + kCudaBlock - 1) / kCudaBlock, cap());
+    launch(f_scalars_, params, static_cast<unsigned>(blocks), kCudaBlock, stream);
+  }
+  void check(const fo_launch& L, double* flag, void* stream) override {
+    if (L.num_chunks == 0) return;
+    fo_launch table = L;
+    CUdeviceptr found = reinterpret_cast<CUdeviceptr>(flag);
+    void* params[] = {&table, &found};
+    launch(f_check_, params, grid(check_per_sm_, L.num_chunks), kCudaBlock, stream);
+  }
+  void advance_step(double* steps_taken, const double* skip, void* stream) override {
+    CUdeviceptr steps = reinterpret_cast<CUdeviceptr>(steps_taken);
+    CUdeviceptr skip_ptr = reinterpret_cast<CUdeviceptr>(skip);
+    void* params[] = {&steps, &skip_ptr};
+    launch(f_advance_, params, 1, 1, stream);
+  }
+  void update_scale(fo_scaler* scaler, const double* found, float growth, float backoff,
+                    int interval, void* stream) override {
+    CUdeviceptr s = reinterpret_cast<CUdeviceptr>(scaler);
+    CUdeviceptr f = reinterpret_cast<CUdeviceptr>(found);
+    void* params[] = {&s, &f, &growth, &backoff, &interval};
+    launch(f_update_scale_, params, 1, 1, stream);
+  }
+  bool counts_by_launch() const override { return true; }
+
+  unsigned step_grid(std::int64_t num_chunks) const { return grid(step_per_sm_, num_chunks); }
+
+ private:
+  CUfunction function(const std::string& name) const {
+    CUfunction f = nullptr;
+    FUSEDOPT_CU_CHECK(ModuleGetFunction, &f, module_, name.c_str());
+    return f;
+  }
+  /// Blocks of launches that are not per chunk: at most four per SM.
+  std::int64_t cap() const { return 4 * static_cast<std::int64_t>(std::max(1, sm_count_)); }
+  /// One wave: as many blocks as fit on the device at once (`per_sm` times the SMs), never
+  /// more than there are chunks.
+  unsigned grid(int per_sm, std::int64_t num_chunks) const {
+    const std::int64_t wave =
+        static_cast<std::int64_t>(std::max(1, per_sm)) * std::max(1, sm_count_);
+    return static_cast<unsigned>(std::max<std::int64_t>(1, std::min(num_chunks, wave)));
+  }
+  void chunk_launch(CUfunction f, int per_sm, const fo_launch& L, void* stream) {
+    if (L.num_chunks == 0) return;
+    fo_launch table = L;
+    void* params[] = {&table};
+    launch(f, params, grid(per_sm, L.num_chunks), kCudaBlock, stream);
+  }
+  void launch(CUfunction f, void** params, unsigned grid_x, unsigned block_x, void* stream) {
+    cuda::ContextScope scope(ctx_);
+    FUSEDOPT_CU_CHECK(LaunchKernel, f, grid_x, 1, 1, block_x, 1, 1, 0,
+                      static_cast<CUstream>(stream), params, nullptr);
+  }
+
+  const cuda::PrimaryContext& ctx_;
+  CUmodule module_ = nullptr;
+  int sm_count_ = 0;
+  CUfunction f_step_ = nullptr, f_init_ = nullptr, f_check_ = nullptr, f_advance_ = nullptr;
+  CUfunction f_update_scale_ = nullptr, f_scalars_ = nullptr, f_finalize_ = nullptr;
+  std::vector<CUfunction> f_reduce_;
+  int step_per_sm_ = 0, init_per_sm_ = 0, check_per_sm_ = 0;
+  std::vector<int> reduce_per_sm_;
+};
+
+}  // namespace
+
+std::unique_ptr<Module> load_cuda_module(
+    const cuda::PrimaryContext& context,
+    const std::function<provider::ProvidedKernel(const Target&)>& provide) {
+  const int sm = cuda::device_sm(context.device());
+  // fusedopt's CUDA emulator runs emulator images of the same source (Target::emu), and
+  // needs no NVRTC.
+  const bool emulated = cuda::driver_is_emulator();
+  const CudaVersions versions = emulated ? CudaVersions{} : cuda_versions();
+  Target target = emulated ? Target::emu() : choose_cuda_target(sm, versions);
+  provider::ProvidedKernel built = provide(target);
+  cuda::ContextScope scope(context);
+  CUmodule module = nullptr;
+  CUresult loaded = cuda::driver().ModuleLoadData(&module, built.binary->data());
+  if (loaded != CUDA_SUCCESS && !target.ptx && !emulated) {
+    const char* name = nullptr;
+    cuda::driver().GetErrorName(loaded, &name);
+    target = ptx_fallback(sm, versions,
+                          fmt::format("cuModuleLoadData: {}", name ? name : "unknown error"));
+    built = provide(target);
+    loaded = cuda::driver().ModuleLoadData(&module, built.binary->data());
+  }
+  cuda::check(loaded, "cuModuleLoadData", __FILE__, __LINE__);
+  try {
+    return std::make_unique<CudaModule>(context, module, built.take_info());
+  } catch (...) {
+    cuda::driver().ModuleUnload(module);
+    throw;
+  }
+}
+
+unsigned cuda_step_grid(const Module& module, std::int64_t num_chunks) {
+  return static_cast<const CudaModule&>(module).step_grid(num_chunks);
+}
+
+}  // namespace fusedopt::runtime
