@@ -3,6 +3,10 @@
 
 #include <fmt/format.h>
 
+#include <map>
+#include <mutex>
+#include <utility>
+
 #include "fusedopt/error.hpp"
 
 namespace fusedopt::runtime {
@@ -67,6 +71,17 @@ std::unique_ptr<Backend> make_backend(const Device& device) {
   (void)device;
   throw UnavailableError(kNoCuda);
 #endif
+}
+
+Backend& process_backend(const Device& device) {
+  // Never destroyed: a backend outliving main() must not call into a driver that static
+  // destruction may already have unloaded; the memory goes with the process.
+  static std::mutex lock;
+  static auto* backends = new std::map<std::pair<int, int>, std::unique_ptr<Backend>>();
+  const std::lock_guard<std::mutex> hold(lock);
+  std::unique_ptr<Backend>& b = (*backends)[{static_cast<int>(device.kind), device.index}];
+  if (!b) b = make_backend(device);
+  return *b;
 }
 
 bool backend_available(const Device& device, std::string* why) {

@@ -152,6 +152,11 @@ Plan plan_binding(Backend& backend, const codegen::KernelBody& body, PlanRequest
 /// to get it.
 std::unique_ptr<Backend> make_backend(const Device& device);
 
+/// The process's one backend of `device`, made on first use (make_backend's errors) and
+/// kept for the life of the process: for helpers that need a device's memory calls and no
+/// optimizer (fusedopt/cuda.hpp). Thread-safe.
+Backend& process_backend(const Device& device);
+
 /// Whether make_backend(device) can work here; `why` says why not.
 bool backend_available(const Device& device, std::string* why = nullptr);
 

@@ -3,6 +3,8 @@
 // makes the context current and then restores the caller's.
 #include <fmt/format.h>
 
+#include <mutex>
+
 #include "fusedopt/error.hpp"
 #include "runtime/backend.hpp"
 #include "runtime/cuda_driver.hpp"
@@ -83,6 +85,7 @@ class CudaBackend final : public Backend {
     cuda::memset32_async(b.get(), 0, b.size() / 4, nullptr);
     cuda::synchronize(nullptr);
     const DevicePtr p = b.get();
+    const std::lock_guard<std::mutex> hold(owned_lock_);
     owned_.push_back(std::move(b));
     return Buffer(this, host_view(p), bytes);
   }
@@ -154,6 +157,7 @@ class CudaBackend final : public Backend {
   void release(void* data, std::size_t) noexcept override {
     try {
       cuda::ContextScope scope(*context_);
+      const std::lock_guard<std::mutex> hold(owned_lock_);
       for (auto it = owned_.begin(); it != owned_.end(); ++it) {
         if (it->get() == dev(data)) {
           owned_.erase(it);
@@ -173,6 +177,9 @@ class CudaBackend final : public Backend {
   }
 
   std::unique_ptr<cuda::PrimaryContext> context_;  // outlives every buffer below
+  // One backend may serve several threads (process_backend): its list of allocations is
+  // guarded.
+  std::mutex owned_lock_;
   std::vector<cuda::DeviceBuffer> owned_;
 };
 

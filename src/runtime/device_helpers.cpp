@@ -51,23 +51,25 @@ bool cuda_device_emulated() {
 #endif
 }
 
-void cuda_synchronize(void* stream) { runtime::make_backend(Device::cuda(0))->synchronize(stream); }
+void cuda_synchronize(void* stream) {
+  runtime::process_backend(Device::cuda(0)).synchronize(stream);
+}
 
 void cuda_copy_to_host(void* dst, const void* src, std::size_t bytes, int device) {
-  runtime::make_backend(Device::cuda(device))->copy_to_host(dst, src, bytes);
+  runtime::process_backend(Device::cuda(device)).copy_to_host(dst, src, bytes);
 }
 
 void cuda_copy_to_device(void* dst, const void* src, std::size_t bytes, int device) {
-  runtime::make_backend(Device::cuda(device))->copy_from_host(dst, src, bytes);
+  runtime::process_backend(Device::cuda(device)).copy_from_host(dst, src, bytes);
 }
 
 struct CudaBuffer::Impl {
-  std::unique_ptr<runtime::Backend> backend;  // declared first: outlives the memory
+  runtime::Backend* backend = nullptr;  // the process's: outlives the memory
   runtime::Buffer buffer;
 };
 
 CudaBuffer::CudaBuffer(std::size_t bytes, int device) : impl_(std::make_unique<Impl>()) {
-  impl_->backend = runtime::make_backend(Device::cuda(device));
+  impl_->backend = &runtime::process_backend(Device::cuda(device));
   impl_->buffer = impl_->backend->allocate(bytes);
 }
 

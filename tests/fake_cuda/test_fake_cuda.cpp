@@ -20,6 +20,8 @@
 #include "runtime/cuda_driver.hpp"
 #include "support/requirements.hpp"
 
+namespace fusedopt_tests {
+
 using namespace fusedopt;
 namespace cu = fusedopt::runtime::cuda;
 
@@ -128,6 +130,27 @@ TEST_SUITE("cuda_fake") {
           std::vector<std::string>{"cuLaunchKernel fusedopt_step grid 264 block 512 stream",
                                    "cuLaunchKernel fusedopt_advance_step grid 1 block 1 stream"});
     cu::stream_destroy(stream);
+  }
+
+  TEST_CASE("the public CUDA helpers share one backend per device: a copy is a copy") {
+    Fake fake;
+    cu::DeviceBuffer d(64);
+    double x = 1.5, y = 0;
+    fusedopt::cuda_copy_to_device(reinterpret_cast<void*>(static_cast<std::uintptr_t>(d.get())), &x,
+                                  sizeof x);  // may make the process's backend, once
+    fake.reset();
+    for (int i = 0; i < 3; ++i) {
+      fusedopt::cuda_copy_to_host(&y, reinterpret_cast<void*>(static_cast<std::uintptr_t>(d.get())),
+                                  sizeof y);
+      fusedopt::CudaBuffer b(16);
+    }
+    INFO(std::string(fake.log()));
+    CHECK(y == 1.5);
+    // One wait per copy (for the queued work), no allocation but the buffers' own: no backend
+    // made and torn down (which waited for the device again) per call.
+    CHECK(fake.count("cuCtxSynchronize") == 3);
+    CHECK(fake.count("cuMemAlloc") == 3);
+    CHECK(fake.count("cuMemcpyDtoH") == 3);
   }
 
   TEST_CASE("steps, capturable or not, issue no synchronisation, copy or allocation" *
@@ -515,3 +538,5 @@ TEST_SUITE("cuda_fake") {
     CHECK_THROWS_AS(CudaEvent(1), UnavailableError);  // the fake driver has one device
   }
 }
+
+}  // namespace fusedopt_tests
