@@ -1,8 +1,6 @@
 // support::atomic_write, the one atomic publish behind the disk cache, safetensors
 // checkpoints and FUSEDOPT_DUMP_SOURCE: the new file or the old one, never half a file, and
 // no temp file left behind, whatever fails. In the cache suite, its first user.
-#include "support/atomic_write.hpp"
-
 #include <doctest/doctest.h>
 #include <sys/stat.h>
 
@@ -12,8 +10,11 @@
 #include <string>
 #include <vector>
 
+#include "support/atomic_write.hpp"
 #include "support/file_io.hpp"
 #include "support/temp_dir.hpp"
+
+namespace fusedopt_tests {
 
 namespace fs = std::filesystem;
 using fusedopt::support::atomic_write;
@@ -129,3 +130,5 @@ TEST_SUITE("support") {
   }
 
 }  // TEST_SUITE
+
+}  // namespace fusedopt_tests

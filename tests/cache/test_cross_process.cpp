@@ -16,6 +16,8 @@
 #include "cache/kernel_cache.hpp"
 #include "cache_test_support.hpp"
 
+namespace fusedopt_tests {
+
 using fusedopt::cache::DiskStore;
 using fusedopt::cache::KeyRecord;
 using namespace fusedopt::cache::test;
@@ -178,3 +180,5 @@ TEST_SUITE("cache") {
   }
 
 }  // TEST_SUITE
+
+}  // namespace fusedopt_tests

@@ -11,6 +11,8 @@
 #include "cache/kernel_cache.hpp"
 #include "cache_test_support.hpp"
 
+namespace fusedopt_tests {
+
 using fusedopt::cache::BadEntry;
 using fusedopt::cache::DiskStore;
 using fusedopt::cache::EntryInfo;
@@ -353,3 +355,5 @@ TEST_SUITE("cache") {
     cleanup(planted);
   }
 }
+
+}  // namespace fusedopt_tests

@@ -11,6 +11,8 @@
 #include "cache_test_support.hpp"
 #include "fusedopt/error.hpp"
 
+namespace fusedopt_tests {
+
 using fusedopt::CacheError;
 using fusedopt::cache::DiskStore;
 using fusedopt::cache::KeyRecord;
@@ -329,3 +331,5 @@ TEST_SUITE("cache") {
   }
 
 }  // TEST_SUITE
+
+}  // namespace fusedopt_tests

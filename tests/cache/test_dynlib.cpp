@@ -1,11 +1,13 @@
 // support::DynLib, the one dlopen wrapper behind NVRTC, the CUDA driver, NCCL and the host
 // kernels. It lives in the cache suite with the other support tests (the suite links
 // fusedopt::support).
-#include "support/dynlib.hpp"
-
 #include <doctest/doctest.h>
 
 #include <string>
+
+#include "support/dynlib.hpp"
+
+namespace fusedopt_tests {
 
 using fusedopt::support::DynLib;
 
@@ -41,3 +43,5 @@ TEST_SUITE("support") {
     CHECK(error.find("\n  : ") == std::string::npos);
   }
 }
+
+}  // namespace fusedopt_tests

@@ -1,8 +1,6 @@
 // KernelCache: the memory tier's per-key once across threads, failure propagation and
 // retry, LRU bound, the three modes, disk pruning, disk failures being worked around, and
 // the environment variables.
-#include "cache/kernel_cache.hpp"
-
 #include <doctest/doctest.h>
 
 #include <atomic>
@@ -11,8 +9,11 @@
 #include <thread>
 #include <vector>
 
+#include "cache/kernel_cache.hpp"
 #include "cache_test_support.hpp"
 #include "fusedopt/error.hpp"
+
+namespace fusedopt_tests {
 
 using fusedopt::CacheError;
 using fusedopt::cache::KernelCache;
@@ -343,3 +344,5 @@ TEST_SUITE("cache") {
   }
 
 }  // TEST_SUITE
+
+}  // namespace fusedopt_tests

@@ -5,6 +5,8 @@
 
 #include "cache/kernel_cache.hpp"
 
+namespace fusedopt_tests {
+
 using fusedopt::cache::Key;
 using fusedopt::cache::KeyRecord;
 
@@ -141,3 +143,5 @@ TEST_SUITE("cache") {
   }
 
 }  // TEST_SUITE
+
+}  // namespace fusedopt_tests

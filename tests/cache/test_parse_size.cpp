@@ -1,12 +1,14 @@
 // support::parse_size, the one size parser behind FUSEDOPT_CACHE_MAX_BYTES and
 // `fusedopt-cache prune --max-bytes`. It lives in the cache suite because the cache is its
 // user; the suite links fusedopt::support.
-#include "support/parse_size.hpp"
-
 #include <doctest/doctest.h>
 
 #include <cstdint>
 #include <string>
+
+#include "support/parse_size.hpp"
+
+namespace fusedopt_tests {
 
 using fusedopt::support::parse_size;
 
@@ -56,3 +58,5 @@ TEST_SUITE("support") {
   }
 
 }  // TEST_SUITE
+
+}  // namespace fusedopt_tests

@@ -13,6 +13,8 @@
 #include "fusedopt/error.hpp"
 #include "support/skip.hpp"
 
+namespace fusedopt_tests {
+
 using fusedopt::CacheError;
 using fusedopt::cache::BadEntry;
 using fusedopt::cache::DiskStore;
@@ -254,3 +256,5 @@ TEST_SUITE("cache") {
     CHECK(store.list().size() == 2);
   }
 }  // TEST_SUITE
+
+}  // namespace fusedopt_tests

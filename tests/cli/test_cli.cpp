@@ -17,6 +17,8 @@
 #include "support/requirements.hpp"
 #include "support/run.hpp"
 
+namespace fusedopt_tests {
+
 using namespace fusedopt::testing;
 namespace fs = std::filesystem;
 
@@ -505,3 +507,5 @@ TEST_SUITE("cli") {
     CHECK(fs::is_empty(tmpdir));  // no build folder, no compiler temporary
   }
 }
+
+}  // namespace fusedopt_tests

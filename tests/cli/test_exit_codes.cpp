@@ -12,6 +12,8 @@
 
 #include "support/run.hpp"
 
+namespace fusedopt_tests {
+
 using namespace fusedopt::testing;
 namespace fs = std::filesystem;
 
@@ -202,3 +204,5 @@ TEST_SUITE("cli") {
     }
   }
 }
+
+}  // namespace fusedopt_tests

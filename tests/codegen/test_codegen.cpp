@@ -9,6 +9,8 @@
 #include "lang/parse.hpp"
 #include "provider/kernel_provider.hpp"
 
+namespace fusedopt_tests {
+
 using namespace fusedopt;
 
 namespace {
@@ -152,3 +154,5 @@ t = t - U
     CHECK_THROWS_AS(codegen::generate_functor_body(f, DTypeBinding{}), Error);
   }
 }
+
+}  // namespace fusedopt_tests

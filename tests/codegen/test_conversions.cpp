@@ -9,6 +9,8 @@
 
 #include "prelude.h"
 
+namespace fusedopt_tests {
+
 namespace {
 
 float bits_to_float(std::uint32_t u) {
@@ -103,3 +105,5 @@ TEST_SUITE("codegen") {
     }
   }
 }
+
+}  // namespace fusedopt_tests

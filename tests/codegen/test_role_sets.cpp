@@ -12,6 +12,8 @@
 #include "codegen/codegen.hpp"
 #include "presets.hpp"
 
+namespace fusedopt_tests {
+
 using namespace fusedopt;
 using fusedopt::codegen::Strategy;
 
@@ -98,3 +100,5 @@ TEST_SUITE("codegen") {
     CHECK(checked >= 36);
   }
 }
+
+}  // namespace fusedopt_tests

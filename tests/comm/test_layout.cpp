@@ -14,6 +14,8 @@
 #include "fusedopt/comm.hpp"
 #include "fusedopt/error.hpp"
 
+namespace fusedopt_tests {
+
 using fusedopt::DType;
 using fusedopt::Tensor;
 using fusedopt::comm::Bucket;
@@ -163,3 +165,5 @@ TEST_SUITE("comm") {
     CHECK(h::f16_to_float(h::float_to_f16(3e-8f)) == 5.9604644775390625e-8f);  // subnormal
   }
 }
+
+}  // namespace fusedopt_tests

@@ -26,6 +26,8 @@
 #include "runtime/cuda_driver.hpp"
 #include "support/requirements.hpp"
 
+namespace fusedopt_tests {
+
 using fusedopt::DType;
 using fusedopt::comm::Communicator;
 using fusedopt::comm::ReduceOp;
@@ -363,3 +365,5 @@ TEST_SUITE("comm_nccl") {
     CHECK(moved.query());
   }
 }
+
+}  // namespace fusedopt_tests

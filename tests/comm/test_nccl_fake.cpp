@@ -25,6 +25,8 @@
 #include "runtime/cuda_driver.hpp"
 #include "support/requirements.hpp"
 
+namespace fusedopt_tests {
+
 using fusedopt::DType;
 using fusedopt::comm::CommError;
 using fusedopt::comm::Communicator;
@@ -472,3 +474,5 @@ TEST_SUITE("comm_nccl_fake") {
     }
   }
 }
+
+}  // namespace fusedopt_tests

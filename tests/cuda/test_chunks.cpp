@@ -10,6 +10,8 @@
 #include "fusedopt/error.hpp"
 #include "runtime/chunks.hpp"
 
+namespace fusedopt_tests {
+
 using fusedopt::Error;
 using fusedopt::runtime::build_chunks;
 
@@ -109,3 +111,5 @@ TEST_SUITE("cuda") {
     CHECK_THROWS_WITH_AS(build_chunks({4}, {}, 0), "chunk size 0 is below 1", Error);
   }
 }
+
+}  // namespace fusedopt_tests

@@ -17,6 +17,8 @@
 #include "support/kernel_cache.hpp"
 #include "support/requirements.hpp"
 
+namespace fusedopt_tests {
+
 using namespace fusedopt;
 using fusedopt::testing::has_symbol;
 using fusedopt::testing::kEntryPoints;
@@ -79,3 +81,5 @@ TEST_SUITE("cuda") {
     }
   }
 }
+
+}  // namespace fusedopt_tests

@@ -5,6 +5,8 @@
 
 #include "runtime/cuda_driver.hpp"
 
+namespace fusedopt_tests {
+
 TEST_SUITE("cuda") {
   TEST_CASE("cuda_device_available gives a reason whenever it finds no device") {
     std::string why;
@@ -13,3 +15,5 @@ TEST_SUITE("cuda") {
     CHECK((available || !why.empty()));
   }
 }
+
+}  // namespace fusedopt_tests

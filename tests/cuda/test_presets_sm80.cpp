@@ -5,9 +5,13 @@
 #include "cuda/cuda_compile_support.hpp"
 #include "support/requirements.hpp"
 
+namespace fusedopt_tests {
+
 TEST_SUITE("cuda") {
   TEST_CASE("every preset and dtype binding compiles for sm_80 with all CUDA entry points" *
             fusedopt::testing::needs_nvrtc()) {
     fusedopt::testing::check_every_preset_compiles(80);
   }
 }
+
+}  // namespace fusedopt_tests

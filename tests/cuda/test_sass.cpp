@@ -22,6 +22,8 @@
 #include "support/requirements.hpp"
 #include "support/temp_dir.hpp"
 
+namespace fusedopt_tests {
+
 using namespace fusedopt;
 
 namespace {
@@ -166,3 +168,5 @@ TEST_SUITE("cuda") {
     }
   }
 }
+
+}  // namespace fusedopt_tests

@@ -27,6 +27,8 @@
 #include "runtime/cuda_driver.hpp"
 #include "support/requirements.hpp"
 
+namespace fusedopt_tests {
+
 using namespace fusedopt;
 namespace cu = fusedopt::runtime::cuda;
 
@@ -528,3 +530,5 @@ TEST_SUITE("cuda_emu") {
     }
   }
 }
+
+}  // namespace fusedopt_tests

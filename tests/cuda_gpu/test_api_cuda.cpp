@@ -19,6 +19,8 @@
 #include "support/requirements.hpp"
 #include "support/temp_dir.hpp"
 
+namespace fusedopt_tests {
+
 using namespace fusedopt;
 using namespace fusedopt_cuda_tests;
 
@@ -442,3 +444,5 @@ TEST_SUITE("cuda_gpu") {
     }
   }
 }
+
+}  // namespace fusedopt_tests

@@ -26,6 +26,8 @@
 #include "support/kernel_run.hpp"
 #include "support/requirements.hpp"
 
+namespace fusedopt_tests {
+
 using namespace fusedopt;
 using testing::Kernel;
 namespace cuda = fusedopt::runtime::cuda;
@@ -562,3 +564,5 @@ TEST_SUITE("cuda") {
     CHECK_THROWS_AS(cuda::PrimaryContext(cuda::device_count()), Error);
   }
 }
+
+}  // namespace fusedopt_tests

@@ -14,6 +14,8 @@
 #include "support/requirements.hpp"
 #include "support/temp_dir.hpp"
 
+namespace fusedopt_tests {
+
 using namespace fusedopt;
 namespace cu = fusedopt::runtime::cuda;
 
@@ -571,3 +573,5 @@ TEST_SUITE("cuda_gpu") {
     }
   }
 }
+
+}  // namespace fusedopt_tests

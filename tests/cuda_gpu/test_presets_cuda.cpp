@@ -28,6 +28,8 @@
 #include "fusedopt/kernel.hpp"
 #include "support/requirements.hpp"
 
+namespace fusedopt_tests {
+
 using namespace fusedopt;
 using namespace fusedopt_cuda_tests;
 
@@ -431,3 +433,5 @@ TEST_SUITE("cuda_gpu") {
     compare_all(reducing_comparisons());
   }
 }
+
+}  // namespace fusedopt_tests

@@ -1,8 +1,6 @@
 // support::parse_int_strict and parse_double_strict, the parsers of the numbers in checkpoint
 // metadata and sharded-checkpoint indexes: every value the writers print reads back exactly,
 // and every other spelling (spaces, '+', hex, nan, inf, out of range) is refused.
-#include "support/parse_number.hpp"
-
 #include <doctest/doctest.h>
 
 #include <cmath>
@@ -12,6 +10,10 @@
 #include <limits>
 #include <random>
 #include <string>
+
+#include "support/parse_number.hpp"
+
+namespace fusedopt_tests {
 
 using fusedopt::support::parse_double_strict;
 using fusedopt::support::parse_int_strict;
@@ -63,3 +65,5 @@ TEST_SUITE("io") {
     }
   }
 }
+
+}  // namespace fusedopt_tests

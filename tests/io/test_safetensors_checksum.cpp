@@ -12,6 +12,8 @@
 #include "io/st_test_support.hpp"
 #include "support/temp_dir.hpp"
 
+namespace fusedopt_tests {
+
 namespace fs = std::filesystem;
 using fusedopt::Error;
 using fusedopt::io::kChecksumKey;
@@ -175,3 +177,5 @@ TEST_SUITE("io") {
     CHECK(file.metadata.count(std::string("a\"") + kChecksumKey) == 1);
   }
 }
+
+}  // namespace fusedopt_tests

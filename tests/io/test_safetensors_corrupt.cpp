@@ -9,6 +9,8 @@
 #include "io/st_test_support.hpp"
 #include "support/temp_dir.hpp"
 
+namespace fusedopt_tests {
+
 namespace fs = std::filesystem;
 using fusedopt::Error;
 using fusedopt::io::read_safetensors;
@@ -167,3 +169,5 @@ TEST_SUITE("io") {
     CHECK(rejected > 0);
   }
 }
+
+}  // namespace fusedopt_tests

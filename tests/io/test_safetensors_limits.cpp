@@ -22,6 +22,8 @@
 #include "support/atomic_write.hpp"
 #include "support/temp_dir.hpp"
 
+namespace fusedopt_tests {
+
 namespace fs = std::filesystem;
 using fusedopt::IoError;
 using fusedopt::io::read_safetensors;
@@ -253,3 +255,5 @@ TEST_SUITE("io") {
     }
   }
 }
+
+}  // namespace fusedopt_tests

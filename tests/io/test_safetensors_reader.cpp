@@ -15,6 +15,8 @@
 #include "fusedopt/safetensors.hpp"
 #include "io/st_test_support.hpp"
 
+namespace fusedopt_tests {
+
 namespace {
 
 std::filesystem::path temp_file(const std::string& name) {
@@ -121,3 +123,5 @@ TEST_SUITE("io") {
     std::filesystem::remove(path);
   }
 }
+
+}  // namespace fusedopt_tests

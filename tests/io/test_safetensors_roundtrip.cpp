@@ -15,6 +15,8 @@
 #include "io/st_test_support.hpp"
 #include "support/temp_dir.hpp"
 
+namespace fusedopt_tests {
+
 namespace fs = std::filesystem;
 using fusedopt::Error;
 using fusedopt::io::dtype_bytes;
@@ -260,3 +262,5 @@ TEST_SUITE("io") {
     CHECK(files_in(dir.path()) == std::vector<std::string>{"ckpt.safetensors"});
   }
 }
+
+}  // namespace fusedopt_tests

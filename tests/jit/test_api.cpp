@@ -7,6 +7,8 @@
 #include "fusedopt/kernel.hpp"
 #include "support/temp_dir.hpp"
 
+namespace fusedopt_tests {
+
 using namespace fusedopt;
 
 TEST_SUITE("jit") {
@@ -41,3 +43,5 @@ TEST_SUITE("jit") {
     unsetenv("FUSEDOPT_CACHE_DIR");
   }
 }
+
+}  // namespace fusedopt_tests

@@ -23,6 +23,8 @@
 #include "support/sized_rule.hpp"
 #include "support/temp_dir.hpp"
 
+namespace fusedopt_tests {
+
 using fusedopt::test::default_hypers;
 using fusedopt::test::grads_finite;
 using fusedopt::test::init_states;
@@ -479,3 +481,5 @@ float = float - lr * half / std
     CHECK(Target::parse("sm_90a").str() == "sm_90a");
   }
 }
+
+}  // namespace fusedopt_tests

@@ -12,6 +12,8 @@
 #include "support/requirements.hpp"
 #include "support/run.hpp"
 
+namespace fusedopt_tests {
+
 using namespace fusedopt;
 
 namespace {
@@ -117,3 +119,5 @@ TEST_SUITE("jit") {
     CHECK(ptx.binary->find(".entry fusedopt_step(") != std::string::npos);
   }
 }
+
+}  // namespace fusedopt_tests

@@ -5,6 +5,8 @@
 
 #include "lang_test_util.hpp"
 
+namespace fusedopt_tests {
+
 using fusedopt::lang::dump;
 using fusedopt::lang::Op;
 using fusedopt::lang::parse_rule;
@@ -101,3 +103,5 @@ TEST_SUITE("lang") {
     CHECK(s[3].value->args[1]->args[1]->args[1]->loc.len == 4);
   }
 }
+
+}  // namespace fusedopt_tests

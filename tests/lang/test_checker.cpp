@@ -6,6 +6,8 @@
 
 #include "lang_test_util.hpp"
 
+namespace fusedopt_tests {
+
 using fusedopt::RuleError;
 using fusedopt::lang::Op;
 using fusedopt::lang::parse_rule;
@@ -262,3 +264,5 @@ TEST_SUITE("lang") {
         6, 1, "scalar 's' is one value per tensor");
   }
 }
+
+}  // namespace fusedopt_tests

@@ -14,6 +14,8 @@
 #error "FUSEDOPT_TEST_DATA must name the tests/data folder"
 #endif
 
+namespace fusedopt_tests {
+
 using fusedopt::RuleError;
 using fusedopt::lang::parse_rule;
 
@@ -98,3 +100,5 @@ TEST_SUITE("lang") {
     CHECK(files >= 2);
   }
 }
+
+}  // namespace fusedopt_tests

@@ -7,6 +7,8 @@
 #include "codegen/codegen.hpp"
 #include "lang_test_util.hpp"
 
+namespace fusedopt_tests {
+
 using fusedopt::RuleError;
 using fusedopt::lang::dump;
 using fusedopt::lang::parse_rule;
@@ -81,3 +83,5 @@ TEST_SUITE("lang") {
     CHECK(contains(body.code, "v_return"));
   }
 }
+
+}  // namespace fusedopt_tests

@@ -5,6 +5,8 @@
 
 #include "lang_test_util.hpp"
 
+namespace fusedopt_tests {
+
 using fusedopt::RuleError;
 using fusedopt::lang::dump;
 using fusedopt::lang::parse_rule;
@@ -133,3 +135,5 @@ TEST_SUITE("lang") {
     FUSEDOPT_CHECK_RULE_ERROR(kHeader + "_x = 1\n", 4, 1, "must start with a letter");
   }
 }
+
+}  // namespace fusedopt_tests

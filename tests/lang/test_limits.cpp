@@ -8,6 +8,8 @@
 
 #include "lang_test_util.hpp"
 
+namespace fusedopt_tests {
+
 using fusedopt::RuleError;
 using fusedopt::lang::kMaxExprDepth;
 using fusedopt::lang::kMaxRuleBytes;
@@ -149,3 +151,5 @@ TEST_SUITE("lang") {
     CHECK(rule->stmts.back().value->args[1]->def == kMaxStatements - 2);
   }
 }
+
+}  // namespace fusedopt_tests

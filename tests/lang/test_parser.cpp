@@ -5,6 +5,8 @@
 
 #include "lang_test_util.hpp"
 
+namespace fusedopt_tests {
+
 using fusedopt::RuleError;
 using fusedopt::lang::dump;
 using fusedopt::lang::parse_rule;
@@ -187,3 +189,5 @@ TEST_SUITE("lang") {
     CHECK(rule->stmts[0].loc.line == 10);
   }
 }
+
+}  // namespace fusedopt_tests

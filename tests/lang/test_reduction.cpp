@@ -10,6 +10,8 @@
 #include "lang_test_util.hpp"
 #include "presets.hpp"
 
+namespace fusedopt_tests {
+
 using fusedopt::RuleError;
 using fusedopt::lang::kMaxReductionPasses;
 using fusedopt::lang::parse_rule;
@@ -176,3 +178,5 @@ TEST_SUITE("lang") {
     }
   }
 }
+
+}  // namespace fusedopt_tests

@@ -7,6 +7,8 @@
 #include "lang_test_util.hpp"
 #include "support/sized_rule.hpp"
 
+namespace fusedopt_tests {
+
 namespace {
 
 using fusedopt::lang::Expr;
@@ -139,3 +141,5 @@ TEST_SUITE("lang") {
     CHECK(c.operations <= fusedopt::lang::kMaxOperations);
   }
 }
+
+}  // namespace fusedopt_tests

@@ -10,6 +10,8 @@
 #include "fusedopt/error.hpp"
 #include "runtime/device_target.hpp"
 
+namespace fusedopt_tests {
+
 using fusedopt::Target;
 using fusedopt::UnavailableError;
 using fusedopt::runtime::choose_cuda_target;
@@ -90,3 +92,5 @@ TEST_SUITE("runtime") {
     CHECK_THROWS_AS(Target::parse("compute_"), fusedopt::Error);
   }
 }
+
+}  // namespace fusedopt_tests

@@ -10,6 +10,8 @@
 #include "presets.hpp"
 #include "runtime/plan.hpp"
 
+namespace fusedopt_tests {
+
 using namespace fusedopt;
 
 namespace {
@@ -51,3 +53,5 @@ TEST_SUITE("runtime") {
     CHECK(vector_path({0, 0, 0, 0, 4}) == 0);  // the fp32 master too
   }
 }
+
+}  // namespace fusedopt_tests
