@@ -4,7 +4,6 @@
 // against its checksum, and each shard against the one its index recorded, before any of
 // it is used.
 #include <fmt/format.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <cstdlib>
@@ -411,7 +410,8 @@ void ShardedOptimizer::load(const std::filesystem::path& dir) {
   Impl& m = live("load");
   const Refusal refusal{fmt::format("cannot load sharded checkpoint {}", dir.string())};
   std::exception_ptr error;
-  std::filesystem::path staged;
+  Assembled mine;
+  std::map<std::string, std::string> metadata;
   try {
     const Index index = read_index(dir);
     check_params(index, m.params, refusal);
@@ -424,38 +424,25 @@ void ShardedOptimizer::load(const std::filesystem::path& dir) {
       reader(f);
     }
     // This rank's pieces, assembled from the ranges of the old pieces they overlap.
-    Assembled mine;
     for (std::size_t i = 0; i < m.params.size(); ++i) {
       const auto [a, b] = m.owned[i];
       if (a < b) assemble_param(m.params[i].name, a, b, old[i], index, reader, mine, refusal);
     }
-    // The saver's metadata (rule, step, hypers: the same in every file) with this rank's
-    // pieces, through Optimizer::load, which checks all of it.
-    staged = std::filesystem::temp_directory_path() /
-             fmt::format("fusedopt-sharded-load-{}-{}.safetensors", ::getpid(), m.rank);
-    write_safetensors(staged, mine.tensors, reader(0).metadata());
+    // The saver's metadata (rule, step, hypers: the same in every file).
+    metadata = reader(0).metadata();
   } catch (...) {
     error = std::current_exception();
   }
-  // Every rank has its pieces staged, or none loads.
+  // Every rank has its pieces, or none loads.
   if (const int n = failures(m.comm, error != nullptr)) {
-    std::error_code ec;
-    if (!staged.empty()) std::filesystem::remove(staged, ec);
     if (error) std::rethrow_exception(error);
     throw UsageError(
         fmt::format("cannot load sharded checkpoint {}: {} of {} ranks failed "
                     "(their errors name the cause); nothing was loaded",
                     dir.string(), n, m.ranks));
   }
-  try {
-    m.local->load(staged);
-  } catch (...) {
-    std::error_code ec;
-    std::filesystem::remove(staged, ec);
-    throw;
-  }
-  std::error_code ec;
-  std::filesystem::remove(staged, ec);
+  // With this rank's pieces, through the checks of Optimizer::load, from memory.
+  fusedopt::detail::OptimizerAccess::load_tensors(*m.local, metadata, mine.tensors, dir.string());
 }
 
 namespace {

@@ -12,6 +12,7 @@
 #include "io/safetensors.hpp"
 #include "jit/build.hpp"
 #include "runtime/optimizer_impl.hpp"
+#include "support/check.hpp"
 #include "support/parse_number.hpp"
 
 namespace fusedopt {
@@ -231,6 +232,26 @@ void check_tensors(const io::SafetensorsFile& file, const std::vector<Checkpoint
 
 }  // namespace
 
+void Optimizer::Impl::load_file(const io::SafetensorsFile& file, const std::string& where) {
+  // Everything is checked first; nothing is touched until all of it passed.
+  const Refusal refusal{fmt::format("cannot load checkpoint {}", where)};
+  check_header(file, rule, refusal);
+  const std::int64_t step = read_step(file, refusal);
+  std::vector<std::vector<double>> new_hypers = read_hypers(file, hyper_names, hypers, refusal);
+  const std::vector<CheckpointTensor> expected = checkpoint_tensors();
+  check_tensors(file, expected, refusal);
+
+  // The backend's copies wait for every queued step and land before they return.
+  for (const CheckpointTensor& e : expected) {
+    if (e.numel == 0) continue;
+    backend->copy_from_host(e.data, file.tensor_data(e.name),
+                            static_cast<std::size_t>(e.numel) * dtype_size(e.dtype));
+  }
+  set_steps_taken(step);
+  hypers = std::move(new_hypers);
+  push_hypers();
+}
+
 void Optimizer::load(const std::filesystem::path& path) {
   Impl& m = live("load");
   Impl::Exclusive hold(m, "load");
@@ -240,23 +261,40 @@ void Optimizer::load(const std::filesystem::path& path) {
   } catch (const Error& e) {
     throw IoError(fmt::format("cannot load checkpoint: {}", e.what()));
   }
-  // Everything is checked first; nothing is touched until all of it passed.
-  const Refusal refusal{fmt::format("cannot load checkpoint {}", path.string())};
-  check_header(file, m.rule, refusal);
-  const std::int64_t step = read_step(file, refusal);
-  std::vector<std::vector<double>> hypers = read_hypers(file, m.hyper_names, m.hypers, refusal);
-  const std::vector<CheckpointTensor> expected = m.checkpoint_tensors();
-  check_tensors(file, expected, refusal);
-
-  // The backend's copies wait for every queued step and land before they return.
-  for (const CheckpointTensor& e : expected) {
-    if (e.numel == 0) continue;
-    m.backend->copy_from_host(e.data, file.tensor_data(e.name),
-                              static_cast<std::size_t>(e.numel) * dtype_size(e.dtype));
-  }
-  m.set_steps_taken(step);
-  m.hypers = std::move(hypers);
-  m.push_hypers();
+  m.load_file(file, path.string());
 }
+
+namespace detail {
+
+void OptimizerAccess::load_tensors(Optimizer& opt,
+                                   const std::map<std::string, std::string>& metadata,
+                                   const std::vector<SafetensorsTensor>& tensors,
+                                   const std::string& where) {
+  Optimizer::Impl& m = opt.live("load");
+  Optimizer::Impl::Exclusive hold(m, "load");
+  // The tensors as a checked file in memory: the caller read and checked them (a sharded
+  // checkpoint's shards are each checked whole against their checksum).
+  io::SafetensorsFile file;
+  file.metadata = metadata;
+  file.checksum = "in memory";
+  file.data_checked = true;
+  for (const SafetensorsTensor& t : tensors) {
+    FUSEDOPT_CHECK_USAGE(t.numel >= 0 && (t.numel == 0 || t.data != nullptr),
+                         "load_tensors: tensor '{}' has {} elements at {}", t.name, t.numel,
+                         t.data);
+    const auto bytes = static_cast<std::size_t>(t.numel) * dtype_size(t.dtype);
+    io::SafetensorsFile::Entry e;
+    e.dtype = io::checkpoint::st_dtype(t.dtype);
+    e.shape = {t.numel};
+    e.begin = file.data.size();
+    file.data.append(static_cast<const char*>(t.data), bytes);
+    e.end = file.data.size();
+    FUSEDOPT_CHECK_USAGE(file.tensors.emplace(t.name, std::move(e)).second,
+                         "load_tensors: tensor '{}' is given twice", t.name);
+  }
+  m.load_file(file, where);
+}
+
+}  // namespace detail
 
 }  // namespace fusedopt

@@ -15,6 +15,7 @@
 
 #include "fusedopt/error.hpp"
 #include "fusedopt/optimizer.hpp"
+#include "io/safetensors.hpp"
 #include "runtime/backend.hpp"
 #include "runtime/binding.hpp"
 #include "runtime/reduction_hook.hpp"
@@ -248,6 +249,9 @@ struct FUSEDOPT_NO_EXPORT Optimizer::Impl {
   Tensor state_view(const runtime::StateSpec& spec, std::size_t p) const;
   /// What a checkpoint holds (checkpoint.cpp).
   std::vector<runtime::CheckpointTensor> checkpoint_tensors() const;
+  /// Loads a checkpoint read into memory (Optimizer::load's checks and copies; `where`
+  /// names it in errors).
+  void load_file(const io::SafetensorsFile& file, const std::string& where);
   /// The hypers as checkpoint metadata (checkpoint.cpp).
   std::string hypers_text() const;
 };

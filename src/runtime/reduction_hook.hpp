@@ -1,16 +1,19 @@
-// The reduction hook: how fusedopt's comm library combines a step's reduction totals across
-// ranks between passes (ShardedOptimizer all-reduces them in place). Internal: the types
-// name passes and slots of the kernel's schedule, which the public API does not expose; the
-// one entry point is exported from the core library so that libfusedopt_comm can call it.
+// What fusedopt's comm library needs of an Optimizer beyond the public API: the reduction
+// hook (ShardedOptimizer combines a step's reduction totals across ranks between passes)
+// and a load from memory (a sharded checkpoint's pieces). Internal: the hook's types name
+// passes and slots of the kernel's schedule, which the public API does not expose; the
+// entry points are exported from the core library so that libfusedopt_comm can call them.
 #pragma once
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <string>
 #include <vector>
 
 #include "fusedopt/export.hpp"
 #include "fusedopt/optimizer.hpp"
+#include "fusedopt/safetensors.hpp"
 
 namespace fusedopt {
 
@@ -62,6 +65,11 @@ struct FUSEDOPT_API OptimizerAccess {
   /// Calls `hook` after each reduction pass of `opt`'s steps with this process's raw totals
   /// (see ReductionPartials), before the next pass reads them; empty: none.
   static void set_reduction_hook(Optimizer& opt, ReductionHook hook);
+  /// Optimizer::load of a checkpoint already in memory and checked by the caller (a sharded
+  /// checkpoint's pieces of this rank): `metadata` and `tensors` as save() writes them; the
+  /// same checks, all before anything changes. `where` names it in errors.
+  static void load_tensors(Optimizer& opt, const std::map<std::string, std::string>& metadata,
+                           const std::vector<SafetensorsTensor>& tensors, const std::string& where);
 };
 
 }  // namespace detail

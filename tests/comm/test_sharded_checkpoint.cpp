@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -169,6 +170,38 @@ TEST_SUITE("comm_mpi") {
     comm.all_reduce(&naming, 1).wait();
     CHECK(naming >= 1);
     CHECK(snapshot(opt) == later);
+    comm.barrier().wait();
+    if (comm.rank() == 0) fs::remove_all(dir);
+  }
+
+  TEST_CASE("a sharded load reads its pieces from memory: no temporary file, no such folder") {
+    Communicator& comm = world();
+    const std::uint32_t seed = shared_seed();
+    const fs::path dir = fresh_dir("sharded-memory", seed);
+    FlatArena arena = make_arena({37, 5, 64});
+    fill(arena, seed, 0, true);
+    ShardedOptimizer opt(comm, Rule::parse(kRule, "short.rule"), two_groups(arena));
+    fill(arena, seed, 1, false);
+    REQUIRE(opt.step());
+    opt.save(dir);
+    const std::string saved = snapshot(opt);
+    fill(arena, seed, 2, false);
+    REQUIRE(opt.step());
+    REQUIRE(snapshot(opt) != saved);
+    // The temporary folder does not exist: a load that staged a file there would fail.
+    const char* tmpdir = std::getenv("TMPDIR");
+    const std::string old = tmpdir ? tmpdir : "";
+    const fs::path gone = dir / "no-such-folder";
+    ::setenv("TMPDIR", gone.c_str(), 1);
+    const std::string what = load_error(opt, dir);
+    if (tmpdir) {
+      ::setenv("TMPDIR", old.c_str(), 1);
+    } else {
+      ::unsetenv("TMPDIR");
+    }
+    CHECK(what == "");
+    CHECK(snapshot(opt) == saved);
+    CHECK_FALSE(fs::exists(gone));
     comm.barrier().wait();
     if (comm.rank() == 0) fs::remove_all(dir);
   }

@@ -61,9 +61,9 @@ case "$mode" in
     # The internals, support's included: libfusedopt_comm links its own hidden copy of the
     # support pieces it uses (DynLib, the log), and must not export them either.
     internal='fusedopt::(lang|codegen|jit|provider|runtime|cache|io|support|detail)::'
-    # But one: the reduction hook, which the core exports for libfusedopt_comm alone
-    # (src/runtime/reduction_hook.hpp; no public header declares it).
-    for_comm='fusedopt::detail::OptimizerAccess::set_reduction_hook('
+    # But the entry points the core exports for libfusedopt_comm alone (detail::OptimizerAccess
+    # in src/runtime/reduction_hook.hpp; no public header declares them).
+    for_comm='fusedopt::detail::OptimizerAccess::'
     comm_lib="$(find "$work/prefix" -name 'libfusedopt_comm.so.*' -type f | head -n 1)"
     [ -n "$comm_lib" ] || {
       echo "consumer (shared): no libfusedopt_comm.so.* installed" >&2; exit 1; }
