@@ -20,7 +20,7 @@
 #include <vector>
 
 #include "fusedopt/optimizer.hpp"
-#include "runtime/reduction_hook.hpp"
+#include "runtime/step_extension.hpp"
 #include "workloads.hpp"
 
 using namespace fusedopt;

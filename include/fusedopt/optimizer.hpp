@@ -94,6 +94,10 @@ struct OptimizerStats {
   std::int64_t bytes_store = 0;
   std::string schedule_report;  ///< the passes, what each reads and writes, and the
                                 ///< recompute-or-store choice with its bytes
+  /// The ops of a plain step and of a scaled one, in order (the step program: "reduce 0,
+  /// finalize 0, hook 0, update, end"; a ShardedOptimizer's local optimizer adds "begin"
+  /// and "publish"), for logs and bug reports.
+  std::string step_program, scaled_step_program;
   std::vector<std::string> kernel_keys;
   double kernel_seconds = 0;  ///< compile or cache-load time at construction
   std::string kernel_origin;  ///< "compiled", "disk" or "memory" (the slowest)
@@ -161,7 +165,7 @@ FUSEDOPT_API void check_hyper_value(const std::string& where, const std::string&
 /// while another of them runs on the same optimizer (another thread, or a reduction hook
 /// calling back) is a UsageError naming both, never a race.
 namespace detail {
-struct OptimizerAccess;  // fusedopt's own libraries (src/runtime/reduction_hook.hpp)
+struct OptimizerAccess;  // fusedopt's own libraries (src/runtime/step_extension.hpp)
 }  // namespace detail
 
 class FUSEDOPT_API Optimizer {
@@ -238,7 +242,7 @@ class FUSEDOPT_API Optimizer {
  private:
   friend class GradScaler;  // a device GradScaler steps with its scale in device memory
   friend class StepResult;  // reads a step's verdict from the device
-  friend struct detail::OptimizerAccess;  // the comm library's reduction hook
+  friend struct detail::OptimizerAccess;  // the comm library's step extension and load
   struct Impl;
   /// The Impl, or UsageError("Optimizer::<method>: this Optimizer was moved from").
   Impl& live(const char* method) const;

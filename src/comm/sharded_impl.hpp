@@ -14,13 +14,16 @@
 #include "comm/shard_layout.hpp"
 #include "fusedopt/cuda.hpp"
 #include "fusedopt/sharded.hpp"
-#include "runtime/reduction_hook.hpp"
+#include "runtime/step_extension.hpp"
 
 namespace fusedopt::comm {
 
 using detail::Piece;
 
-struct ShardedOptimizer::Impl {
+/// The sharded optimizer, and its ops in the local optimizer's step program: `begin`
+/// finishes the gradient reduction, `hook k` combines pass k's totals across ranks, `publish`
+/// gathers the updated pieces.
+struct ShardedOptimizer::Impl final : fusedopt::detail::StepExtension {
   explicit Impl(Communicator c) : comm(std::move(c)) {}
   Communicator comm;
   ShardOptions options;
@@ -66,15 +69,18 @@ struct ShardedOptimizer::Impl {
   /// The parameter broadcasts: buckets of pieces, each from its owner.
   void build_gather();
 
-  /// The reduction hook: the local optimizer's totals combined across ranks.
-  void combine(const ReductionPartials& p);
+  /// `begin`: what backward did not mark is reduced, and every reduction finished.
+  void begin(void* stream) override;
+  /// `hook k`: the local optimizer's totals combined across ranks.
+  void combine(const ReductionPartials& p) override;
+  /// `publish`: the updated pieces broadcast from their owners (gather_params).
+  void publish(void* stream) override { gather_params(stream); }
   void combine_globals(const ReductionPartials& p);
   void combine_per_tensor(const ReductionPartials& p);
   void exchange_table(const ReductionPartials& p, const std::vector<double*>& totals,
                       const std::vector<int>& columns, std::vector<double>& table, bool back) const;
   void reduce_table(const ReductionPartials& p, std::vector<double>& table, ReduceOp op);
   void gather_params(void* stream);
-  StepResult finish_and(const std::function<StepResult()>& step_shard, void* stream);
 };
 
 namespace detail {

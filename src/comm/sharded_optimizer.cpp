@@ -169,8 +169,7 @@ void ShardedOptimizer::Impl::build_local(const Rule& rule, const std::vector<Par
     }
   }
   local = std::make_unique<Optimizer>(rule, std::move(local_groups), options.optimizer);
-  fusedopt::detail::OptimizerAccess::set_reduction_hook(
-      *local, [this](const ReductionPartials& p) { combine(p); });
+  fusedopt::detail::OptimizerAccess::set_extension(*local, this);
 }
 
 // Gradient reduction: all-reduce (ZeRO-1), or each piece reduced to its owner (ZeRO-2).
@@ -338,16 +337,12 @@ void ShardedOptimizer::Impl::gather_params(void* stream) {
   for (Work& w : work) w.wait();
 }
 
-StepResult ShardedOptimizer::Impl::finish_and(const std::function<StepResult()>& step_shard,
-                                              void* stream) {
+// The verdict is the same on every rank (`hook` combines the grad check), so either every
+// rank publishes or none does: a step skipped on the host stops before `publish`; on the
+// device the verdict stays there, and every rank gathers (the unchanged pieces).
+void ShardedOptimizer::Impl::begin(void* stream) {
   reducer->mark_all_ready(stream);  // what backward did not mark
   reducer->finish();
-  // The verdict is the same on every rank (the hook combines the grad check), so either
-  // every rank gathers or none does. On the device the verdict stays there: every rank
-  // gathers (a skipped step broadcasts the unchanged pieces), then asks.
-  const StepResult result = step_shard();
-  if (!result.known() || result.taken()) gather_params(stream);
-  return result;
 }
 
 void ShardedOptimizer::mark_ready(int param, void* stream) {
@@ -371,13 +366,13 @@ StepResult ShardedOptimizer::step(void* stream) { return step_scaled(1.0f, strea
 StepResult ShardedOptimizer::step_scaled(float inv_grad_scale, void* stream) {
   Impl& m = live("step_scaled");
   const float factor = inv_grad_scale / static_cast<float>(m.ranks);
-  return m.finish_and([&] { return m.local->step_scaled(factor, stream); }, stream);
+  return m.local->step_scaled(factor, stream);  // its program: begin ... publish
 }
 
 StepResult ShardedOptimizer::step(GradScaler& scaler, void* stream) {
   Impl& m = live("step");
   const float factor = m.reducer->grad_scale();
-  return m.finish_and([&] { return scaler.step(*m.local, stream, factor); }, stream);
+  return scaler.step(*m.local, stream, factor);
 }
 
 void ShardedOptimizer::set_hyper(const std::string& name, double value, std::optional<int> group) {

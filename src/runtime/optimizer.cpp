@@ -13,7 +13,7 @@
 #include "io/checkpoint_format.hpp"
 #include "rule_access.hpp"
 #include "runtime/optimizer_impl.hpp"
-#include "runtime/reduction_hook.hpp"
+#include "runtime/step_extension.hpp"
 #include "support/check.hpp"
 
 namespace fusedopt {
@@ -193,6 +193,9 @@ StepResult Optimizer::Impl::run_step(float inv_grad_scale, bool scaled, void* st
   using K = runtime::StepOp::Kind;
   for (const runtime::StepOp& op : scaled ? scaled_program : plain_program) {
     switch (op.kind) {
+      case K::Begin:
+        extension->begin(stream);
+        break;
       case K::CheckGrads:
         backend->fill(flag, 0, sizeof(double), stream);
         for (auto& kernel : kernels) {
@@ -200,7 +203,7 @@ StepResult Optimizer::Impl::run_step(float inv_grad_scale, bool scaled, void* st
         }
         break;
       case K::CheckHook:
-        if (hook) call_check_hook(stream);  // combines the verdict across ranks (by max)
+        if (extension) call_check_hook(stream);  // combines the verdict across ranks (by max)
         break;
       case K::SkipIf:
         // The one place the devices differ: where the verdict can be read in place (host
@@ -219,7 +222,7 @@ StepResult Optimizer::Impl::run_step(float inv_grad_scale, bool scaled, void* st
         }
         break;
       case K::Hook:
-        if (hook) call_hook(op.pass, stream);
+        if (extension) call_hook(op.pass, stream);
         break;
       case K::Update:
         for (auto& kernel : kernels) kernel->update(args, stream);
@@ -230,6 +233,9 @@ StepResult Optimizer::Impl::run_step(float inv_grad_scale, bool scaled, void* st
           kernels.front()->update_scaler(scaler->scaler, flag, scaler->growth, scaler->backoff,
                                          scaler->interval, stream);
         }
+        break;
+      case K::Publish:
+        extension->publish(stream);
         break;
     }
   }
@@ -262,6 +268,12 @@ void Optimizer::Impl::count_step(const double* skip, void* stream) {
   backend->copy_from_host(count, &taken, sizeof taken);
 }
 
+void Optimizer::Impl::compile_programs() {
+  const bool extended = extension != nullptr;
+  plain_program = runtime::compile_step(reduction_passes, false, fold_check, extended);
+  scaled_program = runtime::compile_step(reduction_passes, true, fold_check, extended);
+}
+
 void Optimizer::Impl::call_check_hook(void* stream) {
   ReductionPartials p;
   p.pass = -1;
@@ -275,7 +287,7 @@ void Optimizer::Impl::call_check_hook(void* stream) {
   info.pass = -1;
   info.max = true;
   p.slots.push_back(std::move(info));
-  hook(p);
+  extension->combine(p);
 }
 
 void Optimizer::Impl::call_hook(int pass, void* stream) {
@@ -307,7 +319,7 @@ void Optimizer::Impl::call_hook(int pass, void* stream) {
     t.params = binding_params[b];
     p.tensors.push_back(std::move(t));
   }
-  hook(p);
+  extension->combine(p);
 }
 
 StepResult Optimizer::Impl::run_amp_step(const float* grad_scale, const float* found_inf,
@@ -355,8 +367,36 @@ StepResult Optimizer::step_scaled(float inv_grad_scale, void* stream) {
 
 namespace detail {
 
+void OptimizerAccess::set_extension(Optimizer& opt, StepExtension* extension) {
+  Optimizer::Impl& m = opt.live("set_extension");
+  m.own_extension.reset();
+  m.extension = extension;
+  m.compile_programs();
+}
+
+namespace {
+
+/// A bare reduction hook as an extension: it only combines.
+class HookExtension final : public StepExtension {
+ public:
+  explicit HookExtension(ReductionHook hook) : hook_(std::move(hook)) {}
+  void begin(void*) override {}
+  void combine(const ReductionPartials& totals) override { hook_(totals); }
+  void publish(void*) override {}
+
+ private:
+  ReductionHook hook_;
+};
+
+}  // namespace
+
 void OptimizerAccess::set_reduction_hook(Optimizer& opt, ReductionHook hook) {
-  opt.live("set_reduction_hook").hook = std::move(hook);
+  Optimizer::Impl& m = opt.live("set_reduction_hook");
+  std::unique_ptr<StepExtension> own;
+  if (hook) own = std::make_unique<HookExtension>(std::move(hook));
+  m.extension = own.get();
+  m.own_extension = std::move(own);
+  m.compile_programs();
 }
 
 }  // namespace detail
@@ -442,6 +482,8 @@ OptimizerStats Optimizer::stats() const {
     st.reduction_strategy = to_string(m.kernels.front()->body().strategy);
   }
   st.schedule_report = m.schedule_report;
+  st.step_program = runtime::describe(m.plain_program);
+  st.scaled_step_program = runtime::describe(m.scaled_program);
   static const char* kRank[] = {"memory", "disk", "compiled"};
   int slowest = -1;
   for (std::size_t b = 0; b < m.kernels.size(); ++b) {

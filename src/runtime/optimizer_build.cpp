@@ -399,10 +399,9 @@ void Optimizer::Impl::bind_kernels() {
   // The grad check rides on pass 0 (one read of the gradient for the unscale, the check and
   // any norm) unless a pass 0 writes (the Store strategy with one reduction pass): the skip
   // must be known before anything is written.
-  bool fold_check = true;
+  fold_check = true;
   for (const auto& kernel : kernels) fold_check = fold_check && kernel->body().store_pass != 0;
-  plain_program = runtime::compile_step(reduction_passes, false, fold_check);
-  scaled_program = runtime::compile_step(reduction_passes, true, fold_check);
+  compile_programs();
 }
 
 std::vector<runtime::BindingTensors> Optimizer::Impl::binding_tensors() {

@@ -18,7 +18,7 @@
 #include "io/safetensors.hpp"
 #include "runtime/backend.hpp"
 #include "runtime/binding.hpp"
-#include "runtime/reduction_hook.hpp"
+#include "runtime/step_extension.hpp"
 #include "runtime/step_program.hpp"
 
 namespace fusedopt {
@@ -143,6 +143,8 @@ struct FUSEDOPT_NO_EXPORT Optimizer::Impl {
   /// The step as a program (step_program.hpp): plain, and scaled (checked and skipped on a
   /// non-finite gradient); compiled by bind_kernels().
   runtime::StepProgram plain_program, scaled_program;
+  /// Whether the grad check may ride on pass 0 (no binding's pass 0 writes).
+  bool fold_check = true;
   std::vector<std::unique_ptr<runtime::Binding>> kernels;  ///< one per binding
   /// The steps taken (one double, backend memory): launches read their step from it (one
   /// past it) and a step's last launch counts it unless the step was skipped, so the count
@@ -155,7 +157,10 @@ struct FUSEDOPT_NO_EXPORT Optimizer::Impl {
   // Reductions.
   int reduction_passes = 0;
   std::vector<std::vector<int>> binding_params;  ///< per binding: param index of each tensor
-  ReductionHook hook;
+  /// A library's ops in the step program (detail::StepExtension; null: none), and the
+  /// extension set_reduction_hook makes of a bare hook.
+  detail::StepExtension* extension = nullptr;
+  std::unique_ptr<detail::StepExtension> own_extension;
   std::string schedule_report;
   /// Where a step's device verdict is read (the grad-check slot of global_totals), and the
   /// serial of the last step: a StepResult of an older step can no longer be read. Shared
@@ -199,10 +204,12 @@ struct FUSEDOPT_NO_EXPORT Optimizer::Impl {
   /// Binding `b`'s tensors' role pointers, in kernel role order (param, grad, states,
   /// outputs, master).
   std::vector<std::vector<void*>> binding_ptrs(std::size_t b) const;
-  /// Hands pass `pass`'s totals to the hook.
+  /// The step programs of the schedule and the extension (plain_program, scaled_program).
+  void compile_programs();
+  /// Hands pass `pass`'s totals to the extension.
   void call_hook(int pass, void* stream);
   /// Hands a scaled step's separate grad check (the last global slot: 0, or non-zero when a
-  /// gradient is not finite) to the hook as pass -1.
+  /// gradient is not finite) to the extension as pass -1.
   void call_check_hook(void* stream);
 
   explicit Impl(const Rule& r) : rule(r) {}

@@ -3,10 +3,11 @@
 
 namespace fusedopt::runtime {
 
-StepProgram compile_step(int passes, bool scaled, bool fold_check) {
+StepProgram compile_step(int passes, bool scaled, bool fold_check, bool extended) {
   using K = StepOp::Kind;
   const bool folded = scaled && fold_check && passes > 0;
   StepProgram p;
+  if (extended) p.push_back({K::Begin});
   if (scaled && !folded) {
     // Every binding is checked before any is written: a non-finite gradient anywhere
     // leaves every tensor untouched.
@@ -24,6 +25,7 @@ StepProgram compile_step(int passes, bool scaled, bool fold_check) {
   }
   p.push_back({K::Update});
   p.push_back({K::End});
+  if (extended) p.push_back({K::Publish});
   return p;
 }
 
@@ -32,6 +34,9 @@ std::string describe(const StepProgram& program) {
   for (const StepOp& op : program) {
     if (!out.empty()) out += ", ";
     switch (op.kind) {
+      case StepOp::Kind::Begin:
+        out += "begin";
+        break;
       case StepOp::Kind::CheckGrads:
         out += "check grads";
         break;
@@ -55,6 +60,9 @@ std::string describe(const StepProgram& program) {
         break;
       case StepOp::Kind::End:
         out += "end";
+        break;
+      case StepOp::Kind::Publish:
+        out += "publish";
         break;
     }
   }

@@ -12,6 +12,7 @@ namespace fusedopt::runtime {
 
 struct StepOp {
   enum class Kind {
+    Begin,       ///< the extension's first op (e.g. the gradients' all-reduce finished)
     CheckGrads,  ///< the separate grad check: the verdict slot = 1 when a gradient is not finite
     CheckHook,   ///< hands the verdict slot to the reduction hook (pass -1: combined by max)
     SkipIf,      ///< the step is not taken when the verdict slot is set
@@ -20,6 +21,7 @@ struct StepOp {
     Hook,        ///< hands pass `pass`'s totals to the reduction hook
     Update,      ///< the update pass of every binding (and its scalar states)
     End,         ///< counts the step (on the device where the count lives there)
+    Publish,     ///< the extension's last op (e.g. the updated pieces gathered)
   };
   Kind kind;
   int pass = -1;             ///< Reduce, Finalize, Hook
@@ -36,7 +38,9 @@ using StepProgram = std::vector<StepOp>;
 /// checked and the step skipped when one is not finite: the check is folded into pass 0
 /// when `fold_check` (one read of the gradients; not when pass 0 writes), else it is its
 /// own launch before anything else.
-StepProgram compile_step(int passes, bool scaled, bool fold_check);
+/// With `extended`, the program of an optimizer with a step extension: `begin` first and
+/// `publish` last.
+StepProgram compile_step(int passes, bool scaled, bool fold_check, bool extended = false);
 
 /// "check grads, hook check, skip if, reduce 0 (+check), finalize 0, hook 0, update, end":
 /// for logs and stats.

@@ -97,8 +97,15 @@ TEST_SUITE("comm_mpi") {
       options.stage = c.stage;
       options.buckets = buckets;
       ShardedOptimizer sharded(comm, Rule::preset(c.preset), groups_of(sharded_arena), options);
+      // Its step is the local optimizer's program with the sharded ops: the gradients'
+      // reduction finished first, each pass's totals combined, the pieces gathered last.
+      const std::string program = sharded.local().stats().step_program;
+      CHECK(program.rfind("begin, ", 0) == 0);
+      CHECK(program.find(", update, end, publish") == program.size() - 22);
+      CHECK((program.find("hook 0") != std::string::npos) == (std::string(c.preset) == "lamb"));
       // The reference: plain data parallel, every rank holding the whole state.
       Optimizer dp(Rule::preset(c.preset), groups_of(dp_arena));
+      CHECK(dp.stats().step_program.find("begin") == std::string::npos);
       std::vector<fusedopt::Tensor> dp_grads;
       for (std::size_t i = 0; i < dp_arena.size(); ++i) dp_grads.push_back(dp_arena.grad(i));
       GradBucketer bucketer(comm, dp_grads, buckets);

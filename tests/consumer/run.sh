@@ -62,7 +62,7 @@ case "$mode" in
     # support pieces it uses (DynLib, the log), and must not export them either.
     internal='fusedopt::(lang|codegen|jit|provider|runtime|cache|io|support|detail)::'
     # But the entry points the core exports for libfusedopt_comm alone (detail::OptimizerAccess
-    # in src/runtime/reduction_hook.hpp; no public header declares them).
+    # in src/runtime/step_extension.hpp; no public header declares them).
     for_comm='fusedopt::detail::OptimizerAccess::'
     comm_lib="$(find "$work/prefix" -name 'libfusedopt_comm.so.*' -type f | head -n 1)"
     [ -n "$comm_lib" ] || {

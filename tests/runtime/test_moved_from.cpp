@@ -9,8 +9,8 @@
 #include <utility>
 
 #include "fusedopt/error.hpp"
-#include "runtime/reduction_hook.hpp"
 #include "runtime/runtime_support.hpp"
+#include "runtime/step_extension.hpp"
 
 namespace fusedopt_tests {
 namespace {

@@ -19,8 +19,8 @@
 #include "presets.hpp"
 #include "runtime/backend.hpp"
 #include "runtime/host_module.hpp"
-#include "runtime/reduction_hook.hpp"
 #include "runtime/runtime_support.hpp"
+#include "runtime/step_extension.hpp"
 #include "support/host_kernel_calls.hpp"
 #include "support/kernel_run.hpp"
 #include "support/log.hpp"
@@ -358,6 +358,17 @@ TEST_SUITE("runtime") {
     Optimizer opt(Rule::preset("adamw"), {x.group(0, 1)}, options);
     // master 4 + 4, param write 2, bf16 grad 2, m and v 8 + 8.
     CHECK(opt.stats().bytes_per_step == (4 + 4 + 2 + 2 + 16) * 100);
+  }
+
+  TEST_CASE("stats name the step program: LAMB's two passes, the check folded into pass 0") {
+    use_private_cache();
+    Params x({100, 7});
+    Optimizer opt(Rule::preset("lamb"), {x.group(0, 2)});
+    CHECK(opt.stats().step_program ==
+          "reduce 0, finalize 0, hook 0, reduce 1, finalize 1, hook 1, update, end");
+    CHECK(opt.stats().scaled_step_program ==
+          "reduce 0 (+check), finalize 0, hook 0, skip if, reduce 1, finalize 1, hook 1, update, "
+          "end");
   }
 
   TEST_CASE("the fusion report counts a per-tensor loop's launches against ours") {

@@ -21,6 +21,16 @@ TEST_SUITE("runtime") {
     CHECK(compile_step(2, false, false) == compile_step(2, false, true));
   }
 
+  TEST_CASE("a step extension's ops open and close the program") {
+    // ShardedOptimizer's: begin (the gradients' reduction finished), hook k (each pass's
+    // totals combined across ranks), publish (the updated pieces gathered).
+    CHECK(describe(compile_step(0, false, true, true)) == "begin, update, end, publish");
+    CHECK(describe(compile_step(1, true, true, true)) ==
+          "begin, reduce 0 (+check), finalize 0, hook 0, skip if, update, end, publish");
+    CHECK(describe(compile_step(0, true, true, true)) ==
+          "begin, check grads, hook check, skip if, update, end, publish");
+  }
+
   TEST_CASE("a scaled step checks every gradient before anything is written") {
     // No reduction pass: the check is its own launch, handed to the hook, then the skip.
     CHECK(describe(compile_step(0, true, true)) == "check grads, hook check, skip if, update, end");

@@ -1,8 +1,9 @@
-// What fusedopt's comm library needs of an Optimizer beyond the public API: the reduction
-// hook (ShardedOptimizer combines a step's reduction totals across ranks between passes)
-// and a load from memory (a sharded checkpoint's pieces). Internal: the hook's types name
-// passes and slots of the kernel's schedule, which the public API does not expose; the
-// entry points are exported from the core library so that libfusedopt_comm can call them.
+// What fusedopt's comm library needs of an Optimizer beyond the public API: a step
+// extension (ShardedOptimizer's ops in the step program: finish the gradient reduction,
+// combine each pass's totals across ranks, gather the updated pieces) and a load from
+// memory (a sharded checkpoint's pieces). Internal: the types name passes and slots of the
+// kernel's schedule, which the public API does not expose; the entry points are exported
+// from the core library so that libfusedopt_comm can call them.
 #pragma once
 
 #include <cstdint>
@@ -61,9 +62,26 @@ using ReductionHook = std::function<void(const ReductionPartials&)>;
 
 namespace detail {
 
+/// What a library adds to an Optimizer's step: ops of the step program (step_program.hpp),
+/// each at a fixed place of every step, in program order.
+class StepExtension {
+ public:
+  virtual ~StepExtension() = default;
+  /// `begin`, the step's first op: e.g. the gradients' all-reduce finished.
+  virtual void begin(void* stream) = 0;
+  /// `hook k` (and `hook check`, pass -1): this process's raw totals of pass k (see
+  /// ReductionPartials), combined in place before the next pass reads them.
+  virtual void combine(const ReductionPartials& totals) = 0;
+  /// `publish`, after the count: the updated parameters made everyone's (a skipped step
+  /// that stops on the host does not get here; on a device it publishes unchanged ones).
+  virtual void publish(void* stream) = 0;
+};
+
 struct FUSEDOPT_API OptimizerAccess {
-  /// Calls `hook` after each reduction pass of `opt`'s steps with this process's raw totals
-  /// (see ReductionPartials), before the next pass reads them; empty: none.
+  /// Adds `extension`'s ops to `opt`'s step program (null: none); it must outlive `opt` or
+  /// be removed first.
+  static void set_extension(Optimizer& opt, StepExtension* extension);
+  /// An extension that only combines: `hook` with each pass's totals; empty: none.
   static void set_reduction_hook(Optimizer& opt, ReductionHook hook);
   /// Optimizer::load of a checkpoint already in memory and checked by the caller (a sharded
   /// checkpoint's pieces of this rank): `metadata` and `tensors` as save() writes them; the
