@@ -1,6 +1,7 @@
-// Checkpoint files in the safetensors format (what Optimizer::save writes), for programs and
-// libraries that assemble or split checkpoints: read a tensor, or a byte range of one,
-// without loading the whole file, and write a file atomically.
+// Checkpoint files in the safetensors format, for programs and libraries that assemble or
+// split checkpoints: read a tensor, or a byte range of one, without loading the whole file,
+// and write a file atomically. Optimizer::save and the sharded checkpoints write with this
+// very writer.
 #pragma once
 
 #include <cstdint>

@@ -8,6 +8,7 @@
 #include <set>
 
 #include "fusedopt/error.hpp"
+#include "fusedopt/safetensors.hpp"
 #include "io/checkpoint_format.hpp"
 #include "io/safetensors.hpp"
 #include "jit/build.hpp"
@@ -61,7 +62,7 @@ std::string Optimizer::Impl::hypers_text() const {
 void Optimizer::save(const std::filesystem::path& path) const {
   const Impl& m = live("save");
   Impl::Exclusive hold(m, "save");
-  std::vector<io::TensorView> views;
+  std::vector<SafetensorsTensor> tensors;
   // Memory the host can read is written in place; device memory is staged through host
   // memory (the backend's copies wait for every queued step first).
   std::vector<std::vector<std::byte>> staged;
@@ -74,7 +75,7 @@ void Optimizer::save(const std::filesystem::path& path) const {
       m.backend->copy_to_host(staged.back().data(), e.data, bytes);
       data = staged.back().data();
     }
-    views.push_back({e.name, ck::st_dtype(e.dtype), {e.numel}, data, bytes});
+    tensors.push_back({e.name, e.dtype, e.numel, data});
   }
   std::string keys;
   for (const auto& kernel : m.kernels) keys += (keys.empty() ? "" : ",") + kernel->key();
@@ -94,7 +95,9 @@ void Optimizer::save(const std::filesystem::path& path) const {
       {ck::kMasterWeightsKey, m.options.master_weights ? "true" : "false"},
       {ck::kParamsKey, ck::format_params(params)},
   };
-  io::write_safetensors(path, views, metadata);  // atomic: temp file, fsync, rename
+  // The same writer as every fusedopt file (fusedopt/safetensors.hpp): atomic (a temp file,
+  // fsync, rename), with the checksum of the whole file.
+  write_safetensors(path, tensors, metadata);
 }
 
 namespace {
