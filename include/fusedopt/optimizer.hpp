@@ -78,6 +78,26 @@ struct OptimizerOptions {
 };
 
 /// What a step costs, and where its kernel came from.
+/// What kind of state an optimizer keeps per parameter, and so its size.
+enum class StateKind {
+  Element,  ///< the rule's `state`: one value per element of the param
+  Output,   ///< the rule's `output`: one value per element, written every step, not saved
+  Scalar,   ///< the rule's `scalar`: one float64 per param
+  Row,      ///< the rule's `row`: one fp32 per row of the param's matrices
+  Col,      ///< the rule's `col`: one fp32 per column
+  Master,   ///< the fp32 master copy of a 16-bit param (OptimizerOptions::master_weights)
+};
+/// "element", "output", "scalar", "row", "col", "master".
+FUSEDOPT_API const char* to_string(StateKind kind);
+
+/// One state an optimizer keeps per parameter (Optimizer::states()).
+struct StateInfo {
+  std::string name;  ///< as state() and checkpoints name it ("m", "master")
+  StateKind kind = StateKind::Element;
+  DType dtype = DType::F32;  ///< its storage
+  bool saved = true;         ///< whether checkpoints hold it (all but outputs)
+};
+
 struct OptimizerStats {
   std::int64_t tensors = 0;  ///< parameters (empty ones included)
   std::int64_t elements = 0;
@@ -228,6 +248,9 @@ class FUSEDOPT_API Optimizer {
   std::int64_t step_count() const;
   OptimizerStats stats() const;
 
+  /// Every state kept per parameter, in one order (element states, outputs, scalars, rows,
+  /// columns, the master copy): what state() views and checkpoints hold.
+  std::vector<StateInfo> states() const;
   /// The optimizer's state of tensor `param` (a flat view), e.g. state("m", 3).
   Tensor state(const std::string& name, int param_index) const;
 

@@ -349,23 +349,27 @@ class Optimizer(torch.optim.Optimizer):
     def _views(self, engine, slot, p):
         """The engine's state of one param as torch tensors (views, no copy), torch names."""
         out = {}
-        for name in self._rule.states:
-            out[self._names.get(name, name)] = engine.state(name, slot, "param")
-        for name in self._rule.scalars:
-            out[self._names.get(name, name)] = engine.state(name, slot, "scalar")
         shape = list(p.shape) or [1]
         rows = shape[:-1] + [1] if len(shape) >= 2 else shape
         cols = shape[:-2] + [1, shape[-1]] if len(shape) >= 2 else [1]
-        for name in self._rule.row_states:
-            # torch's Adafactor keeps a 1-D param's full variance as "variance": our row
-            # state of its numel rows.
-            key = "variance" if self._preset == "adafactor" and p.dim() < 2 else \
-                self._names.get(name, name)
-            out[key] = engine.state(name, slot, "flat").view(rows)
-        for name in self._rule.col_states:
-            out[self._names.get(name, name)] = engine.state(name, slot, "flat").view(cols)
-        if self._options["master_weights"] and p.dtype != torch.float32:
-            out["master"] = engine.state("master", slot, "param")
+        # The engine's one table of states (Optimizer::states()), by kind; outputs are
+        # scratch of a step, not state torch would keep.
+        for name, kind in engine.states():
+            key = self._names.get(name, name)
+            if kind == "element":
+                out[key] = engine.state(name, slot, "param")
+            elif kind == "scalar":
+                out[key] = engine.state(name, slot, "scalar")
+            elif kind == "row":
+                # torch's Adafactor keeps a 1-D param's full variance as "variance": our row
+                # state of its numel rows.
+                if self._preset == "adafactor" and p.dim() < 2:
+                    key = "variance"
+                out[key] = engine.state(name, slot, "flat").view(rows)
+            elif kind == "col":
+                out[key] = engine.state(name, slot, "flat").view(cols)
+            elif kind == "master" and p.dtype != torch.float32:
+                out["master"] = engine.state("master", slot, "param")
         return out
 
     def _rebind_moved(self, bound, stream):

@@ -212,6 +212,13 @@ class Engine {
   }
   double hyper(const std::string& name, int group) const { return opt_->hyper(name, group); }
   std::int64_t step_count() const { return opt_->step_count(); }
+  /// Every state kept per param as (name, kind): "element", "output", "scalar", "row",
+  /// "col", "master" (Optimizer::states()).
+  std::vector<std::pair<std::string, std::string>> states() const {
+    std::vector<std::pair<std::string, std::string>> out;
+    for (const fo::StateInfo& s : opt_->states()) out.emplace_back(s.name, fo::to_string(s.kind));
+    return out;
+  }
   void set_step_count(std::int64_t n) { opt_->set_step_count(n); }
 
   /// State `name` of param `index` as a DLPack tensor (zero-copy; it keeps `self` alive).
@@ -343,6 +350,7 @@ void bind_engine(nb::module_& m) {
       .def("hyper", &Engine::hyper, nb::arg("name"), nb::arg("group") = 0)
       .def("step_count", &Engine::step_count)
       .def("set_step_count", &Engine::set_step_count)
+      .def("states", &Engine::states)
       .def("state", &Engine::state, nb::arg("name"), nb::arg("index"),
            nb::arg("shape_as") = "param")
       .def("stats", &Engine::stats)

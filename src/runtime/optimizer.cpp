@@ -500,6 +500,32 @@ OptimizerStats Optimizer::stats() const {
   return st;
 }
 
+const char* to_string(StateKind kind) {
+  switch (kind) {
+    case StateKind::Element:
+      return "element";
+    case StateKind::Output:
+      return "output";
+    case StateKind::Scalar:
+      return "scalar";
+    case StateKind::Row:
+      return "row";
+    case StateKind::Col:
+      return "col";
+    case StateKind::Master:
+      return "master";
+  }
+  return "?";
+}
+
+std::vector<StateInfo> Optimizer::states() const {
+  std::vector<StateInfo> out;
+  for (const runtime::StateSpec& spec : live("states").specs) {
+    out.push_back({spec.name, spec.kind, spec.dtype, spec.saved()});
+  }
+  return out;
+}
+
 Tensor Optimizer::state(const std::string& name, int param_index) const {
   const runtime::StateSpec& spec = live("state").state_spec(name);
   FUSEDOPT_CHECK_USAGE(

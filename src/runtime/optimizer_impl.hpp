@@ -55,16 +55,9 @@ struct ParamSlot {
 
 /// One state the optimizer keeps per parameter: a row of the table built from the rule
 /// (Optimizer::Impl::specs), which state(), the state views and checkpoints iterate. A new
-/// kind of state is one more Kind and its case in Impl::state_view.
+/// kind of state is one more StateKind (optimizer.hpp) and its case in Impl::state_view.
 struct StateSpec {
-  enum class Kind {
-    Element,  ///< `state`: one value per element, in OptimizerOptions::state_dtype
-    Output,   ///< `output`: one per element, written every step, not saved
-    Scalar,   ///< `scalar`: one float64 per tensor
-    Row,      ///< `row`: one fp32 per row of the tensor's matrices
-    Col,      ///< `col`: one fp32 per column
-    Master,   ///< the fp32 master copy of a 16-bit param (master_weights)
-  };
+  using Kind = StateKind;
   Kind kind;
   std::string name;
   DType dtype;

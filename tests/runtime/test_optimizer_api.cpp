@@ -360,6 +360,34 @@ TEST_SUITE("runtime") {
     CHECK(opt.stats().bytes_per_step == (4 + 4 + 2 + 2 + 16) * 100);
   }
 
+  TEST_CASE("states() lists every state kept per param, in one order, as state() names them") {
+    use_private_cache();
+    Params x({12, 5}, DType::BF16);
+    fusedopt::OptimizerOptions options;
+    options.master_weights = true;
+    for (const char* preset : {"nadam", "adafactor", "lamb"}) {
+      CAPTURE(preset);
+      const Rule rule = Rule::preset(preset);
+      Optimizer opt(rule, {x.group(0, 2)}, options);
+      std::vector<std::pair<std::string, fusedopt::StateKind>> want;
+      for (const std::string& n : rule.states()) want.emplace_back(n, fusedopt::StateKind::Element);
+      for (const std::string& n : rule.scalars()) want.emplace_back(n, fusedopt::StateKind::Scalar);
+      for (const std::string& n : rule.row_states()) want.emplace_back(n, fusedopt::StateKind::Row);
+      for (const std::string& n : rule.col_states()) want.emplace_back(n, fusedopt::StateKind::Col);
+      want.emplace_back("master", fusedopt::StateKind::Master);
+      std::vector<std::pair<std::string, fusedopt::StateKind>> got;
+      for (const fusedopt::StateInfo& s : opt.states()) {
+        got.emplace_back(s.name, s.kind);
+        CHECK(s.saved);
+        CHECK(opt.state(s.name, 0).numel > 0);  // each one viewable
+        if (s.kind == fusedopt::StateKind::Scalar) CHECK(s.dtype == DType::F64);
+        if (s.kind == fusedopt::StateKind::Master) CHECK(s.dtype == DType::F32);
+      }
+      CHECK(got == want);
+    }
+    CHECK(std::string(fusedopt::to_string(fusedopt::StateKind::Col)) == "col");
+  }
+
   TEST_CASE("stats name the step program: LAMB's two passes, the check folded into pass 0") {
     use_private_cache();
     Params x({100, 7});
