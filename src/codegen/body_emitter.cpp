@@ -49,7 +49,7 @@ std::string finish_value(lang::ReduceKind kind, const std::string& raw) {
 
 BodyEmitter::BodyEmitter(const lang::Rule& rule, const DTypeBinding& dtypes,
                          const Schedule& schedule)
-    : rule_(rule), dtypes_(dtypes), s_(schedule), em_(rule), file_(line_file_name(rule.file)) {
+    : rule_(rule), dtypes_(dtypes), s_(schedule), em_(rule), file_(rule_file_label(rule.file)) {
   for (std::size_t i = 0; i < rule.stmts.size(); ++i) {
     const lang::Stmt& st = rule.stmts[i];
     if (rule.symbols[st.target].kind == SymKind::Temp && st.value->uniform) {

@@ -62,7 +62,7 @@ KernelBody generate_body(const Rule& rule, const DTypeBinding& dtypes, Strategy 
   KernelBody body;
   body.kind = "rule";
   body.name = rule.name;
-  const std::string file = line_file_name(rule.file);
+  const std::string file = rule_file_label(rule.file);
 
   std::vector<std::string> role_names;
   std::vector<RoleDecl> decls;

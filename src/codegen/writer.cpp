@@ -24,6 +24,11 @@ std::string line_file_name(const std::string& file) {
   return out.empty() ? std::string("rule") : out;
 }
 
+std::string rule_file_label(const std::string& file) {
+  const std::size_t slash = file.find_last_of('/');
+  return line_file_name(slash == std::string::npos ? file : file.substr(slash + 1));
+}
+
 std::string float_literal(double value) {
   float f = static_cast<float>(value);
   if (std::isinf(f)) return f > 0 ? "fo_inf()" : "(-fo_inf())";

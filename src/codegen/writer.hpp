@@ -29,6 +29,11 @@ class Writer {
 
 /// A file name safe inside a #line directive: only [A-Za-z0-9._/-], others become '_'.
 std::string line_file_name(const std::string& file);
+/// What the generated source calls a rule's file in its #line directives: its base name,
+/// made safe (line_file_name). Never the path: the source is part of the cache key, which
+/// depends on what the kernel is, not on how the program named the file ("x.rule",
+/// "./x.rule" and "/abs/x.rule" are one kernel).
+std::string rule_file_label(const std::string& file);
 /// A C++ float literal for `value` rounded to fp32 ("1.0f", "9.99999994e-09f", fo_inf()).
 std::string float_literal(double value);
 /// A C++ double literal for `value`, exact ("0.999", "1.0000000000000001e-08", fo_inf_d()).

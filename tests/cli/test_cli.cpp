@@ -13,6 +13,7 @@
 #include <sstream>
 #include <thread>
 
+#include "fusedopt/kernel.hpp"
 #include "support/build_dirs.hpp"
 #include "support/requirements.hpp"
 #include "support/run.hpp"
@@ -217,6 +218,43 @@ TEST_SUITE("cli") {
     CliResult w = run_cli({"warmup", rule.string(), "--cache-dir", (d.path() / "c").string()});
     CHECK(w.code == 0);
     CHECK(w.out.find("1 compiled") != std::string::npos);
+  }
+
+  TEST_CASE("a cache warmed by one path to a rule serves it opened by others, elsewhere") {
+    // What a kernel is, not how the program named its file: warmed by an absolute path, the
+    // same rule opened as "./x.rule" from its own folder, as "x.rule" and as "sub/x.rule"
+    // from the folder above, by the CLI and by a program, compiles nothing.
+    TempDir d;
+    const fs::path sub = d.path() / "sub";
+    fs::create_directories(sub);
+    const std::string text =
+        "param p\ngrad g\nstate m = 0\nhyper lr = 0.1\nm = 0.9 * m + g\np = p - lr * m\n";
+    write_file(sub / "x.rule", text);
+    const std::string cache = (d.path() / "cache").string();
+    CliResult warm = run_cli({"warmup", (sub / "x.rule").string(), "--cache-dir", cache, "--json"});
+    INFO(warm.out << warm.err);
+    REQUIRE(warm.code == 0);
+    CHECK(json_int(warm.out, "compiled") == 1);
+    const fs::path before = fs::current_path();
+    fs::current_path(sub);
+    CliResult again = run_cli({"warmup", "./x.rule", "--cache-dir", cache, "--json"});
+    fusedopt::CompileOptions options;
+    options.cache_dir = cache;
+    const std::string origin = fusedopt::compile_kernel(fusedopt::Rule::parse(text, "./x.rule"),
+                                                        fusedopt::Target::host(), {}, options)
+                                   .origin;
+    fs::current_path(d.path());
+    const std::string above = fusedopt::compile_kernel(fusedopt::Rule::parse(text, "sub/x.rule"),
+                                                       fusedopt::Target::host(), {}, options)
+                                  .origin;
+    fs::current_path(before);
+    INFO(again.out << again.err);
+    CHECK(again.code == 0);
+    CHECK(json_int(again.out, "compiled") == 0);
+    CHECK(json_int(again.out, "cached") == 1);
+    CHECK(origin == "disk");
+    CHECK(above != "compiled");
+    CHECK(entries(cache, ".so").size() == 1);
   }
 
   TEST_CASE("warmup fails when the cache cannot keep a kernel it compiled") {
