@@ -90,6 +90,27 @@ def _float(value, key):
                      "number (booleans as 0/1)")
 
 
+def _check_torch_ranges(group):
+    """torch.optim's own checks of its constructors' hypers, with its messages: lr, eps,
+    weight_decay and momentum not negative, each beta in [0, 1)."""
+    def number(v):
+        return float(v.item() if isinstance(v, torch.Tensor) else v)
+
+    for key, what in (("lr", "learning rate"), ("weight_decay", "weight_decay value"),
+                      ("momentum", "momentum value")):
+        if group.get(key) is not None and not 0.0 <= number(group[key]):
+            raise ValueError(f"Invalid {what}: {group[key]}")
+    eps = group.get("eps")
+    for e in eps if isinstance(eps, (tuple, list)) else (eps,):
+        if e is not None and not 0.0 <= number(e):
+            raise ValueError(f"Invalid epsilon value: {eps}")
+    betas = group.get("betas")
+    if isinstance(betas, (tuple, list)):
+        for i, b in enumerate(betas):
+            if not 0.0 <= number(b) < 1.0:
+                raise ValueError(f"Invalid beta parameter at index {i}: {b}")
+
+
 class _Bound:
     """One C++ optimizer (engine) over a set of params that share a step count, and what
     it was last pointed at (so that a step finds moved tensors cheaply)."""
@@ -213,8 +234,11 @@ class Optimizer(torch.optim.Optimizer):
         # The library's rule for a hyper's value, checked here too so that construction
         # refuses what the first step would (as torch refuses a NaN lr); before the group is
         # added, so a refused group changes nothing.
-        self._check_group_hypers("Optimizer", len(self.param_groups),
-                                 {**self.defaults, **param_group})
+        group = {**self.defaults, **param_group}
+        self._check_torch_types(len(self.param_groups), group)
+        self._check_group_hypers("Optimizer", len(self.param_groups), group)
+        if self._preset is not None:
+            _check_torch_ranges(group)
         super().add_param_group(param_group)
         for key in param_group:
             if key in _IGNORED or key in self.defaults or key in self._hyper_names:
@@ -223,6 +247,18 @@ class Optimizer(torch.optim.Optimizer):
                              f"'{self._rule.name}' has no hyper '{key}' (it has: "
                              f"{', '.join(self._hyper_names) or 'none'})")
         self._key = None  # the next step plans again
+
+    @staticmethod
+    def _check_torch_types(g, group):
+        """A hyper that is not a number is a TypeError at construction, as in torch.optim
+        (whose range checks compare it with a number)."""
+        for key, value in group.items():
+            if key in _IGNORED:
+                continue
+            for v in value if isinstance(value, (tuple, list)) else (value,):
+                if v is not None and not isinstance(v, (numbers.Real, torch.Tensor)):
+                    raise TypeError(f"param group {g}: hyper '{key}' is {v!r} (a "
+                                    f"{type(v).__name__}); a hyper is a number")
 
     def _check_group_hypers(self, where, g, group):
         """Group g's hypers as the kernel will read them: torch's tuple keys of the right

@@ -554,6 +554,34 @@ def test_hypers_that_are_not_finite_fp32_numbers_are_refused(bad):
     assert torch.equal(p.detach(), torch.ones(3))  # the refused step changed nothing
 
 
+def test_hyper_types_and_ranges_are_checked_as_torch_checks_them():
+    p = torch.ones(3, requires_grad=True)
+    # The same exception types, and for ranges the same messages, as torch.optim's own.
+    for kwargs, error, match in [
+            ({"lr": "1e-3"}, TypeError, "hyper 'lr' is '1e-3'"),
+            ({"lr": -1.0}, ValueError, "Invalid learning rate: -1.0"),
+            ({"eps": -1e-8}, ValueError, "Invalid epsilon value: -1e-08"),
+            ({"betas": (1.0, 0.999)}, ValueError, "Invalid beta parameter at index 0: 1.0"),
+            ({"betas": (0.9, -0.1)}, ValueError, "Invalid beta parameter at index 1: -0.1"),
+            ({"weight_decay": -0.01}, ValueError, "Invalid weight_decay value: -0.01")]:
+        with pytest.raises(error, match=match):
+            ft.Optimizer([p], rule="adamw", **kwargs)
+        with pytest.raises(error):
+            torch.optim.AdamW([p], **kwargs)  # torch refuses the same
+    with pytest.raises(ValueError, match="Invalid momentum value: -0.5"):
+        ft.Optimizer([p], rule="sgd", lr=0.1, momentum=-0.5)
+    # A param group added later is checked too, before it is added.
+    opt = ft.Optimizer([p], rule="adamw")
+    with pytest.raises(ValueError, match="Invalid learning rate"):
+        opt.add_param_group({"params": [torch.ones(2, requires_grad=True)], "lr": -0.1})
+    assert len(opt.param_groups) == 1
+    # A user's rule: any finite number (its 'lr' may mean something else), never a string.
+    rule = "param p\ngrad g\nhyper lr = 0.1\np = p - lr * g\n"
+    ft.Optimizer([p], rule=fusedopt.Rule.parse(rule, "mine.rule"), lr=-1.0)
+    with pytest.raises(TypeError, match="a hyper is a number"):
+        ft.Optimizer([p], rule=fusedopt.Rule.parse(rule, "mine.rule"), lr="0.1")
+
+
 def test_state_views_alias_the_kernels_memory(seed):
     p = torch.randn(10, requires_grad=True)
     opt = ft.Optimizer([p], rule="sgd", lr=0.1, momentum=0.9)
@@ -956,11 +984,12 @@ def test_a_warning_made_an_error_stops_load_state_dict_before_it_changes_anythin
 
 
 def test_add_param_group_refuses_hypers_that_are_not_numbers_or_tuples_of_their_length():
-    # The rule load_state_dict checks a loaded group by: a string is not a number (it was
-    # read with float()), and a tuple key that is no tuple is not silently the default.
+    # A string is not a number (it was read with float()): a TypeError, as torch.optim's
+    # own checks raise (issue 29); and a tuple key that is no tuple is not silently the
+    # default.
     p, q = torch.zeros(3, requires_grad=True), torch.zeros(3, requires_grad=True)
     opt = ft.Optimizer([p], rule="adamw")
-    with pytest.raises(fusedopt.UsageError, match=r"param group 1: hyper 'lr' is '0\.1'"):
+    with pytest.raises(TypeError, match=r"param group 1: hyper 'lr' is '0\.1'"):
         opt.add_param_group({"params": [q], "lr": "0.1"})
     with pytest.raises(fusedopt.UsageError, match="hyper 'betas' is 0.9; it must be a tuple"):
         opt.add_param_group({"params": [q], "betas": 0.9})
