@@ -1,13 +1,18 @@
 // Compiles a rule file for a target and dtype binding through the kernel cache and says
 // where the binary came from. Usage: compile_rule RULE_FILE [TARGET] [DTYPES]
 #include <cstdio>
+#include <cstring>
 #include <fstream>
 #include <sstream>
 
 #include "fusedopt/kernel.hpp"
 
 int main(int argc, char** argv) {
-  if (argc < 2) {
+  if (argc < 2 || std::strcmp(argv[1], "--help") == 0 || std::strcmp(argv[1], "-h") == 0) {
+    if (argc >= 2) {
+      std::printf("usage: %s RULE_FILE [TARGET=sm_90] [DTYPES=bf16:bf16:fp32+master]\n", argv[0]);
+      return 0;
+    }
     std::fprintf(stderr, "usage: %s RULE_FILE [TARGET=sm_90] [DTYPES=bf16:bf16:fp32+master]\n",
                  argv[0]);
     return 2;

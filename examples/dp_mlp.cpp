@@ -483,6 +483,16 @@ int run(int argc, char** argv) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  for (int i = 1; i < argc; ++i) {  // before MPI starts: a plain process answers
+    if (std::strcmp(argv[i], "--help") == 0 || std::strcmp(argv[i], "-h") == 0) {
+      std::printf(
+          "usage: mpirun -np RANKS dp_mlp [--epochs N] [--batch N] [--samples N] [--seed N] "
+          "[--optimizer adamw|sgd] [--zero 0|1|2]\n"
+          "Data-parallel training of a small MLP: gradients all-reduced in buckets (or, with "
+          "--zero, the optimizer state sharded across the ranks).\n");
+      return 0;
+    }
+  }
   try {
     return run(argc, argv);
   } catch (const std::exception& e) {  // fusedopt::Error (CommError names the rank) and others

@@ -5,6 +5,7 @@
 // Usage: quickstart [RULE_FILE=my_momentum.rule] [CHECKPOINT=optimizer.safetensors]
 // Exit code: 0 when the loss fell 100-fold, 1 otherwise or on an error.
 #include <cstdio>
+#include <cstring>
 #include <fstream>
 #include <sstream>
 #include <vector>
@@ -26,6 +27,12 @@ double compute_grads(const std::vector<float>& x, std::vector<float>& dx) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  if (argc > 1 && (std::strcmp(argv[1], "--help") == 0 || std::strcmp(argv[1], "-h") == 0)) {
+    std::printf(
+        "usage: quickstart [RULE_FILE=my_momentum.rule] "
+        "[CHECKPOINT=optimizer.safetensors]\n");
+    return 0;
+  }
   const char* rule_file = argc > 1 ? argv[1] : "my_momentum.rule";
   const char* checkpoint = argc > 2 ? argv[2] : "optimizer.safetensors";
   try {

@@ -4,6 +4,7 @@
 // argument, saves the optimizer's checkpoint there at the end (a safetensors file).
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <random>
 #include <vector>
 
@@ -25,6 +26,13 @@ average = ema * average + (1 - ema) * w
 )";
 
 int main(int argc, char** argv) {
+  if (argc > 1 && (std::strcmp(argv[1], "--help") == 0 || std::strcmp(argv[1], "-h") == 0)) {
+    std::printf(
+        "usage: train_user_rule [CHECKPOINT]\n"
+        "Linear regression trained with a user-written rule; with CHECKPOINT, saves the "
+        "optimizer's state there.\n");
+    return 0;
+  }
   try {
     const int features = 32, samples = 512;
     std::mt19937 rng(7);
