@@ -67,7 +67,7 @@ constexpr std::int64_t kNumel[kNumParams] = {
 
 struct Args {
   int epochs = 20;
-  int batch = 64;  // global batch, split evenly across the ranks
+  int batch = 0;  // global batch, split evenly across the ranks; 0: 64 rounded down to them
   int samples = 1024;
   unsigned seed = 1;
   // AdamW shows the usual case. SGD with momentum makes the check sharper: its step is
@@ -308,6 +308,9 @@ std::string parse_args(int argc, char** argv, int ranks, Args* args) {
     if (flag == "--seed") args->seed = static_cast<unsigned>(seed);
     ++i;
   }
+  // The default works at any world size: 64 samples, rounded down to a multiple of the ranks
+  // (63 at 3 ranks), at least one per rank.
+  if (args->batch == 0) args->batch = std::max(ranks, 64 / ranks * ranks);
   if (args->batch % ranks != 0)
     return "the global batch (--batch " + std::to_string(args->batch) +
            ") must divide evenly across the " + std::to_string(ranks) + " ranks";
