@@ -93,6 +93,39 @@ TEST_SUITE("cli") {
     CHECK(entries(dir, ".tmp").empty());
   }
 
+  TEST_CASE("verify, prune and clear report as JSON with --json, as warmup and list do") {
+    TempDir d;
+    std::string dir = (d.path() / "cache").string();
+    REQUIRE(run_cli({"warmup", "--preset", "adamw", "--preset", "sgd", "--cache-dir", dir}).code ==
+            0);
+    auto sos = entries(dir, ".so");
+    REQUIRE(sos.size() == 2);
+    CliResult good = run_cli({"verify", "--json", "--cache-dir", dir});
+    INFO(good.out << good.err);
+    CHECK(good.code == 0);
+    CHECK(json_int(good.out, "entries") == 2);
+    CHECK(good.out.find("\"bad\": []") != std::string::npos);
+    fs::resize_file(sos[0], fs::file_size(sos[0]) / 2);
+    CliResult bad = run_cli({"verify", "--json", "--cache-dir", dir});
+    INFO(bad.out << bad.err);
+    CHECK(bad.code == 1);
+    CHECK(bad.out.find("\"path\": \"" + sos[0].string() + "\"") != std::string::npos);
+    CHECK(bad.out.find("\"removed\": false") != std::string::npos);
+    CliResult prune = run_cli({"prune", "--max-bytes", "1", "--json", "--cache-dir", dir});
+    INFO(prune.out << prune.err);
+    CHECK(prune.code == 0);
+    CHECK(json_int(prune.out, "entries") == 0);
+    CHECK(json_int(prune.out, "total_bytes") == 0);
+    CHECK(json_int(prune.out, "removed_bytes") > 0);
+    CHECK(prune.out.find("\"leftovers\": []") != std::string::npos);
+    REQUIRE(run_cli({"warmup", "--preset", "sgd", "--cache-dir", dir}).code == 0);
+    CliResult clear = run_cli({"clear", "--json", "--cache-dir", dir});
+    INFO(clear.out << clear.err);
+    CHECK(clear.code == 0);
+    CHECK(json_int(clear.out, "removed_bytes") > 0);
+    CHECK(entries(dir, ".so").empty());
+  }
+
   TEST_CASE("verify passes, then names a truncated entry with exit 1, and warmup repairs it") {
     TempDir d;
     std::string dir = (d.path() / "cache").string();

@@ -35,6 +35,17 @@ std::optional<std::string> parse_common(Args& args, const char* help, bool* want
 }
 
 /// Names on stderr each file `command` could not remove; returns how many.
+/// `removal`'s leftovers as a JSON array of {"path", "reason"}.
+std::string leftovers_json(const cache::Removal& removal) {
+  std::string out = "[";
+  for (std::size_t i = 0; i < removal.leftovers.size(); ++i) {
+    const cache::Leftover& l = removal.leftovers[i];
+    out += fmt::format("{}{{\"path\": {}, \"reason\": {}}}", i ? ", " : "",
+                       json_string(l.path.string()), json_string(l.reason));
+  }
+  return out + "]";
+}
+
 std::size_t report_leftovers(const char* command, const cache::Removal& removal) {
   for (const cache::Leftover& l : removal.leftovers) {
     fmt::print(stderr, "{}: could not remove {}: {}\n", command, l.path.string(), l.reason);
@@ -58,6 +69,11 @@ std::string one_line(std::string s) {
   return s;
 }
 
+}  // namespace
+
+namespace {
+int verify_store(const std::optional<std::string>& dir, bool remove, bool json);
+int prune_store(const std::optional<std::string>& dir, std::uint64_t max_bytes, bool json);
 }  // namespace
 
 int cmd_list(Args& args) {
@@ -106,17 +122,40 @@ Show every entry: key, rule, target, dtypes, size and when it was last used.
 }
 
 int cmd_verify(Args& args) {
-  bool remove = false, help = false;
-  auto dir = parse_common(args, R"(usage: fusedopt-cache verify [--remove] [--cache-dir DIR]
+  bool remove = false, json = false, help = false;
+  auto dir =
+      parse_common(args, R"(usage: fusedopt-cache verify [--remove] [--json] [--cache-dir DIR]
 
 Re-read and re-hash every entry. Prints each bad one and exits 1 if there is any.
   --remove   also delete the bad entries (the next warmup recompiles them)
+  --json     print the result as JSON: {"cache_dir", "entries", "bad": [{"path",
+             "reason", "removed"}]}
 )",
-                          &help, [&](Args& a) { return (remove = remove || a.flag("--remove")); });
+                   &help, [&](Args& a) {
+                     if (a.flag("--json")) return (json = true);
+                     return (remove = remove || a.flag("--remove"));
+                   });
   if (help) return kExitOk;
+  return json_errors(json, [&] { return verify_store(dir, remove, json); });
+}
+
+namespace {
+
+int verify_store(const std::optional<std::string>& dir, bool remove, bool json) {
   cache::DiskStore store = open_store(dir);
   std::vector<cache::BadEntry> bad = store.verify(remove);
   std::size_t total = store.list().size();
+  if (json) {
+    std::string list;
+    for (std::size_t i = 0; i < bad.size(); ++i) {
+      list += fmt::format("{}{{\"path\": {}, \"reason\": {}, \"removed\": {}}}", i ? ", " : "",
+                          json_string(bad[i].path.string()), json_string(bad[i].reason),
+                          bad[i].removed ? "true" : "false");
+    }
+    fmt::print("{{\"cache_dir\": {}, \"entries\": {}, \"bad\": [{}]}}\n",
+               json_string(store.dir().string()), total, list);
+    return bad.empty() ? kExitOk : kExitFailed;
+  }
   for (const auto& b : bad) {
     fmt::print("bad: {}: {}{}\n", b.path.string(), b.reason, b.removed ? " (removed)" : "");
   }
@@ -129,50 +168,81 @@ Re-read and re-hash every entry. Prints each bad one and exits 1 if there is any
   return kExitFailed;
 }
 
+}  // namespace
+
 int cmd_prune(Args& args) {
   std::optional<std::uint64_t> max_bytes;
-  bool help = false;
-  auto dir = parse_common(args, R"(usage: fusedopt-cache prune --max-bytes N [--cache-dir DIR]
+  bool help = false, json = false;
+  auto dir =
+      parse_common(args, R"(usage: fusedopt-cache prune --max-bytes N [--json] [--cache-dir DIR]
 
 Evict least recently used entries until the cache holds at most N bytes
 (N may end in K, M or G). Exits 1, naming each one, when entries cannot be
 removed (a read-only folder) and the cache stays over N.
+  --json     print the result as JSON: {"cache_dir", "removed_bytes", "total_bytes",
+             "entries", "leftovers": [{"path", "reason"}]}
 )",
-                          &help, [&](Args& a) {
-                            if (auto v = a.option("--max-bytes")) {
-                              max_bytes = parse_bytes(*v, "--max-bytes");
-                              return true;
-                            }
-                            return false;
-                          });
+                   &help, [&](Args& a) {
+                     if (a.flag("--json")) return (json = true);
+                     if (auto v = a.option("--max-bytes")) {
+                       max_bytes = parse_bytes(*v, "--max-bytes");
+                       return true;
+                     }
+                     return false;
+                   });
   if (help) return kExitOk;
   if (!max_bytes) throw UsageError{"prune needs --max-bytes N"};
+  return json_errors(json, [&] { return prune_store(dir, *max_bytes, json); });
+}
+
+namespace {
+
+int prune_store(const std::optional<std::string>& dir, std::uint64_t max_bytes, bool json) {
   cache::DiskStore store = open_store(dir);
-  const cache::Removal removal = store.prune(*max_bytes);
+  const cache::Removal removal = store.prune(max_bytes);
   const std::uint64_t total = store.total_bytes();
+  if (json) {
+    fmt::print(
+        "{{\"cache_dir\": {}, \"removed_bytes\": {}, \"total_bytes\": {}, \"entries\": {}, "
+        "\"leftovers\": {}}}\n",
+        json_string(store.dir().string()), removal.removed_bytes, total, store.list().size(),
+        leftovers_json(removal));
+    return total <= max_bytes ? kExitOk : kExitFailed;
+  }
   fmt::print("prune: removed {}; the cache now holds {} ({} entries)\n",
              human_bytes(removal.removed_bytes), human_bytes(total), store.list().size());
   if (report_leftovers("prune", removal) == 0) return kExitOk;
   fmt::print(stderr, "prune: the cache holds {}, more than the {} asked for\n", human_bytes(total),
-             human_bytes(*max_bytes));
+             human_bytes(max_bytes));
   return kExitFailed;
 }
 
+}  // namespace
+
 int cmd_clear(Args& args) {
-  bool help = false;
-  auto dir = parse_common(args, R"(usage: fusedopt-cache clear [--cache-dir DIR]
+  bool help = false, json = false;
+  auto dir = parse_common(args, R"(usage: fusedopt-cache clear [--json] [--cache-dir DIR]
 
 Remove every entry (and leftover temporary and lock files). Exits 1, naming each
 one, when an entry cannot be removed (a read-only folder) or a sub-folder is not
 trusted (not entered). Files that are not the cache's are left alone.
+  --json     print the result as JSON: {"cache_dir", "removed_bytes",
+             "leftovers": [{"path", "reason"}]}
 )",
-                          &help, [](Args&) { return false; });
+                          &help, [&](Args& a) { return (json = json || a.flag("--json")); });
   if (help) return kExitOk;
-  cache::DiskStore store = open_store(dir);
-  const cache::Removal removal = store.clear();
-  fmt::print("clear: removed {} from {}\n", human_bytes(removal.removed_bytes),
-             store.dir().string());
-  return report_leftovers("clear", removal) == 0 ? kExitOk : kExitFailed;
+  return json_errors(json, [&] {
+    cache::DiskStore store = open_store(dir);
+    const cache::Removal removal = store.clear();
+    if (json) {
+      fmt::print("{{\"cache_dir\": {}, \"removed_bytes\": {}, \"leftovers\": {}}}\n",
+                 json_string(store.dir().string()), removal.removed_bytes, leftovers_json(removal));
+      return removal.leftovers.empty() ? kExitOk : kExitFailed;
+    }
+    fmt::print("clear: removed {} from {}\n", human_bytes(removal.removed_bytes),
+               store.dir().string());
+    return report_leftovers("clear", removal) == 0 ? kExitOk : kExitFailed;
+  });
 }
 
 namespace {
