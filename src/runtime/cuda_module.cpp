@@ -28,11 +28,6 @@ CudaVersions cuda_versions() {
   return v;
 }
 
-template <typename T>
-T device_arg(const T* p) {
-  return const_cast<T>(p);
-}
-
 class CudaModule final : public Module {
  public:
   CudaModule(const cuda::PrimaryContext& ctx, CUmodule module, provider::KernelInfo info)

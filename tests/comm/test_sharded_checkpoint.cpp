@@ -99,6 +99,18 @@ std::string load_error(ShardedOptimizer& opt, const fs::path& dir) {
   return "";
 }
 
+/// One step, a save into `dir`, then one more step: returns the state as saved.
+std::string save_between_steps(ShardedOptimizer& opt, FlatArena& arena, std::uint32_t seed,
+                               const fs::path& dir) {
+  fill(arena, seed, 1, false);
+  REQUIRE(opt.step());
+  opt.save(dir);
+  const std::string saved = snapshot(opt);
+  fill(arena, seed, 2, false);
+  REQUIRE(opt.step());
+  return saved;
+}
+
 fs::path fresh_dir(const char* what, std::uint32_t seed) {
   return fs::temp_directory_path() / (std::string("fusedopt-") + what + "-" + std::to_string(seed));
 }
@@ -181,12 +193,7 @@ TEST_SUITE("comm_mpi") {
     FlatArena arena = make_arena({37, 5, 64});
     fill(arena, seed, 0, true);
     ShardedOptimizer opt(comm, Rule::parse(kRule, "short.rule"), two_groups(arena));
-    fill(arena, seed, 1, false);
-    REQUIRE(opt.step());
-    opt.save(dir);
-    const std::string saved = snapshot(opt);
-    fill(arena, seed, 2, false);
-    REQUIRE(opt.step());
+    const std::string saved = save_between_steps(opt, arena, seed, dir);
     REQUIRE(snapshot(opt) != saved);
     // The temporary folder does not exist: a load that staged a file there would fail.
     const char* tmpdir = std::getenv("TMPDIR");
@@ -256,12 +263,7 @@ TEST_SUITE("comm_mpi") {
     FlatArena arena = make_arena({13, 0, 6});
     fill(arena, seed, 0, true);
     ShardedOptimizer opt(comm, Rule::parse(kRule, "short.rule"), two_groups(arena));
-    fill(arena, seed, 1, false);
-    REQUIRE(opt.step());
-    opt.save(dir);
-    const std::string at_save = snapshot(opt);
-    fill(arena, seed, 2, false);
-    REQUIRE(opt.step());
+    const std::string at_save = save_between_steps(opt, arena, seed, dir);
     opt.set_hyper("beta", 0.5, 0);
     const std::string current = snapshot(opt);
     REQUIRE(current != at_save);
