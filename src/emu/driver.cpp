@@ -69,6 +69,68 @@ FO_EMU_API long long fusedopt_emu_live_allocations() {
   return static_cast<long long>(d.memory.live_count());
 }
 
+// ---- entry points by version (cuGetProcAddress) --------------------------------------------
+
+namespace {
+/// The entry points whose variant depends on the CUDA version asked for, as the real driver
+/// hands them out (cudaTypedefs.h's PFN_<name>_v<version>): the newest variant up to that
+/// version. Every other name is its own one variant. The pre-3.2 32-bit memory calls and
+/// the like are not emulated: asked for below their first emulated version, they are missing.
+struct Variant {
+  const char* base;
+  int since;  // CUDA version, 1000 * major + 10 * minor
+  const char* exported;
+};
+constexpr Variant kVariants[] = {
+    {"cuCtxSynchronize", 2000, "cuCtxSynchronize"},
+    {"cuCtxSynchronize", 13000, "cuCtxSynchronize_v2"},  // takes the CUcontext
+    {"cuDevicePrimaryCtxRelease", 11000, "cuDevicePrimaryCtxRelease_v2"},
+    {"cuDeviceTotalMem", 3020, "cuDeviceTotalMem_v2"},
+    {"cuMemAlloc", 3020, "cuMemAlloc_v2"},
+    {"cuMemFree", 3020, "cuMemFree_v2"},
+    {"cuMemcpyHtoD", 3020, "cuMemcpyHtoD_v2"},
+    {"cuMemcpyDtoH", 3020, "cuMemcpyDtoH_v2"},
+    {"cuMemcpyHtoDAsync", 3020, "cuMemcpyHtoDAsync_v2"},
+    {"cuMemcpyDtoDAsync", 3020, "cuMemcpyDtoDAsync_v2"},
+    {"cuStreamDestroy", 4000, "cuStreamDestroy_v2"},
+    {"cuEventDestroy", 4000, "cuEventDestroy_v2"},
+    {"cuStreamBeginCapture", 10010, "cuStreamBeginCapture_v2"},
+};
+}  // namespace
+
+/// cuGetProcAddress (cuGetProcAddress_v2): `symbol` (the unversioned name) in the variant of
+/// CUDA `version`, looked up among this library's own exports.
+FO_EMU_API CUresult CUDAAPI cuGetProcAddress(const char* symbol, void** pfn, int version,
+                                             cuuint64_t /*flags*/,
+                                             CUdriverProcAddressQueryResult* status) {
+  if (!symbol || !pfn) return CUDA_ERROR_INVALID_VALUE;
+  *pfn = nullptr;
+  const char* name = symbol;
+  bool versioned = false;
+  int best = -1;
+  for (const Variant& v : kVariants) {
+    if (std::strcmp(v.base, symbol) != 0) continue;
+    versioned = true;
+    if (v.since <= version && v.since > best) {
+      best = v.since;
+      name = v.exported;
+    }
+  }
+  const auto answer = [&](CUdriverProcAddressQueryResult st) {
+    if (status) *status = st;
+    return st == CU_GET_PROC_ADDRESS_SUCCESS ? CUDA_SUCCESS : CUDA_ERROR_NOT_FOUND;
+  };
+  if (versioned && best < 0) return answer(CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT);
+  Dl_info self{};
+  if (dladdr(reinterpret_cast<void*>(&fusedopt_cuda_emulator), &self) == 0 || !self.dli_fname)
+    return answer(CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND);
+  void* lib = dlopen(self.dli_fname, RTLD_NOW | RTLD_NOLOAD);
+  if (!lib) return answer(CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND);
+  *pfn = dlsym(lib, name);
+  dlclose(lib);  // RTLD_NOLOAD took a reference: give it back (the library stays loaded)
+  return answer(*pfn ? CU_GET_PROC_ADDRESS_SUCCESS : CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND);
+}
+
 // ---- errors, initialisation, device ---------------------------------------------------------
 
 FO_EMU_API CUresult CUDAAPI cuGetErrorName(CUresult error, const char** str) {
@@ -234,6 +296,17 @@ FO_EMU_API CUresult CUDAAPI cuCtxSetCurrent(CUcontext c) {
 FO_EMU_API CUresult CUDAAPI cuCtxSynchronize() {
   FO_LOCK;
   if (CUresult r = emu::need_context(d)) return r;
+  if (CUresult r = emu::refuse_if_capturing(d, "cuCtxSynchronize")) return r;
+  return emu::wait_all(d);
+}
+
+/// CUDA 13's cuCtxSynchronize (cuCtxSynchronize_v2): `ctx`, or the current context when null.
+FO_EMU_API CUresult CUDAAPI cuCtxSynchronize_v2(CUcontext ctx) {
+  if (ctx == nullptr) return cuCtxSynchronize();
+  FO_LOCK;
+  if (CUresult r = emu::need_init(d)) return r;
+  if (ctx != emu::kPrimary) return CUDA_ERROR_INVALID_CONTEXT;
+  if (d.primary_refs == 0) return CUDA_ERROR_CONTEXT_IS_DESTROYED;
   if (CUresult r = emu::refuse_if_capturing(d, "cuCtxSynchronize")) return r;
   return emu::wait_all(d);
 }

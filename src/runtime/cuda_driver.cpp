@@ -2,12 +2,14 @@
 // checked; failures become CudaError (call, result name, file:line), never an abort.
 #include "runtime/cuda_driver.hpp"
 
+#include <cudaTypedefs.h>  // PFN_<name>_v<version>: each driver entry point's prototype
 #include <fmt/format.h>
 
 #include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <mutex>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -34,41 +36,47 @@ struct Loaded {
   CUresult init_result = CUDA_SUCCESS;
 };
 
-/// The entry point for `symbol` (the versioned name from <cuda.h>): cuGetProcAddress with
-/// the header's CUDA_VERSION, so the driver hands out the variant with our ABI; else dlsym.
-void* resolve(const support::DynLib& lib, GetProcAddress gpa, const std::string& symbol) {
+/// The entry point of `base` (the driver's unversioned name) in the variant of CUDA `version`
+/// (cuGetProcAddress), else dlsym of `versioned` (the name <cuda.h> maps it to). The version is
+/// the one whose prototype <cuda.h> declares, never the headers' CUDA_VERSION: the driver
+/// hands out the newest variant up to the version asked for, and a newer variant can take
+/// other arguments (cuCtxSynchronize at 13000 takes a CUcontext, as cuCtxSynchronize_v2).
+void* resolve(const support::DynLib& lib, GetProcAddress gpa, const char* base, int version,
+              const char* versioned) {
   if (gpa) {
-    // cuGetProcAddress takes the base name and picks the _vN variant from the version;
     // LEGACY_STREAM: a null stream means the legacy default stream, as with the dlsym names.
-    std::string base = symbol;
-    for (const char* suffix : {"_v2", "_v3"}) {
-      const std::size_t n = std::strlen(suffix);
-      if (base.size() > n && base.compare(base.size() - n, n, suffix) == 0)
-        base.resize(base.size() - n);
-    }
     void* fn = nullptr;
     CUdriverProcAddressQueryResult status = CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND;
-    if (gpa(base.c_str(), &fn, CUDA_VERSION, CU_GET_PROC_ADDRESS_LEGACY_STREAM, &status) ==
-            CUDA_SUCCESS &&
+    if (gpa(base, &fn, version, CU_GET_PROC_ADDRESS_LEGACY_STREAM, &status) == CUDA_SUCCESS &&
         status == CU_GET_PROC_ADDRESS_SUCCESS && fn) {
       return fn;
     }
   }
-  return lib.symbol(symbol.c_str());
+  return lib.symbol(versioned);
 }
 
 template <typename F>
-void bind(const support::DynLib& lib, GetProcAddress gpa, const char* symbol, F* out) {
-  *out = reinterpret_cast<F>(resolve(lib, gpa, symbol));
+void bind(const support::DynLib& lib, GetProcAddress gpa, const char* base, int version,
+          const char* versioned, F* out) {
+  *out = reinterpret_cast<F>(resolve(lib, gpa, base, version, versioned));
   if (!*out) {
     throw UnavailableError(
-        fmt::format("{} has no entry point {}: the CUDA driver is older than the "
-                    "CUDA {}.{} headers fusedopt was built with",
-                    lib.path(), symbol, CUDA_VERSION / 1000, CUDA_VERSION % 1000 / 10));
+        fmt::format("{} has no entry point {} (CUDA {}.{}): the CUDA driver is older than "
+                    "the CUDA {}.{} headers fusedopt was built with",
+                    lib.path(), versioned, version / 1000, version % 1000 / 10, CUDA_VERSION / 1000,
+                    CUDA_VERSION % 1000 / 10));
   }
 }
 
-#define FUSEDOPT_CU_BIND(NAME) bind(*l.lib, gpa, FUSEDOPT_CU_STR(cu##NAME), &l.api.NAME)
+// Binds api.MEMBER to the driver's BASE in the variant of CUDA VERSION; cudaTypedefs.h's
+// PFN_<BASE>_v<VERSION> must be the prototype <cuda.h> declares for it (checked here, at
+// compile time), so the version asked for and the arguments passed cannot disagree.
+#define FUSEDOPT_CU_BIND_AS(MEMBER, BASE, VERSION, VERSIONED)                          \
+  static_assert(std::is_same_v<decltype(l.api.MEMBER), PFN_##BASE##_v##VERSION>,       \
+                #BASE " of CUDA " #VERSION " is not the prototype <cuda.h> declares"); \
+  bind(*l.lib, gpa, #BASE, VERSION, VERSIONED, &l.api.MEMBER)
+#define FUSEDOPT_CU_BIND(NAME, VERSION) \
+  FUSEDOPT_CU_BIND_AS(NAME, cu##NAME, VERSION, FUSEDOPT_CU_STR(cu##NAME))
 
 Loaded& loaded() {
   static std::once_flag once;
@@ -87,48 +95,49 @@ Loaded& loaded() {
     }
     try {
       auto gpa = reinterpret_cast<GetProcAddress>(l.lib->symbol("cuGetProcAddress_v2"));
-      FUSEDOPT_CU_BIND(GetErrorName);
-      FUSEDOPT_CU_BIND(GetErrorString);
-      FUSEDOPT_CU_BIND(Init);
-      FUSEDOPT_CU_BIND(DriverGetVersion);
-      FUSEDOPT_CU_BIND(DeviceGet);
-      FUSEDOPT_CU_BIND(DeviceGetCount);
-      FUSEDOPT_CU_BIND(DeviceGetAttribute);
-      FUSEDOPT_CU_BIND(CtxGetCurrent);
-      FUSEDOPT_CU_BIND(CtxSetCurrent);
-      FUSEDOPT_CU_BIND(CtxSynchronize);
-      FUSEDOPT_CU_BIND(DevicePrimaryCtxRetain);
-      FUSEDOPT_CU_BIND(DevicePrimaryCtxRelease);
-      FUSEDOPT_CU_BIND(ModuleLoadData);
-      FUSEDOPT_CU_BIND(ModuleGetFunction);
-      FUSEDOPT_CU_BIND(ModuleUnload);
-      FUSEDOPT_CU_BIND(LaunchKernel);
-      FUSEDOPT_CU_BIND(FuncSetAttribute);
-      FUSEDOPT_CU_BIND(OccupancyMaxActiveBlocksPerMultiprocessor);
-      FUSEDOPT_CU_BIND(MemAlloc);
-      FUSEDOPT_CU_BIND(MemFree);
-      FUSEDOPT_CU_BIND(MemcpyHtoD);
-      FUSEDOPT_CU_BIND(MemcpyDtoH);
-      FUSEDOPT_CU_BIND(MemcpyHtoDAsync);
-      FUSEDOPT_CU_BIND(MemcpyDtoDAsync);
-      FUSEDOPT_CU_BIND(MemsetD32Async);
-      FUSEDOPT_CU_BIND(MemsetD8Async);
-      FUSEDOPT_CU_BIND(StreamCreate);
-      FUSEDOPT_CU_BIND(StreamDestroy);
-      FUSEDOPT_CU_BIND(StreamSynchronize);
-      FUSEDOPT_CU_BIND(PointerGetAttribute);
-      FUSEDOPT_CU_BIND(StreamBeginCapture);
-      FUSEDOPT_CU_BIND(StreamEndCapture);
-      FUSEDOPT_CU_BIND(StreamIsCapturing);
-      FUSEDOPT_CU_BIND(GraphInstantiate);
-      FUSEDOPT_CU_BIND(GraphLaunch);
-      FUSEDOPT_CU_BIND(GraphDestroy);
-      FUSEDOPT_CU_BIND(GraphExecDestroy);
-      FUSEDOPT_CU_BIND(EventCreate);
-      FUSEDOPT_CU_BIND(EventRecord);
-      FUSEDOPT_CU_BIND(EventQuery);
-      FUSEDOPT_CU_BIND(EventSynchronize);
-      FUSEDOPT_CU_BIND(EventDestroy);
+      FUSEDOPT_CU_BIND(GetErrorName, 6000);
+      FUSEDOPT_CU_BIND(GetErrorString, 6000);
+      FUSEDOPT_CU_BIND(Init, 2000);
+      FUSEDOPT_CU_BIND(DriverGetVersion, 2020);
+      FUSEDOPT_CU_BIND(DeviceGet, 2000);
+      FUSEDOPT_CU_BIND(DeviceGetCount, 2000);
+      FUSEDOPT_CU_BIND(DeviceGetAttribute, 2000);
+      FUSEDOPT_CU_BIND(CtxGetCurrent, 4000);
+      FUSEDOPT_CU_BIND(CtxSetCurrent, 4000);
+      FUSEDOPT_CU_BIND(CtxSynchronize, 2000);
+      FUSEDOPT_CU_BIND(DevicePrimaryCtxRetain, 7000);
+      FUSEDOPT_CU_BIND(DevicePrimaryCtxRelease, 11000);
+      FUSEDOPT_CU_BIND(ModuleLoadData, 2000);
+      FUSEDOPT_CU_BIND(ModuleGetFunction, 2000);
+      FUSEDOPT_CU_BIND(ModuleUnload, 2000);
+      FUSEDOPT_CU_BIND(LaunchKernel, 4000);
+      FUSEDOPT_CU_BIND(FuncSetAttribute, 9000);
+      FUSEDOPT_CU_BIND(OccupancyMaxActiveBlocksPerMultiprocessor, 6050);
+      FUSEDOPT_CU_BIND(MemAlloc, 3020);
+      FUSEDOPT_CU_BIND(MemFree, 3020);
+      FUSEDOPT_CU_BIND(MemcpyHtoD, 3020);
+      FUSEDOPT_CU_BIND(MemcpyDtoH, 3020);
+      FUSEDOPT_CU_BIND(MemcpyHtoDAsync, 3020);
+      FUSEDOPT_CU_BIND(MemcpyDtoDAsync, 3020);
+      FUSEDOPT_CU_BIND(MemsetD32Async, 3020);
+      FUSEDOPT_CU_BIND(MemsetD8Async, 3020);
+      FUSEDOPT_CU_BIND(StreamCreate, 2000);
+      FUSEDOPT_CU_BIND(StreamDestroy, 4000);
+      FUSEDOPT_CU_BIND(StreamSynchronize, 2000);
+      FUSEDOPT_CU_BIND(PointerGetAttribute, 4000);
+      FUSEDOPT_CU_BIND(StreamBeginCapture, 10010);
+      FUSEDOPT_CU_BIND(StreamEndCapture, 10000);
+      FUSEDOPT_CU_BIND(StreamIsCapturing, 10000);
+      FUSEDOPT_CU_BIND_AS(GraphInstantiate, cuGraphInstantiateWithFlags, 11040,
+                          "cuGraphInstantiateWithFlags");
+      FUSEDOPT_CU_BIND(GraphLaunch, 10000);
+      FUSEDOPT_CU_BIND(GraphDestroy, 10000);
+      FUSEDOPT_CU_BIND(GraphExecDestroy, 10000);
+      FUSEDOPT_CU_BIND(EventCreate, 2000);
+      FUSEDOPT_CU_BIND(EventRecord, 2000);
+      FUSEDOPT_CU_BIND(EventQuery, 2000);
+      FUSEDOPT_CU_BIND(EventSynchronize, 2000);
+      FUSEDOPT_CU_BIND(EventDestroy, 4000);
     } catch (const Error& e) {
       l.failure = e.what();
       return;

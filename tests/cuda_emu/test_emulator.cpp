@@ -6,6 +6,7 @@
 // replays them, other seeds change them, a missing barrier shows as NaN), stream capture
 // and graph replay, and the CUresults the real driver gives for bad calls.
 #include <cuda.h>
+#include <cudaTypedefs.h>
 #include <dlfcn.h>
 #include <doctest/doctest.h>
 
@@ -226,6 +227,49 @@ TEST_SUITE("cuda_emu") {
     REQUIRE(name(text, sizeof text, 0) == CUDA_SUCCESS);
     CHECK(std::string(text).find("emulat") != std::string::npos);
     CHECK(cu::device_sm(0) == 90);
+  }
+
+  TEST_CASE(
+      "entry points come in the variant of the CUDA version asked for, and the runtime asks "
+      "for the one whose arguments it passes" *
+      testing::needs_cuda_device()) {
+    // A real driver answered cuGetProcAddress("cuCtxSynchronize", 13000) with CUDA 13's
+    // variant, which takes a CUcontext: the runtime, asking at the headers' CUDA_VERSION and
+    // calling it without one, synchronised garbage (CUDA_ERROR_CONTEXT_IS_DESTROYED on an
+    // H200). The emulator answers as that driver does.
+    (void)kernels();
+    auto gpa = emu_symbol<PFN_cuGetProcAddress_v12000>("cuGetProcAddress_v2");
+    const auto lookup = [&](const char* name, int version, CUdriverProcAddressQueryResult* st) {
+      void* fn = nullptr;
+      const CUresult r = gpa(name, &fn, version, CU_GET_PROC_ADDRESS_DEFAULT, st);
+      return r == CUDA_SUCCESS ? fn : nullptr;
+    };
+    CUdriverProcAddressQueryResult st{};
+    void* const sync_v1 = emu_symbol<void*>("cuCtxSynchronize");
+    void* const sync_v2 = emu_symbol<void*>("cuCtxSynchronize_v2");
+    CHECK(lookup("cuCtxSynchronize", 13000, &st) == sync_v2);
+    CHECK(st == CU_GET_PROC_ADDRESS_SUCCESS);
+    CHECK(lookup("cuCtxSynchronize", 12090, &st) == sync_v1);
+    CHECK(lookup("cuMemAlloc", 13000, &st) == emu_symbol<void*>("cuMemAlloc_v2"));
+    CHECK(lookup("cuMemAlloc", 3000, &st) == nullptr);
+    CHECK(st == CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT);
+    CHECK(lookup("cuNoSuchEntry", 13000, &st) == nullptr);
+    CHECK(st == CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND);
+    // The runtime's table: the prototypes <cuda.h> declares, so the variants they name.
+    const cu::DriverApi& api = cu::driver();
+    CHECK(reinterpret_cast<void*>(api.CtxSynchronize) == sync_v1);
+    CHECK(reinterpret_cast<void*>(api.MemAlloc) == emu_symbol<void*>("cuMemAlloc_v2"));
+    CHECK(reinterpret_cast<void*>(api.DevicePrimaryCtxRelease) ==
+          emu_symbol<void*>("cuDevicePrimaryCtxRelease_v2"));
+    CHECK(reinterpret_cast<void*>(api.GraphInstantiate) ==
+          emu_symbol<void*>("cuGraphInstantiateWithFlags"));
+    // And CUDA 13's variant does what it says: a null context is the current one; another
+    // context is refused.
+    cu::PrimaryContext ctx(0);
+    auto sync13 = reinterpret_cast<PFN_cuCtxSynchronize_v13000>(sync_v2);
+    CHECK(sync13(nullptr) == CUDA_SUCCESS);
+    CHECK(sync13(reinterpret_cast<CUcontext>(&st)) == CUDA_ERROR_INVALID_CONTEXT);
+    CHECK_NOTHROW(cu::context_synchronize());
   }
 
   TEST_CASE(
