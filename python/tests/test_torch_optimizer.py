@@ -9,6 +9,7 @@ Both sides compute in fp32 with the same formulas; what differs is rounding (fus
 hyper-only subexpressions in double and rounds once, torch in Python floats), which stays
 near 1e-6 over 100 steps.
 """
+import copy
 import math
 import os
 
@@ -112,7 +113,10 @@ def run_against_torch(preset, cls, kw, ps, steps=100):
 
 @pytest.mark.parametrize("preset,cls,kw", CASES, ids=lambda c: str(c))
 def test_preset_matches_torch_after_100_steps(seed, preset, cls, kw):
-    ours = run_against_torch(preset, cls, kw, make_params())
+    shapes = SHAPES
+    if preset == "adafactor":  # torch's Adafactor divides by an empty tensor's 0 elements
+        shapes = [s for s in SHAPES if 0 not in s]
+    ours = run_against_torch(preset, cls, kw, make_params(shapes))
     assert ours.engine_builds == 1
 
 
@@ -220,7 +224,10 @@ def test_state_dict_round_trip_torch_fusedopt_torch(seed):
         for r, p in zip(rs, ps):
             r.copy_(p)
     back = torch.optim.AdamW(rs, lr=1.0, amsgrad=True)
-    back.load_state_dict(ours.state_dict())
+    # As through torch.save and torch.load: state_dict() hands out the live states (as torch's
+    # does), and torch >= 2's load_state_dict keeps tensors of the right dtype and device
+    # without copying, so `back` would step our arena's m and v a second time.
+    back.load_state_dict(copy.deepcopy(ours.state_dict()))
     assert back.param_groups[0]["lr"] == 1e-2  # the hypers travel with the groups
     compare_states(ours, back, rtol=0)
     for _ in range(3):
