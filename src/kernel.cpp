@@ -221,9 +221,18 @@ KernelReport report_kernel(const Rule& rule, const Target& target, const DTypeBi
   if (target.kind == Target::Kind::Cuda) {
     const std::string source = codegen::generate_source(body, target);
     // The entry points only (math helpers such as pow's slow path are functions too).
-    for (KernelFunction& f : parse_ptxas_log(
-             jit::nvrtc_resource_log(source, codegen::source_file_name(body, target), target))) {
+    const std::string log =
+        jit::nvrtc_resource_log(source, codegen::source_file_name(body, target), target);
+    for (KernelFunction& f : parse_ptxas_log(log)) {
       if (f.name.rfind("fusedopt_", 0) == 0) out.functions.push_back(std::move(f));
+    }
+    // Every kernel has entry points: a log without them is one this parser does not know
+    // (seen once on an H200 machine, not understood): say so with the log, never report none.
+    if (out.functions.empty()) {
+      throw InternalError(fmt::format(
+          "{}: NVRTC's ptxas report (--ptxas-options=-v) named no fusedopt_ entry point; "
+          "its log ({} bytes) begins:\n{}",
+          target.str(), log.size(), log.substr(0, 2000)));
     }
   }
   return out;
