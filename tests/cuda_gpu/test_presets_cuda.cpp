@@ -150,6 +150,36 @@ struct DeviceRun {
 
 /// Compares every param, state, scalar and master of `run`'s device optimizer with its
 /// host optimizer.
+/// Lion moves each element by lr * sign(c). Where c is within rounding of 0 (an exact 0 from
+/// the host's two roundings, a residual from the device's fused multiply-add) the two sides
+/// take different signs and the element lands a whole multiple of lr apart (FUSEDOPT_TEST_SEED
+/// =3331712232: one element of 1,030, fp16 grads). Such elements of `got`, at most 1 in 1,000
+/// of a tensor, are counted and set to the host's; every other element is left to check_role.
+void forgive_sign_jumps(const std::string& what, std::vector<double>& got,
+                        const std::vector<double>& want, double lr, double scale) {
+  std::size_t jumps = 0;
+  for (std::size_t i = 0; i < got.size(); ++i) {
+    const double off = std::abs(got[i] - want[i]);
+    const double tol = kTol * (std::abs(want[i]) + scale);
+    const double k = std::round(off / lr);
+    if (off > tol && k >= 1 && k <= 2 * kSteps && std::abs(off - k * lr) <= tol) {
+      got[i] = want[i];
+      ++jumps;
+    }
+  }
+  if (jumps > 0) MESSAGE(what << ": " << jumps << " element(s) a whole lr step apart (sign at 0)");
+  CHECK_MESSAGE(jumps <= std::max<std::size_t>(1, got.size() / 1000),
+                what << ": " << jumps << " elements a whole lr step apart");
+}
+
+/// The lr of tensor `k` in `rule`'s comparison (group 1 has a third: slower()).
+double lr_of(const Rule& rule, std::size_t k) {
+  double lr = 0;
+  for (const auto& [name, value] : preset_hypers().at(rule.name()))
+    if (name == "lr") lr = value;
+  return layout()[k].group == 1 ? lr / 3 : lr;
+}
+
 void compare_run(const Rule& rule, DeviceRun& run) {
   const Binding& b = *run.binding;
   INFO("binding " << std::string(b.name));
@@ -163,8 +193,10 @@ void compare_run(const Rule& rule, DeviceRun& run) {
   }
   for (std::size_t k = 0; k < nt; ++k) {
     const std::string what = "param t" + std::to_string(k);
-    const std::vector<double> dp = run.p[k].device_values();
+    std::vector<double> dp = run.p[k].device_values();
+    const bool sign_update = rule.name() == "lion";
     if (!master) {
+      if (sign_update) forgive_sign_jumps(what, dp, hp[k], lr_of(rule, k), p_scale);
       check_role(what, dp, hp[k], kTol, p_scale);
       continue;
     }
@@ -176,7 +208,12 @@ void compare_run(const Rule& rule, DeviceRun& run) {
       rounded[i] = fusedopt_tests::round_to(b.param, m[i]);
     }
     check_role(what + " against its master rounded", dp, rounded, 0.0, 0.0);
-    check_role("master of t" + std::to_string(k), m, hp[k], kTol, p_scale);
+    std::vector<double> master_values = m;
+    if (sign_update) {
+      forgive_sign_jumps("master of t" + std::to_string(k), master_values, hp[k], lr_of(rule, k),
+                         p_scale);
+    }
+    check_role("master of t" + std::to_string(k), master_values, hp[k], kTol, p_scale);
   }
   const std::vector<std::string> scalars = rule.scalars();
   for (const std::string& name : state_names(rule)) {
