@@ -16,9 +16,11 @@ kernel, on torch's current stream.
 
 import collections
 import collections.abc
+import contextlib
 import math
 import numbers
 import operator
+import sys
 import warnings
 import weakref
 
@@ -52,6 +54,11 @@ _TUPLES = {
     "eps": ("eps1", "eps2"),  # Adafactor's (eps1, eps2); a plain eps elsewhere
 }
 # Group keys torch (or its schedulers) keep that no rule reads.
+# The constructor's options: of the whole optimizer, not hypers. A wrapper that copies its
+# keyword arguments into every param group (torch's ZeroRedundancyOptimizer does) may leave
+# them there: a group may carry one only with the optimizer's own value.
+_OPTIONS = ("rule", "state_dtype", "master_weights", "max_grad_norm", "reduction_strategy",
+            "process_group")
 _IGNORED = {"params", "param_names", "foreach", "capturable", "differentiable", "fused",
             "initial_lr", "amsgrad", "name"}
 _DTYPES = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}
@@ -130,6 +137,60 @@ class _Bound:
         self.slots = slots  # index in the engine of each param
 
 
+def _zero_process_group():
+    """The process group of a torch ZeroRedundancyOptimizer that is building this optimizer
+    over its rank's shard (it keeps `process_group` for itself), else None."""
+    if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
+        return None
+    try:
+        from torch.distributed.optim import ZeroRedundancyOptimizer
+    except ImportError:
+        return None
+    frame = sys._getframe(2)  # past this function and Optimizer.__init__
+    for _ in range(8):
+        if frame is None:
+            break
+        owner = frame.f_locals.get("self")
+        if isinstance(owner, ZeroRedundancyOptimizer):
+            return getattr(owner, "process_group", None)
+        frame = frame.f_back
+    return None
+
+
+def _reduction_hook(optimizer):
+    """The engine's hook for `optimizer`'s process group, holding the optimizer weakly (the
+    engine it is set on belongs to the optimizer)."""
+    ref = weakref.ref(optimizer)
+
+    def hook(pass_, totals, slots, stream):
+        owner = ref()
+        if owner is not None:
+            _combine(owner._process_group, totals, slots, stream)
+    return hook
+
+
+def _combine(group, totals, slots, stream):
+    """One pass's global totals of every rank of `group`, combined in place: gathered in one
+    collective (float64), then summed in rank order, or the max where the slot says so.
+    Per-tensor totals stay local: each param lives whole on one rank."""
+    glob = [(index, by_max) for _, per_tensor, index, by_max in slots if not per_tensor]
+    if not glob:
+        return
+    world = torch.distributed.get_world_size(group)
+    on_stream = contextlib.nullcontext()
+    if totals.is_cuda:  # ordered after the pass that wrote them, on the optimizer's stream
+        cuda_stream = torch.cuda.ExternalStream(stream) if stream else \
+            torch.cuda.default_stream(totals.device)
+        on_stream = torch.cuda.stream(cuda_stream)
+    with on_stream:
+        parts = [torch.empty_like(totals) for _ in range(world)]
+        torch.distributed.all_gather(parts, totals.clone(), group=group)
+        every = torch.stack(parts)
+        for index, by_max in glob:
+            column = every[:, index]
+            totals[index] = column.max() if by_max else column.sum()
+
+
 class Optimizer(torch.optim.Optimizer):
     """A ``torch.optim.Optimizer`` running ``rule`` as one fused kernel per step.
 
@@ -139,13 +200,29 @@ class Optimizer(torch.optim.Optimizer):
     picks the preset option). ``state_dtype`` (torch.float32, torch.bfloat16 or
     torch.float16) stores the states; ``master_weights`` keeps an fp32 copy of 16-bit params;
     ``max_grad_norm`` clips by the global norm inside the same launches (torch's
-    ``clip_grad_norm_``).
+    ``clip_grad_norm_``; a rule that clips by itself, as lamb, takes it as its hyper). These
+    options belong to the whole optimizer; a wrapper may copy them into every param group with
+    the same values. ``process_group`` (a torch.distributed group) says the params are this
+    rank's shard of a model whose other shards the group's ranks hold: global reductions (the
+    clipping norm, LAMB's global terms, the non-finite check) then span the group, one
+    collective per reduction pass; per-tensor terms stay local (each param lives whole on one
+    rank). Inside torch's ZeroRedundancyOptimizer, which keeps its own ``process_group``
+    argument and builds this optimizer over its shard, its group is taken without being given.
     """
 
     _step_supports_amp_scaling = True
 
     def __init__(self, params, rule="adamw", *, state_dtype=torch.float32, master_weights=False,
-                 max_grad_norm=0.0, reduction_strategy="auto", **hypers):
+                 max_grad_norm=0.0, reduction_strategy="auto", process_group=None, **hypers):
+        self._given = {"rule": rule, "state_dtype": state_dtype, "master_weights": master_weights,
+                       "max_grad_norm": max_grad_norm, "reduction_strategy": reduction_strategy}
+        if process_group is None:
+            process_group = _zero_process_group()
+        elif not (torch.distributed.is_available() and torch.distributed.is_initialized()):
+            raise UsageError("process_group is given, but torch.distributed is not initialized "
+                             "(call torch.distributed.init_process_group first)")
+        self._process_group = process_group
+        self._given["process_group"] = process_group
         preset_base = None
         if isinstance(rule, str) and rule.split("+")[0] in _C.Rule.presets():
             # A preset: its options (amsgrad=True) may come as keyword hypers, as in torch.
@@ -160,6 +237,14 @@ class Optimizer(torch.optim.Optimizer):
         self._names = dict(_STATE_NAMES.get(self._preset, {}))
         self._rule_defaults = dict(self._rule.hypers)
         self._hyper_names = list(self._rule_defaults)
+        if "max_grad_norm" in self._rule_defaults:
+            # The rule clips by itself (lamb): the keyword is its hyper, not the option.
+            if float(max_grad_norm) != 0.0:
+                hypers.setdefault("max_grad_norm", max_grad_norm)
+            max_grad_norm = 0.0
+            del self._given["max_grad_norm"]
+        # The options a group may carry (with the optimizer's value): not the rule's hypers.
+        self._option_names = tuple(k for k in _OPTIONS if k not in self._rule_defaults)
         self._options = {
             "state_dtype": _dtype_code(state_dtype, "state_dtype") if not isinstance(
                 state_dtype, str) else state_dtype,
@@ -235,25 +320,49 @@ class Optimizer(torch.optim.Optimizer):
         # refuses what the first step would (as torch refuses a NaN lr); before the group is
         # added, so a refused group changes nothing.
         group = {**self.defaults, **param_group}
+        self._check_group_options("add_param_group", len(self.param_groups), group)
         self._check_torch_types(len(self.param_groups), group)
         self._check_group_hypers("Optimizer", len(self.param_groups), group)
         if self._preset is not None:
             _check_torch_ranges(group)
         super().add_param_group(param_group)
         for key in param_group:
-            if key in _IGNORED or key in self.defaults or key in self._hyper_names:
+            if key in _IGNORED or key in self._option_names or key in self.defaults or \
+                    key in self._hyper_names:
                 continue
             raise UsageError(f"param group {len(self.param_groups) - 1}: rule "
                              f"'{self._rule.name}' has no hyper '{key}' (it has: "
                              f"{', '.join(self._hyper_names) or 'none'})")
         self._key = None  # the next step plans again
 
-    @staticmethod
-    def _check_torch_types(g, group):
+    def _check_group_options(self, where, g, group):
+        """A group may carry an option (copied in by a wrapper) only with the optimizer's
+        own value."""
+        for key in self._option_names:
+            if key not in group:
+                continue
+            value, mine = group[key], self._given[key]
+            if key == "state_dtype":
+                same = value == mine or (not isinstance(value, str) and
+                                         _DTYPES.get(value) == self._options["state_dtype"])
+            elif key in ("rule", "process_group"):
+                same = value is mine or (isinstance(value, str) and isinstance(mine, str)
+                                         and value == mine)
+            else:
+                try:
+                    same = type(mine)(value) == mine
+                except (TypeError, ValueError):
+                    same = False
+            if not same:
+                raise UsageError(f"{where}: param group {g} has {key}={value!r}, but the "
+                                 f"optimizer was built with {key}={mine!r}: {key} is an option "
+                                 "of the whole optimizer, not a hyper of a group")
+
+    def _check_torch_types(self, g, group):
         """A hyper that is not a number is a TypeError at construction, as in torch.optim
         (whose range checks compare it with a number)."""
         for key, value in group.items():
-            if key in _IGNORED:
+            if key in _IGNORED or key in self._option_names:
                 continue
             for v in value if isinstance(value, (tuple, list)) else (value,):
                 if v is not None and not isinstance(v, (numbers.Real, torch.Tensor)):
@@ -366,6 +475,9 @@ class Optimizer(torch.optim.Optimizer):
         engine = _C._Engine(self._rule, specs, self._options["state_dtype"],
                             self._options["master_weights"], self._options["max_grad_norm"],
                             self._options["strategy"])
+        if self._process_group is not None and \
+                torch.distributed.get_world_size(self._process_group) > 1:
+            engine.set_reduction_hook(_reduction_hook(self))
         self.engine_builds += 1
         for slot, (g, i, p) in enumerate(ordered):
             params.append((g, i, p))
@@ -470,6 +582,8 @@ class Optimizer(torch.optim.Optimizer):
                 if not self._rebind_moved(bound, stream):
                     self._plan(self._active())
                     break
+        for g, group in enumerate(self.param_groups):
+            self._check_group_options("step", g, group)
         hypers = [self._group_hypers(group) for group in self.param_groups]
         for e, bound in enumerate(self._engines):
             for g, values in enumerate(hypers):
@@ -595,7 +709,7 @@ class Optimizer(torch.optim.Optimizer):
                 by_index[i] = (g, p)
             update, off = {}, set()
             for key, value in theirs.items():
-                if key == "params":
+                if key == "params" or key in self._option_names:  # the optimizer's own decide
                     continue
                 if self._preset and key in _C.Rule.preset_options(self._preset) and \
                         bool(value) != (key in options):

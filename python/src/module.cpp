@@ -19,6 +19,7 @@
 #include "fusedopt/kernel.hpp"
 #include "fusedopt/optimizer.hpp"
 #include "fusedopt/version.hpp"
+#include "runtime/step_extension.hpp"
 
 namespace nb = nanobind;
 namespace fo = fusedopt;
@@ -221,6 +222,32 @@ class Engine {
   }
   void set_step_count(std::int64_t n) { opt_->set_step_count(n); }
 
+  /// `fn(pass, totals, slots, stream)` with each reduction pass's raw totals on this process
+  /// (see ReductionPartials) before the next pass reads them: `totals` the global ones, a
+  /// float64 tensor viewing the optimizer's memory (host or device; valid during the call,
+  /// to be combined in place), `slots` [(name, per_tensor, index, by_max)]. None: no hook.
+  void set_reduction_hook(nb::object fn) {
+    if (fn.is_none()) {
+      fo::detail::OptimizerAccess::set_reduction_hook(*opt_, {});
+      return;
+    }
+    fo::detail::OptimizerAccess::set_reduction_hook(
+        *opt_, [fn = std::move(fn)](const fo::ReductionPartials& t) {
+          nb::gil_scoped_acquire gil;
+          const bool cuda = t.device.kind == fo::Device::Kind::Cuda;
+          static double dummy = 0;  // no global totals: an empty view needs some address
+          const std::size_t n = static_cast<std::size_t>(t.num_global);
+          nb::ndarray<nb::pytorch, double> totals(
+              t.global ? t.global : &dummy, 1, &n, nb::handle(), nullptr, nb::dtype<double>(),
+              cuda ? nb::device::cuda::value : nb::device::cpu::value, cuda ? t.device.index : 0);
+          nb::list slots;
+          for (const fo::ReductionSlotInfo& s : t.slots)
+            slots.append(nb::make_tuple(s.name, s.per_tensor, s.slot, s.max));
+          fn(t.pass, nb::cast(totals, nb::rv_policy::reference), slots,
+             reinterpret_cast<std::uintptr_t>(t.stream));
+        });
+  }
+
   /// State `name` of param `index` as a DLPack tensor (zero-copy; it keeps `self` alive).
   /// Element states take the param's shape, scalars are 0-d, row/col states flat.
   static nb::object state(nb::handle self, const std::string& name, int index,
@@ -350,6 +377,7 @@ void bind_engine(nb::module_& m) {
       .def("hyper", &Engine::hyper, nb::arg("name"), nb::arg("group") = 0)
       .def("step_count", &Engine::step_count)
       .def("set_step_count", &Engine::set_step_count)
+      .def("set_reduction_hook", &Engine::set_reduction_hook, nb::arg("fn").none())
       .def("states", &Engine::states)
       .def("state", &Engine::state, nb::arg("name"), nb::arg("index"),
            nb::arg("shape_as") = "param")
