@@ -2,8 +2,9 @@
 find_path(xxHash_INCLUDE_DIR NAMES xxhash.h)
 find_library(xxHash_LIBRARY NAMES xxhash)
 include(FindPackageHandleStandardArgs)
-find_package_handle_standard_args(xxHash REQUIRED_VARS xxHash_LIBRARY xxHash_INCLUDE_DIR)
-if(xxHash_FOUND AND NOT TARGET xxHash::xxHash)
+# fusedopt compiles xxHash in (XXH_INLINE_ALL): the header is what it needs.
+find_package_handle_standard_args(xxHash REQUIRED_VARS xxHash_INCLUDE_DIR)
+if(xxHash_FOUND AND xxHash_LIBRARY AND NOT TARGET xxHash::xxHash)
   add_library(xxHash::xxHash UNKNOWN IMPORTED)
   set_target_properties(xxHash::xxHash PROPERTIES IMPORTED_LOCATION "${xxHash_LIBRARY}"
                         INTERFACE_INCLUDE_DIRECTORIES "${xxHash_INCLUDE_DIR}")

@@ -2,6 +2,11 @@
 # Builds tests/consumer against fusedopt and runs it, one way per MODE:
 #   installed     install BUILD_DIR into a prefix; find_package(fusedopt) on it
 #   build-tree    find_package(fusedopt) on BUILD_DIR itself (its export())
+#   installed-core
+#                 install BUILD_DIR into a prefix; find_package(fusedopt COMPONENTS core) on it
+#                 where MPI, fmt and xxHash cannot be found (CMAKE_DISABLE_FIND_PACKAGE_*):
+#                 the core needs none of them; and, where the package's comm is a static
+#                 library built with MPI, COMPONENTS comm is refused there, saying why
 #   shared-subdirectory
 #                 add_subdirectory(SOURCE_DIR) in tests/consumer/subdirectory, with
 #                 BUILD_SHARED_LIBS=ON and FUSEDOPT_CUDA=OFF (so it also proves the build
@@ -41,6 +46,29 @@ case "$mode" in
     ;;
   build-tree)
     step "${consumer[@]}" -Dfusedopt_DIR="$build"
+    ;;
+  installed-core)
+    step cmake --install "$build" --prefix "$work/prefix"
+    none=(-DCMAKE_DISABLE_FIND_PACKAGE_MPI=ON -DCMAKE_DISABLE_FIND_PACKAGE_fmt=ON
+          -DCMAKE_DISABLE_FIND_PACKAGE_xxHash=ON)
+    config="$(find "$work/prefix" -name fusedoptConfig.cmake | head -n 1)"
+    if grep -q 'if(ON AND NOT OFF AND NOT TARGET MPI::MPI_CXX)' "$config"; then
+      # A static comm built with MPI: asked for without MPI, find_package fails, saying so.
+      if cmake -S "$src/tests/consumer" -B "$work/build-comm" "${common[@]}" \
+           -DCMAKE_PREFIX_PATH="$work/prefix" -DFUSEDOPT_COMPONENTS="core;comm" "${none[@]}" \
+           >>"$log" 2>&1; then
+        echo "consumer ($mode): COMPONENTS comm was found without MPI" >&2
+        exit 1
+      fi
+      grep -q "fusedopt::core needs no MPI" "$log" || {
+        echo "consumer ($mode): COMPONENTS comm without MPI did not say why" >&2
+        tail -n 30 "$log" >&2
+        exit 1
+      }
+      rm -rf "$work/build-comm"
+    fi
+    step "${consumer[@]}" -DCMAKE_PREFIX_PATH="$work/prefix" -DFUSEDOPT_COMPONENTS=core \
+      "${none[@]}"
     ;;
   shared-subdirectory)
     # No build type: the library is rebuilt only to be linked, so it compiles unoptimised.
@@ -82,7 +110,8 @@ case "$mode" in
       -DFUSEDOPT_EXPECT_TYPE=SHARED_LIBRARY
     ;;
   *)
-    echo "usage: run.sh installed|build-tree|shared-subdirectory BUILD_DIR SOURCE_DIR CXX [LAUNCHER]" >&2
+    echo "usage: run.sh installed|build-tree|installed-core|shared-subdirectory BUILD_DIR" \
+         "SOURCE_DIR CXX [LAUNCHER]" >&2
     exit 2
     ;;
 esac
