@@ -1,6 +1,6 @@
 // Name resolution and the rules of the language that grammar cannot express: one param,
 // one grad, no duplicates, read-only grad/hypers/step, temporaries assigned before use,
-// states and outputs written, something updated.
+// states and outputs written, something updated, booleans and numbers kept apart.
 #include "lang/checker.hpp"
 
 #include <fmt/format.h>
@@ -9,8 +9,10 @@
 #include <functional>
 #include <string>
 
+#include "lang/dump.hpp"
 #include "lang/hints.hpp"
 #include "lang/names.hpp"
+#include "lang/types.hpp"
 
 namespace fusedopt::lang {
 namespace {
@@ -83,6 +85,13 @@ class Checker {
       }
       Symbol& state = rule_.symbols[sym_of_name_[d.name]];
       resolve(*d.init, &state);
+      if (d.init->boolean) {
+        src_.fail(
+            d.init->loc,
+            fmt::format("{} '{}' holds a number, and its initial value '{}' is a boolean",
+                        to_string(d.kind), state.name, source_form(rule_, *d.init)),
+            fmt::format("start it from 'where({}, 1, 0)' (1 or 0)", source_form(rule_, *d.init)));
+      }
       if (d.kind != SymKind::State && !d.init->uniform) {
         src_.fail(d.init->loc,
                   fmt::format("the initial value of {} '{}' reads the param", to_string(d.kind),
@@ -210,6 +219,7 @@ class Checker {
     } else if (const FunctionInfo* fn = function_of(e.op)) {
       e.boolean = fn->boolean;
     }
+    check_kinds(src_, rule_, e);
   }
 
   // A reduction call: its argument must vary per element; it runs in the pass where its
@@ -225,6 +235,7 @@ class Checker {
                 "compute the reduction in a statement instead");
     }
     const Expr& arg = *e.args[0];
+    check_number_operand(src_, rule_, arg, fn.name);
     if (e.reduce_scope == Scope::Matrix) {
       matrix_reduce(e, fn);
       return;
@@ -328,9 +339,10 @@ class Checker {
       }
     } else if (sym < 0) {
       if (first_assign_[id] >= 0) {
-        src_.fail(
-            e.loc, fmt::format("'{}' is used before it is assigned", name),
-            fmt::format("it is first assigned at line {}", in_.stmts[first_assign_[id]].loc.line));
+        src_.fail(e.loc, fmt::format("'{}' is used before it is assigned", name),
+                  fmt::format("it is first assigned at line {}; to carry its value from one "
+                              "step to the next, declare it: 'state {} = 0'",
+                              in_.stmts[first_assign_[id]].loc.line, name));
       }
       unknown_name(e, name);
     }
@@ -384,6 +396,14 @@ class Checker {
       last_def_.push_back(-1);
     }
     Symbol& s = rule_.symbols[sym];
+    if (raw.value->boolean && s.kind != SymKind::Temp && s.kind != SymKind::Grad &&
+        s.kind != SymKind::Hyper && s.kind != SymKind::Step && s.kind != SymKind::Info) {
+      src_.fail(raw.loc,
+                fmt::format("{} '{}' holds a number, and '{}' is a boolean", to_string(s.kind),
+                            name, source_form(rule_, *raw.value)),
+                fmt::format("assign 1 or 0: '{} = where({}, 1, 0)'", name,
+                            source_form(rule_, *raw.value)));
+    }
     switch (s.kind) {
       case SymKind::Grad:
         src_.fail(raw.loc, fmt::format("cannot assign to the gradient '{}': it is read-only", name),

@@ -56,11 +56,72 @@ TEST_SUITE("lang") {
     CHECK(e->line() == 4);
     CHECK(e->column() == 14);
     CHECK(e->message() == "'u' is used before it is assigned");
-    CHECK(e->hint() == "it is first assigned at line 5");
+    CHECK(e->hint() ==
+          "it is first assigned at line 5; to carry its value from one step to the next, "
+          "declare it: 'state u = 0'");
     FUSEDOPT_CHECK_RULE_ERROR(kHeader + "u = u + 1\np = p - u\n", 4, 5,
                               "'u' is used before it is assigned");
     FUSEDOPT_CHECK_RULE_ERROR(kHeader + "output o\np = p - o\no = p\n", 5, 9,
                               "'o' is used before it is assigned");
+  }
+
+  TEST_CASE("a value carried to the next step without a state: the hint says to declare one") {
+    // The newcomer's previous-gradient rule: 'prev' is read before this step assigns it.
+    auto e = parse_error(kHeader + "d = g - prev\np = p - lr * d\nprev = g\n");
+    REQUIRE(e);
+    CHECK(e->message() == "'prev' is used before it is assigned");
+    CHECK(contains(e->hint(), "declare it: 'state prev = 0'"));
+    // Declared as a state, the same rule is accepted.
+    CHECK_NOTHROW(
+        parse_rule("param p\ngrad g\nstate prev = 0\nhyper lr = 0.1\n"
+                   "d = g - prev\np = p - lr * d\nprev = g\n",
+                   "prev.rule"));
+  }
+
+  TEST_CASE(
+      "booleans and numbers are distinct types: a boolean used as a number is a "
+      "RuleError whose hint names the fix") {
+    const std::string h = "param p\ngrad g\nstate m = 0\nhyper lr = 0.1\n";
+    auto e = parse_error(h + "m = g > 0\np = p - lr * m\n");
+    REQUIRE(e);
+    CHECK(e->line() == 5);
+    CHECK(e->message() == "state 'm' holds a number, and 'g > 0' is a boolean");
+    CHECK(e->hint() == "assign 1 or 0: 'm = where(g > 0, 1, 0)'");
+    e = parse_error(h + "p = where(g, p - lr, p)\n");
+    REQUIRE(e);
+    CHECK(e->message() == "the condition of where() is a boolean, and 'g' is a number");
+    CHECK(contains(e->hint(), "where(g != 0, ...)"));
+    e = parse_error(h + "p = p - lr * (g > 0)\n");
+    REQUIRE(e);
+    CHECK(e->message() == "'*' computes with numbers, and 'g > 0' is a boolean");
+    CHECK(contains(e->hint(), "where(g > 0, 1, 0)"));
+    e = parse_error(h + "c = g > 0\np = p - lr * c\n");
+    REQUIRE(e);
+    CHECK(e->message() == "'*' computes with numbers, and 'c' is a boolean");
+    e = parse_error(h + "p = where(g > 0 and lr, p - lr, p)\n");
+    REQUIRE(e);
+    CHECK(e->message() == "'and' takes booleans, and 'lr' is a number");
+    CHECK(contains(e->hint(), "lr != 0"));
+    e = parse_error(h + "p = where((g > 0) == 1, p - lr, p)\n");
+    REQUIRE(e);
+    CHECK(e->message() == "'==' compares a boolean with a number");
+    e = parse_error(h + "p = p - lr * where(g > 0, g < 1, 2)\n");
+    REQUIRE(e);
+    CHECK(contains(e->message(), "where() chooses between a boolean"));
+    e = parse_error(h + "p = p - lr * tensor_sum(g > 0)\n");
+    REQUIRE(e);
+    CHECK(e->message() == "'tensor_sum' computes with numbers, and 'g > 0' is a boolean");
+    e = parse_error("param p\ngrad g\nstate m = p > 0\nhyper lr = 0.1\np = p - lr * m\n");
+    REQUIRE(e);
+    CHECK(e->message() == "state 'm' holds a number, and its initial value 'p > 0' is a boolean");
+    e = parse_error(h + "p = p - lr * -isfinite(g)\n");
+    REQUIRE(e);
+    CHECK(contains(e->message(), "is a boolean"));
+    // Booleans where they belong: conditions, and/or/not, temporaries, where() of two.
+    CHECK_NOTHROW(parse_rule(h + "c = g > 0 and not (g > 1)\nok = isfinite(g) or c\n"
+                                 "b = where(c, ok, c == ok)\np = where(b, p - lr * g, p)\n"
+                                 "m = m + 1\n",
+                             "booleans.rule"));
   }
 
   TEST_CASE("checker reports a rule that updates nothing") {
@@ -154,7 +215,7 @@ TEST_SUITE("lang") {
                                "e = where(isfinite(g), c, 0)\n"
                                "f = g > 0 and not (lr < 1)\n"
                                "k = c\n"
-                               "p = p - k * d * e * f\n",
+                               "p = where(f, p - k * d * e, p)\n",
                            "flags.rule");
     const auto& s = rule->stmts;
     CHECK(s[0].value->uniform);
@@ -169,7 +230,7 @@ TEST_SUITE("lang") {
     CHECK(s[3].value->args[1]->boolean);
     CHECK(s[3].value->args[1]->uniform);
     CHECK(s[4].value->uniform);
-    CHECK(s[5].value->args[1]->args[1]->boolean);  // reads f, a boolean temporary
+    CHECK(s[5].value->args[0]->boolean);  // reads f, a boolean temporary
   }
 
   TEST_CASE("checker gives every symbol kind an index and one phase covering all statements") {

@@ -18,9 +18,19 @@ namespace {
 
 const std::string kVars = kHeader + "hyper a = 1, b = 2, c = 3, d = 4\n";
 
+/// `expr` as the statement `x = expr` after the booleans A and B, used as its type asks (a
+/// number, or else a condition), dumped.
 std::string expr_dump(const std::string& expr) {
-  auto rule = parse_rule(kVars + "x = " + expr + "\np = p - x * g\n", "t.rule");
-  return dump(*rule, *rule->stmts.at(0).value);
+  const std::string head = kVars + "A = a > 0\nB = b > 0\nx = " + expr + "\n";
+  auto rule = [&] {
+    try {
+      return parse_rule(head + "p = p - x * g\n", "t.rule");
+    } catch (const RuleError& e) {
+      if (!contains(e.message(), "is a boolean")) throw;
+      return parse_rule(head + "p = where(x, p - g, p)\n", "t.rule");
+    }
+  }();
+  return dump(*rule, *rule->stmts.at(2).value);
 }
 
 }  // namespace
@@ -48,8 +58,8 @@ TEST_SUITE("lang") {
   TEST_CASE("parser orders or below and below not below comparisons") {
     CHECK(expr_dump("a < b or c < d and a > b") == "(or (< a b) (and (< c d) (> a b)))");
     CHECK(expr_dump("not a < b") == "(not (< a b))");
-    CHECK(expr_dump("not not a") == "(not (not a))");
-    CHECK(expr_dump("not a and b") == "(and (not a) b)");
+    CHECK(expr_dump("not not A") == "(not (not A))");
+    CHECK(expr_dump("not A and B") == "(and (not A) B)");
     CHECK(expr_dump("a + b <= c * d") == "(<= (+ a b) (* c d))");
     CHECK(expr_dump("(a == b) != (c >= d)") == "(!= (== a b) (>= c d))");
   }
@@ -57,7 +67,7 @@ TEST_SUITE("lang") {
   TEST_CASE("parser rejects chained comparisons") {
     FUSEDOPT_CHECK_RULE_ERROR(kVars + "x = a < b < c\n", 5, 11, "comparisons cannot be chained");
     FUSEDOPT_CHECK_RULE_ERROR(kVars + "x = a == b == c\n", 5, 12, "comparisons cannot be chained");
-    CHECK(expr_dump("(a < b) < c") == "(< (< a b) c)");
+    CHECK(expr_dump("(a < b) == B") == "(== (< a b) B)");
   }
 
   TEST_CASE("parser reads calls of every built-in function") {
@@ -65,7 +75,8 @@ TEST_SUITE("lang") {
     CHECK(expr_dump("clamp(exp(a), log(b), abs(sign(c)))") ==
           "(clamp (exp a) (log b) (abs (sign c)))");
     CHECK(expr_dump("min(a, max(b, c))") == "(min a (max b c))");
-    CHECK(expr_dump("pow(isfinite(a), tanh(b))") == "(pow (isfinite a) (tanh b))");
+    CHECK(expr_dump("pow(a, tanh(b))") == "(pow a (tanh b))");
+    CHECK(expr_dump("isfinite(a) or B") == "(or (isfinite a) B)");
     CHECK(expr_dump("log1p(expm1(floor(a)))") == "(log1p (expm1 (floor a)))");
   }
 

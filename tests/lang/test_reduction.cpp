@@ -96,9 +96,9 @@ TEST_SUITE("lang") {
   TEST_CASE("every reduction function parses, global results are uniform and tensor ones not") {
     auto rule = parse_rule(kHeader +
                                "a = tensor_sum(g) + tensor_sumsq(g) + tensor_norm(p)\n"
-                               "b = tensor_maxabs(g) + tensor_any_nonfinite(g)\n"
+                               "b = tensor_maxabs(g) + where(tensor_any_nonfinite(g), 1, 0)\n"
                                "c = global_sum(g) + global_sumsq(g) + global_norm(p)\n"
-                               "d = global_maxabs(g) + global_any_nonfinite(g)\n"
+                               "d = global_maxabs(g) + where(global_any_nonfinite(g), 1, 0)\n"
                                "p = p - lr * (a + b + c + d) * g\n",
                            "all.rule");
     CHECK(rule->reduction_passes == 1);
