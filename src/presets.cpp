@@ -14,9 +14,18 @@
 namespace fusedopt {
 namespace {
 
-/// Names presets were known by before they became an option of another one.
+/// Other names of presets: amsgrad, before it became an option of adam; sgd+exact, the option
+/// exact of sgd, whose default form is already torch's operation order (the option exists so
+/// that exact=True means the same for sgd, adam and adamw).
+const std::map<std::string, std::string>& aliases() {
+  static const std::map<std::string, std::string> a = {{"amsgrad", "adam+amsgrad"},
+                                                       {"sgd+exact", "sgd"}};
+  return a;
+}
+
 std::string canonical(const std::string& name) {
-  return name == "amsgrad" ? std::string("adam+amsgrad") : name;
+  auto it = aliases().find(name);
+  return it == aliases().end() ? name : it->second;
 }
 
 }  // namespace
@@ -38,6 +47,10 @@ std::vector<std::string> preset_options(const std::string& name) {
   for (const std::string& known : preset_names()) {
     if (known.rfind(prefix, 0) == 0) options.push_back(known.substr(prefix.size()));
   }
+  for (const auto& [alias, target] : aliases()) {
+    if (alias.rfind(prefix, 0) == 0) options.push_back(alias.substr(prefix.size()));
+  }
+  std::sort(options.begin(), options.end());
   return options;
 }
 

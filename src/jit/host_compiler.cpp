@@ -168,17 +168,15 @@ class HostCompiler final : public Compiler {
     // evaluate both arms of a `where` (a division in one of them may not trap: nothing
     // unmasks FP exceptions), so element loops with selects vectorise. Neither changes a
     // result; no -ffast-math: results must follow IEEE rounding so tests can compare
-    // against a reference.
-    return {"-std=c++17",
-            "-O3",
-            "-march=native",
-            "-fopenmp",
-            "-fno-math-errno",
-            "-fno-trapping-math",
-            "-fPIC",
-            "-shared",
-            "-fvisibility=hidden",
-            "-w"};
+    // against a reference. -ffp-contract=off: each operation of the rule is rounded as
+    // written, a fused multiply-add only where the rule says fma() or lerp() (g++'s default
+    // for C++ contracts a * b + c across statements, clang's within one: either would make
+    // the result depend on the compiler, and the presets' option exact bit-identical to
+    // torch 1.13 impossible).
+    return {"-std=c++17",          "-O3",      "-march=native",
+            "-ffp-contract=off",   "-fopenmp", "-fno-math-errno",
+            "-fno-trapping-math",  "-fPIC",    "-shared",
+            "-fvisibility=hidden", "-w"};
   }
   std::string target_fingerprint(const Target&) const override {
     // -march=native makes the binary depend on this CPU's model and features.

@@ -110,6 +110,7 @@ enum class Op {
   Expm1,
   Floor,
   Lerp,    ///< lerp(a, b, w), torch's two-branch formula
+  Fma,     ///< fma(a, b, c): a * b + c rounded once
   Reduce,  ///< a reduction (Expr::reduction indexes Rule::reductions); args[0] is reduced
 };
 

@@ -109,6 +109,26 @@ const std::vector<PresetSpec>& specs() {
        [](const Hypers&) { return zeros(2); },
        [](const Hypers& h) { return adam_reference(h, true, false); },
        kDefault},
+      // The option exact: the same math in torch 1.13's operation order (bit for bit against
+      // torch 1.13 in python/tests/test_torch_exact.py), the same float64 references.
+      {"adam+exact",
+       kAdamDefaults,
+       {"m", "v"},
+       [](const Hypers&) { return zeros(2); },
+       [](const Hypers& h) { return adam_reference(h, false, false); },
+       kDefault},
+      {"adamw+exact",
+       kAdamWDefaults,
+       {"m", "v"},
+       [](const Hypers&) { return zeros(2); },
+       [](const Hypers& h) { return adam_reference(h, true, false); },
+       kDefault},
+      {"sgd+exact",
+       kSgdDefaults,
+       {"momentum_buffer"},
+       [](const Hypers&) { return zeros(1); },
+       sgd_reference,
+       kDefault},
       {"adam+amsgrad",
        kAdamDefaults,
        {"m", "v", "max_v"},
@@ -602,9 +622,10 @@ TEST_SUITE("presets") {
       "the presets are the element-wise optimizers this file checks, plus lamb, lars and "
       "adafactor") {
     const std::vector<std::string> expected = {
-        "adadelta", "adafactor",     "adagrad", "adam",     "adam+amsgrad", "adamax",
-        "adamw",    "adamw+amsgrad", "asgd",    "bertadam", "lamb",         "lars",
-        "lion",     "nadam",         "radam",   "rmsprop",  "rprop",        "sgd"};
+        "adadelta",   "adafactor", "adagrad", "adam",          "adam+amsgrad",
+        "adam+exact", "adamax",    "adamw",   "adamw+amsgrad", "adamw+exact",
+        "asgd",       "bertadam",  "lamb",    "lars",          "lion",
+        "nadam",      "radam",     "rmsprop", "rprop",         "sgd"};
     // A new preset needs a reference test before it ships: element-wise ones here, rules
     // with reductions in tests/runtime/test_reductions.cpp (lamb, lars) and factored state
     // in tests/runtime/test_factored.cpp (adafactor).
@@ -727,9 +748,30 @@ TEST_SUITE("presets") {
 
   TEST_CASE("the old preset name amsgrad is adam+amsgrad, and adam and adamw list the option") {
     CHECK(fusedopt::preset_rule("amsgrad") == fusedopt::preset_rule("adam+amsgrad"));
-    CHECK(fusedopt::preset_options("adam") == std::vector<std::string>{"amsgrad"});
-    CHECK(fusedopt::preset_options("adamw") == std::vector<std::string>{"amsgrad"});
-    CHECK(fusedopt::preset_options("sgd").empty());
+    CHECK(fusedopt::preset_options("adam") == std::vector<std::string>{"amsgrad", "exact"});
+    CHECK(fusedopt::preset_options("adamw") == std::vector<std::string>{"amsgrad", "exact"});
+    CHECK(fusedopt::preset_options("sgd") == std::vector<std::string>{"exact"});
+    CHECK(fusedopt::preset_rule("sgd+exact") == fusedopt::preset_rule("sgd"));
+    CHECK(fusedopt::preset_options("rmsprop").empty());
+  }
+
+  TEST_CASE("the option exact (torch 1.13's operation order) matches the same references") {
+    run_case("adam+exact", "L2 weight decay",
+             with(kAdamDefaults, {{"lr", 1e-2}, {"weight_decay", 0.1}}));
+    run_case("adam+exact", "maximize with other betas and a large eps",
+             with(kAdamDefaults,
+                  {{"lr", 1e-2}, {"beta1", 0.8}, {"beta2", 0.99}, {"eps", 0.1}, {"maximize", 1}}));
+    run_case("adamw+exact", "strong weight decay",
+             with(kAdamWDefaults, {{"lr", 1e-2}, {"weight_decay", 0.5}}));
+    run_case("adamw+exact", "maximize with other betas and a large eps",
+             with(kAdamWDefaults,
+                  {{"lr", 1e-2}, {"beta1", 0.5}, {"beta2", 0.95}, {"eps", 0.1}, {"maximize", 1}}));
+    run_case("sgd+exact", "momentum, dampening and weight decay",
+             with(kSgdDefaults,
+                  {{"lr", 1e-2}, {"momentum", 0.9}, {"dampening", 0.1}, {"weight_decay", 1e-2}}));
+    run_case(
+        "sgd+exact", "nesterov and maximize",
+        with(kSgdDefaults, {{"lr", 1e-2}, {"momentum", 0.9}, {"nesterov", 1}, {"maximize", 1}}));
   }
 
   TEST_CASE("adagrad matches torch.optim.Adagrad") {

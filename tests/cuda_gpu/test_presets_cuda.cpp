@@ -83,6 +83,8 @@ const std::map<std::string, std::vector<std::pair<std::string, double>>>& preset
       {"adam", {{"lr", 1e-2}, {"weight_decay", 0.1}}},
       {"adamw", {{"lr", 1e-2}, {"maximize", 1}}},
       {"adam+amsgrad", {{"lr", 1e-2}, {"beta2", 0.9}}},
+      {"adam+exact", {{"lr", 1e-2}, {"weight_decay", 0.1}}},
+      {"adamw+exact", {{"lr", 1e-2}, {"maximize", 1}}},
       {"adamw+amsgrad", {{"lr", 1e-2}, {"beta2", 0.9}}},
       // beta2 0.99 and steps 4 to 7: rho_t crosses 5 between steps 5 (4.96) and 6 (5.94),
       // so both branches of the rectification run.
@@ -393,8 +395,9 @@ void compare_presets(const std::vector<std::string>& names) {
 }
 
 // The presets of each case below; together every preset (checked in the first case).
-const std::vector<std::string> kAdamFamily = {"adam",   "adamw", "adam+amsgrad", "adamw+amsgrad",
-                                              "adamax", "nadam", "radam"};
+const std::vector<std::string> kAdamFamily = {"adam",          "adamw",      "adam+amsgrad",
+                                              "adamw+amsgrad", "adam+exact", "adamw+exact",
+                                              "adamax",        "nadam",      "radam"};
 const std::vector<std::string> kClassic = {"sgd",   "rmsprop", "adagrad", "adadelta",
                                            "rprop", "asgd",    "lion",    "bertadam"};
 
@@ -445,7 +448,7 @@ TEST_SUITE("cuda_gpu") {
     covered.insert(covered.end(), kClassic.begin(), kClassic.end());
     for (const char* name : {"lamb", "lars", "adafactor"}) covered.emplace_back(name);
     std::vector<std::string> all = Rule::presets();
-    CHECK(all.size() == 18);
+    CHECK(all.size() == 20);
     std::sort(all.begin(), all.end());
     std::sort(covered.begin(), covered.end());
     CHECK(covered == all);

@@ -268,6 +268,40 @@ avg = decay * avg + (1 - decay) * w
     }
   }
 
+  TEST_CASE("the host rounds each operation as the rule writes it: a * b + c twice, fma once") {
+    // The host compiler must not contract p * g + c into a fused multiply-add (g++ does by
+    // default for C++, across statements): the option exact of the presets relies on it.
+    cache::KernelCache cache(no_cache());
+    testing::Kernel k(lang::parse_rule("param p\ngrad g\nstate f = 0\nhyper c = 0.3\n"
+                                       "t = p * g\nf = fma(p, g, c)\np = t + c\n",
+                                       "contract.rule"),
+                      DTypeBinding{}, cache);
+    std::mt19937 rng(std::random_device{}());
+    std::normal_distribution<float> normal(0.0f, 1.0f);
+    const std::int64_t n = 4099;
+    std::vector<float> p(n), g(n), f(n, 0.0f);
+    for (std::int64_t i = 0; i < n; ++i) {
+      p[i] = normal(rng);
+      g[i] = normal(rng);
+    }
+    const std::vector<float> p0 = p;
+    std::vector<std::vector<void*>> ptrs = {{p.data(), g.data(), f.data()}};
+    run(k, ptrs, {n}, {{0.3}}, 1.0f);
+    const float c = 0.3f;
+    std::int64_t twice = 0, once = 0, fused_differs = 0;
+    for (std::int64_t i = 0; i < n; ++i) {
+      const float product = p0[i] * g[i];
+      const float rounded_twice = product + c;
+      const float rounded_once = std::fma(p0[i], g[i], c);
+      twice += std::memcmp(&p[i], &rounded_twice, sizeof(float)) != 0;
+      once += std::memcmp(&f[i], &rounded_once, sizeof(float)) != 0;
+      fused_differs += rounded_once != rounded_twice;
+    }
+    CHECK_MESSAGE(twice == 0, twice << " of " << n << " elements of t + c were fused");
+    CHECK_MESSAGE(once == 0, once << " of " << n << " elements of fma(p, g, c) differ");
+    CHECK(fused_differs > 0);  // the data tells the two apart
+  }
+
   TEST_CASE("max, min and clamp are fmaxf, fminf and their composition, NaN operands too") {
     // The host prelude writes them as selects (so the element loop vectorises): a NaN
     // operand yields the other one, as fmaxf/fminf, in whichever position it is.
