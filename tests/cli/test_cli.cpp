@@ -126,6 +126,36 @@ TEST_SUITE("cli") {
     CHECK(entries(dir, ".so").empty());
   }
 
+  TEST_CASE("check and presets report as JSON with --json, as every other command does") {
+    TempDir d;
+    const std::string good = (d.path() / "good.rule").string();
+    const std::string bad = (d.path() / "bad.rule").string();
+    write_file(good, fusedopt::Rule::preset("sgd").text());
+    write_file(bad, "param p\ngrad g\nstate m = 0\nm = g > 0\np = p - m\n");
+    CliResult both = run_cli({"check", good, bad, "--target", "host", "--json"});
+    INFO(both.out << both.err);
+    CHECK(both.code == 2);  // as the text form: a bad file
+    CHECK(both.err.empty());
+    CHECK(both.out.rfind("{\"files\": [{\"path\": \"" + good + "\", \"ok\": true", 0) == 0);
+    CHECK(both.out.find("\"target\": \"host\", \"dtypes\": \"fp32:fp32:fp32\", "
+                        "\"bytes_per_element\": 20") != std::string::npos);
+    CHECK(both.out.find("\"path\": \"" + bad + "\", \"ok\": false, \"error\": {\"file\": \"" + bad +
+                        "\", \"line\": 4, \"column\": 1") != std::string::npos);
+    CHECK(both.out.find("\"hint\": \"assign 1 or 0: 'm = where(g > 0, 1, 0)'\"") !=
+          std::string::npos);
+    CliResult none = run_cli({"check", "--json"});
+    CHECK(none.code == 2);
+    CHECK(none.out == "{\"error\": \"check needs at least one rule file\"}\n");
+    CliResult presets = run_cli({"presets", "--json"});
+    INFO(presets.out << presets.err);
+    CHECK(presets.code == 0);
+    CHECK(presets.out.find("{\"name\": \"adamw\", \"description\": \"AdamW: ") !=
+          std::string::npos);
+    CHECK(presets.out.find("\"options\": [\"amsgrad\", \"exact\"], \"hypers\": {\"lr\": 0.001, "
+                           "\"beta1\": 0.9") != std::string::npos);
+    CHECK(presets.out.find("\"states\": [\"m\", \"v\"]") != std::string::npos);
+  }
+
   TEST_CASE("verify passes, then names a truncated entry with exit 1, and warmup repairs it") {
     TempDir d;
     std::string dir = (d.path() / "cache").string();

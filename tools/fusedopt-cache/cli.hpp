@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdint>
+#include <cstdio>
 #include <functional>
 #include <optional>
 #include <string>
@@ -80,5 +81,28 @@ int cmd_prune(Args& args);
 int cmd_clear(Args& args);
 int cmd_check(Args& args);
 int cmd_presets(Args& args);
+
+/// Parses the options every command shares (--help, --cache-dir); `extra` handles the rest:
+/// it takes what it knows from `args` and returns true, else false (an unexpected argument).
+template <typename Extra>
+std::optional<std::string> parse_common(Args& args, const char* help, bool* wants_help,
+                                        Extra extra) {
+  std::optional<std::string> cache_dir;
+  *wants_help = false;
+  while (!args.done()) {
+    if (args.flag("--help") || args.flag("-h")) {
+      std::fputs(help, stdout);
+      std::fputs(kExitCodesHelp, stdout);
+      *wants_help = true;
+      return cache_dir;
+    }
+    if (auto v = args.option("--cache-dir")) {
+      cache_dir = v;
+    } else if (!extra(args)) {
+      throw UsageError{"unexpected argument '" + args.peek() + "'"};
+    }
+  }
+  return cache_dir;
+}
 
 }  // namespace fusedopt::cli
