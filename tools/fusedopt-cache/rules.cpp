@@ -82,6 +82,46 @@ std::string rule_error_json(const RuleError& e) {
       json_string(e.source_line()), json_string(e.hint()));
 }
 
+/// Checks rule file `f`: as text on stdout (errors on stderr), or as one JSON object appended
+/// to `listed`. False when the file is bad (unreadable or not a valid rule).
+bool check_file(const std::string& f, const std::vector<Target>& targets,
+                const std::vector<DTypeBinding>& dtypes, bool json, std::string& listed) {
+  const std::string path = json_string(f);
+  const char* sep = listed.empty() ? "" : ", ";
+  std::string text;
+  try {
+    text = read_rule_file(f);
+  } catch (const UsageError& e) {
+    if (json) {
+      listed += fmt::format("{}{{\"path\": {}, \"ok\": false, \"error\": {{\"message\": {}}}}}",
+                            sep, path, json_string(e.message));
+    } else {
+      fmt::print(stderr, "{}: error: {}\n", f, e.message);
+    }
+    return false;
+  }
+  try {
+    const Rule rule = Rule::parse(text, f);
+    if (json) {
+      listed +=
+          fmt::format("{}{{\"path\": {}, \"ok\": true, \"rule\": {}, \"reports\": {}}}", sep, path,
+                      json_string(rule.describe()), reports(rule, targets, dtypes, true));
+    } else {
+      fmt::print("{}: ok: {}\n", f, rule.describe());
+      fmt::print("{}", reports(rule, targets, dtypes, false));
+    }
+    return true;
+  } catch (const RuleError& e) {
+    if (json) {
+      listed += fmt::format("{}{{\"path\": {}, \"ok\": false, \"error\": {}}}", sep, path,
+                            rule_error_json(e));
+    } else {
+      fmt::print(stderr, "{}\n", e.what());
+    }
+    return false;
+  }
+}
+
 }  // namespace
 
 int cmd_check(Args& args) {
@@ -135,40 +175,7 @@ targets, each entry point's registers, stack and spills (from NVRTC's ptxas).
     int status = kExitOk;
     std::string listed;
     for (const std::string& f : files) {
-      const std::string path = json_string(f);
-      const char* sep = listed.empty() ? "" : ", ";
-      std::string text;
-      try {
-        text = read_rule_file(f);
-      } catch (const UsageError& e) {
-        if (json) {
-          listed += fmt::format("{}{{\"path\": {}, \"ok\": false, \"error\": {{\"message\": {}}}}}",
-                                sep, path, json_string(e.message));
-        } else {
-          fmt::print(stderr, "{}: error: {}\n", f, e.message);
-        }
-        status = kExitBadInput;
-        continue;
-      }
-      try {
-        const Rule rule = Rule::parse(text, f);
-        if (json) {
-          listed +=
-              fmt::format("{}{{\"path\": {}, \"ok\": true, \"rule\": {}, \"reports\": {}}}", sep,
-                          path, json_string(rule.describe()), reports(rule, targets, dtypes, true));
-        } else {
-          fmt::print("{}: ok: {}\n", f, rule.describe());
-          fmt::print("{}", reports(rule, targets, dtypes, false));
-        }
-      } catch (const RuleError& e) {
-        if (json) {
-          listed += fmt::format("{}{{\"path\": {}, \"ok\": false, \"error\": {}}}", sep, path,
-                                rule_error_json(e));
-        } else {
-          fmt::print(stderr, "{}\n", e.what());
-        }
-        status = kExitBadInput;
-      }
+      if (!check_file(f, targets, dtypes, json, listed)) status = kExitBadInput;
     }
     if (json) fmt::print("{{\"files\": [{}]}}\n", listed);
     return status;
