@@ -75,6 +75,9 @@ inline const Hypers kNadamDefaults = {{"lr", 2e-3},
                                       {"momentum_decay", 4e-3},
                                       {"decoupled_weight_decay", 0},
                                       {"maximize", 0}};
+inline const Hypers kAdoptDefaults = {
+    {"lr", 1e-3},        {"beta1", 0.9},  {"beta2", 0.9999},       {"eps", 1e-6},
+    {"weight_decay", 0}, {"decouple", 0}, {"clip_exponent", 0.25}, {"maximize", 0}};
 inline const Hypers kLionDefaults = {
     {"lr", 1e-4}, {"beta1", 0.9}, {"beta2", 0.99}, {"weight_decay", 0}};
 inline const Hypers kRadamDefaults = {{"lr", 1e-3},        {"beta1", 0.9},
@@ -342,6 +345,39 @@ inline RefStep asgd_reference(const Hypers& h) {
     }
     eta = lr / std::pow(1 + lambd * lr * t, alpha);
     mu = 1 / std::max(1.0, t - t0);
+    return 0.0;
+  };
+}
+
+// ADOPT, the authors' _single_tensor_adopt (github.com/iShohei220/adopt): its step counter
+// is t - 1 (0 on the first call, which only fills v); states m (exp_avg), v (exp_avg_sq).
+// The hypers as given, not fp32-rounded as hyper() reads them: the kernel computes 1 - beta2
+// in double from the double hyper, and with ADOPT's beta2 = 0.9999, fp32's 0.9999 is 1.7e-4
+// off in 1 - beta2, more than the test's tolerance.
+inline RefStep adopt_reference(const Hypers& h) {
+  const double lr = h.at("lr"), beta1 = h.at("beta1"), beta2 = h.at("beta2");
+  const double eps = h.at("eps"), wd = h.at("weight_decay");
+  const bool decouple = h.at("decouple") != 0, maximize = h.at("maximize") != 0;
+  const double clip_exponent = h.at("clip_exponent");
+  return [=](double t, double& p, double g, double* s) {
+    double& m = s[0];
+    double& v = s[1];
+    double grad = maximize ? -g : g;
+    if (wd != 0 && !decouple) grad = grad + wd * p;
+    const double step = t - 1;
+    if (step == 0) {
+      v = v + grad * grad;
+      return 0.0;
+    }
+    if (wd != 0 && decouple) p = p - lr * wd * p;
+    double normed = grad / std::max(std::sqrt(v), eps);
+    if (clip_exponent >= 0) {
+      const double clip = std::pow(step, clip_exponent);
+      normed = std::min(std::max(normed, -clip), clip);
+    }
+    m = m + (1 - beta1) * (normed - m);
+    p = p - lr * m;
+    v = beta2 * v + (1 - beta2) * grad * grad;
     return 0.0;
   };
 }

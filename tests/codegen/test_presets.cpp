@@ -195,6 +195,12 @@ const std::vector<PresetSpec>& specs() {
        },
        asgd_reference,
        kDefault},
+      {"adopt",
+       kAdoptDefaults,
+       {"m", "v"},
+       [](const Hypers&) { return zeros(2); },
+       adopt_reference,
+       kDefault},
       {"lion",
        kLionDefaults,
        {"m"},
@@ -622,10 +628,9 @@ TEST_SUITE("presets") {
       "the presets are the element-wise optimizers this file checks, plus lamb, lars and "
       "adafactor") {
     const std::vector<std::string> expected = {
-        "adadelta",   "adafactor", "adagrad", "adam",          "adam+amsgrad",
-        "adam+exact", "adamax",    "adamw",   "adamw+amsgrad", "adamw+exact",
-        "asgd",       "bertadam",  "lamb",    "lars",          "lion",
-        "nadam",      "radam",     "rmsprop", "rprop",         "sgd"};
+        "adadelta", "adafactor",     "adagrad",     "adam",  "adam+amsgrad", "adam+exact", "adamax",
+        "adamw",    "adamw+amsgrad", "adamw+exact", "adopt", "asgd",         "bertadam",   "lamb",
+        "lars",     "lion",          "nadam",       "radam", "rmsprop",      "rprop",      "sgd"};
     // A new preset needs a reference test before it ships: element-wise ones here, rules
     // with reductions in tests/runtime/test_reductions.cpp (lamb, lars) and factored state
     // in tests/runtime/test_factored.cpp (adafactor).
@@ -832,6 +837,19 @@ TEST_SUITE("presets") {
                                    {"beta1", 0.8},
                                    {"beta2", 0.99},
                                    {"eps", 0.1}}));
+  }
+
+  TEST_CASE("adopt matches the authors' ADOPT") {
+    run_case("adopt", "defaults", with(kAdoptDefaults, {{"lr", 1e-2}}));
+    run_case("adopt", "L2 weight decay, maximize, a fast second moment",
+             with(kAdoptDefaults,
+                  {{"lr", 1e-2}, {"weight_decay", 0.1}, {"maximize", 1}, {"beta2", 0.9}}));
+    run_case("adopt", "decoupled weight decay, lerp's other branch, no clipping",
+             with(kAdoptDefaults, {{"lr", 1e-2},
+                                   {"weight_decay", 0.1},
+                                   {"decouple", 1},
+                                   {"beta1", 0.3},
+                                   {"clip_exponent", -1}}));
   }
 
   TEST_CASE("lion matches lion-pytorch") {
