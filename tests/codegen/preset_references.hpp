@@ -78,6 +78,9 @@ inline const Hypers kNadamDefaults = {{"lr", 2e-3},
 inline const Hypers kAdoptDefaults = {
     {"lr", 1e-3},        {"beta1", 0.9},  {"beta2", 0.9999},       {"eps", 1e-6},
     {"weight_decay", 0}, {"decouple", 0}, {"clip_exponent", 0.25}, {"maximize", 0}};
+inline const Hypers kAdanDefaults = {{"lr", 1e-3},    {"beta1", 0.98}, {"beta2", 0.92},
+                                     {"beta3", 0.99}, {"eps", 1e-8},   {"weight_decay", 0},
+                                     {"no_prox", 0}};
 inline const Hypers kLionDefaults = {
     {"lr", 1e-4}, {"beta1", 0.9}, {"beta2", 0.99}, {"weight_decay", 0}};
 inline const Hypers kRadamDefaults = {{"lr", 1e-3},        {"beta1", 0.9},
@@ -378,6 +381,37 @@ inline RefStep adopt_reference(const Hypers& h) {
     m = m + (1 - beta1) * (normed - m);
     p = p - lr * m;
     v = beta2 * v + (1 - beta2) * grad * grad;
+    return 0.0;
+  };
+}
+
+// Adan, the authors' _single_tensor_adan (github.com/sail-sg/Adan); states m (exp_avg),
+// m_diff (exp_avg_diff), n (exp_avg_sq), pre_grad. The previous gradient is this one on the
+// first step. Hypers unrounded, as adopt_reference's.
+inline RefStep adan_reference(const Hypers& h) {
+  const double lr = h.at("lr"), beta1 = h.at("beta1"), beta2 = h.at("beta2");
+  const double beta3 = h.at("beta3"), eps = h.at("eps"), wd = h.at("weight_decay");
+  const bool no_prox = h.at("no_prox") != 0;
+  return [=](double t, double& p, double g, double* s) {
+    double& m = s[0];
+    double& m_diff = s[1];
+    double& n = s[2];
+    double& pre_grad = s[3];
+    if (t == 1) pre_grad = g;
+    const double diff = g - pre_grad;
+    const double u = g + beta2 * diff;
+    m = beta1 * m + (1 - beta1) * g;
+    m_diff = beta2 * m_diff + (1 - beta2) * diff;
+    n = beta3 * n + (1 - beta3) * u * u;
+    const double denom = std::sqrt(n) / std::sqrt(1 - std::pow(beta3, t)) + eps;
+    const double update =
+        (m / (1 - std::pow(beta1, t)) + beta2 * m_diff / (1 - std::pow(beta2, t))) / denom;
+    if (no_prox) {
+      p = p * (1 - lr * wd) - lr * update;
+    } else {
+      p = (p - lr * update) / (1 + lr * wd);
+    }
+    pre_grad = g;
     return 0.0;
   };
 }

@@ -195,6 +195,12 @@ const std::vector<PresetSpec>& specs() {
        },
        asgd_reference,
        kDefault},
+      {"adan",
+       kAdanDefaults,
+       {"m", "m_diff", "n", "pre_grad"},
+       [](const Hypers&) { return zeros(4); },
+       adan_reference,
+       kDefault},
       {"adopt",
        kAdoptDefaults,
        {"m", "v"},
@@ -628,9 +634,10 @@ TEST_SUITE("presets") {
       "the presets are the element-wise optimizers this file checks, plus lamb, lars and "
       "adafactor") {
     const std::vector<std::string> expected = {
-        "adadelta", "adafactor",     "adagrad",     "adam",  "adam+amsgrad", "adam+exact", "adamax",
-        "adamw",    "adamw+amsgrad", "adamw+exact", "adopt", "asgd",         "bertadam",   "lamb",
-        "lars",     "lion",          "nadam",       "radam", "rmsprop",      "rprop",      "sgd"};
+        "adadelta", "adafactor", "adagrad",       "adam",        "adam+amsgrad", "adam+exact",
+        "adamax",   "adamw",     "adamw+amsgrad", "adamw+exact", "adan",         "adopt",
+        "asgd",     "bertadam",  "lamb",          "lars",        "lion",         "nadam",
+        "radam",    "rmsprop",   "rprop",         "sgd"};
     // A new preset needs a reference test before it ships: element-wise ones here, rules
     // with reductions in tests/runtime/test_reductions.cpp (lamb, lars) and factored state
     // in tests/runtime/test_factored.cpp (adafactor).
@@ -837,6 +844,15 @@ TEST_SUITE("presets") {
                                    {"beta1", 0.8},
                                    {"beta2", 0.99},
                                    {"eps", 0.1}}));
+  }
+
+  TEST_CASE("adan matches the authors' Adan") {
+    run_case("adan", "defaults", with(kAdanDefaults, {{"lr", 1e-2}}));
+    run_case("adan", "weight decay by the proximal step, other betas",
+             with(kAdanDefaults,
+                  {{"lr", 1e-2}, {"weight_decay", 0.1}, {"beta1", 0.9}, {"beta3", 0.999}}));
+    run_case("adan", "decoupled weight decay (no_prox)",
+             with(kAdanDefaults, {{"lr", 1e-2}, {"weight_decay", 0.1}, {"no_prox", 1}}));
   }
 
   TEST_CASE("adopt matches the authors' ADOPT") {

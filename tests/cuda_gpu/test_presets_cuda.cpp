@@ -105,6 +105,7 @@ const std::map<std::string, std::vector<std::pair<std::string, double>>>& preset
       {"adafactor", {{"weight_decay", 0.1}}},
       {"lion", {{"lr", 1e-3}, {"weight_decay", 0.1}}},
       {"adopt", {{"lr", 1e-2}, {"weight_decay", 0.1}, {"decouple", 1}}},
+      {"adan", {{"lr", 1e-2}, {"weight_decay", 0.1}}},
       {"bertadam", {{"lr", 1e-2}}},
       {"lamb", {{"lr", 1e-2}, {"max_grad_norm", 10}}},  // clips every other step: grad_sd()
       {"lars", {}},
@@ -397,8 +398,8 @@ void compare_presets(const std::vector<std::string>& names) {
 
 // The presets of each case below; together every preset (checked in the first case).
 const std::vector<std::string> kAdamFamily = {
-    "adam",        "adamw",  "adam+amsgrad", "adamw+amsgrad", "adam+exact",
-    "adamw+exact", "adamax", "nadam",        "radam",         "adopt"};
+    "adam",   "adamw", "adam+amsgrad", "adamw+amsgrad", "adam+exact", "adamw+exact",
+    "adamax", "nadam", "radam",        "adopt",         "adan"};
 const std::vector<std::string> kClassic = {"sgd",   "rmsprop", "adagrad", "adadelta",
                                            "rprop", "asgd",    "lion",    "bertadam"};
 
@@ -449,7 +450,7 @@ TEST_SUITE("cuda_gpu") {
     covered.insert(covered.end(), kClassic.begin(), kClassic.end());
     for (const char* name : {"lamb", "lars", "adafactor"}) covered.emplace_back(name);
     std::vector<std::string> all = Rule::presets();
-    CHECK(all.size() == 21);
+    CHECK(all.size() == 22);
     std::sort(all.begin(), all.end());
     std::sort(covered.begin(), covered.end());
     CHECK(covered == all);
