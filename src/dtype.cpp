@@ -7,6 +7,7 @@
 
 #include "fusedopt/error.hpp"
 #include "fusedopt/target.hpp"
+#include "support/check.hpp"
 
 namespace fusedopt {
 
@@ -20,6 +21,8 @@ const char* to_string(DType dtype) {
       return "bf16";
     case DType::F64:
       return "fp64";
+    case DType::U8:
+      return "uint8";
   }
   return "?";
 }
@@ -33,11 +36,100 @@ int dtype_size(DType dtype) {
       return 2;
     case DType::F64:
       return 8;
+    case DType::U8:
+      return 1;
   }
   return 4;
 }
 
+const char* to_string(Quant quant) {
+  switch (quant) {
+    case Quant::None:
+      return "-";
+    case Quant::Q8S:
+      return "q8s";
+    case Quant::Q8U:
+      return "q8u";
+    case Quant::Q4S:
+      return "q4s";
+    case Quant::Q4U:
+      return "q4u";
+  }
+  return "?";
+}
+
+int quant_bits(Quant quant) {
+  switch (quant) {
+    case Quant::None:
+      return 0;
+    case Quant::Q8S:
+    case Quant::Q8U:
+      return 8;
+    case Quant::Q4S:
+    case Quant::Q4U:
+      return 4;
+  }
+  return 0;
+}
+
+bool DTypeBinding::quantized() const {
+  for (Quant q : quant) {
+    if (q != Quant::None) return true;
+  }
+  return false;
+}
+
+int DTypeBinding::block() const {
+  if (!quantized()) return 0;
+  if (quant_block != 0) return quant_block;
+  for (Quant q : quant) {
+    if (quant_bits(q) == 4) return 128;
+  }
+  return 256;
+}
+
 namespace {
+
+/// The "+q=Q/Q/...@B" suffix's parts, checked.
+void parse_quant(std::string_view spec, std::string_view whole, DTypeBinding& b) {
+  const std::size_t at = spec.find('@');
+  std::string_view list = spec.substr(0, at);
+  if (at != std::string_view::npos) {
+    const std::string_view digits = spec.substr(at + 1);
+    int block = 0;
+    bool ok = !digits.empty() && digits.size() <= 4;
+    for (char c : digits) {
+      ok = ok && std::isdigit(static_cast<unsigned char>(c));
+      block = block * 10 + (c - '0');
+    }
+    FUSEDOPT_CHECK_USAGE(ok && block >= 32 && block <= 512 && (block & (block - 1)) == 0,
+                         "bad quantization block '{}' in '{}': a power of two from 32 to 512",
+                         digits, whole);
+    b.quant_block = block;
+  }
+  while (true) {
+    const std::size_t slash = list.find('/');
+    const std::string_view q = list.substr(0, slash);
+    Quant v = Quant::None;
+    if (q == "q8s") {
+      v = Quant::Q8S;
+    } else if (q == "q8u") {
+      v = Quant::Q8U;
+    } else if (q == "q4s") {
+      v = Quant::Q4S;
+    } else if (q == "q4u") {
+      v = Quant::Q4U;
+    } else if (q != "-") {
+      throw UsageError(fmt::format(
+          "bad state storage '{}' in '{}': expected one of -, q8s, q8u, q4s, q4u per state, "
+          "separated by '/'",
+          q, whole));
+    }
+    b.quant.push_back(v);
+    if (slash == std::string_view::npos) break;
+    list.remove_prefix(slash + 1);
+  }
+}
 
 DType parse_dtype(std::string_view s, std::string_view whole) {
   if (s == "fp32" || s == "f32" || s == "float32") return DType::F32;
@@ -49,13 +141,22 @@ DType parse_dtype(std::string_view s, std::string_view whole) {
 }  // namespace
 
 std::string DTypeBinding::str() const {
-  return fmt::format("{}:{}:{}{}", to_string(param), to_string(grad), to_string(state),
-                     master ? "+master" : "");
+  std::string q;
+  if (quantized()) {
+    for (Quant v : quant) q += (q.empty() ? "+q=" : "/") + std::string(to_string(v));
+    q += fmt::format("@{}", block());
+  }
+  return fmt::format("{}:{}:{}{}{}", to_string(param), to_string(grad), to_string(state),
+                     master ? "+master" : "", q);
 }
 
 DTypeBinding DTypeBinding::parse(std::string_view text) {
   DTypeBinding b;
   std::string_view rest = text;
+  if (const std::size_t q = rest.find("+q="); q != std::string_view::npos) {
+    parse_quant(rest.substr(q + 3), text, b);
+    rest = rest.substr(0, q);
+  }
   constexpr std::string_view kMaster = "+master";
   if (rest.size() >= kMaster.size() && rest.substr(rest.size() - kMaster.size()) == kMaster) {
     b.master = true;

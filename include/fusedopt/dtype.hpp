@@ -4,20 +4,38 @@
 
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "fusedopt/export.hpp"
 
 namespace fusedopt {
 
 /// Storage type of a tensor. F64 holds per-tensor scalar states (a rule's `scalar`
-/// declarations: Optimizer::state() views and checkpoints); parameters, gradients and
-/// state tensors are F32, F16 or BF16.
-enum class DType { F32, F16, BF16, F64 };
+/// declarations: Optimizer::state() views and checkpoints); U8 the codes of block-quantized
+/// states (Quant); parameters, gradients and state tensors are F32, F16 or BF16.
+enum class DType { F32, F16, BF16, F64, U8 };
 
-/// "fp32", "fp16", "bf16", "fp64".
+/// "fp32", "fp16", "bf16", "fp64", "uint8".
 FUSEDOPT_API const char* to_string(DType dtype);
 /// Bytes per element.
 FUSEDOPT_API int dtype_size(DType dtype);
+
+/// Block-quantized storage of one state tensor (DTypeBinding::quant): each element is a
+/// code of a quantization map (a sorted table of values in [-1, 1]), and each block of
+/// `quant_block` elements keeps one fp32 absmax; an element's value is map[code] * absmax.
+/// A step dequantizes, computes in fp32, and stores the codes nearest to the new values
+/// divided by the new absmax of their block (docs/rules.md, "Quantized states").
+enum class Quant : unsigned char {
+  None,  ///< not quantized: the binding's `state` dtype
+  Q8S,   ///< 8-bit codes of bitsandbytes' signed dynamic map (any sign)
+  Q8U,   ///< 8-bit codes of bitsandbytes' unsigned dynamic map (values >= 0; below: 0)
+  Q4S,   ///< 4-bit codes, two per byte, of torchao's signed 4-bit dynamic map
+  Q4U,   ///< 4-bit codes of torchao's linear map without zero, 1/16 ... 1 (values >= 0)
+};
+/// "-", "q8s", "q8u", "q4s", "q4u".
+FUSEDOPT_API const char* to_string(Quant quant);
+/// Bits per element of a quantized state's codes (8 or 4; 0 for Quant::None).
+FUSEDOPT_API int quant_bits(Quant quant);
 
 /// Storage dtype of each role of a rule.
 struct FUSEDOPT_API DTypeBinding {
@@ -27,15 +45,26 @@ struct FUSEDOPT_API DTypeBinding {
   /// The kernel reads and writes an fp32 master copy of the param and stores a rounded copy
   /// into the param (only meaningful when param is fp16 or bf16).
   bool master = false;
+  /// Per state of the rule (declaration order; outputs are never quantized): its block-
+  /// quantized storage. Empty, or all Quant::None: no state is quantized.
+  std::vector<Quant> quant;
+  /// Elements per absmax block of the quantized states: a power of two from 32 to 512
+  /// (0: the default, 256, or 128 when a state is 4-bit).
+  int quant_block = 0;
 
-  /// Canonical text: "PARAM:GRAD:STATE" plus "+master", e.g. "bf16:bf16:fp32+master".
+  /// Whether any state is quantized.
+  bool quantized() const;
+  /// quant_block with the default applied (0 when nothing is quantized).
+  int block() const;
+  /// Canonical text: "PARAM:GRAD:STATE" plus "+master", plus "+q=Q/Q/...@B" when states
+  /// are quantized (one entry per state: -, q8s, q8u, q4s, q4u), e.g.
+  /// "bf16:bf16:fp32+master", "fp32:fp32:fp32+q=q8s/q8u@256".
   std::string str() const;
-  /// Parses str()'s form, or a single dtype "X" meaning "X:X:X". Throws fusedopt::Error.
+  /// Parses str()'s form, or a single dtype "X" meaning "X:X:X" (with the same suffixes).
+  /// Throws fusedopt::Error.
   static DTypeBinding parse(std::string_view text);
 
-  bool operator==(const DTypeBinding& o) const {
-    return param == o.param && grad == o.grad && state == o.state && master == o.master;
-  }
+  bool operator==(const DTypeBinding& o) const { return str() == o.str(); }
 };
 
 }  // namespace fusedopt

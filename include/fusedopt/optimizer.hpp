@@ -75,6 +75,19 @@ struct OptimizerOptions {
   /// changes it) and one reduction pass; a rule that already has such a hyper is refused.
   double max_grad_norm = 0.0;
   ReductionStrategy reduction_strategy = ReductionStrategy::Auto;
+  /// Block-quantized states (Quant; docs/rules.md, "Quantized states"), by state name:
+  /// "q8" or "q4" (the map's sign chosen from the rule: unsigned where the checker proves
+  /// the state never negative, else signed), "q8s", "q8u", "q4s", "q4u" (chosen), or "-"
+  /// (kept in state_dtype). The name "*" stands for every state not named. Outputs are
+  /// never quantized. A rule may declare its own default (`storage m = q8`), which these
+  /// entries override.
+  std::vector<std::pair<std::string, std::string>> state_storage;
+  /// Elements per absmax block of quantized states: a power of two from 32 to 512 (0: 256,
+  /// or 128 when a state is 4-bit).
+  int quant_block = 0;
+  /// Params with fewer elements keep their states in state_dtype (bitsandbytes'
+  /// min_8bit_size): their blocks would cost more than they save.
+  std::int64_t quant_min_numel = 4096;
 };
 
 /// What a step costs, and where its kernel came from.
@@ -86,16 +99,21 @@ enum class StateKind {
   Row,      ///< the rule's `row`: one fp32 per row of the param's matrices
   Col,      ///< the rule's `col`: one fp32 per column
   Master,   ///< the fp32 master copy of a 16-bit param (OptimizerOptions::master_weights)
+  Absmax,   ///< "NAME.absmax": the fp32 absmax per block of quantized state NAME (empty for
+            ///< a param whose NAME is not quantized)
 };
-/// "element", "output", "scalar", "row", "col", "master".
+/// "element", "output", "scalar", "row", "col", "master", "absmax".
 FUSEDOPT_API const char* to_string(StateKind kind);
 
 /// One state an optimizer keeps per parameter (Optimizer::states()).
 struct StateInfo {
   std::string name;  ///< as state() and checkpoints name it ("m", "master")
   StateKind kind = StateKind::Element;
-  DType dtype = DType::F32;  ///< its storage
+  DType dtype = DType::F32;  ///< its storage (where quantized: DType::U8, the codes)
   bool saved = true;         ///< whether checkpoints hold it (all but outputs)
+  /// An element state's block-quantized storage, for params of at least quant_min_numel
+  /// elements (smaller ones keep `dtype`... F32, F16 or BF16: state_dtype).
+  Quant quant = Quant::None;
 };
 
 struct OptimizerStats {
@@ -251,8 +269,14 @@ class FUSEDOPT_API Optimizer {
   /// Every state kept per parameter, in one order (element states, outputs, scalars, rows,
   /// columns, the master copy): what state() views and checkpoints hold.
   std::vector<StateInfo> states() const;
-  /// The optimizer's state of tensor `param` (a flat view), e.g. state("m", 3).
+  /// The optimizer's state of tensor `param` (a flat view), e.g. state("m", 3). A quantized
+  /// state's view holds its codes (DType::U8: a byte per element, or per two elements at 4
+  /// bits); "m.absmax" views its absmax per block.
   Tensor state(const std::string& name, int param_index) const;
+  /// The values of element state (or output) `name` of tensor `param_index`, as fp32 on the
+  /// host: a copy, dequantized where the state is quantized, widened from 16 bits. Waits for
+  /// the device like save().
+  std::vector<float> state_values(const std::string& name, int param_index) const;
 
   /// Writes a safetensors file: one tensor "<param name>/<state>" per (parameter, state)
   /// pair (and "<param name>/master"), metadata with the rule, its key, the step and the

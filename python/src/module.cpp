@@ -263,6 +263,7 @@ class Engine {
     }  // "scalar": 0-d
     nb::dlpack::dtype dt = nb::dtype<float>();
     if (t.dtype == fo::DType::F64) dt = nb::dtype<double>();
+    if (t.dtype == fo::DType::U8) dt = nb::dtype<std::uint8_t>();
     if (t.dtype == fo::DType::F16)
       dt = {static_cast<std::uint8_t>(nb::dlpack::dtype_code::Float), 16, 1};
     if (t.dtype == fo::DType::BF16)

@@ -66,6 +66,7 @@ const char* storage_type(DType dtype) {
     case DType::BF16:
       return "fo_bf16";
     case DType::F64:
+    case DType::U8:
       break;  // not a tensor role's dtype (DTypeBinding::parse refuses it)
   }
   return "float";

@@ -10,6 +10,7 @@
 #include "codegen/body_emitter.hpp"
 #include "codegen/body_parts.hpp"
 #include "codegen/body_report.hpp"
+#include "codegen/quant.hpp"
 #include "codegen/writer.hpp"
 
 namespace fusedopt::codegen {
@@ -57,7 +58,10 @@ Writer accumulator_tables(const Rule& rule, const KernelBody& body, const BodyEm
 KernelBody generate_body(const Rule& rule, const DTypeBinding& dtypes, Strategy strategy) {
   // Factored rules recompute: their reduction passes then write nothing, so the CUDA
   // kernel may read an element twice (once for its row's sums, once for its column's).
-  if (rule.factored()) strategy = Strategy::Recompute;
+  // Quantized states recompute too: a reduction pass then stores no state (the update is
+  // where a block's new absmax is known).
+  check_quant(dtypes, static_cast<int>(rule.states.size()), rule.factored());
+  if (rule.factored() || dtypes.quantized()) strategy = Strategy::Recompute;
   const Schedule schedule = plan_schedule(rule, dtypes, strategy);
   KernelBody body;
   body.kind = "rule";
@@ -87,6 +91,7 @@ KernelBody generate_body(const Rule& rule, const DTypeBinding& dtypes, Strategy 
   w.append(accumulator_tables(rule, body, be));
 
   emit_tensor_binding(w, decls);
+  emit_quant(w, dtypes, 2, static_cast<int>(decls.size()));
   std::vector<std::string> globals;
   for (const lang::Reduction& r : rule.reductions) {
     if (r.scope == lang::Scope::Global) {

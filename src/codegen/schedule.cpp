@@ -33,7 +33,12 @@ class Planner {
     s_.role_bytes.push_back(static_cast<int>(dtype_size(dtypes.param)));
     s_.role_bytes.push_back(static_cast<int>(dtype_size(dtypes.grad)));
     for (int i = 0; i < num_states + num_outputs; ++i) {
-      s_.role_bytes.push_back(static_cast<int>(dtype_size(dtypes.state)));
+      // A quantized state moves its codes (a 4-bit one counted as a byte) and an absmax per
+      // block, which rounds away.
+      const Quant q = i < num_states && static_cast<std::size_t>(i) < dtypes.quant.size()
+                          ? dtypes.quant[static_cast<std::size_t>(i)]
+                          : Quant::None;
+      s_.role_bytes.push_back(q != Quant::None ? 1 : static_cast<int>(dtype_size(dtypes.state)));
     }
     if (dtypes.master) {
       s_.master_role = static_cast<int>(s_.role_bytes.size());

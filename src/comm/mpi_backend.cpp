@@ -84,6 +84,7 @@ const HalfTypes& half_types() {
 
 MPI_Datatype mpi_type(DType d) {
   if (d == DType::F64) return MPI_DOUBLE;
+  if (d == DType::U8) return MPI_UNSIGNED_CHAR;
   return d == DType::F32 ? MPI_FLOAT : half_types().half;
 }
 
@@ -92,6 +93,7 @@ MPI_Op mpi_op(DType d, ReduceOp op) {
   switch (d) {
     case DType::F32:
     case DType::F64:
+    case DType::U8:
       return max ? MPI_MAX : MPI_SUM;
     case DType::BF16:
       return max ? half_types().bf16_max : half_types().bf16_sum;

@@ -54,6 +54,8 @@ ncclDataType_t nccl_type(DType d) {
       return ncclBfloat16;
     case DType::F64:
       return ncclFloat64;
+    case DType::U8:
+      return ncclUint8;
   }
   return ncclFloat32;
 }

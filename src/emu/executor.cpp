@@ -42,7 +42,6 @@ struct Fiber {
   jmp_buf context{};
   State state = State::Idle;
   bool parked = false;  // suspended in fiber_main, ready for work
-  const void* site = nullptr;
   int line = 0;
   int predicate = -1;
   int barrier_result = 0;
@@ -286,7 +285,6 @@ int Executor::Impl::barrier(int line, int predicate) {
   Impl& x = *active;
   Fiber* f = x.current;
   f->state = State::AtBarrier;
-  f->site = __builtin_return_address(0);
   f->line = line;
   f->predicate = predicate;
   x.switch_out(f);
@@ -339,7 +337,10 @@ bool Executor::Impl::run_block(const fo_emu_dim3& block_idx, Dim3 grid, Dim3 blo
       }
       ++at_barrier;
       if (!waiting) waiting = f;
-      if (f->site != waiting->site) {
+      // Barriers are told apart by their source line (the kernel's __LINE__), not by the
+      // call's return address: a compiler may copy one barrier into both arms of a branch
+      // before it (tail duplication), which is still one barrier of the source.
+      if (f->line != waiting->line) {
         fail_block(kLaunchFailed,
                    kernel->name + " block " + dim_text(block_idx) +
                        ": threads wait at different "

@@ -46,7 +46,7 @@ inline std::string tensor_name(const std::string& param, const std::string& stat
   return param + "/" + state;
 }
 
-/// The safetensors dtype of a stored state: "F32", "F16", "BF16", "F64".
+/// The safetensors dtype of a stored state: "F32", "F16", "BF16", "F64", "U8".
 inline const char* st_dtype(DType d) {
   switch (d) {
     case DType::F32:
@@ -57,13 +57,15 @@ inline const char* st_dtype(DType d) {
       return "BF16";
     case DType::F64:
       return "F64";
+    case DType::U8:
+      return "U8";
   }
   return "?";
 }
 
 /// The DType of a safetensors dtype a checkpoint may hold, or nullopt.
 inline std::optional<DType> from_st_dtype(const std::string& st) {
-  for (DType d : {DType::F32, DType::F16, DType::BF16, DType::F64}) {
+  for (DType d : {DType::F32, DType::F16, DType::BF16, DType::F64, DType::U8}) {
     if (st == st_dtype(d)) return d;
   }
   return std::nullopt;

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace fusedopt::lang {
@@ -152,6 +153,9 @@ struct Symbol {
   ExprPtr init;              ///< State: the initial value (constants, hypers and the param only);
                              ///< Scalar: constants and hypers
   bool written = false;      ///< Param/State/Output/Temp: some statement assigns it
+  /// State: never negative, whatever the hypers and the data (lang/storage.cpp proves it),
+  /// so a quantized storage "q8"/"q4" takes the unsigned map.
+  bool nonnegative = false;
 };
 
 struct Stmt {
@@ -201,6 +205,9 @@ struct Rule {
   std::vector<int> col_states;  ///< `col` states: symbol indices, in declaration order
   std::vector<int> outputs;     ///< symbol indices, in declaration order
   std::vector<int> hypers;      ///< symbol indices, in declaration order
+  /// `storage NAME = KIND` declarations: the state's symbol index and its kind ("q8", "q4",
+  /// "q8s", "q8u", "q4s", "q4u"), the default of OptimizerOptions::state_storage.
+  std::vector<std::pair<int, std::string>> storage;
 
   /// Index of the symbol called `name`, or -1.
   int find(const std::string& name) const;

@@ -25,8 +25,8 @@ struct Keyword {
 constexpr Keyword kKeywordTokens[] = {
     {"param", Tok::KwParam},   {"grad", Tok::KwGrad},     {"state", Tok::KwState},
     {"scalar", Tok::KwScalar}, {"row", Tok::KwRow},       {"col", Tok::KwCol},
-    {"hyper", Tok::KwHyper},   {"output", Tok::KwOutput}, {"and", Tok::KwAnd},
-    {"or", Tok::KwOr},         {"not", Tok::KwNot}};
+    {"hyper", Tok::KwHyper},   {"output", Tok::KwOutput}, {"storage", Tok::KwStorage},
+    {"and", Tok::KwAnd},       {"or", Tok::KwOr},         {"not", Tok::KwNot}};
 
 // Roughly log10 of a well-formed decimal number, only to tell overflow from underflow when
 // from_chars reports "out of range". Saturates instead of overflowing on absurd exponents.

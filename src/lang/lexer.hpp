@@ -38,6 +38,7 @@ enum class Tok {
   KwCol,
   KwHyper,
   KwOutput,
+  KwStorage,
   KwAnd,
   KwOr,
   KwNot,
@@ -50,7 +51,8 @@ struct Token {
   double number = 0;  ///< Tok::Number
 };
 
-/// True for the keyword tokens (param grad state scalar row col hyper output and or not).
+/// True for the keyword tokens (param grad state scalar row col hyper output storage and or
+/// not).
 inline bool is_keyword_token(Tok kind) {
   switch (kind) {
     case Tok::KwParam:
@@ -61,6 +63,7 @@ inline bool is_keyword_token(Tok kind) {
     case Tok::KwCol:
     case Tok::KwHyper:
     case Tok::KwOutput:
+    case Tok::KwStorage:
     case Tok::KwAnd:
     case Tok::KwOr:
     case Tok::KwNot:

@@ -11,8 +11,8 @@ namespace {
 // C++ and CUDA names (std, int, float, half, class, ...) are fine: codegen never pastes a
 // user name, it emits each as `v_NAME` (hypers by index), and the lexer refuses '__' and a
 // leading '_'. Only the language's own words and the generated prefix are kept out.
-constexpr std::string_view kKeywords[] = {"param", "grad",   "state", "scalar", "row", "col",
-                                          "hyper", "output", "and",   "or",     "not"};
+constexpr std::string_view kKeywords[] = {"param", "grad",   "state",   "scalar", "row", "col",
+                                          "hyper", "output", "storage", "and",    "or",  "not"};
 
 template <std::size_t N>
 bool contains(const std::string_view (&table)[N], std::string_view name) {

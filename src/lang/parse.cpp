@@ -9,6 +9,7 @@
 #include "lang/checker.hpp"
 #include "lang/parser.hpp"
 #include "lang/source.hpp"
+#include "lang/storage.hpp"
 
 namespace fusedopt::lang {
 namespace {
@@ -149,6 +150,7 @@ std::shared_ptr<const Rule> parse_rule(std::string_view text, const std::string&
   }
   check_rule(source, parsed, *rule);
   check_limits(source, *rule);
+  check_storage(source, parsed.storage, *rule);
   return rule;
 }
 

@@ -66,7 +66,7 @@ bool ends_line(Tok kind) { return kind == Tok::Newline || kind == Tok::End; }
 bool is_decl_keyword(Tok kind) {
   return kind == Tok::KwParam || kind == Tok::KwGrad || kind == Tok::KwState ||
          kind == Tok::KwScalar || kind == Tok::KwRow || kind == Tok::KwCol ||
-         kind == Tok::KwHyper || kind == Tok::KwOutput;
+         kind == Tok::KwHyper || kind == Tok::KwOutput || kind == Tok::KwStorage;
 }
 
 constexpr const char* kTooDeepHint =
@@ -101,7 +101,7 @@ class Parser {
       } else {
         src_.fail(tok_.loc, "expected a declaration or a statement, got " + describe(tok_),
                   "a statement is 'NAME = EXPRESSION'; declarations start with param, grad, "
-                  "state, scalar, row, col, hyper or output");
+                  "state, scalar, row, col, hyper, output or storage");
       }
       expect_line_end();
     }
@@ -144,9 +144,33 @@ class Parser {
         fmt::format("e.g. '{} {}'", keyword, std::string_view(keyword) == "grad" ? "g" : "p"));
   }
 
+  // `storage NAME = KIND, ...`: KIND a name (q8, q4, q8s, ...), checked after the rule.
+  void parse_storage() {
+    while (true) {
+      const Token name = expect_decl_name("storage");
+      if (tok_.kind != Tok::Assign) {
+        src_.fail(name.loc, fmt::format("storage '{}' needs a kind", name.text),
+                  fmt::format("e.g. 'storage {} = q8'", name.text));
+      }
+      advance();
+      if (tok_.kind != Tok::Name) {
+        src_.fail(tok_.loc, fmt::format("expected a storage kind, got {}", describe(tok_)),
+                  "one of q8, q4 (the sign from the rule), q8s, q8u, q4s, q4u");
+      }
+      out_.storage.push_back({name.text, name.loc, tok_.text, tok_.loc});
+      advance();
+      if (tok_.kind != Tok::Comma) break;
+      advance();
+    }
+  }
+
   void parse_decl() {
     const Token kw = tok_;
     advance();
+    if (kw.kind == Tok::KwStorage) {
+      parse_storage();
+      return;
+    }
     SymKind kind = SymKind::Param;
     switch (kw.kind) {
       case Tok::KwGrad:

@@ -30,9 +30,18 @@ struct RawStmt {
   bool internal = false;  ///< added by fusedopt (may use reserved names)
 };
 
+/// `storage NAME = KIND`: a state's default block-quantized storage (names unresolved).
+struct StorageDecl {
+  std::string_view name;
+  Loc loc;  ///< of the name
+  std::string_view kind;
+  Loc kind_loc;
+};
+
 struct ParsedRule {
   std::vector<std::string_view> names;  ///< every distinct name, by first appearance
   std::vector<Decl> decls;
+  std::vector<StorageDecl> storage;
   std::vector<RawStmt> stmts;
   Loc end;  ///< where the text ends (for "missing ..." diagnostics)
 };

@@ -13,6 +13,7 @@
 #include "io/checkpoint_format.hpp"
 #include "rule_access.hpp"
 #include "runtime/optimizer_impl.hpp"
+#include "runtime/quant_states.hpp"
 #include "runtime/step_extension.hpp"
 #include "support/check.hpp"
 
@@ -57,6 +58,12 @@ const runtime::StateSpec& Optimizer::Impl::state_spec(const std::string& name) c
                                known.empty() ? "none" : known));
 }
 
+Quant Optimizer::Impl::quant_of(const runtime::ParamSlot& slot, std::size_t k) const {
+  if (slot.binding < 0) return Quant::None;
+  const DTypeBinding& b = bindings[static_cast<std::size_t>(slot.binding)];
+  return k < b.quant.size() ? b.quant[k] : Quant::None;
+}
+
 Tensor Optimizer::Impl::state_view(const runtime::StateSpec& spec, std::size_t p) const {
   using K = runtime::StateSpec::Kind;
   const runtime::ParamSlot& slot = params[p];
@@ -69,6 +76,18 @@ Tensor Optimizer::Impl::state_view(const runtime::StateSpec& spec, std::size_t p
     case K::Element:
       t.data = slot.states[spec.index];
       t.numel = slot.param.numel;
+      if (const Quant q = quant_of(slot, spec.index); q != Quant::None) {
+        t.dtype = DType::U8;  // the codes
+        t.numel = fo_q_code_bytes(slot.param.numel, quant_bits(q));
+      }
+      break;
+    case K::Absmax:
+      if (const Quant q = quant_of(slot, spec.index); q != Quant::None) {
+        const int block = bindings[static_cast<std::size_t>(slot.binding)].block();
+        t.data = static_cast<std::byte*>(slot.states[spec.index]) +
+                 fo_q_absmax_offset(slot.param.numel, quant_bits(q));
+        t.numel = fo_q_blocks(slot.param.numel, block);
+      }  // else: the state is kept unquantized for this param: no absmax
       break;
     case K::Output:
       t.data = slot.states[num_states + spec.index];
@@ -514,6 +533,8 @@ const char* to_string(StateKind kind) {
       return "col";
     case StateKind::Master:
       return "master";
+    case StateKind::Absmax:
+      return "absmax";
   }
   return "?";
 }
@@ -521,7 +542,10 @@ const char* to_string(StateKind kind) {
 std::vector<StateInfo> Optimizer::states() const {
   std::vector<StateInfo> out;
   for (const runtime::StateSpec& spec : live("states").specs) {
-    out.push_back({spec.name, spec.kind, spec.dtype, spec.saved()});
+    out.push_back(
+        {spec.name, spec.kind,
+         spec.kind == StateKind::Element && spec.quant != Quant::None ? DType::U8 : spec.dtype,
+         spec.saved(), spec.quant});
   }
   return out;
 }
@@ -533,6 +557,38 @@ Tensor Optimizer::state(const std::string& name, int param_index) const {
       "state('{}', {}): there is no param {} (the optimizer has {})", name, param_index,
       param_index, impl_->params.size());
   return impl_->state_view(spec, static_cast<std::size_t>(param_index));
+}
+
+std::vector<float> Optimizer::state_values(const std::string& name, int param_index) const {
+  const Impl& m = live("state_values");
+  const runtime::StateSpec& spec = m.state_spec(name);
+  FUSEDOPT_CHECK_USAGE(spec.kind == StateKind::Element || spec.kind == StateKind::Output,
+                       "state_values('{}'): it is a {} state; state_values reads element states "
+                       "and outputs (view the others with state())",
+                       name, to_string(spec.kind));
+  FUSEDOPT_CHECK_USAGE(
+      !(param_index < 0 || static_cast<std::size_t>(param_index) >= m.params.size()),
+      "state_values('{}', {}): there is no param {} (the optimizer has {})", name, param_index,
+      param_index, m.params.size());
+  const auto p = static_cast<std::size_t>(param_index);
+  const runtime::ParamSlot& slot = m.params[p];
+  const Tensor t = m.state_view(spec, p);
+  if (t.numel == 0 || t.data == nullptr) return {};
+  const Quant q = spec.kind == StateKind::Element ? m.quant_of(slot, spec.index) : Quant::None;
+  const std::size_t bytes =
+      q != Quant::None
+          ? static_cast<std::size_t>(
+                fo_q_bytes(slot.param.numel, quant_bits(q),
+                           m.bindings[static_cast<std::size_t>(slot.binding)].block()))
+          : static_cast<std::size_t>(t.numel) * static_cast<std::size_t>(dtype_size(t.dtype));
+  std::vector<std::byte> host(bytes);
+  m.backend->synchronize();
+  m.backend->copy_to_host(host.data(), t.data, bytes);
+  if (q != Quant::None) {
+    return runtime::dequantize(host.data(), slot.param.numel, q,
+                               m.bindings[static_cast<std::size_t>(slot.binding)].block());
+  }
+  return runtime::widen(host.data(), t.numel, t.dtype);
 }
 
 }  // namespace fusedopt

@@ -12,10 +12,12 @@
 #include <set>
 #include <tuple>
 
+#include "abi.h"
 #include "fusedopt/error.hpp"
 #include "provider/kernel_provider.hpp"
 #include "rule_access.hpp"
 #include "runtime/optimizer_impl.hpp"
+#include "runtime/quant_states.hpp"
 #include "support/check.hpp"
 #include "support/checked_math.hpp"
 #include "support/log.hpp"
@@ -142,58 +144,6 @@ void check_no_overlap(const std::vector<ParamSlot>& params) {
   }
 }
 
-std::string format_elements(std::int64_t n) {
-  if (n < 10000) return fmt::format("{} element{}", n, n == 1 ? "" : "s");
-  if (n < 1000000) return fmt::format("{:.1f} K elements", static_cast<double>(n) / 1e3);
-  if (n < 1000000000) return fmt::format("{:.1f} M elements", static_cast<double>(n) / 1e6);
-  return fmt::format("{:.2f} G elements", static_cast<double>(n) / 1e9);
-}
-
-std::string role_list(const codegen::KernelBody& body, const std::vector<int>& roles) {
-  std::string out;
-  for (int r : roles) out += (out.empty() ? "" : " ") + body.roles[static_cast<std::size_t>(r)];
-  return out.empty() ? "-" : out;
-}
-
-/// What each pass reads and writes, and why the strategy was chosen, per binding.
-std::string describe_schedule(const lang::Rule& r,
-                              const std::vector<std::unique_ptr<runtime::Binding>>& backends,
-                              const std::vector<DTypeBinding>& bindings) {
-  std::string out;
-  for (std::size_t b = 0; b < backends.size(); ++b) {
-    const codegen::KernelBody& body = backends[b]->body();
-    out += fmt::format("{}{} [{}]:", out.empty() ? "" : "\n", r.name, bindings[b].str());
-    for (std::size_t k = 0; k < body.pass_reads.size(); ++k) {
-      std::string what;
-      for (const codegen::ReductionSlot& s : body.slots) {
-        if (s.pass == static_cast<int>(k) && s.name != "grad_check") {
-          what += (what.empty() ? "" : ", ") + fmt::format("{} (line {})", s.name, s.line);
-        }
-      }
-      const bool update = static_cast<int>(k) == body.reduction_passes;
-      out +=
-          fmt::format(" pass {} {}: reads {}, writes {};", k, update ? "update" : "[" + what + "]",
-                      role_list(body, body.pass_reads[k]), role_list(body, body.pass_writes[k]));
-    }
-    if (body.store_pass >= 0) {
-      std::string held;
-      for (const std::string& s : body.scratch) held += (held.empty() ? "" : ", ") + s;
-      out += fmt::format(
-          " store: pass {} keeps {} in fp32 scratch ({} MB) for the update: {} B/element "
-          "per step, against {} recomputing",
-          body.store_pass, held.empty() ? "nothing" : held,
-          static_cast<double>(backends[b]->scratch_bytes()) / 1e6, body.bytes_store,
-          body.bytes_recompute);
-    } else {
-      out += fmt::format(
-          " recompute: the update recomputes what it needs: {} B/element per step, "
-          "against {} storing",
-          body.bytes_recompute, body.bytes_store);
-    }
-  }
-  return out;
-}
-
 }  // namespace
 
 Optimizer::Optimizer(const Rule& user_rule, std::vector<ParamGroup> groups,
@@ -238,12 +188,19 @@ void Optimizer::Impl::take_rule(const Rule& user_rule) {
                  DType dtype) {
     for (std::size_t k = first; k < end; ++k) specs.push_back({kind, names[k], dtype, k - first});
   };
+  quant = runtime::resolve_quant(options, r);
   add(K::Element, state_names, 0, num_states, options.state_dtype);
+  for (std::size_t k = 0; k < num_states; ++k) specs[k].quant = quant[k];
   add(K::Output, state_names, num_states, state_names.size(), options.state_dtype);
   add(K::Scalar, scalar_names, 0, scalar_names.size(), DType::F64);
   add(K::Row, row_names, 0, row_names.size(), DType::F32);
   add(K::Col, col_names, 0, col_names.size(), DType::F32);
   if (options.master_weights) specs.push_back({K::Master, "master", DType::F32, 0});
+  for (std::size_t k = 0; k < num_states; ++k) {
+    if (quant[k] != Quant::None) {
+      specs.push_back({K::Absmax, state_names[k] + ".absmax", DType::F32, k, quant[k]});
+    }
+  }
 }
 
 void Optimizer::Impl::validate_groups(std::vector<ParamGroup>& groups) {
@@ -305,19 +262,28 @@ void Optimizer::Impl::validate_groups(std::vector<ParamGroup>& groups) {
   device = params.front().param.device;
 }
 
+DTypeBinding Optimizer::Impl::binding_of(const runtime::ParamSlot& s) const {
+  DTypeBinding b;
+  b.param = s.param.dtype;
+  b.grad = s.grad.dtype;
+  b.state = options.state_dtype;
+  b.master = options.master_weights && s.param.dtype != DType::F32;
+  if (s.param.numel > 0 && s.param.numel >= options.quant_min_numel) {
+    b.quant = quant;  // small params keep their states in state_dtype
+    if (b.quantized()) {
+      b.quant_block = options.quant_block;
+    } else {
+      b.quant.clear();
+    }
+  }
+  return b;
+}
+
 void Optimizer::Impl::lay_out_arenas() {
   // Bindings (first-seen order) and arena layout: states and outputs in state_dtype, the
   // master copies in fp32 (sharing the fp32 arena when the states are fp32 too).
   std::map<DType, std::size_t> arena_bytes;
   std::vector<std::vector<std::size_t>> offsets(params.size());  // per state, then master
-  auto binding_of = [&](const ParamSlot& s) {
-    DTypeBinding b;
-    b.param = s.param.dtype;
-    b.grad = s.grad.dtype;
-    b.state = options.state_dtype;
-    b.master = options.master_weights && s.param.dtype != DType::F32;
-    return b;
-  };
   for (std::size_t p = 0; p < params.size(); ++p) {
     ParamSlot& s = params[p];
     s.states.assign(state_names.size(), nullptr);
@@ -328,9 +294,15 @@ void Optimizer::Impl::lay_out_arenas() {
     if (it == bindings.end()) bindings.push_back(b);
     const auto n = static_cast<std::size_t>(s.param.numel);
     for (std::size_t k = 0; k < state_names.size(); ++k) {
-      std::size_t& cursor = arena_bytes[options.state_dtype];
+      // A quantized state's codes and absmax are one piece of bytes (abi.h's layout).
+      const Quant q = k < b.quant.size() ? b.quant[k] : Quant::None;
+      std::size_t& cursor = arena_bytes[q != Quant::None ? DType::U8 : options.state_dtype];
       offsets[p].push_back(cursor);
-      cursor = advance(cursor, n, dtype_size(options.state_dtype), s);
+      cursor = q != Quant::None ? advance(cursor,
+                                          static_cast<std::size_t>(
+                                              fo_q_bytes(s.param.numel, quant_bits(q), b.block())),
+                                          1, s)
+                                : advance(cursor, n, dtype_size(options.state_dtype), s);
     }
     if (b.master) {
       std::size_t& cursor = arena_bytes[DType::F32];
@@ -374,8 +346,10 @@ void Optimizer::Impl::lay_out_arenas() {
   for (std::size_t p = 0; p < params.size(); ++p) {
     ParamSlot& s = params[p];
     if (s.binding < 0 || s.param.numel == 0) continue;
+    const DTypeBinding& b = bindings[static_cast<std::size_t>(s.binding)];
     for (std::size_t k = 0; k < state_names.size(); ++k) {
-      s.states[k] = base[options.state_dtype] + offsets[p][k];
+      const bool q = k < b.quant.size() && b.quant[k] != Quant::None;
+      s.states[k] = base[q ? DType::U8 : options.state_dtype] + offsets[p][k];
     }
     if (bindings[static_cast<std::size_t>(s.binding)].master) {
       s.master = base[DType::F32] + offsets[p].back();
@@ -552,44 +526,6 @@ void Optimizer::rebind(const std::vector<void*>& param_data, const std::vector<v
       m.kernels[b]->rebind(m.binding_ptrs(b), stream);
     }
     throw;
-  }
-}
-
-void Optimizer::Impl::report() {
-  // What fusing bought: the launches a per-tensor loop would make against ours.
-  std::int64_t elements = 0, nonempty = 0, launches = 0;
-  for (const ParamSlot& s : params) {
-    elements += s.param.numel;
-    nonempty += s.param.numel > 0 ? 1 : 0;
-  }
-  for (std::size_t b = 0; b < kernels.size(); ++b) {
-    launches += kernels[b]->launches_per_step(b == 0);  // the step's count: one per step
-  }
-  fusion_report =
-      fmt::format("{} over {} tensor{} ({}): {} launch{} per step instead of {}", rule.name(),
-                  params.size(), params.size() == 1 ? "" : "s", format_elements(elements), launches,
-                  launches == 1 ? "" : "es", nonempty);
-  if (bindings.size() > 1) {
-    std::string list;
-    for (const DTypeBinding& b : bindings) list += (list.empty() ? "" : ", ") + b.str();
-    fusion_report += fmt::format(" (one per dtype binding: {})", list);
-  }
-  if (reduction_passes > 0) {
-    fusion_report +=
-        fmt::format(" ({} reduction pass{} + update{})", reduction_passes,
-                    reduction_passes == 1 ? "" : "es", bindings.size() > 1 ? " per binding" : "");
-    schedule_report = describe_schedule(detail::lang_rule(rule), kernels, bindings);
-  }
-  support::log(support::LogLevel::Info, fusion_report);
-  if (!schedule_report.empty()) support::log(support::LogLevel::Info, schedule_report);
-  if (support::log_enabled(support::LogLevel::Debug)) {
-    for (std::size_t b = 0; b < kernels.size(); ++b) {
-      support::log(
-          support::LogLevel::Debug,
-          fmt::format("kernel {} ({}) on {}: {} tensors, {} from {} in {:.3f} s", bindings[b].str(),
-                      rule.name(), backend->name(), binding_params[b].size(), kernels[b]->key(),
-                      kernels[b]->origin(), kernels[b]->seconds()));
-    }
   }
 }
 

@@ -61,7 +61,8 @@ struct StateSpec {
   Kind kind;
   std::string name;
   DType dtype;
-  std::size_t index = 0;  ///< its position among the states of its kind
+  std::size_t index = 0;      ///< its position among the states of its kind (Absmax: its state's)
+  Quant quant = Quant::None;  ///< Element, Absmax: the state's storage where quantized
 
   /// Whether checkpoints hold it (everything but outputs).
   bool saved() const { return kind != Kind::Output; }
@@ -122,6 +123,9 @@ struct FUSEDOPT_NO_EXPORT Optimizer::Impl {
   std::vector<std::string> scalar_names;  ///< per-tensor scalar states (`scalar`)
   std::vector<std::string> row_names;     ///< row states (`row`)
   std::vector<std::string> col_names;     ///< column states (`col`)
+  /// Per rule state: its block-quantized storage for params of at least
+  /// options.quant_min_numel elements (runtime/quant_states.hpp).
+  std::vector<Quant> quant;
   /// Every state per parameter, in that order (element states, outputs, scalars, rows,
   /// columns, then the master copy when master_weights): the one table of them.
   std::vector<runtime::StateSpec> specs;
@@ -213,6 +217,9 @@ struct FUSEDOPT_NO_EXPORT Optimizer::Impl {
   void take_rule(const Rule& user_rule);
   /// Checks every group and tensor (errors name the tensor) and fills `params`.
   void validate_groups(std::vector<ParamGroup>& groups);
+  /// The dtype binding of a param: its dtypes, the options' state dtype and master, and
+  /// the quantized storage when it has at least quant_min_numel elements.
+  DTypeBinding binding_of(const runtime::ParamSlot& s) const;
   /// Groups tensors by dtype binding and lays the states out in one arena per dtype.
   void lay_out_arenas();
   /// Plans one kernel per binding over its tensors and writes the initial states.
@@ -244,8 +251,10 @@ struct FUSEDOPT_NO_EXPORT Optimizer::Impl {
   void push_hypers_on(void* stream);
   /// The spec of state `name`, or throws listing the states.
   const runtime::StateSpec& state_spec(const std::string& name) const;
+  /// Whether state k of parameter `p` is quantized (its binding's storage).
+  Quant quant_of(const runtime::ParamSlot& slot, std::size_t k) const;
   /// The view of state `spec` of parameter `p` (its numel is 0 where the param has none:
-  /// an fp32 param's master).
+  /// an fp32 param's master, the absmax of a state kept unquantized).
   Tensor state_view(const runtime::StateSpec& spec, std::size_t p) const;
   /// What a checkpoint holds (checkpoint.cpp).
   std::vector<runtime::CheckpointTensor> checkpoint_tensors() const;

@@ -4,7 +4,7 @@
 #define FUSEDOPT_ABI_H
 
 // Bump when you change this: any struct below or an exported entry point's signature.
-#define FO_ABI_VERSION 12
+#define FO_ABI_VERSION 13
 
 // Launch constants shared by the runtime and the kernels (one source for both):
 /// Threads per block of every CUDA kernel (the runtime's kCudaBlock).
@@ -110,6 +110,24 @@ FO_HOST_DEVICE inline void fo_update_scale(fo_scaler* s, int found, float growth
 /// 1 / ranks for data parallel).
 FO_HOST_DEVICE inline float fo_unscale_factor(float factor, const float* scale) {
   return scale ? (float)((double)factor / (double)*scale) : factor;
+}
+
+/// A block-quantized state of one tensor of `numel` elements (DTypeBinding::quant) is one
+/// piece of memory: its codes (8-bit: a byte each; 4-bit: two per byte, element 2j in the
+/// high nibble of byte j), then, from the next multiple of 16 bytes, one fp32 absmax per
+/// block of elements. The role pointer points at the codes.
+FO_HOST_DEVICE inline long long fo_q_code_bytes(long long numel, int bits) {
+  return bits == 4 ? (numel + 1) / 2 : numel;
+}
+FO_HOST_DEVICE inline long long fo_q_absmax_offset(long long numel, int bits) {
+  return (fo_q_code_bytes(numel, bits) + 15) / 16 * 16;
+}
+FO_HOST_DEVICE inline long long fo_q_blocks(long long numel, int block) {
+  return (numel + block - 1) / block;
+}
+/// Bytes of the whole piece (codes, padding, absmax).
+FO_HOST_DEVICE inline long long fo_q_bytes(long long numel, int bits, int block) {
+  return fo_q_absmax_offset(numel, bits) + 4 * fo_q_blocks(numel, block);
 }
 
 #endif  // FUSEDOPT_ABI_H

@@ -226,11 +226,127 @@ __device__ __forceinline__ bool fo_skipped(const fo_launch& L) {
   return L.skip_if_set != 0 && *L.skip_if_set != 0.0;
 }
 
+#if FO_NUM_QUANT > 0
+// ---- quantized states: one element per thread, a block's absmax by a fixed tree --------
+// The maps live in shared memory (a code is a data-dependent index: the constant cache
+// would serialise a warp's different codes).
+#define FO_QMAP_MAX 256
+#define FO_QUANT_SHARED                                 \
+  __shared__ float fo_qmaps[FO_NUM_QUANT][FO_QMAP_MAX]; \
+  __shared__ float fo_qred[FO_BLOCK];                   \
+  __shared__ unsigned char fo_qcodes[FO_BLOCK];         \
+  fo_q_load_maps(fo_qmaps);
+
+/// Copies each quantized state's map into shared memory (every thread, then a barrier).
+/// The tables are the module's constants: the emulator, which checks that every access
+/// falls in a device allocation, leaves this function's accesses unchecked.
+#ifdef FO_EMU
+#define FO_QMAP_READER FO_EMU_NOSAN __device__ __noinline__
+#else
+#define FO_QMAP_READER __device__ __forceinline__
+#endif
+FO_QMAP_READER void fo_q_load_maps(float (*qmaps)[FO_QMAP_MAX]) {
+  for (int j = threadIdx.x; j < FO_QMAP_MAX; j += blockDim.x) {
+#define FO_QMAP_COPY(k, role, bits, map, fix) \
+  if (j < (1 << bits)) qmaps[k][j] = map[j];
+    FO_QUANT_LIST(FO_QMAP_COPY)
+#undef FO_QMAP_COPY
+  }
+  __syncthreads();
+}
+
+/// Element i's dequantized values (0 where the thread has no element).
+__device__ __forceinline__ void fo_q_values(const fo_qtensor& q, long long i, bool live,
+                                            float (*qmaps)[FO_QMAP_MAX], float* vals) {
+#define FO_QVAL(k, role, bits, map, fix) \
+  vals[k] =                              \
+      live ? qmaps[k][fo_q_code(q.codes[k], bits, i)] * q.absmax[k][i / FO_QUANT_BLOCK] : 0.0f;
+  FO_QUANT_LIST(FO_QVAL)
+#undef FO_QVAL
+}
+
+/// Tensor t's roles at element i, the quantized ones pointing at the thread's values.
+__device__ __forceinline__ fo_tensor fo_q_view(const fo_tensor& t, long long i, float* vals) {
+  fo_tensor s = fo_offset(t, i);
+#define FO_QATTACH(k, role, bits, map, fix) s.r##role = &vals[k];
+  FO_QUANT_LIST(FO_QATTACH)
+#undef FO_QATTACH
+  return s;
+}
+
+/// Stores one quantized state's new value v of element i (every thread of the block calls
+/// it; `live`: the thread has an element). The absmax of each FO_QUANT_BLOCK threads (one
+/// block of elements: chunks and iterations begin at multiples of it) by a fixed tree in
+/// shared memory, NaN winning; then the codes (4-bit: the even element's thread writes the
+/// byte, its code in the high nibble, its neighbour's from shared memory in the low one).
+__device__ __forceinline__ void fo_q_commit(unsigned char* codes, float* absmax, int bits, int fix,
+                                            const float* map, float v, long long i, bool live,
+                                            bool neighbour_live, float* red,
+                                            unsigned char* shared_codes) {
+  const unsigned tid = threadIdx.x;
+  const unsigned lane = tid & (FO_QUANT_BLOCK - 1);
+  __syncthreads();  // red and shared_codes are free: the previous state's reads are done
+  red[tid] = live ? fo_abs(v) : 0.0f;
+  __syncthreads();
+  for (unsigned s = FO_QUANT_BLOCK / 2; s > 0; s >>= 1) {
+    if (lane < s) red[tid] = fo_maxnan(red[tid], red[tid + s]);
+    __syncthreads();
+  }
+  const float a = red[tid - lane];
+  const int code = fo_q_encode(map, bits, fix, v, a);
+  shared_codes[tid] = (unsigned char)code;
+  __syncthreads();
+  // The stores: after the last barrier of this state, so that no branch separates two
+  // barriers (the emulator tells barriers apart by call site, which a compiler may copy
+  // into both arms of a branch).
+  if (live && lane == 0) absmax[i / FO_QUANT_BLOCK] = a;
+  if (bits == 8) {
+    if (live) codes[i] = (unsigned char)code;
+  } else if (live && (i & 1) == 0) {
+    const int odd = neighbour_live ? shared_codes[tid + 1] : 0;
+    codes[i >> 1] = (unsigned char)((code << 4) | odd);
+  }
+}
+
+/// One chunk of an update (or init) of a binding with quantized states.
+template <bool kInit>
+__device__ __forceinline__ void fo_q_chunk(const fo_launch& L, const fo_chunk& chunk,
+                                           const fo_tensor& t, const fo_uniform& U,
+                                           const fo_tvals& T, float (*qmaps)[FO_QMAP_MAX],
+                                           float* red, unsigned char* shared_codes) {
+  const fo_qtensor q = fo_qbind(L.ptrs + (long long)chunk.tensor * FO_NUM_ROLES,
+                                (long long)L.tensor_info[4 * (long long)chunk.tensor]);
+  for (long long base = chunk.begin; base < chunk.end; base += FO_BLOCK) {
+    const long long i = base + threadIdx.x;
+    const bool live = i < chunk.end;
+    float vals[FO_NUM_QUANT];
+    fo_q_values(q, i, live && !kInit, qmaps, vals);
+    if (live) {
+      const fo_tensor s = fo_q_view(t, i, vals);
+      if (kInit) {
+        fo_init_element(s, 0, U);
+      } else {
+        fo_element(s, 0, U, T);
+      }
+    }
+#define FO_QCOMMIT(k, role, bits, map, fix)                                                      \
+  fo_q_commit(q.codes[k], q.absmax[k], bits, fix, qmaps[k], vals[k], i, live, i + 1 < chunk.end, \
+              red, shared_codes);
+    FO_QUANT_LIST(FO_QCOMMIT)
+#undef FO_QCOMMIT
+  }
+  (void)T;
+}
+#endif
+
 template <bool kInit>
 __device__ __forceinline__ void fo_run(const fo_launch& L) {
   if (fo_skipped(L)) return;
   __shared__ fo_uniform shared_uniform;
   __shared__ fo_tvals shared_tvals;
+#if FO_NUM_QUANT > 0
+  FO_QUANT_SHARED
+#endif
   const double step = fo_launch_step(L);
   const float inv_grad_scale = fo_unscale_factor(L.inv_grad_scale, L.grad_scale_ptr);
   int group = -1;
@@ -249,6 +365,10 @@ __device__ __forceinline__ void fo_run(const fo_launch& L) {
     }
     const fo_tensor t = fo_bind(L.ptrs + (long long)chunk.tensor * FO_NUM_ROLES);
     const fo_tvals T = fo_block_values(L, chunk, step, &shared_tvals);
+#if FO_NUM_QUANT > 0
+    fo_q_chunk<kInit>(L, chunk, t, U, T, fo_qmaps, fo_qred, fo_qcodes);
+    continue;
+#endif
 #if FO_FACTORED
     if (!kInit) {  // one element per thread, with its row's and column's values
       const long long R = fo_rows_of(L, chunk.tensor), C = fo_cols_of(L, chunk.tensor);
@@ -321,6 +441,9 @@ __device__ __forceinline__ void fo_reduce_run(const fo_launch& L) {
   __shared__ fo_uniform shared_uniform;
   __shared__ fo_tvals shared_tvals;
   __shared__ float red[FO_BLOCK];
+#if FO_NUM_QUANT > 0
+  FO_QUANT_SHARED
+#endif
   const double step = fo_launch_step(L);
   const float inv_grad_scale = fo_unscale_factor(L.inv_grad_scale, L.grad_scale_ptr);
   const bool check = kPass == 0 && L.check_grads != 0;
@@ -375,6 +498,16 @@ __device__ __forceinline__ void fo_reduce_run(const fo_launch& L) {
           fo_reduce_element_rc<kPass>(t, i, U, T, fo_rc_at(X0, i, R, C), dummy, 1, false, rr, cr);
         }
         for (int s = 0; s < FO_NUM_COL_SLOTS; ++s) colp[cc * FO_NUM_COL_SLOTS + s] = cr[s];
+      }
+    }
+#elif FO_NUM_QUANT > 0
+    {  // one element per thread, through its dequantized values (the pass writes no state)
+      const fo_qtensor q = fo_qbind(L.ptrs + (long long)chunk.tensor * FO_NUM_ROLES,
+                                    (long long)L.tensor_info[4 * (long long)chunk.tensor]);
+      for (long long i = chunk.begin + threadIdx.x; i < chunk.end; i += blockDim.x) {
+        float vals[FO_NUM_QUANT];
+        fo_q_values(q, i, true, fo_qmaps, vals);
+        fo_reduce_element<kPass>(fo_q_view(t, i, vals), 0, U, T, a, 1, check);
       }
     }
 #else

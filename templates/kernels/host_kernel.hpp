@@ -37,6 +37,81 @@ static inline fo_tvals fo_chunk_values(const fo_launch* L, int tensor, int group
   return T;
 }
 
+#if FO_NUM_QUANT > 0
+// ---- quantized states: one absmax block at a time, through an fp32 stage ----------------
+
+/// Elements [b, b + n) of each quantized state, dequantized into its stage row.
+static inline void fo_q_stage_in(const fo_qtensor& q, long long b, int n,
+                                 float (*stage)[FO_QUANT_BLOCK]) {
+#define FO_QIN(k, role, bits, map, fix)                                                    \
+  {                                                                                        \
+    const float a = q.absmax[k][b / FO_QUANT_BLOCK];                                       \
+    for (int j = 0; j < n; ++j) stage[k][j] = map[fo_q_code(q.codes[k], bits, b + j)] * a; \
+  }
+  FO_QUANT_LIST(FO_QIN)
+#undef FO_QIN
+}
+
+/// The block's new absmax (NaN wins: a non-finite value shows in every element of its
+/// block), then each element's code.
+static inline void fo_q_stage_out(const fo_qtensor& q, long long b, int n,
+                                  float (*stage)[FO_QUANT_BLOCK]) {
+#define FO_QOUT(k, role, bits, map, fix)                                              \
+  {                                                                                   \
+    float a = 0.0f;                                                                   \
+    for (int j = 0; j < n; ++j) a = fo_maxnan(a, fo_abs(stage[k][j]));                \
+    q.absmax[k][b / FO_QUANT_BLOCK] = a;                                              \
+    if (bits == 8) {                                                                  \
+      for (int j = 0; j < n; ++j)                                                     \
+        q.codes[k][b + j] = (unsigned char)fo_q_encode(map, 8, fix, stage[k][j], a);  \
+    } else {                                                                          \
+      for (int j = 0; j < n; j += 2) {                                                \
+        const int even = fo_q_encode(map, 4, fix, stage[k][j], a);                    \
+        const int odd = j + 1 < n ? fo_q_encode(map, 4, fix, stage[k][j + 1], a) : 0; \
+        q.codes[k][(b + j) >> 1] = (unsigned char)((even << 4) | odd);                \
+      }                                                                               \
+    }                                                                                 \
+  }
+  FO_QUANT_LIST(FO_QOUT)
+#undef FO_QOUT
+}
+
+/// The block view of tensor t at element b: every role advanced by b, the quantized ones
+/// pointing at their stage rows.
+static inline fo_tensor fo_q_view(const fo_tensor& t, long long b, float (*stage)[FO_QUANT_BLOCK]) {
+  fo_tensor s = fo_offset(t, b);
+#define FO_QATTACH(k, role, bits, map, fix) s.r##role = stage[k];
+  FO_QUANT_LIST(FO_QATTACH)
+#undef FO_QATTACH
+  return s;
+}
+
+/// One chunk of an update (or init): block by block, dequantize, run the rule, quantize.
+/// Chunks begin at multiples of the block (chunk sizes are multiples of it).
+template <bool kInit>
+static void fo_q_chunk(const fo_launch* L, const fo_chunk& chunk, const fo_tensor& t,
+                       const fo_uniform& u, const fo_tvals& tv) {
+  const fo_qtensor q = fo_qbind(L->ptrs + (long long)chunk.tensor * FO_NUM_ROLES,
+                                (long long)L->tensor_info[4 * (long long)chunk.tensor]);
+  float stage[FO_NUM_QUANT][FO_QUANT_BLOCK];
+  for (long long b = chunk.begin; b < chunk.end; b += FO_QUANT_BLOCK) {
+    const int n = (int)(chunk.end - b < FO_QUANT_BLOCK ? chunk.end - b : FO_QUANT_BLOCK);
+    const fo_tensor s = fo_q_view(t, b, stage);
+    if (kInit) {
+      for (int k = 0; k < FO_NUM_QUANT; ++k) {
+        for (int j = 0; j < n; ++j) stage[k][j] = 0.0f;
+      }
+      for (int j = 0; j < n; ++j) fo_init_element(s, j, u);
+    } else {
+      fo_q_stage_in(q, b, n, stage);
+#pragma omp simd
+      for (int j = 0; j < n; ++j) fo_element(s, j, u, tv);
+    }
+    fo_q_stage_out(q, b, n, stage);
+  }
+}
+#endif
+
 template <bool kInit>
 static void fo_run(const fo_launch* L) {
   if (!kInit && fo_launch_skipped(L)) return;
@@ -60,6 +135,10 @@ static void fo_run(const fo_launch* L) {
       const fo_uniform u = U;  // a local copy: provably not aliased by the tensor stores
       const fo_tvals tv = fo_chunk_values(L, chunk.tensor, chunk.group, step, 0);
       const long long end = chunk.end;
+#if FO_NUM_QUANT > 0
+      fo_q_chunk<kInit>(L, chunk, t, u, tv);
+      continue;
+#endif
       if (kInit) {
         for (long long i = chunk.begin; i < end; ++i) fo_init_element(t, i, u);
       } else {
@@ -143,6 +222,27 @@ static void fo_reduce_run(const fo_launch* L) {
         }
         for (int s = 0; s < FO_NUM_ROW_SLOTS; ++s) {
           if (fo_row_slot_pass(s) == kPass) L->row_totals[X.row * FO_NUM_ROW_SLOTS + s] = rr[s] / C;
+        }
+      }
+#elif FO_NUM_QUANT > 0
+      // Block by block through the dequantized stage (the pass writes no state: quantized
+      // bindings recompute).
+      const fo_qtensor q = fo_qbind(L->ptrs + (long long)chunk.tensor * FO_NUM_ROLES,
+                                    (long long)L->tensor_info[4 * (long long)chunk.tensor]);
+      float stage[FO_NUM_QUANT][FO_QUANT_BLOCK];
+      for (long long b = chunk.begin; b < chunk.end; b += FO_QUANT_BLOCK) {
+        const int n = (int)(chunk.end - b < FO_QUANT_BLOCK ? chunk.end - b : FO_QUANT_BLOCK);
+        const fo_tensor s = fo_q_view(t, b, stage);
+        fo_q_stage_in(q, b, n, stage);
+        int j = 0;
+        for (; j + FO_LANES <= n; j += FO_LANES) {
+#pragma omp simd
+          for (int l = 0; l < FO_LANES; ++l) {
+            fo_reduce_element<kPass>(s, j + l, u, tv, &lanes[0][l], FO_LANES, check);
+          }
+        }
+        for (int l = 0; j < n; ++j, ++l) {
+          fo_reduce_element<kPass>(s, j, u, tv, &lanes[0][l], FO_LANES, check);
         }
       }
 #else

@@ -49,6 +49,8 @@ double stored(double x, DType d) {
       return half::f16_to_float(half::float_to_f16(f));
     case DType::F64:
       return x;
+    case DType::U8:
+      break;  // not a gradient dtype
   }
   return f;
 }

@@ -348,7 +348,11 @@ void warm_kernels(const std::vector<Comparison>& comparisons) {
     if (!cuda_device_emulated()) continue;
     for (std::size_t b : c.bindings) {
       const Binding& d = kBindings[b];
-      jobs.push_back({&c, {Target::emu(), DTypeBinding{d.param, d.grad, DType::F32, d.master}}});
+      DTypeBinding binding;
+      binding.param = d.param;
+      binding.grad = d.grad;
+      binding.master = d.master;
+      jobs.push_back({&c, {Target::emu(), binding}});
     }
   }
   std::atomic<std::size_t> next{0};

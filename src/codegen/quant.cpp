@@ -1,0 +1,146 @@
+// The quantization maps and the generated part of a binding with quantized states
+// (quant.hpp).
+#include "codegen/quant.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <string>
+
+#include "fusedopt/error.hpp"
+#include "support/check.hpp"
+
+namespace fusedopt::codegen {
+namespace {
+
+/// torch.linspace(start, end, n) in fp32: a float step, the first half counted up from
+/// `start`, the second half down from `end`, each element rounded once (an fma). torch builds
+/// differ in the last bit or two here (some fuse, some do not); this is the form whose
+/// dynamic maps equal the table printed by a bitsandbytes install (docs/rules.md).
+std::vector<float> linspace(float start, float end, int n) {
+  std::vector<float> out(static_cast<std::size_t>(n));
+  const float step = (end - start) / static_cast<float>(n - 1);
+  const int half = n / 2;
+  for (int k = 0; k < n; ++k) {
+    out[static_cast<std::size_t>(k)] = k < half
+                                           ? std::fma(step, static_cast<float>(k), start)
+                                           : std::fma(-step, static_cast<float>(n - k - 1), end);
+  }
+  return out;
+}
+
+/// torchao's 4-bit map of non-negative states: linspace(0, 1, 17) without its 0.
+std::vector<float> linear_map_without_zero() {
+  std::vector<float> all = linspace(0.0f, 1.0f, 17);
+  return std::vector<float>(all.begin() + 1, all.end());
+}
+
+/// bitsandbytes' dynamic map (create_dynamic_map(signed, max_exponent_bits, total_bits) since
+/// 0.42; torchao's copy for 4 bits), its fp32 values as torch computes them: for each exponent e =
+/// 10^(i - (E - 1)), the midpoints of linspace(0.1, 1, F_i) scaled by e (and negated, signed),
+/// where F_i doubles with each i; then 0 and 1, zeros up to 2^total_bits entries, sorted.
+std::vector<float> dynamic_map(bool is_signed, int max_exponent_bits, int total_bits) {
+  std::vector<float> data;
+  const int non_sign_bits = total_bits - 1;
+  const int additional = (1 << (non_sign_bits - max_exponent_bits)) - 1;
+  auto add = [&](int i, int items) {
+    const std::vector<float> b = linspace(0.1f, 1.0f, items);
+    const float scale = static_cast<float>(std::pow(10.0, i - (max_exponent_bits - 1)));
+    for (std::size_t k = 0; k + 1 < b.size(); ++k) {
+      const float mean = (b[k] + b[k + 1]) / 2.0f;
+      data.push_back(scale * mean);
+      if (is_signed) data.push_back(-scale * mean);
+    }
+  };
+  for (int i = 0; i < max_exponent_bits; ++i) {
+    const int shift = i + non_sign_bits - max_exponent_bits + (is_signed ? 0 : 1);
+    add(i, (1 << shift) + 1);
+  }
+  if (additional > 0) add(max_exponent_bits - 1, additional + 1);
+  data.push_back(0.0f);
+  data.push_back(1.0f);
+  const auto want = static_cast<std::size_t>(1) << total_bits;
+  if (data.size() > want) throw InternalError("quant: dynamic map has too many values");
+  data.resize(want, 0.0f);
+  std::sort(data.begin(), data.end());
+  return data;
+}
+
+}  // namespace
+
+const std::vector<float>& quant_map(Quant q) {
+  static const std::vector<float> q8s = dynamic_map(true, 7, 8);
+  static const std::vector<float> q8u = dynamic_map(false, 7, 8);
+  static const std::vector<float> q4s = dynamic_map(true, 3, 4);
+  static const std::vector<float> q4u = linear_map_without_zero();
+  switch (q) {
+    case Quant::Q8S:
+      return q8s;
+    case Quant::Q8U:
+      return q8u;
+    case Quant::Q4S:
+      return q4s;
+    case Quant::Q4U:
+      return q4u;
+    case Quant::None:
+      break;
+  }
+  throw InternalError("quant_map: not a quantized storage");
+}
+
+void check_quant(const DTypeBinding& dtypes, int num_states, bool factored) {
+  if (!dtypes.quantized()) return;
+  FUSEDOPT_CHECK_USAGE(static_cast<int>(dtypes.quant.size()) == num_states,
+                       "dtypes '{}': {} quantized storages given for a rule of {} states (one "
+                       "per state, '-' for one kept in the state dtype)",
+                       dtypes.str(), dtypes.quant.size(), num_states);
+  const int b = dtypes.block();
+  FUSEDOPT_CHECK_USAGE(b >= 32 && b <= 512 && (b & (b - 1)) == 0,
+                       "dtypes '{}': the quantization block is {}; it must be a power of two from "
+                       "32 to 512",
+                       dtypes.str(), b);
+  FUSEDOPT_CHECK_USAGE(!factored,
+                       "dtypes '{}': quantized states in a rule with row or column states "
+                       "(row_mean, col_mean, matrix_mean) are not supported",
+                       dtypes.str());
+}
+
+void emit_quant(Writer& w, const DTypeBinding& dtypes, int first_state_role, int num_roles) {
+  if (!dtypes.quantized()) return;
+  std::string list = "#define FO_QUANT_LIST(X)";
+  std::vector<Quant> used;
+  int k = 0;
+  for (std::size_t s = 0; s < dtypes.quant.size(); ++s) {
+    const Quant q = dtypes.quant[s];
+    if (q == Quant::None) continue;
+    list +=
+        fmt::format(" X({}, {}, {}, fo_qmap_{}, {})", k++, first_state_role + static_cast<int>(s),
+                    quant_bits(q), to_string(q), q == Quant::Q8S ? 1 : 0);
+    if (std::find(used.begin(), used.end(), q) == used.end()) used.push_back(q);
+  }
+  w.line(fmt::format("#define FO_NUM_QUANT {}", k));
+  w.line(fmt::format("#define FO_QUANT_BLOCK {}", dtypes.block()));
+  w.line(list);
+  w.line("#ifdef __CUDACC__");
+  w.line("#define FO_QMAP_STORAGE static __device__ const");
+  w.line("#else");
+  w.line("#define FO_QMAP_STORAGE static const");
+  w.line("#endif");
+  for (Quant q : used) {
+    const std::vector<float>& map = quant_map(q);
+    std::string values;
+    for (std::size_t j = 0; j < map.size(); ++j) {
+      values += fmt::format("{}{:.8e}f", j == 0 ? "" : (j % 8 == 0 ? ",\n  " : ", "), map[j]);
+    }
+    w.line(fmt::format("FO_QMAP_STORAGE float fo_qmap_{}[{}] = {{\n  {}}};", to_string(q),
+                       map.size(), values));
+  }
+  w.line("FO_FN fo_tensor fo_offset(const fo_tensor& t, long long i) {");
+  w.line("  fo_tensor s;");
+  for (int r = 0; r < num_roles; ++r) w.line(fmt::format("  s.r{0} = t.r{0} + i;", r));
+  w.line("  return s;");
+  w.line("}");
+}
+
+}  // namespace fusedopt::codegen

@@ -1,0 +1,104 @@
+// The optimizer's reports: what fusing bought (fusion_report) and what each pass of each
+// binding reads and writes (schedule_report), for stats() and FUSEDOPT_LOG=info.
+#include <fmt/format.h>
+
+#include "rule_access.hpp"
+#include "runtime/optimizer_impl.hpp"
+#include "support/log.hpp"
+
+namespace fusedopt {
+namespace {
+
+std::string format_elements(std::int64_t n) {
+  if (n < 10000) return fmt::format("{} element{}", n, n == 1 ? "" : "s");
+  if (n < 1000000) return fmt::format("{:.1f} K elements", static_cast<double>(n) / 1e3);
+  if (n < 1000000000) return fmt::format("{:.1f} M elements", static_cast<double>(n) / 1e6);
+  return fmt::format("{:.2f} G elements", static_cast<double>(n) / 1e9);
+}
+
+std::string role_list(const codegen::KernelBody& body, const std::vector<int>& roles) {
+  std::string out;
+  for (int r : roles) out += (out.empty() ? "" : " ") + body.roles[static_cast<std::size_t>(r)];
+  return out.empty() ? "-" : out;
+}
+
+/// What each pass reads and writes, and why the strategy was chosen, per binding.
+std::string describe_schedule(const lang::Rule& r,
+                              const std::vector<std::unique_ptr<runtime::Binding>>& backends,
+                              const std::vector<DTypeBinding>& bindings) {
+  std::string out;
+  for (std::size_t b = 0; b < backends.size(); ++b) {
+    const codegen::KernelBody& body = backends[b]->body();
+    out += fmt::format("{}{} [{}]:", out.empty() ? "" : "\n", r.name, bindings[b].str());
+    for (std::size_t k = 0; k < body.pass_reads.size(); ++k) {
+      std::string what;
+      for (const codegen::ReductionSlot& s : body.slots) {
+        if (s.pass == static_cast<int>(k) && s.name != "grad_check") {
+          what += (what.empty() ? "" : ", ") + fmt::format("{} (line {})", s.name, s.line);
+        }
+      }
+      const bool update = static_cast<int>(k) == body.reduction_passes;
+      out +=
+          fmt::format(" pass {} {}: reads {}, writes {};", k, update ? "update" : "[" + what + "]",
+                      role_list(body, body.pass_reads[k]), role_list(body, body.pass_writes[k]));
+    }
+    if (body.store_pass >= 0) {
+      std::string held;
+      for (const std::string& s : body.scratch) held += (held.empty() ? "" : ", ") + s;
+      out += fmt::format(
+          " store: pass {} keeps {} in fp32 scratch ({} MB) for the update: {} B/element "
+          "per step, against {} recomputing",
+          body.store_pass, held.empty() ? "nothing" : held,
+          static_cast<double>(backends[b]->scratch_bytes()) / 1e6, body.bytes_store,
+          body.bytes_recompute);
+    } else {
+      out += fmt::format(
+          " recompute: the update recomputes what it needs: {} B/element per step, "
+          "against {} storing",
+          body.bytes_recompute, body.bytes_store);
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+void Optimizer::Impl::report() {
+  // What fusing bought: the launches a per-tensor loop would make against ours.
+  std::int64_t elements = 0, nonempty = 0, launches = 0;
+  for (const runtime::ParamSlot& s : params) {
+    elements += s.param.numel;
+    nonempty += s.param.numel > 0 ? 1 : 0;
+  }
+  for (std::size_t b = 0; b < kernels.size(); ++b) {
+    launches += kernels[b]->launches_per_step(b == 0);  // the step's count: one per step
+  }
+  fusion_report =
+      fmt::format("{} over {} tensor{} ({}): {} launch{} per step instead of {}", rule.name(),
+                  params.size(), params.size() == 1 ? "" : "s", format_elements(elements), launches,
+                  launches == 1 ? "" : "es", nonempty);
+  if (bindings.size() > 1) {
+    std::string list;
+    for (const DTypeBinding& b : bindings) list += (list.empty() ? "" : ", ") + b.str();
+    fusion_report += fmt::format(" (one per dtype binding: {})", list);
+  }
+  if (reduction_passes > 0) {
+    fusion_report +=
+        fmt::format(" ({} reduction pass{} + update{})", reduction_passes,
+                    reduction_passes == 1 ? "" : "es", bindings.size() > 1 ? " per binding" : "");
+    schedule_report = describe_schedule(detail::lang_rule(rule), kernels, bindings);
+  }
+  support::log(support::LogLevel::Info, fusion_report);
+  if (!schedule_report.empty()) support::log(support::LogLevel::Info, schedule_report);
+  if (support::log_enabled(support::LogLevel::Debug)) {
+    for (std::size_t b = 0; b < kernels.size(); ++b) {
+      support::log(
+          support::LogLevel::Debug,
+          fmt::format("kernel {} ({}) on {}: {} tensors, {} from {} in {:.3f} s", bindings[b].str(),
+                      rule.name(), backend->name(), binding_params[b].size(), kernels[b]->key(),
+                      kernels[b]->origin(), kernels[b]->seconds()));
+    }
+  }
+}
+
+}  // namespace fusedopt

@@ -1,0 +1,114 @@
+// Which states are quantized, and their values read back (quant_states.hpp).
+#include "runtime/quant_states.hpp"
+
+#include <fmt/format.h>
+
+#include <cstring>
+#include <map>
+
+#include "abi.h"
+#include "codegen/quant.hpp"
+#include "comm/half.hpp"
+#include "fusedopt/error.hpp"
+#include "support/check.hpp"
+
+namespace fusedopt::runtime {
+namespace {
+
+/// The storage a name asks for; "q8"/"q4" take the sign from the rule's proof.
+Quant parse_storage(const std::string& text, bool nonnegative, const std::string& state) {
+  if (text == "-" || text == "none") return Quant::None;
+  if (text == "q8") return nonnegative ? Quant::Q8U : Quant::Q8S;
+  if (text == "q4") return nonnegative ? Quant::Q4U : Quant::Q4S;
+  if (text == "q8s") return Quant::Q8S;
+  if (text == "q8u") return Quant::Q8U;
+  if (text == "q4s") return Quant::Q4S;
+  if (text == "q4u") return Quant::Q4U;
+  throw UsageError(fmt::format(
+      "OptimizerOptions::state_storage: state '{}': unknown storage '{}' (expected q8, q4, "
+      "q8s, q8u, q4s, q4u or -)",
+      state, text));
+}
+
+}  // namespace
+
+std::vector<Quant> resolve_quant(const OptimizerOptions& options, const lang::Rule& rule) {
+  std::vector<std::string> names;
+  std::vector<Quant> out;
+  for (int s : rule.states) {
+    names.push_back(rule.symbols[static_cast<std::size_t>(s)].name);
+    out.push_back(Quant::None);
+  }
+  auto nonnegative = [&](std::size_t k) {
+    return rule.symbols[static_cast<std::size_t>(rule.states[k])].nonnegative;
+  };
+  // The rule's own declarations first, then the options' "*", then the options' names.
+  for (const auto& [sym, text] : rule.storage) {
+    for (std::size_t k = 0; k < names.size(); ++k) {
+      if (rule.states[k] == sym) out[k] = parse_storage(text, nonnegative(k), names[k]);
+    }
+  }
+  std::map<std::string, std::string> given;
+  for (const auto& [name, text] : options.state_storage) {
+    FUSEDOPT_CHECK_USAGE(given.emplace(name, text).second,
+                         "OptimizerOptions::state_storage: state '{}' is given twice", name);
+    bool known = name == "*";
+    for (const std::string& n : names) known = known || n == name;
+    if (!known) {
+      std::string list;
+      for (const std::string& n : names) list += (list.empty() ? "" : ", ") + n;
+      throw UsageError(fmt::format(
+          "OptimizerOptions::state_storage: rule '{}' has no state '{}' (its states: {}; "
+          "\"*\" names them all)",
+          rule.name, name, list.empty() ? "none" : list));
+    }
+  }
+  for (std::size_t k = 0; k < names.size(); ++k) {
+    auto it = given.find(names[k]);
+    if (it == given.end()) it = given.find("*");
+    if (it != given.end()) out[k] = parse_storage(it->second, nonnegative(k), names[k]);
+  }
+  FUSEDOPT_CHECK_USAGE(
+      options.quant_block == 0 || (options.quant_block >= 32 && options.quant_block <= 512 &&
+                                   (options.quant_block & (options.quant_block - 1)) == 0),
+      "OptimizerOptions::quant_block is {}: a power of two from 32 to 512 (or 0: "
+      "the default)",
+      options.quant_block);
+  FUSEDOPT_CHECK_USAGE(options.quant_min_numel >= 0,
+                       "OptimizerOptions::quant_min_numel is {}: it must not be negative",
+                       options.quant_min_numel);
+  return out;
+}
+
+std::vector<float> dequantize(const std::byte* piece, std::int64_t numel, Quant quant, int block) {
+  const int bits = quant_bits(quant);
+  const std::vector<float>& map = codegen::quant_map(quant);
+  const auto* codes = reinterpret_cast<const unsigned char*>(piece);
+  std::vector<float> absmax(static_cast<std::size_t>(fo_q_blocks(numel, block)));
+  std::memcpy(absmax.data(), piece + fo_q_absmax_offset(numel, bits), absmax.size() * 4);
+  std::vector<float> out(static_cast<std::size_t>(numel));
+  for (std::int64_t i = 0; i < numel; ++i) {
+    const int code = bits == 8 ? codes[i] : (codes[i >> 1] >> ((~i & 1) * 4)) & 15;
+    out[static_cast<std::size_t>(i)] =
+        map[static_cast<std::size_t>(code)] * absmax[static_cast<std::size_t>(i / block)];
+  }
+  return out;
+}
+
+std::vector<float> widen(const std::byte* data, std::int64_t numel, DType dtype) {
+  std::vector<float> out(static_cast<std::size_t>(numel));
+  for (std::int64_t i = 0; i < numel; ++i) {
+    float v = 0;
+    if (dtype == DType::F32) {
+      std::memcpy(&v, data + 4 * i, 4);
+    } else {
+      std::uint16_t h = 0;
+      std::memcpy(&h, data + 2 * i, 2);
+      v = dtype == DType::BF16 ? comm::detail::bf16_to_float(h) : comm::detail::f16_to_float(h);
+    }
+    out[static_cast<std::size_t>(i)] = v;
+  }
+  return out;
+}
+
+}  // namespace fusedopt::runtime

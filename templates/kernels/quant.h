@@ -1,0 +1,64 @@
+// Block-quantized states (DTypeBinding::quant), shared by the host and CUDA skeletons and
+// pasted between the generated part and the skeleton (codegen/source.cpp). A quantized
+// state's element is map[code] * absmax of its block (abi.h: fo_q_code_bytes and friends
+// give the layout). The generated part defines, for a binding with quantized states:
+//   FO_NUM_QUANT          how many states are quantized
+//   FO_QUANT_BLOCK        elements per absmax block (a power of two from 32 to FO_CUDA_BLOCK)
+//   FO_QUANT_LIST(X)      X(k, role, bits, map, fix) for each: its index, its role, 8 or 4,
+//                         its table, and 1 for bitsandbytes' sign fix (q8s)
+//   fo_offset(t, i)       the tensor's roles advanced by i elements
+// and the tables themselves. The element functions are the rule's, unchanged: they see a
+// quantized state as an fp32 role pointing at the dequantized values of the block (host) or
+// of the thread's element (CUDA), and the skeleton quantizes what they stored.
+#ifndef FO_NUM_QUANT
+#define FO_NUM_QUANT 0
+#endif
+
+#if FO_NUM_QUANT > 0
+
+/// The codes and absmax of each quantized state of one tensor of `numel` elements.
+struct fo_qtensor {
+  unsigned char* codes[FO_NUM_QUANT];
+  float* absmax[FO_NUM_QUANT];
+};
+
+FO_FN fo_qtensor fo_qbind(void* const* p, long long numel) {
+  fo_qtensor q;
+#define FO_QBIND(k, role, bits, map, fix) \
+  q.codes[k] = (unsigned char*)p[role];   \
+  q.absmax[k] = (float*)(q.codes[k] + fo_q_absmax_offset(numel, bits));
+  FO_QUANT_LIST(FO_QBIND)
+#undef FO_QBIND
+  return q;
+}
+
+/// Element i's code (4-bit: element 2j in the high nibble of byte j, 2j+1 in the low one,
+/// as torchao packs them).
+FO_FN int fo_q_code(const unsigned char* codes, int bits, long long i) {
+  return bits == 8 ? (int)codes[i] : (int)((codes[i >> 1] >> ((~i & 1) * 4)) & 15);
+}
+
+/// The index of the value of `map` (sorted, n a power of two) nearest to x, against the fp32
+/// midpoints (map[j] + map[j+1]) * 0.5: the count of midpoints below x, found by halving; x
+/// exactly on a midpoint takes the even one of its two neighbours (bitsandbytes' rule). NaN
+/// gives 0.
+FO_FN int fo_q_nearest(const float* map, int n, float x) {
+  int lo = 0;
+  for (int step = n >> 1; step > 0; step >>= 1) {
+    const float mid = (map[lo + step - 1] + map[lo + step]) * 0.5f;
+    if (x > mid || (x == mid && ((lo + step) & 1) == 0)) lo += step;
+  }
+  return lo;
+}
+
+/// The code of value v in a block whose new absmax is `absmax`: v / absmax rounded to the
+/// nearest value of the map (an all-zero block: the code nearest 0). With `fix`
+/// (bitsandbytes' signed 8-bit map), a negative value that lands on the code of 0 takes the
+/// next code down, so the sign survives.
+FO_FN int fo_q_encode(const float* map, int bits, int fix, float v, float absmax) {
+  int code = fo_q_nearest(map, 1 << bits, absmax != 0.0f ? v / absmax : 0.0f);
+  if (fix && v < 0.0f && map[code] >= 0.0f && code > 0) code -= 1;
+  return code;
+}
+
+#endif  // FO_NUM_QUANT > 0

@@ -1,0 +1,361 @@
+// Block-quantized states on the host (OptimizerOptions::state_storage): the maps against
+// their float64 construction and the published bitsandbytes table, quantization against a
+// float64 nearest-code reference, and any rule stepped with quantized states against a
+// float64 step from the same dequantized state.
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "codegen/quant.hpp"
+#include "fusedopt/error.hpp"
+#include "fusedopt/optimizer.hpp"
+#include "runtime_support.hpp"
+
+using fusedopt::DType;
+using fusedopt::Optimizer;
+using fusedopt::OptimizerOptions;
+using fusedopt::ParamGroup;
+using fusedopt::Quant;
+using fusedopt::Rule;
+using fusedopt::Tensor;
+using fusedopt_tests::fresh_seed;
+using fusedopt_tests::HostTensor;
+using fusedopt_tests::use_private_cache;
+
+namespace {
+
+float from_bits(std::uint32_t u) {
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
+/// bitsandbytes' create_dynamic_map in float64, written from its description: for each
+/// exponent i, the midpoints of linspace(0.1, 1, F_i) times 10^(i - (E - 1)), negated too
+/// when signed; then 0 and 1; sorted.
+std::vector<double> dynamic_map_f64(bool is_signed, int e, int total) {
+  std::vector<double> v;
+  for (int i = 0; i < e; ++i) {
+    const int f = is_signed ? (1 << (i + total - 1 - e)) + 1 : (1 << (i + total - e)) + 1;
+    for (int k = 0; k + 1 < f; ++k) {
+      const double a = 0.1 + 0.9 * k / (f - 1), b = 0.1 + 0.9 * (k + 1) / (f - 1);
+      const double x = std::pow(10.0, i - (e - 1)) * (a + b) / 2;
+      v.push_back(x);
+      if (is_signed) v.push_back(-x);
+    }
+  }
+  v.push_back(0.0);
+  v.push_back(1.0);
+  std::sort(v.begin(), v.end());
+  return v;
+}
+
+std::vector<double> map_f64(Quant q) {
+  switch (q) {
+    case Quant::Q8S:
+      return dynamic_map_f64(true, 7, 8);
+    case Quant::Q8U:
+      return dynamic_map_f64(false, 7, 8);
+    case Quant::Q4S:
+      return dynamic_map_f64(true, 3, 4);
+    default: {
+      std::vector<double> v;
+      for (int k = 1; k <= 16; ++k) v.push_back(k / 16.0);
+      return v;
+    }
+  }
+}
+
+/// The nearest code of x (float64) among the fp32 map's values; a tie goes to the even
+/// code; with `fix`, a negative x on the code of 0 takes the one below.
+int nearest_f64(const std::vector<float>& map, double x, bool fix) {
+  int best = 0;
+  for (int k = 1; k < static_cast<int>(map.size()); ++k) {
+    const double d = std::abs(x - map[static_cast<std::size_t>(k)]);
+    const double e = std::abs(x - map[static_cast<std::size_t>(best)]);
+    if (d < e || (d == e && k % 2 == 0)) best = k;
+  }
+  if (fix && x < 0 && map[static_cast<std::size_t>(best)] >= 0 && best > 0) best -= 1;
+  return best;
+}
+
+/// Codes (one per element, unpacked) and absmax of `values` quantized in float64.
+struct RefQuant {
+  std::vector<int> codes;
+  std::vector<double> absmax;
+};
+RefQuant quantize_f64(const std::vector<double>& values, Quant q, int block) {
+  const std::vector<float>& map = fusedopt::codegen::quant_map(q);
+  RefQuant r;
+  for (std::size_t b = 0; b < values.size(); b += static_cast<std::size_t>(block)) {
+    const std::size_t end = std::min(values.size(), b + static_cast<std::size_t>(block));
+    double a = 0;
+    for (std::size_t j = b; j < end; ++j) a = std::max(a, std::abs(values[j]));
+    r.absmax.push_back(a);
+    for (std::size_t j = b; j < end; ++j) {
+      r.codes.push_back(nearest_f64(map, a != 0 ? values[j] / a : 0.0, q == Quant::Q8S));
+    }
+  }
+  return r;
+}
+
+/// The codes of a quantized state's view (unpacked).
+std::vector<int> codes_of(const Tensor& t, std::int64_t numel, Quant q) {
+  const auto* c = static_cast<const unsigned char*>(t.data);
+  std::vector<int> out;
+  for (std::int64_t i = 0; i < numel; ++i) {
+    out.push_back(fusedopt::quant_bits(q) == 8 ? c[i] : (c[i >> 1] >> ((~i & 1) * 4)) & 15);
+  }
+  return out;
+}
+
+std::vector<float> absmax_of(const Tensor& t) {
+  std::vector<float> out(static_cast<std::size_t>(t.numel));
+  std::memcpy(out.data(), t.data, out.size() * 4);
+  return out;
+}
+
+const Quant kAll[] = {Quant::Q8S, Quant::Q8U, Quant::Q4S, Quant::Q4U};
+
+}  // namespace
+
+TEST_CASE("quantization maps are bitsandbytes' and torchao's, value by value") {
+  for (Quant q : kAll) {
+    const std::string storage = fusedopt::to_string(q);
+    CAPTURE(storage);
+    const std::vector<float>& map = fusedopt::codegen::quant_map(q);
+    const std::vector<double> ref = map_f64(q);
+    REQUIRE(map.size() == ref.size());
+    for (std::size_t k = 0; k < map.size(); ++k) {
+      CAPTURE(k);
+      // fp32 rounding of a few operations: within a few fp32 ulps of the float64 value.
+      CHECK(std::abs(map[k] - ref[k]) <= 4 * 6e-8 * std::abs(ref[k]));
+      if (k > 0) CHECK(map[k] > map[k - 1]);
+    }
+  }
+  // Entries of the signed and unsigned tables a bitsandbytes install prints (the last bits
+  // depend on how torch's linspace rounds; these are where it matters).
+  const std::vector<float>& s = fusedopt::codegen::quant_map(Quant::Q8S);
+  CHECK(s[0] == from_bits(0xBF7E3333u));
+  CHECK(s[20] == from_bits(0xBF363334u));
+  CHECK(s[34] == from_bits(0xBF03CCCCu));
+  CHECK(s[53] == from_bits(0xBE7D9999u));
+  CHECK(s[127] == 0.0f);
+  CHECK(s[255] == 1.0f);
+  const std::vector<float>& u = fusedopt::codegen::quant_map(Quant::Q8U);
+  CHECK(u[0] == 0.0f);
+  CHECK(u[255] == 1.0f);
+  CHECK(fusedopt::codegen::quant_map(Quant::Q4S)[4] == from_bits(0xBD9EB852u));
+  CHECK(fusedopt::codegen::quant_map(Quant::Q4U)[0] == 0.0625f);
+}
+
+TEST_CASE("a quantized state stores the nearest codes of its values and each block's absmax") {
+  use_private_cache();
+  // s = g: one step stores the gradient, quantized.
+  const Rule copy = Rule::parse("param p\ngrad g\nstate s = 0\ns = g\n", "copy.rule");
+  const std::uint32_t seed = fresh_seed();
+  std::mt19937 rng(seed);
+  for (Quant q : kAll) {
+    for (int block : {32, 128, 256}) {
+      const std::string storage = fusedopt::to_string(q);
+      CAPTURE(storage);
+      CAPTURE(block);
+      const std::int64_t n = 70001;  // a partial last block
+      HostTensor p(n, DType::F32), g(n, DType::F32);
+      std::normal_distribution<double> normal(0.0, 1.0);
+      std::vector<double> values(static_cast<std::size_t>(n));
+      for (std::int64_t i = 0; i < n; ++i) {
+        // Blocks of very different scales, some all zero, some with one sign only.
+        const std::int64_t b = i / block;
+        double x = normal(rng) * std::pow(10.0, static_cast<double>(b % 7) - 3);
+        if (b % 11 == 3) x = 0;
+        if (b % 13 == 5 || q == Quant::Q8U || q == Quant::Q4U) x = std::abs(x);
+        g.set(i, x);
+        values[static_cast<std::size_t>(i)] = g.get(i);
+      }
+      OptimizerOptions o;
+      o.state_storage = {{"s", fusedopt::to_string(q)}};
+      o.quant_block = block;
+      Optimizer opt(copy, {ParamGroup{{p.tensor("w")}, {g.tensor()}, {}}}, o);
+      opt.step();
+      const RefQuant ref = quantize_f64(values, q, block);
+      const Tensor codes = opt.state("s", 0);
+      CHECK(codes.dtype == DType::U8);
+      const std::vector<int> got = codes_of(codes, n, q);
+      const std::vector<float> absmax = absmax_of(opt.state("s.absmax", 0));
+      REQUIRE(absmax.size() == ref.absmax.size());
+      for (std::size_t b = 0; b < absmax.size(); ++b) CHECK(absmax[b] == ref.absmax[b]);
+      std::int64_t differ = 0;
+      for (std::size_t i = 0; i < got.size(); ++i) differ += got[i] != ref.codes[i] ? 1 : 0;
+      CHECK(differ <= n / 1000);
+      // state_values: map[code] * absmax.
+      const std::vector<float>& map = fusedopt::codegen::quant_map(q);
+      const std::vector<float> deq = opt.state_values("s", 0);
+      for (std::int64_t i = 0; i < n; i += 97) {
+        CHECK(deq[static_cast<std::size_t>(i)] ==
+              map[static_cast<std::size_t>(got[static_cast<std::size_t>(i)])] *
+                  absmax[static_cast<std::size_t>(i / block)]);
+      }
+      MESSAGE(storage, " block ", block, ": ", differ, " codes of ", n,
+              " differ from the float64 nearest");
+    }
+  }
+}
+
+namespace {
+
+/// AdaBelief (examples/torch_mlp.py) in float64: one step of element i from p, g, m, s.
+struct BeliefRef {
+  double lr = 1e-3, beta1 = 0.9, beta2 = 0.999, eps = 1e-16, weight_decay = 0.01;
+  void step(double& p, double g, double& m, double& s, int t) const {
+    p = p * (1 - lr * weight_decay);
+    m = m + (1 - beta1) * (g - m);
+    s = beta2 * s + (1 - beta2) * (g - m) * (g - m) + eps;
+    p = p - lr * (m / (1 - std::pow(beta1, t))) / (std::sqrt(s / (1 - std::pow(beta2, t))) + eps);
+  }
+};
+
+const char* const kBelief =
+    "param p\ngrad  g\nstate m = 0, s = 0\n"
+    "hyper lr = 1e-3, beta1 = 0.9, beta2 = 0.999, eps = 1e-16, weight_decay = 0\n"
+    "p = p * (1 - lr * weight_decay)\nm = lerp(m, g, 1 - beta1)\n"
+    "s = beta2 * s + (1 - beta2) * (g - m) * (g - m) + eps\n"
+    "p = p - lr * (m / (1 - beta1 ^ step)) / (sqrt(s / (1 - beta2 ^ step)) + eps)\n";
+
+}  // namespace
+
+TEST_CASE("any rule runs with quantized states: AdaBelief, step by step against float64") {
+  use_private_cache();
+  const std::uint32_t seed = fresh_seed();
+  std::mt19937 rng(seed);
+  std::normal_distribution<double> normal(0.0, 1.0);
+  for (const char* storage : {"q8", "q4"}) {
+    CAPTURE(std::string(storage));
+    const std::vector<std::int64_t> sizes = {5000, 1000, 40000};  // the middle one stays fp32
+    std::vector<HostTensor> p, g;
+    for (std::int64_t n : sizes) {
+      p.emplace_back(n, DType::F32);
+      g.emplace_back(n, DType::F32);
+      fusedopt_tests::fill_normal(p.back(), rng);
+    }
+    ParamGroup group;
+    for (std::size_t k = 0; k < sizes.size(); ++k) {
+      group.params.push_back(p[k].tensor("w" + std::to_string(k)));
+      group.grads.push_back(g[k].tensor());
+    }
+    group.hypers = {{"weight_decay", 0.01}};
+    OptimizerOptions o;
+    o.state_storage = {{"*", storage}};
+    Optimizer opt(Rule::parse(kBelief, "adabelief.rule"), {group}, o);
+    const Quant q = storage == std::string("q8") ? Quant::Q8S : Quant::Q4S;
+    for (const fusedopt::StateInfo& s : opt.states()) {
+      if (s.kind == fusedopt::StateKind::Element) CHECK(s.quant == q);  // not provable: signed
+    }
+    CHECK(opt.state("m", 1).dtype == DType::F32);  // below quant_min_numel
+    CHECK(opt.state("m.absmax", 1).numel == 0);
+    const BeliefRef ref;
+    const int block = fusedopt::quant_bits(q) == 8 ? 256 : 128;
+    std::int64_t differ = 0, total = 0;
+    for (int t = 1; t <= 20; ++t) {
+      for (std::size_t k = 0; k < sizes.size(); ++k) {
+        for (std::int64_t i = 0; i < sizes[k]; ++i) g[k].set(i, normal(rng) * (1 + (i % 5)));
+      }
+      // The reference steps from the optimizer's own (dequantized) states.
+      std::vector<std::vector<double>> pr(sizes.size()), mr(sizes.size()), sr(sizes.size()),
+          p0(sizes.size());
+      for (std::size_t k = 0; k < sizes.size(); ++k) {
+        const std::vector<float> m0 = opt.state_values("m", static_cast<int>(k));
+        const std::vector<float> s0 = opt.state_values("s", static_cast<int>(k));
+        for (std::int64_t i = 0; i < sizes[k]; ++i) {
+          double pp = p[k].get(i), mm = m0[static_cast<std::size_t>(i)],
+                 ss = s0[static_cast<std::size_t>(i)];
+          p0[k].push_back(pp);
+          ref.step(pp, g[k].get(i), mm, ss, t);
+          pr[k].push_back(pp);
+          mr[k].push_back(mm);
+          sr[k].push_back(ss);
+        }
+      }
+      opt.step();
+      for (std::size_t k = 0; k < sizes.size(); ++k) {
+        CAPTURE(t);
+        CAPTURE(k);
+        for (std::int64_t i = 0; i < sizes[k]; ++i) {
+          // fp32 against float64: relative to the param and to the step's update (1e-4 of
+          // it: AdaBelief's g - m cancels, and a state quantized to near 0 makes big steps).
+          const double want = pr[k][static_cast<std::size_t>(i)];
+          const double update = std::abs(want - p0[k][static_cast<std::size_t>(i)]);
+          REQUIRE(std::abs(p[k].get(i) - want) <= 1e-4 * update + 2e-7 * (std::abs(want) + 1));
+        }
+        if (sizes[k] < o.quant_min_numel) continue;
+        for (const char* name : {"m", "s"}) {
+          const std::vector<double>& want = name == std::string("m") ? mr[k] : sr[k];
+          const RefQuant rq = quantize_f64(want, q, block);
+          const std::vector<int> got = codes_of(opt.state(name, static_cast<int>(k)), sizes[k], q);
+          const std::vector<float> absmax =
+              absmax_of(opt.state(std::string(name) + ".absmax", static_cast<int>(k)));
+          for (std::size_t b = 0; b < absmax.size(); ++b) {
+            REQUIRE(std::abs(absmax[b] - rq.absmax[b]) <= 1e-5 * rq.absmax[b]);
+          }
+          for (std::size_t i = 0; i < got.size(); ++i) differ += got[i] != rq.codes[i] ? 1 : 0;
+          total += static_cast<std::int64_t>(got.size());
+        }
+      }
+    }
+    MESSAGE(std::string(storage), ": ", differ, " of ", total,
+            " codes differ from float64's nearest");
+    CHECK(differ * 1000 <= total);
+  }
+}
+
+TEST_CASE("q8 and q4 take the unsigned map where the rule proves the state never negative") {
+  use_private_cache();
+  HostTensor p(8192, DType::F32), g(8192, DType::F32);
+  // acc: provably >= 0 (a sum of squares); m: any sign; v: hyper-dependent, not provable.
+  const Rule r = Rule::parse(
+      "param p\ngrad g\nstate acc = 0, m = 0, v = 0\nhyper lr = 0.1, b = 0.9\n"
+      "acc = acc + g * g\nm = b * m + g\nv = b * v + (1 - b) * g * g\n"
+      "p = p - lr * m / (sqrt(acc) + sqrt(v) + 1e-8)\n",
+      "adagradish.rule");
+  OptimizerOptions o;
+  o.state_storage = {{"*", "q8"}, {"v", "q4u"}};
+  Optimizer opt(r, {ParamGroup{{p.tensor()}, {g.tensor()}, {}}}, o);
+  std::vector<Quant> got;
+  for (const fusedopt::StateInfo& s : opt.states()) {
+    if (s.kind == fusedopt::StateKind::Element) got.push_back(s.quant);
+  }
+  CHECK(got == std::vector<Quant>{Quant::Q8U, Quant::Q8S, Quant::Q4U});
+  CHECK(opt.state("v", 0).numel == 4096);       // two codes per byte
+  CHECK(opt.state("v.absmax", 0).numel == 64);  // blocks of 128 with a 4-bit state
+}
+
+TEST_CASE("bad quantized storage is a clear error") {
+  use_private_cache();
+  HostTensor p(8192, DType::F32), g(8192, DType::F32);
+  const Rule adam = Rule::preset("adamw");
+  auto make = [&](OptimizerOptions o) {
+    Optimizer opt(adam, {ParamGroup{{p.tensor()}, {g.tensor()}, {}}}, o);
+  };
+  OptimizerOptions o;
+  o.state_storage = {{"mm", "q8"}};
+  CHECK_THROWS_WITH_AS(make(o), doctest::Contains("has no state 'mm' (its states: m, v"),
+                       fusedopt::UsageError);
+  o.state_storage = {{"m", "q3"}};
+  CHECK_THROWS_WITH_AS(make(o), doctest::Contains("unknown storage 'q3'"), fusedopt::UsageError);
+  o.state_storage = {{"m", "q8"}};
+  o.quant_block = 100;
+  CHECK_THROWS_WITH_AS(make(o), doctest::Contains("quant_block is 100"), fusedopt::UsageError);
+  o.quant_block = 1024;
+  CHECK_THROWS_WITH_AS(make(o), doctest::Contains("quant_block is 1024"), fusedopt::UsageError);
+  CHECK_THROWS_WITH_AS(
+      Rule::parse("param p\ngrad g\nstate m = 0\nstorage m = q9\nm = g\n", "x.rule"),
+      doctest::Contains("x.rule:4:13: error: unknown storage kind 'q9'"), fusedopt::RuleError);
+  CHECK_THROWS_WITH_AS(
+      Rule::parse("param p\ngrad g\nstate m = 0\nhyper h = 1\nstorage h = q8\nm = g\n", "x.rule"),
+      doctest::Contains("x.rule:5:9: error: storage of 'h': only a state"), fusedopt::RuleError);
+}
