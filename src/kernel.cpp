@@ -93,6 +93,12 @@ std::vector<std::string> Rule::row_states() const {
   return out;
 }
 
+std::vector<std::pair<std::string, std::string>> Rule::storage() const {
+  std::vector<std::pair<std::string, std::string>> out;
+  for (const auto& [sym, kind] : impl_->storage) out.emplace_back(impl_->symbols[sym].name, kind);
+  return out;
+}
+
 std::vector<std::string> Rule::col_states() const {
   std::vector<std::string> out;
   for (int s : impl_->col_states) out.push_back(impl_->symbols[s].name);

@@ -62,6 +62,9 @@ class FUSEDOPT_API Rule {
   /// param's matrices), in declaration order.
   std::vector<std::string> row_states() const;
   std::vector<std::string> col_states() const;
+  /// The rule's `storage NAME = KIND` declarations (state name, kind), in order: the default
+  /// block-quantized storage of its states (OptimizerOptions::state_storage overrides it).
+  std::vector<std::pair<std::string, std::string>> storage() const;
   /// Passes over the data before the update (0: an element-wise rule).
   int reduction_passes() const;
   /// This rule with the gradient clipped by its global norm first (torch's

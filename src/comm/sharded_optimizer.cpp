@@ -50,6 +50,14 @@ ShardedOptimizer::ShardedOptimizer(Communicator comm, const Rule& rule,
                        options.stage);
   FUSEDOPT_CHECK_USAGE(!groups.empty(), "ShardedOptimizer: no param groups given");
   check_shardable(rule);
+  FUSEDOPT_CHECK_USAGE(options.optimizer.state_storage.empty() && rule.storage().empty(),
+                       "ShardedOptimizer: block-quantized states (rule '{}'{}) are not sharded "
+                       "yet (a shard must begin on a block of its param): use Optimizer, or "
+                       "keep the states unquantized",
+                       rule.name(),
+                       options.optimizer.state_storage.empty()
+                           ? ", its storage declarations"
+                           : ", OptimizerOptions::state_storage");
   m.take_params(groups);
   {
     std::vector<std::pair<std::int64_t, DType>> sizes;

@@ -39,6 +39,11 @@ std::vector<CheckpointTensor> Optimizer::Impl::checkpoint_tensors() const {
       if (spec.kind == runtime::StateSpec::Kind::Master && params[p].param.dtype == DType::F32) {
         continue;
       }
+      // An absmax only where the state is quantized (not below quant_min_numel).
+      if (spec.kind == runtime::StateSpec::Kind::Absmax &&
+          quant_of(params[p], spec.index) == Quant::None) {
+        continue;
+      }
       const Tensor t = state_view(spec, p);
       out.push_back({t.name, t.dtype, t.numel, t.data});
     }

@@ -83,6 +83,12 @@ inline const Hypers kAdanDefaults = {{"lr", 1e-3},    {"beta1", 0.98}, {"beta2",
                                      {"no_prox", 0}};
 inline const Hypers kLionDefaults = {
     {"lr", 1e-4}, {"beta1", 0.9}, {"beta2", 0.99}, {"weight_decay", 0}};
+/// bitsandbytes' AdamW8bit and Adam8bit (one algorithm), torchao's AdamW4bit.
+inline const Hypers kAdamW8bitDefaults = {
+    {"lr", 1e-3}, {"beta1", 0.9}, {"beta2", 0.999}, {"eps", 1e-8}, {"weight_decay", 1e-2}};
+inline const Hypers kAdam8bitDefaults = {
+    {"lr", 1e-3}, {"beta1", 0.9}, {"beta2", 0.999}, {"eps", 1e-8}, {"weight_decay", 0}};
+inline const Hypers kAdamW4bitDefaults = kAdamW8bitDefaults;
 inline const Hypers kRadamDefaults = {{"lr", 1e-3},        {"beta1", 0.9},
                                       {"beta2", 0.999},    {"eps", 1e-8},
                                       {"weight_decay", 0}, {"decoupled_weight_decay", 0},
@@ -431,6 +437,41 @@ inline RefStep lion_reference(const Hypers& h) {
     p = p - lr * ((c > 0) - (c < 0));
     m = beta2 * m + (1 - beta2) * g;
     return slack;
+  };
+}
+
+// bitsandbytes' 8-bit Adam kernel (kOptimizerStatic8bit2StateBlockwise) in float64, its
+// states unquantized (states m, v): decay after the update, eps scaled by sqrt(1 - beta2^t).
+inline RefStep bnb_adam_reference(const Hypers& h) {
+  const double lr = hyper(h, "lr"), beta1 = hyper(h, "beta1"), beta2 = hyper(h, "beta2");
+  const double eps = hyper(h, "eps"), wd = hyper(h, "weight_decay");
+  return [=](double t, double& p, double g, double* s) {
+    double &m = s[0], &v = s[1];
+    if (!std::isfinite(g)) {
+      m = v = 0;
+      return 0.0;
+    }
+    m = beta1 * m + (1 - beta1) * g;
+    v = beta2 * v + (1 - beta2) * g * g;
+    const double c2 = std::sqrt(1 - std::pow(beta2, t));
+    p = p - lr * c2 / (1 - std::pow(beta1, t)) * m / (std::sqrt(v) + c2 * eps);
+    p = p * (1 - lr * wd);
+    return 0.0;
+  };
+}
+
+// torchao's single_param_adam with is_adamw (AdamW4bit), its states unquantized (m, v).
+inline RefStep torchao_adamw_reference(const Hypers& h) {
+  const double lr = hyper(h, "lr"), beta1 = hyper(h, "beta1"), beta2 = hyper(h, "beta2");
+  const double eps = hyper(h, "eps"), wd = hyper(h, "weight_decay");
+  return [=](double t, double& p, double g, double* s) {
+    double &m = s[0], &v = s[1];
+    p = p - lr * wd * p;
+    m = m + (1 - beta1) * (g - m);
+    v = v + (1 - beta2) * (g * g - v);
+    const double denom = std::sqrt(v) / std::sqrt(1 - std::pow(beta2, t)) + eps;
+    p = p - lr * (m / (1 - std::pow(beta1, t))) / denom;
+    return 0.0;
   };
 }
 

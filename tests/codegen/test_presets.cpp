@@ -219,6 +219,31 @@ const std::vector<PresetSpec>& specs() {
        [](const Hypers&) { return zeros(2); },
        bertadam_reference,
        kDefault},
+      // The quantized presets in fp32 storage (their algorithm; the storage is a binding's).
+      {"adamw8bit",
+       kAdamW8bitDefaults,
+       {"m", "v"},
+       [](const Hypers&) { return zeros(2); },
+       bnb_adam_reference,
+       kDefault},
+      {"adam8bit",
+       kAdam8bitDefaults,
+       {"m", "v"},
+       [](const Hypers&) { return zeros(2); },
+       bnb_adam_reference,
+       kDefault},
+      {"lion8bit",
+       kLionDefaults,
+       {"m"},
+       [](const Hypers&) { return zeros(1); },
+       lion_reference,
+       kDefault},
+      {"adamw4bit",
+       kAdamW4bitDefaults,
+       {"m", "v"},
+       [](const Hypers&) { return zeros(2); },
+       torchao_adamw_reference,
+       kDefault},
   };
   return table;
 }
@@ -634,10 +659,11 @@ TEST_SUITE("presets") {
       "the presets are the element-wise optimizers this file checks, plus lamb, lars and "
       "adafactor") {
     const std::vector<std::string> expected = {
-        "adadelta", "adafactor", "adagrad",       "adam",        "adam+amsgrad", "adam+exact",
-        "adamax",   "adamw",     "adamw+amsgrad", "adamw+exact", "adan",         "adopt",
-        "asgd",     "bertadam",  "lamb",          "lars",        "lion",         "nadam",
-        "radam",    "rmsprop",   "rprop",         "sgd"};
+        "adadelta",  "adafactor", "adagrad",  "adam",          "adam+amsgrad", "adam+exact",
+        "adam8bit",  "adamax",    "adamw",    "adamw+amsgrad", "adamw+exact",  "adamw4bit",
+        "adamw8bit", "adan",      "adopt",    "asgd",          "bertadam",     "lamb",
+        "lars",      "lion",      "lion8bit", "nadam",         "radam",        "rmsprop",
+        "rprop",     "sgd"};
     // A new preset needs a reference test before it ships: element-wise ones here, rules
     // with reductions in tests/runtime/test_reductions.cpp (lamb, lars) and factored state
     // in tests/runtime/test_factored.cpp (adafactor).
@@ -873,6 +899,25 @@ TEST_SUITE("presets") {
     run_case("lion", "weight decay and other betas",
              with(kLionDefaults,
                   {{"lr", 1e-3}, {"weight_decay", 0.1}, {"beta1", 0.95}, {"beta2", 0.98}}));
+  }
+
+  TEST_CASE("adamw8bit and adam8bit match bitsandbytes' 8-bit Adam kernel, in fp32 storage") {
+    run_case("adamw8bit", "defaults", with(kAdamW8bitDefaults, {{"lr", 1e-2}}));
+    run_case("adamw8bit", "strong decay, other betas",
+             with(kAdamW8bitDefaults,
+                  {{"lr", 1e-2}, {"weight_decay", 0.3}, {"beta1", 0.5}, {"beta2", 0.9}}));
+    run_case("adam8bit", "defaults", with(kAdam8bitDefaults, {{"lr", 1e-2}}));
+  }
+
+  TEST_CASE("lion8bit matches lion-pytorch and bitsandbytes' Lion kernel, in fp32 storage") {
+    run_case("lion8bit", "weight decay",
+             with(kLionDefaults, {{"lr", 1e-3}, {"weight_decay", 0.1}}));
+  }
+
+  TEST_CASE("adamw4bit matches torchao's AdamW, in fp32 storage") {
+    run_case("adamw4bit", "defaults", with(kAdamW4bitDefaults, {{"lr", 1e-2}}));
+    run_case("adamw4bit", "strong decay, lerp's other branch",
+             with(kAdamW4bitDefaults, {{"lr", 1e-2}, {"weight_decay", 0.3}, {"beta1", 0.3}}));
   }
 
   TEST_CASE("bertadam matches pytorch_pretrained_bert's BertAdam") {

@@ -107,6 +107,10 @@ const std::map<std::string, std::vector<std::pair<std::string, double>>>& preset
       {"adopt", {{"lr", 1e-2}, {"weight_decay", 0.1}, {"decouple", 1}}},
       {"adan", {{"lr", 1e-2}, {"weight_decay", 0.1}}},
       {"bertadam", {{"lr", 1e-2}}},
+      {"adamw8bit", {{"lr", 1e-2}, {"weight_decay", 0.1}}},
+      {"adam8bit", {{"lr", 1e-2}}},
+      {"lion8bit", {{"lr", 1e-3}, {"weight_decay", 0.1}}},
+      {"adamw4bit", {{"lr", 1e-2}, {"weight_decay", 0.1}}},
       {"lamb", {{"lr", 1e-2}, {"max_grad_norm", 10}}},  // clips every other step: grad_sd()
       {"lars", {}},
   };
@@ -198,7 +202,7 @@ void compare_run(const Rule& rule, DeviceRun& run) {
   for (std::size_t k = 0; k < nt; ++k) {
     const std::string what = "param t" + std::to_string(k);
     std::vector<double> dp = run.p[k].device_values();
-    const bool sign_update = rule.name() == "lion";
+    const bool sign_update = rule.name() == "lion" || rule.name() == "lion8bit";
     if (!master) {
       if (sign_update) forgive_sign_jumps(what, dp, hp[k], lr_of(rule, k), p_scale);
       check_role(what, dp, hp[k], kTol, p_scale);
@@ -402,10 +406,10 @@ void compare_presets(const std::vector<std::string>& names) {
 
 // The presets of each case below; together every preset (checked in the first case).
 const std::vector<std::string> kAdamFamily = {
-    "adam",   "adamw", "adam+amsgrad", "adamw+amsgrad", "adam+exact", "adamw+exact",
-    "adamax", "nadam", "radam",        "adopt",         "adan"};
-const std::vector<std::string> kClassic = {"sgd",   "rmsprop", "adagrad", "adadelta",
-                                           "rprop", "asgd",    "lion",    "bertadam"};
+    "adam",  "adamw", "adam+amsgrad", "adamw+amsgrad", "adam+exact", "adamw+exact", "adamax",
+    "nadam", "radam", "adopt",        "adan",          "adamw8bit",  "adam8bit",    "adamw4bit"};
+const std::vector<std::string> kClassic = {"sgd",  "rmsprop", "adagrad",  "adadelta", "rprop",
+                                           "asgd", "lion",    "lion8bit", "bertadam"};
 
 /// The rules with reduction passes: lamb under each strategy (its update needs ||u||,
 /// which the last reduction pass computes: Store keeps u in an fp32 scratch tensor, Recompute
@@ -445,7 +449,8 @@ std::vector<Comparison> reducing_comparisons() {
 
 TEST_SUITE("cuda_gpu") {
   TEST_CASE(
-      "adam, adamw, their amsgrad forms, adamax, nadam and radam on the device match "
+      "adam, adamw, their amsgrad forms, adamax, nadam, radam, adopt, adan and the quantized "
+      "adams (in fp32 storage) on the device match "
       "the host under each dtype binding" *
       testing::needs_cuda_device()) {
     // Every preset is in one of the three cases and has its hypers here: a new preset
@@ -454,7 +459,7 @@ TEST_SUITE("cuda_gpu") {
     covered.insert(covered.end(), kClassic.begin(), kClassic.end());
     for (const char* name : {"lamb", "lars", "adafactor"}) covered.emplace_back(name);
     std::vector<std::string> all = Rule::presets();
-    CHECK(all.size() == 22);
+    CHECK(all.size() == 26);
     std::sort(all.begin(), all.end());
     std::sort(covered.begin(), covered.end());
     CHECK(covered == all);
@@ -466,7 +471,7 @@ TEST_SUITE("cuda_gpu") {
   }
 
   TEST_CASE(
-      "sgd, rmsprop, adagrad, adadelta, rprop, asgd, lion and bertadam on the device "
+      "sgd, rmsprop, adagrad, adadelta, rprop, asgd, lion, lion8bit and bertadam on the device "
       "match the host under each dtype binding" *
       testing::needs_cuda_device()) {
     compare_presets(kClassic);
