@@ -171,6 +171,12 @@ class FUSEDOPT_API StepResult {
   mutable bool taken_ = true;
 };
 
+/// The storage each of `rule`'s states gets under `options` (its `storage` declarations, then
+/// options.state_storage; "q8"/"q4" resolved by the rule's sign proof), for params of at
+/// least options.quant_min_numel elements. UsageError for an unknown state or storage.
+FUSEDOPT_API std::vector<Quant> resolve_state_storage(const Rule& rule,
+                                                      const OptimizerOptions& options);
+
 /// The one rule for a hyper's value: finite and within fp32's range (kernels read hypers as
 /// fp32: 1e300 would be inf there). Throws UsageError naming `where` (the caller), the
 /// hyper and its group otherwise.

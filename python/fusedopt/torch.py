@@ -58,7 +58,7 @@ _TUPLES = {
 # keyword arguments into every param group (torch's ZeroRedundancyOptimizer does) may leave
 # them there: a group may carry one only with the optimizer's own value.
 _OPTIONS = ("rule", "state_dtype", "master_weights", "max_grad_norm", "reduction_strategy",
-            "process_group")
+            "process_group", "state_storage", "quant_block", "quant_min_numel")
 _IGNORED = {"params", "param_names", "foreach", "capturable", "differentiable", "fused",
             "initial_lr", "amsgrad", "name"}
 _DTYPES = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}
@@ -191,6 +191,19 @@ def _combine(group, totals, slots, stream):
             totals[index] = column.max() if by_max else column.sum()
 
 
+def _storage_pairs(storage):
+    """OptimizerOptions::state_storage from the keyword: None, a kind for every state, or a
+    dict of state name to kind."""
+    if storage is None:
+        return []
+    if isinstance(storage, str):
+        return [("*", storage)]
+    if isinstance(storage, dict):
+        return [(str(k), str(v)) for k, v in storage.items()]
+    raise UsageError(f"state_storage is {storage!r}: give a kind for every state ('q8', 'q4', "
+                     "...) or a dict of state name to kind")
+
+
 class Optimizer(torch.optim.Optimizer):
     """A ``torch.optim.Optimizer`` running ``rule`` as one fused kernel per step.
 
@@ -208,14 +221,22 @@ class Optimizer(torch.optim.Optimizer):
     collective per reduction pass; per-tensor terms stay local (each param lives whole on one
     rank). Inside torch's ZeroRedundancyOptimizer, which keeps its own ``process_group``
     argument and builds this optimizer over its shard, its group is taken without being given.
+    ``state_storage`` block-quantizes states: a kind for every state ('q8', 'q4', 'q8s',
+    'q8u', 'q4s', 'q4u') or a dict of state name (the rule's) to kind; ``quant_block`` elements
+    share an absmax (0: 256, 128 with a 4-bit state); params below ``quant_min_numel``
+    elements keep plain states. A quantized state shows in ``state[p]`` as its codes
+    (torch.uint8) and ``NAME.absmax``; presets such as 'adamw8bit' declare their own storage.
     """
 
     _step_supports_amp_scaling = True
 
     def __init__(self, params, rule="adamw", *, state_dtype=torch.float32, master_weights=False,
-                 max_grad_norm=0.0, reduction_strategy="auto", process_group=None, **hypers):
+                 max_grad_norm=0.0, reduction_strategy="auto", process_group=None,
+                 state_storage=None, quant_block=0, quant_min_numel=4096, **hypers):
         self._given = {"rule": rule, "state_dtype": state_dtype, "master_weights": master_weights,
-                       "max_grad_norm": max_grad_norm, "reduction_strategy": reduction_strategy}
+                       "max_grad_norm": max_grad_norm, "reduction_strategy": reduction_strategy,
+                       "state_storage": state_storage, "quant_block": quant_block,
+                       "quant_min_numel": quant_min_numel}
         if process_group is None:
             process_group = _zero_process_group()
         elif not (torch.distributed.is_available() and torch.distributed.is_initialized()):
@@ -251,7 +272,14 @@ class Optimizer(torch.optim.Optimizer):
             "master_weights": bool(master_weights),
             "max_grad_norm": float(max_grad_norm),
             "strategy": reduction_strategy,
+            "state_storage": _storage_pairs(state_storage),
+            "quant_block": int(quant_block),
+            "quant_min_numel": int(quant_min_numel),
         }
+        # Each state's storage ('-' or a kind) where a param is quantized (UsageError for an
+        # unknown state or kind, before any param is seen).
+        self._storage = dict(zip(self._rule.states, _C.resolve_state_storage(
+            self._rule, self._options["state_storage"])))
         defaults = self._defaults(hypers)
         if preset_base is not None:
             for option in _C.Rule.preset_options(preset_base):  # torch's group keys
@@ -474,7 +502,8 @@ class Optimizer(torch.optim.Optimizer):
         ordered = sorted(members, key=lambda m: (m[0], m[1]))
         engine = _C._Engine(self._rule, specs, self._options["state_dtype"],
                             self._options["master_weights"], self._options["max_grad_norm"],
-                            self._options["strategy"])
+                            self._options["strategy"], self._options["state_storage"],
+                            self._options["quant_block"], self._options["quant_min_numel"])
         if self._process_group is not None and \
                 torch.distributed.get_world_size(self._process_group) > 1:
             engine.set_reduction_hook(_reduction_hook(self))
@@ -505,7 +534,16 @@ class Optimizer(torch.optim.Optimizer):
         for name, kind in engine.states():
             key = self._names.get(name, name)
             if kind == "element":
-                out[key] = engine.state(name, slot, "param")
+                view = engine.state(name, slot, "flat")
+                # 8-bit codes keep the param's shape; 4-bit ones are two per byte, flat.
+                if view.dtype != torch.uint8 or view.numel() == p.numel():
+                    view = view.view(p.shape)
+                out[key] = view
+            elif kind == "absmax":
+                base = name[:-len(".absmax")]
+                view = engine.state(name, slot, "flat")
+                if view.numel():  # this param's state is quantized
+                    out[self._names.get(base, base) + ".absmax"] = view
             elif kind == "scalar":
                 out[key] = engine.state(name, slot, "scalar")
             elif kind == "row":
@@ -772,6 +810,13 @@ class Optimizer(torch.optim.Optimizer):
             set(without.col_states)
         return {self._names.get(n, n) for n in self._state_names() - names}
 
+    def _quant_block(self):
+        """Elements per absmax block (DTypeBinding::block): the option, else 256, or 128 with
+        a 4-bit state."""
+        if self._options["quant_block"]:
+            return self._options["quant_block"]
+        return 128 if any(k.startswith("q4") for k in self._storage.values()) else 256
+
     def _expected_states(self, p, hypers, optional):
         """The states of param p (torch's names) as _views will hold them: key -> (shapes
         accepted, dtype kept, what the shape is, required)."""
@@ -783,9 +828,18 @@ class Optimizer(torch.optim.Optimizer):
                   if hypers.get(hyper, 1.0) == 0.0}
         out = {}
         state_dtype = _TORCH_DTYPES.get(self._options["state_dtype"])
+        block = self._quant_block()
+        n = p.numel()
         for name in self._rule.states:
-            out[self._names.get(name, name)] = ({shape}, state_dtype,
-                                                f"the parameter has {shape}", True)
+            key = self._names.get(name, name)
+            kind = self._storage.get(name, "-")
+            if kind != "-" and 0 < n and n >= self._options["quant_min_numel"]:
+                codes = {shape} if kind.startswith("q8") else {((n + 1) // 2,)}
+                out[key] = (codes, torch.uint8, f"its codes have {min(codes)}", True)
+                out[key + ".absmax"] = ({((n + block - 1) // block,)}, torch.float32,
+                                        f"one absmax per {block} elements", True)
+                continue
+            out[key] = ({shape}, state_dtype, f"the parameter has {shape}", True)
         for name in self._rule.scalars:
             out[self._names.get(name, name)] = ({()}, torch.float64,
                                                 "a scalar state has shape ()", True)

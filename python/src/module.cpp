@@ -137,7 +137,9 @@ void* as_stream(std::uintptr_t stream) { return reinterpret_cast<void*>(stream);
 class Engine {
  public:
   Engine(const fo::Rule& rule, std::vector<GroupSpec> groups, const std::string& state_dtype,
-         bool master_weights, double max_grad_norm, const std::string& strategy) {
+         bool master_weights, double max_grad_norm, const std::string& strategy,
+         std::vector<std::pair<std::string, std::string>> state_storage, int quant_block,
+         std::int64_t quant_min_numel) {
     std::vector<fo::ParamGroup> pgs;
     for (GroupSpec& g : groups) {
       if (g.params.size() != g.grads.size() || g.params.size() != g.names.size()) {
@@ -159,6 +161,9 @@ class Engine {
     o.master_weights = master_weights;
     o.max_grad_norm = max_grad_norm;
     o.reduction_strategy = strategy_of(strategy);
+    o.state_storage = std::move(state_storage);
+    o.quant_block = quant_block;
+    o.quant_min_numel = quant_min_numel;
     opt_.emplace(rule, std::move(pgs), o);
     // One device (the Optimizer checked): the first param's.
     for (const auto& g : groups) {
@@ -346,6 +351,7 @@ void bind_rule(nb::module_& m) {
       .def_prop_ro("scalars", &fo::Rule::scalars)
       .def_prop_ro("row_states", &fo::Rule::row_states)
       .def_prop_ro("col_states", &fo::Rule::col_states)
+      .def_prop_ro("storage", &fo::Rule::storage)
       .def_prop_ro("reduction_passes", &fo::Rule::reduction_passes)
       .def_prop_ro("text", &fo::Rule::text)
       .def("describe", &fo::Rule::describe)
@@ -364,10 +370,13 @@ void bind_engine(nb::module_& m) {
 
   nb::class_<Engine>(m, "_Engine")
       .def(nb::init<const fo::Rule&, std::vector<GroupSpec>, const std::string&, bool, double,
-                    const std::string&>(),
+                    const std::string&, std::vector<std::pair<std::string, std::string>>, int,
+                    std::int64_t>(),
            nb::arg("rule"), nb::arg("groups"), nb::arg("state_dtype") = "fp32",
            nb::arg("master_weights") = false, nb::arg("max_grad_norm") = 0.0,
-           nb::arg("strategy") = "auto")
+           nb::arg("strategy") = "auto",
+           nb::arg("state_storage") = std::vector<std::pair<std::string, std::string>>{},
+           nb::arg("quant_block") = 0, nb::arg("quant_min_numel") = 4096)
       .def("step", &Engine::step, nb::arg("stream") = 0)
       .def("step_amp", &Engine::step_amp, nb::arg("grad_scale").none(), nb::arg("found_inf").none(),
            nb::arg("stream") = 0)
@@ -390,6 +399,18 @@ void bind_engine(nb::module_& m) {
 
 /// Module functions: check_hyper_value, compile.
 void bind_functions(nb::module_& m) {
+  m.def(
+      "resolve_state_storage",
+      [](const fo::Rule& rule, std::vector<std::pair<std::string, std::string>> storage) {
+        fo::OptimizerOptions o;
+        o.state_storage = std::move(storage);
+        std::vector<std::string> out;
+        for (fo::Quant q : fo::resolve_state_storage(rule, o)) out.emplace_back(fo::to_string(q));
+        return out;
+      },
+      nb::arg("rule"), nb::arg("state_storage"),
+      "The storage of each of the rule's states ('-', 'q8s', 'q8u', 'q4s', 'q4u') under the "
+      "rule's declarations and `state_storage` (pairs of state name or '*' and kind).");
   m.def("check_hyper_value", &fo::check_hyper_value, nb::arg("where"), nb::arg("name"),
         nb::arg("group"), nb::arg("value"),
         "The one rule for a hyper's value (finite, within fp32's range): UsageError otherwise.");

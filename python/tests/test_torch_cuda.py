@@ -122,3 +122,28 @@ def test_cuda_and_cpu_params_in_one_optimizer_are_refused():
     p.grad, q.grad = torch.ones_like(p), torch.ones_like(q)
     with pytest.raises(fusedopt.UsageError, match="one device"):
         ft.Optimizer([p, q], rule="sgd").step()
+
+
+@pytest.mark.parametrize("rule", ["adamw8bit", "adamw4bit"])
+def test_cuda_quantized_presets_match_the_cpu(seed, rule):
+    """The same data on the GPU and the CPU: the codes agree but for values within rounding of
+    a midpoint (rare), the params to fp32 tolerance."""
+    ps = cuda_params()
+    qs = [p.detach().cpu().requires_grad_() for p in ps]
+    gpu = ft.Optimizer(ps, rule=rule, lr=1e-2)
+    cpu = ft.Optimizer(qs, rule=rule, lr=1e-2)
+    for _ in range(10):
+        for p, q in zip(ps, qs):
+            g = torch.randn_like(q)
+            p.grad, q.grad = g.cuda(), g
+        gpu.step()
+        cpu.step()
+    torch.cuda.synchronize()
+    differ = total = 0
+    for p, q in zip(ps, qs):
+        assert (p.detach().cpu() - q.detach()).abs().max().item() <= 1e-3 * (1 + q.abs().max().item())
+        for key, value in cpu.state[q].items():
+            if isinstance(value, torch.Tensor) and value.dtype == torch.uint8:
+                differ += (gpu.state[p][key].cpu() != value).sum().item()
+                total += value.numel()
+    assert total > 0 and differ <= total // 1000

@@ -559,6 +559,10 @@ Tensor Optimizer::state(const std::string& name, int param_index) const {
   return impl_->state_view(spec, static_cast<std::size_t>(param_index));
 }
 
+std::vector<Quant> resolve_state_storage(const Rule& rule, const OptimizerOptions& options) {
+  return runtime::resolve_quant(options, detail::lang_rule(rule));
+}
+
 std::vector<float> Optimizer::state_values(const std::string& name, int param_index) const {
   const Impl& m = live("state_values");
   const runtime::StateSpec& spec = m.state_spec(name);
