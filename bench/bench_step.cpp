@@ -88,7 +88,8 @@ void BM_HostStepPerTensor(benchmark::State& state) {
 }
 
 /// Preset `name` over BERT-base on the host, fused: the step time and fraction of the copy
-/// floor of each preset added by rule language 2 (issue 14), with adamw as the yardstick.
+/// floor of each preset added by rule language 2 (issue 14) and of the quantized presets
+/// (issue 30), with adamw (and lion for lion8bit) as the yardstick.
 void BM_HostPresetStep(benchmark::State& state, const std::string& name) {
   const bench::Workload w = bench::bert_base();
   HostModel model(w);
@@ -103,12 +104,16 @@ void BM_HostPresetStep(benchmark::State& state, const std::string& name) {
   report(state, opt.stats(), opt.stats().launches_per_step, copy_bw);
   state.counters["bytes_per_element"] =
       static_cast<double>(opt.stats().bytes_per_step) / static_cast<double>(opt.stats().elements);
+  // Optimizer state per parameter element (the quantized presets: codes and absmax).
+  state.counters["state_bytes_per_element"] =
+      static_cast<double>(opt.stats().state_bytes) / static_cast<double>(opt.stats().elements);
   state.SetLabel(name + " fp32 " + w.name + " fused");
 }
 
 const bool kPresetBenchmarks = [] {
-  for (const char* name : {"adamw", "adam+amsgrad", "adamw+amsgrad", "radam", "adadelta", "rprop",
-                           "nadam", "asgd", "adafactor"}) {
+  for (const char* name :
+       {"adamw", "adam+amsgrad", "adamw+amsgrad", "radam", "adadelta", "rprop", "nadam", "asgd",
+        "adafactor", "adamw8bit", "adamw4bit", "lion", "lion8bit"}) {
     benchmark::RegisterBenchmark((std::string("BM_HostPresetStep/") + name).c_str(),
                                  BM_HostPresetStep, std::string(name))
         ->Unit(benchmark::kMillisecond)

@@ -6,6 +6,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
+#include <cstring>
 #include <string>
 
 #include "fusedopt/error.hpp"
@@ -67,7 +69,59 @@ std::vector<float> dynamic_map(bool is_signed, int max_exponent_bits, int total_
   return data;
 }
 
+/// fp32 bits.
+std::uint32_t bits_of(float f) {
+  std::uint32_t u;
+  std::memcpy(&u, &f, 4);
+  return u;
+}
+float from_bits(std::uint32_t u) {
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
 }  // namespace
+
+QuantEncoder quant_encoder(Quant q) {
+  const std::vector<float>& map = quant_map(q);
+  const int n = static_cast<int>(map.size());
+  // The midpoints as the kernels compute them: (map[k] + map[k + 1]) * 0.5f.
+  std::vector<float> mid;
+  for (int k = 0; k + 1 < n; ++k) {
+    mid.push_back((map[static_cast<std::size_t>(k)] + map[static_cast<std::size_t>(k) + 1]) * 0.5f);
+  }
+  auto below = [&](float y) {  // midpoints below y
+    return static_cast<int>(std::lower_bound(mid.begin(), mid.end(), y) - mid.begin());
+  };
+  QuantEncoder e;
+  e.tiny = below(0.0f);
+  e.zero = static_cast<int>(std::lower_bound(map.begin(), map.end(), 0.0f) - map.begin());
+  e.table.assign(2 * kQuantBuckets, 0);
+  for (std::uint32_t neg = 0; neg < 2; ++neg) {
+    for (std::uint32_t b = 0; b < static_cast<std::uint32_t>(kQuantBuckets); ++b) {
+      // The bucket's magnitudes: exponent 104 + b / 128, the top 7 mantissa bits b % 128.
+      const std::uint32_t low = ((104 + b / 128) << 23) | ((b % 128) << 16);
+      const float lo_mag = from_bits(low), hi_mag = from_bits(low | 0xffffu);
+      // Its values in increasing order: [lo_mag, hi_mag], or [-hi_mag, -lo_mag].
+      const float first = neg ? -hi_mag : lo_mag, last = neg ? -lo_mag : hi_mag;
+      const int count = below(first);
+      // Midpoints in [first, last]: at most one (the bucket is narrower than any gap).
+      const auto m0 = std::lower_bound(mid.begin(), mid.end(), first);
+      const auto m1 = std::upper_bound(mid.begin(), mid.end(), last);
+      if (m1 - m0 > 1) throw InternalError("quant: two midpoints in one encoder bucket");
+      std::uint32_t w = static_cast<std::uint32_t>(count);
+      if (m1 - m0 == 1) {
+        const int k = static_cast<int>(m0 - mid.begin());  // between codes k and k + 1
+        w |= (bits_of(*m0) & 0xffffu) << 8;
+        w |= 1u << 24;
+        if ((k + 1) % 2 == 0) w |= 1u << 25;  // a tie takes the even code
+      }
+      e.table[neg * kQuantBuckets + b] = w;
+    }
+  }
+  return e;
+}
 
 const std::vector<float>& quant_map(Quant q) {
   static const std::vector<float> q8s = dynamic_map(true, 7, 8);
@@ -114,9 +168,10 @@ void emit_quant(Writer& w, const DTypeBinding& dtypes, int first_state_role, int
   for (std::size_t s = 0; s < dtypes.quant.size(); ++s) {
     const Quant q = dtypes.quant[s];
     if (q == Quant::None) continue;
-    list +=
-        fmt::format(" X({}, {}, {}, fo_qmap_{}, {})", k++, first_state_role + static_cast<int>(s),
-                    quant_bits(q), to_string(q), q == Quant::Q8S ? 1 : 0);
+    list += fmt::format(" X({}, {}, {}, fo_qmap_{}, {}, fo_qenc_{}, {}, {})", k++,
+                        first_state_role + static_cast<int>(s), quant_bits(q), to_string(q),
+                        q == Quant::Q8S ? 1 : 0, to_string(q), quant_encoder(q).tiny,
+                        quant_encoder(q).zero);
     if (std::find(used.begin(), used.end(), q) == used.end()) used.push_back(q);
   }
   w.line(fmt::format("#define FO_NUM_QUANT {}", k));
@@ -135,6 +190,16 @@ void emit_quant(Writer& w, const DTypeBinding& dtypes, int first_state_role, int
     }
     w.line(fmt::format("FO_QMAP_STORAGE float fo_qmap_{}[{}] = {{\n  {}}};", to_string(q),
                        map.size(), values));
+    // The host's encoder table (quant.hpp: QuantEncoder); CUDA kernels search the map.
+    const QuantEncoder enc = quant_encoder(q);
+    std::string words;
+    for (std::size_t j = 0; j < enc.table.size(); ++j) {
+      words += fmt::format("{}{:#x}", j == 0 ? "" : (j % 8 == 0 ? ",\n  " : ", "), enc.table[j]);
+    }
+    w.line("#ifndef __CUDACC__");
+    w.line(fmt::format("static const unsigned int fo_qenc_{}[{}] = {{\n  {}}};", to_string(q),
+                       enc.table.size(), words));
+    w.line("#endif");
   }
   w.line("FO_FN fo_tensor fo_offset(const fo_tensor& t, long long i) {");
   w.line("  fo_tensor s;");

@@ -2,6 +2,7 @@
 // body that templates/kernels/quant.h and the skeletons read.
 #pragma once
 
+#include <cstdint>
 #include <vector>
 
 #include "codegen/writer.hpp"
@@ -12,6 +13,22 @@ namespace fusedopt::codegen {
 /// The quantization map of `q` (not Quant::None): its 256 (8-bit) or 16 (4-bit) values in
 /// increasing order, as fp32, the same table the kernels and the runtime's views use.
 const std::vector<float>& quant_map(Quant q);
+
+/// Buckets of the host's encoder per sign: exponents 104 to 127 (|v / absmax| from 2^-23 to
+/// below 2), 128 buckets each (the top 7 mantissa bits).
+inline constexpr int kQuantBuckets = 24 * 128;
+
+/// The host kernels' encoder of map `q` (templates/kernels/host_kernel.hpp, fo_q_encode_block):
+/// the same codes as the kernels' search (the count of fp32 midpoints below y, a tie to the
+/// even code) from one table word per bucket of y's bits: bits 0-7 the midpoints below the
+/// bucket, bits 8-23 the low 16 bits of the one midpoint inside it, bit 24 whether there is
+/// one, bit 25 whether a tie there goes up. [0, kQuantBuckets): y >= 0; then y < 0.
+struct QuantEncoder {
+  std::vector<std::uint32_t> table;
+  int tiny = 0;  ///< the code of |y| below 2^-23 (no midpoint lies there)
+  int zero = 0;  ///< the index of the map's 0 (bitsandbytes' sign fix)
+};
+QuantEncoder quant_encoder(Quant q);
 
 /// Checks `dtypes.quant` against a rule of `num_states` states (one entry per state or none,
 /// a block from 32 to 512, no row/column states); throws UsageError saying what is wrong.

@@ -247,7 +247,7 @@ __device__ __forceinline__ bool fo_skipped(const fo_launch& L) {
 #endif
 FO_QMAP_READER void fo_q_load_maps(float (*qmaps)[FO_QMAP_MAX]) {
   for (int j = threadIdx.x; j < FO_QMAP_MAX; j += blockDim.x) {
-#define FO_QMAP_COPY(k, role, bits, map, fix) \
+#define FO_QMAP_COPY(k, role, bits, map, fix, enc, tiny, zero) \
   if (j < (1 << bits)) qmaps[k][j] = map[j];
     FO_QUANT_LIST(FO_QMAP_COPY)
 #undef FO_QMAP_COPY
@@ -258,8 +258,8 @@ FO_QMAP_READER void fo_q_load_maps(float (*qmaps)[FO_QMAP_MAX]) {
 /// Element i's dequantized values (0 where the thread has no element).
 __device__ __forceinline__ void fo_q_values(const fo_qtensor& q, long long i, bool live,
                                             float (*qmaps)[FO_QMAP_MAX], float* vals) {
-#define FO_QVAL(k, role, bits, map, fix) \
-  vals[k] =                              \
+#define FO_QVAL(k, role, bits, map, fix, enc, tiny, zero) \
+  vals[k] =                                               \
       live ? qmaps[k][fo_q_code(q.codes[k], bits, i)] * q.absmax[k][i / FO_QUANT_BLOCK] : 0.0f;
   FO_QUANT_LIST(FO_QVAL)
 #undef FO_QVAL
@@ -268,7 +268,7 @@ __device__ __forceinline__ void fo_q_values(const fo_qtensor& q, long long i, bo
 /// Tensor t's roles at element i, the quantized ones pointing at the thread's values.
 __device__ __forceinline__ fo_tensor fo_q_view(const fo_tensor& t, long long i, float* vals) {
   fo_tensor s = fo_offset(t, i);
-#define FO_QATTACH(k, role, bits, map, fix) s.r##role = &vals[k];
+#define FO_QATTACH(k, role, bits, map, fix, enc, tiny, zero) s.r##role = &vals[k];
   FO_QUANT_LIST(FO_QATTACH)
 #undef FO_QATTACH
   return s;
@@ -329,7 +329,7 @@ __device__ __forceinline__ void fo_q_chunk(const fo_launch& L, const fo_chunk& c
         fo_element(s, 0, U, T);
       }
     }
-#define FO_QCOMMIT(k, role, bits, map, fix)                                                      \
+#define FO_QCOMMIT(k, role, bits, map, fix, enc, tiny, zero)                                     \
   fo_q_commit(q.codes[k], q.absmax[k], bits, fix, qmaps[k], vals[k], i, live, i + 1 < chunk.end, \
               red, shared_codes);
     FO_QUANT_LIST(FO_QCOMMIT)

@@ -43,7 +43,7 @@ static inline fo_tvals fo_chunk_values(const fo_launch* L, int tensor, int group
 /// Elements [b, b + n) of each quantized state, dequantized into its stage row.
 static inline void fo_q_stage_in(const fo_qtensor& q, long long b, int n,
                                  float (*stage)[FO_QUANT_BLOCK]) {
-#define FO_QIN(k, role, bits, map, fix)                                                    \
+#define FO_QIN(k, role, bits, map, fix, enc, tiny, zero)                                   \
   {                                                                                        \
     const float a = q.absmax[k][b / FO_QUANT_BLOCK];                                       \
     for (int j = 0; j < n; ++j) stage[k][j] = map[fo_q_code(q.codes[k], bits, b + j)] * a; \
@@ -52,35 +52,101 @@ static inline void fo_q_stage_in(const fo_qtensor& q, long long b, int n,
 #undef FO_QIN
 }
 
-/// The block's new absmax (NaN wins: a non-finite value shows in every element of its
-/// block), then each element's code.
+/// The largest |v| of n values, NaN when one is NaN (the CUDA tree's fo_maxnan fold), in
+/// FO_LANES lanes so that the loop vectorises.
+static inline float fo_q_absmax(const float* v, int n) {
+  float m[FO_LANES];
+  int nan[FO_LANES];
+  for (int l = 0; l < FO_LANES; ++l) {
+    m[l] = 0.0f;
+    nan[l] = 0;
+  }
+  int j = 0;
+  for (; j + FO_LANES <= n; j += FO_LANES) {
+#pragma omp simd
+    for (int l = 0; l < FO_LANES; ++l) {
+      const float x = fo_abs(v[j + l]);
+      m[l] = x > m[l] ? x : m[l];
+      nan[l] |= x != x;
+    }
+  }
+  for (int l = 0; j < n; ++j, ++l) {
+    const float x = fo_abs(v[j]);
+    m[l] = x > m[l] ? x : m[l];
+    nan[l] |= x != x;
+  }
+  float a = m[0];
+  int any = nan[0];
+  for (int l = 1; l < FO_LANES; ++l) {
+    a = m[l] > a ? m[l] : a;
+    any |= nan[l];
+  }
+  return any ? fo_as_float(0x7fc00000u) : a;
+}
+
+/// The codes of n values in a block of absmax a: fo_q_encode's codes (the count of the map's
+/// fp32 midpoints below v / a, a tie to the even code, the sign fix with `fix`), from one word
+/// of the encoder table per value (codegen/quant.hpp: QuantEncoder), without branches, so
+/// that the loop vectorises. `tiny`: the code of |v / a| below 2^-23; `zero`: the map's 0.
+static inline void fo_q_encode_block(const unsigned int* enc, int tiny, int zero, int fix,
+                                     const float* v, int n, float a, unsigned char* out) {
+  const float d = a != 0.0f ? a : 1.0f;  // an all-zero block: every y is 0
+#pragma omp simd
+  for (int j = 0; j < n; ++j) {
+    // Everything below is straight-line arithmetic and selects: GCC vectorises no loop with
+    // a conditional load, a branch (&& of comparisons), or a gather with an unsigned index.
+    const float x = v[j];
+    const float q = x / d;
+    const float y = a != 0.0f ? q : 0.0f;
+    const unsigned int u = fo_as_uint(y);
+    const unsigned int ex = (u >> 23) & 255u;
+    const unsigned int neg = u >> 31;
+    const int e = (int)ex - 104;
+    const int ec = e < 0 ? 0 : (e > 23 ? 23 : e);
+    const int idx = (int)neg * 3072 + ec * 128 + (int)((u >> 16) & 127u);
+    const unsigned int w = enc[idx];
+    const unsigned int l16 = u & 0xffffu, t = (w >> 8) & 0xffffu;
+    const unsigned int above = neg ? (t > l16 ? 1u : 0u) : (t < l16 ? 1u : 0u);
+    const unsigned int tie = (t == l16 ? 1u : 0u) & (w >> 25);
+    int c = (int)(w & 255u) + (int)((w >> 24) & 1u & (above | tie));
+    c = e < 0 ? tiny : c;
+    c = ex == 255u ? 0 : c;  // NaN: as the search gives it
+    // The sign fix: v's sign bit set and the code of 0 (c ^ zero < 256, so c == zero is
+    // (c ^ zero) - 1 wrapping past 2^31).
+    const int sv = (int)(fo_as_uint(x) >> 31);
+    const int is_zero = (int)((((unsigned int)(c ^ zero)) - 1u) >> 31);
+    c -= fix & sv & is_zero;
+    out[j] = (unsigned char)c;
+  }
+}
+
+/// The block's new absmax, then each element's code.
 static inline void fo_q_stage_out(const fo_qtensor& q, long long b, int n,
                                   float (*stage)[FO_QUANT_BLOCK]) {
-#define FO_QOUT(k, role, bits, map, fix)                                              \
-  {                                                                                   \
-    float a = 0.0f;                                                                   \
-    for (int j = 0; j < n; ++j) a = fo_maxnan(a, fo_abs(stage[k][j]));                \
-    q.absmax[k][b / FO_QUANT_BLOCK] = a;                                              \
-    if (bits == 8) {                                                                  \
-      for (int j = 0; j < n; ++j)                                                     \
-        q.codes[k][b + j] = (unsigned char)fo_q_encode(map, 8, fix, stage[k][j], a);  \
-    } else {                                                                          \
-      for (int j = 0; j < n; j += 2) {                                                \
-        const int even = fo_q_encode(map, 4, fix, stage[k][j], a);                    \
-        const int odd = j + 1 < n ? fo_q_encode(map, 4, fix, stage[k][j + 1], a) : 0; \
-        q.codes[k][(b + j) >> 1] = (unsigned char)((even << 4) | odd);                \
-      }                                                                               \
-    }                                                                                 \
+  unsigned char codes[FO_QUANT_BLOCK];
+#define FO_QOUT(k, role, bits, map, fix, enc, tiny, zero)                           \
+  {                                                                                 \
+    const float a = fo_q_absmax(stage[k], n);                                       \
+    q.absmax[k][b / FO_QUANT_BLOCK] = a;                                            \
+    if (bits == 8) {                                                                \
+      fo_q_encode_block(enc, tiny, zero, fix, stage[k], n, a, q.codes[k] + b);      \
+    } else {                                                                        \
+      fo_q_encode_block(enc, tiny, zero, fix, stage[k], n, a, codes);               \
+      if (n & 1) codes[n] = 0;                                                      \
+      for (int j = 0; j < n; j += 2)                                                \
+        q.codes[k][(b + j) >> 1] = (unsigned char)((codes[j] << 4) | codes[j + 1]); \
+    }                                                                               \
   }
   FO_QUANT_LIST(FO_QOUT)
 #undef FO_QOUT
+  (void)codes;
 }
 
 /// The block view of tensor t at element b: every role advanced by b, the quantized ones
 /// pointing at their stage rows.
 static inline fo_tensor fo_q_view(const fo_tensor& t, long long b, float (*stage)[FO_QUANT_BLOCK]) {
   fo_tensor s = fo_offset(t, b);
-#define FO_QATTACH(k, role, bits, map, fix) s.r##role = stage[k];
+#define FO_QATTACH(k, role, bits, map, fix, enc, tiny, zero) s.r##role = stage[k];
   FO_QUANT_LIST(FO_QATTACH)
 #undef FO_QATTACH
   return s;
@@ -90,7 +156,11 @@ static inline fo_tensor fo_q_view(const fo_tensor& t, long long b, float (*stage
 /// Chunks begin at multiples of the block (chunk sizes are multiples of it).
 template <bool kInit>
 static void fo_q_chunk(const fo_launch* L, const fo_chunk& chunk, const fo_tensor& t,
-                       const fo_uniform& u, const fo_tvals& tv) {
+                       const fo_uniform& uniform, const fo_tvals& values) {
+  // Local copies, as fo_run's: a reference would leave the hypers' loads in the loop, and a
+  // load used under a rule's where() becomes a masked load GCC does not vectorise.
+  const fo_uniform u = uniform;
+  const fo_tvals tv = values;
   const fo_qtensor q = fo_qbind(L->ptrs + (long long)chunk.tensor * FO_NUM_ROLES,
                                 (long long)L->tensor_info[4 * (long long)chunk.tensor]);
   float stage[FO_NUM_QUANT][FO_QUANT_BLOCK];

@@ -4,8 +4,10 @@
 // give the layout). The generated part defines, for a binding with quantized states:
 //   FO_NUM_QUANT          how many states are quantized
 //   FO_QUANT_BLOCK        elements per absmax block (a power of two from 32 to FO_CUDA_BLOCK)
-//   FO_QUANT_LIST(X)      X(k, role, bits, map, fix) for each: its index, its role, 8 or 4,
-//                         its table, and 1 for bitsandbytes' sign fix (q8s)
+//   FO_QUANT_LIST(X)      X(k, role, bits, map, fix, enc, tiny, zero) for each: its index,
+//                         its role, 8 or 4, its map, 1 for bitsandbytes' sign fix (q8s), the
+//                         host's encoder table (codegen/quant.hpp: QuantEncoder) and its
+//                         codes of a tiny value and of 0
 //   fo_offset(t, i)       the tensor's roles advanced by i elements
 // and the tables themselves. The element functions are the rule's, unchanged: they see a
 // quantized state as an fp32 role pointing at the dequantized values of the block (host) or
@@ -24,8 +26,8 @@ struct fo_qtensor {
 
 FO_FN fo_qtensor fo_qbind(void* const* p, long long numel) {
   fo_qtensor q;
-#define FO_QBIND(k, role, bits, map, fix) \
-  q.codes[k] = (unsigned char*)p[role];   \
+#define FO_QBIND(k, role, bits, map, fix, enc, tiny, zero) \
+  q.codes[k] = (unsigned char*)p[role];                    \
   q.absmax[k] = (float*)(q.codes[k] + fo_q_absmax_offset(numel, bits));
   FO_QUANT_LIST(FO_QBIND)
 #undef FO_QBIND
@@ -53,11 +55,11 @@ FO_FN int fo_q_nearest(const float* map, int n, float x) {
 
 /// The code of value v in a block whose new absmax is `absmax`: v / absmax rounded to the
 /// nearest value of the map (an all-zero block: the code nearest 0). With `fix`
-/// (bitsandbytes' signed 8-bit map), a negative value that lands on the code of 0 takes the
-/// next code down, so the sign survives.
+/// (bitsandbytes' signed 8-bit map), a value with its sign bit set (negative, or -0) that
+/// lands on the code of 0 takes the next code down, so the sign survives.
 FO_FN int fo_q_encode(const float* map, int bits, int fix, float v, float absmax) {
   int code = fo_q_nearest(map, 1 << bits, absmax != 0.0f ? v / absmax : 0.0f);
-  if (fix && v < 0.0f && map[code] >= 0.0f && code > 0) code -= 1;
+  if (fix && (fo_as_uint(v) >> 31) != 0u && map[code] >= 0.0f && code > 0) code -= 1;
   return code;
 }
 

@@ -73,15 +73,16 @@ std::vector<double> map_f64(Quant q) {
 }
 
 /// The nearest code of x (float64) among the fp32 map's values; a tie goes to the even
-/// code; with `fix`, a negative x on the code of 0 takes the one below.
-int nearest_f64(const std::vector<float>& map, double x, bool fix) {
+/// code; with `fix`, a value whose sign bit is set (`negative`) on the code of 0 takes the one
+/// below.
+int nearest_f64(const std::vector<float>& map, double x, bool fix, bool negative) {
   int best = 0;
   for (int k = 1; k < static_cast<int>(map.size()); ++k) {
     const double d = std::abs(x - map[static_cast<std::size_t>(k)]);
     const double e = std::abs(x - map[static_cast<std::size_t>(best)]);
     if (d < e || (d == e && k % 2 == 0)) best = k;
   }
-  if (fix && x < 0 && map[static_cast<std::size_t>(best)] >= 0 && best > 0) best -= 1;
+  if (fix && negative && map[static_cast<std::size_t>(best)] >= 0 && best > 0) best -= 1;
   return best;
 }
 
@@ -99,7 +100,8 @@ RefQuant quantize_f64(const std::vector<double>& values, Quant q, int block) {
     for (std::size_t j = b; j < end; ++j) a = std::max(a, std::abs(values[j]));
     r.absmax.push_back(a);
     for (std::size_t j = b; j < end; ++j) {
-      r.codes.push_back(nearest_f64(map, a != 0 ? values[j] / a : 0.0, q == Quant::Q8S));
+      r.codes.push_back(
+          nearest_f64(map, a != 0 ? values[j] / a : 0.0, q == Quant::Q8S, std::signbit(values[j])));
     }
   }
   return r;
