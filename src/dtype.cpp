@@ -146,8 +146,8 @@ std::string DTypeBinding::str() const {
     for (Quant v : quant) q += (q.empty() ? "+q=" : "/") + std::string(to_string(v));
     q += fmt::format("@{}", block());
   }
-  return fmt::format("{}:{}:{}{}{}", to_string(param), to_string(grad), to_string(state),
-                     master ? "+master" : "", q);
+  return fmt::format("{}:{}:{}{}{}{}", to_string(param), to_string(grad), to_string(state),
+                     master ? "+master" : "", stochastic ? "+sr" : "", q);
 }
 
 DTypeBinding DTypeBinding::parse(std::string_view text) {
@@ -157,7 +157,12 @@ DTypeBinding DTypeBinding::parse(std::string_view text) {
     parse_quant(rest.substr(q + 3), text, b);
     rest = rest.substr(0, q);
   }
-  constexpr std::string_view kMaster = "+master";
+  constexpr std::string_view kMaster = "+master", kStochastic = "+sr";
+  if (rest.size() >= kStochastic.size() &&
+      rest.substr(rest.size() - kStochastic.size()) == kStochastic) {
+    b.stochastic = true;
+    rest.remove_suffix(kStochastic.size());
+  }
   if (rest.size() >= kMaster.size() && rest.substr(rest.size() - kMaster.size()) == kMaster) {
     b.master = true;
     rest.remove_suffix(kMaster.size());
@@ -176,6 +181,12 @@ DTypeBinding DTypeBinding::parse(std::string_view text) {
     b.param = parse_dtype(rest.substr(0, c1), text);
     b.grad = parse_dtype(rest.substr(c1 + 1, c2 - c1 - 1), text);
     b.state = parse_dtype(rest.substr(c2 + 1), text);
+  }
+  if (b.stochastic && (b.param == DType::F32 || b.master)) {
+    throw UsageError(fmt::format(
+        "bad dtypes '{}': stochastic rounding (+sr) stores fp16 or bf16 params without a "
+        "master copy",
+        text));
   }
   if (b.master && b.param == DType::F32) {
     throw UsageError(

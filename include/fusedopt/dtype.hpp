@@ -51,14 +51,18 @@ struct FUSEDOPT_API DTypeBinding {
   /// Elements per absmax block of the quantized states: a power of two from 32 to 512
   /// (0: the default, 256, or 128 when a state is 4-bit).
   int quant_block = 0;
+  /// 16-bit params (without a master copy) are stored rounded stochastically: up or down with
+  /// the probabilities that keep the expected value, from a counter-based generator keyed
+  /// on (seed, step, param, element) (OptimizerOptions::stochastic_rounding).
+  bool stochastic = false;
 
   /// Whether any state is quantized.
   bool quantized() const;
   /// quant_block with the default applied (0 when nothing is quantized).
   int block() const;
-  /// Canonical text: "PARAM:GRAD:STATE" plus "+master", plus "+q=Q/Q/...@B" when states
-  /// are quantized (one entry per state: -, q8s, q8u, q4s, q4u), e.g.
-  /// "bf16:bf16:fp32+master", "fp32:fp32:fp32+q=q8s/q8u@256".
+  /// Canonical text: "PARAM:GRAD:STATE" plus "+master" or "+sr" (stochastic), plus
+  /// "+q=Q/Q/...@B" when states are quantized (one entry per state: -, q8s, q8u, q4s, q4u),
+  /// e.g. "bf16:bf16:fp32+master", "bf16:bf16:bf16+sr", "fp32:fp32:fp32+q=q8s/q8u@256".
   std::string str() const;
   /// Parses str()'s form, or a single dtype "X" meaning "X:X:X" (with the same suffixes).
   /// Throws fusedopt::Error.

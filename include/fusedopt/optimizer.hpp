@@ -88,6 +88,14 @@ struct OptimizerOptions {
   /// Params with fewer elements keep their states in state_dtype (bitsandbytes'
   /// min_8bit_size): their blocks would cost more than they save.
   std::int64_t quant_min_numel = 4096;
+  /// Store fp16 and bf16 params (without master_weights) rounded stochastically: up or down
+  /// with the probabilities that keep the fp32 result's expected value (torchao's bf16
+  /// stochastic rounding), so small updates are not lost to round-to-nearest. The random
+  /// numbers come from a counter-based generator (Philox4x32-10) keyed on (seed, step, param,
+  /// element within the param): the same bits on any thread count, memory layout or
+  /// sharding. fp32 params are unaffected. The rule's rand() draws from the same generator.
+  bool stochastic_rounding = false;
+  std::uint64_t seed = 0;  ///< the generator's key (stochastic rounding and rand())
 };
 
 /// What a step costs, and where its kernel came from.
@@ -296,6 +304,10 @@ class FUSEDOPT_API Optimizer {
   friend class GradScaler;  // a device GradScaler steps with its scale in device memory
   friend class StepResult;  // reads a step's verdict from the device
   friend struct detail::OptimizerAccess;  // the comm library's step extension and load
+  /// The public constructor, with each param's random-number key (param index, element
+  /// offset; empty: its own index, 0): a ShardedOptimizer's pieces keep their params'.
+  Optimizer(const Rule& rule, std::vector<ParamGroup> groups, OptimizerOptions options,
+            std::vector<std::pair<long long, long long>> rng_ids);
   struct Impl;
   /// The Impl, or UsageError("Optimizer::<method>: this Optimizer was moved from").
   Impl& live(const char* method) const;

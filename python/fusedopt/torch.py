@@ -58,7 +58,8 @@ _TUPLES = {
 # keyword arguments into every param group (torch's ZeroRedundancyOptimizer does) may leave
 # them there: a group may carry one only with the optimizer's own value.
 _OPTIONS = ("rule", "state_dtype", "master_weights", "max_grad_norm", "reduction_strategy",
-            "process_group", "state_storage", "quant_block", "quant_min_numel")
+            "process_group", "state_storage", "quant_block", "quant_min_numel",
+            "stochastic_rounding", "seed")
 _IGNORED = {"params", "param_names", "foreach", "capturable", "differentiable", "fused",
             "initial_lr", "amsgrad", "name"}
 _DTYPES = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}
@@ -226,17 +227,22 @@ class Optimizer(torch.optim.Optimizer):
     share an absmax (0: 256, 128 with a 4-bit state); params below ``quant_min_numel``
     elements keep plain states. A quantized state shows in ``state[p]`` as its codes
     (torch.uint8) and ``NAME.absmax``; presets such as 'adamw8bit' declare their own storage.
+    ``stochastic_rounding`` stores float16/bfloat16 params (without master weights) rounded
+    stochastically, from a counter-based generator keyed on ``seed``, the step, the param and
+    the element: the same bits on any thread count or layout.
     """
 
     _step_supports_amp_scaling = True
 
     def __init__(self, params, rule="adamw", *, state_dtype=torch.float32, master_weights=False,
                  max_grad_norm=0.0, reduction_strategy="auto", process_group=None,
-                 state_storage=None, quant_block=0, quant_min_numel=4096, **hypers):
+                 state_storage=None, quant_block=0, quant_min_numel=4096,
+                 stochastic_rounding=False, seed=0, **hypers):
         self._given = {"rule": rule, "state_dtype": state_dtype, "master_weights": master_weights,
                        "max_grad_norm": max_grad_norm, "reduction_strategy": reduction_strategy,
                        "state_storage": state_storage, "quant_block": quant_block,
-                       "quant_min_numel": quant_min_numel}
+                       "quant_min_numel": quant_min_numel,
+                       "stochastic_rounding": stochastic_rounding, "seed": seed}
         if process_group is None:
             process_group = _zero_process_group()
         elif not (torch.distributed.is_available() and torch.distributed.is_initialized()):
@@ -275,6 +281,8 @@ class Optimizer(torch.optim.Optimizer):
             "state_storage": _storage_pairs(state_storage),
             "quant_block": int(quant_block),
             "quant_min_numel": int(quant_min_numel),
+            "stochastic_rounding": bool(stochastic_rounding),
+            "seed": int(seed),
         }
         # Each state's storage ('-' or a kind) where a param is quantized (UsageError for an
         # unknown state or kind, before any param is seen).
@@ -503,7 +511,8 @@ class Optimizer(torch.optim.Optimizer):
         engine = _C._Engine(self._rule, specs, self._options["state_dtype"],
                             self._options["master_weights"], self._options["max_grad_norm"],
                             self._options["strategy"], self._options["state_storage"],
-                            self._options["quant_block"], self._options["quant_min_numel"])
+                            self._options["quant_block"], self._options["quant_min_numel"],
+                            self._options["stochastic_rounding"], self._options["seed"])
         if self._process_group is not None and \
                 torch.distributed.get_world_size(self._process_group) > 1:
             engine.set_reduction_hook(_reduction_hook(self))

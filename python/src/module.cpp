@@ -139,7 +139,7 @@ class Engine {
   Engine(const fo::Rule& rule, std::vector<GroupSpec> groups, const std::string& state_dtype,
          bool master_weights, double max_grad_norm, const std::string& strategy,
          std::vector<std::pair<std::string, std::string>> state_storage, int quant_block,
-         std::int64_t quant_min_numel) {
+         std::int64_t quant_min_numel, bool stochastic_rounding, std::uint64_t seed) {
     std::vector<fo::ParamGroup> pgs;
     for (GroupSpec& g : groups) {
       if (g.params.size() != g.grads.size() || g.params.size() != g.names.size()) {
@@ -164,6 +164,8 @@ class Engine {
     o.state_storage = std::move(state_storage);
     o.quant_block = quant_block;
     o.quant_min_numel = quant_min_numel;
+    o.stochastic_rounding = stochastic_rounding;
+    o.seed = seed;
     opt_.emplace(rule, std::move(pgs), o);
     // One device (the Optimizer checked): the first param's.
     for (const auto& g : groups) {
@@ -371,12 +373,13 @@ void bind_engine(nb::module_& m) {
   nb::class_<Engine>(m, "_Engine")
       .def(nb::init<const fo::Rule&, std::vector<GroupSpec>, const std::string&, bool, double,
                     const std::string&, std::vector<std::pair<std::string, std::string>>, int,
-                    std::int64_t>(),
+                    std::int64_t, bool, std::uint64_t>(),
            nb::arg("rule"), nb::arg("groups"), nb::arg("state_dtype") = "fp32",
            nb::arg("master_weights") = false, nb::arg("max_grad_norm") = 0.0,
            nb::arg("strategy") = "auto",
            nb::arg("state_storage") = std::vector<std::pair<std::string, std::string>>{},
-           nb::arg("quant_block") = 0, nb::arg("quant_min_numel") = 4096)
+           nb::arg("quant_block") = 0, nb::arg("quant_min_numel") = 4096,
+           nb::arg("stochastic_rounding") = false, nb::arg("seed") = 0)
       .def("step", &Engine::step, nb::arg("stream") = 0)
       .def("step_amp", &Engine::step_amp, nb::arg("grad_scale").none(), nb::arg("found_inf").none(),
            nb::arg("stream") = 0)

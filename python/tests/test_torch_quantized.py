@@ -107,3 +107,26 @@ def test_bad_storage_is_a_usage_error():
         ft.Optimizer([w], state_storage="q5")
     with pytest.raises(ft.UsageError, match="state_storage is 3"):
         ft.Optimizer([w], state_storage=3)
+
+
+def test_stochastic_rounding_keeps_bf16_training_moving(seed):
+    """bf16 params without masters: an update below half a bf16 ulp is lost to
+    round-to-nearest and kept on average by stochastic rounding; a seed gives the same bits."""
+    def run(**kw):
+        p = torch.nn.Parameter(torch.ones(100000, dtype=torch.bfloat16))
+        opt = ft.Optimizer([p], rule="sgd", lr=1e-3, **kw)
+        for _ in range(10):
+            p.grad = -torch.ones_like(p)  # each step adds 1e-3: an eighth of bf16's ulp at 1
+            opt.step()
+        return p.detach().float()
+    nearest = run()
+    stochastic = run(stochastic_rounding=True, seed=seed)
+    again = run(stochastic_rounding=True, seed=seed)
+    assert torch.equal(nearest, torch.ones_like(nearest))  # every update lost
+    assert torch.equal(stochastic, again)
+    # The mean moved by 10 * 1e-3 (within 4 standard errors of the rounding noise).
+    err = stochastic.mean().item() - 1.01
+    se = stochastic.std().item() / (stochastic.numel() ** 0.5)
+    print(f"bf16 sgd, 10 steps of +1e-3 from 1.0: mean {stochastic.mean().item():.6f} "
+          f"(want 1.01, standard error {se:.2e}); round-to-nearest 1.0")
+    assert abs(err) <= 4 * se + 1e-6

@@ -47,7 +47,9 @@ void emit_common_prologue(Writer& w, const KernelBody& body) {
 std::string uniform_struct(const KernelBody& body) {
   return fmt::format(
       "struct fo_uniform {{\n  float h[{}];\n  float step;\n  float inv_grad_scale;\n"
-      "  float g[{}];\n  float u[{}];\n}};\n"
+      "  float g[{}];\n  float u[{}];\n"
+      "  unsigned int rstep;        // the step, the random numbers' counter\n"
+      "  unsigned long long seed;   // their key (fo_launch::seed)\n}};\n"
       "struct fo_tvals {{\n  float v[{}];\n}};\n"
       "// A row's and a column's values (factored rules): states [k * nrows + row], [k * ncols\n"
       "// + col]; row, column and matrix means [index * slots + slot].\n"
@@ -78,9 +80,14 @@ void emit_tensor_binding(Writer& w, const std::vector<RoleDecl>& roles) {
     w.line(fmt::format("  {}{}* FO_RESTRICT r{};", roles[r].writable ? "" : "const ", roles[r].type,
                        r));
   }
+  // Which param element index i is (the random numbers' counter): i + e0 of param pid.
+  w.line("  long long e0;");
+  w.line("  unsigned int pid;");
   w.line("};");
   w.line("FO_FN fo_tensor fo_bind(void* const* p) {");
   w.line("  fo_tensor t;");
+  w.line("  t.e0 = 0;");
+  w.line("  t.pid = 0;");
   for (std::size_t r = 0; r < roles.size(); ++r) {
     w.line(fmt::format("  t.r{} = ({}{}*)p[{}];", r, roles[r].writable ? "" : "const ",
                        roles[r].type, r));
@@ -101,6 +108,8 @@ void emit_prepare(Writer& w, const KernelBody& body, const std::vector<std::stri
   if (body.num_hypers == 0) w.line("  U.h[0] = 0.0f;");
   w.line("  U.step = (float)step;");
   w.line("  U.inv_grad_scale = inv_grad_scale;");
+  w.line("  U.rstep = (unsigned int)step;");
+  w.line("  U.seed = 0;  // the skeleton sets the launch's");
   for (int k = 0; k < body.num_global_slots; ++k) w.line(fmt::format("  U.g[{}] = 0.0f;", k));
   for (const std::string& g : globals) w.line("  " + g);
   if (lines.empty()) w.line("  U.u[0] = 0.0f;");
@@ -126,7 +135,8 @@ namespace {
 void scan_roles(const std::string& fn, std::set<int>& loads, std::set<int>& stores) {
   for (const auto& [call, out] :
        {std::pair<const char*, std::set<int>*>{"fo_load(t.r", &loads},
-        std::pair<const char*, std::set<int>*>{"fo_store(t.r", &stores}}) {
+        std::pair<const char*, std::set<int>*>{"fo_store(t.r", &stores},
+        std::pair<const char*, std::set<int>*>{"fo_store_sr(t.r", &stores}}) {
     const std::string needle = call;
     for (std::size_t at = fn.find(needle); at != std::string::npos; at = fn.find(needle, at + 1)) {
       out->insert(std::atoi(fn.c_str() + at + needle.size()));

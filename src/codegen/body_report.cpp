@@ -18,9 +18,11 @@ void lay_out_roles(const Rule& rule, const DTypeBinding& dtypes, const Schedule&
   const std::string& grad_name = rule.symbols.at(rule.grad).name;
   role_names = {param.name, grad_name.rfind("fo_", 0) == 0 ? "grad" : grad_name};
   decls = {{storage_type(dtypes.param), param.written}, {storage_type(dtypes.grad), false}};
-  for (int s : rule.states) {
-    role_names.push_back(rule.symbols[s].name);
-    decls.push_back({storage_type(dtypes.state), true});
+  for (std::size_t k = 0; k < rule.states.size(); ++k) {
+    role_names.push_back(rule.symbols[static_cast<std::size_t>(rule.states[k])].name);
+    // A quantized state's element code sees fp32 (the skeleton's dequantized values).
+    const bool quantized = k < dtypes.quant.size() && dtypes.quant[k] != Quant::None;
+    decls.push_back({quantized ? "float" : storage_type(dtypes.state), true});
   }
   for (int s : rule.outputs) {
     role_names.push_back(rule.symbols[s].name);

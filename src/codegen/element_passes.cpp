@@ -150,6 +150,14 @@ void BodyEmitter::emit_stores(const PassShape& p, Writer& stores) {
   }
   for (int sym : finished) {
     const lang::Symbol& x = rule_.symbols[sym];
+    if (x.kind == SymKind::Param && dtypes_.stochastic) {
+      // Stochastic rounding: the param's 16-bit store takes word 0 of its element's random
+      // numbers (prelude.h: fo_element_rand).
+      stores.line(fmt::format(
+          "  fo_store_sr(t.r0, i, v_{}, fo_element_rand(U.seed, U.rstep, t.pid, t.e0 + i).x[0]);",
+          x.name));
+      continue;
+    }
     stores.line(fmt::format("  fo_store(t.r{}, i, v_{});", role_of(rule_, s_, sym), x.name));
     if (x.kind == SymKind::Param && dtypes_.master) {
       stores.line(fmt::format("  fo_store(t.r0, i, v_{});", x.name));

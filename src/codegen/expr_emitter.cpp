@@ -200,6 +200,9 @@ std::string ExprEmitter::node(const lang::Expr& e, bool uniform_ctx) {
     }
     case lang::Op::Where:
       return fmt::format("({} ? {} : {})", cond(*e.args[0]), emit(*e.args[1]), emit(*e.args[2]));
+    case lang::Op::Rand:
+      // Word 1 of the element's random numbers (word 0 rounds a stochastic param store).
+      return "fo_unit(fo_element_rand(U.seed, U.rstep, t.pid, t.e0 + i).x[1])";
     case lang::Op::Reduce: {
       const lang::Reduction& r = rule_.reductions.at(e.reduction);
       // Row, column and matrix means: this element's row's, column's and matrix's.

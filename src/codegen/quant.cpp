@@ -203,6 +203,8 @@ void emit_quant(Writer& w, const DTypeBinding& dtypes, int first_state_role, int
   }
   w.line("FO_FN fo_tensor fo_offset(const fo_tensor& t, long long i) {");
   w.line("  fo_tensor s;");
+  w.line("  s.e0 = t.e0 + i;");
+  w.line("  s.pid = t.pid;");
   for (int r = 0; r < num_roles; ++r) w.line(fmt::format("  s.r{0} = t.r{0} + i;", r));
   w.line("  return s;");
   w.line("}");

@@ -128,11 +128,12 @@ std::string ShardedOptimizer::Impl::plan_fingerprint(const Rule& rule,
   std::string plan = fmt::format(
       "ShardedOptimizer stage {}, {} ranks, rule {} ({} chars, hash {:016x})\n"
       "options: state {}, master {}, capturable {}, max_grad_norm {:.17g}, strategy {}, "
-      "buckets {}/{}/{}\n",
+      "stochastic rounding {} (seed {}), buckets {}/{}/{}\n",
       options.stage, ranks, rule.name(), rule.text().size(), std::hash<std::string>{}(rule.text()),
       to_string(o.state_dtype), o.master_weights, o.capturable, o.max_grad_norm,
-      static_cast<int>(o.reduction_strategy), options.buckets.bucket_bytes,
-      options.buckets.first_bucket_bytes, options.buckets.max_tensors);
+      static_cast<int>(o.reduction_strategy), o.stochastic_rounding, o.seed,
+      options.buckets.bucket_bytes, options.buckets.first_bucket_bytes,
+      options.buckets.max_tensors);
   const std::vector<std::pair<std::string, double>> defaults = rule.hypers();
   for (std::size_t g = 0, i = 0; g < groups.size(); ++g) {
     std::string hypers;
@@ -160,6 +161,7 @@ std::string ShardedOptimizer::Impl::plan_fingerprint(const Rule& rule,
 // the totals across ranks.
 void ShardedOptimizer::Impl::build_local(const Rule& rule, const std::vector<ParamGroup>& groups) {
   std::vector<ParamGroup> local_groups(groups.size());
+  std::vector<std::pair<long long, long long>> rng_ids;  // each piece: its param, its offset
   owned.assign(params.size(), {0, 0});
   for (std::size_t g = 0, i = 0; g < groups.size(); ++g) {
     local_groups[g].hypers = groups[g].hypers;
@@ -173,10 +175,12 @@ void ShardedOptimizer::Impl::build_local(const Rule& rule, const std::vector<Par
         local_groups[g].params.push_back(piece);
         local_groups[g].grads.push_back(slice(grads[i], begin, begin + piece.numel));
         piece_param.push_back(static_cast<int>(i));
+        rng_ids.emplace_back(static_cast<long long>(i), static_cast<long long>(begin));
       }
     }
   }
-  local = std::make_unique<Optimizer>(rule, std::move(local_groups), options.optimizer);
+  local = fusedopt::detail::OptimizerAccess::make(rule, std::move(local_groups), options.optimizer,
+                                                  std::move(rng_ids));
   fusedopt::detail::OptimizerAccess::set_extension(*local, this);
 }
 

@@ -112,6 +112,7 @@ enum class Op {
   Floor,
   Lerp,    ///< lerp(a, b, w), torch's two-branch formula
   Fma,     ///< fma(a, b, c): a * b + c rounded once
+  Rand,    ///< rand(): a uniform value in [0, 1) per element and step (counter-based)
   Reduce,  ///< a reduction (Expr::reduction indexes Rule::reductions); args[0] is reduced
 };
 

@@ -210,6 +210,13 @@ class Checker {
       e.level = join(e.level, a->level);
       e.phase = std::max(e.phase, a->phase);
     }
+    if (e.op == Op::Rand) {  // one value per element and step, whatever its (no) arguments
+      if (state != nullptr) {
+        src_.fail(e.loc, "rand() in an initial value",
+                  "initial values are deterministic; draw the noise in a statement");
+      }
+      e.level = Level::Element;
+    }
     e.uniform = e.level == Level::Uniform;
     e.elementwise = e.level == Level::Element;
     if (is_comparison_or_logic(e.op)) {

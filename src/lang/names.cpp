@@ -43,6 +43,7 @@ const std::vector<FunctionInfo>& functions() {
       {"floor", Op::Floor, 1, "floor(x)", "fo_floor", false, false},
       {"lerp", Op::Lerp, 3, "lerp(a, b, w)", "fo_lerp", false, false},
       {"fma", Op::Fma, 3, "fma(a, b, c)", "fo_fma", false, false},
+      {"rand", Op::Rand, 0, "rand()", nullptr, false, false},
       // reductions: per tensor, then over every tensor of the step
       {"tensor_sum",           Op::Reduce, 1, "tensor_sum(x)", nullptr,           false, true, ReduceKind::Sum,          Scope::Tensor},
       {"tensor_sumsq",         Op::Reduce, 1, "tensor_sumsq(x)", nullptr,         false, true, ReduceKind::SumSq,        Scope::Tensor},

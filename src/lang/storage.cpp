@@ -37,6 +37,7 @@ class SignProof {
       case Op::Rsqrt:
       case Op::Exp:
       case Op::Abs:
+      case Op::Rand:
         return true;
       case Op::Sign:
       case Op::Tanh:

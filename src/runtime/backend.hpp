@@ -70,6 +70,11 @@ struct BindingTensors {
   void* row_states = nullptr;
   void* col_states = nullptr;
   codegen::Strategy strategy = codegen::Strategy::Auto;
+  /// [2 * tensor]: which param each tensor is and the index of its first element there, and
+  /// the seed: the key of the random numbers (stochastic rounding, rand()); empty: tensor t,
+  /// element 0.
+  std::vector<long long> ids;
+  unsigned long long seed = 0;
 };
 
 /// A kernel's per-tensor reduction totals: data[t * stride + slot] (backend memory).

@@ -56,6 +56,11 @@ void Binding::upload_tables(const BindingTensors& tensors) {
   base_.aligned = as<const unsigned char>(aligned_);
   base_.tensor_info = as<const double>(tensor_info_);
   base_.tensor_groups = as<const int>(tensor_groups_);
+  if (!tensors.ids.empty()) {
+    tensor_ids_ = upload(tensors.ids);
+    base_.tensor_ids = as<const long long>(tensor_ids_);
+  }
+  base_.seed = tensors.seed;
   base_.num_tensors = static_cast<long long>(plan_.num_tensors());
   if (b.reduction_passes > 0) {
     partials_ = backend_.allocate(std::max<std::size_t>(plan_.num_partials() * sizeof(float), 16));

@@ -96,7 +96,8 @@ class Binding {
   Plan plan_;
   Buffer scratch_;  ///< the Store strategy's scratch tensors
   // The tables, and the reduction and state buffers the launches use.
-  Buffer chunks_, ptrs_, hypers_, aligned_, tensor_info_, tensor_groups_, tensor_chunks_;
+  Buffer chunks_, ptrs_, hypers_, aligned_, tensor_info_, tensor_groups_, tensor_chunks_,
+      tensor_ids_;
   Buffer partials_, tensor_totals_, own_global_, own_scalars_;
   Buffer rc_offsets_, chunk_cols_, row_totals_, col_totals_, matrix_totals_, col_partials_;
   Buffer own_rows_, own_cols_;

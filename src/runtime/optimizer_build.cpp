@@ -148,9 +148,14 @@ void check_no_overlap(const std::vector<ParamSlot>& params) {
 
 Optimizer::Optimizer(const Rule& user_rule, std::vector<ParamGroup> groups,
                      OptimizerOptions options)
+    : Optimizer(user_rule, std::move(groups), std::move(options), {}) {}
+
+Optimizer::Optimizer(const Rule& user_rule, std::vector<ParamGroup> groups,
+                     OptimizerOptions options, std::vector<std::pair<long long, long long>> rng_ids)
     : impl_(std::make_unique<Impl>(user_rule)) {
   Impl& m = *impl_;
   m.options = options;
+  m.rng_ids = std::move(rng_ids);
   m.take_rule(user_rule);
   m.validate_groups(groups);
   try {
@@ -174,6 +179,10 @@ void Optimizer::Impl::take_rule(const Rule& user_rule) {
   if (!valid_dtype(options.state_dtype)) {
     throw UsageError("OptimizerOptions: unsupported state_dtype");
   }
+  FUSEDOPT_CHECK_USAGE(!(options.stochastic_rounding && options.master_weights),
+                       "OptimizerOptions: stochastic_rounding and master_weights are both set; "
+                       "stochastic rounding is for 16-bit params without a master copy (with "
+                       "one, the master keeps the fp32 value): choose one");
   const lang::Rule& r = detail::lang_rule(rule);
   reduction_passes = r.reduction_passes;
   for (int s : r.states) state_names.push_back(r.symbols[s].name);
@@ -268,6 +277,7 @@ DTypeBinding Optimizer::Impl::binding_of(const runtime::ParamSlot& s) const {
   b.grad = s.grad.dtype;
   b.state = options.state_dtype;
   b.master = options.master_weights && s.param.dtype != DType::F32;
+  b.stochastic = options.stochastic_rounding && s.param.dtype != DType::F32;
   if (s.param.numel > 0 && s.param.numel >= options.quant_min_numel) {
     b.quant = quant;  // small params keep their states in state_dtype
     if (b.quantized()) {
@@ -392,6 +402,7 @@ std::vector<runtime::BindingTensors> Optimizer::Impl::binding_tensors() {
     tensors[b].dtypes = bindings[b];
     tensors[b].global_totals = global_totals.data();
     tensors[b].strategy = options.reduction_strategy;
+    tensors[b].seed = options.seed;
   }
   for (std::size_t p = 0; p < params.size(); ++p) {
     const ParamSlot& s = params[p];
@@ -402,6 +413,11 @@ std::vector<runtime::BindingTensors> Optimizer::Impl::binding_tensors() {
     t.group.push_back(s.group);
     t.shapes.push_back(s.param.shape);
     t.names.push_back(runtime::describe(s));
+    // The random numbers' key: the param's index here (a ShardedOptimizer's local optimizer
+    // gives each piece its param's index and offset instead: detail::OptimizerAccess).
+    const bool given = p < rng_ids.size();
+    t.ids.push_back(given ? rng_ids[p].first : static_cast<long long>(p));
+    t.ids.push_back(given ? rng_ids[p].second : 0);
     binding_params[b].push_back(static_cast<int>(p));
   }
   for (std::size_t b = 0; b < bindings.size(); ++b) tensors[b].ptrs = binding_ptrs(b);

@@ -123,6 +123,9 @@ struct FUSEDOPT_NO_EXPORT Optimizer::Impl {
   std::vector<std::string> scalar_names;  ///< per-tensor scalar states (`scalar`)
   std::vector<std::string> row_names;     ///< row states (`row`)
   std::vector<std::string> col_names;     ///< column states (`col`)
+  /// Per param (when set, before construction ends): the param index and element offset that
+  /// key its random numbers; empty: its own index, 0.
+  std::vector<std::pair<long long, long long>> rng_ids;
   /// Per rule state: its block-quantized storage for params of at least
   /// options.quant_min_numel elements (runtime/quant_states.hpp).
   std::vector<Quant> quant;

@@ -78,6 +78,12 @@ class StepExtension {
 };
 
 struct FUSEDOPT_API OptimizerAccess {
+  /// An Optimizer whose param p draws its random numbers (stochastic rounding, rand()) as
+  /// element rng_ids[p].second + i of param rng_ids[p].first: a ShardedOptimizer's pieces
+  /// then round exactly as the whole params would.
+  static std::unique_ptr<Optimizer> make(const Rule& rule, std::vector<ParamGroup> groups,
+                                         OptimizerOptions options,
+                                         std::vector<std::pair<long long, long long>> rng_ids);
   /// Adds `extension`'s ops to `opt`'s step program (null: none); it must outlive `opt` or
   /// be removed first.
   static void set_extension(Optimizer& opt, StepExtension* extension);

@@ -4,7 +4,7 @@
 #define FUSEDOPT_ABI_H
 
 // Bump when you change this: any struct below or an exported entry point's signature.
-#define FO_ABI_VERSION 13
+#define FO_ABI_VERSION 14
 
 // Launch constants shared by the runtime and the kernels (one source for both):
 /// Threads per block of every CUDA kernel (the runtime's kCudaBlock).
@@ -56,6 +56,12 @@ struct fo_launch {
   /// [tensor * 4]: each tensor's built-in values numel, dims, rows, cols (the rule's
   /// `numel dims rows cols`), as doubles.
   const double* tensor_info;
+  /// [2 * tensor]: the param the tensor is (its index in the optimizer) and the index of its
+  /// first element in that param (a ZeRO piece's offset): with `seed`, what keys the random
+  /// numbers of stochastic rounding and rand(), so they do not depend on layout or sharding.
+  /// Null: tensor t of the plan, from element 0.
+  const long long* tensor_ids;
+  unsigned long long seed;
 
   // Factored (row/column) values: rules with row/col states or row_mean, col_mean,
   // matrix_mean (FO_FACTORED; null otherwise). Chunks then cover whole rows of one matrix.

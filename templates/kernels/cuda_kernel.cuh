@@ -168,6 +168,7 @@ template <bool kInit, int kN>
 __device__ __forceinline__ void fo_element_n(const fo_tensor& t, long long i, const fo_uniform& U,
                                              const fo_tvals& T) {
   fo_tensor s = t;  // the same roles; the staged ones point at the register copies
+  s.e0 = t.e0 + i;  // element j of s is element i + j of t
   if (kInit) {
     FO_INIT_STAGE(FO_STAGE_LOAD, FO_STAGE_DECL)
 #pragma unroll
@@ -185,6 +186,15 @@ __device__ __forceinline__ void fo_element_n(const fo_tensor& t, long long i, co
 }
 
 // ---- the entry points ------------------------------------------------------------------
+
+/// Tensor `tensor`'s roles, and which param's elements they are (fo_launch::tensor_ids: the
+/// random numbers' counter).
+__device__ __forceinline__ fo_tensor fo_bind_tensor(const fo_launch& L, int tensor) {
+  fo_tensor t = fo_bind(L.ptrs + (long long)tensor * FO_NUM_ROLES);
+  t.pid = L.tensor_ids ? (unsigned int)L.tensor_ids[2 * (long long)tensor] : (unsigned int)tensor;
+  t.e0 = L.tensor_ids ? L.tensor_ids[2 * (long long)tensor + 1] : 0;
+  return t;
+}
 
 /// The per-tensor values of a tensor of group `group`: its reduction results, its scalar
 /// states and what element code reads of them (nothing when the rule has none).
@@ -358,12 +368,13 @@ __device__ __forceinline__ void fo_run(const fo_launch& L) {
       if (threadIdx.x == 0) {
         shared_uniform = fo_prepare(L.hypers + (long long)chunk.group * FO_NUM_HYPERS, step,
                                     inv_grad_scale, L.global_totals);
+        shared_uniform.seed = L.seed;
       }
       __syncthreads();
       U = shared_uniform;
       group = chunk.group;
     }
-    const fo_tensor t = fo_bind(L.ptrs + (long long)chunk.tensor * FO_NUM_ROLES);
+    const fo_tensor t = fo_bind_tensor(L, chunk.tensor);
     const fo_tvals T = fo_block_values(L, chunk, step, &shared_tvals);
 #if FO_NUM_QUANT > 0
     fo_q_chunk<kInit>(L, chunk, t, U, T, fo_qmaps, fo_qred, fo_qcodes);
@@ -422,6 +433,7 @@ struct fo_reduce_staging;
                                                const fo_uniform& U, const fo_tvals& T, float* a, \
                                                bool check) {                                     \
       fo_tensor s = t;                                                                           \
+      s.e0 = t.e0 + i;                                                                           \
       FO_REDUCE##k##_STAGE(FO_STAGE_LOAD, FO_STAGE_DECL) for (int j = 0; j < kN; ++j)            \
           fo_reduce_element<k>(s, j, U, T, a, 1, check);                                         \
       FO_REDUCE##k##_STORES(FO_STAGE_STORE)                                                      \
@@ -456,12 +468,13 @@ __device__ __forceinline__ void fo_reduce_run(const fo_launch& L) {
       if (threadIdx.x == 0) {
         shared_uniform = fo_prepare(L.hypers + (long long)chunk.group * FO_NUM_HYPERS, step,
                                     inv_grad_scale, L.global_totals);
+        shared_uniform.seed = L.seed;
       }
       __syncthreads();
       U = shared_uniform;
       group = chunk.group;
     }
-    const fo_tensor t = fo_bind(L.ptrs + (long long)chunk.tensor * FO_NUM_ROLES);
+    const fo_tensor t = fo_bind_tensor(L, chunk.tensor);
     const fo_tvals T = fo_block_values(L, chunk, step, &shared_tvals);
     float a[FO_MAX_ACC];
 #pragma unroll

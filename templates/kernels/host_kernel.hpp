@@ -14,6 +14,15 @@
 #define FO_LANES 16
 #endif
 
+/// Tensor `tensor`'s roles, and which param's elements they are (fo_launch::tensor_ids: the
+/// random numbers' counter).
+static inline fo_tensor fo_bind_tensor(const fo_launch* L, int tensor) {
+  fo_tensor t = fo_bind(L->ptrs + (long long)tensor * FO_NUM_ROLES);
+  t.pid = L->tensor_ids ? (unsigned int)L->tensor_ids[2 * (long long)tensor] : (unsigned int)tensor;
+  t.e0 = L->tensor_ids ? L->tensor_ids[2 * (long long)tensor + 1] : 0;
+  return t;
+}
+
 /// The launch's step (abi.h): one past the count the launch points at, else its own.
 static inline double fo_launch_step(const fo_launch* L) {
   return L->step_ptr ? *L->step_ptr + 1.0 : L->step;
@@ -199,9 +208,10 @@ static void fo_run(const fo_launch* L) {
       if (chunk.group != group) {
         U = fo_prepare(L->hypers + (long long)chunk.group * FO_NUM_HYPERS, step, inv_grad_scale,
                        L->global_totals);
+        U.seed = L->seed;
         group = chunk.group;
       }
-      const fo_tensor t = fo_bind(L->ptrs + (long long)chunk.tensor * FO_NUM_ROLES);
+      const fo_tensor t = fo_bind_tensor(L, chunk.tensor);
       const fo_uniform u = U;  // a local copy: provably not aliased by the tensor stores
       const fo_tvals tv = fo_chunk_values(L, chunk.tensor, chunk.group, step, 0);
       const long long end = chunk.end;
@@ -262,9 +272,10 @@ static void fo_reduce_run(const fo_launch* L) {
       if (chunk.group != group) {
         U = fo_prepare(L->hypers + (long long)chunk.group * FO_NUM_HYPERS, step, inv_grad_scale,
                        L->global_totals);
+        U.seed = L->seed;
         group = chunk.group;
       }
-      const fo_tensor t = fo_bind(L->ptrs + (long long)chunk.tensor * FO_NUM_ROLES);
+      const fo_tensor t = fo_bind_tensor(L, chunk.tensor);
       const fo_uniform u = U;
       const fo_tvals tv = fo_chunk_values(L, chunk.tensor, chunk.group, step, 0);
       float lanes[FO_MAX_ACC][FO_LANES];

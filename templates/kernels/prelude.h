@@ -184,4 +184,76 @@ FO_FN void fo_store(float* p, long long i, float v) { p[i] = v; }
 FO_FN void fo_store(fo_f16* p, long long i, float v) { p[i].bits = fo_f32_to_f16(v); }
 FO_FN void fo_store(fo_bf16* p, long long i, float v) { p[i].bits = fo_f32_to_bf16(v); }
 
+// ---- counter-based random numbers (Philox4x32-10, Salmon et al., SC'11) -------------------
+// A value depends only on its key and counter, never on threads, chunks or memory: fusedopt
+// keys it on (seed) and counts (element index within the param, param index, step), so a run
+// gives the same bits on any thread count, layout or sharding.
+struct fo_rand4 {
+  unsigned int x[4];
+};
+FO_FN unsigned int fo_mulhi32(unsigned int a, unsigned int b) {
+  return (unsigned int)(((unsigned long long)a * b) >> 32);
+}
+FO_FN fo_rand4 fo_philox(unsigned int c0, unsigned int c1, unsigned int c2, unsigned int c3,
+                         unsigned int k0, unsigned int k1) {
+  for (int round = 0; round < 10; ++round) {
+    const unsigned int h0 = fo_mulhi32(0xD2511F53u, c0), l0 = 0xD2511F53u * c0;
+    const unsigned int h1 = fo_mulhi32(0xCD9E8D57u, c2), l1 = 0xCD9E8D57u * c2;
+    const unsigned int n0 = h1 ^ c1 ^ k0, n2 = h0 ^ c3 ^ k1;
+    c0 = n0;
+    c1 = l1;
+    c2 = n2;
+    c3 = l0;
+    k0 += 0x9E3779B9u;
+    k1 += 0xBB67AE85u;
+  }
+  fo_rand4 r;
+  r.x[0] = c0;
+  r.x[1] = c1;
+  r.x[2] = c2;
+  r.x[3] = c3;
+  return r;
+}
+/// The random words of element `e` of param `param` at `step` under `seed`: word 0 rounds the
+/// param's store stochastically, word 1 is the rule's rand().
+FO_FN fo_rand4 fo_element_rand(unsigned long long seed, unsigned int step, unsigned int param,
+                               long long e) {
+  return fo_philox((unsigned int)(unsigned long long)e, (unsigned int)((unsigned long long)e >> 32),
+                   param, step, (unsigned int)seed, (unsigned int)(seed >> 32));
+}
+/// A uniform float in [0, 1) from 24 random bits.
+FO_FN float fo_unit(unsigned int r) { return (float)(r >> 8) * 5.9604644775390625e-8f; }
+
+/// fp32 to bf16, rounded stochastically with the random word r: up (in magnitude) with
+/// probability (the dropped 16 bits) / 2^16, so the expected result is f. NaN and infinities
+/// as round-to-nearest; a value past bf16's largest may become infinite.
+FO_FN unsigned short fo_f32_to_bf16_sr(float f, unsigned int r) {
+  const unsigned int u = fo_as_uint(f);
+  if ((u & 0x7f800000u) == 0x7f800000u) return fo_f32_to_bf16(f);
+  return (unsigned short)((u + (r >> 16)) >> 16);
+}
+/// fp32 to fp16, rounded stochastically: the bits below fp16's last place (13 in fp16's
+/// normal range, more among its subnormals) get a random addend and are dropped; below
+/// fp16's smallest subnormal, 0 or 2^-24 with the probability that keeps the mean.
+FO_FN unsigned short fo_f32_to_f16_sr(float f, unsigned int r) {
+  const unsigned int u = fo_as_uint(f);
+  const unsigned int e = (u >> 23) & 255u;
+  if (e == 255u) return fo_f32_to_f16(f);
+  if (e <= 102u) {                            // |f| < 2^-24
+    const float a = fo_abs(f) * 16777216.0f;  // exact: a power of two
+    const unsigned short up = fo_unit(r) < a ? (unsigned short)1 : (unsigned short)0;
+    return (unsigned short)(((u >> 16) & 0x8000u) | up);
+  }
+  const unsigned int shift = e >= 113u ? 13u : 126u - e;
+  const unsigned int mask = (1u << shift) - 1u;
+  return fo_f32_to_f16(fo_as_float((u + (r & mask)) & ~mask));  // exact in fp16 now
+}
+FO_FN void fo_store_sr(float* p, long long i, float v, unsigned int) { p[i] = v; }
+FO_FN void fo_store_sr(fo_f16* p, long long i, float v, unsigned int r) {
+  p[i].bits = fo_f32_to_f16_sr(v, r);
+}
+FO_FN void fo_store_sr(fo_bf16* p, long long i, float v, unsigned int r) {
+  p[i].bits = fo_f32_to_bf16_sr(v, r);
+}
+
 #endif  // FUSEDOPT_PRELUDE_H

@@ -25,6 +25,8 @@ struct fo_uniform {
   float inv_grad_scale;
   float g[FO_NUM_GLOBAL_SLOTS];
   float u[1];
+  unsigned int rstep;
+  unsigned long long seed;
 };
 struct fo_tvals {
   float v[FO_NUM_TENSOR_SLOTS];
@@ -36,9 +38,13 @@ FO_FN int fo_acc_slot(int pass, int j) { return pass == 0 && j == 1 ? -2 : 0; }
 struct fo_tensor {
   float* FO_RESTRICT r0;
   const float* FO_RESTRICT r1;
+  long long e0;
+  unsigned int pid;
 };
 FO_FN fo_tensor fo_bind(void* const* p) {
   fo_tensor t;
+  t.e0 = 0;
+  t.pid = 0;
   t.r0 = (float*)p[0];
   t.r1 = (const float*)p[1];
   return t;
@@ -48,6 +54,8 @@ FO_FN fo_uniform fo_prepare(const double* h, double step, float inv_grad_scale, 
   for (int k = 0; k < FO_NUM_HYPERS; ++k) U.h[k] = (float)h[k];
   U.step = (float)step;
   U.inv_grad_scale = inv_grad_scale;
+  U.rstep = (unsigned int)step;
+  U.seed = 0;
   U.u[0] = (float)(h[0] * h[1]);  // uniform values in double, rounded once
   U.g[0] = 0.0f;
   U.g[1] = G ? (float)G[1] : 0.0f;

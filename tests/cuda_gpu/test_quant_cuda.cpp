@@ -5,6 +5,7 @@
 #include <doctest/doctest.h>
 
 #include <cmath>
+#include <cstdint>
 #include <cstring>
 #include <random>
 #include <string>
@@ -105,6 +106,68 @@ TEST_SUITE("cuda_gpu") {
       CHECK(differ * 1000 <= total);
       CHECK(params_differ * 1000 <= params);
     }
+  }
+}
+
+TEST_SUITE("cuda_gpu") {
+  TEST_CASE("stochastic rounding and rand() on the device give the host's bits" *
+            testing::needs_cuda_device()) {
+    cu::PrimaryContext ctx(0);
+    std::mt19937 rng(std::random_device{}());
+    std::normal_distribution<float> normal(0.0f, 1.0f);
+    const Rule noisy = Rule::parse(
+        "param p\ngrad g\nstate m = 0\nhyper lr = 1e-2, noise = 0.1\n"
+        "d = g + noise * (rand() - 0.5)\nm = 0.9 * m + d\np = p - lr * m\n",
+        "noisy.rule");
+    // bf16 params and grads (a tensor larger than a chunk, odd sizes), as bits.
+    const std::vector<std::int64_t> sizes = {70001, 3, 1000};
+    std::vector<std::vector<std::uint16_t>> hp, hg;
+    std::vector<cu::DeviceBuffer> dp, dg;
+    ParamGroup host, device;
+    for (std::int64_t n : sizes) {
+      hp.emplace_back(static_cast<std::size_t>(n));
+      hg.emplace_back(static_cast<std::size_t>(n));
+      for (std::int64_t i = 0; i < n; ++i) {
+        float p = normal(rng), g = normal(rng);
+        std::uint32_t u, v;
+        std::memcpy(&u, &p, 4);
+        std::memcpy(&v, &g, 4);
+        hp.back()[static_cast<std::size_t>(i)] = static_cast<std::uint16_t>(u >> 16);
+        hg.back()[static_cast<std::size_t>(i)] = static_cast<std::uint16_t>(v >> 16);
+      }
+      dp.emplace_back(n * 2);
+      dg.emplace_back(n * 2);
+      cu::copy_to_device(dp.back().get(), hp.back().data(), n * 2);
+      cu::copy_to_device(dg.back().get(), hg.back().data(), n * 2);
+      host.params.push_back({hp.back().data(), n, DType::BF16});
+      host.grads.push_back({hg.back().data(), n, DType::BF16});
+      device.params.push_back(
+          {reinterpret_cast<void*>(static_cast<std::uintptr_t>(dp.back().get())), n, DType::BF16,
+           Device::cuda(0)});
+      device.grads.push_back({reinterpret_cast<void*>(static_cast<std::uintptr_t>(dg.back().get())),
+                              n, DType::BF16, Device::cuda(0)});
+    }
+    cu::synchronize(nullptr);
+    OptimizerOptions o;
+    o.stochastic_rounding = true;
+    o.seed = 12345;
+    Optimizer gpu(noisy, {device}, o), cpu(noisy, {host}, o);
+    for (int t = 0; t < 5; ++t) {
+      gpu.step();
+      cpu.step();
+    }
+    cu::synchronize(nullptr);
+    std::int64_t differ = 0, total = 0;
+    for (std::size_t k = 0; k < sizes.size(); ++k) {
+      std::vector<std::uint16_t> got(static_cast<std::size_t>(sizes[k]));
+      cu::copy_to_host(got.data(), dp[k].get(), sizes[k] * 2);
+      for (std::size_t i = 0; i < got.size(); ++i) differ += got[i] != hp[k][i] ? 1 : 0;
+      total += sizes[k];
+    }
+    // The same fp32 results, then the same random words: the same bits (an fp32 result an
+    // ulp apart on the two sides, from their libm, may round differently: rare).
+    MESSAGE(differ, " of ", total, " bf16 params differ between the device and the host");
+    CHECK(differ * 10000 <= total);
   }
 }
 

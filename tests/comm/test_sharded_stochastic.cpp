@@ -1,0 +1,125 @@
+// Stochastic rounding under ZeRO: a ShardedOptimizer's pieces draw the random numbers of the
+// elements of their whole params, so bf16 params round exactly as plain data parallel's do,
+// at any number of ranks (this suite runs at 1 to 4).
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "comm/comm_support.hpp"
+#include "fusedopt/comm.hpp"
+#include "fusedopt/optimizer.hpp"
+#include "fusedopt/sharded.hpp"
+
+using fusedopt::DType;
+using fusedopt::FlatArena;
+using fusedopt::Optimizer;
+using fusedopt::OptimizerOptions;
+using fusedopt::ParamGroup;
+using fusedopt::Rule;
+using fusedopt::comm::BucketOptions;
+using fusedopt::comm::Communicator;
+using fusedopt::comm::GradBucketer;
+using fusedopt::comm::ShardedOptimizer;
+using fusedopt::comm::ShardOptions;
+
+namespace fusedopt_tests {
+namespace {
+
+// Pieces cut inside params at 2 to 4 ranks (the shards of 9,478 elements).
+const std::vector<std::int64_t> kSizes = {1009, 0, 17, 8191, 3, 257, 1};
+
+std::uint16_t bf16_of(float f) {
+  std::uint32_t u;
+  std::memcpy(&u, &f, 4);
+  return static_cast<std::uint16_t>(u >> 16);
+}
+
+FlatArena bf16_arena(std::uint32_t seed) {
+  FlatArena a;
+  for (std::size_t i = 0; i < kSizes.size(); ++i)
+    a.add("w" + std::to_string(i), kSizes[i], DType::BF16);
+  a.finalize();
+  std::mt19937 init(seed);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    auto* p = static_cast<std::uint16_t*>(a.param(i).data);
+    for (std::int64_t k = 0; k < kSizes[i]; ++k) p[k] = bf16_of(normal(init));
+  }
+  return a;
+}
+
+void fill_bf16_grads(FlatArena& a, std::uint32_t seed, int rank, int step) {
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    auto* g = static_cast<std::uint16_t*>(a.grad(i).data);
+    for (std::int64_t k = 0; k < kSizes[i]; ++k) g[k] = bf16_of(grad_value(seed, rank, step, i, k));
+  }
+}
+
+std::vector<std::uint16_t> bits_of(FlatArena& a) {
+  std::vector<std::uint16_t> out;
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    const auto* p = static_cast<const std::uint16_t*>(a.param(i).data);
+    out.insert(out.end(), p, p + kSizes[i]);
+  }
+  return out;
+}
+
+}  // namespace
+
+TEST_SUITE("comm") {
+  TEST_CASE("stochastic rounding under ZeRO-1 gives plain data parallel's bf16 bits") {
+    Communicator& comm = world();
+    const std::uint32_t seed = shared_seed();
+    const Rule noisy = Rule::parse(
+        "param p\ngrad g\nstate m = 0\nhyper lr = 1e-2, noise = 0.05\n"
+        "d = g + noise * (rand() - 0.5)\nm = 0.9 * m + d\np = p - lr * m\n",
+        "noisy.rule");
+    FlatArena sharded_arena = bf16_arena(seed), dp_arena = bf16_arena(seed);
+    BucketOptions buckets;
+    buckets.first_bucket_bytes = 4096;
+    buckets.bucket_bytes = 16384;
+    OptimizerOptions o;
+    o.stochastic_rounding = true;
+    o.seed = seed;
+    ShardOptions options;
+    options.stage = 1;
+    options.buckets = buckets;
+    options.optimizer = o;
+    auto group_of = [](FlatArena& a) {
+      ParamGroup g;
+      for (std::size_t i = 0; i < a.size(); ++i) {
+        g.params.push_back(a.param(i));
+        g.grads.push_back(a.grad(i));
+      }
+      return std::vector<ParamGroup>{g};
+    };
+    ShardedOptimizer sharded(comm, noisy, group_of(sharded_arena), options);
+    Optimizer dp(noisy, group_of(dp_arena), o);
+    std::vector<fusedopt::Tensor> dp_grads;
+    for (std::size_t i = 0; i < dp_arena.size(); ++i) dp_grads.push_back(dp_arena.grad(i));
+    GradBucketer bucketer(comm, dp_grads, buckets);
+    for (int step = 0; step < 5; ++step) {
+      fill_bf16_grads(sharded_arena, seed, comm.rank(), step);
+      fill_bf16_grads(dp_arena, seed, comm.rank(), step);
+      for (int i = static_cast<int>(kSizes.size()) - 1; i >= 0; --i) sharded.mark_ready(i);
+      CHECK(sharded.step());
+      bucketer.mark_all_ready();
+      bucketer.finish();
+      CHECK(dp.step_scaled(bucketer.grad_scale()));
+    }
+    // Element-wise on the same all-reduced gradients, the same random words per element:
+    // the same bits, whatever the number of ranks.
+    const std::vector<std::uint16_t> a = bits_of(sharded_arena), b = bits_of(dp_arena);
+    std::size_t differ = 0;
+    for (std::size_t k = 0; k < a.size(); ++k) differ += a[k] != b[k] ? 1 : 0;
+    INFO(differ << " of " << a.size() << " bf16 params differ at " << comm.size() << " ranks");
+    CHECK(differ == 0);
+  }
+}
+
+}  // namespace fusedopt_tests
