@@ -104,6 +104,7 @@ const std::map<std::string, std::vector<std::pair<std::string, double>>>& preset
       {"asgd", {{"lambd", 1e-2}, {"t0", 1}, {"weight_decay", 1e-2}}},
       {"adafactor", {{"weight_decay", 0.1}}},
       {"adam_mini", {{"lr", 1e-2}, {"weight_decay", 0.1}}},
+      {"came", {{"lr", 1e-2}, {"weight_decay", 0.1}}},
       {"lion", {{"lr", 1e-3}, {"weight_decay", 0.1}}},
       {"adopt", {{"lr", 1e-2}, {"weight_decay", 0.1}, {"decouple", 1}}},
       {"adan", {{"lr", 1e-2}, {"weight_decay", 0.1}}},
@@ -422,7 +423,7 @@ const std::vector<std::string> kClassic = {"sgd",  "rmsprop", "adagrad",  "adade
 /// a master for lamb (the norm of p reads the master), fp16 grads for the clipping norm.
 std::vector<Comparison> reducing_comparisons() {
   std::vector<Comparison> out;
-  for (const char* name : {"lamb", "lars", "adafactor", "adam_mini"}) {
+  for (const char* name : {"lamb", "lars", "adafactor", "adam_mini", "came"}) {
     out.push_back(preset_comparison(name));
     out.back().label += " (auto)";
     out.back().strategy = out.back().label == "preset lamb (auto)" ? "store" : "recompute";
@@ -458,9 +459,11 @@ TEST_SUITE("cuda_gpu") {
     // fails until it is added.
     std::vector<std::string> covered = kAdamFamily;
     covered.insert(covered.end(), kClassic.begin(), kClassic.end());
-    for (const char* name : {"lamb", "lars", "adafactor", "adam_mini"}) covered.emplace_back(name);
+    for (const char* name : {"lamb", "lars", "adafactor", "adam_mini", "came"}) {
+      covered.emplace_back(name);
+    }
     std::vector<std::string> all = Rule::presets();
-    CHECK(all.size() == 27);
+    CHECK(all.size() == 28);
     std::sort(all.begin(), all.end());
     std::sort(covered.begin(), covered.end());
     CHECK(covered == all);

@@ -493,4 +493,159 @@ TEST_SUITE("factored state") {
   }
 }
 
+namespace {
+
+/// CAME (came_pytorch/CAME.py) in float64: per matrix of the last two dimensions, row and
+/// column second moments and instabilities; a 1-D param's full second moment and no
+/// confidence.
+struct CameRef {
+  double lr = 1e-2, beta1 = 0.9, beta2 = 0.999, beta3 = 0.9999, eps1 = 1e-30, eps2 = 1e-16, d = 1,
+         weight_decay = 0.1;
+  bool factored = false;
+  std::int64_t B = 1, R = 0, C = 1;
+  std::vector<double> p, m, r, c, rr, cc;
+  /// rsqrt(row / mean of row over the rows) * rsqrt(col), per element of each matrix.
+  std::vector<double> approx(const std::vector<double>& row, const std::vector<double>& col) const {
+    std::vector<double> out(p.size());
+    for (std::int64_t b = 0; b < B; ++b) {
+      double mean = 0;
+      for (std::int64_t i = 0; i < R; ++i) mean += row[b * R + i];
+      mean /= static_cast<double>(R);
+      for (std::int64_t i = 0; i < R; ++i) {
+        for (std::int64_t j = 0; j < C; ++j) {
+          out[static_cast<std::size_t>((b * R + i) * C + j)] =
+              1 / std::sqrt(row[b * R + i] / mean) / std::sqrt(col[b * C + j]);
+        }
+      }
+    }
+    return out;
+  }
+  void means(const std::vector<double>& x, std::vector<double>& row_mean,
+             std::vector<double>& col_mean) const {
+    row_mean.assign(static_cast<std::size_t>(B * R), 0.0);
+    col_mean.assign(static_cast<std::size_t>(B * C), 0.0);
+    for (std::int64_t b = 0; b < B; ++b) {
+      for (std::int64_t i = 0; i < R; ++i) {
+        for (std::int64_t j = 0; j < C; ++j) {
+          const double v = x[static_cast<std::size_t>((b * R + i) * C + j)];
+          row_mean[b * R + i] += v / static_cast<double>(C);
+          col_mean[b * C + j] += v / static_cast<double>(R);
+        }
+      }
+    }
+  }
+  void step(const std::vector<double>& g) {
+    const std::size_t n = p.size();
+    std::vector<double> sq(n), u(n), rm, cm;
+    for (std::size_t i = 0; i < n; ++i) sq[i] = g[i] * g[i] + eps1;
+    means(sq, rm, cm);
+    for (std::size_t i = 0; i < r.size(); ++i) r[i] = beta2 * r[i] + (1 - beta2) * rm[i];
+    for (std::size_t i = 0; i < c.size(); ++i) c[i] = beta2 * c[i] + (1 - beta2) * cm[i];
+    if (factored) {
+      const std::vector<double> a = approx(r, c);
+      for (std::size_t i = 0; i < n; ++i) u[i] = g[i] * a[i];
+    } else {
+      for (std::size_t i = 0; i < n; ++i) u[i] = g[i] / std::sqrt(r[i]);
+    }
+    double un = 0;
+    for (double x : u) un += x * x;
+    const double clip = std::max(1.0, std::sqrt(un) / std::sqrt(static_cast<double>(n)) / d);
+    std::vector<double> res(n);
+    for (std::size_t i = 0; i < n; ++i) {
+      u[i] /= clip;
+      m[i] = beta1 * m[i] + (1 - beta1) * u[i];
+      res[i] = (u[i] - m[i]) * (u[i] - m[i]) + eps2;
+    }
+    std::vector<double> update = m;
+    if (factored) {
+      means(res, rm, cm);
+      for (std::size_t i = 0; i < rr.size(); ++i) rr[i] = beta3 * rr[i] + (1 - beta3) * rm[i];
+      for (std::size_t i = 0; i < cc.size(); ++i) cc[i] = beta3 * cc[i] + (1 - beta3) * cm[i];
+      const std::vector<double> a = approx(rr, cc);
+      for (std::size_t i = 0; i < n; ++i) update[i] = m[i] * a[i];
+    }
+    for (std::size_t i = 0; i < n; ++i) {
+      p[i] -= lr * weight_decay * p[i];
+      p[i] -= lr * update[i];
+    }
+  }
+};
+
+}  // namespace
+
+TEST_SUITE("factored state") {
+  TEST_CASE("came matches CAME's factored moments and confidence over 100 steps") {
+    use_private_cache();
+    const std::uint32_t seed = fresh_seed();
+    INFO("seed " << seed << " (FUSEDOPT_TEST_SEED=" << seed << " replays it)");
+    std::mt19937 rng(seed);
+    std::normal_distribution<double> normal(0.0, 1.0);
+    const std::vector<std::vector<std::int64_t>> shapes = {
+        {37, 53}, {2, 5, 300}, {1031}, {521, 263}};
+    std::vector<HostTensor> p, g;
+    std::vector<CameRef> ref(shapes.size());
+    fusedopt::ParamGroup group;
+    group.hypers = {{"lr", 1e-2}, {"weight_decay", 0.1}};
+    for (std::size_t k = 0; k < shapes.size(); ++k) {
+      std::int64_t n = 1;
+      for (std::int64_t dim : shapes[k]) n *= dim;
+      CameRef& x = ref[k];
+      x.factored = shapes[k].size() >= 2;
+      x.C = x.factored ? shapes[k].back() : 1;
+      x.R = x.factored ? shapes[k][shapes[k].size() - 2] : n;
+      x.B = n / (x.R * x.C);
+      x.m.assign(static_cast<std::size_t>(n), 0.0);
+      x.r.assign(static_cast<std::size_t>(x.B * x.R), 0.0);
+      x.rr = x.r;
+      x.c.assign(static_cast<std::size_t>(x.B * x.C), 0.0);
+      x.cc = x.c;
+      p.emplace_back(n, DType::F32);
+      g.emplace_back(n, DType::F32);
+      for (std::int64_t i = 0; i < n; ++i) {
+        p[k].set(i, normal(rng));
+        x.p.push_back(p[k].get(i));
+      }
+      fusedopt::Tensor t = p[k].tensor("w" + std::to_string(k));
+      t.shape = shapes[k];
+      group.params.push_back(t);
+      group.grads.push_back(g[k].tensor());
+    }
+    Optimizer opt(Rule::preset("came"), {group});
+    for (int t = 1; t <= 100; ++t) {
+      for (std::size_t k = 0; k < shapes.size(); ++k) {
+        std::vector<double> gd;
+        for (std::int64_t i = 0; i < g[k].numel(); ++i) {
+          g[k].set(i, normal(rng) * (1 + static_cast<double>((i / ref[k].C) % 5)));
+          gd.push_back(g[k].get(i));
+        }
+        ref[k].step(gd);
+      }
+      opt.step();
+      if (!(t <= 3 || t % 25 == 0)) continue;
+      for (std::size_t k = 0; k < shapes.size(); ++k) {
+        INFO("step " << t << ", param " << k);
+        auto check = [&](const char* what, const fusedopt::Tensor& got,
+                         const std::vector<double>& want) {
+          INFO(what);
+          REQUIRE(got.numel == static_cast<std::int64_t>(want.size()));
+          double scale = 0;
+          for (double x : want) scale = std::max(scale, std::abs(x));
+          for (std::size_t i = 0; i < want.size(); ++i) {
+            REQUIRE(std::abs(at(got, static_cast<std::int64_t>(i)) - want[i]) <=
+                    1e-5 * (std::abs(want[i]) + scale));
+          }
+        };
+        check("param", p[k].tensor(), ref[k].p);
+        check("m", opt.state("m", static_cast<int>(k)), ref[k].m);
+        check("r", opt.state("r", static_cast<int>(k)), ref[k].r);
+        if (ref[k].factored) {
+          check("c", opt.state("c", static_cast<int>(k)), ref[k].c);
+          check("rr", opt.state("rr", static_cast<int>(k)), ref[k].rr);
+          check("cc", opt.state("cc", static_cast<int>(k)), ref[k].cc);
+        }
+      }
+    }
+  }
+}
+
 }  // namespace fusedopt_tests
