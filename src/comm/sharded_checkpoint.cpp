@@ -225,8 +225,16 @@ std::vector<std::pair<std::string, std::string>> states_of(const SafetensorsRead
                                                            const std::string& name) {
   std::vector<std::pair<std::string, std::string>> out;
   for (const std::string& t : r.names()) {
-    if (t.rfind(name + "/", 0) == 0 && t.find('/', name.size() + 1) == std::string::npos)
+    if (t.rfind(name + "/", 0) == 0 && t.find('/', name.size() + 1) == std::string::npos) {
+      // Block-quantized states (codes and NAME.absmax) are cut by blocks, not by elements.
+      const bool absmax = t.size() >= 7 && t.compare(t.size() - 7, 7, ".absmax") == 0;
+      FUSEDOPT_CHECK_USAGE(r.entry(t).dtype != "U8" && !absmax,
+                           "tensor '{}' is a block-quantized state: checkpoints of quantized "
+                           "states are not split into or merged from shards yet (they load "
+                           "into an Optimizer with the same storage)",
+                           t);
       out.emplace_back(t.substr(name.size() + 1), r.entry(t).dtype);
+    }
   }
   return out;
 }
