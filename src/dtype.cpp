@@ -174,7 +174,7 @@ DTypeBinding DTypeBinding::parse(std::string_view text) {
     std::size_t c2 = rest.find(':', c1 + 1);
     if (c2 == std::string_view::npos || rest.find(':', c2 + 1) != std::string_view::npos) {
       throw UsageError(
-          fmt::format("bad dtypes '{}': expected PARAM:GRAD:STATE[+master], e.g. "
+          fmt::format("bad dtypes '{}': expected PARAM:GRAD:STATE[+master|+sr][+q=...], e.g. "
                       "bf16:bf16:fp32+master, or one dtype for all",
                       text));
     }

@@ -553,3 +553,22 @@ TEST_CASE("adamw8bit over 200 steps follows bitsandbytes' algorithm in float64, 
         (2 + 8.0 / 256) * static_cast<double>(sizes[0] + sizes[1]) +
             8.0 * static_cast<double>(sizes[2]) + 6 * 64);
 }
+
+TEST_CASE("dtype bindings with quantized states and stochastic rounding read back as written") {
+  for (const char* text : {"fp32:fp32:fp32+q=q8s/q8u@256", "bf16:bf16:bf16+sr",
+                           "bf16:bf16:fp32+master+q=-/q4u@128", "fp16:fp16:fp16+sr+q=q4s@64"}) {
+    CAPTURE(std::string(text));
+    CHECK(fusedopt::DTypeBinding::parse(text).str() == text);
+  }
+  const fusedopt::DTypeBinding b = fusedopt::DTypeBinding::parse("fp32+q=q4s/q8u");
+  CHECK(b.quant == std::vector<Quant>{Quant::Q4S, Quant::Q8U});
+  CHECK(b.block() == 128);  // a 4-bit state: torchao's block
+  CHECK(b.str() == "fp32:fp32:fp32+q=q4s/q8u@128");
+  CHECK_THROWS_WITH_AS(fusedopt::DTypeBinding::parse("fp32+q=q8s@100"),
+                       doctest::Contains("a power of two from 32 to 512"), fusedopt::UsageError);
+  CHECK_THROWS_WITH_AS(fusedopt::DTypeBinding::parse("fp32+q=q3"),
+                       doctest::Contains("bad state storage 'q3'"), fusedopt::UsageError);
+  CHECK_THROWS_WITH_AS(fusedopt::DTypeBinding::parse("fp32+sr"),
+                       doctest::Contains("stochastic rounding (+sr) stores fp16 or bf16 params"),
+                       fusedopt::UsageError);
+}

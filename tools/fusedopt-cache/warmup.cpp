@@ -28,8 +28,10 @@ options:
   --rule FILE       a rule file (repeatable; bare arguments are rule files too)
   --target T        host, emu (the CUDA emulator), sm_80, sm_90, sm_90a, ...
                     (repeatable or comma-separated; default: host)
-  --dtypes D        PARAM:GRAD:STATE[+master] or one dtype for all, e.g. fp32,
-                    bf16:bf16:fp32+master (repeatable or comma-separated; default: fp32)
+  --dtypes D        PARAM:GRAD:STATE[+master|+sr][+q=Q/Q/...[@B]] or one dtype for all,
+                    e.g. fp32, bf16:bf16:fp32+master, bf16+sr (stochastic rounding),
+                    fp32+q=q8s/q8u@256 (each state's storage: -, q8s, q8u, q4s, q4u)
+                    (repeatable or comma-separated; default: fp32)
   --jobs N          compile N kernels at once (default: the number of cores)
   --json            print the results as JSON
   --cache-dir DIR   the cache folder (default: $FUSEDOPT_CACHE_DIR)
