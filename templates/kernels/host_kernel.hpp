@@ -61,36 +61,17 @@ static inline void fo_q_stage_in(const fo_qtensor& q, long long b, int n,
 #undef FO_QIN
 }
 
-/// The largest |v| of n values, NaN when one is NaN (the CUDA tree's fo_maxnan fold), in
-/// FO_LANES lanes so that the loop vectorises.
+/// The largest |v| of n values, NaN when one is NaN (as the CUDA tree's fo_maxnan fold): the
+/// largest of the magnitudes' bits, since a magnitude's bits order as its value and every
+/// NaN's lie above infinity's. An integer max, so the loop vectorises.
 static inline float fo_q_absmax(const float* v, int n) {
-  float m[FO_LANES];
-  int nan[FO_LANES];
-  for (int l = 0; l < FO_LANES; ++l) {
-    m[l] = 0.0f;
-    nan[l] = 0;
+  unsigned int m = 0;
+#pragma omp simd reduction(max : m)
+  for (int j = 0; j < n; ++j) {
+    const unsigned int u = fo_as_uint(v[j]) & 0x7fffffffu;
+    m = u > m ? u : m;
   }
-  int j = 0;
-  for (; j + FO_LANES <= n; j += FO_LANES) {
-#pragma omp simd
-    for (int l = 0; l < FO_LANES; ++l) {
-      const float x = fo_abs(v[j + l]);
-      m[l] = x > m[l] ? x : m[l];
-      nan[l] |= x != x;
-    }
-  }
-  for (int l = 0; j < n; ++j, ++l) {
-    const float x = fo_abs(v[j]);
-    m[l] = x > m[l] ? x : m[l];
-    nan[l] |= x != x;
-  }
-  float a = m[0];
-  int any = nan[0];
-  for (int l = 1; l < FO_LANES; ++l) {
-    a = m[l] > a ? m[l] : a;
-    any |= nan[l];
-  }
-  return any ? fo_as_float(0x7fc00000u) : a;
+  return fo_as_float(m > 0x7f800000u ? 0x7fc00000u : m);
 }
 
 /// The codes of n values in a block of absmax a: fo_q_encode's codes (the count of the map's

@@ -265,7 +265,7 @@ TEST_CASE("any rule runs with quantized states: AdaBelief, step by step against 
     CHECK(opt.state("m.absmax", 1).numel == 0);
     const BeliefRef ref;
     const int block = fusedopt::quant_bits(q) == 8 ? 256 : 128;
-    std::int64_t differ = 0, total = 0;
+    std::int64_t differ = 0, total = 0, loose = 0, params = 0;
     for (int t = 1; t <= 20; ++t) {
       for (std::size_t k = 0; k < sizes.size(); ++k) {
         for (std::int64_t i = 0; i < sizes[k]; ++i) g[k].set(i, normal(rng) * (1 + (i % 5)));
@@ -291,11 +291,16 @@ TEST_CASE("any rule runs with quantized states: AdaBelief, step by step against 
         CAPTURE(t);
         CAPTURE(k);
         for (std::int64_t i = 0; i < sizes[k]; ++i) {
-          // fp32 against float64: relative to the param and to the step's update (1e-4 of
-          // it: AdaBelief's g - m cancels, and a state quantized to near 0 makes big steps).
+          // fp32 against float64: relative to the param and to the step's update, 1e-4 of
+          // it. AdaBelief is ill-conditioned where its s quantized to 0 (a 4-bit block) and
+          // g - m cancels: a step of hundreds of lr, known to fp32 to 1e-3 or so. Those are
+          // counted (rare), and held to 1e-2 of the update.
           const double want = pr[k][static_cast<std::size_t>(i)];
           const double update = std::abs(want - p0[k][static_cast<std::size_t>(i)]);
-          REQUIRE(std::abs(p[k].get(i) - want) <= 1e-4 * update + 2e-7 * (std::abs(want) + 1));
+          const double err = std::abs(p[k].get(i) - want);
+          REQUIRE(err <= 1e-2 * update + 2e-7 * (std::abs(want) + 1));
+          loose += err > 1e-4 * update + 2e-7 * (std::abs(want) + 1) ? 1 : 0;
+          params += 1;
         }
         if (sizes[k] < o.quant_min_numel) continue;
         for (const char* name : {"m", "s"}) {
@@ -313,8 +318,10 @@ TEST_CASE("any rule runs with quantized states: AdaBelief, step by step against 
       }
     }
     MESSAGE(std::string(storage), ": ", differ, " of ", total,
-            " codes differ from float64's nearest");
+            " codes differ from float64's nearest; ", loose, " of ", params,
+            " param updates beyond 1e-4 of the update");
     CHECK(differ * 1000 <= total);
+    CHECK(loose * 100000 <= params);
   }
 }
 
