@@ -169,4 +169,29 @@ TEST_SUITE("cuda") {
   }
 }
 
+TEST_SUITE("cuda") {
+  TEST_CASE("quantized states: one byte load and store per state and element, no spills" *
+            testing::needs_nvrtc() * testing::Requires(cuobjdump_availability())) {
+    // adamw with both states at 8 bits (bitsandbytes' layout): per element, the thread loads
+    // each state's code once and stores it once (1-byte accesses), reads its block's absmax
+    // once per state and writes it from one thread of the block; the maps go to shared memory
+    // once per launch. These accesses are generic (LD.E/ST.E: the element code's pointers are
+    // views the compiler cannot place), not the fp32 path's global non-allocating ones: a
+    // tuning item for a GPU, not a correctness one.
+    cache::KernelCache& cache = testing::test_kernel_cache();
+    const DTypeBinding d = DTypeBinding::parse("fp32+q=q8s/q8u@256");
+    const codegen::KernelBody body = codegen::generate_body(*preset_rule("adamw"), d);
+    const provider::ProvidedKernel k = provider::provide_body(body, d, Target::cuda(90), cache);
+    const auto sass = sass_by_function(*k.binary);
+    REQUIRE(sass.count("fusedopt_step") == 1);
+    const std::string& step = sass.at("fusedopt_step");
+    if (std::getenv("FUSEDOPT_PRINT_SASS")) MESSAGE(step);
+    CHECK(count(step, std::regex(R"(\bLDG?\.E\.U8\b)")) == 2);  // m's and v's codes
+    CHECK(count(step, std::regex(R"(\bSTG?\.E\.U8\b)")) == 2);
+    CHECK(count(step, std::regex(R"(\b(STL|LDL)\b)")) == 0);  // no spills
+    // Each state's absmax: one load per element's block and one store per block.
+    CHECK(count(step, std::regex(R"(\bSTG?\.E )")) >= 2 + 1);  // absmax x 2, the param
+  }
+}
+
 }  // namespace fusedopt_tests
