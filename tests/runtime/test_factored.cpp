@@ -402,6 +402,37 @@ using fusedopt::DType;
 using fusedopt::Optimizer;
 using fusedopt::Rule;
 
+/// Params of `shapes` (normal(0, 1)), their grads and one group with `hypers`: the models of
+/// the adam_mini and came cases.
+struct ShapedModel {
+  std::vector<HostTensor> p, g;
+  fusedopt::ParamGroup group;
+  ShapedModel(const std::vector<std::vector<std::int64_t>>& shapes, std::mt19937& rng,
+              std::vector<std::pair<std::string, double>> hypers) {
+    std::normal_distribution<double> normal(0.0, 1.0);
+    for (const std::vector<std::int64_t>& shape : shapes) {
+      std::int64_t n = 1;
+      for (std::int64_t d : shape) n *= d;
+      p.emplace_back(n, DType::F32);
+      g.emplace_back(n, DType::F32);
+      for (std::int64_t i = 0; i < n; ++i) p.back().set(i, normal(rng));
+    }
+    for (std::size_t k = 0; k < shapes.size(); ++k) {
+      fusedopt::Tensor t = p[k].tensor("w" + std::to_string(k));
+      t.shape = shapes[k];
+      group.params.push_back(t);
+      group.grads.push_back(g[k].tensor());
+    }
+    group.hypers = std::move(hypers);
+  }
+  /// Param k's values now.
+  std::vector<double> values(std::size_t k) const {
+    std::vector<double> out;
+    for (std::int64_t i = 0; i < p[k].numel(); ++i) out.push_back(p[k].get(i));
+    return out;
+  }
+};
+
 /// Adam-mini's per-row partition (adam_mini.py v1.1.1) in float64: one second moment per row
 /// of each matrix (the last two dimensions), per element for 1-D params.
 struct MiniRef {
@@ -440,29 +471,18 @@ TEST_SUITE("factored state") {
     // A matrix longer than a chunk, a batch of matrices (rows of every matrix), 1-D params.
     const std::vector<std::vector<std::int64_t>> shapes = {
         {37, 53}, {2, 5, 300}, {1031}, {521, 263}};
-    std::vector<HostTensor> p, g;
+    ShapedModel model(shapes, rng, {{"lr", 1e-2}, {"weight_decay", 0.1}});
+    std::vector<HostTensor>& p = model.p;
+    std::vector<HostTensor>& g = model.g;
     std::vector<MiniRef> ref(shapes.size());
-    fusedopt::ParamGroup group;
-    group.hypers = {{"lr", 1e-2}, {"weight_decay", 0.1}};
     for (std::size_t k = 0; k < shapes.size(); ++k) {
-      std::int64_t n = 1;
-      for (std::int64_t d : shapes[k]) n *= d;
+      ref[k].p = model.values(k);
       ref[k].cols = shapes[k].size() >= 2 ? shapes[k].back() : 1;
-      ref[k].rows = n / ref[k].cols;
-      p.emplace_back(n, DType::F32);
-      g.emplace_back(n, DType::F32);
-      ref[k].m.assign(static_cast<std::size_t>(n), 0.0);
+      ref[k].rows = p[k].numel() / ref[k].cols;
+      ref[k].m.assign(ref[k].p.size(), 0.0);
       ref[k].v.assign(static_cast<std::size_t>(ref[k].rows), 0.0);
-      for (std::int64_t i = 0; i < n; ++i) {
-        p[k].set(i, normal(rng));
-        ref[k].p.push_back(p[k].get(i));
-      }
-      fusedopt::Tensor t = p[k].tensor("w" + std::to_string(k));
-      t.shape = shapes[k];
-      group.params.push_back(t);
-      group.grads.push_back(g[k].tensor());
     }
-    Optimizer opt(Rule::preset("adam_mini"), {group});
+    Optimizer opt(Rule::preset("adam_mini"), {model.group});
     for (int t = 1; t <= 100; ++t) {
       for (std::size_t k = 0; k < shapes.size(); ++k) {
         std::vector<double> gd;
@@ -582,14 +602,14 @@ TEST_SUITE("factored state") {
     std::normal_distribution<double> normal(0.0, 1.0);
     const std::vector<std::vector<std::int64_t>> shapes = {
         {37, 53}, {2, 5, 300}, {1031}, {521, 263}};
-    std::vector<HostTensor> p, g;
+    ShapedModel model(shapes, rng, {{"lr", 1e-2}, {"weight_decay", 0.1}});
+    std::vector<HostTensor>& p = model.p;
+    std::vector<HostTensor>& g = model.g;
     std::vector<CameRef> ref(shapes.size());
-    fusedopt::ParamGroup group;
-    group.hypers = {{"lr", 1e-2}, {"weight_decay", 0.1}};
     for (std::size_t k = 0; k < shapes.size(); ++k) {
-      std::int64_t n = 1;
-      for (std::int64_t dim : shapes[k]) n *= dim;
+      const std::int64_t n = p[k].numel();
       CameRef& x = ref[k];
+      x.p = model.values(k);
       x.factored = shapes[k].size() >= 2;
       x.C = x.factored ? shapes[k].back() : 1;
       x.R = x.factored ? shapes[k][shapes[k].size() - 2] : n;
@@ -599,18 +619,8 @@ TEST_SUITE("factored state") {
       x.rr = x.r;
       x.c.assign(static_cast<std::size_t>(x.B * x.C), 0.0);
       x.cc = x.c;
-      p.emplace_back(n, DType::F32);
-      g.emplace_back(n, DType::F32);
-      for (std::int64_t i = 0; i < n; ++i) {
-        p[k].set(i, normal(rng));
-        x.p.push_back(p[k].get(i));
-      }
-      fusedopt::Tensor t = p[k].tensor("w" + std::to_string(k));
-      t.shape = shapes[k];
-      group.params.push_back(t);
-      group.grads.push_back(g[k].tensor());
     }
-    Optimizer opt(Rule::preset("came"), {group});
+    Optimizer opt(Rule::preset("came"), {model.group});
     for (int t = 1; t <= 100; ++t) {
       for (std::size_t k = 0; k < shapes.size(); ++k) {
         std::vector<double> gd;
