@@ -175,6 +175,11 @@ void emit_quant(Writer& w, const DTypeBinding& dtypes, int first_state_role, int
     if (std::find(used.begin(), used.end(), q) == used.end()) used.push_back(q);
   }
   w.line(fmt::format("#define FO_NUM_QUANT {}", k));
+  unsigned long long mask = 0;  // bit r: role r is a quantized state
+  for (std::size_t s = 0; s < dtypes.quant.size(); ++s) {
+    if (dtypes.quant[s] != Quant::None) mask |= 1ull << (first_state_role + static_cast<int>(s));
+  }
+  w.line(fmt::format("#define FO_QROLE_MASK {:#x}ull", mask));
   w.line(fmt::format("#define FO_QUANT_BLOCK {}", dtypes.block()));
   w.line(list);
   w.line("#ifdef __CUDACC__");

@@ -247,6 +247,38 @@ __device__ __forceinline__ bool fo_skipped(const fo_launch& L) {
   __shared__ unsigned char fo_qcodes[FO_BLOCK];         \
   fo_q_load_maps(fo_qmaps);
 
+// Codes and absmax in global memory, with global accesses (as the staged roles: the pointers
+// come from the tables, so the compiler could only emit generic ones).
+#if FO_PTX
+FO_FN unsigned int fo_ldg_u8(const unsigned char* p) {
+  unsigned short v;
+  asm volatile("ld.global.L1::no_allocate.u8 %0, [%1];" : "=h"(v) : "l"(p));
+  return v;
+}
+FO_FN float fo_ldg_f32(const float* p) {
+  float v;
+  asm volatile("ld.global.f32 %0, [%1];" : "=f"(v) : "l"(p));
+  return v;
+}
+FO_FN void fo_stg_u8(unsigned char* p, unsigned int v) {
+  asm volatile("st.global.u8 [%0], %1;" ::"l"(p), "h"((unsigned short)v));
+}
+FO_FN void fo_stg_f32(float* p, float v) {
+  asm volatile("st.global.f32 [%0], %1;" ::"l"(p), "f"(v));
+}
+#else
+FO_FN unsigned int fo_ldg_u8(const unsigned char* p) { return *p; }
+FO_FN float fo_ldg_f32(const float* p) { return *p; }
+FO_FN void fo_stg_u8(unsigned char* p, unsigned int v) { *p = (unsigned char)v; }
+FO_FN void fo_stg_f32(float* p, float v) { *p = v; }
+#endif
+
+/// Element i's code (fo_q_code's layout), read with a global access.
+FO_FN int fo_q_code_g(const unsigned char* codes, int bits, long long i) {
+  return bits == 8 ? (int)fo_ldg_u8(codes + i)
+                   : (int)((fo_ldg_u8(codes + (i >> 1)) >> ((~i & 1) * 4)) & 15u);
+}
+
 /// Copies each quantized state's map into shared memory (every thread, then a barrier).
 /// The tables are the module's constants: the emulator, which checks that every access
 /// falls in a device allocation, leaves this function's accesses unchecked.
@@ -268,9 +300,10 @@ FO_QMAP_READER void fo_q_load_maps(float (*qmaps)[FO_QMAP_MAX]) {
 /// Element i's dequantized values (0 where the thread has no element).
 __device__ __forceinline__ void fo_q_values(const fo_qtensor& q, long long i, bool live,
                                             float (*qmaps)[FO_QMAP_MAX], float* vals) {
-#define FO_QVAL(k, role, bits, map, fix, enc, tiny, zero) \
-  vals[k] =                                               \
-      live ? qmaps[k][fo_q_code(q.codes[k], bits, i)] * q.absmax[k][i / FO_QUANT_BLOCK] : 0.0f;
+#define FO_QVAL(k, role, bits, map, fix, enc, tiny, zero)           \
+  vals[k] = live ? qmaps[k][fo_q_code_g(q.codes[k], bits, i)] *     \
+                       fo_ldg_f32(q.absmax[k] + i / FO_QUANT_BLOCK) \
+                 : 0.0f;
   FO_QUANT_LIST(FO_QVAL)
 #undef FO_QVAL
 }
@@ -309,13 +342,68 @@ __device__ __forceinline__ void fo_q_commit(unsigned char* codes, float* absmax,
   // The stores: after the last barrier of this state, so that no branch separates two
   // barriers (the emulator tells barriers apart by call site, which a compiler may copy
   // into both arms of a branch).
-  if (live && lane == 0) absmax[i / FO_QUANT_BLOCK] = a;
+  if (live && lane == 0) fo_stg_f32(absmax + i / FO_QUANT_BLOCK, a);
   if (bits == 8) {
-    if (live) codes[i] = (unsigned char)code;
+    if (live) fo_stg_u8(codes + i, (unsigned int)code);
   } else if (live && (i & 1) == 0) {
     const int odd = neighbour_live ? shared_codes[tid + 1] : 0;
-    codes[i >> 1] = (unsigned char)((code << 4) | odd);
+    fo_stg_u8(codes + (i >> 1), (unsigned int)((code << 4) | odd));
   }
+}
+
+/// The staging of one role in the quantized path: the plain roles through registers with
+/// one global access each (as fo_element_n), the quantized ones not at all (their values are
+/// the thread's, from fo_q_values; their codes are stored by fo_q_commit).
+template <bool kQuantized>
+struct fo_qstage {
+  template <typename T>
+  static __device__ __forceinline__ fo_vec1<T> load(const T* p, long long i) {
+    return fo_load_n(fo_width<1>(), p, i);
+  }
+  template <typename T, typename V>
+  static __device__ __forceinline__ void store(T* p, long long i, const V& s) {
+    fo_store_n(p, i, s);
+  }
+};
+template <>
+struct fo_qstage<true> {
+  template <typename T>
+  static __device__ __forceinline__ fo_vec1<T> load(const T*, long long) {
+    return fo_vec1<T>{};
+  }
+  template <typename T, typename V>
+  static __device__ __forceinline__ void store(T*, long long, const V&) {}
+};
+#define FO_QROLE(k) (((FO_QROLE_MASK >> (k)) & 1ull) != 0)
+#define FO_QSTAGE_LOAD(k)                                 \
+  auto fo_s##k = fo_qstage<FO_QROLE(k)>::load(t.r##k, i); \
+  s.r##k = fo_s##k.v;
+#define FO_QSTAGE_DECL(k)                           \
+  auto fo_s##k = fo_empty_n(fo_width<1>(), t.r##k); \
+  s.r##k = fo_s##k.v;
+#define FO_QSTAGE_STORE(k) fo_qstage<FO_QROLE(k)>::store(t.r##k, i, fo_s##k);
+
+/// Element i of tensor t in the quantized path: the plain roles staged through registers,
+/// the quantized ones pointing at the thread's values.
+template <bool kInit>
+__device__ __forceinline__ void fo_q_element(const fo_tensor& t, long long i, const fo_uniform& U,
+                                             const fo_tvals& T, float* vals) {
+  fo_tensor s = t;
+  s.e0 = t.e0 + i;  // element 0 of s is element i of t
+  if (kInit) {
+    FO_INIT_STAGE(FO_QSTAGE_LOAD, FO_QSTAGE_DECL)
+#define FO_QATTACH(k, role, bits, map, fix, enc, tiny, zero) s.r##role = &vals[k];
+    FO_QUANT_LIST(FO_QATTACH)
+    fo_init_element(s, 0, U);
+    FO_INIT_STORES(FO_QSTAGE_STORE)
+  } else {
+    FO_UPDATE_STAGE(FO_QSTAGE_LOAD, FO_QSTAGE_DECL)
+    FO_QUANT_LIST(FO_QATTACH)
+#undef FO_QATTACH
+    fo_element(s, 0, U, T);
+    FO_UPDATE_STORES(FO_QSTAGE_STORE)
+  }
+  (void)T;
 }
 
 /// One chunk of an update (or init) of a binding with quantized states.
@@ -331,14 +419,7 @@ __device__ __forceinline__ void fo_q_chunk(const fo_launch& L, const fo_chunk& c
     const bool live = i < chunk.end;
     float vals[FO_NUM_QUANT];
     fo_q_values(q, i, live && !kInit, qmaps, vals);
-    if (live) {
-      const fo_tensor s = fo_q_view(t, i, vals);
-      if (kInit) {
-        fo_init_element(s, 0, U);
-      } else {
-        fo_element(s, 0, U, T);
-      }
-    }
+    if (live) fo_q_element<kInit>(t, i, U, T, vals);
 #define FO_QCOMMIT(k, role, bits, map, fix, enc, tiny, zero)                                     \
   fo_q_commit(q.codes[k], q.absmax[k], bits, fix, qmaps[k], vals[k], i, live, i + 1 < chunk.end, \
               red, shared_codes);

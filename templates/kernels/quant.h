@@ -15,6 +15,9 @@
 #ifndef FO_NUM_QUANT
 #define FO_NUM_QUANT 0
 #endif
+#ifndef FO_QROLE_MASK
+#define FO_QROLE_MASK 0ull  // bit r: role r is a quantized state
+#endif
 
 #if FO_NUM_QUANT > 0
 
