@@ -52,10 +52,19 @@ static inline fo_tvals fo_chunk_values(const fo_launch* L, int tensor, int group
 /// Elements [b, b + n) of each quantized state, dequantized into its stage row.
 static inline void fo_q_stage_in(const fo_qtensor& q, long long b, int n,
                                  float (*stage)[FO_QUANT_BLOCK]) {
-#define FO_QIN(k, role, bits, map, fix, enc, tiny, zero)                                   \
-  {                                                                                        \
-    const float a = q.absmax[k][b / FO_QUANT_BLOCK];                                       \
-    for (int j = 0; j < n; ++j) stage[k][j] = map[fo_q_code(q.codes[k], bits, b + j)] * a; \
+#define FO_QIN(k, role, bits, map, fix, enc, tiny, zero)                                  \
+  {                                                                                       \
+    const float a = q.absmax[k][b / FO_QUANT_BLOCK];                                      \
+    if (bits == 8) {                                                                      \
+      for (int j = 0; j < n; ++j) stage[k][j] = map[q.codes[k][b + j]] * a;               \
+    } else { /* byte by byte: two elements each (an odd tail's pad lands in the stage) */ \
+      const unsigned char* c = q.codes[k] + (b >> 1);                                     \
+      for (int jb = 0; jb < (n + 1) / 2; ++jb) {                                          \
+        const unsigned int byte = c[jb];                                                  \
+        stage[k][2 * jb] = map[byte >> 4] * a;                                            \
+        stage[k][2 * jb + 1] = map[byte & 15u] * a;                                       \
+      }                                                                                   \
+    }                                                                                     \
   }
   FO_QUANT_LIST(FO_QIN)
 #undef FO_QIN
@@ -114,18 +123,18 @@ static inline void fo_q_encode_block(const unsigned int* enc, int tiny, int zero
 static inline void fo_q_stage_out(const fo_qtensor& q, long long b, int n,
                                   float (*stage)[FO_QUANT_BLOCK]) {
   unsigned char codes[FO_QUANT_BLOCK];
-#define FO_QOUT(k, role, bits, map, fix, enc, tiny, zero)                           \
-  {                                                                                 \
-    const float a = fo_q_absmax(stage[k], n);                                       \
-    q.absmax[k][b / FO_QUANT_BLOCK] = a;                                            \
-    if (bits == 8) {                                                                \
-      fo_q_encode_block(enc, tiny, zero, fix, stage[k], n, a, q.codes[k] + b);      \
-    } else {                                                                        \
-      fo_q_encode_block(enc, tiny, zero, fix, stage[k], n, a, codes);               \
-      if (n & 1) codes[n] = 0;                                                      \
-      for (int j = 0; j < n; j += 2)                                                \
-        q.codes[k][(b + j) >> 1] = (unsigned char)((codes[j] << 4) | codes[j + 1]); \
-    }                                                                               \
+#define FO_QOUT(k, role, bits, map, fix, enc, tiny, zero)                                      \
+  {                                                                                            \
+    const float a = fo_q_absmax(stage[k], n);                                                  \
+    q.absmax[k][b / FO_QUANT_BLOCK] = a;                                                       \
+    if (bits == 8) {                                                                           \
+      fo_q_encode_block(enc, tiny, zero, fix, stage[k], n, a, q.codes[k] + b);                 \
+    } else {                                                                                   \
+      fo_q_encode_block(enc, tiny, zero, fix, stage[k], n, a, codes);                          \
+      if (n & 1) codes[n] = 0;                                                                 \
+      for (int jb = 0; jb < (n + 1) / 2; ++jb)                                                 \
+        q.codes[k][(b >> 1) + jb] = (unsigned char)((codes[2 * jb] << 4) | codes[2 * jb + 1]); \
+    }                                                                                          \
   }
   FO_QUANT_LIST(FO_QOUT)
 #undef FO_QOUT
