@@ -88,6 +88,14 @@ int DTypeBinding::block() const {
   return 256;
 }
 
+bool DTypeBinding::operator==(const DTypeBinding& o) const {
+  if (param != o.param || grad != o.grad || state != o.state || master != o.master ||
+      stochastic != o.stochastic || quantized() != o.quantized()) {
+    return false;
+  }
+  return !quantized() || (quant == o.quant && block() == o.block());
+}
+
 namespace {
 
 /// The "+q=Q/Q/...@B" suffix's parts, checked.

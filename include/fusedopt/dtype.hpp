@@ -68,7 +68,9 @@ struct FUSEDOPT_API DTypeBinding {
   /// Throws fusedopt::Error.
   static DTypeBinding parse(std::string_view text);
 
-  bool operator==(const DTypeBinding& o) const { return str() == o.str(); }
+  /// The same kernel: the same dtypes and options, and the same quantized storage (an
+  /// all-"-" list, or none, alike; the block as block() resolves it).
+  bool operator==(const DTypeBinding& o) const;
 };
 
 }  // namespace fusedopt

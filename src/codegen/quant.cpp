@@ -81,9 +81,7 @@ float from_bits(std::uint32_t u) {
   return f;
 }
 
-}  // namespace
-
-QuantEncoder quant_encoder(Quant q) {
+QuantEncoder build_encoder(Quant q) {
   const std::vector<float>& map = quant_map(q);
   const int n = static_cast<int>(map.size());
   // The midpoints as the kernels compute them: (map[k] + map[k + 1]) * 0.5f.
@@ -121,6 +119,28 @@ QuantEncoder quant_encoder(Quant q) {
     }
   }
   return e;
+}
+
+}  // namespace
+
+const QuantEncoder& quant_encoder(Quant q) {
+  static const QuantEncoder q8s = build_encoder(Quant::Q8S);
+  static const QuantEncoder q8u = build_encoder(Quant::Q8U);
+  static const QuantEncoder q4s = build_encoder(Quant::Q4S);
+  static const QuantEncoder q4u = build_encoder(Quant::Q4U);
+  switch (q) {
+    case Quant::Q8S:
+      return q8s;
+    case Quant::Q8U:
+      return q8u;
+    case Quant::Q4S:
+      return q4s;
+    case Quant::Q4U:
+      return q4u;
+    case Quant::None:
+      break;
+  }
+  throw InternalError("quant_encoder: not a quantized storage");
 }
 
 const std::vector<float>& quant_map(Quant q) {
@@ -196,7 +216,7 @@ void emit_quant(Writer& w, const DTypeBinding& dtypes, int first_state_role, int
     w.line(fmt::format("FO_QMAP_STORAGE float fo_qmap_{}[{}] = {{\n  {}}};", to_string(q),
                        map.size(), values));
     // The host's encoder table (quant.hpp: QuantEncoder); CUDA kernels search the map.
-    const QuantEncoder enc = quant_encoder(q);
+    const QuantEncoder& enc = quant_encoder(q);
     std::string words;
     for (std::size_t j = 0; j < enc.table.size(); ++j) {
       words += fmt::format("{}{:#x}", j == 0 ? "" : (j % 8 == 0 ? ",\n  " : ", "), enc.table[j]);

@@ -28,7 +28,8 @@ struct QuantEncoder {
   int tiny = 0;  ///< the code of |y| below 2^-23 (no midpoint lies there)
   int zero = 0;  ///< the index of the map's 0 (bitsandbytes' sign fix)
 };
-QuantEncoder quant_encoder(Quant q);
+/// Built once per map (6144 words), then shared.
+const QuantEncoder& quant_encoder(Quant q);
 
 /// Checks `dtypes.quant` against a rule of `num_states` states (one entry per state or none,
 /// a block from 32 to 512, no row/column states); throws UsageError saying what is wrong.
