@@ -218,6 +218,15 @@ FUSEDOPT_API void check_hyper_value(const std::string& where, const std::string&
 /// calling back) is a UsageError naming both, never a race.
 namespace detail {
 struct OptimizerAccess;  // fusedopt's own libraries (src/runtime/step_extension.hpp)
+/// Where a param of an Optimizer comes from when it is a piece of a bigger one (a
+/// ShardedOptimizer's local optimizer): the whole param's index, the piece's first element
+/// in it, and the whole param's elements. Random numbers are drawn as the whole param's,
+/// and its states are quantized when the whole param is (quant_min_numel).
+struct PieceOrigin {
+  long long param = 0;
+  long long offset = 0;
+  long long numel = 0;
+};
 }  // namespace detail
 
 class FUSEDOPT_API Optimizer {
@@ -304,10 +313,10 @@ class FUSEDOPT_API Optimizer {
   friend class GradScaler;  // a device GradScaler steps with its scale in device memory
   friend class StepResult;  // reads a step's verdict from the device
   friend struct detail::OptimizerAccess;  // the comm library's step extension and load
-  /// The public constructor, with each param's random-number key (param index, element
-  /// offset; empty: its own index, 0): a ShardedOptimizer's pieces keep their params'.
+  /// The public constructor, with each param's origin (empty: each param is whole): a
+  /// ShardedOptimizer's pieces round and quantize as their whole params do.
   Optimizer(const Rule& rule, std::vector<ParamGroup> groups, OptimizerOptions options,
-            std::vector<std::pair<long long, long long>> rng_ids);
+            std::vector<detail::PieceOrigin> origins);
   struct Impl;
   /// The Impl, or UsageError("Optimizer::<method>: this Optimizer was moved from").
   Impl& live(const char* method) const;

@@ -32,6 +32,21 @@ std::string where(const Device& d) {
   return d.kind == Device::Kind::Cuda ? fmt::format("cuda:{}", d.index) : std::string("host");
 }
 
+/// Per param: the multiple of elements its pieces begin on, its states' quantization block
+/// where they are quantized (as Optimizer decides: quant_min_numel), else 1; empty when no
+/// state is quantized.
+std::vector<std::int64_t> block_alignment(const Rule& rule, const OptimizerOptions& options,
+                                          const std::vector<Tensor>& params) {
+  DTypeBinding b;
+  b.quant = resolve_state_storage(rule, options);  // UsageError for bad storage options
+  b.quant_block = options.quant_block;
+  if (!b.quantized()) return {};
+  std::vector<std::int64_t> align;
+  for (const Tensor& p : params)
+    align.push_back(p.numel > 0 && p.numel >= options.quant_min_numel ? b.block() : 1);
+  return align;
+}
+
 std::string millions(std::int64_t n) {
   return n >= 100000 ? fmt::format("{:.1f} M", static_cast<double>(n) / 1e6) : fmt::format("{}", n);
 }
@@ -50,19 +65,12 @@ ShardedOptimizer::ShardedOptimizer(Communicator comm, const Rule& rule,
                        options.stage);
   FUSEDOPT_CHECK_USAGE(!groups.empty(), "ShardedOptimizer: no param groups given");
   check_shardable(rule);
-  FUSEDOPT_CHECK_USAGE(options.optimizer.state_storage.empty() && rule.storage().empty(),
-                       "ShardedOptimizer: block-quantized states (rule '{}'{}) are not sharded "
-                       "yet (a shard must begin on a block of its param): use Optimizer, or "
-                       "keep the states unquantized",
-                       rule.name(),
-                       options.optimizer.state_storage.empty()
-                           ? ", its storage declarations"
-                           : ", OptimizerOptions::state_storage");
   m.take_params(groups);
   {
     std::vector<std::pair<std::int64_t, DType>> sizes;
     for (const Tensor& p : m.params) sizes.emplace_back(p.numel, p.dtype);
-    m.cut = cut_into_shards(sizes, m.ranks);  // UsageError for a dtype with too few elements
+    // UsageError for a dtype with too few elements, or a rank left without any.
+    m.cut = cut_into_shards(sizes, m.ranks, block_alignment(rule, options.optimizer, m.params));
   }
   // The parameters' layout must be one buffer per dtype in parameter order, as for the
   // gradients: the broadcasts are ranges of it (this throws UsageError naming the param).
@@ -125,14 +133,17 @@ void ShardedOptimizer::Impl::take_params(const std::vector<ParamGroup>& groups) 
 std::string ShardedOptimizer::Impl::plan_fingerprint(const Rule& rule,
                                                      const std::vector<ParamGroup>& groups) const {
   const OptimizerOptions& o = options.optimizer;
+  std::string storage;
+  for (const Quant q : resolve_state_storage(rule, o)) storage += to_string(q);
   std::string plan = fmt::format(
       "ShardedOptimizer stage {}, {} ranks, rule {} ({} chars, hash {:016x})\n"
       "options: state {}, master {}, capturable {}, max_grad_norm {:.17g}, strategy {}, "
-      "stochastic rounding {} (seed {}), buckets {}/{}/{}\n",
+      "stochastic rounding {} (seed {}), storage {} (block {}, from {} elements), buckets "
+      "{}/{}/{}\n",
       options.stage, ranks, rule.name(), rule.text().size(), std::hash<std::string>{}(rule.text()),
       to_string(o.state_dtype), o.master_weights, o.capturable, o.max_grad_norm,
-      static_cast<int>(o.reduction_strategy), o.stochastic_rounding, o.seed,
-      options.buckets.bucket_bytes, options.buckets.first_bucket_bytes,
+      static_cast<int>(o.reduction_strategy), o.stochastic_rounding, o.seed, storage, o.quant_block,
+      o.quant_min_numel, options.buckets.bucket_bytes, options.buckets.first_bucket_bytes,
       options.buckets.max_tensors);
   const std::vector<std::pair<std::string, double>> defaults = rule.hypers();
   for (std::size_t g = 0, i = 0; g < groups.size(); ++g) {
@@ -161,7 +172,7 @@ std::string ShardedOptimizer::Impl::plan_fingerprint(const Rule& rule,
 // the totals across ranks.
 void ShardedOptimizer::Impl::build_local(const Rule& rule, const std::vector<ParamGroup>& groups) {
   std::vector<ParamGroup> local_groups(groups.size());
-  std::vector<std::pair<long long, long long>> rng_ids;  // each piece: its param, its offset
+  std::vector<fusedopt::detail::PieceOrigin> origins;  // each piece: its param, where, how big
   owned.assign(params.size(), {0, 0});
   for (std::size_t g = 0, i = 0; g < groups.size(); ++g) {
     local_groups[g].hypers = groups[g].hypers;
@@ -175,12 +186,13 @@ void ShardedOptimizer::Impl::build_local(const Rule& rule, const std::vector<Par
         local_groups[g].params.push_back(piece);
         local_groups[g].grads.push_back(slice(grads[i], begin, begin + piece.numel));
         piece_param.push_back(static_cast<int>(i));
-        rng_ids.emplace_back(static_cast<long long>(i), static_cast<long long>(begin));
+        origins.push_back({static_cast<long long>(i), static_cast<long long>(begin),
+                           static_cast<long long>(params[i].numel)});
       }
     }
   }
   local = fusedopt::detail::OptimizerAccess::make(rule, std::move(local_groups), options.optimizer,
-                                                  std::move(rng_ids));
+                                                  std::move(origins));
   fusedopt::detail::OptimizerAccess::set_extension(*local, this);
 }
 

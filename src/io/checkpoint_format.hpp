@@ -39,6 +39,12 @@ inline constexpr const char* kStateDtypeKey = "state_dtype";
 inline constexpr const char* kMasterWeightsKey = "master_weights";
 /// The params table: what a tool needs to cut the file into shards; load() does not read it.
 inline constexpr const char* kParamsKey = "params";
+/// Only where some state is block-quantized: each rule state's storage ("m=q8s,v=q8u", "-"
+/// for one kept in state_dtype) and the elements per absmax block ("256"). load() refuses a
+/// file whose storage differs; the sharded checkpoints and fusedopt-ckpt cut by the block.
+/// Files written before 2026-11-27 lack them (their tensors' dtypes and shapes still tell).
+inline constexpr const char* kStateStorageKey = "state_storage";
+inline constexpr const char* kQuantBlockKey = "quant_block";
 
 /// The tensor of state `state` of parameter `param`: "<param>/<state>" (a state name holds
 /// no '/').

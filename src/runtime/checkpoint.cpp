@@ -51,6 +51,19 @@ std::vector<CheckpointTensor> Optimizer::Impl::checkpoint_tensors() const {
   return out;
 }
 
+/// ("m=q8s,v=q8u", "256") when some state is quantized, else empty: what the options ask for
+/// (every piece of a ShardedOptimizer writes the same), whichever params are big enough.
+std::pair<std::string, std::string> Optimizer::Impl::storage_text() const {
+  DTypeBinding b;
+  b.quant = quant;
+  b.quant_block = options.quant_block;
+  if (!b.quantized()) return {};
+  std::string storage;
+  for (std::size_t k = 0; k < quant.size(); ++k)
+    storage += fmt::format("{}{}={}", k ? "," : "", state_names[k], to_string(quant[k]));
+  return {storage, std::to_string(b.block())};
+}
+
 /// "group0:lr=0.001,beta1=0.90000000000000002;group1:...", 17 significant digits so every
 /// double reads back exactly.
 std::string Optimizer::Impl::hypers_text() const {
@@ -88,7 +101,7 @@ void Optimizer::save(const std::filesystem::path& path) const {
   for (const runtime::ParamSlot& s : m.params) {
     params.push_back({s.name, s.param.numel, s.param.dtype});
   }
-  const std::map<std::string, std::string> metadata = {
+  std::map<std::string, std::string> metadata = {
       {ck::kFormatKey, std::to_string(ck::kFormat)},
       {ck::kVersionKey, jit::version()},
       {ck::kRuleKey, m.rule.name()},
@@ -100,6 +113,10 @@ void Optimizer::save(const std::filesystem::path& path) const {
       {ck::kMasterWeightsKey, m.options.master_weights ? "true" : "false"},
       {ck::kParamsKey, ck::format_params(params)},
   };
+  if (const auto [storage, block] = m.storage_text(); !storage.empty()) {
+    metadata[ck::kStateStorageKey] = storage;
+    metadata[ck::kQuantBlockKey] = block;
+  }
   // The same writer as every fusedopt file (fusedopt/safetensors.hpp): atomic (a temp file,
   // fsync, rename), with the checksum of the whole file.
   write_safetensors(path, tensors, metadata);
@@ -210,6 +227,26 @@ std::vector<std::vector<double>> read_hypers(const io::SafetensorsFile& file,
   return current;
 }
 
+/// A file that records its states' storage (written since 2026-11-27) must have `mine`:
+/// codes of another map would load as wrong values.
+void check_storage(const io::SafetensorsFile& file, const std::pair<std::string, std::string>& mine,
+                   const Refusal& r) {
+  if (!file.metadata.count(ck::kStateStorageKey) && !file.metadata.count(ck::kQuantBlockKey))
+    return;
+  auto theirs = [&](const char* key) {
+    auto it = file.metadata.find(key);
+    return it == file.metadata.end() ? std::string() : it->second;
+  };
+  const std::string storage = theirs(ck::kStateStorageKey), block = theirs(ck::kQuantBlockKey);
+  if (storage != mine.first || block != mine.second) {
+    r.misfit(fmt::format("its states are stored as {} (blocks of {}), this optimizer keeps {}",
+                         storage, block.empty() ? "?" : block,
+                         mine.first.empty()
+                             ? std::string("them unquantized")
+                             : fmt::format("{} (blocks of {})", mine.first, mine.second)));
+  }
+}
+
 /// The file holds exactly the tensors `expected`, each in its dtype and shape.
 void check_tensors(const io::SafetensorsFile& file, const std::vector<CheckpointTensor>& expected,
                    const Refusal& r) {
@@ -246,6 +283,7 @@ void Optimizer::Impl::load_file(const io::SafetensorsFile& file, const std::stri
   check_header(file, rule, refusal);
   const std::int64_t step = read_step(file, refusal);
   std::vector<std::vector<double>> new_hypers = read_hypers(file, hyper_names, hypers, refusal);
+  check_storage(file, storage_text(), refusal);
   const std::vector<CheckpointTensor> expected = checkpoint_tensors();
   check_tensors(file, expected, refusal);
 

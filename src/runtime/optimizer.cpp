@@ -385,11 +385,11 @@ StepResult Optimizer::step_scaled(float inv_grad_scale, void* stream) {
 
 namespace detail {
 
-std::unique_ptr<Optimizer> OptimizerAccess::make(
-    const Rule& rule, std::vector<ParamGroup> groups, OptimizerOptions options,
-    std::vector<std::pair<long long, long long>> rng_ids) {
+std::unique_ptr<Optimizer> OptimizerAccess::make(const Rule& rule, std::vector<ParamGroup> groups,
+                                                 OptimizerOptions options,
+                                                 std::vector<PieceOrigin> origins) {
   return std::unique_ptr<Optimizer>(
-      new Optimizer(rule, std::move(groups), std::move(options), std::move(rng_ids)));
+      new Optimizer(rule, std::move(groups), std::move(options), std::move(origins)));
 }
 
 void OptimizerAccess::set_extension(Optimizer& opt, StepExtension* extension) {

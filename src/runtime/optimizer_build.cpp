@@ -151,11 +151,11 @@ Optimizer::Optimizer(const Rule& user_rule, std::vector<ParamGroup> groups,
     : Optimizer(user_rule, std::move(groups), std::move(options), {}) {}
 
 Optimizer::Optimizer(const Rule& user_rule, std::vector<ParamGroup> groups,
-                     OptimizerOptions options, std::vector<std::pair<long long, long long>> rng_ids)
+                     OptimizerOptions options, std::vector<detail::PieceOrigin> origins)
     : impl_(std::make_unique<Impl>(user_rule)) {
   Impl& m = *impl_;
   m.options = options;
-  m.rng_ids = std::move(rng_ids);
+  m.origins = std::move(origins);
   m.take_rule(user_rule);
   m.validate_groups(groups);
   try {
@@ -271,14 +271,17 @@ void Optimizer::Impl::validate_groups(std::vector<ParamGroup>& groups) {
   device = params.front().param.device;
 }
 
-DTypeBinding Optimizer::Impl::binding_of(const runtime::ParamSlot& s) const {
+DTypeBinding Optimizer::Impl::binding_of(std::size_t p) const {
+  const runtime::ParamSlot& s = params[p];
   DTypeBinding b;
   b.param = s.param.dtype;
   b.grad = s.grad.dtype;
   b.state = options.state_dtype;
   b.master = options.master_weights && s.param.dtype != DType::F32;
   b.stochastic = options.stochastic_rounding && s.param.dtype != DType::F32;
-  if (s.param.numel > 0 && s.param.numel >= options.quant_min_numel) {
+  // A piece of a param (ShardedOptimizer) is quantized when its whole param is.
+  const long long whole = p < origins.size() ? origins[p].numel : s.param.numel;
+  if (s.param.numel > 0 && whole >= options.quant_min_numel) {
     b.quant = quant;  // small params keep their states in state_dtype
     if (b.quantized()) {
       b.quant_block = options.quant_block;
@@ -298,7 +301,7 @@ void Optimizer::Impl::lay_out_arenas() {
     ParamSlot& s = params[p];
     s.states.assign(state_names.size(), nullptr);
     if (s.param.numel == 0) continue;
-    const DTypeBinding b = binding_of(s);
+    const DTypeBinding b = binding_of(p);
     auto it = std::find(bindings.begin(), bindings.end(), b);
     s.binding = static_cast<int>(it - bindings.begin());
     if (it == bindings.end()) bindings.push_back(b);
@@ -324,9 +327,10 @@ void Optimizer::Impl::lay_out_arenas() {
   // kernel of its own binding, else by the first one (no code runs on its elements), so
   // no kernel is built for empty tensors alone unless every tensor is empty.
   if (!scalar_names.empty() || !row_names.empty() || !col_names.empty()) {
-    for (ParamSlot& s : params) {
+    for (std::size_t p = 0; p < params.size(); ++p) {
+      ParamSlot& s = params[p];
       if (s.param.numel > 0) continue;
-      const DTypeBinding b = binding_of(s);
+      const DTypeBinding b = binding_of(p);
       auto it = std::find(bindings.begin(), bindings.end(), b);
       if (it == bindings.end() && !bindings.empty()) it = bindings.begin();
       s.binding = static_cast<int>(it - bindings.begin());
@@ -415,9 +419,9 @@ std::vector<runtime::BindingTensors> Optimizer::Impl::binding_tensors() {
     t.names.push_back(runtime::describe(s));
     // The random numbers' key: the param's index here (a ShardedOptimizer's local optimizer
     // gives each piece its param's index and offset instead: detail::OptimizerAccess).
-    const bool given = p < rng_ids.size();
-    t.ids.push_back(given ? rng_ids[p].first : static_cast<long long>(p));
-    t.ids.push_back(given ? rng_ids[p].second : 0);
+    const bool given = p < origins.size();
+    t.ids.push_back(given ? origins[p].param : static_cast<long long>(p));
+    t.ids.push_back(given ? origins[p].offset : 0);
     binding_params[b].push_back(static_cast<int>(p));
   }
   for (std::size_t b = 0; b < bindings.size(); ++b) tensors[b].ptrs = binding_ptrs(b);

@@ -123,9 +123,10 @@ struct FUSEDOPT_NO_EXPORT Optimizer::Impl {
   std::vector<std::string> scalar_names;  ///< per-tensor scalar states (`scalar`)
   std::vector<std::string> row_names;     ///< row states (`row`)
   std::vector<std::string> col_names;     ///< column states (`col`)
-  /// Per param (when set, before construction ends): the param index and element offset that
-  /// key its random numbers; empty: its own index, 0.
-  std::vector<std::pair<long long, long long>> rng_ids;
+  /// Per param (when set, before construction ends): the whole param it is a piece of (its
+  /// index and element offset key the random numbers; its size decides quantization);
+  /// empty: every param is whole.
+  std::vector<detail::PieceOrigin> origins;
   /// Per rule state: its block-quantized storage for params of at least
   /// options.quant_min_numel elements (runtime/quant_states.hpp).
   std::vector<Quant> quant;
@@ -222,7 +223,7 @@ struct FUSEDOPT_NO_EXPORT Optimizer::Impl {
   void validate_groups(std::vector<ParamGroup>& groups);
   /// The dtype binding of a param: its dtypes, the options' state dtype and master, and
   /// the quantized storage when it has at least quant_min_numel elements.
-  DTypeBinding binding_of(const runtime::ParamSlot& s) const;
+  DTypeBinding binding_of(std::size_t p) const;
   /// Groups tensors by dtype binding and lays the states out in one arena per dtype.
   void lay_out_arenas();
   /// Plans one kernel per binding over its tensors and writes the initial states.
@@ -256,6 +257,9 @@ struct FUSEDOPT_NO_EXPORT Optimizer::Impl {
   const runtime::StateSpec& state_spec(const std::string& name) const;
   /// Whether state k of parameter `p` is quantized (its binding's storage).
   Quant quant_of(const runtime::ParamSlot& slot, std::size_t k) const;
+  /// The checkpoint's record of the states' storage: ("m=q8s,v=q8u", "256"), or empty
+  /// strings when no state is quantized (checkpoint.cpp).
+  std::pair<std::string, std::string> storage_text() const;
   /// The view of state `spec` of parameter `p` (its numel is 0 where the param has none:
   /// an fp32 param's master, the absmax of a state kept unquantized).
   Tensor state_view(const runtime::StateSpec& spec, std::size_t p) const;

@@ -78,12 +78,14 @@ class StepExtension {
 };
 
 struct FUSEDOPT_API OptimizerAccess {
-  /// An Optimizer whose param p draws its random numbers (stochastic rounding, rand()) as
-  /// element rng_ids[p].second + i of param rng_ids[p].first: a ShardedOptimizer's pieces
-  /// then round exactly as the whole params would.
+  /// An Optimizer whose param p is a piece of a bigger param (origins[p]): it draws its
+  /// random numbers (stochastic rounding, rand()) as elements origins[p].offset + i of param
+  /// origins[p].param, and its states are quantized when that param's origins[p].numel
+  /// elements are enough (quant_min_numel): a ShardedOptimizer's pieces then round and
+  /// quantize exactly as the whole params would (on block boundaries: its cut).
   static std::unique_ptr<Optimizer> make(const Rule& rule, std::vector<ParamGroup> groups,
                                          OptimizerOptions options,
-                                         std::vector<std::pair<long long, long long>> rng_ids);
+                                         std::vector<PieceOrigin> origins);
   /// Adds `extension`'s ops to `opt`'s step program (null: none); it must outlive `opt` or
   /// be removed first.
   static void set_extension(Optimizer& opt, StepExtension* extension);

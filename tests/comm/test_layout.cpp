@@ -1,7 +1,8 @@
 // GradBucketer's layout without communication (single process): buckets against a layout
 // worked out by hand in each case (caps, reverse order, the small first bucket, dtype
 // split, the tensor cap, empty gradients), refusal of gradients that are not one flat
-// buffer, and the fp16/bf16 conversions the host reductions use, against every fp16 value.
+// buffer, the fp16/bf16 conversions the host reductions use, against every fp16 value, and
+// the shard cut on the blocks of quantized states.
 #include <doctest/doctest.h>
 
 #include <chrono>
@@ -11,6 +12,7 @@
 #include <vector>
 
 #include "comm/half.hpp"
+#include "comm/shard_layout.hpp"
 #include "fusedopt/comm.hpp"
 #include "fusedopt/error.hpp"
 
@@ -163,6 +165,58 @@ TEST_SUITE("comm") {
     CHECK(h::f16_to_float(h::float_to_f16(1.0f + 3.0f / 2048)) == 1.0f + 2.0f / 1024);
     CHECK(h::bf16_to_float(h::float_to_bf16(1.0f + 1.0f / 256)) == 1.0f);      // tie to even
     CHECK(h::f16_to_float(h::float_to_f16(3e-8f)) == 5.9604644775390625e-8f);  // subnormal
+  }
+
+  TEST_CASE("shards cut a param with quantized states on its blocks, at the nearest boundary") {
+    namespace d = fusedopt::comm::detail;
+    using Cut = std::vector<std::vector<d::Piece>>;
+    auto same = [](const Cut& a, const Cut& b) {
+      REQUIRE(a.size() == b.size());
+      for (std::size_t i = 0; i < a.size(); ++i) {
+        REQUIRE(a[i].size() == b[i].size());
+        for (std::size_t k = 0; k < a[i].size(); ++k) {
+          CHECK(a[i][k].rank == b[i][k].rank);
+          CHECK(a[i][k].begin == b[i][k].begin);
+          CHECK(a[i][k].end == b[i][k].end);
+        }
+      }
+    };
+    // 100 + 1000 + 300 fp32 elements over 3 ranks: shards of 467, boundaries at 467 and 934,
+    // that is 367 and 834 into the second param. Unaligned, and on blocks of 256 there
+    // (367 -> 256, 834 -> 768); the fp16 param is cut on its own.
+    const std::vector<std::pair<std::int64_t, DType>> sizes = {
+        {100, DType::F32}, {1000, DType::F32}, {300, DType::F32}, {9, DType::F16}};
+    same(d::cut_into_shards(sizes, 3), Cut{{{0, 0, 100}},
+                                           {{0, 0, 367}, {1, 367, 834}, {2, 834, 1000}},
+                                           {{2, 0, 300}},
+                                           {{0, 0, 3}, {1, 3, 6}, {2, 6, 9}}});
+    same(d::cut_into_shards(sizes, 3, {1, 256, 1, 1}),
+         Cut{{{0, 0, 100}},
+             {{0, 0, 256}, {1, 256, 768}, {2, 768, 1000}},
+             {{2, 0, 300}},
+             {{0, 0, 3}, {1, 3, 6}, {2, 6, 9}}});
+    // A boundary nearer the end moves to it: the rest of the param stays with the rank before.
+    same(d::cut_into_shards({{1000, DType::F32}, {100, DType::F32}}, 2, {512, 1}),
+         Cut{{{0, 0, 512}, {1, 512, 1000}}, {{1, 0, 100}}});
+    same(d::cut_into_shards({{1000, DType::F32}, {900, DType::F32}}, 2, {1, 512}),
+         Cut{{{0, 0, 950}, {1, 950, 1000}}, {{1, 0, 900}}});
+    // A cut that would leave a rank nothing is refused, saying what to change.
+    CHECK_THROWS_WITH_AS(d::cut_into_shards({{600, DType::F32}}, 3, {512}),
+                         doctest::Contains("leave rank 0 none of their elements: use fewer "
+                                           "ranks or a smaller quant_block"),
+                         fusedopt::UsageError);
+    // How a saved state follows its piece's elements: values, 4-bit codes, absmax.
+    CHECK(d::state_cut("m", 1000, 1000, 0)->per == 1);
+    CHECK(d::state_cut("m", 500, 1000, 256)->per == 2);
+    CHECK(d::state_cut("m", 501, 1001, 256)->per == 2);
+    CHECK(d::state_cut("m.absmax", 4, 1000, 256)->per == 256);
+    CHECK(d::state_cut("m.absmax", 8, 1000, 0)->per == 128);  // the block the count implies
+    CHECK(d::state_cut("m.absmax", 1, 20, 0)->per == 32);     // one block: no cut inside
+    CHECK_FALSE(d::state_cut("m.absmax", 3, 1000, 256).has_value());
+    CHECK_FALSE(d::state_cut("m", 999, 1000, 0).has_value());
+    const d::StateCut nibbles{2}, blocks{128};
+    CHECK(nibbles.range(256, 1001) == std::pair<std::int64_t, std::int64_t>(128, 501));
+    CHECK(blocks.range(256, 1001) == std::pair<std::int64_t, std::int64_t>(2, 8));
   }
 }
 

@@ -264,15 +264,9 @@ TEST_SUITE("comm_mpi") {
     CHECK_THROWS_AS((void)sharded.state("m", static_cast<int>(sizes.size())), fusedopt::UsageError);
   }
 
-  TEST_CASE("rules with scalar, row/column or quantized states are refused, naming them") {
+  TEST_CASE("rules with scalar or row/column states are refused, naming them") {
     Communicator& comm = world();
     FlatArena arena = make_arena(kSizes);
-    ShardOptions quantized;
-    quantized.optimizer.state_storage = {{"*", "q8"}};
-    CHECK_THROWS_WITH_AS(
-        ShardedOptimizer(comm, Rule::preset("adamw"), groups_of(arena), quantized),
-        doctest::Contains("block-quantized states (rule 'adamw', OptimizerOptions::state_storage)"),
-        fusedopt::UsageError);
     CHECK_THROWS_WITH_AS(ShardedOptimizer(comm, Rule::preset("nadam"), groups_of(arena)),
                          doctest::Contains("row/column states (mu_prod), which are not sharded"),
                          fusedopt::UsageError);

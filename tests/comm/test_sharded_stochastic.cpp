@@ -6,14 +6,12 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
-#include <filesystem>
 #include <random>
 #include <string>
 #include <vector>
 
 #include "comm/comm_support.hpp"
 #include "fusedopt/comm.hpp"
-#include "fusedopt/error.hpp"
 #include "fusedopt/optimizer.hpp"
 #include "fusedopt/sharded.hpp"
 
@@ -121,25 +119,6 @@ TEST_SUITE("comm") {
     for (std::size_t k = 0; k < a.size(); ++k) differ += a[k] != b[k] ? 1 : 0;
     INFO(differ << " of " << a.size() << " bf16 params differ at " << comm.size() << " ranks");
     CHECK(differ == 0);
-  }
-
-  TEST_CASE("a checkpoint of quantized states is not split into shards, and says why") {
-    Communicator& comm = world();
-    const std::filesystem::path dir =
-        std::filesystem::temp_directory_path() /
-        ("fusedopt-qsplit-" + std::to_string(shared_seed()) + "-" + std::to_string(comm.rank()));
-    std::filesystem::remove_all(dir);
-    std::filesystem::create_directories(dir);
-    std::vector<float> p(8192, 1.0f), g(8192, 0.5f);
-    Optimizer opt(Rule::preset("adamw8bit"),
-                  {ParamGroup{{{p.data(), 8192, DType::F32, {}, "w"}}, {{g.data(), 8192}}, {}}});
-    opt.step();
-    opt.save(dir / "q.safetensors");
-    CHECK_THROWS_WITH_AS(ShardedOptimizer::split_checkpoint(dir / "q.safetensors", dir / "s", 2),
-                         doctest::Contains("'w/m' is a block-quantized state"),
-                         fusedopt::UsageError);
-    CHECK_FALSE(std::filesystem::exists(dir / "s" / "index.safetensors"));
-    std::filesystem::remove_all(dir);
   }
 }
 

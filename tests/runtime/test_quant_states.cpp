@@ -432,7 +432,22 @@ TEST_CASE("quantized states round-trip through a checkpoint bit for bit") {
   }
   // The same checkpoint into an optimizer whose states are not quantized: refused.
   Optimizer plain(Rule::preset("adamw"), {group(pb)});
-  CHECK_THROWS_AS(plain.load(path), fusedopt::Error);
+  CHECK_THROWS_WITH_AS(plain.load(path),
+                       doctest::Contains("its states are stored as m=q4s,v=q8u (blocks of 128), "
+                                         "this optimizer keeps them unquantized"),
+                       fusedopt::UsageError);
+  // Nor into one whose codes are the same size but of another map (v signed), or whose
+  // blocks differ: the file records its storage.
+  OptimizerOptions signed_v = o;
+  signed_v.state_storage = {{"m", "q4s"}, {"v", "q8s"}};
+  Optimizer other_map(Rule::preset("adamw"), {group(pb)}, signed_v);
+  CHECK_THROWS_WITH_AS(other_map.load(path), doctest::Contains("this optimizer keeps m=q4s,v=q8s"),
+                       fusedopt::UsageError);
+  OptimizerOptions blocks = o;
+  blocks.quant_block = 256;
+  Optimizer other_blocks(Rule::preset("adamw"), {group(pb)}, blocks);
+  CHECK_THROWS_WITH_AS(other_blocks.load(path), doctest::Contains("m=q4s,v=q8u (blocks of 256)"),
+                       fusedopt::UsageError);
 }
 
 namespace {
