@@ -314,9 +314,10 @@ class FUSEDOPT_API Optimizer {
   friend class StepResult;  // reads a step's verdict from the device
   friend struct detail::OptimizerAccess;  // the comm library's step extension and load
   /// The public constructor, with each param's origin (empty: each param is whole): a
-  /// ShardedOptimizer's pieces round and quantize as their whole params do.
-  Optimizer(const Rule& rule, std::vector<ParamGroup> groups, OptimizerOptions options,
-            std::vector<detail::PieceOrigin> origins);
+  /// ShardedOptimizer's pieces round and quantize as their whole params do. Not exported:
+  /// detail::OptimizerAccess::make calls it from inside the library.
+  FUSEDOPT_NO_EXPORT Optimizer(const Rule& rule, std::vector<ParamGroup> groups,
+                               OptimizerOptions options, std::vector<detail::PieceOrigin> origins);
   struct Impl;
   /// The Impl, or UsageError("Optimizer::<method>: this Optimizer was moved from").
   Impl& live(const char* method) const;
