@@ -219,7 +219,7 @@ KernelReport report_kernel(const Rule& rule, const Target& target, const DTypeBi
     pass.writes = role_names(body, body.pass_writes[k]);
     for (const auto* roles : {&body.pass_reads[k], &body.pass_writes[k]}) {
       for (int r : *roles)
-        pass.bytes_per_element += body.role_bytes.at(static_cast<std::size_t>(r));
+        pass.bytes_per_element += body.role_bits.at(static_cast<std::size_t>(r)) / 8.0;
     }
     out.bytes_per_element += pass.bytes_per_element;
     out.passes.push_back(std::move(pass));

@@ -139,7 +139,9 @@ struct KernelPass {
   bool update = false;  ///< the last pass; the others are reduction passes
   std::vector<std::string> reads;
   std::vector<std::string> writes;
-  int bytes_per_element = 0;  ///< read + written, with the binding's storage sizes
+  /// Read + written, with the binding's storage sizes (a 4-bit state's codes: 0.5 each way;
+  /// the absmax per block not counted).
+  double bytes_per_element = 0;
 };
 
 /// Registers and local memory of one CUDA entry point, as NVRTC's ptxas reports them.
@@ -155,7 +157,7 @@ struct KernelFunction {
 struct KernelReport {
   ReductionStrategy strategy = ReductionStrategy::Recompute;  ///< the one chosen
   std::vector<KernelPass> passes;                             ///< reduction passes, then the update
-  int bytes_per_element = 0;                                  ///< per step: the sum over the passes
+  double bytes_per_element = 0;                               ///< per step: the sum over the passes
   std::vector<KernelFunction> functions;  ///< CUDA targets only (needs NVRTC); host: empty
 };
 

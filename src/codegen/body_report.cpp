@@ -55,9 +55,9 @@ void describe(const Rule& rule, const Schedule& schedule, const BodyEmitter& be,
   body.num_tvals = std::max(be.em().tval_count(), 1);
   body.strategy = schedule.strategy;
   body.store_pass = schedule.store_pass;
-  body.bytes_recompute = schedule.bytes_recompute;
-  body.bytes_store = schedule.bytes_store;
-  body.role_bytes = schedule.role_bytes;
+  body.bits_recompute = schedule.bits_recompute;
+  body.bits_store = schedule.bits_store;
+  body.role_bits = schedule.role_bits;
   for (const PassPlan& p : schedule.passes) {
     body.pass_reads.emplace_back(p.reads.begin(), p.reads.end());
     body.pass_writes.emplace_back(p.writes.begin(), p.writes.end());

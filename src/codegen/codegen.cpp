@@ -60,7 +60,7 @@ KernelBody generate_body(const Rule& rule, const DTypeBinding& dtypes, Strategy 
   // kernel may read an element twice (once for its row's sums, once for its column's).
   // Quantized states recompute too: a reduction pass then stores no state (the update is
   // where a block's new absmax is known).
-  check_quant(dtypes, static_cast<int>(rule.states.size()), rule.factored());
+  check_quant(dtypes, static_cast<int>(rule.states.size()));
   if (rule.factored() || dtypes.quantized()) strategy = Strategy::Recompute;
   const Schedule schedule = plan_schedule(rule, dtypes, strategy);
   KernelBody body;
@@ -80,6 +80,7 @@ KernelBody generate_body(const Rule& rule, const DTypeBinding& dtypes, Strategy 
   const std::string tensor_fns = be.tensor_functions();
 
   describe(rule, schedule, be, role_names, decls.size(), body);
+  body.quant_block = dtypes.block();
 
   Writer w;
   w.line(

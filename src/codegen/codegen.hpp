@@ -57,15 +57,18 @@ struct KernelBody {
   /// Whether a step ends with the call that writes each tensor's scalar, row and column
   /// states (fusedopt_scalars[_host]), which also writes their initial values.
   bool writes_after_update() const { return num_scalars > 0 || factored; }
+  /// Elements per absmax block of the quantized states (0: none quantized): chunks begin
+  /// on blocks (factored rules' whole-row chunks too).
+  int quant_block = 0;
   int max_acc = 1;                   ///< accumulators per chunk in the widest pass
   std::vector<ReductionSlot> slots;  ///< every accumulator of every pass (grad check too)
   Strategy strategy = Strategy::Recompute;
   int store_pass = -1;               ///< Store: the pass that writes states early
   std::vector<std::string> scratch;  ///< Store: fp32 scratch tensors (role order, after
                                      ///< the master): what each holds
-  std::int64_t bytes_recompute = 0;  ///< per element and step, under each strategy
-  std::int64_t bytes_store = 0;
-  std::vector<int> role_bytes;                ///< bytes per element of each role
+  std::int64_t bits_recompute = 0;   ///< bits per element and step, under each strategy
+  std::int64_t bits_store = 0;
+  std::vector<int> role_bits;                 ///< bits per element of each role (codes: 8, 4)
   std::vector<std::vector<int>> pass_reads;   ///< roles each pass reads (update last)
   std::vector<std::vector<int>> pass_writes;  ///< roles each pass writes
 };

@@ -163,7 +163,7 @@ const std::vector<float>& quant_map(Quant q) {
   throw InternalError("quant_map: not a quantized storage");
 }
 
-void check_quant(const DTypeBinding& dtypes, int num_states, bool factored) {
+void check_quant(const DTypeBinding& dtypes, int num_states) {
   if (!dtypes.quantized()) return;
   FUSEDOPT_CHECK_USAGE(static_cast<int>(dtypes.quant.size()) == num_states,
                        "dtypes '{}': {} quantized storages given for a rule of {} states (one "
@@ -174,10 +174,6 @@ void check_quant(const DTypeBinding& dtypes, int num_states, bool factored) {
                        "dtypes '{}': the quantization block is {}; it must be a power of two from "
                        "32 to 512",
                        dtypes.str(), b);
-  FUSEDOPT_CHECK_USAGE(!factored,
-                       "dtypes '{}': quantized states in a rule with row or column states "
-                       "(row_mean, col_mean, matrix_mean) are not supported",
-                       dtypes.str());
 }
 
 void emit_quant(Writer& w, const DTypeBinding& dtypes, int first_state_role, int num_roles) {

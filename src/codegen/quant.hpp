@@ -32,8 +32,8 @@ struct QuantEncoder {
 const QuantEncoder& quant_encoder(Quant q);
 
 /// Checks `dtypes.quant` against a rule of `num_states` states (one entry per state or none,
-/// a block from 32 to 512, no row/column states); throws UsageError saying what is wrong.
-void check_quant(const DTypeBinding& dtypes, int num_states, bool factored);
+/// a block from 32 to 512); throws UsageError saying what is wrong.
+void check_quant(const DTypeBinding& dtypes, int num_states);
 
 /// For a binding with quantized states (nothing otherwise): FO_NUM_QUANT, FO_QUANT_BLOCK,
 /// FO_QUANT_LIST, the maps it uses and fo_offset over `num_roles` roles, the rule's states

@@ -30,22 +30,22 @@ class Planner {
   Planner(const Rule& rule, const DTypeBinding& dtypes) : rule_(rule), dtypes_(dtypes) {
     const int num_states = static_cast<int>(rule.states.size());
     const int num_outputs = static_cast<int>(rule.outputs.size());
-    s_.role_bytes.push_back(static_cast<int>(dtype_size(dtypes.param)));
-    s_.role_bytes.push_back(static_cast<int>(dtype_size(dtypes.grad)));
+    s_.role_bits.push_back(8 * dtype_size(dtypes.param));
+    s_.role_bits.push_back(8 * dtype_size(dtypes.grad));
     for (int i = 0; i < num_states + num_outputs; ++i) {
-      // A quantized state moves its codes (a 4-bit one counted as a byte) and an absmax per
-      // block, which rounds away.
+      // A quantized state moves its codes (8 or 4 bits) and an absmax per block, which
+      // rounds away (32 bits per 128 to 512 elements).
       const Quant q = i < num_states && static_cast<std::size_t>(i) < dtypes.quant.size()
                           ? dtypes.quant[static_cast<std::size_t>(i)]
                           : Quant::None;
-      s_.role_bytes.push_back(q != Quant::None ? 1 : static_cast<int>(dtype_size(dtypes.state)));
+      s_.role_bits.push_back(q != Quant::None ? quant_bits(q) : 8 * dtype_size(dtypes.state));
     }
     if (dtypes.master) {
-      s_.master_role = static_cast<int>(s_.role_bytes.size());
-      s_.role_bytes.push_back(4);
+      s_.master_role = static_cast<int>(s_.role_bits.size());
+      s_.role_bits.push_back(32);
     }
     s_.value_role = dtypes.master ? s_.master_role : 0;
-    s_.first_scratch_role = static_cast<int>(s_.role_bytes.size());
+    s_.first_scratch_role = static_cast<int>(s_.role_bits.size());
     element_.assign(rule.stmts.size(), false);
     for (std::size_t i = 0; i < rule.stmts.size(); ++i) {
       const lang::Stmt& st = rule.stmts[i];
@@ -61,8 +61,8 @@ class Planner {
     std::vector<PassPlan> recompute;
     for (int k = 0; k < n; ++k) recompute.push_back(reduction_pass(k));
     recompute.push_back(update_pass_recompute());
-    s_.bytes_recompute = bytes(recompute);
-    s_.bytes_store = s_.bytes_recompute;
+    s_.bits_recompute = bits(recompute);
+    s_.bits_store = s_.bits_recompute;
     if (n == 0) {
       s_.passes = std::move(recompute);
       s_.strategy = Strategy::Recompute;
@@ -71,12 +71,12 @@ class Planner {
     Schedule store = s_;
     std::vector<PassPlan> stored(recompute.begin(), recompute.end() - 2);
     plan_store(store, stored, n - 1);
-    s_.bytes_store = bytes(stored);
+    s_.bits_store = bits(stored);
     const bool use_store = wanted == Strategy::Store ||
-                           (wanted == Strategy::Auto && s_.bytes_store < s_.bytes_recompute);
+                           (wanted == Strategy::Auto && s_.bits_store < s_.bits_recompute);
     if (use_store) {
-      store.bytes_recompute = s_.bytes_recompute;
-      store.bytes_store = s_.bytes_store;
+      store.bits_recompute = s_.bits_recompute;
+      store.bits_store = s_.bits_store;
       store.strategy = Strategy::Store;
       store.store_pass = n - 1;
       store.passes = std::move(stored);
@@ -175,7 +175,7 @@ class Planner {
           // The final value of a tensor finished early, stored exactly (fp32): read it back.
           const int target = rule_.stmts[x.def].target;
           if (early_final.count(target) && last_def_.at(target) == x.def &&
-              s_.role_bytes[role(target)] == 4 &&
+              s_.role_bits[role(target)] == 32 &&
               (rule_.symbols[target].kind != SymKind::Param || dtypes_.master ||
                dtypes_.param == DType::F32)) {
             update.reads.insert(role(target));
@@ -198,7 +198,7 @@ class Planner {
       c.sym = key.second;
       c.name = rule_.symbols[c.sym].name;
       out.crossings.push_back(c);
-      out.role_bytes.push_back(4);
+      out.role_bits.push_back(32);
     }
     for (std::size_t c = 0; c < out.crossings.size(); ++c) {
       update.reads.insert(out.first_scratch_role + static_cast<int>(c));
@@ -231,13 +231,13 @@ class Planner {
     passes.push_back(std::move(update));
   }
 
-  std::int64_t bytes(const std::vector<PassPlan>& passes) const {
+  std::int64_t bits(const std::vector<PassPlan>& passes) const {
     std::int64_t total = 0;
     for (const PassPlan& p : passes) {
       for (int r : p.reads)
-        total += r < static_cast<int>(s_.role_bytes.size()) ? s_.role_bytes[r] : 4;
+        total += r < static_cast<int>(s_.role_bits.size()) ? s_.role_bits[r] : 32;
       for (int r : p.writes)
-        total += r < static_cast<int>(s_.role_bytes.size()) ? s_.role_bytes[r] : 4;
+        total += r < static_cast<int>(s_.role_bits.size()) ? s_.role_bits[r] : 32;
     }
     return total;
   }

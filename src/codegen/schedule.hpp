@@ -44,12 +44,14 @@ struct Schedule {
   int first_scratch_role = 0;               ///< role index of the first scratch tensor
   int value_role = 0;                       ///< where the param's fp32 value lives
   int master_role = -1;
-  /// Bytes per element of one step (fixed role sizes of the binding) under each strategy;
-  /// for element-wise rules both are the single pass's.
-  std::int64_t bytes_recompute = 0;
-  std::int64_t bytes_store = 0;
-  /// Bytes per element each role moves once (index: role).
-  std::vector<int> role_bytes;
+  /// Bits per element of one step (fixed role sizes of the binding) under each strategy;
+  /// for element-wise rules both are the single pass's. Bits, as a 4-bit state moves half a
+  /// byte per element.
+  std::int64_t bits_recompute = 0;
+  std::int64_t bits_store = 0;
+  /// Bits per element each role moves once (index: role): 8 x its dtype's size, or 8 or 4
+  /// for a quantized state's codes.
+  std::vector<int> role_bits;
 };
 
 /// Role index of tensor symbol `sym` (param: its value role).

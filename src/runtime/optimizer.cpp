@@ -489,15 +489,15 @@ OptimizerStats Optimizer::stats() const {
     if (s.binding < 0) continue;
     // What each pass of the binding's kernel reads and writes, per element.
     const codegen::KernelBody& body = m.kernels[static_cast<std::size_t>(s.binding)]->body();
-    std::int64_t per = 0;
+    std::int64_t bits = 0;  // per element: a 4-bit state's codes move half a byte
     for (const auto* roles : {&body.pass_reads, &body.pass_writes}) {
       for (const std::vector<int>& pass : *roles) {
-        for (int r : pass) per += body.role_bytes[static_cast<std::size_t>(r)];
+        for (int r : pass) bits += body.role_bits[static_cast<std::size_t>(r)];
       }
     }
-    st.bytes_per_step += per * s.param.numel;
-    st.bytes_recompute += body.bytes_recompute * s.param.numel;
-    st.bytes_store += body.bytes_store * s.param.numel;
+    st.bytes_per_step += bits * s.param.numel / 8;
+    st.bytes_recompute += body.bits_recompute * s.param.numel / 8;
+    st.bytes_store += body.bits_store * s.param.numel / 8;
   }
   for (const runtime::Arena& a : m.arenas) st.state_bytes += a.bytes;
   st.state_bytes += m.scalars.size();

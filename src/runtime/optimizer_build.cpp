@@ -17,6 +17,7 @@
 #include "provider/kernel_provider.hpp"
 #include "rule_access.hpp"
 #include "runtime/optimizer_impl.hpp"
+#include "runtime/plan.hpp"
 #include "runtime/quant_states.hpp"
 #include "support/check.hpp"
 #include "support/checked_math.hpp"
@@ -287,6 +288,16 @@ DTypeBinding Optimizer::Impl::binding_of(std::size_t p) const {
       b.quant_block = options.quant_block;
     } else {
       b.quant.clear();
+    }
+  }
+  // A factored rule's chunks are whole rows of one matrix, and each must begin on a block:
+  // a batch of matrices that do not each start on a block keeps its states unquantized (as
+  // torchao keeps a tensor whose size is not a multiple of the block).
+  if (b.quantized() && detail::RuleAccess::impl(rule)->factored()) {
+    const runtime::MatrixShape m = runtime::matrix_shape(s.param.shape, s.param.numel);
+    if (m.batch > 1 && (m.rows * m.cols) % b.block() != 0) {
+      b.quant.clear();
+      b.quant_block = 0;
     }
   }
   return b;

@@ -49,13 +49,13 @@ std::string describe_schedule(const lang::Rule& r,
           " store: pass {} keeps {} in fp32 scratch ({} MB) for the update: {} B/element "
           "per step, against {} recomputing",
           body.store_pass, held.empty() ? "nothing" : held,
-          static_cast<double>(backends[b]->scratch_bytes()) / 1e6, body.bytes_store,
-          body.bytes_recompute);
+          static_cast<double>(backends[b]->scratch_bytes()) / 1e6,
+          static_cast<double>(body.bits_store) / 8, static_cast<double>(body.bits_recompute) / 8);
     } else {
       out += fmt::format(
           " recompute: the update recomputes what it needs: {} B/element per step, "
           "against {} storing",
-          body.bytes_recompute, body.bytes_store);
+          static_cast<double>(body.bits_recompute) / 8, static_cast<double>(body.bits_store) / 8);
     }
   }
   return out;

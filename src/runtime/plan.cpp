@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <climits>
 #include <cstdint>
+#include <numeric>
 #include <optional>
 #include <string>
 
@@ -52,9 +53,9 @@ MatrixShape matrix_shape(const std::vector<std::int64_t>& shape, std::int64_t nu
 std::size_t vector_align(const codegen::KernelBody& body, int role) {
   const auto r = static_cast<std::size_t>(role);
   // The vector path moves 4 elements of each role at once: 16 bytes of an fp32 role, 8 of a
-  // 16-bit one. A role codegen knows no size for gets the widest.
-  return r < body.role_bytes.size() && body.role_bytes[r] > 0
-             ? 4 * static_cast<std::size_t>(body.role_bytes[r])
+  // 16-bit one (4 x bits / 8). A role codegen knows no size for gets the widest.
+  return r < body.role_bits.size() && body.role_bits[r] > 0
+             ? static_cast<std::size_t>(body.role_bits[r]) / 2
              : kVectorAlign;
 }
 
@@ -225,7 +226,18 @@ void Plan::lay_out_factored(const codegen::KernelBody& body, const std::vector<s
     if (seen[t]) continue;
     seen[t] = true;
     const MatrixShape& s = m[t];
-    const std::int64_t per = std::max<std::int64_t>(1, chunk_elems / s.cols);
+    std::int64_t per = std::max<std::int64_t>(1, chunk_elems / s.cols);
+    if (body.quant_block > 0 && numel[t] > 0) {
+      // Quantized states: every chunk begins on an absmax block (the update rewrites whole
+      // blocks), so whole rows of a multiple of the block, and each matrix starts on one.
+      const std::int64_t B = body.quant_block, step = B / std::gcd(B, s.cols);
+      per = (per + step - 1) / step * step;
+      FUSEDOPT_CHECK_USAGE(s.batch == 1 || (s.rows * s.cols) % B == 0,
+                           "{}: tensor {} is {} matrices of {} x {}: with quantized states each "
+                           "must start on a block of {} elements (the optimizer keeps such "
+                           "tensors' states unquantized)",
+                           who_, t, s.batch, s.rows, s.cols, B);
+    }
     for (std::int64_t b = 0; b < s.batch; ++b) {
       for (std::int64_t r = 0; r < s.rows; r += per) {
         fo_chunk c = old;

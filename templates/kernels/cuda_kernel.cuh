@@ -383,11 +383,22 @@ struct fo_qstage<true> {
   s.r##k = fo_s##k.v;
 #define FO_QSTAGE_STORE(k) fo_qstage<FO_QROLE(k)>::store(t.r##k, i, fo_s##k);
 
+#if FO_FACTORED
+#define FO_QRC_PARAM , const fo_rcx& X
+#define FO_QRC_ARG , X
+#define FO_QRC_UPDATE fo_element_rc(s, 0, U, T, X);
+#else
+#define FO_QRC_PARAM
+#define FO_QRC_ARG
+#define FO_QRC_UPDATE fo_element(s, 0, U, T);
+#endif
+
 /// Element i of tensor t in the quantized path: the plain roles staged through registers,
-/// the quantized ones pointing at the thread's values.
+/// the quantized ones pointing at the thread's values (a factored rule's element with its
+/// row's and column's values X).
 template <bool kInit>
 __device__ __forceinline__ void fo_q_element(const fo_tensor& t, long long i, const fo_uniform& U,
-                                             const fo_tvals& T, float* vals) {
+                                             const fo_tvals& T, float* vals FO_QRC_PARAM) {
   fo_tensor s = t;
   s.e0 = t.e0 + i;  // element 0 of s is element i of t
   if (kInit) {
@@ -400,7 +411,7 @@ __device__ __forceinline__ void fo_q_element(const fo_tensor& t, long long i, co
     FO_UPDATE_STAGE(FO_QSTAGE_LOAD, FO_QSTAGE_DECL)
     FO_QUANT_LIST(FO_QATTACH)
 #undef FO_QATTACH
-    fo_element(s, 0, U, T);
+    FO_QRC_UPDATE
     FO_UPDATE_STORES(FO_QSTAGE_STORE)
   }
   (void)T;
@@ -414,12 +425,19 @@ __device__ __forceinline__ void fo_q_chunk(const fo_launch& L, const fo_chunk& c
                                            float* red, unsigned char* shared_codes) {
   const fo_qtensor q = fo_qbind(L.ptrs + (long long)chunk.tensor * FO_NUM_ROLES,
                                 (long long)L.tensor_info[4 * (long long)chunk.tensor]);
+#if FO_FACTORED
+  const long long R = fo_rows_of(L, chunk.tensor), C = fo_cols_of(L, chunk.tensor);
+  const fo_rcx X0 = fo_rc_base(L, chunk.tensor);
+#endif
   for (long long base = chunk.begin; base < chunk.end; base += FO_BLOCK) {
     const long long i = base + threadIdx.x;
     const bool live = i < chunk.end;
     float vals[FO_NUM_QUANT];
     fo_q_values(q, i, live && !kInit, qmaps, vals);
-    if (live) fo_q_element<kInit>(t, i, U, T, vals);
+#if FO_FACTORED
+    const fo_rcx X = fo_rc_at(X0, i, R, C);
+#endif
+    if (live) fo_q_element<kInit>(t, i, U, T, vals FO_QRC_ARG);
 #define FO_QCOMMIT(k, role, bits, map, fix, enc, tiny, zero)                                     \
   fo_q_commit(q.codes[k], q.absmax[k], bits, fix, qmaps[k], vals[k], i, live, i + 1 < chunk.end, \
               red, shared_codes);
@@ -569,6 +587,15 @@ __device__ __forceinline__ void fo_reduce_run(const fo_launch& L) {
       const long long R = fo_rows_of(L, chunk.tensor), C = fo_cols_of(L, chunk.tensor);
       const fo_rcx X0 = fo_rc_base(L, chunk.tensor);
       const long long r0 = chunk.begin / C, rows = (chunk.end - chunk.begin) / C;
+#if FO_NUM_QUANT > 0
+      // Quantized states: each element through its dequantized values (no state written).
+      const fo_qtensor qt = fo_qbind(L.ptrs + (long long)chunk.tensor * FO_NUM_ROLES,
+                                     (long long)L.tensor_info[4 * (long long)chunk.tensor]);
+      float vals[FO_NUM_QUANT];
+#define FO_RC_AT(i) (fo_q_values(qt, (i), true, fo_qmaps, vals), fo_q_view(t, (i), vals)), 0
+#else
+#define FO_RC_AT(i) t, (i)
+#endif
       double rr[FO_NUM_ROW_SLOTS], cr[FO_NUM_COL_SLOTS];
       float dummy[FO_MAX_ACC];
       for (int j = 0; j < FO_MAX_ACC; ++j) dummy[j] = 0.0f;
@@ -576,8 +603,8 @@ __device__ __forceinline__ void fo_reduce_run(const fo_launch& L) {
         for (int s = 0; s < FO_NUM_ROW_SLOTS; ++s) rr[s] = 0.0;
         const long long r = r0 + q;
         for (long long cc = 0; cc < C; ++cc) {
-          fo_reduce_element_rc<kPass>(t, r * C + cc, U, T, fo_rc_at(X0, r * C + cc, R, C), a, 1,
-                                      check, rr, cr);
+          fo_reduce_element_rc<kPass>(FO_RC_AT(r * C + cc), U, T, fo_rc_at(X0, r * C + cc, R, C), a,
+                                      1, check, rr, cr);
         }
         for (int s = 0; s < FO_NUM_ROW_SLOTS; ++s) {
           if (fo_row_slot_pass(s) == kPass)
@@ -589,10 +616,12 @@ __device__ __forceinline__ void fo_reduce_run(const fo_launch& L) {
         for (int s = 0; s < FO_NUM_COL_SLOTS; ++s) cr[s] = 0.0;
         for (long long q = 0; q < rows; ++q) {
           const long long i = (r0 + q) * C + cc;
-          fo_reduce_element_rc<kPass>(t, i, U, T, fo_rc_at(X0, i, R, C), dummy, 1, false, rr, cr);
+          fo_reduce_element_rc<kPass>(FO_RC_AT(i), U, T, fo_rc_at(X0, i, R, C), dummy, 1, false, rr,
+                                      cr);
         }
         for (int s = 0; s < FO_NUM_COL_SLOTS; ++s) colp[cc * FO_NUM_COL_SLOTS + s] = cr[s];
       }
+#undef FO_RC_AT
     }
 #elif FO_NUM_QUANT > 0
     {  // one element per thread, through its dequantized values (the pass writes no state)

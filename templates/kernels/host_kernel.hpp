@@ -162,6 +162,10 @@ static void fo_q_chunk(const fo_launch* L, const fo_chunk& chunk, const fo_tenso
   const fo_tvals tv = values;
   const fo_qtensor q = fo_qbind(L->ptrs + (long long)chunk.tensor * FO_NUM_ROLES,
                                 (long long)L->tensor_info[4 * (long long)chunk.tensor]);
+#if FO_FACTORED
+  const long long R = fo_rows_of(*L, chunk.tensor), C = fo_cols_of(*L, chunk.tensor);
+  const fo_rcx X0 = fo_rc_base(*L, chunk.tensor);
+#endif
   float stage[FO_NUM_QUANT][FO_QUANT_BLOCK];
   for (long long b = chunk.begin; b < chunk.end; b += FO_QUANT_BLOCK) {
     const int n = (int)(chunk.end - b < FO_QUANT_BLOCK ? chunk.end - b : FO_QUANT_BLOCK);
@@ -173,8 +177,26 @@ static void fo_q_chunk(const fo_launch* L, const fo_chunk& chunk, const fo_tenso
       for (int j = 0; j < n; ++j) fo_init_element(s, j, u);
     } else {
       fo_q_stage_in(q, b, n, stage);
+#if FO_FACTORED
+      // The block's elements row by row, each with its row's and column's values.
+      for (long long i = b; i < b + n;) {
+        const long long r = i / C, end = (r + 1) * C < b + n ? (r + 1) * C : b + n;
+        fo_rcx X = X0;
+        X.row += r;
+        X.mat += r / R;
+        const long long c0 = X0.col + (r / R) * C - r * C;  // element k's column: c0 + k
+#pragma omp simd
+        for (long long k = i; k < end; ++k) {
+          fo_rcx Y = X;
+          Y.col = c0 + k;
+          fo_element_rc(s, k - b, u, tv, Y);
+        }
+        i = end;
+      }
+#else
 #pragma omp simd
       for (int j = 0; j < n; ++j) fo_element(s, j, u, tv);
+#endif
     }
     fo_q_stage_out(q, b, n, stage);
   }
@@ -279,6 +301,16 @@ static void fo_reduce_run(const fo_launch* L) {
       const fo_rcx X0 = fo_rc_base(*L, chunk.tensor);
       double* colp = L->col_partials + L->chunk_cols[c];
       for (long long k = 0; k < C * FO_NUM_COL_SLOTS; ++k) colp[k] = 0.0;
+#if FO_NUM_QUANT > 0
+      // Quantized states: each block dequantized once, when the walk reaches it (the pass
+      // writes no state).
+      const fo_qtensor q = fo_qbind(L->ptrs + (long long)chunk.tensor * FO_NUM_ROLES,
+                                    (long long)L->tensor_info[4 * (long long)chunk.tensor]);
+      const long long numel = (long long)L->tensor_info[4 * (long long)chunk.tensor];
+      float stage[FO_NUM_QUANT][FO_QUANT_BLOCK];
+      long long staged = -1;  // the first element of the block in the stage
+      fo_tensor qs = t;
+#endif
       for (long long r = chunk.begin / C; r < chunk.end / C; ++r) {
         fo_rcx X = X0;
         X.row += r;
@@ -288,8 +320,20 @@ static void fo_reduce_run(const fo_launch* L) {
         for (int s = 0; s < FO_NUM_ROW_SLOTS; ++s) rr[s] = 0.0;
         for (long long cc = 0; cc < C; ++cc) {
           X.col = c0 + cc;
+#if FO_NUM_QUANT > 0
+          const long long i = r * C + cc;
+          if (staged < 0 || i >= staged + FO_QUANT_BLOCK) {
+            staged = i - i % FO_QUANT_BLOCK;
+            const long long left = numel - staged;
+            qs = fo_q_view(t, staged, stage);
+            fo_q_stage_in(q, staged, (int)(left < FO_QUANT_BLOCK ? left : FO_QUANT_BLOCK), stage);
+          }
+          fo_reduce_element_rc<kPass>(qs, i - staged, u, tv, X, &lanes[0][cc % FO_LANES], FO_LANES,
+                                      check, rr, colp + cc * FO_NUM_COL_SLOTS);
+#else
           fo_reduce_element_rc<kPass>(t, r * C + cc, u, tv, X, &lanes[0][cc % FO_LANES], FO_LANES,
                                       check, rr, colp + cc * FO_NUM_COL_SLOTS);
+#endif
         }
         for (int s = 0; s < FO_NUM_ROW_SLOTS; ++s) {
           if (fo_row_slot_pass(s) == kPass) L->row_totals[X.row * FO_NUM_ROW_SLOTS + s] = rr[s] / C;

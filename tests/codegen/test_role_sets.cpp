@@ -45,7 +45,7 @@ std::string define_line(const std::string& code, const std::string& name) {
 }  // namespace
 
 TEST_SUITE("codegen") {
-  TEST_CASE("each pass loads and stores exactly its role sets, and the bytes are their sum") {
+  TEST_CASE("each pass loads and stores exactly its role sets, and the bits are their sum") {
     const std::regex load(R"(fo_load\(t\.r(\d+),)"), store(R"(fo_store\(t\.r(\d+),)");
     const std::regex staged_load(R"(LOAD\((\d+)\))"), staged_decl(R"(DECL\((\d+)\))"),
         staged_store(R"(STORE\((\d+)\))");
@@ -65,7 +65,7 @@ TEST_SUITE("codegen") {
               codegen::generate_body(*rule, DTypeBinding::parse(binding), strategy);
           const int passes = body.reduction_passes + 1;
           REQUIRE(static_cast<int>(body.pass_reads.size()) == passes);
-          std::int64_t bytes = 0;
+          std::int64_t bits = 0;
           for (int k = 0; k < passes; ++k) {
             CAPTURE(k);
             // Factored rules (row/col state) name them fo_element_rc, fo_reduce_element_rc.
@@ -77,11 +77,10 @@ TEST_SUITE("codegen") {
                                                    std::to_string(k) + ">(");
             CHECK(captured(fn, load) == as_set(body.pass_reads[k]));
             CHECK(captured(fn, store) == as_set(body.pass_writes[k]));
-            for (int r : body.pass_reads[k]) bytes += body.role_bytes.at(r);
-            for (int r : body.pass_writes[k]) bytes += body.role_bytes.at(r);
+            for (int r : body.pass_reads[k]) bits += body.role_bits.at(r);
+            for (int r : body.pass_writes[k]) bits += body.role_bits.at(r);
           }
-          CHECK(bytes ==
-                (body.strategy == Strategy::Store ? body.bytes_store : body.bytes_recompute));
+          CHECK(bits == (body.strategy == Strategy::Store ? body.bits_store : body.bits_recompute));
           // The vector path stages the update's reads and stores its writes, nothing else.
           const std::string stage = define_line(body.code, "FO_UPDATE_STAGE");
           const std::set<int> reads = as_set(body.pass_reads.back());

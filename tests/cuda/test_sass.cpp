@@ -109,8 +109,8 @@ TEST_SUITE("cuda") {
       if (std::getenv("FUSEDOPT_PRINT_SASS")) MESSAGE(step);
       // Expected wide accesses: one per role and direction, by the role's element size.
       std::map<int, int> want_loads, want_stores;  // access bits -> count
-      for (int r : body.pass_reads.back()) ++want_loads[body.role_bytes[r] == 4 ? 128 : 64];
-      for (int r : body.pass_writes.back()) ++want_stores[body.role_bytes[r] == 4 ? 128 : 64];
+      for (int r : body.pass_reads.back()) ++want_loads[body.role_bits[r] == 32 ? 128 : 64];
+      for (int r : body.pass_writes.back()) ++want_stores[body.role_bits[r] == 32 ? 128 : 64];
       for (int bits : {64, 128}) {
         CAPTURE(bits);
         const std::regex ldg("LDG\\.E\\.NA\\." + std::to_string(bits) + "[ .]");
@@ -121,8 +121,8 @@ TEST_SUITE("cuda") {
       // The scalar path (tails, misaligned tensors): one global access per role and
       // direction too, 4 bytes for fp32 roles, 2 for 16-bit ones (LDG.E.NA / .U16).
       std::map<int, int> scalar_loads, scalar_stores;
-      for (int r : body.pass_reads.back()) ++scalar_loads[body.role_bytes[r]];
-      for (int r : body.pass_writes.back()) ++scalar_stores[body.role_bytes[r]];
+      for (int r : body.pass_reads.back()) ++scalar_loads[body.role_bits[r] / 8];
+      for (int r : body.pass_writes.back()) ++scalar_stores[body.role_bits[r] / 8];
       CHECK(count(step, std::regex(R"(LDG\.E\.NA )")) == scalar_loads[4]);
       CHECK(count(step, std::regex(R"(LDG\.E\.NA\.U16 )")) == scalar_loads[2]);
       CHECK(count(step, std::regex(R"(STG\.E )")) == scalar_stores[4]);
@@ -136,8 +136,8 @@ TEST_SUITE("cuda") {
         REQUIRE(sass.count(name) == 1);
         const std::string& text = sass.at(name);
         std::map<int, int> loads, stores;
-        for (int r : body.pass_reads[pass]) ++loads[body.role_bytes[r] == 4 ? 128 : 64];
-        for (int r : body.pass_writes[pass]) ++stores[body.role_bytes[r] == 4 ? 128 : 64];
+        for (int r : body.pass_reads[pass]) ++loads[body.role_bits[r] == 32 ? 128 : 64];
+        for (int r : body.pass_writes[pass]) ++stores[body.role_bits[r] == 32 ? 128 : 64];
         int groups = -1;  // the multiple, from the first role class present
         for (auto* want : {&loads, &stores}) {
           const char* op = want == &loads ? "LDG\\.E\\.NA\\." : "STG\\.E\\.";
@@ -191,6 +191,26 @@ TEST_SUITE("cuda") {
     CHECK(count(step, std::regex(R"(\bSTG\.E )")) == 3);      // p, and each state's absmax
     CHECK(count(step, std::regex(R"(\b(LD|ST)\.E)")) == 0);   // no generic accesses
     CHECK(count(step, std::regex(R"(\b(STL|LDL)\b)")) == 0);  // no spills
+  }
+
+  TEST_CASE("factored rules with a quantized state: one byte load and store of its code" *
+            testing::needs_nvrtc() * testing::Requires(cuobjdump_availability())) {
+    // came and adam_mini with m at 8 bits: the update reads and writes m's code once per
+    // element, as the element-wise rules do, and its row and column values beside it.
+    cache::KernelCache& cache = testing::test_kernel_cache();
+    const DTypeBinding d = DTypeBinding::parse("fp32+q=q8s@256");
+    for (const char* preset : {"came", "adam_mini"}) {
+      CAPTURE(std::string(preset));
+      const codegen::KernelBody body = codegen::generate_body(*preset_rule(preset), d);
+      const provider::ProvidedKernel k = provider::provide_body(body, d, Target::cuda(90), cache);
+      const auto sass = sass_by_function(*k.binary);
+      REQUIRE(sass.count("fusedopt_step") == 1);
+      const std::string& step = sass.at("fusedopt_step");
+      if (std::getenv("FUSEDOPT_PRINT_SASS")) MESSAGE(step);
+      CHECK(count(step, std::regex(R"(\bLDG\.E\.(U8\.NA|NA\.U8)\b)")) == 1);
+      CHECK(count(step, std::regex(R"(\bSTG\.E\.U8\b)")) == 1);
+      CHECK(count(step, std::regex(R"(\b(STL|LDL)\b)")) == 0);  // no spills
+    }
   }
 }
 

@@ -110,6 +110,72 @@ TEST_SUITE("cuda_gpu") {
 }
 
 TEST_SUITE("cuda_gpu") {
+  TEST_CASE("came and adam_mini with quantized m on the device match the host's" *
+            testing::needs_cuda_device()) {
+    cu::PrimaryContext ctx(0);
+    std::mt19937 rng(std::random_device{}());
+    std::normal_distribution<float> normal(0.0f, 1.0f);
+    // Matrices of odd columns (whole-row chunks on whole blocks), a batch whose matrices
+    // start on blocks, one whose do not (kept unquantized), a 1-D param with a tail.
+    const std::vector<std::vector<std::int64_t>> shapes = {
+        {40, 53}, {4, 64, 32}, {2, 5, 300}, {1031}, {521, 263}};
+    std::vector<std::int64_t> sizes;
+    for (const auto& s : shapes) {
+      std::int64_t n = 1;
+      for (std::int64_t d : s) n *= d;
+      sizes.push_back(n);
+    }
+    for (const char* preset : {"came", "adam_mini"}) {
+      for (const char* storage : {"q8", "q4"}) {
+        CAPTURE(std::string(preset));
+        CAPTURE(std::string(storage));
+        DeviceModel m = make_model(rng, sizes);
+        ParamGroup dg = m.device_group(), hg = m.host_group();
+        for (ParamGroup* g : {&dg, &hg}) {
+          for (std::size_t i = 0; i < shapes.size(); ++i) g->params[i].shape = shapes[i];
+          g->hypers = {{"lr", 1e-2}, {"weight_decay", 0.1}};
+        }
+        OptimizerOptions o;
+        o.state_storage = {{"m", storage}};
+        o.quant_min_numel = 0;
+        Optimizer gpu(Rule::preset(preset), {dg}, o);
+        Optimizer cpu(Rule::preset(preset), {hg}, o);
+        std::int64_t differ = 0, total = 0;
+        for (int t = 0; t < 5; ++t) {
+          for (auto& g : m.hg) {
+            for (auto& x : g) x = normal(rng);
+          }
+          m.upload_grads();
+          gpu.step();
+          cpu.step();
+          cu::synchronize(nullptr);
+          for (std::size_t i = 0; i < sizes.size(); ++i) {
+            const Tensor d = gpu.state("m", static_cast<int>(i));
+            const Tensor h = cpu.state("m", static_cast<int>(i));
+            REQUIRE(d.dtype == h.dtype);
+            REQUIRE(d.dtype == (i == 2 ? DType::F32 : DType::U8));
+            if (d.dtype != DType::U8) continue;
+            const std::vector<unsigned char> dc = bytes_of(d, true), hc = bytes_of(h, false);
+            REQUIRE(dc.size() == hc.size());
+            for (std::size_t k = 0; k < dc.size(); ++k) differ += dc[k] != hc[k] ? 1 : 0;
+            total += static_cast<std::int64_t>(dc.size());
+          }
+        }
+        MESSAGE((std::string(preset) + " " + storage + ": "), differ, " of ", total,
+                " code bytes of m differ host/device");
+        CHECK(differ * 1000 <= total);
+        // Each side steps from its own codes; the params stay within fp32 noise of each other.
+        for (std::size_t i = 0; i < sizes.size(); ++i) {
+          const std::vector<float> got = m.download_param(i);
+          for (std::size_t k = 0; k < got.size(); ++k) {
+            const float want = m.hp[i][k];
+            REQUIRE(std::fabs(got[k] - want) <= 1e-3f * (1 + std::fabs(want)));
+          }
+        }
+      }
+    }
+  }
+
   TEST_CASE("stochastic rounding and rand() on the device give the host's bits" *
             testing::needs_cuda_device()) {
     cu::PrimaryContext ctx(0);

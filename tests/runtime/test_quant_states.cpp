@@ -14,6 +14,7 @@
 #include "codegen/quant.hpp"
 #include "fusedopt/error.hpp"
 #include "fusedopt/optimizer.hpp"
+#include "quant_reference.hpp"
 #include "runtime_support.hpp"
 #include "support/temp_dir.hpp"
 
@@ -24,8 +25,13 @@ using fusedopt::ParamGroup;
 using fusedopt::Quant;
 using fusedopt::Rule;
 using fusedopt::Tensor;
+using fusedopt_tests::absmax_of;
+using fusedopt_tests::codes_of;
 using fusedopt_tests::fresh_seed;
 using fusedopt_tests::HostTensor;
+using fusedopt_tests::nearest_f64;
+using fusedopt_tests::quantize_f64;
+using fusedopt_tests::RefQuant;
 using fusedopt_tests::use_private_cache;
 
 namespace {
@@ -70,57 +76,6 @@ std::vector<double> map_f64(Quant q) {
       return v;
     }
   }
-}
-
-/// The nearest code of x (float64) among the fp32 map's values; a tie goes to the even
-/// code; with `fix`, a value whose sign bit is set (`negative`) on the code of 0 takes the one
-/// below.
-int nearest_f64(const std::vector<float>& map, double x, bool fix, bool negative) {
-  int best = 0;
-  for (int k = 1; k < static_cast<int>(map.size()); ++k) {
-    const double d = std::abs(x - map[static_cast<std::size_t>(k)]);
-    const double e = std::abs(x - map[static_cast<std::size_t>(best)]);
-    if (d < e || (d == e && k % 2 == 0)) best = k;
-  }
-  if (fix && negative && map[static_cast<std::size_t>(best)] >= 0 && best > 0) best -= 1;
-  return best;
-}
-
-/// Codes (one per element, unpacked) and absmax of `values` quantized in float64.
-struct RefQuant {
-  std::vector<int> codes;
-  std::vector<double> absmax;
-};
-RefQuant quantize_f64(const std::vector<double>& values, Quant q, int block) {
-  const std::vector<float>& map = fusedopt::codegen::quant_map(q);
-  RefQuant r;
-  for (std::size_t b = 0; b < values.size(); b += static_cast<std::size_t>(block)) {
-    const std::size_t end = std::min(values.size(), b + static_cast<std::size_t>(block));
-    double a = 0;
-    for (std::size_t j = b; j < end; ++j) a = std::max(a, std::abs(values[j]));
-    r.absmax.push_back(a);
-    for (std::size_t j = b; j < end; ++j) {
-      r.codes.push_back(
-          nearest_f64(map, a != 0 ? values[j] / a : 0.0, q == Quant::Q8S, std::signbit(values[j])));
-    }
-  }
-  return r;
-}
-
-/// The codes of a quantized state's view (unpacked).
-std::vector<int> codes_of(const Tensor& t, std::int64_t numel, Quant q) {
-  const auto* c = static_cast<const unsigned char*>(t.data);
-  std::vector<int> out;
-  for (std::int64_t i = 0; i < numel; ++i) {
-    out.push_back(fusedopt::quant_bits(q) == 8 ? c[i] : (c[i >> 1] >> ((~i & 1) * 4)) & 15);
-  }
-  return out;
-}
-
-std::vector<float> absmax_of(const Tensor& t) {
-  std::vector<float> out(static_cast<std::size_t>(t.numel));
-  std::memcpy(out.data(), t.data, out.size() * 4);
-  return out;
 }
 
 const Quant kAll[] = {Quant::Q8S, Quant::Q8U, Quant::Q4S, Quant::Q4U};

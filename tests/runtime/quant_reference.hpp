@@ -1,0 +1,70 @@
+// Block quantization in float64 for the tests: the nearest code of a value among a map's
+// fp32 values (bitsandbytes' rule: ties to the even code, the sign fix of q8s), a block's
+// codes and absmax, and the codes and absmax an optimizer's state views hold.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+#include "codegen/quant.hpp"
+#include "fusedopt/dtype.hpp"
+#include "fusedopt/optimizer.hpp"
+
+namespace fusedopt_tests {
+
+/// The nearest code of x (float64) among the fp32 map's values; a tie goes to the even
+/// code; with `fix`, a value whose sign bit is set (`negative`) on the code of 0 takes the one
+/// below.
+inline int nearest_f64(const std::vector<float>& map, double x, bool fix, bool negative) {
+  int best = 0;
+  for (int k = 1; k < static_cast<int>(map.size()); ++k) {
+    const double d = std::abs(x - map[static_cast<std::size_t>(k)]);
+    const double e = std::abs(x - map[static_cast<std::size_t>(best)]);
+    if (d < e || (d == e && k % 2 == 0)) best = k;
+  }
+  if (fix && negative && map[static_cast<std::size_t>(best)] >= 0 && best > 0) best -= 1;
+  return best;
+}
+
+/// Codes (one per element, unpacked) and absmax of `values` quantized in float64.
+struct RefQuant {
+  std::vector<int> codes;
+  std::vector<double> absmax;
+};
+inline RefQuant quantize_f64(const std::vector<double>& values, fusedopt::Quant q, int block) {
+  const std::vector<float>& map = fusedopt::codegen::quant_map(q);
+  RefQuant r;
+  for (std::size_t b = 0; b < values.size(); b += static_cast<std::size_t>(block)) {
+    const std::size_t end = std::min(values.size(), b + static_cast<std::size_t>(block));
+    double a = 0;
+    for (std::size_t j = b; j < end; ++j) a = std::max(a, std::abs(values[j]));
+    r.absmax.push_back(a);
+    for (std::size_t j = b; j < end; ++j) {
+      r.codes.push_back(nearest_f64(map, a != 0 ? values[j] / a : 0.0, q == fusedopt::Quant::Q8S,
+                                    std::signbit(values[j])));
+    }
+  }
+  return r;
+}
+
+/// The codes of a quantized state's view (unpacked).
+inline std::vector<int> codes_of(const fusedopt::Tensor& t, std::int64_t numel, fusedopt::Quant q) {
+  const auto* c = static_cast<const unsigned char*>(t.data);
+  std::vector<int> out;
+  for (std::int64_t i = 0; i < numel; ++i) {
+    out.push_back(fusedopt::quant_bits(q) == 8 ? c[i] : (c[i >> 1] >> ((~i & 1) * 4)) & 15);
+  }
+  return out;
+}
+
+/// The absmax of a quantized state's NAME.absmax view.
+inline std::vector<float> absmax_of(const fusedopt::Tensor& t) {
+  std::vector<float> out(static_cast<std::size_t>(t.numel));
+  std::memcpy(out.data(), t.data, out.size() * 4);
+  return out;
+}
+
+}  // namespace fusedopt_tests
