@@ -161,17 +161,25 @@ TEST_SUITE("cuda_gpu") {
             total += static_cast<std::int64_t>(dc.size());
           }
         }
-        MESSAGE((std::string(preset) + " " + storage + ": "), differ, " of ", total,
-                " code bytes of m differ host/device");
-        CHECK(differ * 1000 <= total);
-        // Each side steps from its own codes; the params stay within fp32 noise of each other.
+        // Each side steps from its own codes: where fp32 ulps (the row and column sums'
+        // chunking differs) moved a value across a midpoint, the code stays moved and its
+        // param follows a step of lr times a code's gap (times CAME's confidence, which is not
+        // bounded per element). Such params are counted, and must stay rare.
+        std::int64_t params_differ = 0, params = 0;
         for (std::size_t i = 0; i < sizes.size(); ++i) {
           const std::vector<float> got = m.download_param(i);
           for (std::size_t k = 0; k < got.size(); ++k) {
             const float want = m.hp[i][k];
-            REQUIRE(std::fabs(got[k] - want) <= 1e-3f * (1 + std::fabs(want)));
+            REQUIRE(std::isfinite(got[k]));
+            params_differ += std::fabs(got[k] - want) > 1e-5f * (1 + std::fabs(want)) ? 1 : 0;
           }
+          params += static_cast<std::int64_t>(got.size());
         }
+        MESSAGE((std::string(preset) + " " + storage + ": "), differ, " of ", total,
+                " code bytes of m and ", params_differ, " of ", params,
+                " params differ host/device");
+        CHECK(differ * 1000 <= total);
+        CHECK(params_differ * 1000 <= params);
       }
     }
   }
