@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """fusedopt.torch.Optimizer against torch.optim in the same run, on the same data, with the
-copy floor measured beside them: one optimizer step per case.
+floor measured beside them: one optimizer step per case.
 
 Cases (``--cases``, comma-separated):
   adamw      AdamW fp32 on BERT-base shapes (201 tensors, 109.5 M elements, torch's shapes):
@@ -19,10 +19,15 @@ Cases (``--cases``, comma-separated):
              the same algorithm in torch foreach operations.
   compile    the first step of a fresh optimizer: a cold compile (empty cache), a disk
              hit in a fresh process, a memory hit.
-The floor is a plain copy of the bytes a step must move (half read, half written:
-dst.copy_(src); on the CPU the faster of that and numpy.copyto), its best time, as
-fusedopt-bench measures it. Each optimizer line is the median of --steps timed steps after
---warmup untimed ones (CUDA events on a GPU), with its fraction of the floor.
+The floor is an in-place stream of the bytes fusedopt's step moves (its stats()' traffic: per
+pass, each role it only reads summed, each it updates incremented in place, each it only
+writes filled), its best time: on the CPU fusedopt-bench's floor (bench/floor.hpp, one
+OpenMP loop per pass); on a GPU torch operations over buffers of the same sizes (one kernel
+per role: the fused step may beat it a little). A plain copy of the same bytes (dst.copy_(src); on the CPU the
+faster of that and numpy.copyto) is reported beside it, labelled copy: an in-place update
+does not pay for a copy's write-allocate, so a copy is no floor. Each optimizer line is the
+median of --steps timed steps after --warmup untimed ones (CUDA events on a GPU), with its
+fraction of the floor.
 
   python3 bench/torch_step.py [--device cpu|cuda] [--cases adamw,small,...] [--steps N]
                               [--threads N] [--json FILE]
@@ -119,6 +124,63 @@ def copy_floor(nbytes, device, steps, warmup):
     return best
 
 
+def inplace_floor(traffic, device, steps, warmup):
+    """Best time of an in-place stream of the bytes a step moves, pass by pass (`traffic`:
+    fusedopt's stats()["traffic"]). On the CPU, fusedopt-bench's own floor (bench/floor.hpp,
+    all roles of a pass in one OpenMP loop), through the package. On a GPU, torch
+    operations: each read-only role summed, each updated role
+    incremented in place, each write-only role filled. Buffers are shared by the passes (the
+    largest each slot needs), 4-byte words of each role's size (4-bit codes: half a byte)."""
+    if device == "cpu":
+        from fusedopt import _fusedopt
+        return _fusedopt._inplace_floor_seconds(traffic, max(steps, 3))
+    sizes = {}
+    for p in traffic:
+        for kind in ("read_bits", "update_bits", "write_bits"):
+            for k, bits in enumerate(p[kind]):
+                n = max(1, (p["elements"] * bits + 31) // 32)
+                sizes[(kind, k)] = max(sizes.get((kind, k), 0), n)
+    bufs = {key: torch.ones(n, dtype=torch.float32, device=device) for key, n in sizes.items()}
+    plan = []
+    for p in traffic:
+        views = {}
+        for kind in ("read_bits", "update_bits", "write_bits"):
+            views[kind] = [bufs[(kind, k)][:max(1, (p["elements"] * bits + 31) // 32)]
+                           for k, bits in enumerate(p[kind])]
+        plan.append(views)
+
+    def run():
+        for views in plan:
+            for r in views["read_bits"]:
+                r.sum()
+            for u in views["update_bits"]:
+                u.add_(1)
+            for w in views["write_bits"]:
+                w.fill_(1)
+    return seconds(run, device, steps, warmup, best=True)
+
+
+def traffic_bytes(traffic):
+    """Bytes one step moves by its traffic (an updated role twice): its bytes_per_step."""
+    total = 0
+    for p in traffic:
+        bits = sum(p["read_bits"]) + 2 * sum(p["update_bits"]) + sum(p["write_bits"])
+        total += p["elements"] * bits // 8
+    return total
+
+
+def floors_of(optimizer, device, args):
+    """(in-place floor, copy, bytes) for fusedopt optimizer `optimizer`'s step (one step is
+    taken first: its kernels are bound at the first)."""
+    optimizer.step()
+    traffic = [p for stats in optimizer.stats() for p in stats["traffic"]]
+    if not traffic:
+        sys.exit("fusedopt's optimizer reports no traffic after a step: no floor to measure")
+    nbytes = traffic_bytes(traffic)
+    return (inplace_floor(traffic, device, args.steps, args.warmup),
+            copy_floor(nbytes, device, args.steps, args.warmup), nbytes)
+
+
 def params_of(shapes, device, dtype=torch.float32):
     ps = [torch.randn(s, device=device, dtype=dtype).requires_grad_() for s in shapes]
     for p in ps:
@@ -165,7 +227,7 @@ def torch_lamb(params, lr=1e-3, beta1=0.9, beta2=0.999, eps=1e-6, weight_decay=0
 def case_adamw(name, shapes, args, results):
     device = args.device
     elements = sum(torch.Size(s).numel() for s in shapes)
-    floor = copy_floor(28 * elements, device, args.steps, args.warmup)
+    floor = None  # fusedopt's optimizer comes first: its step's traffic is the floor's
     makers = [("fusedopt.torch adamw", lambda ps: ft.Optimizer(ps, rule="adamw", lr=1e-3)),
               ("torch AdamW foreach=True",
                lambda ps: torch.optim.AdamW(ps, lr=1e-3, foreach=True)),
@@ -179,9 +241,12 @@ def case_adamw(name, shapes, args, results):
             continue  # 5,000 launches a step: minutes, and not a contender
         ps = params_of(shapes, device)
         opt = make(ps)
+        if floor is None:
+            floor, copy, nbytes = floors_of(opt, device, args)
         s = seconds(opt.step, device, args.steps, args.warmup)
         results.append({"case": name, "what": label, "seconds": s, "floor_seconds": floor,
-                        "bytes": 28 * elements, "tensors": len(shapes), "elements": elements})
+                        "copy_seconds": copy, "bytes": nbytes, "tensors": len(shapes),
+                        "elements": elements})
         del opt, ps
 
 
@@ -192,12 +257,13 @@ def case_amp(args, results):
     elements = sum(torch.Size(s).numel() for s in shapes)
     scaler_cls = torch.amp.GradScaler
     # bytes: ours fp16 p r+w (4), fp16 g r (2) twice (norm pass, update), fp32 master r+w (8),
-    # m, v r+w (16): 32 B/element
-    floor = copy_floor(32 * elements, args.device, args.steps, args.warmup)
+    # m, v r+w (16): 32 B/element (the floor streams them: fusedopt's stats' traffic)
+    floor = []
 
     def ours_step_factory():
         ps = params_of(shapes, "cuda", torch.float16)
         opt = ft.Optimizer(ps, rule="adamw", lr=1e-3, master_weights=True, max_grad_norm=1.0)
+        floor.extend(floors_of(opt, "cuda", args))
         scaler = scaler_cls("cuda", init_scale=1024.0)
         scaler.scale(torch.ones((), device="cuda"))  # the scale exists from here on
         grads = [p.grad.clone() * 1024 for p in ps]
@@ -232,22 +298,26 @@ def case_amp(args, results):
                             torch_step_factory)):
         step = factory()
         s = seconds(step, "cuda", args.steps, args.warmup)
-        results.append({"case": "amp", "what": label, "seconds": s, "floor_seconds": floor,
-                        "bytes": 32 * elements, "tensors": len(shapes), "elements": elements})
+        results.append({"case": "amp", "what": label, "seconds": s, "floor_seconds": floor[0],
+                        "copy_seconds": floor[1], "bytes": floor[2], "tensors": len(shapes),
+                        "elements": elements})
         del step
 
 
 def case_lamb(args, results):
     shapes = bert_base_shapes()
     elements = sum(torch.Size(s).numel() for s in shapes)
-    floor = copy_floor(44 * elements, args.device, args.steps, args.warmup)
+    floor = None  # fusedopt's first: its step's traffic is the floor's
     for label, make in (("fusedopt lamb", lambda ps: ft.Optimizer(ps, rule="lamb", lr=1e-3)),
                         ("torch foreach LAMB", torch_lamb)):
         ps = params_of(shapes, args.device)
         opt = make(ps)
+        if floor is None:
+            floor, copy, nbytes = floors_of(opt, args.device, args)
         s = seconds(opt.step, args.device, args.steps, args.warmup)
         results.append({"case": "lamb", "what": label, "seconds": s, "floor_seconds": floor,
-                        "bytes": 44 * elements, "tensors": len(shapes), "elements": elements})
+                        "copy_seconds": copy, "bytes": nbytes, "tensors": len(shapes),
+                        "elements": elements})
         del opt, ps
 
 
@@ -354,8 +424,8 @@ def main():
                 floor = r["floor_seconds"]
                 print(f"  {r['case']:7s} {r['what']:52s} {r['seconds'] * 1e3:9.2f} ms  "
                       f"{floor / r['seconds']:.2f} of the floor ({floor * 1e3:.2f} ms, "
-                      f"{r['bytes'] / floor / 1e9:.0f} GB/s; {r['tensors']} tensors)",
-                      flush=True)
+                      f"{r['bytes'] / floor / 1e9:.0f} GB/s; copy {r['copy_seconds'] * 1e3:.2f} "
+                      f"ms; {r['tensors']} tensors)", flush=True)
             else:
                 print(f"  {r['case']:7s} {r['what']:52s} {r['seconds'] * 1e3:9.2f} ms",
                       flush=True)

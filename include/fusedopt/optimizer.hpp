@@ -124,6 +124,16 @@ struct StateInfo {
   Quant quant = Quant::None;
 };
 
+/// What one pass of a step moves over the elements of one dtype binding, role by role, in
+/// bits per element (a 4-bit state's codes: 4; the absmax per block and row/column states
+/// not counted): the traffic a floor must reproduce (bench/floor.hpp streams the same).
+struct PassTraffic {
+  std::int64_t elements = 0;
+  std::vector<int> read_bits;    ///< roles the pass reads and does not write
+  std::vector<int> update_bits;  ///< roles it reads and writes (in place)
+  std::vector<int> write_bits;   ///< roles it writes without reading them
+};
+
 struct OptimizerStats {
   std::int64_t tensors = 0;  ///< parameters (empty ones included)
   std::int64_t elements = 0;
@@ -132,11 +142,14 @@ struct OptimizerStats {
                                        ///< the update, and on CUDA the one-thread launch that
                                        ///< counts the step on the device
   std::int64_t bytes_per_step = 0;     ///< bytes read + written by one step (every pass)
-  std::size_t state_bytes = 0;         ///< memory of the rule's states, outputs and fp32
-                                       ///< masters (64-byte aligned views)
-  int reduction_passes = 0;            ///< passes before the update (0: element-wise rule)
-  std::string reduction_strategy;      ///< "recompute" or "store" ("" without reductions)
-  std::int64_t bytes_recompute = 0;    ///< bytes per step under each strategy
+  /// Per dtype binding and pass, in launch order: what it reads and writes. The sum of
+  /// elements x bits / 8 over them (an updated role twice) is bytes_per_step.
+  std::vector<PassTraffic> traffic;
+  std::size_t state_bytes = 0;       ///< memory of the rule's states, outputs and fp32
+                                     ///< masters (64-byte aligned views)
+  int reduction_passes = 0;          ///< passes before the update (0: element-wise rule)
+  std::string reduction_strategy;    ///< "recompute" or "store" ("" without reductions)
+  std::int64_t bytes_recompute = 0;  ///< bytes per step under each strategy
   std::int64_t bytes_store = 0;
   std::string schedule_report;  ///< the passes, what each reads and writes, and the
                                 ///< recompute-or-store choice with its bytes

@@ -15,6 +15,7 @@
 #include <utility>
 #include <vector>
 
+#include "floor.hpp"  // bench/floor.hpp: the in-place floor of bench/torch_step.py
 #include "fusedopt/error.hpp"
 #include "fusedopt/kernel.hpp"
 #include "fusedopt/optimizer.hpp"
@@ -291,6 +292,18 @@ class Engine {
     d["elements"] = s.elements;
     d["launches_per_step"] = s.launches_per_step;
     d["bytes_per_step"] = s.bytes_per_step;
+    // Per binding and pass: what it reads, updates in place and only writes (bits per
+    // element, role by role): what an in-place floor must move (bench/torch_step.py).
+    nb::list traffic;
+    for (const fo::PassTraffic& t : s.traffic) {
+      nb::dict p;
+      p["elements"] = t.elements;
+      p["read_bits"] = t.read_bits;
+      p["update_bits"] = t.update_bits;
+      p["write_bits"] = t.write_bits;
+      traffic.append(p);
+    }
+    d["traffic"] = traffic;
     d["state_bytes"] = s.state_bytes;
     d["reduction_passes"] = s.reduction_passes;
     d["reduction_strategy"] = s.reduction_strategy;
@@ -414,6 +427,27 @@ void bind_functions(nb::module_& m) {
       nb::arg("rule"), nb::arg("state_storage"),
       "The storage of each of the rule's states ('-', 'q8s', 'q8u', 'q4s', 'q4u') under the "
       "rule's declarations and `state_storage` (pairs of state name or '*' and kind).");
+  m.def(
+      "_inplace_floor_seconds",
+      [](const std::vector<nb::dict>& traffic, int runs) {
+        std::vector<fo::PassTraffic> t;
+        for (const nb::dict& d : traffic) {
+          fo::PassTraffic p;
+          p.elements = nb::cast<std::int64_t>(d["elements"]);
+          p.read_bits = nb::cast<std::vector<int>>(d["read_bits"]);
+          p.update_bits = nb::cast<std::vector<int>>(d["update_bits"]);
+          p.write_bits = nb::cast<std::vector<int>>(d["write_bits"]);
+          t.push_back(std::move(p));
+        }
+        fo::bench::InPlaceFloor floor(std::move(t));
+        nb::gil_scoped_release release;
+        floor.seconds();  // first touch
+        return floor.best_seconds(runs);
+      },
+      nb::arg("traffic"), nb::arg("runs") = 5,
+      "Host only: the best of `runs` runs of an in-place stream of a step's traffic (an "
+      "engine's stats()['traffic']) on an OpenMP team, bench/floor.hpp: the floor "
+      "bench/torch_step.py divides by.");
   m.def("check_hyper_value", &fo::check_hyper_value, nb::arg("where"), nb::arg("name"),
         nb::arg("group"), nb::arg("value"),
         "The one rule for a hyper's value (finite, within fp32's range): UsageError otherwise.");

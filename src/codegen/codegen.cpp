@@ -107,7 +107,7 @@ KernelBody generate_body(const Rule& rule, const DTypeBinding& dtypes, Strategy 
   if (body.factored) {
     w.line(
         "FO_FN void fo_reduce_element_rc(const fo_tensor&, long long, const fo_uniform&, "
-        "const fo_tvals&, const fo_rcx&, float*, int, bool, double*, double*) {}");
+        "const fo_tvals&, const fo_rcx&, long long, float*, int, bool, double*, double*) {}");
   } else {
     w.line(
         "FO_FN void fo_reduce_element(const fo_tensor&, long long, const fo_uniform&, "

@@ -23,10 +23,12 @@ std::string BodyEmitter::pass_function(int pass) {
       std::set<int>(s_.passes.at(pass).stmts.begin(), s_.passes.at(pass).stmts.end())};
   em_.def_override_.clear();
   em_.orig_override_.clear();
+  em_.rc_locals_ = factored_;
   Writer loads, body, stores;
   emit_loads(p, loads);
   emit_statements(p, body);
   emit_stores(p, stores);
+  em_.rc_locals_ = false;
   return wrap_pass(p, loads, body, stores);
 }
 
@@ -116,8 +118,12 @@ void BodyEmitter::emit_statements(const PassShape& p, Writer& body) {
         if (lanes(r)) {
           body.line("  " + accumulate(r.kind, acc_[call->reduction], em_.element(*r.arg)));
         } else {  // row_mean / col_mean: summed per row / per column, divided at the end
+          // A row's sums in lanes (fo_stride apart: the host's vectorised column loop), a
+          // column's in its own partials (distinct per element of a row).
           body.line(fmt::format("  fo_{}r[{}] += (double)({});",
-                                r.scope == lang::Scope::Row ? "r" : "c", r.slot,
+                                r.scope == lang::Scope::Row ? "r" : "c",
+                                r.scope == lang::Scope::Row ? fmt::format("{} * fo_stride", r.slot)
+                                                            : std::to_string(r.slot),
                                 em_.element(*r.arg)));
         }
       }
@@ -180,17 +186,32 @@ void BodyEmitter::emit_rc_loads(Writer& loads) const {
                            rule_.symbols[s].index));
   }
   for (int s : rule_.col_states) {
-    loads.line(fmt::format("  float v_{} = X.cs[{} * X.ncols + X.col];", rule_.symbols[s].name,
+    loads.line(fmt::format("  float v_{} = X.cs[{} * X.ncols + fo_col];", rule_.symbols[s].name,
                            rule_.symbols[s].index));
+  }
+  // The row, column and matrix means, loaded unconditionally (ExprEmitter::rc_locals_); a
+  // slot a later pass fills reads what is there and goes unused.
+  for (const lang::Reduction& r : rule_.reductions) {
+    const char* what = r.scope == lang::Scope::Row      ? "rmean"
+                       : r.scope == lang::Scope::Col    ? "cmean"
+                       : r.scope == lang::Scope::Matrix ? "mmean"
+                                                        : nullptr;
+    if (!what) continue;
+    const std::string at = r.scope == lang::Scope::Row   ? "X.rt[X.row * FO_NUM_ROW_SLOTS"
+                           : r.scope == lang::Scope::Col ? "X.ct[fo_col * FO_NUM_COL_SLOTS"
+                                                         : "X.mt[X.mat * FO_NUM_MATRIX_SLOTS";
+    loads.line(fmt::format("  const float fo_{}{} = (float){} + {}];", what, r.slot, at, r.slot));
+    loads.line(fmt::format("  (void)fo_{}{};", what, r.slot));
   }
 }
 
 std::string BodyEmitter::wrap_pass(const PassShape& p, const Writer& loads, const Writer& body,
                                    const Writer& stores) {
   Writer w;
-  // Factored rules: the element's row and column (fo_rcx), and row/column sums.
+  // Factored rules: the element's row (fo_rcx) and column (fo_col: apart from X, so that a
+  // loop over a row's columns passes one X and vectorises), and row/column sums.
   const char* rc = factored_ ? "_rc" : "";
-  const char* x = factored_ ? ", const fo_rcx& X" : "";
+  const char* x = factored_ ? ", const fo_rcx& X, long long fo_col" : "";
   if (p.update) {
     w.line(
         fmt::format("FO_FN void fo_element{}(const fo_tensor& t, long long i, const fo_uniform& U, "
@@ -205,7 +226,7 @@ std::string BodyEmitter::wrap_pass(const PassShape& p, const Writer& loads, cons
                     rc, p.pass, x, factored_ ? ", double* fo_rr, double* fo_cr" : ""));
   }
   w.line("  (void)T;");
-  if (factored_) w.line("  (void)X;");
+  if (factored_) w.line("  (void)X; (void)fo_col;");
   if (!p.update) w.line("  (void)fo_a; (void)fo_stride; (void)fo_check;");
   if (!p.update && factored_) w.line("  (void)fo_rr; (void)fo_cr;");
   w.append(loads);

@@ -207,13 +207,16 @@ std::string ExprEmitter::node(const lang::Expr& e, bool uniform_ctx) {
       const lang::Reduction& r = rule_.reductions.at(e.reduction);
       // Row, column and matrix means: this element's row's, column's and matrix's.
       if (r.scope == lang::Scope::Row) {
-        return fmt::format("(float)X.rt[X.row * FO_NUM_ROW_SLOTS + {}]", r.slot);
+        return rc_locals_ ? fmt::format("fo_rmean{}", r.slot)
+                          : fmt::format("(float)X.rt[X.row * FO_NUM_ROW_SLOTS + {}]", r.slot);
       }
       if (r.scope == lang::Scope::Col) {
-        return fmt::format("(float)X.ct[X.col * FO_NUM_COL_SLOTS + {}]", r.slot);
+        return rc_locals_ ? fmt::format("fo_cmean{}", r.slot)
+                          : fmt::format("(float)X.ct[fo_col * FO_NUM_COL_SLOTS + {}]", r.slot);
       }
       if (r.scope == lang::Scope::Matrix) {
-        return fmt::format("(float)X.mt[X.mat * FO_NUM_MATRIX_SLOTS + {}]", r.slot);
+        return rc_locals_ ? fmt::format("fo_mmean{}", r.slot)
+                          : fmt::format("(float)X.mt[X.mat * FO_NUM_MATRIX_SLOTS + {}]", r.slot);
       }
       if (in_tensor_) return reduce_text_.at(e.reduction);
       if (r.scope == lang::Scope::Global) {

@@ -100,6 +100,11 @@ class ExprEmitter {
   /// of the Store strategy): by reaching definition, or by symbol for original values.
   std::map<int, std::string> def_override_;
   std::map<int, std::string> orig_override_;
+  /// Row, column and matrix means as the locals an element function loads at its top
+  /// (fo_rmean<slot>, fo_cmean<slot>, fo_mmean<slot>: BodyEmitter::emit_rc_loads), not as
+  /// loads where they are used: a load under a `where` would be masked, which keeps the
+  /// host's column loops scalar. The row and column stages read them in place.
+  bool rc_locals_ = false;
 
  private:
   std::map<std::string, int> slot_by_text_;

@@ -50,6 +50,8 @@ void BodyEmitter::emit_rc_stage(Writer& w, bool row) {
                   "float* fo_out, double* fo_m) {{",
                   row ? "row" : "col"));
   w.line("  (void)X; (void)U; (void)T; (void)fo_out; (void)fo_m;");
+  w.line("  const long long fo_col = X.col;  // the column, as element code names it");
+  w.line("  (void)fo_col;");
   for (int s : states) {
     w.line(fmt::format("  float v_{} = X.{}s[{} * X.n{}s + X.{}];", rule_.symbols[s].name,
                        row ? "r" : "c", rule_.symbols[s].index, row ? "row" : "col",

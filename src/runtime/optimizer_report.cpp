@@ -1,6 +1,9 @@
 // The optimizer's reports: what fusing bought (fusion_report) and what each pass of each
-// binding reads and writes (schedule_report), for stats() and FUSEDOPT_LOG=info.
+// binding reads and writes (schedule_report), for FUSEDOPT_LOG=info, and stats(): sizes,
+// bytes and traffic per pass, the step program, the kernels.
 #include <fmt/format.h>
+
+#include <algorithm>
 
 #include "rule_access.hpp"
 #include "runtime/optimizer_impl.hpp"
@@ -99,6 +102,90 @@ void Optimizer::Impl::report() {
                       kernels[b]->origin(), kernels[b]->seconds()));
     }
   }
+}
+
+OptimizerStats Optimizer::stats() const {
+  const Impl& m = live("stats");
+  OptimizerStats st;
+  st.tensors = static_cast<std::int64_t>(m.params.size());
+  for (const runtime::ParamSlot& s : m.params) {
+    st.elements += s.param.numel;
+    if (s.binding < 0) continue;
+    // What each pass of the binding's kernel reads and writes, per element.
+    const codegen::KernelBody& body = m.kernels[static_cast<std::size_t>(s.binding)]->body();
+    std::int64_t bits = 0;  // per element: a 4-bit state's codes move half a byte
+    for (const auto* roles : {&body.pass_reads, &body.pass_writes}) {
+      for (const std::vector<int>& pass : *roles) {
+        for (int r : pass) bits += body.role_bits[static_cast<std::size_t>(r)];
+      }
+    }
+    st.bytes_per_step += bits * s.param.numel / 8;
+    st.bytes_recompute += body.bits_recompute * s.param.numel / 8;
+    st.bytes_store += body.bits_store * s.param.numel / 8;
+  }
+  for (std::size_t b = 0; b < m.kernels.size(); ++b) {
+    std::int64_t elements = 0;
+    for (int p : m.binding_params[b]) elements += m.params[static_cast<std::size_t>(p)].param.numel;
+    const codegen::KernelBody& body = m.kernels[b]->body();
+    for (std::size_t k = 0; k < body.pass_reads.size(); ++k) {
+      PassTraffic t;
+      t.elements = elements;
+      const std::vector<int>& reads = body.pass_reads[k];
+      const std::vector<int>& writes = body.pass_writes[k];
+      auto has = [](const std::vector<int>& v, int r) {
+        return std::find(v.begin(), v.end(), r) != v.end();
+      };
+      for (int r : reads)
+        (has(writes, r) ? t.update_bits : t.read_bits).push_back(body.role_bits[r]);
+      for (int r : writes)
+        if (!has(reads, r)) t.write_bits.push_back(body.role_bits[r]);
+      st.traffic.push_back(std::move(t));
+    }
+  }
+  for (const runtime::Arena& a : m.arenas) st.state_bytes += a.bytes;
+  st.state_bytes += m.scalars.size();
+  st.state_bytes += m.rc_states.size();
+  st.reduction_passes = m.reduction_passes;
+  if (m.reduction_passes > 0 && !m.kernels.empty()) {
+    st.reduction_strategy = to_string(m.kernels.front()->body().strategy);
+  }
+  st.schedule_report = m.schedule_report;
+  st.step_program = runtime::describe(m.plain_program);
+  st.scaled_step_program = runtime::describe(m.scaled_program);
+  static const char* kRank[] = {"memory", "disk", "compiled"};
+  int slowest = -1;
+  for (std::size_t b = 0; b < m.kernels.size(); ++b) {
+    const auto& kernel = m.kernels[b];
+    st.launches_per_step += kernel->launches_per_step(b == 0);  // the count: one per step
+    st.kernel_keys.push_back(kernel->key());
+    st.kernel_seconds += kernel->seconds();
+    for (int k = 0; k < 3; ++k) {
+      if (kernel->origin() == kRank[k] && k > slowest) slowest = k;
+    }
+  }
+  st.kernel_origin = slowest >= 0 ? kRank[slowest] : "";
+  st.fusion_report = m.fusion_report;
+  return st;
+}
+
+const char* to_string(StateKind kind) {
+  switch (kind) {
+    case StateKind::Element:
+      return "element";
+    case StateKind::Output:
+      return "output";
+    case StateKind::Scalar:
+      return "scalar";
+    case StateKind::Row:
+      return "row";
+    case StateKind::Col:
+      return "col";
+    case StateKind::Master:
+      return "master";
+    case StateKind::Absmax:
+      return "absmax";
+  }
+  return "?";
 }
 
 }  // namespace fusedopt

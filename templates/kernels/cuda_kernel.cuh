@@ -386,7 +386,7 @@ struct fo_qstage<true> {
 #if FO_FACTORED
 #define FO_QRC_PARAM , const fo_rcx& X
 #define FO_QRC_ARG , X
-#define FO_QRC_UPDATE fo_element_rc(s, 0, U, T, X);
+#define FO_QRC_UPDATE fo_element_rc(s, 0, U, T, X, X.col);
 #else
 #define FO_QRC_PARAM
 #define FO_QRC_ARG
@@ -484,7 +484,8 @@ __device__ __forceinline__ void fo_run(const fo_launch& L) {
       const long long R = fo_rows_of(L, chunk.tensor), C = fo_cols_of(L, chunk.tensor);
       const fo_rcx X0 = fo_rc_base(L, chunk.tensor);
       for (long long i = chunk.begin + threadIdx.x; i < chunk.end; i += blockDim.x) {
-        fo_element_rc(t, i, U, T, fo_rc_at(X0, i, R, C));
+        const fo_rcx X = fo_rc_at(X0, i, R, C);
+        fo_element_rc(t, i, U, T, X, X.col);
       }
       continue;
     }
@@ -603,8 +604,8 @@ __device__ __forceinline__ void fo_reduce_run(const fo_launch& L) {
         for (int s = 0; s < FO_NUM_ROW_SLOTS; ++s) rr[s] = 0.0;
         const long long r = r0 + q;
         for (long long cc = 0; cc < C; ++cc) {
-          fo_reduce_element_rc<kPass>(FO_RC_AT(r * C + cc), U, T, fo_rc_at(X0, r * C + cc, R, C), a,
-                                      1, check, rr, cr);
+          const fo_rcx X = fo_rc_at(X0, r * C + cc, R, C);
+          fo_reduce_element_rc<kPass>(FO_RC_AT(r * C + cc), U, T, X, X.col, a, 1, check, rr, cr);
         }
         for (int s = 0; s < FO_NUM_ROW_SLOTS; ++s) {
           if (fo_row_slot_pass(s) == kPass)
@@ -616,8 +617,8 @@ __device__ __forceinline__ void fo_reduce_run(const fo_launch& L) {
         for (int s = 0; s < FO_NUM_COL_SLOTS; ++s) cr[s] = 0.0;
         for (long long q = 0; q < rows; ++q) {
           const long long i = (r0 + q) * C + cc;
-          fo_reduce_element_rc<kPass>(FO_RC_AT(i), U, T, fo_rc_at(X0, i, R, C), dummy, 1, false, rr,
-                                      cr);
+          const fo_rcx X = fo_rc_at(X0, i, R, C);
+          fo_reduce_element_rc<kPass>(FO_RC_AT(i), U, T, X, X.col, dummy, 1, false, rr, cr);
         }
         for (int s = 0; s < FO_NUM_COL_SLOTS; ++s) colp[cc * FO_NUM_COL_SLOTS + s] = cr[s];
       }

@@ -186,11 +186,7 @@ static void fo_q_chunk(const fo_launch* L, const fo_chunk& chunk, const fo_tenso
         X.mat += r / R;
         const long long c0 = X0.col + (r / R) * C - r * C;  // element k's column: c0 + k
 #pragma omp simd
-        for (long long k = i; k < end; ++k) {
-          fo_rcx Y = X;
-          Y.col = c0 + k;
-          fo_element_rc(s, k - b, u, tv, Y);
-        }
+        for (long long k = i; k < end; ++k) fo_element_rc(s, k - b, u, tv, X, c0 + k);
         i = end;
       }
 #else
@@ -243,11 +239,7 @@ static void fo_run(const fo_launch* L) {
           X.mat += r / R;
           const long long c0 = X0.col + (r / R) * C;
 #pragma omp simd
-          for (long long cc = 0; cc < C; ++cc) {
-            fo_rcx Y = X;
-            Y.col = c0 + cc;
-            fo_element_rc(t, r * C + cc, u, tv, Y);
-          }
+          for (long long cc = 0; cc < C; ++cc) fo_element_rc(t, r * C + cc, u, tv, X, c0 + cc);
         }
 #else
 #pragma omp simd
@@ -316,11 +308,14 @@ static void fo_reduce_run(const fo_launch* L) {
         X.row += r;
         X.mat += r / R;
         const long long c0 = X0.col + (r / R) * C;
-        double rr[FO_NUM_ROW_SLOTS];
-        for (int s = 0; s < FO_NUM_ROW_SLOTS; ++s) rr[s] = 0.0;
-        for (long long cc = 0; cc < C; ++cc) {
-          X.col = c0 + cc;
+        // The row's sums in FO_LANES lanes of double (column cc in lane cc % FO_LANES),
+        // combined in lane order at its end; each column's sum in its own partial.
+        double rr[FO_NUM_ROW_SLOTS][FO_LANES];
+        for (int s = 0; s < FO_NUM_ROW_SLOTS; ++s) {
+          for (int l = 0; l < FO_LANES; ++l) rr[s][l] = 0.0;
+        }
 #if FO_NUM_QUANT > 0
+        for (long long cc = 0; cc < C; ++cc) {
           const long long i = r * C + cc;
           if (staged < 0 || i >= staged + FO_QUANT_BLOCK) {
             staged = i - i % FO_QUANT_BLOCK;
@@ -328,15 +323,30 @@ static void fo_reduce_run(const fo_launch* L) {
             qs = fo_q_view(t, staged, stage);
             fo_q_stage_in(q, staged, (int)(left < FO_QUANT_BLOCK ? left : FO_QUANT_BLOCK), stage);
           }
-          fo_reduce_element_rc<kPass>(qs, i - staged, u, tv, X, &lanes[0][cc % FO_LANES], FO_LANES,
-                                      check, rr, colp + cc * FO_NUM_COL_SLOTS);
-#else
-          fo_reduce_element_rc<kPass>(t, r * C + cc, u, tv, X, &lanes[0][cc % FO_LANES], FO_LANES,
-                                      check, rr, colp + cc * FO_NUM_COL_SLOTS);
-#endif
+          fo_reduce_element_rc<kPass>(qs, i - staged, u, tv, X, c0 + cc, &lanes[0][cc % FO_LANES],
+                                      FO_LANES, check, &rr[0][cc % FO_LANES],
+                                      colp + cc * FO_NUM_COL_SLOTS);
         }
+#else
+        long long cc = 0;
+        for (; cc + FO_LANES <= C; cc += FO_LANES) {
+#pragma omp simd
+          for (int l = 0; l < FO_LANES; ++l) {
+            fo_reduce_element_rc<kPass>(t, r * C + cc + l, u, tv, X, c0 + cc + l, &lanes[0][l],
+                                        FO_LANES, check, &rr[0][l],
+                                        colp + (cc + l) * FO_NUM_COL_SLOTS);
+          }
+        }
+        for (int l = 0; cc < C; ++cc, ++l) {
+          fo_reduce_element_rc<kPass>(t, r * C + cc, u, tv, X, c0 + cc, &lanes[0][l], FO_LANES,
+                                      check, &rr[0][l], colp + cc * FO_NUM_COL_SLOTS);
+        }
+#endif
         for (int s = 0; s < FO_NUM_ROW_SLOTS; ++s) {
-          if (fo_row_slot_pass(s) == kPass) L->row_totals[X.row * FO_NUM_ROW_SLOTS + s] = rr[s] / C;
+          if (fo_row_slot_pass(s) != kPass) continue;
+          double sum = 0.0;
+          for (int l = 0; l < FO_LANES; ++l) sum += rr[s][l];
+          L->row_totals[X.row * FO_NUM_ROW_SLOTS + s] = sum / C;
         }
       }
 #elif FO_NUM_QUANT > 0

@@ -350,6 +350,45 @@ TEST_SUITE("runtime") {
     CHECK(Optimizer(Rule::preset("amsgrad"), {z.group(0, 1)}).stats().bytes_per_step == 36 * 64);
   }
 
+  TEST_CASE("stats' traffic lists each pass's roles, and adds up to bytes_per_step") {
+    use_private_cache();
+    // AdamW: p, m, v updated in place, g read; 4-bit states move half a byte each way.
+    Params x({1000, 0, 4096});
+    const fusedopt::OptimizerStats a = Optimizer(Rule::preset("adamw"), {x.group(0, 3)}).stats();
+    REQUIRE(a.traffic.size() == 1);
+    CHECK(a.traffic[0].elements == 5096);
+    CHECK(a.traffic[0].read_bits == std::vector<int>{32});
+    CHECK(a.traffic[0].update_bits == std::vector<int>{32, 32, 32});
+    CHECK(a.traffic[0].write_bits.empty());
+    fusedopt::OptimizerOptions q4;
+    q4.state_storage = {{"*", "q4"}};
+    Params y({1000, 4096});  // 1000 stays fp32: two bindings
+    const fusedopt::OptimizerStats b =
+        Optimizer(Rule::preset("adamw"), {y.group(0, 2)}, q4).stats();
+    CHECK(b.bytes_per_step == 28 * 1000 + 14 * 4096);
+    // LAMB (a norm pass, then the update) and bf16 params with a master.
+    Params z({300, 77});
+    const fusedopt::OptimizerStats c = Optimizer(Rule::preset("lamb"), {z.group(0, 2)}).stats();
+    CHECK(c.traffic.size() == static_cast<std::size_t>(c.reduction_passes + 1));
+    fusedopt::OptimizerOptions master;
+    master.master_weights = true;
+    Params w({100}, DType::BF16);
+    const fusedopt::OptimizerStats d =
+        Optimizer(Rule::preset("adamw"), {w.group(0, 1)}, master).stats();
+    CHECK(d.traffic[0].write_bits == std::vector<int>{16});  // the bf16 param, written only
+    for (const fusedopt::OptimizerStats* s : {&a, &b, &c, &d}) {
+      std::int64_t bits = 0;
+      for (const fusedopt::PassTraffic& t : s->traffic) {
+        std::int64_t per = 0;
+        for (int r : t.read_bits) per += r;
+        for (int r : t.update_bits) per += 2 * r;
+        for (int r : t.write_bits) per += r;
+        bits += per * t.elements;
+      }
+      CHECK(bits / 8 == s->bytes_per_step);
+    }
+  }
+
   TEST_CASE("bf16 params with a master cost master read and write plus a bf16 param write") {
     use_private_cache();
     Params x({100}, DType::BF16);
