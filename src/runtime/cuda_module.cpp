@@ -90,8 +90,10 @@ class CudaModule final : public Module {
     fo_launch table = L;
     int first = init ? 1 : 0;
     void* params[] = {&table, &first};
-    const std::int64_t blocks =
-        std::min<std::int64_t>((L.num_tensors + kCudaBlock - 1) / kCudaBlock, cap());
+    // Factored rules: a block per tensor (its rows and columns across the threads); else a
+    // thread per tensor.
+    const std::int64_t blocks = std::min<std::int64_t>(
+        body().factored ? L.num_tensors : (L.num_tensors + kCudaBlock - 1) / kCudaBlock, cap());
     launch(f_scalars_, params, static_cast<unsigned>(blocks), kCudaBlock, stream);
   }
   void check(const fo_launch& L, double* flag, void* stream) override {

@@ -553,6 +553,9 @@ __device__ __forceinline__ void fo_reduce_run(const fo_launch& L) {
   __shared__ fo_uniform shared_uniform;
   __shared__ fo_tvals shared_tvals;
   __shared__ float red[FO_BLOCK];
+#if FO_FACTORED
+  __shared__ double rowred[FO_BLOCK];  // a warp's lane sums of its row
+#endif
 #if FO_NUM_QUANT > 0
   FO_QUANT_SHARED
 #endif
@@ -581,10 +584,12 @@ __device__ __forceinline__ void fo_reduce_run(const fo_launch& L) {
     for (int j = 0; j < FO_MAX_ACC; ++j) a[j] = 0.0f;
 #if FO_FACTORED
     {
-      // Whole rows: each thread sums its rows (a row's mean is complete here), then each
-      // thread its columns over the chunk's rows (the chunk's partials, combined by the
-      // finalize in chunk order). The pass writes no role (the Recompute strategy), so an
-      // element read twice gives the same values. The lanes take each element once.
+      // Whole rows: a warp per row, its 32 lanes over the row's columns (coalesced), their
+      // double sums combined in lane order through shared memory (a row's mean is complete
+      // here); then each thread its columns over the chunk's rows (coalesced too: the
+      // chunk's partials, combined by the finalize in chunk order). The pass writes no role
+      // (the Recompute strategy), so an element read twice gives the same values. The
+      // accumulators take each element once (in the row sweep).
       const long long R = fo_rows_of(L, chunk.tensor), C = fo_cols_of(L, chunk.tensor);
       const fo_rcx X0 = fo_rc_base(L, chunk.tensor);
       const long long r0 = chunk.begin / C, rows = (chunk.end - chunk.begin) / C;
@@ -600,16 +605,26 @@ __device__ __forceinline__ void fo_reduce_run(const fo_launch& L) {
       double rr[FO_NUM_ROW_SLOTS], cr[FO_NUM_COL_SLOTS];
       float dummy[FO_MAX_ACC];
       for (int j = 0; j < FO_MAX_ACC; ++j) dummy[j] = 0.0f;
-      for (long long q = threadIdx.x; q < rows; q += blockDim.x) {
+      const int lane = (int)(threadIdx.x & 31u), warps = (int)(blockDim.x >> 5);
+      for (long long q0 = 0; q0 < rows; q0 += warps) {  // the same trip count in every thread
+        const long long q = q0 + (long long)(threadIdx.x >> 5);
         for (int s = 0; s < FO_NUM_ROW_SLOTS; ++s) rr[s] = 0.0;
-        const long long r = r0 + q;
-        for (long long cc = 0; cc < C; ++cc) {
-          const fo_rcx X = fo_rc_at(X0, r * C + cc, R, C);
-          fo_reduce_element_rc<kPass>(FO_RC_AT(r * C + cc), U, T, X, X.col, a, 1, check, rr, cr);
+        if (q < rows) {
+          const long long r = r0 + q;
+          for (long long cc = lane; cc < C; cc += 32) {
+            const fo_rcx X = fo_rc_at(X0, r * C + cc, R, C);
+            fo_reduce_element_rc<kPass>(FO_RC_AT(r * C + cc), U, T, X, X.col, a, 1, check, rr, cr);
+          }
         }
         for (int s = 0; s < FO_NUM_ROW_SLOTS; ++s) {
-          if (fo_row_slot_pass(s) == kPass)
-            L.row_totals[(X0.row + r) * FO_NUM_ROW_SLOTS + s] = rr[s] / C;
+          rowred[threadIdx.x] = rr[s];
+          __syncthreads();
+          if (lane == 0 && q < rows && fo_row_slot_pass(s) == kPass) {
+            double v = 0.0;
+            for (int l = 0; l < 32; ++l) v += rowred[threadIdx.x + l];
+            L.row_totals[(X0.row + r0 + q) * FO_NUM_ROW_SLOTS + s] = v / C;
+          }
+          __syncthreads();
         }
       }
       double* colp = L.col_partials + L.chunk_cols[c];
@@ -730,13 +745,18 @@ extern "C" __global__ void __launch_bounds__(FO_BLOCK) fusedopt_finalize(fo_laun
     }
   }
 #if FO_FACTORED
-  // After this block's per-tensor totals: the column and matrix means of its tensors (the
-  // matrix means read per-tensor totals of earlier passes only).
+  // After this block's per-tensor totals: the column means of its tensors (a column per
+  // thread, coalesced over each chunk's partials), then their matrix means (one thread: each
+  // sums its matrix's rows or columns in order; they read per-tensor totals of earlier
+  // passes only, and this pass's column means).
   for (long long t = blockIdx.x; t < L.num_tensors; t += gridDim.x) {
+    fo_rc_col_means(L, pass, t, threadIdx.x, blockDim.x);
+    __syncthreads();
     if (threadIdx.x == 0) {
-      fo_rc_finalize(L, pass, t, fo_launch_step(L),
-                     fo_unscale_factor(L.inv_grad_scale, L.grad_scale_ptr));
+      fo_rc_matrix_means(L, pass, t, fo_launch_step(L),
+                         fo_unscale_factor(L.inv_grad_scale, L.grad_scale_ptr));
     }
+    __syncthreads();
   }
 #endif
 }
@@ -755,24 +775,37 @@ extern "C" __global__ void __launch_bounds__(FO_BLOCK) fusedopt_init(fo_launch L
 /// the initial values; else each tensor's values after the step, launched after the step's
 /// last pass (and skipped with it). The values come from the same non-inlined function the
 /// passes read them through, so what the update used is what is stored.
+/// Tensor t's scalar states: their initial values, or the step's.
+__device__ __forceinline__ void fo_write_scalars(const fo_launch& L, long long t, int init,
+                                                 double step) {
+  double* S = L.scalars + t * FO_NUM_SCALARS;
+  const int group = L.tensor_groups[t];
+  if (init) {
+    fo_scalar_init(L.hypers + (long long)group * FO_NUM_HYPERS, S);
+  } else {
+    (void)fo_chunk_values(L, (int)t, group, step, S);
+  }
+}
+
 extern "C" __global__ void __launch_bounds__(FO_BLOCK) fusedopt_scalars(fo_launch L, int init) {
   if (fo_skipped(L) || (FO_NUM_SCALARS == 0 && !FO_FACTORED)) return;
   const double step = fo_launch_step(L);
+#if FO_FACTORED
+  // A block per tensor: its rows and columns across the threads, then (after every row read
+  // them as the step did) its scalars.
+  for (long long t = blockIdx.x; t < L.num_tensors; t += gridDim.x) {
+    fo_rc_write(L, t, init, step, fo_unscale_factor(L.inv_grad_scale, L.grad_scale_ptr),
+                threadIdx.x, blockDim.x);
+    __syncthreads();
+    if (FO_NUM_SCALARS > 0 && threadIdx.x == 0) fo_write_scalars(L, t, init, step);
+    __syncthreads();
+  }
+#else
   for (long long t = blockIdx.x * (long long)blockDim.x + threadIdx.x; t < L.num_tensors;
        t += (long long)gridDim.x * blockDim.x) {
-#if FO_FACTORED
-    // First: the row values read the scalars as the step did.
-    fo_rc_write(L, t, init, step, fo_unscale_factor(L.inv_grad_scale, L.grad_scale_ptr));
-    if (FO_NUM_SCALARS == 0) continue;
-#endif
-    double* S = L.scalars + t * FO_NUM_SCALARS;
-    const int group = L.tensor_groups[t];
-    if (init) {
-      fo_scalar_init(L.hypers + (long long)group * FO_NUM_HYPERS, S);
-    } else {
-      (void)fo_chunk_values(L, (int)t, group, step, S);
-    }
+    fo_write_scalars(L, t, init, step);
   }
+#endif
 }
 
 /// Sets *found_nonfinite to 1 if any unscaled gradient element is not finite (the caller

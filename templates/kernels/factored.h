@@ -47,33 +47,38 @@ FO_FN fo_tvals fo_rc_tvals(const fo_launch& L, long long t, int group, double st
   return T;
 }
 
-/// Tensor t's column means of pass `pass` (its chunks' partials in chunk order), then its
-/// matrix means of that pass (each row's or column's value, in order). The mean over no
-/// elements (an empty matrix) is 0.
-FO_FN void fo_rc_finalize(const fo_launch& L, int pass, long long t, double step,
-                          float inv_grad_scale) {
+/// Tensor t's column means of pass `pass`: each column's chunk partials, in chunk order.
+/// This caller takes columns first, first + stride, ... (the host: all; a CUDA block: one
+/// per thread, coalesced over the partials). The mean over no rows is 0.
+FO_FN void fo_rc_col_means(const fo_launch& L, int pass, long long t, long long first,
+                           long long stride) {
   const long long* o = L.rc_offsets;
   const long long R = fo_rows_of(L, t), C = fo_cols_of(L, t);
   const fo_rcx X0 = fo_rc_base(L, t);
-  const long long mats = o[3 * t + 5] - o[3 * t + 2], cols = o[3 * t + 4] - o[3 * t + 1];
-  const long long rows = o[3 * t + 3] - o[3 * t];
+  const long long cols = o[3 * t + 4] - o[3 * t + 1];
+  const long long c0 = L.tensor_chunks[2 * t], n = L.tensor_chunks[2 * t + 1];
   for (int s = 0; s < FO_NUM_COL_SLOTS; ++s) {
     if (fo_col_slot_pass(s) != pass) continue;
-    for (long long k = 0; k < cols; ++k) L.col_totals[(X0.col + k) * FO_NUM_COL_SLOTS + s] = 0.0;
-    const long long first = L.tensor_chunks[2 * t], n = L.tensor_chunks[2 * t + 1];
-    for (long long ch = first; ch < first + n; ++ch) {
-      const long long b = L.chunks[ch].begin / (R * C);
-      const double* part = L.col_partials + L.chunk_cols[ch];
-      for (long long cc = 0; cc < C; ++cc) {
-        L.col_totals[(X0.col + b * C + cc) * FO_NUM_COL_SLOTS + s] +=
-            part[cc * FO_NUM_COL_SLOTS + s];
+    for (long long k = first; k < cols; k += stride) {
+      const long long b = k / C, cc = k - b * C;  // column cc of matrix b
+      double v = 0.0;
+      for (long long ch = c0; ch < c0 + n && R > 0; ++ch) {
+        if (L.chunks[ch].begin / (R * C) != b) continue;
+        v += L.col_partials[L.chunk_cols[ch] + cc * FO_NUM_COL_SLOTS + s];
       }
-    }
-    for (long long k = 0; k < cols; ++k) {
-      double& v = L.col_totals[(X0.col + k) * FO_NUM_COL_SLOTS + s];
-      v = R > 0 ? v / R : 0.0;
+      L.col_totals[(X0.col + k) * FO_NUM_COL_SLOTS + s] = R > 0 ? v / R : 0.0;
     }
   }
+}
+
+/// Tensor t's matrix means of pass `pass` (after its column means: fo_rc_col_means).
+FO_FN void fo_rc_matrix_means(const fo_launch& L, int pass, long long t, double step,
+                              float inv_grad_scale) {
+  const long long* o = L.rc_offsets;
+  const long long R = fo_rows_of(L, t), C = fo_cols_of(L, t);
+  const fo_rcx X0 = fo_rc_base(L, t);
+  const long long mats = o[3 * t + 5] - o[3 * t + 2];
+  const long long rows = o[3 * t + 3] - o[3 * t];
   bool matrix_slots = false;
   for (int m = 0; m < FO_NUM_MATRIX_SLOTS; ++m) matrix_slots |= fo_matrix_slot_pass(m) == pass;
   if (!matrix_slots || mats == 0) return;
@@ -112,9 +117,11 @@ FO_FN void fo_rc_finalize(const fo_launch& L, int pass, long long t, double step
 
 /// Tensor t's row and column states: with `init`, their initial values; else the step's
 /// (each row's and column's statements over the values before the step). Runs before the
-/// tensor's scalar states are written (the row values read them as the step did).
-FO_FN void fo_rc_write(const fo_launch& L, long long t, int init, double step,
-                       float inv_grad_scale) {
+/// tensor's scalar states are written (the row values read them as the step did). This
+/// caller takes rows and columns first, first + stride, ... (the host: all of them; a CUDA
+/// block: one per thread): each is independent of the others.
+FO_FN void fo_rc_write(const fo_launch& L, long long t, int init, double step, float inv_grad_scale,
+                       long long first, long long stride) {
   const long long* o = L.rc_offsets;
   const long long R = fo_rows_of(L, t), C = fo_cols_of(L, t);
   const fo_rcx X0 = fo_rc_base(L, t);
@@ -125,10 +132,12 @@ FO_FN void fo_rc_write(const fo_launch& L, long long t, int init, double step,
     float rs0[FO_NUM_ROW_STATES + 1], cs0[FO_NUM_COL_STATES + 1];
     fo_rc_init(h, rs0, cs0);
     for (int k = 0; k < FO_NUM_ROW_STATES; ++k) {
-      for (long long r = 0; r < rows; ++r) L.row_states[k * X0.nrows + X0.row + r] = rs0[k];
+      for (long long r = first; r < rows; r += stride)
+        L.row_states[k * X0.nrows + X0.row + r] = rs0[k];
     }
     for (int k = 0; k < FO_NUM_COL_STATES; ++k) {
-      for (long long c = 0; c < cols; ++c) L.col_states[k * X0.ncols + X0.col + c] = cs0[k];
+      for (long long c = first; c < cols; c += stride)
+        L.col_states[k * X0.ncols + X0.col + c] = cs0[k];
     }
     return;
   }
@@ -137,13 +146,13 @@ FO_FN void fo_rc_write(const fo_launch& L, long long t, int init, double step,
   float out[FO_NUM_ROW_STATES + FO_NUM_COL_STATES + 1];
   double m[FO_NUM_MATRIX_SLOTS];
   fo_rcx X = X0;
-  for (long long r = 0; r < rows && FO_NUM_ROW_STATES > 0; ++r) {
+  for (long long r = first; r < rows && FO_NUM_ROW_STATES > 0; r += stride) {
     X.row = X0.row + r;
     X.mat = X0.mat + (R > 0 ? r / R : 0);
     fo_row_stage(X, U, T, out, m);
     for (int k = 0; k < FO_NUM_ROW_STATES; ++k) L.row_states[k * X0.nrows + X.row] = out[k];
   }
-  for (long long c = 0; c < cols && FO_NUM_COL_STATES > 0; ++c) {
+  for (long long c = first; c < cols && FO_NUM_COL_STATES > 0; c += stride) {
     X.col = X0.col + c;
     X.mat = X0.mat + (C > 0 ? c / C : 0);
     fo_col_stage(X, U, T, out, m);

@@ -427,7 +427,10 @@ FO_EXTERN_C void fusedopt_finalize_host(const fo_launch* L, int pass) {
   // After every per-tensor and global total: the column and matrix means.
   const double step = fo_launch_step(L);
   const float inv_grad_scale = fo_unscale_factor(L->inv_grad_scale, L->grad_scale_ptr);
-  for (long long t = 0; t < L->num_tensors; ++t) fo_rc_finalize(*L, pass, t, step, inv_grad_scale);
+  for (long long t = 0; t < L->num_tensors; ++t) {
+    fo_rc_col_means(*L, pass, t, 0, 1);
+    fo_rc_matrix_means(*L, pass, t, step, inv_grad_scale);
+  }
 #endif
 }
 
@@ -460,7 +463,8 @@ FO_EXTERN_C void fusedopt_scalars_host(const fo_launch* L, int init) {
 #if FO_FACTORED
   {  // first: the row values read the scalars as the step did
     const float inv_grad_scale = fo_unscale_factor(L->inv_grad_scale, L->grad_scale_ptr);
-    for (long long t = 0; t < L->num_tensors; ++t) fo_rc_write(*L, t, init, step, inv_grad_scale);
+    for (long long t = 0; t < L->num_tensors; ++t)
+      fo_rc_write(*L, t, init, step, inv_grad_scale, 0, 1);
   }
 #endif
   for (long long t = 0; t < L->num_tensors && FO_NUM_SCALARS > 0; ++t) {
