@@ -199,6 +199,13 @@ std::string ExprEmitter::node(const lang::Expr& e, bool uniform_ctx) {
       return fmt::format("fo_pow({}, {})", emit(*e.args[0]), emit(exponent));
     }
     case lang::Op::Where:
+      // Element code on a uniform condition: fo_usel (a bit blend on the host), which g++
+      // vectorises where a ?: on a loop-invariant truth value nested in a select stays
+      // scalar (sgd's and rmsprop's loops were). The same value either way.
+      if (!in_double && !uniform_ctx && e.args[0]->uniform) {
+        return fmt::format("fo_usel({}, {}, {})", cond(*e.args[0]), emit(*e.args[1]),
+                           emit(*e.args[2]));
+      }
       return fmt::format("({} ? {} : {})", cond(*e.args[0]), emit(*e.args[1]), emit(*e.args[2]));
     case lang::Op::Rand:
       // Word 1 of the element's random numbers (word 0 rounds a stochastic param store).

@@ -26,6 +26,8 @@ FO_FN float fo_abs(float x) { return fabsf(x); }
 FO_FN float fo_min(float a, float b) { return fminf(a, b); }
 FO_FN float fo_max(float a, float b) { return fmaxf(a, b); }
 FO_FN bool fo_isfinite(float x) { return isfinite(x); }
+/// A select on a uniform condition (every thread takes the same arm).
+FO_FN float fo_usel(bool c, float a, float b) { return c ? a : b; }
 FO_FN double fo_sqrt_d(double x) { return sqrt(x); }
 // Double overloads: fo_prepare computes uniform values (hypers, step) in double.
 FO_FN double fo_sqrt(double x) { return sqrt(x); }
@@ -68,6 +70,13 @@ FO_FN float fo_abs(float x) { return __builtin_fabsf(x); }
 // copy floor.
 FO_FN float fo_min(float a, float b) { return (b != b || a < b) ? a : b; }
 FO_FN float fo_max(float a, float b) { return (b != b || a > b) ? a : b; }
+/// A select on a uniform (loop-invariant) condition, as a blend of the two values' bits:
+/// g++ vectorises it, where a ?: on such a truth value nested in another select stays
+/// scalar (it needs a vector mask). Exactly a or b.
+FO_FN float fo_usel(bool c, float a, float b) {
+  const unsigned int m = 0u - (unsigned int)c;
+  return fo_as_float((fo_as_uint(a) & m) | (fo_as_uint(b) & ~m));
+}
 FO_FN bool fo_isfinite(float x) { return __builtin_isfinite(x); }
 FO_FN double fo_sqrt_d(double x) { return __builtin_sqrt(x); }
 // Double overloads: fo_prepare computes uniform values (hypers, step) in double.
