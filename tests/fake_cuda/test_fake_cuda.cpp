@@ -329,7 +329,8 @@ TEST_SUITE("cuda_fake") {
     Optimizer opt(Rule::preset("adafactor"), {group});
     {
       INFO(std::string(fake.log()));
-      CHECK(fake.count("cuLaunchKernel fusedopt_scalars grid 1 block 512 legacy") == 1);
+      // A block per tensor (its rows and columns across the threads).
+      CHECK(fake.count("cuLaunchKernel fusedopt_scalars grid 3 block 512 legacy") == 1);
     }
     CHECK(opt.stats().launches_per_step == 7);
     CHECK(opt.state("r", 1).numel == 700);
@@ -347,7 +348,7 @@ TEST_SUITE("cuda_fake") {
                                    "cuLaunchKernel fusedopt_reduce_1 grid 4 block 512 stream",
                                    "cuLaunchKernel fusedopt_finalize grid 3 block 512 stream",
                                    "cuLaunchKernel fusedopt_step grid 4 block 512 stream",
-                                   "cuLaunchKernel fusedopt_scalars grid 1 block 512 stream",
+                                   "cuLaunchKernel fusedopt_scalars grid 3 block 512 stream",
                                    "cuLaunchKernel fusedopt_advance_step grid 1 block 1 stream"});
     cu::stream_destroy(stream);
   }
