@@ -395,9 +395,6 @@ p = p - lr * g * rsqrt(rv * cv * cv + 1)
     CHECK_THROWS_WITH_AS(Optimizer(Rule::preset("adafactor"), {two}),
                          doctest::Contains("overflow 64 bits"), fusedopt::UsageError);
   }
-}
-
-TEST_SUITE("factored state") {
   TEST_CASE("adam_mini matches Adam-mini's per-row second moment over 100 steps") {
     use_private_cache();
     const std::uint32_t seed = fresh_seed();
@@ -447,9 +444,6 @@ TEST_SUITE("factored state") {
       }
     }
   }
-}
-
-TEST_SUITE("factored state") {
   TEST_CASE("came matches CAME's factored moments and confidence over 100 steps") {
     use_private_cache();
     const std::uint32_t seed = fresh_seed();
