@@ -373,6 +373,7 @@ int run(int argc, char** argv) {
         "%d (%d per rank), %d steps per epoch\n",
         ranks, kIn, kHidden, kHidden, static_cast<long long>(params), args.samples, args.batch,
         shard, steps);
+    std::printf("transport: %s\n", comm.transport().c_str());
     if (sharded) {
       const comm::ShardStats stats = sharded->stats();
       std::printf("this rank's shard: %s\n", stats.local.fusion_report.c_str());

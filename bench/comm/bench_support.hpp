@@ -21,6 +21,7 @@ struct Args {
   int warmup = 1;
   double scale = 1.0;
   std::string json;
+  std::string transport = "both";  ///< fusedopt-comm-bench: both, mpi or shm
 };
 
 /// The arguments, or exit code 2 with a message (every rank parses the same ones).
@@ -55,6 +56,13 @@ inline bool parse_args(int argc, char** argv, const char* program, const char* u
       }
     } else if (arg == "--json") {
       a.json = value;
+    } else if (arg == "--transport") {
+      if (value != "both" && value != "mpi" && value != "shm") {
+        std::fprintf(stderr, "%s: --transport takes both, mpi or shm, not '%s'\n", program,
+                     value.c_str());
+        return false;
+      }
+      a.transport = value;
     } else {
       std::fprintf(stderr, "%s: unknown option %s\n%s\n", program, arg.c_str(), usage);
       return false;

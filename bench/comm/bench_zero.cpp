@@ -400,7 +400,7 @@ int run(const Args& args) {
   fmt::print(
       "fusedopt-zero-bench: AdamW over {} ({} tensors, {} fp32 = {:.4g} MB of parameters), {} "
       "ranks, {}\n",
-      w.name, w.sizes.size(), elements, bytes / 1e6, ranks, comm.backend());
+      w.name, w.sizes.size(), elements, bytes / 1e6, ranks, comm.transport());
   fmt::print("machine: {}, {} cores, {:.1f} GiB; {}; OMP_NUM_THREADS={}\n", cpu, cores, mem_gib,
              compiler, threads);
   fmt::print(
@@ -448,8 +448,9 @@ int run(const Args& args) {
                      w.sizes.size(), elements);
     j += fmt::format("  \"bytes\": {},\n  \"dtype\": \"f32\",\n  \"ranks\": {},\n",
                      static_cast<std::int64_t>(bytes), ranks);
-    j += fmt::format("  \"backend\": {},\n  \"warmup\": {},\n  \"iters\": {},\n",
-                     json_string(comm.backend()), args.warmup, args.iters);
+    j += fmt::format(
+        "  \"backend\": {},\n  \"transport\": {},\n  \"warmup\": {},\n  \"iters\": {},\n",
+        json_string(comm.backend()), json_string(comm.transport()), args.warmup, args.iters);
     j += fmt::format(
         "  \"machine\": {{\"cpu\": {}, \"cores\": {}, \"memory_gib\": {:.1f}, \"compiler\": "
         "{}, \"omp_num_threads\": {}}},\n",

@@ -69,6 +69,24 @@ class FUSEDOPT_COMM_API Work {
   std::shared_ptr<detail::Pending> pending_;
 };
 
+/// How Communicator::mpi moves data between the ranks of one node. Rank 0's settings (these,
+/// or the environment variables named) apply to every rank.
+struct MpiOptions {
+  /// Collectives between the ranks of a node through MPI-3 shared memory (persistent
+  /// segments, a fixed summation order in rank order); across nodes, hierarchically (a
+  /// node-local reduce, an all-reduce among one leader per node over MPI, a node-local
+  /// broadcast). FUSEDOPT_COMM_SHM=0 turns it off for every communicator (=1 leaves it on).
+  bool shared_memory = true;
+  /// Pretend nodes of this many consecutive ranks (each within one real node) instead of
+  /// the nodes MPI finds: the hierarchical path on one machine. 0: FUSEDOPT_COMM_RANKS_PER_NODE,
+  /// else the real nodes.
+  int ranks_per_node = 0;
+  /// KiB of one staging slot (a chunk in flight) per rank; 0: FUSEDOPT_COMM_SHM_SLOT_KIB,
+  /// else 128 (the fastest of 16 to 4096 on the 2-core test machine: a chunk stays in the
+  /// cache between its stages). Between 16 and 1048576.
+  int slot_kib = 0;
+};
+
 /// One rank's end of a group of processes. Cheap to copy (copies share the connection).
 /// Buffers are host memory (MPI) or device memory of the communicator's device (NCCL);
 /// counts are elements, sizes in errors and reports are bytes. `stream` (NCCL only; MPI
@@ -87,9 +105,11 @@ class FUSEDOPT_COMM_API Communicator {
   /// Every process of the job (MPI_COMM_WORLD). Initialises MPI if nobody has (and then
   /// finalises it at exit). UnavailableError if this build has no MPI.
   static Communicator mpi();
+  /// The same with `options` (shared memory between a node's ranks, pretend nodes).
+  static Communicator mpi(const MpiOptions& options);
   /// A caller's MPI communicator: `mpi_comm` points to an MPI_Comm, which is duplicated
   /// (fusedopt's traffic never mixes with the caller's).
-  static Communicator mpi(const void* mpi_comm);
+  static Communicator mpi(const void* mpi_comm, const MpiOptions& options = {});
   /// NCCL on CUDA device `device`: rank 0's unique id is broadcast over `bootstrap` (an
   /// MPI communicator, within its deadline), whose rank, size and timeout this one takes;
   /// then every rank joins (ncclCommInitRank: it blocks until all have, under NCCL's own
@@ -109,6 +129,9 @@ class FUSEDOPT_COMM_API Communicator {
   int size() const;
   /// "mpi" or "nccl".
   std::string backend() const;
+  /// How it moves data: "nccl", "mpi (shared memory off: FUSEDOPT_COMM_SHM=0)", "mpi +
+  /// shared memory: 1 node x 2 ranks; ..." and the like.
+  std::string transport() const;
   /// Where its buffers live: host for MPI, the CUDA device for NCCL.
   Device device() const;
   std::chrono::milliseconds timeout() const;
@@ -182,7 +205,13 @@ struct BucketStats {
   std::int64_t collectives = 0;    ///< all-reduces started so far
   double wait_seconds = 0;         ///< time finish() waited, all steps: the communication
                                    ///< backward did not hide
-  std::string report;              ///< report()
+  double last_wait_seconds = 0;    ///< the same, in the last step
+  /// Minor page faults inside this GradBucketer's calls (mark_ready, finish: the transport's
+  /// work, in the calling thread), per step after the first (which touches the transport's
+  /// buffers for the first time); 0 before a second step.
+  double page_faults_per_step = 0;
+  std::string transport;  ///< the communicator's transport()
+  std::string report;     ///< report()
 };
 
 /// Bucketed gradient all-reduce for data-parallel training (PyTorch DDP's reducer): the
@@ -222,7 +251,10 @@ class FUSEDOPT_COMM_API GradBucketer {
   /// The bucket of gradient `grad`, -1 for an empty one.
   int bucket_of(int grad) const;
   /// Gradient `grad` is complete for this step (on `stream`, for NCCL: the all-reduce is
-  /// queued after the work there). Starts every bucket that can start.
+  /// queued after the work there). Starts every bucket that can start and advances those
+  /// in flight (on shared memory and MPI a reduction progresses only while its ranks call
+  /// in: backward's mark_ready calls move the buckets along, so that finish() waits only
+  /// for what is left).
   void mark_ready(int grad, void* stream = nullptr);
   /// Every gradient not marked yet is complete (a step whose backward marks nothing).
   void mark_all_ready(void* stream = nullptr);

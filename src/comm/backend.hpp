@@ -45,6 +45,8 @@ class Backend : public std::enable_shared_from_this<Backend> {
   virtual int rank() const = 0;
   virtual int size() const = 0;
   virtual std::string name() const = 0;
+  /// How it moves data (Communicator::transport): its name unless it says more.
+  virtual std::string transport() const { return name(); }
   virtual Device device() const = 0;
   /// Starts `c`; the Pending's operation and bytes are filled in by the caller.
   virtual std::shared_ptr<Pending> start(const Collective& c) = 0;
@@ -67,8 +69,8 @@ class Backend : public std::enable_shared_from_this<Backend> {
 
 /// The transports (mpi_backend.cpp, nccl_backend.cpp); each throws UnavailableError, saying
 /// how to get it, when this build or machine lacks it.
-std::shared_ptr<Backend> make_mpi_world();
-std::shared_ptr<Backend> make_mpi(const void* mpi_comm);
+std::shared_ptr<Backend> make_mpi_world(const MpiOptions& options);
+std::shared_ptr<Backend> make_mpi(const void* mpi_comm, const MpiOptions& options);
 std::shared_ptr<Backend> make_nccl(int device, Backend& bootstrap);
 std::shared_ptr<Backend> wrap_nccl(void* nccl_comm, int device);
 bool mpi_available(std::string* why);

@@ -150,10 +150,13 @@ std::chrono::milliseconds Communicator::default_timeout() {
 Communicator::Communicator(std::shared_ptr<detail::Backend> backend)
     : backend_(std::move(backend)) {}
 
-Communicator Communicator::mpi() { return Communicator(detail::make_mpi_world()); }
-Communicator Communicator::mpi(const void* mpi_comm) {
+Communicator Communicator::mpi() { return Communicator(detail::make_mpi_world({})); }
+Communicator Communicator::mpi(const MpiOptions& options) {
+  return Communicator(detail::make_mpi_world(options));
+}
+Communicator Communicator::mpi(const void* mpi_comm, const MpiOptions& options) {
   FUSEDOPT_CHECK_USAGE(mpi_comm != nullptr, "Communicator::mpi: null MPI_Comm pointer");
-  return Communicator(detail::make_mpi(mpi_comm));
+  return Communicator(detail::make_mpi(mpi_comm, options));
 }
 Communicator Communicator::nccl(int device, const Communicator& bootstrap) {
   return Communicator(detail::make_nccl(device, *bootstrap.backend_));
@@ -173,6 +176,7 @@ bool Communicator::available(const std::string& backend, std::string* why) {
 int Communicator::rank() const { return backend_->rank(); }
 int Communicator::size() const { return backend_->size(); }
 std::string Communicator::backend() const { return backend_->name(); }
+std::string Communicator::transport() const { return backend_->transport(); }
 Device Communicator::device() const { return backend_->device(); }
 std::chrono::milliseconds Communicator::timeout() const { return backend_->timeout; }
 void Communicator::set_timeout(std::chrono::milliseconds timeout) {

@@ -1,6 +1,7 @@
 // GradBucketer: DDP-style buckets over flat gradient buffers (views, no copies), started
 // strictly in bucket order on every rank as their gradients become ready.
 #include <fmt/format.h>
+#include <sys/resource.h>
 
 #include <algorithm>
 #include <chrono>
@@ -31,6 +32,31 @@ std::string mib(std::size_t bytes) {
   if (bytes % (std::size_t{1} << 10) == 0) return fmt::format("{} KiB", bytes >> 10);
   return fmt::format("{} bytes", bytes);
 }
+
+/// Minor page faults of the calling thread so far (of the process where threads are not
+/// counted apart).
+std::int64_t thread_faults() {
+  rusage u{};
+#ifdef RUSAGE_THREAD
+  getrusage(RUSAGE_THREAD, &u);
+#else
+  getrusage(RUSAGE_SELF, &u);
+#endif
+  return static_cast<std::int64_t>(u.ru_minflt);
+}
+
+/// Adds the page faults of its scope to `total`.
+class FaultCount {
+ public:
+  explicit FaultCount(std::int64_t& total) : total_(total), start_(thread_faults()) {}
+  ~FaultCount() { total_ += thread_faults() - start_; }
+  FaultCount(const FaultCount&) = delete;
+  FaultCount& operator=(const FaultCount&) = delete;
+
+ private:
+  std::int64_t& total_;
+  std::int64_t start_;
+};
 
 std::string describe_device(const Device& d) {
   return d.kind == Device::Kind::Host ? "host" : fmt::format("cuda:{}", d.index);
@@ -149,6 +175,7 @@ struct GradBucketer::Impl {
   Impl(Communicator comm, std::vector<Tensor> grads, BucketOptions options)
       : comm_(std::move(comm)), grads_(std::move(grads)), options_(options) {}
   void start_ready(void* stream);
+  void advance();
   std::string report() const;
 
   Communicator comm_;
@@ -160,9 +187,12 @@ struct GradBucketer::Impl {
   std::vector<int> waiting_;  ///< per bucket: gradients not ready yet this step
   std::vector<Work> work_;
   std::size_t next_ = 0;  ///< the next bucket to start
+  std::size_t done_ = 0;  ///< buckets before it are complete
   std::int64_t collectives_ = 0;
   std::int64_t steps_ = 0;
-  double wait_seconds_ = 0;
+  double wait_seconds_ = 0, last_wait_seconds_ = 0;
+  std::int64_t faults_ = 0;        ///< page faults inside its calls, this step
+  std::int64_t faults_later_ = 0;  ///< the same, every step after the first
 };
 
 GradBucketer::GradBucketer(Communicator comm, std::vector<Tensor> grads, BucketOptions options)
@@ -218,14 +248,21 @@ int GradBucketer::bucket_of(int grad) const {
 void GradBucketer::mark_ready(int grad, void* stream) {
   Impl& m = live("mark_ready");
   const int b = bucket_of(grad);
+  FaultCount count(m.faults_);
   auto& marked = m.marked_[static_cast<std::size_t>(grad)];
   FUSEDOPT_CHECK_USAGE(!marked,
                        "GradBucketer::mark_ready: gradient {} ('{}') is already ready in this step",
                        grad, grad_name(m.grads_, grad));
   marked = 1;
-  if (b < 0) return;
-  --m.waiting_[static_cast<std::size_t>(b)];
-  m.start_ready(stream);
+  if (b >= 0) {
+    --m.waiting_[static_cast<std::size_t>(b)];
+    m.start_ready(stream);
+  }
+  m.advance();
+}
+
+void GradBucketer::Impl::advance() {
+  while (done_ < next_ && work_[done_].test()) ++done_;
 }
 
 void GradBucketer::mark_all_ready(void* stream) {
@@ -253,11 +290,18 @@ void GradBucketer::finish() {
         m.marked_[g], "GradBucketer::finish: gradient {} ('{}') was not marked ready in this step",
         g, grad_name(m.grads_, static_cast<int>(g)));
   }
-  const auto t0 = std::chrono::steady_clock::now();
-  for (Work& w : m.work_) {
-    if (w.valid()) w.wait();
+  {
+    FaultCount count(m.faults_);
+    const auto t0 = std::chrono::steady_clock::now();
+    for (Work& w : m.work_) {
+      if (w.valid()) w.wait();
+    }
+    m.last_wait_seconds_ =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   }
-  m.wait_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  m.wait_seconds_ += m.last_wait_seconds_;
+  if (m.steps_ > 0) m.faults_later_ += m.faults_;
+  m.faults_ = 0;
   ++m.steps_;
   // The next step.
   std::fill(m.marked_.begin(), m.marked_.end(), 0);
@@ -266,6 +310,7 @@ void GradBucketer::finish() {
     m.work_[b] = Work();
   }
   m.next_ = 0;
+  m.done_ = 0;
 }
 
 BucketStats GradBucketer::stats() const {
@@ -280,6 +325,11 @@ BucketStats GradBucketer::stats() const {
   s.steps = m.steps_;
   s.collectives = m.collectives_;
   s.wait_seconds = m.wait_seconds_;
+  s.last_wait_seconds = m.last_wait_seconds_;
+  if (m.steps_ > 1)
+    s.page_faults_per_step =
+        static_cast<double>(m.faults_later_) / static_cast<double>(m.steps_ - 1);
+  s.transport = m.comm_.transport();
   s.report = report();
   return s;
 }

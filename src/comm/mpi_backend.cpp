@@ -1,7 +1,8 @@
 // The MPI transport: host memory, non-blocking collectives (MPI_Iallreduce and friends)
 // on a duplicate of the caller's communicator, tested by Communicator's deadline loop.
 // fp16 and bf16 travel as 2-byte elements reduced by our own MPI_Ops (widened to fp32,
-// rounded once). Errors return (MPI_ERRORS_RETURN) and become CommErrors.
+// rounded once). Errors return (MPI_ERRORS_RETURN) and become CommErrors. Between the ranks
+// of a node, collectives go through MPI-3 shared memory (shm_engine.hpp) unless turned off.
 #include <fmt/format.h>
 
 #include <climits>
@@ -16,6 +17,10 @@
 
 #if FUSEDOPT_HAVE_MPI
 #include <mpi.h>
+
+#include "comm/mpi_types.hpp"
+#include "comm/shm_engine.hpp"
+#include "support/log.hpp"
 #endif
 
 namespace fusedopt::comm::detail {
@@ -32,12 +37,12 @@ bool mpi_available(std::string* why) {
   if (why) *why = kNoMpi;
   return false;
 }
-std::shared_ptr<Backend> make_mpi_world() { throw UnavailableError(kNoMpi); }
-std::shared_ptr<Backend> make_mpi(const void*) { throw UnavailableError(kNoMpi); }
+std::shared_ptr<Backend> make_mpi_world(const MpiOptions&) { throw UnavailableError(kNoMpi); }
+std::shared_ptr<Backend> make_mpi(const void*, const MpiOptions&) {
+  throw UnavailableError(kNoMpi);
+}
 
 #else
-
-namespace {
 
 std::string mpi_error_text(int code) {
   char text[MPI_MAX_ERROR_STRING] = {};
@@ -46,6 +51,8 @@ std::string mpi_error_text(int code) {
     return fmt::format("MPI error {}", code);
   return std::string(text, static_cast<std::size_t>(length));
 }
+
+namespace {
 
 // ---- 16-bit types and their reductions ---------------------------------------------------
 
@@ -82,14 +89,17 @@ const HalfTypes& half_types() {
   return t;
 }
 
-MPI_Datatype mpi_type(DType d) {
-  if (d == DType::F64) return MPI_DOUBLE;
+}  // namespace
+
+MPI_Datatype mpi_type(DType d, bool f64) {
+  if (f64 || d == DType::F64) return MPI_DOUBLE;
   if (d == DType::U8) return MPI_UNSIGNED_CHAR;
   return d == DType::F32 ? MPI_FLOAT : half_types().half;
 }
 
-MPI_Op mpi_op(DType d, ReduceOp op) {
+MPI_Op mpi_op(DType d, bool f64, ReduceOp op) {
   const bool max = op == ReduceOp::Max;
+  if (f64) return max ? MPI_MAX : MPI_SUM;
   switch (d) {
     case DType::F32:
     case DType::F64:
@@ -103,20 +113,29 @@ MPI_Op mpi_op(DType d, ReduceOp op) {
   return MPI_OP_NULL;
 }
 
-bool finalized() {
+bool mpi_finalized() {
   int done = 0;
   MPI_Finalized(&done);
   return done != 0;
 }
+
+namespace {
+
+bool finalized() { return mpi_finalized(); }
 
 struct MpiPending : Pending {
   MPI_Request request = MPI_REQUEST_NULL;
   ~MpiPending() override;
 };
 
+/// A collective in the shared-memory engine (which keeps it until it completes).
+struct ShmPending : Pending {
+  std::shared_ptr<ShmOp> op;
+};
+
 class MpiBackend final : public Backend {
  public:
-  explicit MpiBackend(MPI_Comm parent) {
+  MpiBackend(MPI_Comm parent, const MpiOptions& options) {
     FUSEDOPT_CHECK_AVAILABLE(!finalized(), "MPI was finalised: no communicator can be made");
     const int rc = MPI_Comm_dup(parent, &comm_);
     if (rc != MPI_SUCCESS) throw CommError(-1, "MPI_Comm_dup", 0, mpi_error_text(rc));
@@ -127,10 +146,14 @@ class MpiBackend final : public Backend {
     // Open MPI's non-blocking collectives advance only inside MPI calls (a 438 MB reduce in
     // 8 KB rounds took 13 s with sleeps between polls, 0.6 s without).
     progress_by_polling = true;
+    shm_ = make_shm_engine(comm_, options, &transport_);
+    if (rank_ == 0 && support::log_enabled(support::LogLevel::Info))
+      support::log(support::LogLevel::Info, "fusedopt comm: " + transport_);
   }
 
   ~MpiBackend() override {
     if (finalized()) return;
+    if (shm_) shm_->close(timeout);
     // Operations abandoned after a failure must end before their communicator goes (MPI
     // forbids freeing a collective's request): give them one more timeout, then end the
     // job rather than hang it.
@@ -156,6 +179,7 @@ class MpiBackend final : public Backend {
   int rank() const override { return rank_; }
   int size() const override { return size_; }
   std::string name() const override { return "mpi"; }
+  std::string transport() const override { return transport_; }
   Device device() const override { return Device::host(); }
 
   std::shared_ptr<Pending> start(const Collective& c) override {
@@ -166,8 +190,14 @@ class MpiBackend final : public Backend {
                          describe(c));
     auto p = std::make_shared<MpiPending>();
     const int n = static_cast<int>(c.count);
-    const MPI_Datatype type = c.f64 ? MPI_DOUBLE : mpi_type(c.dtype);
-    const MPI_Op op = c.f64 ? (c.op == ReduceOp::Max ? MPI_MAX : MPI_SUM) : mpi_op(c.dtype, c.op);
+    if (shm_ && shm_->takes(c)) {
+      auto shm = std::make_shared<ShmPending>();
+      shm->op = shm_->start(c);
+      shm->owner = shared_from_this();
+      return shm;
+    }
+    const MPI_Datatype type = mpi_type(c.dtype, c.f64);
+    const MPI_Op op = mpi_op(c.dtype, c.f64, c.op);
     int rc = MPI_SUCCESS;
     switch (c.kind) {
       case Collective::Kind::AllReduce:
@@ -201,6 +231,10 @@ class MpiBackend final : public Backend {
   }
 
   bool test(Pending& pending) override {
+    // Every wait advances the shared-memory operations too: a rank waiting on one
+    // operation must not hold back the others' operations queued before it.
+    if (shm_) shm_->progress();
+    if (auto* shm = dynamic_cast<ShmPending*>(&pending)) return shm->op->finished;
     auto& p = static_cast<MpiPending&>(pending);
     if (p.request == MPI_REQUEST_NULL) return true;
     int flag = 0;
@@ -226,6 +260,8 @@ class MpiBackend final : public Backend {
   int size_ = 1;
   std::mutex orphans_mutex_;
   std::vector<MPI_Request> orphans_;
+  std::unique_ptr<ShmEngine> shm_;
+  std::string transport_;
 };
 
 MpiPending::~MpiPending() {
@@ -262,18 +298,18 @@ bool mpi_available(std::string* why) {
   return true;
 }
 
-std::shared_ptr<Backend> make_mpi_world() {
+std::shared_ptr<Backend> make_mpi_world(const MpiOptions& options) {
   ensure_initialized();
-  return std::make_shared<MpiBackend>(MPI_COMM_WORLD);
+  return std::make_shared<MpiBackend>(MPI_COMM_WORLD, options);
 }
 
-std::shared_ptr<Backend> make_mpi(const void* mpi_comm) {
+std::shared_ptr<Backend> make_mpi(const void* mpi_comm, const MpiOptions& options) {
   int initialized = 0;
   MPI_Initialized(&initialized);
   FUSEDOPT_CHECK_USAGE(initialized != 0,
                        "Communicator::mpi(comm): MPI is not initialised; call MPI_Init first "
                        "or use Communicator::mpi()");
-  return std::make_shared<MpiBackend>(*static_cast<const MPI_Comm*>(mpi_comm));
+  return std::make_shared<MpiBackend>(*static_cast<const MPI_Comm*>(mpi_comm), options);
 }
 
 #endif

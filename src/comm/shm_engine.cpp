@@ -1,0 +1,436 @@
+// The shared-memory engine (shm_engine.hpp): the segment, the chunk pipeline and its
+// counters. The combining kernels are in shm_combine.cpp, the topology in shm_topology.cpp.
+#include "comm/shm_engine.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstdio>
+#include <cstring>
+#include <new>
+#include <thread>
+
+#include "comm/mpi_types.hpp"
+#include "comm/shm_combine.hpp"
+#include "support/check.hpp"
+
+namespace fusedopt::comm::detail {
+
+namespace {
+
+/// Slices start on 16 elements (64 bytes of fp32): whole cache lines, vector loops.
+constexpr std::int64_t kAlign = 16;
+
+std::int64_t round_up(std::int64_t x, std::int64_t m) { return (x + m - 1) / m * m; }
+
+int element_bytes(const Collective& c) { return c.f64 ? 8 : static_cast<int>(dtype_size(c.dtype)); }
+
+bool is_reduction(Collective::Kind k) {
+  return k == Collective::Kind::AllReduce || k == Collective::Kind::Reduce ||
+         k == Collective::Kind::ReduceScatter;
+}
+
+/// One rank's counter, alone on its cache line.
+struct alignas(64) Counter {
+  std::atomic<std::int64_t> value{-1};
+};
+static_assert(std::atomic<std::int64_t>::is_always_lock_free,
+              "the shared-memory counters need lock-free 64-bit atomics");
+
+enum Flag { kArrived, kReduced, kGlobal, kDone, kClosing, kFlags };
+
+}  // namespace
+
+/// The head of each rank's segment: its counters (the highest chunk it has passed through
+/// each stage), then its slots.
+struct ShmEngine::Control {
+  Counter flag[kFlags];
+};
+
+namespace {
+constexpr std::size_t kControlBytes = (sizeof(Counter) * kFlags + 4095) / 4096 * 4096;
+}
+
+ShmEngine::ShmEngine(int world_rank, ShmTopology topology, std::size_t slot_bytes, int slots)
+    : world_rank_(world_rank),
+      topo_(std::move(topology)),
+      slot_bytes_(slot_bytes),
+      slot_stride_(slot_bytes + static_cast<std::size_t>(topo_.local_size * kAlign * 8) + 64),
+      slots_(slots),
+      leader_(topo_.local == 0),
+      hierarchical_(topo_.nodes > 1) {
+  const auto bytes =
+      static_cast<MPI_Aint>(kControlBytes + slot_stride_ * static_cast<std::size_t>(slots_));
+  MPI_Info info;
+  MPI_Info_create(&info);
+  MPI_Info_set(info, "alloc_shared_noncontig", "true");
+  char* mine = nullptr;
+  const int rc = MPI_Win_allocate_shared(bytes, 1, info, topo_.node, &mine, &window_);
+  MPI_Info_free(&info);
+  if (rc != MPI_SUCCESS) {
+    throw CommError(world_rank_, "MPI_Win_allocate_shared", static_cast<std::size_t>(bytes),
+                    mpi_error_text(rc) + " (FUSEDOPT_COMM_SHM=0 uses plain MPI)");
+  }
+  new (mine) Control();
+  base_.resize(static_cast<std::size_t>(topo_.local_size));
+  for (int r = 0; r < topo_.local_size; ++r) {
+    MPI_Aint size = 0;
+    int unit = 0;
+    void* ptr = nullptr;
+    MPI_Win_shared_query(window_, r, &size, &unit, &ptr);
+    base_[static_cast<std::size_t>(r)] = static_cast<char*>(ptr);
+  }
+  if (leader_ && hierarchical_) scratch_.resize(slot_stride_);
+  // Every rank's counters are set before anyone reads them.
+  MPI_Barrier(topo_.node);
+}
+
+ShmEngine::~ShmEngine() = default;
+
+ShmEngine::Control& ShmEngine::control(int local) const {
+  return *reinterpret_cast<Control*>(base_[static_cast<std::size_t>(local)]);
+}
+
+char* ShmEngine::slot(int local, std::int64_t seq) const {
+  return base_[static_cast<std::size_t>(local)] + kControlBytes +
+         slot_stride_ * static_cast<std::size_t>(seq % slots_);
+}
+
+bool ShmEngine::all_reached(int flag, std::int64_t seq) const {
+  for (int r = 0; r < topo_.local_size; ++r) {
+    if (control(r).flag[flag].value.load(std::memory_order_acquire) < seq) return false;
+  }
+  return true;
+}
+
+bool ShmEngine::takes(const Collective& c) const {
+  using K = Collective::Kind;
+  if (c.kind == K::Barrier || c.count <= 0) return c.kind != K::Barrier;
+  if (!c.f64 && c.dtype == DType::U8 && is_reduction(c.kind)) return false;
+  if (hierarchical_) return c.kind == K::AllReduce || c.kind == K::Reduce || c.kind == K::Broadcast;
+  return true;
+}
+
+std::shared_ptr<ShmOp> ShmEngine::start(const Collective& c) {
+  auto op = std::make_shared<ShmOp>();
+  op->c = c;
+  op->element = element_bytes(c);
+  const std::int64_t w = topo_.local_size;
+  const auto slot_elements = static_cast<std::int64_t>(slot_bytes_) / op->element;
+  if (c.kind == Collective::Kind::ReduceScatter || c.kind == Collective::Kind::AllGather) {
+    op->block = c.count;
+    op->slice = std::max(kAlign, slot_elements / w / kAlign * kAlign);
+    op->chunks = (c.count + op->slice - 1) / op->slice;
+  } else {
+    op->span = slot_elements;
+    op->slice = round_up((slot_elements + w - 1) / w, kAlign);
+    op->chunks = (c.count + slot_elements - 1) / slot_elements;
+  }
+  if (c.kind == Collective::Kind::Reduce || c.kind == Collective::Kind::Broadcast) {
+    op->root_node = topo_.node_of[static_cast<std::size_t>(c.root)];
+    if (op->root_node == topo_.node_index)
+      op->root_local = topo_.local_of[static_cast<std::size_t>(c.root)];
+  }
+  op->first = next_seq_;
+  if (op->chunks == 0) {
+    op->finished = true;
+    return op;
+  }
+  next_seq_ += op->chunks;
+  queue_.push_back(op);
+  progress();
+  return op;
+}
+
+ShmOp& ShmEngine::op_at(std::int64_t seq) {
+  auto it = std::upper_bound(
+      queue_.begin(), queue_.end(), seq,
+      [](std::int64_t s, const std::shared_ptr<ShmOp>& o) { return s < o->first; });
+  FUSEDOPT_CHECK_INTERNAL(it != queue_.begin(), "shared-memory chunk {} has no operation", seq);
+  return **(it - 1);
+}
+
+namespace {
+
+/// Elements [offset, offset + length) of `op`'s buffer in slice `j` of chunk `k`: a
+/// contiguous chunk cut into slices (all_reduce, reduce, broadcast), or part k of block j
+/// (reduce_scatter's input, all_gather's output).
+struct Piece {
+  std::int64_t offset = 0, length = 0;
+};
+
+Piece piece(const ShmOp& op, std::int64_t k, int j) {
+  if (op.block > 0) {
+    const std::int64_t at = k * op.slice;
+    return {j * op.block + at, std::min(op.slice, op.block - at)};
+  }
+  const std::int64_t base = k * op.span;
+  const std::int64_t n = std::min(op.span, op.c.count - base);
+  const std::int64_t at = j * op.slice;
+  return {base + at, std::clamp<std::int64_t>(n - at, 0, op.slice)};
+}
+
+/// The whole chunk `k` of a contiguous operation.
+Piece whole(const ShmOp& op, std::int64_t k) {
+  const std::int64_t base = k * op.span;
+  return {base, std::min(op.span, op.c.count - base)};
+}
+
+char* at(const void* p, std::int64_t elements, int element) {
+  return static_cast<char*>(const_cast<void*>(p)) + elements * element;
+}
+
+std::size_t bytes(std::int64_t elements, int element) {
+  return static_cast<std::size_t>(elements) * static_cast<std::size_t>(element);
+}
+
+}  // namespace
+
+void ShmEngine::do_in(ShmOp& op, std::int64_t k, char* mine) {
+  using K = Collective::Kind;
+  const int me = topo_.local, el = op.element;
+  switch (op.c.kind) {
+    case K::AllReduce:
+    case K::Reduce:
+    case K::ReduceScatter:
+      for (int j = 0; j < topo_.local_size; ++j) {
+        if (j == me) continue;
+        const Piece p = piece(op, k, j);
+        if (p.length > 0)
+          std::memcpy(mine + bytes(j * op.slice, el), at(op.c.send, p.offset, el),
+                      bytes(p.length, el));
+      }
+      break;
+    case K::Broadcast:
+      if (world_rank_ == op.c.root) {
+        const Piece p = whole(op, k);
+        std::memcpy(mine, at(op.c.send, p.offset, el), bytes(p.length, el));
+      }
+      break;
+    case K::AllGather: {
+      const std::int64_t from = k * op.slice;
+      const std::int64_t n = std::min(op.slice, op.block - from);
+      std::memcpy(mine + bytes(me * op.slice, el), at(op.c.send, from, el), bytes(n, el));
+      break;
+    }
+    case K::Barrier:
+      break;
+  }
+}
+
+void ShmEngine::do_reduce(ShmOp& op, std::int64_t k, std::int64_t seq) {
+  using K = Collective::Kind;
+  if (!is_reduction(op.c.kind)) return;
+  const int me = topo_.local, el = op.element;
+  const Piece p = piece(op, k, me);
+  if (p.length <= 0) return;
+  const void* sources[64];
+  std::vector<const void*> many;
+  const void** src = sources;
+  if (topo_.local_size > 64) {
+    many.resize(static_cast<std::size_t>(topo_.local_size));
+    src = many.data();
+  }
+  for (int r = 0; r < topo_.local_size; ++r) {
+    src[r] = r == me ? at(op.c.send, p.offset, el) : slot(r, seq) + bytes(me * op.slice, el);
+  }
+  char* staged = slot(me, seq) + bytes(me * op.slice, el);
+  void* out = staged;
+  void* copy = nullptr;
+  if (op.c.kind == K::ReduceScatter) {
+    out = at(op.c.recv, k * op.slice, el);
+  } else if (!hierarchical_ && (op.c.kind == K::AllReduce || world_rank_ == op.c.root)) {
+    copy = at(op.c.recv, p.offset, el);  // this rank's slice of the result, in place
+  }
+  shm_combine(op.c.dtype, op.c.f64, op.c.op, src, topo_.local_size, out, copy, p.length);
+}
+
+void ShmEngine::do_out(ShmOp& op, std::int64_t k, std::int64_t seq) {
+  using K = Collective::Kind;
+  const int me = topo_.local, el = op.element;
+  const bool receives = op.c.kind == K::AllReduce || op.c.kind == K::AllGather ||
+                        (op.c.kind == K::Reduce && world_rank_ == op.c.root) ||
+                        (op.c.kind == K::Broadcast && world_rank_ != op.c.root);
+  if (!receives) return;
+  if (op.c.kind == K::AllGather) {
+    for (int j = 0; j < topo_.local_size; ++j) {
+      const Piece p = piece(op, k, j);
+      const char* from =
+          j == me ? at(op.c.send, k * op.slice, el) : slot(j, seq) + bytes(j * op.slice, el);
+      std::memcpy(at(op.c.recv, p.offset, el), from, bytes(p.length, el));
+    }
+    return;
+  }
+  if (hierarchical_ || op.c.kind == K::Broadcast) {
+    // The whole chunk: from the leader's scratch or slot, or the root's slot.
+    const Piece p = whole(op, k);
+    const char* from =
+        hierarchical_ ? (leader_ ? scratch_.data() : slot(0, seq)) : slot(op.root_local, seq);
+    std::memcpy(at(op.c.recv, p.offset, el), from, bytes(p.length, el));
+    return;
+  }
+  for (int j = 0; j < topo_.local_size; ++j) {
+    if (j == me) continue;
+    const Piece p = piece(op, k, j);
+    if (p.length > 0)
+      std::memcpy(at(op.c.recv, p.offset, el), slot(j, seq) + bytes(j * op.slice, el),
+                  bytes(p.length, el));
+  }
+}
+
+bool ShmEngine::step_in(std::int64_t seq) {
+  if (!all_reached(kDone, seq - slots_)) return false;  // the slot is still being read
+  ShmOp& op = op_at(seq);
+  do_in(op, seq - op.first, slot(topo_.local, seq));
+  control(topo_.local).flag[kArrived].value.store(seq, std::memory_order_release);
+  return true;
+}
+
+bool ShmEngine::step_reduce(std::int64_t seq) {
+  if (!all_reached(kArrived, seq)) return false;
+  ShmOp& op = op_at(seq);
+  do_reduce(op, seq - op.first, seq);
+  control(topo_.local).flag[kReduced].value.store(seq, std::memory_order_release);
+  return true;
+}
+
+// The leader's part of a hierarchical chunk: the node's result (or the root's data) into
+// its scratch, all-reduced (or broadcast) among the leaders, then into its slot for the
+// node's other ranks. One MPI operation in flight at a time, in chunk order on every node.
+bool ShmEngine::step_global(std::int64_t seq) {
+  if (!hierarchical_ || !leader_) return true;
+  ShmOp& op = op_at(seq);
+  const std::int64_t k = seq - op.first;
+  const Piece chunk = whole(op, k);
+  const int el = op.element;
+  const bool bcast = op.c.kind == Collective::Kind::Broadcast;
+  if (request_seq_ != seq) {
+    // The scratch is free once this rank has read the previous chunk's result from it.
+    if (out_ < seq || !all_reached(kReduced, seq)) return false;
+    if (!bcast) {
+      for (int j = 0; j < topo_.local_size; ++j) {
+        const Piece p = piece(op, k, j);
+        if (p.length > 0)
+          std::memcpy(scratch_.data() + bytes(j * op.slice, el),
+                      slot(j, seq) + bytes(j * op.slice, el), bytes(p.length, el));
+      }
+    } else if (op.root_node == topo_.node_index) {
+      const char* from =
+          op.root_local == 0 ? at(op.c.send, chunk.offset, el) : slot(op.root_local, seq);
+      std::memcpy(scratch_.data(), from, bytes(chunk.length, el));
+    }
+    const MPI_Datatype type = mpi_type(op.c.dtype, op.c.f64);
+    const int n = static_cast<int>(chunk.length);
+    const int rc =
+        bcast ? MPI_Ibcast(scratch_.data(), n, type, op.root_node, topo_.leaders, &request_)
+              : MPI_Iallreduce(MPI_IN_PLACE, scratch_.data(), n, type,
+                               mpi_op(op.c.dtype, op.c.f64, op.c.op), topo_.leaders, &request_);
+    if (rc != MPI_SUCCESS)
+      throw CommError(world_rank_, "shared memory: the leaders' exchange", bytes(chunk.length, el),
+                      mpi_error_text(rc));
+    request_seq_ = seq;
+  }
+  int flag = 0;
+  const int rc = MPI_Test(&request_, &flag, MPI_STATUS_IGNORE);
+  if (rc != MPI_SUCCESS)
+    throw CommError(world_rank_, "shared memory: the leaders' exchange", bytes(chunk.length, el),
+                    mpi_error_text(rc));
+  if (!flag) return false;
+  request_seq_ = -1;
+  if (topo_.local_size > 1) std::memcpy(slot(0, seq), scratch_.data(), bytes(chunk.length, el));
+  control(0).flag[kGlobal].value.store(seq, std::memory_order_release);
+  return true;
+}
+
+bool ShmEngine::step_out(std::int64_t seq) {
+  if (hierarchical_) {
+    if (control(0).flag[kGlobal].value.load(std::memory_order_acquire) < seq) return false;
+  } else if (!all_reached(kReduced, seq)) {
+    return false;
+  }
+  ShmOp& op = op_at(seq);
+  do_out(op, seq - op.first, seq);
+  control(topo_.local).flag[kDone].value.store(seq, std::memory_order_release);
+  return true;
+}
+
+void ShmEngine::progress() {
+  for (bool moved = true; moved;) {
+    moved = false;
+    while (out_ < global_ && step_out(out_)) {
+      ++out_;
+      moved = true;
+    }
+    while (!queue_.empty() && queue_.front()->first + queue_.front()->chunks <= out_) {
+      queue_.front()->finished = true;
+      queue_.pop_front();
+    }
+    while (global_ < reduce_ && step_global(global_)) {
+      ++global_;
+      moved = true;
+    }
+    while (reduce_ < in_ && step_reduce(reduce_)) {
+      ++reduce_;
+      moved = true;
+    }
+    while (in_ < next_seq_ && step_in(in_)) {
+      ++in_;
+      moved = true;
+    }
+  }
+}
+
+std::string ShmEngine::describe() const {
+  std::string s = topo_.nodes == 1
+                      ? fmt::format("shared memory: 1 node x {} ranks", topo_.local_size)
+                      : fmt::format("shared memory: {} nodes, {} rank{} on this one", topo_.nodes,
+                                    topo_.local_size, topo_.local_size == 1 ? "" : "s");
+  if (hierarchical_)
+    s += ", hierarchical (node-local reduce, leaders over MPI, node-local broadcast)";
+  if (!topo_.pretend.empty()) s += ", pretend nodes (" + topo_.pretend + ")";
+  return s + fmt::format("; {} slots of {} KiB per rank", slots_, slot_bytes_ >> 10);
+}
+
+void ShmEngine::close(std::chrono::milliseconds timeout) {
+  if (window_ == MPI_WIN_NULL || mpi_finalized()) return;
+  // Operations abandoned after a CommError still complete once their late ranks join, as
+  // they would under MPI: the others are waiting for this rank's part.
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  bool ready = true;
+  try {
+    while (!queue_.empty()) {
+      progress();
+      if (queue_.empty()) break;
+      if (std::chrono::steady_clock::now() >= deadline) {
+        ready = false;
+        break;
+      }
+      std::this_thread::yield();
+    }
+  } catch (const CommError&) {
+    ready = false;
+  }
+  if (ready) {
+    control(topo_.local).flag[kClosing].value.store(1, std::memory_order_release);
+    while (!all_reached(kClosing, 1)) {
+      if (std::chrono::steady_clock::now() >= deadline) {
+        ready = false;
+        break;
+      }
+      std::this_thread::yield();
+    }
+  }
+  if (!ready) {
+    std::fprintf(stderr,
+                 "fusedopt: rank %d: the shared-memory collectives did not end together on "
+                 "this node; their segment is left to MPI_Finalize\n",
+                 world_rank_);
+    return;
+  }
+  MPI_Win_free(&window_);
+  if (topo_.leaders != MPI_COMM_NULL) MPI_Comm_free(&topo_.leaders);
+  MPI_Comm_free(&topo_.node);
+}
+
+}  // namespace fusedopt::comm::detail

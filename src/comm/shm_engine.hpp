@@ -1,0 +1,128 @@
+// Node-local collectives through MPI-3 shared memory (MPI_Win_allocate_shared): the ranks of
+// a node exchange data through persistent staging slots, allocated once and reused every
+// step, and synchronise through counters in the same segment. An operation is cut into
+// chunks of at most one slot; each chunk passes four stages on every rank, in chunk order:
+//   in:     the rank copies what the others need of its input into its own slot;
+//   reduce: the rank combines slice i (its own) of every rank's input in fixed rank order
+//           (deterministic, whatever the timing), into its slot and, for an all-reduce,
+//           its own buffer;
+//   global: (hierarchical only) each node's leader all-reduces the node's result with the
+//           other leaders over MPI and publishes it in its slot;
+//   out:    the rank copies the results it lacks into its buffer.
+// A rank never waits inside the engine: progress() does what the counters allow and
+// returns, so waiting (with its deadline) stays in Communicator, and an operation advances
+// whenever its ranks call in (start, test, wait; GradBucketer's mark_ready).
+#pragma once
+
+#include <mpi.h>
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "comm/backend.hpp"
+
+namespace fusedopt::comm::detail {
+
+/// Where the ranks of a job sit: this rank's node (a communicator of its ranks, in world
+/// rank order) and, with several nodes, the communicator of the nodes' leaders (local
+/// index 0), in node order.
+struct ShmTopology {
+  MPI_Comm node = MPI_COMM_NULL;
+  MPI_Comm leaders = MPI_COMM_NULL;  ///< null on a non-leader or with one node
+  int nodes = 1;
+  int node_index = 0;
+  int local = 0;              ///< this rank's index in its node
+  int local_size = 1;         ///< ranks on this node
+  std::vector<int> node_of;   ///< world rank -> node index
+  std::vector<int> local_of;  ///< world rank -> index in its node
+  std::string pretend;        ///< "FUSEDOPT_COMM_RANKS_PER_NODE=2" when the split is made up
+};
+
+/// One collective inside the engine.
+struct ShmOp {
+  Collective c;
+  int element = 4;         ///< bytes per element
+  std::int64_t first = 0;  ///< sequence number of its first chunk
+  std::int64_t chunks = 0;
+  std::int64_t span = 0;   ///< elements of a chunk (all_reduce, reduce, broadcast)
+  std::int64_t slice = 0;  ///< elements of one rank's slice of a chunk
+  std::int64_t block = 0;  ///< reduce_scatter / all_gather: elements per rank's block
+  int root_local = -1;     ///< the root's index in its node, when on this node
+  int root_node = 0;
+  bool finished = false;
+};
+
+class ShmEngine {
+ public:
+  /// Collective over the job (every rank of `world` calls it): allocates the segment of
+  /// `slots` slots of `slot_bytes` per rank. Takes ownership of the topology's
+  /// communicators.
+  ShmEngine(int world_rank, ShmTopology topology, std::size_t slot_bytes, int slots);
+  ~ShmEngine();
+  ShmEngine(const ShmEngine&) = delete;
+  ShmEngine& operator=(const ShmEngine&) = delete;
+
+  /// Whether the engine runs `c` (else the caller uses plain MPI): with several nodes only
+  /// all_reduce, reduce and broadcast; no sum or max of bytes; no barrier.
+  bool takes(const Collective& c) const;
+  /// Queues `c` (every rank queues the same collectives in the same order) and progresses.
+  std::shared_ptr<ShmOp> start(const Collective& c);
+  /// Does every stage the counters allow, for every queued operation; never waits. Throws
+  /// CommError when a leader's MPI call fails.
+  void progress();
+  /// "shared memory: 1 node x 2 ranks" and the like.
+  std::string describe() const;
+  /// Before the communicator goes: finishes what is queued (abandoned operations included)
+  /// and frees the segment together with the node's other ranks, within `timeout`;
+  /// otherwise leaves it (a peer that stalled would make the collective free hang) and
+  /// says so on stderr.
+  void close(std::chrono::milliseconds timeout);
+
+ private:
+  struct Control;
+  Control& control(int local) const;
+  char* slot(int local, std::int64_t seq) const;
+  ShmOp& op_at(std::int64_t seq);
+  bool all_reached(int flag, std::int64_t seq) const;
+  bool step_in(std::int64_t seq);
+  bool step_reduce(std::int64_t seq);
+  bool step_global(std::int64_t seq);
+  bool step_out(std::int64_t seq);
+  void do_in(ShmOp& op, std::int64_t k, char* mine);
+  void do_reduce(ShmOp& op, std::int64_t k, std::int64_t seq);
+  void do_out(ShmOp& op, std::int64_t k, std::int64_t seq);
+
+  int world_rank_;
+  ShmTopology topo_;
+  std::size_t slot_bytes_;
+  std::size_t slot_stride_;  ///< slot_bytes_ plus room for every slice's alignment
+  int slots_;
+  MPI_Win window_ = MPI_WIN_NULL;
+  std::vector<char*> base_;  ///< each local rank's segment
+  bool leader_;
+  bool hierarchical_;
+  std::vector<char> scratch_;  ///< the leader's chunk in flight among the leaders
+  MPI_Request request_ = MPI_REQUEST_NULL;
+  std::int64_t request_seq_ = -1;
+  std::deque<std::shared_ptr<ShmOp>> queue_;
+  std::int64_t next_seq_ = 0;  ///< the first chunk of the next operation
+  std::int64_t in_ = 0, reduce_ = 0, global_ = 0, out_ = 0;  ///< next chunk of each stage
+};
+
+/// The engine `options` and the environment (FUSEDOPT_COMM_SHM, _RANKS_PER_NODE,
+/// _SHM_SLOT_KIB; rank 0's settings apply to every rank) ask for over `world` (collective),
+/// or null: then `transport` says why ("mpi (shared memory off: FUSEDOPT_COMM_SHM=0)");
+/// else it describes the engine.
+std::unique_ptr<ShmEngine> make_shm_engine(MPI_Comm world, const MpiOptions& options,
+                                           std::string* transport);
+
+/// The topology of `world` (collective): MPI_Comm_split_type(SHARED), or pretend nodes of
+/// `ranks_per_node` consecutive ranks (each within one real node; UsageError otherwise).
+ShmTopology shm_topology(MPI_Comm world, int ranks_per_node);
+
+}  // namespace fusedopt::comm::detail

@@ -1,0 +1,264 @@
+// The shared-memory path of the MPI transport (src/comm/shm_engine.hpp), under mpiexec at 1
+// to 4 ranks, on one node, with pretend nodes (FUSEDOPT_COMM_RANKS_PER_NODE: hierarchical)
+// and with it off (FUSEDOPT_COMM_SHM=0): sums in a fixed order give the same bits across
+// runs and between bucketed, per-gradient, whole-buffer and ZeRO (reduce-to-owner) layouts,
+// equal to a reference summed by hand in that order; plain MPI agrees within fp32 rounding;
+// the transport says which path it takes; a step touches no fresh page after the first.
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include "comm/comm_support.hpp"
+#include "comm/half.hpp"
+#include "fusedopt/comm.hpp"
+
+using fusedopt::DType;
+using fusedopt::FlatArena;
+using fusedopt::Tensor;
+using fusedopt::comm::BucketOptions;
+using fusedopt::comm::Communicator;
+using fusedopt::comm::GradBucketer;
+using fusedopt::comm::MpiOptions;
+using fusedopt::comm::ReduceOp;
+using fusedopt::comm::Work;
+namespace half = fusedopt::comm::detail;
+
+namespace fusedopt_tests {
+namespace {
+
+// Sizes around the engine's slices and chunks (128 KiB slots: 32768 fp32): tiny, odd,
+// one chunk, several chunks with a short last one.
+const std::vector<std::int64_t> kShmSizes = {1, 17, 1000, 32768, 32769, 70001, 5, 200000};
+
+/// The pretend node size from the environment (0: one real node).
+int ranks_per_node() {
+  const char* v = std::getenv("FUSEDOPT_COMM_RANKS_PER_NODE");
+  return v == nullptr ? 0 : std::atoi(v);
+}
+
+bool shm_off() {
+  const char* v = std::getenv("FUSEDOPT_COMM_SHM");
+  return v != nullptr && std::string(v) == "0";
+}
+
+/// The shared-memory path's result for values v(r) of ranks 0..n-1: each node's ranks
+/// summed in rank order in fp32, then the node sums in node order (exact for 1 or 2 nodes;
+/// `exact` false beyond, where MPI's order among leaders is its own).
+float shm_sum(const std::vector<float>& v, int per_node, bool* exact) {
+  const int n = static_cast<int>(v.size());
+  const int k = per_node > 0 ? per_node : n;
+  std::vector<float> nodes;
+  for (int first = 0; first < n; first += k) {
+    float s = v[static_cast<std::size_t>(first)];
+    for (int r = first + 1; r < std::min(n, first + k); ++r) s += v[static_cast<std::size_t>(r)];
+    nodes.push_back(s);
+  }
+  if (exact) *exact = nodes.size() <= 2;
+  float total = nodes[0];
+  for (std::size_t i = 1; i < nodes.size(); ++i) total += nodes[i];
+  return total;
+}
+
+/// Every rank's gradients of one step (rank r's from grad_value), and the expected sums.
+struct Case {
+  std::uint32_t seed = 0;
+  FlatArena arena;
+  std::vector<Tensor> grads;
+  std::vector<float> expected;  ///< per element of the flat order
+  bool exact = true;
+
+  explicit Case(Communicator& comm) : seed(shared_seed()), arena(make_arena(kShmSizes)) {
+    for (std::size_t i = 0; i < arena.size(); ++i) grads.push_back(arena.grad(i));
+    std::vector<float> v(static_cast<std::size_t>(comm.size()));
+    for (std::size_t i = 0; i < grads.size(); ++i) {
+      for (std::int64_t k = 0; k < kShmSizes[i]; ++k) {
+        for (int r = 0; r < comm.size(); ++r)
+          v[static_cast<std::size_t>(r)] = grad_value(seed, r, 0, i, k);
+        expected.push_back(shm_sum(v, ranks_per_node(), &exact));
+      }
+    }
+  }
+  void fill(int rank) {
+    for (std::size_t i = 0; i < grads.size(); ++i) {
+      for (std::int64_t k = 0; k < kShmSizes[i]; ++k)
+        data(grads[i])[k] = grad_value(seed, rank, 0, i, k);
+    }
+  }
+  /// Elements of the result that differ from the expected bits (or, not exact, by more
+  /// than fp32 rounding), over the gradients this rank holds the result of.
+  std::int64_t wrong(const std::vector<bool>& holds, double tolerance) const {
+    std::int64_t bad = 0;
+    std::size_t at = 0;
+    for (std::size_t i = 0; i < grads.size(); ++i) {
+      for (std::int64_t k = 0; k < kShmSizes[i]; ++k, ++at) {
+        if (!holds[i]) continue;
+        const float got = data(grads[i])[k], want = expected[at];
+        const bool ok = tolerance == 0 ? got == want : std::fabs(got - want) <= tolerance;
+        if (!ok) ++bad;
+      }
+    }
+    return bad;
+  }
+};
+
+}  // namespace
+
+TEST_SUITE("comm_mpi") {
+  TEST_CASE("the transport says which path it takes") {
+    Communicator& comm = world();
+    const std::string t = comm.transport();
+    MESSAGE(t);
+    if (shm_off()) {
+      CHECK(t == "mpi (shared memory off: FUSEDOPT_COMM_SHM=0)");
+    } else if (comm.size() == 1) {
+      CHECK(t == "mpi (one rank)");
+    } else if (ranks_per_node() == 1) {
+      CHECK(t.find("one rank per node") != std::string::npos);
+    } else {
+      CHECK(t.find("mpi + shared memory") != std::string::npos);
+      CHECK((t.find("hierarchical") != std::string::npos) ==
+            (ranks_per_node() > 0 && ranks_per_node() < comm.size()));
+    }
+    MpiOptions off;
+    off.shared_memory = false;
+    Communicator plain = Communicator::mpi(off);
+    CHECK(plain.transport() == "mpi (shared memory off: MpiOptions)");
+  }
+
+  TEST_CASE(
+      "shared-memory sums have fixed bits across runs and bucketed, per-gradient, whole and ZeRO "
+      "layouts") {
+    Communicator& comm = world();
+    Case c(comm);
+    const bool shm = comm.transport().find("shared memory:") != std::string::npos;
+    // Plain MPI sums in its own order: within fp32 rounding of the reference.
+    const double tolerance = shm && c.exact ? 0.0 : 1e-6 * comm.size();
+    const std::string how =
+        comm.transport() + (tolerance == 0 ? ": bit for bit" : ": within fp32 rounding");
+    MESSAGE(how);
+    const std::vector<bool> all(c.grads.size(), true);
+    BucketOptions o;
+    o.first_bucket_bytes = 4096;
+    o.bucket_bytes = 300000;
+    GradBucketer bucketer(comm, c.grads, o);
+    for (int run = 0; run < 2; ++run) {
+      CAPTURE(run);
+      c.fill(comm.rank());
+      for (int i = static_cast<int>(c.grads.size()) - 1; i >= 0; --i) bucketer.mark_ready(i);
+      bucketer.finish();
+      CHECK(c.wrong(all, tolerance) == 0);
+    }
+    c.fill(comm.rank());
+    std::vector<Work> work;
+    for (const Tensor& g : c.grads) work.push_back(comm.all_reduce(g.data, g.numel, DType::F32));
+    for (Work& w : work) w.wait();
+    CHECK(c.wrong(all, tolerance) == 0);
+    c.fill(comm.rank());
+    const auto* first = data(c.grads.front());
+    const auto* last = data(c.grads.back()) + c.grads.back().numel;
+    comm.all_reduce(data(c.grads.front()), last - first, DType::F32).wait();
+    CHECK(c.wrong(all, tolerance) == 0);
+    // ZeRO-2's layout: gradient i reduced to its owner (i mod ranks) only.
+    c.fill(comm.rank());
+    std::vector<int> roots;
+    std::vector<bool> mine;
+    for (std::size_t i = 0; i < c.grads.size(); ++i) {
+      roots.push_back(static_cast<int>(i) % comm.size());
+      mine.push_back(roots.back() == comm.rank());
+    }
+    GradBucketer zero(comm, c.grads, o, roots);
+    zero.mark_all_ready();
+    zero.finish();
+    CHECK(c.wrong(mine, tolerance) == 0);
+    // The other ranks' gradients are only read.
+    std::int64_t changed = 0;
+    for (std::size_t i = 0; i < c.grads.size(); ++i) {
+      for (std::int64_t k = 0; k < kShmSizes[i] && !mine[i]; ++k)
+        changed += data(c.grads[i])[k] != grad_value(c.seed, comm.rank(), 0, i, k);
+    }
+    CHECK(changed == 0);
+  }
+
+  TEST_CASE("shared memory agrees with plain MPI within rounding; bf16 and f64 sum in rank order") {
+    Communicator& comm = world();
+    Case c(comm);
+    MpiOptions off;
+    off.shared_memory = false;
+    Communicator plain = Communicator::mpi(off);
+    plain.set_timeout(comm.timeout());
+    c.fill(comm.rank());
+    std::vector<float> mpi_result;
+    for (const Tensor& g : c.grads) {
+      plain.all_reduce(g.data, g.numel, DType::F32).wait();
+      mpi_result.insert(mpi_result.end(), data(g), data(g) + g.numel);
+    }
+    c.fill(comm.rank());
+    for (const Tensor& g : c.grads) comm.all_reduce(g.data, g.numel, DType::F32).wait();
+    std::size_t at = 0;
+    double worst = 0;
+    for (const Tensor& g : c.grads) {
+      for (std::int64_t k = 0; k < g.numel; ++k, ++at)
+        worst = std::max(worst, static_cast<double>(std::fabs(data(g)[k] - mpi_result[at])));
+    }
+    CHECK(worst <= 1e-6 * comm.size());
+    // bf16: widened, summed in fp32 in the path's order, rounded once; f64 in that order.
+    const std::int64_t n = 50000;
+    std::vector<std::uint16_t> b(static_cast<std::size_t>(n));
+    std::vector<double> d(static_cast<std::size_t>(n));
+    auto value = [&](int r, std::int64_t k) { return grad_value(c.seed, r, 1, 0, k); };
+    for (std::int64_t k = 0; k < n; ++k) {
+      b[static_cast<std::size_t>(k)] = half::float_to_bf16(value(comm.rank(), k));
+      d[static_cast<std::size_t>(k)] = static_cast<double>(value(comm.rank(), k)) / 3.0;
+    }
+    comm.all_reduce(b.data(), n, DType::BF16).wait();
+    comm.all_reduce(d.data(), n).wait();
+    const bool shm = comm.transport().find("shared memory:") != std::string::npos;
+    const bool one_node = ranks_per_node() == 0 || ranks_per_node() >= comm.size();
+    std::int64_t bad_b = 0, bad_d = 0;
+    for (std::int64_t k = 0; k < n; ++k) {
+      float sb = 0;
+      double sd = 0;
+      for (int r = 0; r < comm.size(); ++r) {
+        sb += half::bf16_to_float(half::float_to_bf16(value(r, k)));
+        sd += static_cast<double>(value(r, k)) / 3.0;
+      }
+      const float got_b = half::bf16_to_float(b[static_cast<std::size_t>(k)]);
+      const double got_d = d[static_cast<std::size_t>(k)];
+      if (shm && one_node) {
+        bad_b += got_b != half::bf16_to_float(half::float_to_bf16(sb));
+        bad_d += got_d != sd;
+      } else {
+        bad_b += std::fabs(got_b - sb) > 0.01 * comm.size();
+        bad_d += std::fabs(got_d - sd) > 1e-15 * comm.size();
+      }
+    }
+    CHECK(bad_b == 0);
+    CHECK(bad_d == 0);
+  }
+
+  TEST_CASE("a bucketed step touches no fresh page after the first on shared memory") {
+    Communicator& comm = world();
+    FlatArena arena = make_arena({300000, 1000, 200000, 17});
+    std::vector<Tensor> grads;
+    for (std::size_t i = 0; i < arena.size(); ++i) grads.push_back(arena.grad(i));
+    BucketOptions o;
+    o.first_bucket_bytes = 4096;
+    o.bucket_bytes = 1 << 20;
+    GradBucketer bucketer(comm, grads, o);
+    for (int step = 0; step < 4; ++step) {
+      bucketer.mark_all_ready();
+      bucketer.finish();
+    }
+    const auto s = bucketer.stats();
+    MESSAGE(s.transport << ": " << s.page_faults_per_step << " page faults per step");
+    CHECK(s.steps == 4);
+    CHECK(s.transport == comm.transport());
+    if (s.transport.find("shared memory:") != std::string::npos) CHECK(s.page_faults_per_step < 10);
+  }
+}
+
+}  // namespace fusedopt_tests
