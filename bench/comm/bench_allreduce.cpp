@@ -205,10 +205,16 @@ std::string machine_json(const std::string& cpu, unsigned cores, double mem_gib,
 }
 
 /// Rank 0's table and JSON.
+struct Bandwidths {
+  double copy = 0;     ///< copy_bandwidth()
+  double handoff = 0;  ///< handoff_bandwidth()
+};
+
 int report(const Args& args, const fusedopt::bench::Workload& w, std::int64_t elements,
-           double bytes, int ranks, double copy_bw, const std::string& buckets,
+           double bytes, int ranks, Bandwidths bw, const std::string& buckets,
            const std::vector<std::string>& transports, const std::vector<Variant>& variants) {
   const double bus_factor = 2.0 * (ranks - 1) / ranks;
+  const double copy_bw = bw.copy;
   const std::string cpu = proc_field("/proc/cpuinfo", "model name");
   const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
   const double mem_gib = std::atof(proc_field("/proc/meminfo", "MemTotal").c_str()) / 1048576.0;
@@ -232,6 +238,10 @@ int report(const Args& args, const fusedopt::bench::Workload& w, std::int64_t el
   fmt::print("{}; {} warmup + {} timed iterations, time = slowest rank, barrier before each\n",
              buckets, args.warmup, args.iters);
   fmt::print("copy bandwidth (one process, best of 5, read + write): {:.2f} GB/s\n", copy_bw / 1e9);
+  fmt::print(
+      "core-to-core handoff (CPU 1 writes 256 KiB, CPU 0 copies it, in turns; written + read):"
+      " {:.2f} GB/s\n",
+      bw.handoff / 1e9);
   fmt::print("busbw = 2(n-1)/n x {:.4g} MB / median time; of copy = busbw / copy bandwidth;\n",
              bytes / 1e6);
   fmt::print(
@@ -284,8 +294,10 @@ int report(const Args& args, const fusedopt::bench::Workload& w, std::int64_t el
   j += fmt::format("  \"transports\": [{}],\n  \"warmup\": {},\n  \"iters\": {},\n", ts,
                    args.warmup, args.iters);
   j += fmt::format("  \"machine\": {},\n", machine_json(cpu, cores, mem_gib, compiler));
-  j += fmt::format("  \"copy_bandwidth_gbs\": {:.3f},\n  \"floor_s\": {:.6f},\n", copy_bw / 1e9,
-                   floor);
+  j += fmt::format(
+      "  \"copy_bandwidth_gbs\": {:.3f},\n  \"handoff_bandwidth_gbs\": {:.3f},\n  \"floor_s\": "
+      "{:.6f},\n",
+      copy_bw / 1e9, bw.handoff / 1e9, floor);
   j += fmt::format("  \"buckets\": {},\n", json_string(buckets));
   j += "  \"variants\": [\n" + rows + "  ]\n}\n";
   return fusedopt_bench::write_whole("fusedopt-comm-bench", args.json, j) ? 0 : 1;
@@ -317,8 +329,11 @@ int run(const Args& args) {
 
   // The copy floor, measured by rank 0 alone while the others wait in a barrier (which
   // polls with sleeps: they leave the cores to it).
-  double copy_bw = 0;
-  if (root) copy_bw = fusedopt::bench::copy_bandwidth(static_cast<std::size_t>(bytes));
+  double copy_bw = 0, handoff_bw = 0;
+  if (root) {
+    copy_bw = fusedopt::bench::copy_bandwidth(static_cast<std::size_t>(bytes));
+    handoff_bw = fusedopt_bench::handoff_bandwidth();
+  }
   comm.barrier().wait();
 
   // Plain MPI and the default communicator (shared memory, unless FUSEDOPT_COMM_SHM=0).
@@ -371,8 +386,8 @@ int run(const Args& args) {
         t.label, t.comm.transport(), b.page_faults_per_step, b.last_wait_seconds * 1e3));
   }
   const std::string buckets_report = transports.empty() ? "" : transports[0].bucketer->report();
-  return report(args, w, elements, bytes, ranks, copy_bw, buckets_report, transport_lines,
-                variants);
+  return report(args, w, elements, bytes, ranks, {copy_bw, handoff_bw}, buckets_report,
+                transport_lines, variants);
 }
 
 }  // namespace

@@ -4,14 +4,20 @@
 #pragma once
 
 #include <fmt/format.h>
+#include <pthread.h>
+#include <sched.h>
 #include <sys/resource.h>
 
 #include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <exception>
 #include <fstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 namespace fusedopt_bench {
@@ -101,6 +107,45 @@ inline double minor_faults() {
   rusage u{};
   getrusage(RUSAGE_SELF, &u);
   return static_cast<double>(u.ru_minflt);
+}
+
+/// How fast data written by one core reaches another (CPU 0 and CPU 1): a thread on CPU 1
+/// writes 256 KiB, a thread on CPU 0 copies it out, in turns, 2000 times; bytes written +
+/// read per second. What a shared-memory transport's staging costs: fast where the two cores
+/// share a cache, several times slower across chiplets (a VM's vCPUs move between them).
+/// 0 with fewer than 2 CPUs.
+inline double handoff_bandwidth() {
+  if (std::thread::hardware_concurrency() < 2) return 0;
+  auto pin = [](int cpu) {
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    CPU_SET(cpu, &set);
+    pthread_setaffinity_np(pthread_self(), sizeof set, &set);
+  };
+  constexpr int kReps = 2000;
+  std::vector<float> shared(1 << 16), local(shared.size());
+  std::atomic<int> turn{0};
+  std::thread writer([&] {
+    pin(1);
+    for (int r = 0; r < kReps; ++r) {
+      while (turn.load(std::memory_order_acquire) != 2 * r) std::this_thread::yield();
+      std::fill(shared.begin(), shared.end(), static_cast<float>(r));
+      turn.store(2 * r + 1, std::memory_order_release);
+    }
+  });
+  std::thread reader([&] {
+    pin(0);
+    for (int r = 0; r < kReps; ++r) {
+      while (turn.load(std::memory_order_acquire) != 2 * r + 1) std::this_thread::yield();
+      std::memcpy(local.data(), shared.data(), shared.size() * sizeof(float));
+      turn.store(2 * r + 2, std::memory_order_release);
+    }
+  });
+  const auto t0 = std::chrono::steady_clock::now();
+  writer.join();
+  reader.join();
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return 2.0 * kReps * static_cast<double>(shared.size() * sizeof(float)) / s;
 }
 
 struct Summary {

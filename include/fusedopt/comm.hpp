@@ -206,9 +206,10 @@ struct BucketStats {
   double wait_seconds = 0;         ///< time finish() waited, all steps: the communication
                                    ///< backward did not hide
   double last_wait_seconds = 0;    ///< the same, in the last step
-  /// Minor page faults inside this GradBucketer's calls (mark_ready, finish: the transport's
-  /// work, in the calling thread), per step after the first (which touches the transport's
-  /// buffers for the first time); 0 before a second step.
+  /// Minor page faults of the calling thread from a step's first mark_ready to the end of
+  /// its finish() (the transport's work, and whatever that thread did in between: backward's
+  /// own faults count too), per step after the first (which touches the transport's buffers
+  /// for the first time); 0 before a second step. Two getrusage calls per step.
   double page_faults_per_step = 0;
   std::string transport;  ///< the communicator's transport()
   std::string report;     ///< report()

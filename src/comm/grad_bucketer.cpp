@@ -45,19 +45,6 @@ std::int64_t thread_faults() {
   return static_cast<std::int64_t>(u.ru_minflt);
 }
 
-/// Adds the page faults of its scope to `total`.
-class FaultCount {
- public:
-  explicit FaultCount(std::int64_t& total) : total_(total), start_(thread_faults()) {}
-  ~FaultCount() { total_ += thread_faults() - start_; }
-  FaultCount(const FaultCount&) = delete;
-  FaultCount& operator=(const FaultCount&) = delete;
-
- private:
-  std::int64_t& total_;
-  std::int64_t start_;
-};
-
 std::string describe_device(const Device& d) {
   return d.kind == Device::Kind::Host ? "host" : fmt::format("cuda:{}", d.index);
 }
@@ -191,8 +178,8 @@ struct GradBucketer::Impl {
   std::int64_t collectives_ = 0;
   std::int64_t steps_ = 0;
   double wait_seconds_ = 0, last_wait_seconds_ = 0;
-  std::int64_t faults_ = 0;        ///< page faults inside its calls, this step
-  std::int64_t faults_later_ = 0;  ///< the same, every step after the first
+  std::int64_t step_faults_ = -1;  ///< the thread's page faults at this step's first call
+  std::int64_t faults_later_ = 0;  ///< faults of every step after the first
 };
 
 GradBucketer::GradBucketer(Communicator comm, std::vector<Tensor> grads, BucketOptions options)
@@ -248,7 +235,7 @@ int GradBucketer::bucket_of(int grad) const {
 void GradBucketer::mark_ready(int grad, void* stream) {
   Impl& m = live("mark_ready");
   const int b = bucket_of(grad);
-  FaultCount count(m.faults_);
+  if (m.step_faults_ < 0) m.step_faults_ = thread_faults();
   auto& marked = m.marked_[static_cast<std::size_t>(grad)];
   FUSEDOPT_CHECK_USAGE(!marked,
                        "GradBucketer::mark_ready: gradient {} ('{}') is already ready in this step",
@@ -290,18 +277,16 @@ void GradBucketer::finish() {
         m.marked_[g], "GradBucketer::finish: gradient {} ('{}') was not marked ready in this step",
         g, grad_name(m.grads_, static_cast<int>(g)));
   }
-  {
-    FaultCount count(m.faults_);
-    const auto t0 = std::chrono::steady_clock::now();
-    for (Work& w : m.work_) {
-      if (w.valid()) w.wait();
-    }
-    m.last_wait_seconds_ =
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  if (m.step_faults_ < 0) m.step_faults_ = thread_faults();
+  const auto t0 = std::chrono::steady_clock::now();
+  for (Work& w : m.work_) {
+    if (w.valid()) w.wait();
   }
+  m.last_wait_seconds_ =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   m.wait_seconds_ += m.last_wait_seconds_;
-  if (m.steps_ > 0) m.faults_later_ += m.faults_;
-  m.faults_ = 0;
+  if (m.steps_ > 0) m.faults_later_ += thread_faults() - m.step_faults_;
+  m.step_faults_ = -1;
   ++m.steps_;
   // The next step.
   std::fill(m.marked_.begin(), m.marked_.end(), 0);

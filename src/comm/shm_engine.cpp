@@ -81,7 +81,13 @@ ShmEngine::ShmEngine(int world_rank, ShmTopology topology, std::size_t slot_byte
     MPI_Win_shared_query(window_, r, &size, &unit, &ptr);
     base_[static_cast<std::size_t>(r)] = static_cast<char*>(ptr);
   }
-  if (leader_ && hierarchical_) scratch_.resize(slot_stride_);
+  if (leader_ && hierarchical_) {
+    const auto parts = static_cast<std::size_t>(slots_) * static_cast<std::size_t>(topo_.nodes);
+    scratch_.resize(slot_stride_ * parts);
+    requests_.assign(
+        static_cast<std::size_t>(slots_) * 2 * static_cast<std::size_t>(topo_.nodes - 1),
+        MPI_REQUEST_NULL);
+  }
   // Every rank's counters are set before anyone reads them.
   MPI_Barrier(topo_.node);
 }
@@ -263,10 +269,9 @@ void ShmEngine::do_out(ShmOp& op, std::int64_t k, std::int64_t seq) {
     return;
   }
   if (hierarchical_ || op.c.kind == K::Broadcast) {
-    // The whole chunk: from the leader's scratch or slot, or the root's slot.
+    // The whole chunk: from the leader's slot (hierarchical), or the root's.
     const Piece p = whole(op, k);
-    const char* from =
-        hierarchical_ ? (leader_ ? scratch_.data() : slot(0, seq)) : slot(op.root_local, seq);
+    const char* from = slot(hierarchical_ ? 0 : op.root_local, seq);
     std::memcpy(at(op.c.recv, p.offset, el), from, bytes(p.length, el));
     return;
   }
@@ -295,50 +300,92 @@ bool ShmEngine::step_reduce(std::int64_t seq) {
   return true;
 }
 
-// The leader's part of a hierarchical chunk: the node's result (or the root's data) into
-// its scratch, all-reduced (or broadcast) among the leaders, then into its slot for the
-// node's other ranks. One MPI operation in flight at a time, in chunk order on every node.
-bool ShmEngine::step_global(std::int64_t seq) {
+char* ShmEngine::scratch(std::int64_t seq, int node) {
+  const auto part = static_cast<std::size_t>(seq % slots_) * static_cast<std::size_t>(topo_.nodes) +
+                    static_cast<std::size_t>(node);
+  return scratch_.data() + slot_stride_ * part;
+}
+
+// The leader's part of a hierarchical chunk: the node's result (or the root's data) into its
+// scratch part, sent to every other leader while theirs arrive (MPI_Isend/Irecv of bytes
+// between buffers allocated once: no MPI scratch, no page faults), then added in node order
+// (the same bits whatever MPI's timing) into its slot for the node's ranks. Up to one chunk
+// per slot in flight; the leaders post them in chunk order, and MPI keeps the order of the
+// messages between two ranks.
+bool ShmEngine::post_global(std::int64_t seq) {
   if (!hierarchical_ || !leader_) return true;
+  // The scratch is free once the chunk that last used it has been combined.
+  if (global_ <= seq - slots_ || !all_reached(kReduced, seq)) return false;
   ShmOp& op = op_at(seq);
   const std::int64_t k = seq - op.first;
   const Piece chunk = whole(op, k);
   const int el = op.element;
   const bool bcast = op.c.kind == Collective::Kind::Broadcast;
-  if (request_seq_ != seq) {
-    // The scratch is free once this rank has read the previous chunk's result from it.
-    if (out_ < seq || !all_reached(kReduced, seq)) return false;
-    if (!bcast) {
-      for (int j = 0; j < topo_.local_size; ++j) {
-        const Piece p = piece(op, k, j);
-        if (p.length > 0)
-          std::memcpy(scratch_.data() + bytes(j * op.slice, el),
-                      slot(j, seq) + bytes(j * op.slice, el), bytes(p.length, el));
+  const int me = topo_.node_index;
+  char* mine = scratch(seq, me);
+  if (!bcast) {
+    for (int j = 0; j < topo_.local_size; ++j) {
+      const Piece p = piece(op, k, j);
+      if (p.length > 0) {
+        std::memcpy(mine + bytes(j * op.slice, el), slot(j, seq) + bytes(j * op.slice, el),
+                    bytes(p.length, el));
       }
-    } else if (op.root_node == topo_.node_index) {
-      const char* from =
-          op.root_local == 0 ? at(op.c.send, chunk.offset, el) : slot(op.root_local, seq);
-      std::memcpy(scratch_.data(), from, bytes(chunk.length, el));
     }
-    const MPI_Datatype type = mpi_type(op.c.dtype, op.c.f64);
-    const int n = static_cast<int>(chunk.length);
-    const int rc =
-        bcast ? MPI_Ibcast(scratch_.data(), n, type, op.root_node, topo_.leaders, &request_)
-              : MPI_Iallreduce(MPI_IN_PLACE, scratch_.data(), n, type,
-                               mpi_op(op.c.dtype, op.c.f64, op.c.op), topo_.leaders, &request_);
-    if (rc != MPI_SUCCESS)
-      throw CommError(world_rank_, "shared memory: the leaders' exchange", bytes(chunk.length, el),
-                      mpi_error_text(rc));
-    request_seq_ = seq;
+  } else if (op.root_node == me) {
+    const char* from =
+        op.root_local == 0 ? at(op.c.send, chunk.offset, el) : slot(op.root_local, seq);
+    std::memcpy(mine, from, bytes(chunk.length, el));
   }
+  const int n = static_cast<int>(bytes(chunk.length, el));
+  MPI_Request* r = &requests_[static_cast<std::size_t>(seq % slots_) * 2 *
+                              static_cast<std::size_t>(topo_.nodes - 1)];
+  int rc = MPI_SUCCESS;
+  for (int node = 0; node < topo_.nodes && rc == MPI_SUCCESS; ++node) {
+    if (node == me) continue;
+    const bool sends = !bcast || me == op.root_node;
+    const bool receives = !bcast || node == op.root_node;
+    *r = MPI_REQUEST_NULL;
+    if (receives) rc = MPI_Irecv(scratch(seq, node), n, MPI_BYTE, node, 0, topo_.leaders, r);
+    ++r;
+    *r = MPI_REQUEST_NULL;
+    if (sends && rc == MPI_SUCCESS) rc = MPI_Isend(mine, n, MPI_BYTE, node, 0, topo_.leaders, r);
+    ++r;
+  }
+  if (rc != MPI_SUCCESS) {
+    throw CommError(world_rank_, "shared memory: the leaders' exchange",
+                    static_cast<std::size_t>(n), mpi_error_text(rc));
+  }
+  return true;
+}
+
+bool ShmEngine::step_global(std::int64_t seq) {
+  if (!hierarchical_ || !leader_) return true;
+  ShmOp& op = op_at(seq);
+  const Piece chunk = whole(op, seq - op.first);
+  const int count = 2 * (topo_.nodes - 1);
   int flag = 0;
-  const int rc = MPI_Test(&request_, &flag, MPI_STATUS_IGNORE);
-  if (rc != MPI_SUCCESS)
-    throw CommError(world_rank_, "shared memory: the leaders' exchange", bytes(chunk.length, el),
-                    mpi_error_text(rc));
+  const int rc = MPI_Testall(
+      count, &requests_[static_cast<std::size_t>(seq % slots_) * static_cast<std::size_t>(count)],
+      &flag, MPI_STATUSES_IGNORE);
+  if (rc != MPI_SUCCESS) {
+    throw CommError(world_rank_, "shared memory: the leaders' exchange",
+                    bytes(chunk.length, op.element), mpi_error_text(rc));
+  }
   if (!flag) return false;
-  request_seq_ = -1;
-  if (topo_.local_size > 1) std::memcpy(slot(0, seq), scratch_.data(), bytes(chunk.length, el));
+  if (op.c.kind == Collective::Kind::Broadcast) {
+    std::memcpy(slot(0, seq), scratch(seq, op.root_node), bytes(chunk.length, op.element));
+  } else {
+    const void* parts[64];
+    std::vector<const void*> many;
+    const void** src = parts;
+    if (topo_.nodes > 64) {
+      many.resize(static_cast<std::size_t>(topo_.nodes));
+      src = many.data();
+    }
+    for (int node = 0; node < topo_.nodes; ++node) src[node] = scratch(seq, node);
+    shm_combine(op.c.dtype, op.c.f64, op.c.op, src, topo_.nodes, slot(0, seq), nullptr,
+                chunk.length);
+  }
   control(0).flag[kGlobal].value.store(seq, std::memory_order_release);
   return true;
 }
@@ -366,8 +413,12 @@ void ShmEngine::progress() {
       queue_.front()->finished = true;
       queue_.pop_front();
     }
-    while (global_ < reduce_ && step_global(global_)) {
+    while (global_ < post_ && step_global(global_)) {
       ++global_;
+      moved = true;
+    }
+    while (post_ < reduce_ && post_global(post_)) {
+      ++post_;
       moved = true;
     }
     while (reduce_ < in_ && step_reduce(reduce_)) {

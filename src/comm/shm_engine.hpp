@@ -6,8 +6,9 @@
 //   reduce: the rank combines slice i (its own) of every rank's input in fixed rank order
 //           (deterministic, whatever the timing), into its slot and, for an all-reduce,
 //           its own buffer;
-//   global: (hierarchical only) each node's leader all-reduces the node's result with the
-//           other leaders over MPI and publishes it in its slot;
+//   global: (hierarchical only) each node's leader sends the node's result to the other
+//           leaders and receives theirs over MPI (point to point, into buffers allocated
+//           once), adds them in node order and publishes the sum in its slot;
 //   out:    the rank copies the results it lacks into its buffer.
 // A rank never waits inside the engine: progress() does what the counters allow and
 // returns, so waiting (with its deadline) stays in Communicator, and an operation advances
@@ -91,7 +92,10 @@ class ShmEngine {
   bool all_reached(int flag, std::int64_t seq) const;
   bool step_in(std::int64_t seq);
   bool step_reduce(std::int64_t seq);
+  bool post_global(std::int64_t seq);
   bool step_global(std::int64_t seq);
+  /// The leader's copy of node `node`'s part of chunk `seq`.
+  char* scratch(std::int64_t seq, int node);
   bool step_out(std::int64_t seq);
   void do_in(ShmOp& op, std::int64_t k, char* mine);
   void do_reduce(ShmOp& op, std::int64_t k, std::int64_t seq);
@@ -106,12 +110,14 @@ class ShmEngine {
   std::vector<char*> base_;  ///< each local rank's segment
   bool leader_;
   bool hierarchical_;
-  std::vector<char> scratch_;  ///< the leader's chunk in flight among the leaders
-  MPI_Request request_ = MPI_REQUEST_NULL;
-  std::int64_t request_seq_ = -1;
+  /// The leader's chunks in flight among the leaders: per slot, one part per node.
+  std::vector<char> scratch_;
+  /// Their sends and receives: per slot, 2 x (nodes - 1).
+  std::vector<MPI_Request> requests_;
   std::deque<std::shared_ptr<ShmOp>> queue_;
   std::int64_t next_seq_ = 0;  ///< the first chunk of the next operation
-  std::int64_t in_ = 0, reduce_ = 0, global_ = 0, out_ = 0;  ///< next chunk of each stage
+  /// The next chunk of each stage (post: the leader's MPI operation started; global: done).
+  std::int64_t in_ = 0, reduce_ = 0, post_ = 0, global_ = 0, out_ = 0;
 };
 
 /// The engine `options` and the environment (FUSEDOPT_COMM_SHM, _RANKS_PER_NODE,
