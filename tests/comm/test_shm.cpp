@@ -46,9 +46,8 @@ bool shm_off() {
 }
 
 /// The shared-memory path's result for values v(r) of ranks 0..n-1: each node's ranks
-/// summed in rank order in fp32, then the node sums in node order (exact for 1 or 2 nodes;
-/// `exact` false beyond, where MPI's order among leaders is its own).
-float shm_sum(const std::vector<float>& v, int per_node, bool* exact) {
+/// summed in rank order in fp32, then the node sums in node order.
+float shm_sum(const std::vector<float>& v, int per_node) {
   const int n = static_cast<int>(v.size());
   const int k = per_node > 0 ? per_node : n;
   std::vector<float> nodes;
@@ -57,7 +56,6 @@ float shm_sum(const std::vector<float>& v, int per_node, bool* exact) {
     for (int r = first + 1; r < std::min(n, first + k); ++r) s += v[static_cast<std::size_t>(r)];
     nodes.push_back(s);
   }
-  if (exact) *exact = nodes.size() <= 2;
   float total = nodes[0];
   for (std::size_t i = 1; i < nodes.size(); ++i) total += nodes[i];
   return total;
@@ -69,7 +67,6 @@ struct Case {
   FlatArena arena;
   std::vector<Tensor> grads;
   std::vector<float> expected;  ///< per element of the flat order
-  bool exact = true;
 
   explicit Case(Communicator& comm) : seed(shared_seed()), arena(make_arena(kShmSizes)) {
     for (std::size_t i = 0; i < arena.size(); ++i) grads.push_back(arena.grad(i));
@@ -78,7 +75,7 @@ struct Case {
       for (std::int64_t k = 0; k < kShmSizes[i]; ++k) {
         for (int r = 0; r < comm.size(); ++r)
           v[static_cast<std::size_t>(r)] = grad_value(seed, r, 0, i, k);
-        expected.push_back(shm_sum(v, ranks_per_node(), &exact));
+        expected.push_back(shm_sum(v, ranks_per_node()));
       }
     }
   }
@@ -88,8 +85,8 @@ struct Case {
         data(grads[i])[k] = grad_value(seed, rank, 0, i, k);
     }
   }
-  /// Elements of the result that differ from the expected bits (or, not exact, by more
-  /// than fp32 rounding), over the gradients this rank holds the result of.
+  /// Elements of the result that differ from the expected bits (`tolerance` 0) or by more
+  /// than `tolerance`, over the gradients this rank holds the result of.
   std::int64_t wrong(const std::vector<bool>& holds, double tolerance) const {
     std::int64_t bad = 0;
     std::size_t at = 0;
@@ -136,7 +133,7 @@ TEST_SUITE("comm_mpi") {
     Case c(comm);
     const bool shm = comm.transport().find("shared memory:") != std::string::npos;
     // Plain MPI sums in its own order: within fp32 rounding of the reference.
-    const double tolerance = shm && c.exact ? 0.0 : 1e-6 * comm.size();
+    const double tolerance = shm ? 0.0 : 1e-6 * comm.size();
     const std::string how =
         comm.transport() + (tolerance == 0 ? ": bit for bit" : ": within fp32 rounding");
     MESSAGE(how);
