@@ -15,15 +15,6 @@
 
 namespace fusedopt::comm::detail {
 
-/// One operation in flight: what it is (for errors) and the transport's handle.
-struct Pending {
-  std::string operation;  ///< "all_reduce(sum, fp32)"
-  std::size_t bytes = 0;  ///< what this rank sends or reduces
-  bool done = false;
-  std::shared_ptr<Backend> owner;
-  virtual ~Pending() = default;
-};
-
 /// The arguments of a collective, in elements of `dtype`.
 struct Collective {
   enum class Kind { AllReduce, Reduce, ReduceScatter, AllGather, Broadcast, Barrier };
@@ -48,7 +39,7 @@ class Backend : public std::enable_shared_from_this<Backend> {
   /// How it moves data (Communicator::transport): its name unless it says more.
   virtual std::string transport() const { return name(); }
   virtual Device device() const = 0;
-  /// Starts `c`; the Pending's operation and bytes are filled in by the caller.
+  /// Starts `c`; the Pending's `what`, bytes and owner are filled in by the caller.
   virtual std::shared_ptr<Pending> start(const Collective& c) = 0;
   /// Whether `p` is complete (progresses it); throws CommError when it failed.
   virtual bool test(Pending& p) = 0;
@@ -86,6 +77,18 @@ Collective collective(Collective::Kind kind, const void* send, void* recv, std::
 
 /// "all_reduce(sum, fp32)" and friends.
 std::string describe(const Collective& c);
+
+/// One operation in flight: what it is (for errors, described only when one is raised: no
+/// allocation per call) and the transport's handle.
+struct Pending {
+  Collective what;
+  std::size_t bytes = 0;  ///< what this rank sends or reduces
+  bool done = false;
+  std::shared_ptr<Backend> owner;
+  virtual ~Pending() = default;
+  /// "all_reduce(sum, fp32)"
+  std::string operation() const { return describe(what); }
+};
 /// Bytes this rank contributes to `c`.
 std::size_t bytes_of(const Collective& c, int size);
 

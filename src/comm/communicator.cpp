@@ -61,9 +61,9 @@ using detail::Pending;
 [[noreturn]] void fail(Backend& b, const Pending& p, const std::string& cause) {
   if (!b.broken) {
     b.broken = true;
-    b.broken_by = fmt::format("{} failed: {}", p.operation, cause);
+    b.broken_by = fmt::format("{} failed: {}", p.operation(), cause);
   }
-  throw CommError(b.rank(), p.operation, p.bytes, cause);
+  throw CommError(b.rank(), p.operation(), p.bytes, cause);
 }
 
 /// Polls `p` until it completes or `deadline` passes: a few quick polls, then polls spaced
@@ -74,7 +74,7 @@ void wait_until(Pending& p, std::chrono::steady_clock::time_point deadline,
   if (p.done) return;
   Backend& b = *p.owner;
   if (b.broken)
-    throw CommError(b.rank(), p.operation, p.bytes, "the communicator is broken: " + b.broken_by);
+    throw CommError(b.rank(), p.operation(), p.bytes, "the communicator is broken: " + b.broken_by);
   auto pause = std::chrono::microseconds(1);
   for (int polls = 0;; ++polls) {
     bool complete = false;
@@ -123,7 +123,7 @@ bool Work::test() {
   if (pending_->done) return true;
   Backend& b = *pending_->owner;
   if (b.broken) {
-    throw CommError(b.rank(), pending_->operation, pending_->bytes,
+    throw CommError(b.rank(), pending_->operation(), pending_->bytes,
                     "the communicator is broken: " + b.broken_by);
   }
   pending_->done = b.test(*pending_);
@@ -191,17 +191,18 @@ bool Communicator::broken() const { return backend_->broken; }
 namespace detail {
 
 Work start(const std::shared_ptr<Backend>& b, const Collective& c) {
-  const std::string op = detail::describe(c);
+  // Nothing is allocated here (the description is made only for an error): a transport
+  // that reuses its operations makes a collective allocation-free.
   const std::size_t bytes = detail::bytes_of(c, b->size());
   if (b->broken) {
-    throw CommError(b->rank(), op, bytes, "the communicator is broken: " + b->broken_by);
+    throw CommError(b->rank(), describe(c), bytes, "the communicator is broken: " + b->broken_by);
   }
-  FUSEDOPT_CHECK_USAGE(c.count >= 0, "{}: count {} is negative", op, c.count);
+  FUSEDOPT_CHECK_USAGE(c.count >= 0, "{}: count {} is negative", describe(c), c.count);
   if (c.kind != Collective::Kind::Barrier && c.count > 0) {
-    FUSEDOPT_CHECK_USAGE(c.recv != nullptr && c.send != nullptr, "{}: null buffer", op);
+    FUSEDOPT_CHECK_USAGE(c.recv != nullptr && c.send != nullptr, "{}: null buffer", describe(c));
   }
   std::shared_ptr<Pending> p = b->start(c);
-  p->operation = op;
+  p->what = c;
   p->bytes = bytes;
   p->owner = b;
   return Work(std::move(p));

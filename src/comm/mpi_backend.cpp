@@ -123,14 +123,14 @@ namespace {
 
 bool finalized() { return mpi_finalized(); }
 
-struct MpiPending : Pending {
-  MPI_Request request = MPI_REQUEST_NULL;
-  ~MpiPending() override;
-};
-
 /// A collective in the shared-memory engine (which keeps it until it completes).
 struct ShmPending : Pending {
   std::shared_ptr<ShmOp> op;
+};
+
+struct MpiPending : Pending {
+  MPI_Request request = MPI_REQUEST_NULL;
+  ~MpiPending() override;
 };
 
 class MpiBackend final : public Backend {
@@ -188,14 +188,13 @@ class MpiBackend final : public Backend {
                          describe(c), c.count, INT_MAX);
     FUSEDOPT_CHECK_USAGE(c.stream == nullptr, "{}: an MPI communicator takes no stream",
                          describe(c));
-    auto p = std::make_shared<MpiPending>();
-    const int n = static_cast<int>(c.count);
     if (shm_ && shm_->takes(c)) {
       auto shm = std::make_shared<ShmPending>();
       shm->op = shm_->start(c);
-      shm->owner = shared_from_this();
       return shm;
     }
+    auto p = std::make_shared<MpiPending>();
+    const int n = static_cast<int>(c.count);
     const MPI_Datatype type = mpi_type(c.dtype, c.f64);
     const MPI_Op op = mpi_op(c.dtype, c.f64, c.op);
     int rc = MPI_SUCCESS;
@@ -240,7 +239,7 @@ class MpiBackend final : public Backend {
     int flag = 0;
     MPI_Status status;
     const int rc = MPI_Test(&p.request, &flag, &status);
-    if (rc != MPI_SUCCESS) throw CommError(rank_, p.operation, p.bytes, mpi_error_text(rc));
+    if (rc != MPI_SUCCESS) throw CommError(rank_, p.operation(), p.bytes, mpi_error_text(rc));
     return flag != 0;
   }
 

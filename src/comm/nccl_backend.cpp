@@ -188,11 +188,11 @@ class NcclBackend final : public Backend {
 
   bool test(Pending& pending) override {
     auto& p = static_cast<NcclPending&>(pending);
-    check_async_error(p.operation, p.bytes);
+    check_async_error(p);
     try {
       return p.event->query();
     } catch (const Error& e) {
-      throw CommError(rank_, p.operation, p.bytes,
+      throw CommError(rank_, p.operation(), p.bytes,
                       fmt::format("the device reported an error: {}", e.what()));
     }
   }
@@ -221,21 +221,21 @@ class NcclBackend final : public Backend {
 
   /// A communicator that failed in the background (a peer died, a network error) is
   /// aborted, so no later call waits on it; CommError naming NCCL's error.
-  void check_async_error(const std::string& operation, std::size_t bytes) {
-    if (!comm_) throw CommError(rank_, operation, bytes, "the NCCL communicator was aborted");
+  void check_async_error(const Pending& p) {
+    if (!comm_) throw CommError(rank_, p.operation(), p.bytes, "the NCCL communicator was aborted");
     ncclResult_t async = ncclSuccess;
     const ncclResult_t r = api_.CommGetAsyncError(comm_, &async);
     if (r != ncclSuccess) {
       const std::string cause =
           fmt::format("ncclCommGetAsyncError failed: {}", nccl_error_text(api_, r, comm_));
       abort_comm();
-      throw CommError(rank_, operation, bytes, cause + "; the communicator was aborted");
+      throw CommError(rank_, p.operation(), p.bytes, cause + "; the communicator was aborted");
     }
     if (async == ncclSuccess || async == ncclInProgress) return;
     const std::string cause =
         fmt::format("NCCL reported an asynchronous error, {}", nccl_error_text(api_, async, comm_));
     abort_comm();
-    throw CommError(rank_, operation, bytes,
+    throw CommError(rank_, p.operation(), p.bytes,
                     cause + "; the communicator was aborted (ncclCommAbort)");
   }
 

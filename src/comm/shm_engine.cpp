@@ -118,8 +118,23 @@ bool ShmEngine::takes(const Collective& c) const {
   return true;
 }
 
+// An operation nobody but the pool holds (its Work dropped, out of the queue), reset; or a
+// new one. The pool grows to the most operations a step has alive at once.
+std::shared_ptr<ShmOp> ShmEngine::fresh_op() {
+  for (std::size_t n = 0; n < pool_.size(); ++n) {
+    std::shared_ptr<ShmOp>& o = pool_[pool_next_];
+    pool_next_ = (pool_next_ + 1) % pool_.size();
+    if (o.use_count() == 1) {
+      *o = ShmOp();
+      return o;
+    }
+  }
+  pool_.push_back(std::make_shared<ShmOp>());
+  return pool_.back();
+}
+
 std::shared_ptr<ShmOp> ShmEngine::start(const Collective& c) {
-  auto op = std::make_shared<ShmOp>();
+  std::shared_ptr<ShmOp> op = fresh_op();
   op->c = c;
   op->element = element_bytes(c);
   const std::int64_t w = topo_.local_size;
@@ -144,6 +159,13 @@ std::shared_ptr<ShmOp> ShmEngine::start(const Collective& c) {
     return op;
   }
   next_seq_ += op->chunks;
+  if (queue_empty()) {
+    queue_.clear();  // keeps its capacity
+    head_ = 0;
+  } else if (head_ > 0 && queue_.size() == queue_.capacity()) {
+    queue_.erase(queue_.begin(), queue_.begin() + static_cast<std::ptrdiff_t>(head_));
+    head_ = 0;
+  }
   queue_.push_back(op);
   progress();
   return op;
@@ -151,9 +173,10 @@ std::shared_ptr<ShmOp> ShmEngine::start(const Collective& c) {
 
 ShmOp& ShmEngine::op_at(std::int64_t seq) {
   auto it = std::upper_bound(
-      queue_.begin(), queue_.end(), seq,
+      queue_.begin() + static_cast<std::ptrdiff_t>(head_), queue_.end(), seq,
       [](std::int64_t s, const std::shared_ptr<ShmOp>& o) { return s < o->first; });
-  FUSEDOPT_CHECK_INTERNAL(it != queue_.begin(), "shared-memory chunk {} has no operation", seq);
+  FUSEDOPT_CHECK_INTERNAL(it != queue_.begin() + static_cast<std::ptrdiff_t>(head_),
+                          "shared-memory chunk {} has no operation", seq);
   return **(it - 1);
 }
 
@@ -409,9 +432,9 @@ void ShmEngine::progress() {
       ++out_;
       moved = true;
     }
-    while (!queue_.empty() && queue_.front()->first + queue_.front()->chunks <= out_) {
-      queue_.front()->finished = true;
-      queue_.pop_front();
+    while (!queue_empty() && queue_[head_]->first + queue_[head_]->chunks <= out_) {
+      queue_[head_]->finished = true;
+      queue_[head_++].reset();
     }
     while (global_ < post_ && step_global(global_)) {
       ++global_;
@@ -450,9 +473,9 @@ void ShmEngine::close(std::chrono::milliseconds timeout) {
   const auto deadline = std::chrono::steady_clock::now() + timeout;
   bool ready = true;
   try {
-    while (!queue_.empty()) {
+    while (!queue_empty()) {
       progress();
-      if (queue_.empty()) break;
+      if (queue_empty()) break;
       if (std::chrono::steady_clock::now() >= deadline) {
         ready = false;
         break;

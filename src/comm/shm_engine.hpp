@@ -20,7 +20,6 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
-#include <deque>
 #include <memory>
 #include <string>
 #include <vector>
@@ -44,7 +43,10 @@ struct ShmTopology {
   std::string pretend;        ///< "FUSEDOPT_COMM_RANKS_PER_NODE=2" when the split is made up
 };
 
-/// One collective inside the engine.
+/// One collective inside the engine. The engine keeps every one it made and reuses one that
+/// nobody else holds any more (its Work's Pending holds it), so that a step allocates only
+/// that small Pending per collective. It holds no communicator: an operation abandoned in the
+/// queue does not keep its communicator alive.
 struct ShmOp {
   Collective c;
   int element = 4;         ///< bytes per element
@@ -114,7 +116,14 @@ class ShmEngine {
   std::vector<char> scratch_;
   /// Their sends and receives: per slot, 2 x (nodes - 1).
   std::vector<MPI_Request> requests_;
-  std::deque<std::shared_ptr<ShmOp>> queue_;
+  /// The operations not finished, in order: queue_[head_..]; a vector reused in place (a
+  /// deque allocated a block every 32 operations).
+  std::vector<std::shared_ptr<ShmOp>> queue_;
+  std::size_t head_ = 0;
+  bool queue_empty() const { return head_ == queue_.size(); }
+  std::vector<std::shared_ptr<ShmOp>> pool_;  ///< every operation made, for reuse
+  std::size_t pool_next_ = 0;                 ///< where the search for a free one starts
+  std::shared_ptr<ShmOp> fresh_op();
   std::int64_t next_seq_ = 0;  ///< the first chunk of the next operation
   /// The next chunk of each stage (post: the leader's MPI operation started; global: done).
   std::int64_t in_ = 0, reduce_ = 0, post_ = 0, global_ = 0, out_ = 0;
