@@ -746,17 +746,26 @@ extern "C" __global__ void __launch_bounds__(FO_BLOCK) fusedopt_finalize(fo_laun
   }
 #if FO_FACTORED
   // After this block's per-tensor totals: the column means of its tensors (a column per
-  // thread, coalesced over each chunk's partials), then their matrix means (one thread: each
-  // sums its matrix's rows or columns in order; they read per-tensor totals of earlier
-  // passes only, and this pass's column means).
+  // thread, coalesced over each chunk's partials), then their matrix means (each thread sums
+  // rows and columns threadIdx.x, + blockDim.x, ...; a fixed tree adds the threads' sums;
+  // they read per-tensor totals of earlier passes only, and this pass's column means).
   for (long long t = blockIdx.x; t < L.num_tensors; t += gridDim.x) {
     fo_rc_col_means(L, pass, t, threadIdx.x, blockDim.x);
     __syncthreads();
-    if (threadIdx.x == 0) {
-      fo_rc_matrix_means(L, pass, t, fo_launch_step(L),
-                         fo_unscale_factor(L.inv_grad_scale, L.grad_scale_ptr));
+    if (!fo_rc_matrix_pass(L, pass, t)) continue;
+    for (long long b = 0; b < fo_rc_matrices(L, t); ++b) {
+      double sums[FO_NUM_MATRIX_SLOTS > 0 ? FO_NUM_MATRIX_SLOTS : 1];
+      fo_rc_matrix_partials(L, pass, t, b, fo_launch_step(L),
+                            fo_unscale_factor(L.inv_grad_scale, L.grad_scale_ptr), threadIdx.x,
+                            blockDim.x, sums);
+      for (int s = 0; s < FO_NUM_MATRIX_SLOTS; ++s) {
+        if (fo_matrix_slot_pass(s) != pass) continue;
+        red[threadIdx.x] = sums[s];
+        fo_tree(red, false);
+        if (threadIdx.x == 0) fo_rc_matrix_store(L, pass, t, b, s, red[0]);
+        __syncthreads();
+      }
     }
-    __syncthreads();
   }
 #endif
 }

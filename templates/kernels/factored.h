@@ -71,48 +71,60 @@ FO_FN void fo_rc_col_means(const fo_launch& L, int pass, long long t, long long 
   }
 }
 
-/// Tensor t's matrix means of pass `pass` (after its column means: fo_rc_col_means).
-FO_FN void fo_rc_matrix_means(const fo_launch& L, int pass, long long t, double step,
-                              float inv_grad_scale) {
+/// Whether pass `pass` has matrix slots for tensor t (which then has matrices): the caller
+/// of fo_rc_matrix_partials runs it for matrices 0 .. fo_rc_matrices(L, t) - 1.
+FO_FN bool fo_rc_matrix_pass(const fo_launch& L, int pass, long long t) {
   const long long* o = L.rc_offsets;
-  const long long R = fo_rows_of(L, t), C = fo_cols_of(L, t);
-  const fo_rcx X0 = fo_rc_base(L, t);
-  const long long mats = o[3 * t + 5] - o[3 * t + 2];
-  const long long rows = o[3 * t + 3] - o[3 * t];
   bool matrix_slots = false;
   for (int m = 0; m < FO_NUM_MATRIX_SLOTS; ++m) matrix_slots |= fo_matrix_slot_pass(m) == pass;
-  if (!matrix_slots || mats == 0) return;
+  return matrix_slots && o[3 * t + 5] - o[3 * t + 2] > 0;
+}
+FO_FN long long fo_rc_matrices(const fo_launch& L, long long t) {
+  return L.rc_offsets[3 * t + 5] - L.rc_offsets[3 * t + 2];
+}
+
+/// This caller's part of matrix b of tensor t's matrix sums of pass `pass` (after its
+/// column means: fo_rc_col_means): rows and columns first, first + stride, ... (the host:
+/// all; a CUDA block: one per thread), each slot's sum into sums[slot].
+FO_FN void fo_rc_matrix_partials(const fo_launch& L, int pass, long long t, long long b,
+                                 double step, float inv_grad_scale, long long first,
+                                 long long stride, double* sums) {
+  const long long R = fo_rows_of(L, t), C = fo_cols_of(L, t);
+  const fo_rcx X0 = fo_rc_base(L, t);
+  const bool rows = L.rc_offsets[3 * t + 3] - L.rc_offsets[3 * t] > 0;
   const int group = L.tensor_groups[t];
   const fo_uniform U = fo_prepare(L.hypers + (long long)group * FO_NUM_HYPERS, step, inv_grad_scale,
                                   L.global_totals);
   const fo_tvals T = fo_rc_tvals(L, t, group, step);
   float out[FO_NUM_ROW_STATES + FO_NUM_COL_STATES + 1];
   double m[FO_NUM_MATRIX_SLOTS];
-  for (long long b = 0; b < mats; ++b) {
-    double sums[FO_NUM_MATRIX_SLOTS];
-    for (int s = 0; s < FO_NUM_MATRIX_SLOTS; ++s) sums[s] = 0.0;
-    fo_rcx X = X0;
-    X.mat = X0.mat + b;
-    for (long long r = 0; r < R && rows > 0; ++r) {
-      X.row = X0.row + b * R + r;
-      fo_row_stage(X, U, T, out, m);
-      for (int s = 0; s < FO_NUM_MATRIX_SLOTS; ++s) {
-        if (fo_matrix_slot_pass(s) == pass && !fo_matrix_slot_col(s)) sums[s] += m[s];
-      }
-    }
-    for (long long cc = 0; cc < C; ++cc) {
-      X.col = X0.col + b * C + cc;
-      fo_col_stage(X, U, T, out, m);
-      for (int s = 0; s < FO_NUM_MATRIX_SLOTS; ++s) {
-        if (fo_matrix_slot_pass(s) == pass && fo_matrix_slot_col(s)) sums[s] += m[s];
-      }
-    }
+  for (int s = 0; s < FO_NUM_MATRIX_SLOTS; ++s) sums[s] = 0.0;
+  fo_rcx X = X0;
+  X.mat = X0.mat + b;
+  for (long long r = first; r < R && rows; r += stride) {
+    X.row = X0.row + b * R + r;
+    fo_row_stage(X, U, T, out, m);
     for (int s = 0; s < FO_NUM_MATRIX_SLOTS; ++s) {
-      if (fo_matrix_slot_pass(s) != pass) continue;
-      const long long count = fo_matrix_slot_col(s) ? C : R;
-      L.matrix_totals[X.mat * FO_NUM_MATRIX_SLOTS + s] = count > 0 ? sums[s] / count : 0.0;
+      if (fo_matrix_slot_pass(s) == pass && !fo_matrix_slot_col(s)) sums[s] += m[s];
     }
   }
+  for (long long cc = first; cc < C; cc += stride) {
+    X.col = X0.col + b * C + cc;
+    fo_col_stage(X, U, T, out, m);
+    for (int s = 0; s < FO_NUM_MATRIX_SLOTS; ++s) {
+      if (fo_matrix_slot_pass(s) == pass && fo_matrix_slot_col(s)) sums[s] += m[s];
+    }
+  }
+}
+
+/// Slot s of matrix b of tensor t: its mean from the sum over its rows (or columns).
+FO_FN void fo_rc_matrix_store(const fo_launch& L, int pass, long long t, long long b, int s,
+                              double sum) {
+  if (fo_matrix_slot_pass(s) != pass) return;
+  const long long R = fo_rows_of(L, t), C = fo_cols_of(L, t);
+  const long long count = fo_matrix_slot_col(s) ? C : R;
+  L.matrix_totals[(fo_rc_base(L, t).mat + b) * FO_NUM_MATRIX_SLOTS + s] =
+      count > 0 ? sum / count : 0.0;
 }
 
 /// Tensor t's row and column states: with `init`, their initial values; else the step's

@@ -429,7 +429,12 @@ FO_EXTERN_C void fusedopt_finalize_host(const fo_launch* L, int pass) {
   const float inv_grad_scale = fo_unscale_factor(L->inv_grad_scale, L->grad_scale_ptr);
   for (long long t = 0; t < L->num_tensors; ++t) {
     fo_rc_col_means(*L, pass, t, 0, 1);
-    fo_rc_matrix_means(*L, pass, t, step, inv_grad_scale);
+    if (!fo_rc_matrix_pass(*L, pass, t)) continue;
+    for (long long b = 0; b < fo_rc_matrices(*L, t); ++b) {
+      double sums[FO_NUM_MATRIX_SLOTS > 0 ? FO_NUM_MATRIX_SLOTS : 1];
+      fo_rc_matrix_partials(*L, pass, t, b, step, inv_grad_scale, 0, 1, sums);
+      for (int s = 0; s < FO_NUM_MATRIX_SLOTS; ++s) fo_rc_matrix_store(*L, pass, t, b, s, sums[s]);
+    }
   }
 #endif
 }
