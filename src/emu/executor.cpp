@@ -18,6 +18,7 @@
 
 #define FO_EMU_DRIVER 1
 #include "cuda_emu.h"
+#include "emu/access_log.hpp"
 
 namespace fusedopt::emu {
 namespace {
@@ -75,6 +76,7 @@ std::string hex(std::uintptr_t a) {
 struct Executor::Impl {
   DeviceMemory& memory;
   Rng rng;
+  AccessLog log;  ///< FUSEDOPT_EMU_ACCESS_REPORT
   std::vector<Fiber*> fibers;
   jmp_buf scheduler{};
   Fiber* current = nullptr;
@@ -173,6 +175,8 @@ struct Executor::Impl {
   }
 
   static void slow_access(unsigned long address, unsigned long bytes, int write);
+  static void record_access(unsigned long address, unsigned long bytes, int write,
+                            unsigned long pc);
   static void misaligned(unsigned long address, unsigned long bytes, int write);
   static int barrier(int line, int predicate);
 
@@ -268,6 +272,12 @@ void Executor::Impl::slow_access(unsigned long address, unsigned long bytes, int
                                  x.memory.describe(address, bytes));
 }
 
+void Executor::Impl::record_access(unsigned long address, unsigned long bytes, int write,
+                                   unsigned long pc) {
+  Impl& x = *active;
+  x.log.record(x.current->index, address, bytes, write != 0, pc);
+}
+
 void Executor::Impl::misaligned(unsigned long address, unsigned long bytes, int write) {
   Impl& x = *active;
   std::string where;
@@ -299,6 +309,7 @@ bool Executor::Impl::run_block(const fo_emu_dim3& block_idx, Dim3 grid, Dim3 blo
                                  " fibers (stacks of " + std::to_string(kStackBytes) + " bytes)"};
     return false;
   }
+  if (log.on()) log.begin_block(threads);
   // Shared memory starts as NaN bytes in every block, as fresh allocations do.
   if (module->shared_len)
     std::memset(reinterpret_cast<void*>(module->shared_lo), 0xff, module->shared_len);
@@ -353,7 +364,10 @@ bool Executor::Impl::run_block(const fo_emu_dim3& block_idx, Dim3 grid, Dim3 blo
       }
       any |= f->predicate > 0;
     }
-    if (at_barrier == 0) return true;
+    if (at_barrier == 0) {
+      if (log.on()) log.end_block();
+      return true;
+    }
     if (exited) {
       fail_block(kLaunchFailed,
                  kernel->name + " block " + dim_text(block_idx) + ": the barrier at line " +
@@ -377,6 +391,10 @@ LaunchResult Executor::Impl::run(const Kernel& k, Dim3 grid, Dim3 block, void** 
   module->slow_access = &Impl::slow_access;
   module->misaligned = &Impl::misaligned;
   module->barrier = &Impl::barrier;
+  log.refresh();
+  module->record = log.on() ? 1 : 0;
+  module->record_access = &Impl::record_access;
+  if (log.on()) log.begin_launch(k.name, grid.count(), static_cast<unsigned>(block.count()));
   abandoned = false;
   failure = {};
   active = this;
@@ -396,6 +414,7 @@ LaunchResult Executor::Impl::run(const Kernel& k, Dim3 grid, Dim3 block, void** 
     }
   }
   remove_fault_handler();
+  if (log.on() && result.code == kSuccess) log.end_launch();
   active = nullptr;
   kernel = nullptr;
   params = nullptr;

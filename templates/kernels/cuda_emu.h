@@ -10,7 +10,7 @@
 #define FUSEDOPT_CUDA_EMU_H
 
 // Bump when you change this: any structure below or the image's exported entry points.
-#define FO_EMU_ABI_VERSION 1
+#define FO_EMU_ABI_VERSION 2
 /// An image starts with these 8 bytes, then the ABI version (uint32), 4 reserved bytes, the
 /// shared object's size (uint64) and the shared object.
 #define FO_EMU_IMAGE_MAGIC "FOEMUIMG"
@@ -44,6 +44,14 @@ struct fo_emu_module {
   /// __syncthreads (predicate -1) and __syncthreads_or: waits for the block's other threads
   /// at the same barrier; returns whether any thread's predicate was non-zero.
   int (*barrier)(int line, int predicate);
+  /// Non-zero while the driver records every device access (FUSEDOPT_EMU_ACCESS_REPORT):
+  /// each one outside the thread's stack and shared memory goes to record_access first,
+  /// with the address of the instruction that made it.
+  int record;
+  void (*record_access)(unsigned long address, unsigned long bytes, int write, unsigned long pc);
+  /// A vector access being recorded (FO_VECTOR_ACCESS): the host compiler may split it into
+  /// element accesses, which it covers ([vector_lo, vector_end), vector_left bytes to go).
+  unsigned long vector_lo, vector_end, vector_left;
 };
 
 #ifndef FO_EMU_DRIVER
@@ -120,20 +128,28 @@ inline unsigned int __float_as_uint(float f) { return __builtin_bit_cast(unsigne
 // ---- memory checks -----------------------------------------------------------------------
 // The thread's own stack and the image's shared memory are always valid; the last device
 // allocation hit is checked inline; everything else asks the driver.
-FO_EMU_UNCHECKED inline void fo_emu_access(unsigned long a, unsigned long n, int write) {
-  const fo_emu_module& s = fo_emu_state;
+// `pc`: the kernel's instruction that made the access (recorded accesses only).
+FO_EMU_UNCHECKED inline void fo_emu_access(unsigned long a, unsigned long n, int write, void* pc) {
+  fo_emu_module& s = fo_emu_state;
   const fo_emu_thread* t = s.current;
   if (a - t->stack_lo < t->stack_len) return;
-  if (a - s.hit_lo < s.hit_len && n <= s.hit_len - (a - s.hit_lo)) return;
   if (a - s.shared_lo < s.shared_len && n <= s.shared_len - (a - s.shared_lo)) return;
+  if (s.record) {
+    if (s.vector_left > 0 && a >= s.vector_lo && a + n <= s.vector_end) {
+      s.vector_left = n < s.vector_left ? s.vector_left - n : 0;  // part of the vector access
+    } else {
+      s.record_access(a, n, write, (unsigned long)pc);
+    }
+  }
+  if (a - s.hit_lo < s.hit_len && n <= s.hit_len - (a - s.hit_lo)) return;
   s.slow_access(a, n, write);
 }
 #define FO_EMU_CHECKS(N)                                                        \
   extern "C" FO_EMU_UNCHECKED void __asan_load##N##_noabort(unsigned long a) {  \
-    fo_emu_access(a, N, 0);                                                     \
+    fo_emu_access(a, N, 0, __builtin_return_address(0));                        \
   }                                                                             \
   extern "C" FO_EMU_UNCHECKED void __asan_store##N##_noabort(unsigned long a) { \
-    fo_emu_access(a, N, 1);                                                     \
+    fo_emu_access(a, N, 1, __builtin_return_address(0));                        \
   }
 FO_EMU_CHECKS(1)
 FO_EMU_CHECKS(2)
@@ -142,20 +158,29 @@ FO_EMU_CHECKS(8)
 FO_EMU_CHECKS(16)
 #undef FO_EMU_CHECKS
 extern "C" FO_EMU_UNCHECKED void __asan_loadN_noabort(unsigned long a, unsigned long n) {
-  fo_emu_access(a, n, 0);
+  fo_emu_access(a, n, 0, __builtin_return_address(0));
 }
 extern "C" FO_EMU_UNCHECKED void __asan_storeN_noabort(unsigned long a, unsigned long n) {
-  fo_emu_access(a, n, 1);
+  fo_emu_access(a, n, 1, __builtin_return_address(0));
 }
 extern "C" FO_EMU_UNCHECKED void __asan_handle_no_return() {}
 
 /// A vector load or store (the skeleton's 4-element staging): the GPU needs the address
-/// aligned to the access size.
-FO_EMU_UNCHECKED inline void fo_emu_vector_access(const void* p, unsigned long bytes) {
+/// aligned to the access size. Recorded as the one access the GPU makes.
+FO_EMU_UNCHECKED __attribute__((noinline)) void fo_emu_vector_access(const void* p,
+                                                                     unsigned long bytes,
+                                                                     int write) {
+  fo_emu_module& s = fo_emu_state;
   const unsigned long a = (unsigned long)p;
-  if (a % bytes != 0) fo_emu_state.misaligned(a, bytes, 0);
+  if (a % bytes != 0) s.misaligned(a, bytes, write);
+  if (s.record) {
+    s.record_access(a, bytes, write, (unsigned long)__builtin_return_address(0));
+    s.vector_lo = a;
+    s.vector_end = a + bytes;
+    s.vector_left = bytes;
+  }
 }
-#define FO_VECTOR_ACCESS(address, bytes) fo_emu_vector_access((address), (bytes))
+#define FO_VECTOR_ACCESS(address, bytes, write) fo_emu_vector_access((address), (bytes), (write))
 
 // ---- entry points ------------------------------------------------------------------------
 // The driver calls a kernel through fo_emu_entry_<name>(params): params[k] points at the

@@ -110,14 +110,15 @@ FO_FN void fo_store_n(T* p, long long i, const fo_vec1<T>& s) {
 }
 #else
 // The portable forms (the CUDA emulator, cuda_emu.h): the same accesses as plain loads and
-// stores of the staging types. FO_VECTOR_ACCESS(address, bytes) lets the emulator check
-// what the GPU requires of a vector access: an address aligned to its size.
+// stores of the staging types. FO_VECTOR_ACCESS(address, bytes, write) lets the emulator
+// check what the GPU requires of a vector access (an address aligned to its size) and
+// record it as the one access the GPU makes.
 #ifndef FO_VECTOR_ACCESS
-#define FO_VECTOR_ACCESS(address, bytes)
+#define FO_VECTOR_ACCESS(address, bytes, write)
 #endif
 template <typename T>
 FO_FN fo_vec4<T> fo_load_n(fo_width<4>, const T* p, long long i) {
-  FO_VECTOR_ACCESS(p + i, sizeof(fo_vec4<T>));
+  FO_VECTOR_ACCESS(p + i, sizeof(fo_vec4<T>), 0);
   return *(const fo_vec4<T>*)(p + i);
 }
 template <typename T>
@@ -128,7 +129,7 @@ FO_FN fo_vec1<T> fo_load_n(fo_width<1>, const T* p, long long i) {
 }
 template <typename T>
 FO_FN void fo_store_n(T* p, long long i, const fo_vec4<T>& s) {
-  FO_VECTOR_ACCESS(p + i, sizeof(fo_vec4<T>));
+  FO_VECTOR_ACCESS(p + i, sizeof(fo_vec4<T>), 1);
   *(fo_vec4<T>*)(p + i) = s;
 }
 template <typename T>

@@ -49,7 +49,7 @@ struct alignas(16) v4 {
 };
 extern "C" __global__ void load4(const float* x, float* y, int offset) {
   if (threadIdx.x == 0) {
-    FO_VECTOR_ACCESS(x + offset, 16);
+    FO_VECTOR_ACCESS(x + offset, 16, 0);
     const v4 r = *(const v4*)(x + offset);
     y[0] = r.v[0] + r.v[1] + r.v[2] + r.v[3];
   }

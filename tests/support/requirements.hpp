@@ -58,4 +58,18 @@ inline Requires needs_nvrtc() { return Requires(nvrtc_availability()); }
 /// device is fusedopt's CUDA emulator).
 inline Requires needs_cuda_device() { return Requires(cuda_device_availability()); }
 
+/// Decorator for a case that needs fusedopt's CUDA emulator as the device (what only it
+/// reports: the access pattern of a launch). A real GPU skips it, saying so.
+inline Requires needs_cuda_emulator() {
+  static const Availability a = [] {
+    Availability out = cuda_device_availability();
+    if (out.present && !fusedopt::cuda_device_emulated()) {
+      out.present = false;
+      out.why = "the device is a real GPU: the access report is the CUDA emulator's";
+    }
+    return out;
+  }();
+  return Requires(a);
+}
+
 }  // namespace fusedopt::testing
