@@ -146,7 +146,12 @@ class MpiBackend final : public Backend {
     // Open MPI's non-blocking collectives advance only inside MPI calls (a 438 MB reduce in
     // 8 KB rounds took 13 s with sleeps between polls, 0.6 s without).
     progress_by_polling = true;
-    shm_ = make_shm_engine(comm_, options, &transport_);
+    try {
+      shm_ = make_shm_engine(comm_, options, &transport_);
+    } catch (...) {
+      MPI_Comm_free(&comm_);  // the destructor does not run for a constructor that threw
+      throw;
+    }
     if (rank_ == 0 && support::log_enabled(support::LogLevel::Info))
       support::log(support::LogLevel::Info, "fusedopt comm: " + transport_);
   }

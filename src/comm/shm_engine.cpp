@@ -88,6 +88,7 @@ ShmEngine::ShmEngine(int world_rank, ShmTopology topology, std::size_t slot_byte
     MPI_Win_shared_query(window_, r, &size, &unit, &ptr);
     base_[static_cast<std::size_t>(r)] = aligned(ptr);
   }
+  sources_.resize(static_cast<std::size_t>(std::max(topo_.local_size, topo_.nodes)));
   if (leader_ && hierarchical_) {
     const auto parts = static_cast<std::size_t>(slots_) * static_cast<std::size_t>(topo_.nodes);
     scratch_.resize(slot_stride_ * parts);
@@ -119,7 +120,8 @@ bool ShmEngine::all_reached(int flag, std::int64_t seq) const {
 
 bool ShmEngine::takes(const Collective& c) const {
   using K = Collective::Kind;
-  if (c.kind == K::Barrier || c.count <= 0) return c.kind != K::Barrier;
+  if (c.kind == K::Barrier) return false;
+  if (c.count <= 0) return true;  // nothing to move: complete at once
   if (!c.f64 && c.dtype == DType::U8 && is_reduction(c.kind)) return false;
   if (hierarchical_) return c.kind == K::AllReduce || c.kind == K::Reduce || c.kind == K::Broadcast;
   return true;
@@ -261,13 +263,7 @@ void ShmEngine::do_reduce(ShmOp& op, std::int64_t k, std::int64_t seq) {
   const int me = topo_.local, el = op.element;
   const Piece p = piece(op, k, me);
   if (p.length <= 0) return;
-  const void* sources[64];
-  std::vector<const void*> many;
-  const void** src = sources;
-  if (topo_.local_size > 64) {
-    many.resize(static_cast<std::size_t>(topo_.local_size));
-    src = many.data();
-  }
+  const void** src = sources_.data();
   for (int r = 0; r < topo_.local_size; ++r) {
     src[r] = r == me ? at(op.c.send, p.offset, el) : slot(r, seq) + bytes(me * op.slice, el);
   }
@@ -405,13 +401,7 @@ bool ShmEngine::step_global(std::int64_t seq) {
   if (op.c.kind == Collective::Kind::Broadcast) {
     std::memcpy(slot(0, seq), scratch(seq, op.root_node), bytes(chunk.length, op.element));
   } else {
-    const void* parts[64];
-    std::vector<const void*> many;
-    const void** src = parts;
-    if (topo_.nodes > 64) {
-      many.resize(static_cast<std::size_t>(topo_.nodes));
-      src = many.data();
-    }
+    const void** src = sources_.data();
     for (int node = 0; node < topo_.nodes; ++node) src[node] = scratch(seq, node);
     shm_combine(op.c.dtype, op.c.f64, op.c.op, src, topo_.nodes, slot(0, seq), nullptr,
                 chunk.length);

@@ -113,6 +113,8 @@ class ShmEngine {
   bool leader_;
   bool hierarchical_;
   /// The leader's chunks in flight among the leaders: per slot, one part per node.
+  /// The sources of a combine (a node's ranks, or the nodes), sized once.
+  std::vector<const void*> sources_;
   std::vector<char> scratch_;
   /// Their sends and receives: per slot, 2 x (nodes - 1).
   std::vector<MPI_Request> requests_;

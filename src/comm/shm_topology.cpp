@@ -5,10 +5,12 @@
 #include <algorithm>
 #include <cstdlib>
 #include <memory>
+#include <optional>
 
 #include "comm/mpi_types.hpp"
 #include "comm/shm_engine.hpp"
 #include "support/check.hpp"
+#include "support/parse_number.hpp"
 
 namespace fusedopt::comm::detail {
 
@@ -71,18 +73,17 @@ namespace {
 /// Slots per rank: a chunk being filled, one being combined, one being read back, one spare.
 constexpr int kSlots = 4;
 
-/// The integer in environment variable `name` within [lo, hi], `fallback` when unset;
-/// `error` gets a message when it is something else.
+/// The integer in environment variable `name` within [lo, hi] (as support::parse_int_strict
+/// reads it), `fallback` when unset or empty; `error` gets a message when it is anything else.
 int env_int(const char* name, int lo, int hi, int fallback, std::string& error) {
   const char* v = std::getenv(name);
   if (v == nullptr || *v == '\0') return fallback;
-  char* end = nullptr;
-  const long x = std::strtol(v, &end, 10);
-  if (*end != '\0' || x < lo || x > hi) {
+  const std::optional<std::int64_t> x = support::parse_int_strict(v);
+  if (!x || *x < lo || *x > hi) {
     error = fmt::format("{}='{}': expected an integer from {} to {}", name, v, lo, hi);
     return fallback;
   }
-  return static_cast<int>(x);
+  return static_cast<int>(*x);
 }
 
 }  // namespace
@@ -92,24 +93,26 @@ std::unique_ptr<ShmEngine> make_shm_engine(MPI_Comm world, const MpiOptions& opt
   int rank = 0, size = 1;
   MPI_Comm_rank(world, &rank);
   MPI_Comm_size(world, &size);
-  // Settings: rank 0's, after every rank has checked its own environment.
+  // Settings: rank 0's, after every rank has checked its own (so that a bad one is an
+  // error on every rank, never some ranks waiting in a collective for the others).
   std::string error;
+  if (options.ranks_per_node < 0 || options.slot_kib < 0 || options.slot_kib > (1 << 20)) {
+    error = fmt::format(
+        "MpiOptions: ranks_per_node {} and slot_kib {} must be >= 0 (slot_kib at most 1048576)",
+        options.ranks_per_node, options.slot_kib);
+  }
+  // FUSEDOPT_COMM_SHM=0 turns shared memory off; it never turns on what the options turned off.
+  const bool env_shm = env_int("FUSEDOPT_COMM_SHM", 0, 1, 1, error) != 0;
   int settings[3] = {
-      env_int("FUSEDOPT_COMM_SHM", 0, 1, options.shared_memory ? 1 : 0, error),
+      options.shared_memory && env_shm ? 1 : 0,
       options.ranks_per_node > 0 ? options.ranks_per_node
                                  : env_int("FUSEDOPT_COMM_RANKS_PER_NODE", 1, 1 << 20, 0, error),
-      options.slot_kib > 0 ? options.slot_kib
+      options.slot_kib > 0 ? std::max(16, options.slot_kib)
                            : env_int("FUSEDOPT_COMM_SHM_SLOT_KIB", 16, 1 << 20, 128, error)};
-  FUSEDOPT_CHECK_USAGE(
-      options.ranks_per_node >= 0 && options.slot_kib >= 0 && options.slot_kib <= (1 << 20),
-      "MpiOptions: ranks_per_node {} and slot_kib {} must be >= 0 (slot_kib "
-      "at most 1048576)",
-      options.ranks_per_node, options.slot_kib);
-  if (options.slot_kib > 0 && options.slot_kib < 16) settings[2] = 16;
   int bad = error.empty() ? 0 : 1;
   MPI_Allreduce(MPI_IN_PLACE, &bad, 1, MPI_INT, MPI_MAX, world);
   if (bad) {
-    throw UsageError(error.empty() ? "another rank's FUSEDOPT_COMM_* environment is wrong" : error);
+    throw UsageError(error.empty() ? "another rank's FUSEDOPT_COMM_* setting is wrong" : error);
   }
   MPI_Bcast(settings, 3, MPI_INT, 0, world);
   if (!settings[0]) {

@@ -204,6 +204,41 @@ TEST_SUITE("comm_mpi") {
     CHECK(changed == 0);
   }
 
+  TEST_CASE("a bad shared-memory setting is an error on every rank, never a hang") {
+    Communicator& comm = world();
+    using fusedopt::UsageError;
+    // On every rank: the value is named.
+    setenv("FUSEDOPT_COMM_SHM_SLOT_KIB", "12x", 1);
+    try {
+      (void)Communicator::mpi();
+      FAIL("FUSEDOPT_COMM_SHM_SLOT_KIB=12x was accepted");
+    } catch (const UsageError& e) {
+      CHECK(std::string(e.what()).find("FUSEDOPT_COMM_SHM_SLOT_KIB='12x'") != std::string::npos);
+    }
+    unsetenv("FUSEDOPT_COMM_SHM_SLOT_KIB");
+    // On the last rank only: the others say another rank's setting is wrong.
+    const bool last = comm.rank() == comm.size() - 1;
+    const char* before = std::getenv("FUSEDOPT_COMM_SHM");
+    const std::string saved = before ? before : "";
+    if (last) setenv("FUSEDOPT_COMM_SHM", "2", 1);
+    try {
+      (void)Communicator::mpi();
+      FAIL("FUSEDOPT_COMM_SHM=2 on one rank was accepted");
+    } catch (const UsageError& e) {
+      const std::string want = last ? "FUSEDOPT_COMM_SHM='2'" : "another rank's";
+      CHECK(std::string(e.what()).find(want) != std::string::npos);
+    }
+    if (last && before) setenv("FUSEDOPT_COMM_SHM", saved.c_str(), 1);
+    if (last && !before) unsetenv("FUSEDOPT_COMM_SHM");
+    MpiOptions negative;
+    negative.slot_kib = -1;
+    CHECK_THROWS_AS((void)Communicator::mpi(negative), UsageError);
+    // The job's communicator still works.
+    float x = 1.0f;
+    comm.all_reduce(&x, 1, DType::F32).wait();
+    CHECK(x == static_cast<float>(comm.size()));
+  }
+
   TEST_CASE("shared memory agrees with plain MPI within rounding; bf16 and f64 sum in rank order") {
     Communicator& comm = world();
     Case c(comm);
