@@ -130,6 +130,7 @@ TEST_SUITE("cuda_gpu") {
         CAPTURE(std::string(preset));
         CAPTURE(std::string(storage));
         DeviceModel m = make_model(rng, sizes);
+        const std::vector<std::vector<float>> start = m.hp;
         ParamGroup dg = m.device_group(), hg = m.host_group();
         for (ParamGroup* g : {&dg, &hg}) {
           for (std::size_t i = 0; i < shapes.size(); ++i) g->params[i].shape = shapes[i];
@@ -163,23 +164,32 @@ TEST_SUITE("cuda_gpu") {
         }
         // Each side steps from its own codes: where fp32 ulps (the row and column sums'
         // chunking differs) moved a value across a midpoint, the code stays moved and its
-        // param follows a step of lr times a code's gap (times CAME's confidence, which is not
-        // bounded per element). Such params are counted, and must stay rare.
+        // param follows a step of lr times a code's gap. In adam_mini that stays with the
+        // element: such params are counted, and must stay rare. In CAME the moved m enters the
+        // factored confidence, so every param of its row and column moves a little (a
+        // seed-dependent run moved 207 params by more than 1e-5 after one q4 code): there the
+        // device's updates must agree with the host's as a whole (relative L2 of the
+        // difference, which one wrong row of 263 would push to 0.04).
         std::int64_t params_differ = 0, params = 0;
+        double diff2 = 0, step2 = 0;
         for (std::size_t i = 0; i < sizes.size(); ++i) {
           const std::vector<float> got = m.download_param(i);
           for (std::size_t k = 0; k < got.size(); ++k) {
             const float want = m.hp[i][k];
             REQUIRE(std::isfinite(got[k]));
             params_differ += std::fabs(got[k] - want) > 1e-5f * (1 + std::fabs(want)) ? 1 : 0;
+            diff2 += (double(got[k]) - want) * (double(got[k]) - want);
+            step2 += (double(want) - start[i][k]) * (double(want) - start[i][k]);
           }
           params += static_cast<std::int64_t>(got.size());
         }
+        const double relative = std::sqrt(diff2 / step2);
         MESSAGE((std::string(preset) + " " + storage + ": "), differ, " of ", total,
                 " code bytes of m and ", params_differ, " of ", params,
-                " params differ host/device");
+                " params differ host/device; relative L2 of the update difference ", relative);
         CHECK(differ * 1000 <= total);
-        CHECK(params_differ * 1000 <= params);
+        CHECK(relative <= 1e-2);
+        if (std::string(preset) == "adam_mini") CHECK(params_differ * 1000 <= params);
       }
     }
   }
