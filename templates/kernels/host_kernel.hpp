@@ -52,6 +52,11 @@ static inline fo_tvals fo_chunk_values(const fo_launch* L, int tensor, int group
 /// Elements [b, b + n) of each quantized state, dequantized into its stage row.
 static inline void fo_q_stage_in(const fo_qtensor& q, long long b, int n,
                                  float (*stage)[FO_QUANT_BLOCK]) {
+#ifdef FO_QUANT_AVX512
+#define FO_QIN(k, role, bits, map, fix, enc, tiny, zero)                 \
+  fo_q_decode_block<bits>(map, q.codes[k] + (bits == 8 ? b : b >> 1), n, \
+                          q.absmax[k][b / FO_QUANT_BLOCK], stage[k]);
+#else
 #define FO_QIN(k, role, bits, map, fix, enc, tiny, zero)                                  \
   {                                                                                       \
     const float a = q.absmax[k][b / FO_QUANT_BLOCK];                                      \
@@ -66,6 +71,7 @@ static inline void fo_q_stage_in(const fo_qtensor& q, long long b, int n,
       }                                                                                   \
     }                                                                                     \
   }
+#endif
   FO_QUANT_LIST(FO_QIN)
 #undef FO_QIN
 }
@@ -122,6 +128,18 @@ static inline void fo_q_encode_block(const unsigned int* enc, int tiny, int zero
 /// The block's new absmax, then each element's code.
 static inline void fo_q_stage_out(const fo_qtensor& q, long long b, int n,
                                   float (*stage)[FO_QUANT_BLOCK]) {
+#ifdef FO_QUANT_AVX512
+#define FO_QOUT(k, role, bits, map, fix, enc, tiny, zero)             \
+  {                                                                   \
+    static const fo_qlevels levels = fo_q_levels(map, bits);          \
+    const float a = fo_q_absmax(stage[k], n);                         \
+    q.absmax[k][b / FO_QUANT_BLOCK] = a;                              \
+    fo_q_encode_block16<bits>(levels, fix, zero, stage[k], n, a,      \
+                              q.codes[k] + (bits == 8 ? b : b >> 1)); \
+  }
+  FO_QUANT_LIST(FO_QOUT)
+#undef FO_QOUT
+#else
   unsigned char codes[FO_QUANT_BLOCK];
 #define FO_QOUT(k, role, bits, map, fix, enc, tiny, zero)                                      \
   {                                                                                            \
@@ -139,6 +157,7 @@ static inline void fo_q_stage_out(const fo_qtensor& q, long long b, int n,
   FO_QUANT_LIST(FO_QOUT)
 #undef FO_QOUT
   (void)codes;
+#endif
 }
 
 /// The block view of tensor t at element b: every role advanced by b, the quantized ones
