@@ -93,7 +93,7 @@ bool DTypeBinding::operator==(const DTypeBinding& o) const {
       stochastic != o.stochastic || quantized() != o.quantized()) {
     return false;
   }
-  return !quantized() || (quant == o.quant && block() == o.block());
+  return !quantized() || (quant == o.quant && block() == o.block() && quant_sr == o.quant_sr);
 }
 
 namespace {
@@ -117,7 +117,10 @@ void parse_quant(std::string_view spec, std::string_view whole, DTypeBinding& b)
   }
   while (true) {
     const std::size_t slash = list.find('/');
-    const std::string_view q = list.substr(0, slash);
+    std::string_view q = list.substr(0, slash);
+    constexpr std::string_view kSr = "+sr";
+    const bool sr = q.size() > kSr.size() && q.substr(q.size() - kSr.size()) == kSr;
+    if (sr) q.remove_suffix(kSr.size());
     Quant v = Quant::None;
     if (q == "q8s") {
       v = Quant::Q8S;
@@ -127,12 +130,16 @@ void parse_quant(std::string_view spec, std::string_view whole, DTypeBinding& b)
       v = Quant::Q4S;
     } else if (q == "q4u") {
       v = Quant::Q4U;
-    } else if (q != "-") {
-      throw UsageError(fmt::format(
-          "bad state storage '{}' in '{}': expected one of -, q8s, q8u, q4s, q4u per state, "
-          "separated by '/'",
-          q, whole));
     }
+    if (v == Quant::None && (q != "-" || sr)) {
+      throw UsageError(fmt::format(
+          "bad state storage '{}{}' in '{}': expected one of -, q8s, q8u, q4s, q4u per state "
+          "(the quantized ones with \"+sr\" for stochastic rounding), separated by '/'",
+          q, sr ? "+sr" : "", whole));
+    }
+    FUSEDOPT_CHECK_USAGE(b.quant.size() < 64, "bad state storage in '{}': more than 64 states",
+                         whole);
+    if (sr) b.quant_sr |= 1ull << b.quant.size();
     b.quant.push_back(v);
     if (slash == std::string_view::npos) break;
     list.remove_prefix(slash + 1);
@@ -151,7 +158,10 @@ DType parse_dtype(std::string_view s, std::string_view whole) {
 std::string DTypeBinding::str() const {
   std::string q;
   if (quantized()) {
-    for (Quant v : quant) q += (q.empty() ? "+q=" : "/") + std::string(to_string(v));
+    for (std::size_t k = 0; k < quant.size(); ++k) {
+      q += (q.empty() ? "+q=" : "/") + std::string(to_string(quant[k]));
+      if (k < 64 && (quant_sr >> k & 1) != 0) q += "+sr";
+    }
     q += fmt::format("@{}", block());
   }
   return fmt::format("{}:{}:{}{}{}{}", to_string(param), to_string(grad), to_string(state),

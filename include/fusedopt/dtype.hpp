@@ -2,6 +2,7 @@
 // the binding decides loads and stores, and each binding is its own kernel (and cache key).
 #pragma once
 
+#include <cstdint>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -24,7 +25,9 @@ FUSEDOPT_API int dtype_size(DType dtype);
 /// code of a quantization map (a sorted table of values in [-1, 1]), and each block of
 /// `quant_block` elements keeps one fp32 absmax; an element's value is map[code] * absmax.
 /// A step dequantizes, computes in fp32, and stores the codes nearest to the new values
-/// divided by the new absmax of their block (docs/rules.md, "Quantized states").
+/// divided by the new absmax of their block (docs/rules.md, "Quantized states"), or, for a
+/// state in DTypeBinding::quant_sr, one of the two codes around each value, drawn with the
+/// probabilities that keep its expected value.
 enum class Quant : unsigned char {
   None,  ///< not quantized: the binding's `state` dtype
   Q8S,   ///< 8-bit codes of bitsandbytes' signed dynamic map (any sign)
@@ -51,6 +54,12 @@ struct FUSEDOPT_API DTypeBinding {
   /// Elements per absmax block of the quantized states: a power of two from 32 to 512
   /// (0: the default, 256, or 128 when a state is 4-bit).
   int quant_block = 0;
+  /// Bit k: state k's codes are rounded stochastically (storage "q4u+sr" and so on): between
+  /// the two map values around v / absmax, up with probability (v / absmax - lower) / (upper -
+  /// lower), from the counter-based generator of `stochastic` (its third and fourth words),
+  /// so a state that moves by less than half a code per step still moves on average. The
+  /// codes' layout and map are the storage's; only the kernel's rounding differs.
+  std::uint64_t quant_sr = 0;
   /// 16-bit params (without a master copy) are stored rounded stochastically: up or down with
   /// the probabilities that keep the expected value, from a counter-based generator keyed
   /// on (seed, step, param, element) (OptimizerOptions::stochastic_rounding).
@@ -61,15 +70,16 @@ struct FUSEDOPT_API DTypeBinding {
   /// quant_block with the default applied (0 when nothing is quantized).
   int block() const;
   /// Canonical text: "PARAM:GRAD:STATE" plus "+master" or "+sr" (stochastic), plus
-  /// "+q=Q/Q/...@B" when states are quantized (one entry per state: -, q8s, q8u, q4s, q4u),
-  /// e.g. "bf16:bf16:fp32+master", "bf16:bf16:bf16+sr", "fp32:fp32:fp32+q=q8s/q8u@256".
+  /// "+q=Q/Q/...@B" when states are quantized (one entry per state: -, q8s, q8u, q4s, q4u,
+  /// with "+sr" where quant_sr has its bit), e.g. "bf16:bf16:fp32+master", "bf16:bf16:bf16+sr",
+  /// "fp32:fp32:fp32+q=q8s/q8u@256", "fp32:fp32:fp32+q=q4s/q4u+sr@128".
   std::string str() const;
   /// Parses str()'s form, or a single dtype "X" meaning "X:X:X" (with the same suffixes).
   /// Throws fusedopt::Error.
   static DTypeBinding parse(std::string_view text);
 
   /// The same kernel: the same dtypes and options, and the same quantized storage (an
-  /// all-"-" list, or none, alike; the block as block() resolves it).
+  /// all-"-" list, or none, alike; the block as block() resolves it; the same quant_sr).
   bool operator==(const DTypeBinding& o) const;
 };
 

@@ -78,9 +78,10 @@ struct OptimizerOptions {
   /// Block-quantized states (Quant; docs/rules.md, "Quantized states"), by state name:
   /// "q8" or "q4" (the map's sign chosen from the rule: unsigned where the checker proves
   /// the state never negative, else signed), "q8s", "q8u", "q4s", "q4u" (chosen), or "-"
-  /// (kept in state_dtype). The name "*" stands for every state not named. Outputs are
-  /// never quantized. A rule may declare its own default (`storage m = q8`), which these
-  /// entries override.
+  /// (kept in state_dtype); a "+sr" suffix ("q4u+sr") rounds the codes stochastically
+  /// (DTypeBinding::quant_sr) instead of to the nearest. The name "*" stands for every state
+  /// not named. Outputs are never quantized. A rule may declare its own default (`storage m = q8`),
+  /// which these entries override.
   std::vector<std::pair<std::string, std::string>> state_storage;
   /// Elements per absmax block of quantized states: a power of two from 32 to 512 (0: 256,
   /// or 128 when a state is 4-bit).
@@ -194,9 +195,12 @@ class FUSEDOPT_API StepResult {
 
 /// The storage each of `rule`'s states gets under `options` (its `storage` declarations, then
 /// options.state_storage; "q8"/"q4" resolved by the rule's sign proof), for params of at
-/// least options.quant_min_numel elements. UsageError for an unknown state or storage.
+/// least options.quant_min_numel elements; *stochastic (when given) gets bit k for each state
+/// k whose codes are rounded stochastically ("+sr", DTypeBinding::quant_sr). UsageError for an
+/// unknown state or storage.
 FUSEDOPT_API std::vector<Quant> resolve_state_storage(const Rule& rule,
-                                                      const OptimizerOptions& options);
+                                                      const OptimizerOptions& options,
+                                                      std::uint64_t* stochastic = nullptr);
 
 /// The one rule for a hyper's value: finite and within fp32's range (kernels read hypers as
 /// fp32: 1e300 would be inf there). Throws UsageError naming `where` (the caller), the

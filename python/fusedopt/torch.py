@@ -223,7 +223,9 @@ class Optimizer(torch.optim.Optimizer):
     rank). Inside torch's ZeroRedundancyOptimizer, which keeps its own ``process_group``
     argument and builds this optimizer over its shard, its group is taken without being given.
     ``state_storage`` block-quantizes states: a kind for every state ('q8', 'q4', 'q8s',
-    'q8u', 'q4s', 'q4u') or a dict of state name (the rule's) to kind; ``quant_block`` elements
+    'q8u', 'q4s', 'q4u'; with '+sr', as 'q4u+sr', its codes are rounded stochastically from
+    the generator keyed on ``seed``) or a dict of state name (the rule's) to kind;
+    ``quant_block`` elements
     share an absmax (0: 256, 128 with a 4-bit state); params below ``quant_min_numel``
     elements keep plain states. A quantized state shows in ``state[p]`` as its codes
     (torch.uint8) and ``NAME.absmax``; presets such as 'adamw8bit' declare their own storage.

@@ -53,7 +53,7 @@ def train(seed, steps=300, **kw):
 def test_quantized_presets_train_as_well_as_fp32_adamw(seed):
     base, _, _ = train(seed, rule="adamw", lr=1e-3)
     losses = {}
-    for rule in ("adamw8bit", "adamw4bit"):
+    for rule in ("adamw8bit", "adamw4bit", "adamw4bit+sr"):
         losses[rule], opt, net = train(seed, rule=rule, lr=1e-3)
         big = net[0].weight
         assert opt.state[big]["m"].dtype == torch.uint8  # quantized indeed
@@ -65,8 +65,11 @@ def test_quantized_presets_train_as_well_as_fp32_adamw(seed):
     # than half a code, so v stays where it was (with v at 8 bits: -1.1% to +0.7%). A float64
     # simulation of torchao's algorithm gives the same losses, so this bound is about the
     # algorithm, not the kernels: a broken map, nibble or absmax lands far beyond it.
+    # adamw4bit+sr draws v's codes stochastically (unbiased), so v follows the gradients:
+    # -1.1% to +0.4% over 41 seeds (mean -0.1%), +0.2% at seed 1429932810.
     assert abs(losses["adamw8bit"] / base - 1) <= 0.02
     assert abs(losses["adamw4bit"] / base - 1) <= 0.08
+    assert abs(losses["adamw4bit+sr"] / base - 1) <= 0.02
 
 
 def test_any_rule_trains_with_q8_states(seed):

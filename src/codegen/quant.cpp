@@ -169,6 +169,13 @@ void check_quant(const DTypeBinding& dtypes, int num_states) {
                        "dtypes '{}': {} quantized storages given for a rule of {} states (one "
                        "per state, '-' for one kept in the state dtype)",
                        dtypes.str(), dtypes.quant.size(), num_states);
+  for (std::size_t s = 0; s < 64; ++s) {
+    FUSEDOPT_CHECK_USAGE((dtypes.quant_sr >> s & 1) == 0 ||
+                             (s < dtypes.quant.size() && dtypes.quant[s] != Quant::None),
+                         "dtypes '{}': state {} is rounded stochastically (quant_sr) but not "
+                         "quantized",
+                         dtypes.str(), s + 1);
+  }
   const int b = dtypes.block();
   FUSEDOPT_CHECK_USAGE(b >= 32 && b <= 512 && (b & (b - 1)) == 0,
                        "dtypes '{}': the quantization block is {}; it must be a power of two from "
@@ -184,10 +191,11 @@ void emit_quant(Writer& w, const DTypeBinding& dtypes, int first_state_role, int
   for (std::size_t s = 0; s < dtypes.quant.size(); ++s) {
     const Quant q = dtypes.quant[s];
     if (q == Quant::None) continue;
-    list += fmt::format(" X({}, {}, {}, fo_qmap_{}, {}, fo_qenc_{}, {}, {})", k++,
+    const bool sr = s < 64 && (dtypes.quant_sr >> s & 1) != 0;
+    list += fmt::format(" X({}, {}, {}, fo_qmap_{}, {}, fo_qenc_{}, {}, {}, {})", k++,
                         first_state_role + static_cast<int>(s), quant_bits(q), to_string(q),
                         q == Quant::Q8S ? 1 : 0, to_string(q), quant_encoder(q).tiny,
-                        quant_encoder(q).zero);
+                        quant_encoder(q).zero, sr ? static_cast<int>(s) + 1 : 0);
     if (std::find(used.begin(), used.end(), q) == used.end()) used.push_back(q);
   }
   w.line(fmt::format("#define FO_NUM_QUANT {}", k));

@@ -134,7 +134,10 @@ std::string ShardedOptimizer::Impl::plan_fingerprint(const Rule& rule,
                                                      const std::vector<ParamGroup>& groups) const {
   const OptimizerOptions& o = options.optimizer;
   std::string storage;
-  for (const Quant q : resolve_state_storage(rule, o)) storage += to_string(q);
+  std::uint64_t sr = 0;
+  const std::vector<Quant> quant = resolve_state_storage(rule, o, &sr);
+  for (std::size_t k = 0; k < quant.size(); ++k)
+    storage += fmt::format("{}{} ", to_string(quant[k]), k < 64 && (sr >> k & 1) ? "+sr" : "");
   std::string plan = fmt::format(
       "ShardedOptimizer stage {}, {} ranks, rule {} ({} chars, hash {:016x})\n"
       "options: state {}, master {}, capturable {}, max_grad_norm {:.17g}, strategy {}, "

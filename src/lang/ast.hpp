@@ -207,7 +207,8 @@ struct Rule {
   std::vector<int> outputs;     ///< symbol indices, in declaration order
   std::vector<int> hypers;      ///< symbol indices, in declaration order
   /// `storage NAME = KIND` declarations: the state's symbol index and its kind ("q8", "q4",
-  /// "q8s", "q8u", "q4s", "q4u"), the default of OptimizerOptions::state_storage.
+  /// "q8s", "q8u", "q4s", "q4u", each possibly with "+sr"), the default of
+  /// OptimizerOptions::state_storage.
   std::vector<std::pair<int, std::string>> storage;
 
   /// Index of the symbol called `name`, or -1.

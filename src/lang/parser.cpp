@@ -144,7 +144,8 @@ class Parser {
         fmt::format("e.g. '{} {}'", keyword, std::string_view(keyword) == "grad" ? "g" : "p"));
   }
 
-  // `storage NAME = KIND, ...`: KIND a name (q8, q4, q8s, ...), checked after the rule.
+  // `storage NAME = KIND, ...`: KIND a name (q8, q4, q8s, ...), with "+sr" for stochastic
+  // rounding, checked after the rule.
   void parse_storage() {
     while (true) {
       const Token name = expect_decl_name("storage");
@@ -157,8 +158,20 @@ class Parser {
         src_.fail(tok_.loc, fmt::format("expected a storage kind, got {}", describe(tok_)),
                   "one of q8, q4 (the sign from the rule), q8s, q8u, q4s, q4u");
       }
-      out_.storage.push_back({name.text, name.loc, tok_.text, tok_.loc});
+      const Token kind = tok_;
+      std::string text(kind.text);
       advance();
+      if (tok_.kind == Tok::Plus) {  // "q4u+sr": rounded stochastically
+        advance();
+        if (tok_.kind != Tok::Name || tok_.text != "sr") {
+          src_.fail(tok_.loc,
+                    fmt::format("expected 'sr' after '{}+', got {}", text, describe(tok_)),
+                    fmt::format("'{}+sr' rounds the codes stochastically", text));
+        }
+        text += "+sr";
+        advance();
+      }
+      out_.storage.push_back({name.text, name.loc, std::move(text), kind.loc});
       if (tok_.kind != Tok::Comma) break;
       advance();
     }

@@ -33,8 +33,8 @@ struct RawStmt {
 /// `storage NAME = KIND`: a state's default block-quantized storage (names unresolved).
 struct StorageDecl {
   std::string_view name;
-  Loc loc;  ///< of the name
-  std::string_view kind;
+  Loc loc;           ///< of the name
+  std::string kind;  ///< "q8", ..., with "+sr" when written "q8+sr"
   Loc kind_loc;
 };
 

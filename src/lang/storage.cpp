@@ -144,14 +144,16 @@ void check_storage(const Source& source, const std::vector<StorageDecl>& decls, 
                     "keep one declaration");
       }
     }
-    const std::string kind(d.kind);
+    std::string kind = d.kind;
+    const bool sr = kind.size() > 3 && kind.compare(kind.size() - 3, 3, "+sr") == 0;
+    if (sr) kind.resize(kind.size() - 3);
     if (kind != "q8" && kind != "q4" && kind != "q8s" && kind != "q8u" && kind != "q4s" &&
         kind != "q4u") {
       source.fail(d.kind_loc, fmt::format("unknown storage kind '{}'", kind),
                   "one of q8, q4 (the map's sign from the rule), q8s, q8u (signed, unsigned "
-                  "8-bit), q4s, q4u");
+                  "8-bit), q4s, q4u; with +sr for stochastic rounding (q4u+sr)");
     }
-    rule.storage.emplace_back(sym, kind);
+    rule.storage.emplace_back(sym, d.kind);
   }
 }
 

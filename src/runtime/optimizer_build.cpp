@@ -198,7 +198,7 @@ void Optimizer::Impl::take_rule(const Rule& user_rule) {
                  DType dtype) {
     for (std::size_t k = first; k < end; ++k) specs.push_back({kind, names[k], dtype, k - first});
   };
-  quant = runtime::resolve_quant(options, r);
+  quant = runtime::resolve_quant(options, r, &quant_sr);
   add(K::Element, state_names, 0, num_states, options.state_dtype);
   for (std::size_t k = 0; k < num_states; ++k) specs[k].quant = quant[k];
   add(K::Output, state_names, num_states, state_names.size(), options.state_dtype);
@@ -286,6 +286,7 @@ DTypeBinding Optimizer::Impl::binding_of(std::size_t p) const {
     b.quant = quant;  // small params keep their states in state_dtype
     if (b.quantized()) {
       b.quant_block = options.quant_block;
+      b.quant_sr = quant_sr;
     } else {
       b.quant.clear();
     }
@@ -298,6 +299,7 @@ DTypeBinding Optimizer::Impl::binding_of(std::size_t p) const {
     if (m.batch > 1 && (m.rows * m.cols) % b.block() != 0) {
       b.quant.clear();
       b.quant_block = 0;
+      b.quant_sr = 0;
     }
   }
   return b;

@@ -130,6 +130,7 @@ struct FUSEDOPT_NO_EXPORT Optimizer::Impl {
   /// Per rule state: its block-quantized storage for params of at least
   /// options.quant_min_numel elements (runtime/quant_states.hpp).
   std::vector<Quant> quant;
+  std::uint64_t quant_sr = 0;  ///< bit k: state k's codes rounded stochastically ("+sr")
   /// Every state per parameter, in that order (element states, outputs, scalars, rows,
   /// columns, then the master copy when master_weights): the one table of them.
   std::vector<runtime::StateSpec> specs;

@@ -15,8 +15,16 @@
 namespace fusedopt::runtime {
 namespace {
 
-/// The storage a name asks for; "q8"/"q4" take the sign from the rule's proof.
-Quant parse_storage(const std::string& text, bool nonnegative, const std::string& state) {
+/// The storage a name asks for; "q8"/"q4" take the sign from the rule's proof. A "+sr"
+/// suffix (stochastic rounding of the codes) sets *sr.
+Quant parse_storage(std::string text, bool nonnegative, const std::string& state, bool* sr) {
+  constexpr std::string_view kSr = "+sr";
+  *sr = text.size() > kSr.size() && std::string_view(text).substr(text.size() - kSr.size()) == kSr;
+  if (*sr) text.resize(text.size() - kSr.size());
+  FUSEDOPT_CHECK_USAGE(!(*sr && (text == "-" || text == "none")),
+                       "OptimizerOptions::state_storage: state '{}': '{}+sr' rounds codes "
+                       "stochastically, and '{}' keeps no codes (add +sr to q8, q4, q8s, ...)",
+                       state, text, text);
   if (text == "-" || text == "none") return Quant::None;
   if (text == "q8") return nonnegative ? Quant::Q8U : Quant::Q8S;
   if (text == "q4") return nonnegative ? Quant::Q4U : Quant::Q4S;
@@ -26,26 +34,38 @@ Quant parse_storage(const std::string& text, bool nonnegative, const std::string
   if (text == "q4u") return Quant::Q4U;
   throw UsageError(fmt::format(
       "OptimizerOptions::state_storage: state '{}': unknown storage '{}' (expected q8, q4, "
-      "q8s, q8u, q4s, q4u or -)",
+      "q8s, q8u, q4s, q4u or -; the quantized ones with +sr for stochastic rounding)",
       state, text));
 }
 
 }  // namespace
 
-std::vector<Quant> resolve_quant(const OptimizerOptions& options, const lang::Rule& rule) {
+std::vector<Quant> resolve_quant(const OptimizerOptions& options, const lang::Rule& rule,
+                                 std::uint64_t* sr_out) {
   std::vector<std::string> names;
   std::vector<Quant> out;
+  std::vector<bool> sr;
   for (int s : rule.states) {
     names.push_back(rule.symbols[static_cast<std::size_t>(s)].name);
     out.push_back(Quant::None);
+    sr.push_back(false);
   }
   auto nonnegative = [&](std::size_t k) {
     return rule.symbols[static_cast<std::size_t>(rule.states[k])].nonnegative;
   };
+  auto set = [&](std::size_t k, const std::string& text) {
+    bool stochastic = false;
+    out[k] = parse_storage(text, nonnegative(k), names[k], &stochastic);
+    FUSEDOPT_CHECK_USAGE(!stochastic || k < 64,
+                         "OptimizerOptions::state_storage: state '{}' is the rule's state {}; "
+                         "stochastic rounding (+sr) takes the first 64",
+                         names[k], k + 1);
+    sr[k] = stochastic;
+  };
   // The rule's own declarations first, then the options' "*", then the options' names.
   for (const auto& [sym, text] : rule.storage) {
     for (std::size_t k = 0; k < names.size(); ++k) {
-      if (rule.states[k] == sym) out[k] = parse_storage(text, nonnegative(k), names[k]);
+      if (rule.states[k] == sym) set(k, text);
     }
   }
   std::map<std::string, std::string> given;
@@ -66,7 +86,11 @@ std::vector<Quant> resolve_quant(const OptimizerOptions& options, const lang::Ru
   for (std::size_t k = 0; k < names.size(); ++k) {
     auto it = given.find(names[k]);
     if (it == given.end()) it = given.find("*");
-    if (it != given.end()) out[k] = parse_storage(it->second, nonnegative(k), names[k]);
+    if (it != given.end()) set(k, it->second);
+  }
+  if (sr_out != nullptr) {
+    *sr_out = 0;
+    for (std::size_t k = 0; k < sr.size() && k < 64; ++k) *sr_out |= sr[k] ? 1ull << k : 0ull;
   }
   FUSEDOPT_CHECK_USAGE(
       options.quant_block == 0 || (options.quant_block >= 32 && options.quant_block <= 512 &&

@@ -14,9 +14,11 @@
 namespace fusedopt::runtime {
 
 /// Each of the rule's states' storage: the rule's own `storage` declarations, overridden by
-/// `options.state_storage` ("*" for every state not named). Throws UsageError naming an
-/// unknown state or storage.
-std::vector<Quant> resolve_quant(const OptimizerOptions& options, const lang::Rule& rule);
+/// `options.state_storage` ("*" for every state not named); *sr (when given) gets bit k for
+/// each state k whose storage asks for stochastic rounding ("q4u+sr"). Throws UsageError
+/// naming an unknown state or storage.
+std::vector<Quant> resolve_quant(const OptimizerOptions& options, const lang::Rule& rule,
+                                 std::uint64_t* sr = nullptr);
 
 /// The values of a quantized state of `numel` elements from its piece (codes, then absmax:
 /// abi.h's layout), as fp32.

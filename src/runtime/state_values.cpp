@@ -11,8 +11,9 @@
 
 namespace fusedopt {
 
-std::vector<Quant> resolve_state_storage(const Rule& rule, const OptimizerOptions& options) {
-  return runtime::resolve_quant(options, detail::lang_rule(rule));
+std::vector<Quant> resolve_state_storage(const Rule& rule, const OptimizerOptions& options,
+                                         std::uint64_t* stochastic) {
+  return runtime::resolve_quant(options, detail::lang_rule(rule), stochastic);
 }
 
 std::vector<float> Optimizer::state_values(const std::string& name, int param_index) const {

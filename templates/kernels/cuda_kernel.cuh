@@ -290,7 +290,7 @@ FO_FN int fo_q_code_g(const unsigned char* codes, int bits, long long i) {
 #endif
 FO_QMAP_READER void fo_q_load_maps(float (*qmaps)[FO_QMAP_MAX]) {
   for (int j = threadIdx.x; j < FO_QMAP_MAX; j += blockDim.x) {
-#define FO_QMAP_COPY(k, role, bits, map, fix, enc, tiny, zero) \
+#define FO_QMAP_COPY(k, role, bits, map, fix, enc, tiny, zero, sr) \
   if (j < (1 << bits)) qmaps[k][j] = map[j];
     FO_QUANT_LIST(FO_QMAP_COPY)
 #undef FO_QMAP_COPY
@@ -301,7 +301,7 @@ FO_QMAP_READER void fo_q_load_maps(float (*qmaps)[FO_QMAP_MAX]) {
 /// Element i's dequantized values (0 where the thread has no element).
 __device__ __forceinline__ void fo_q_values(const fo_qtensor& q, long long i, bool live,
                                             float (*qmaps)[FO_QMAP_MAX], float* vals) {
-#define FO_QVAL(k, role, bits, map, fix, enc, tiny, zero)           \
+#define FO_QVAL(k, role, bits, map, fix, enc, tiny, zero, sr)       \
   vals[k] = live ? qmaps[k][fo_q_code_g(q.codes[k], bits, i)] *     \
                        fo_ldg_f32(q.absmax[k] + i / FO_QUANT_BLOCK) \
                  : 0.0f;
@@ -312,7 +312,7 @@ __device__ __forceinline__ void fo_q_values(const fo_qtensor& q, long long i, bo
 /// Tensor t's roles at element i, the quantized ones pointing at the thread's values.
 __device__ __forceinline__ fo_tensor fo_q_view(const fo_tensor& t, long long i, float* vals) {
   fo_tensor s = fo_offset(t, i);
-#define FO_QATTACH(k, role, bits, map, fix, enc, tiny, zero) s.r##role = &vals[k];
+#define FO_QATTACH(k, role, bits, map, fix, enc, tiny, zero, sr) s.r##role = &vals[k];
   FO_QUANT_LIST(FO_QATTACH)
 #undef FO_QATTACH
   return s;
@@ -323,9 +323,11 @@ __device__ __forceinline__ fo_tensor fo_q_view(const fo_tensor& t, long long i, 
 /// block of elements: chunks and iterations begin at multiples of it) by a fixed tree in
 /// shared memory, NaN winning; then the codes (4-bit: the even element's thread writes the
 /// byte, its code in the high nibble, its neighbour's from shared memory in the low one).
+/// `sr`: 0 for the nearest code, else 1 + the rule's index of the state, whose codes are
+/// rounded stochastically with the element's random word (key: element i's).
 __device__ __forceinline__ void fo_q_commit(unsigned char* codes, float* absmax, int bits, int fix,
-                                            const float* map, float v, long long i, bool live,
-                                            bool neighbour_live, float* red,
+                                            int sr, const fo_qkey& key, const float* map, float v,
+                                            long long i, bool live, bool neighbour_live, float* red,
                                             unsigned char* shared_codes) {
   const unsigned tid = threadIdx.x;
   const unsigned lane = tid & (FO_QUANT_BLOCK - 1);
@@ -337,7 +339,9 @@ __device__ __forceinline__ void fo_q_commit(unsigned char* codes, float* absmax,
     __syncthreads();
   }
   const float a = red[tid - lane];
-  const int code = fo_q_encode(map, bits, fix, v, a);
+  const int code =
+      sr ? fo_q_encode_sr(map, bits, v, a, fo_q_rand(key.seed, key.step, key.param, key.e, sr - 1))
+         : fo_q_encode(map, bits, fix, v, a);
   shared_codes[tid] = (unsigned char)code;
   __syncthreads();
   // The stores: after the last barrier of this state, so that no branch separates two
@@ -404,7 +408,7 @@ __device__ __forceinline__ void fo_q_element(const fo_tensor& t, long long i, co
   s.e0 = t.e0 + i;  // element 0 of s is element i of t
   if (kInit) {
     FO_INIT_STAGE(FO_QSTAGE_LOAD, FO_QSTAGE_DECL)
-#define FO_QATTACH(k, role, bits, map, fix, enc, tiny, zero) s.r##role = &vals[k];
+#define FO_QATTACH(k, role, bits, map, fix, enc, tiny, zero, sr) s.r##role = &vals[k];
     FO_QUANT_LIST(FO_QATTACH)
     fo_init_element(s, 0, U);
     FO_INIT_STORES(FO_QSTAGE_STORE)
@@ -439,9 +443,10 @@ __device__ __forceinline__ void fo_q_chunk(const fo_launch& L, const fo_chunk& c
     const fo_rcx X = fo_rc_at(X0, i, R, C);
 #endif
     if (live) fo_q_element<kInit>(t, i, U, T, vals FO_QRC_ARG);
-#define FO_QCOMMIT(k, role, bits, map, fix, enc, tiny, zero)                                     \
-  fo_q_commit(q.codes[k], q.absmax[k], bits, fix, qmaps[k], vals[k], i, live, i + 1 < chunk.end, \
-              red, shared_codes);
+    const fo_qkey key = {U.seed, U.rstep, t.pid, t.e0 + i};
+#define FO_QCOMMIT(k, role, bits, map, fix, enc, tiny, zero, sr)                       \
+  fo_q_commit(q.codes[k], q.absmax[k], bits, fix, sr, key, qmaps[k], vals[k], i, live, \
+              i + 1 < chunk.end, red, shared_codes);
     FO_QUANT_LIST(FO_QCOMMIT)
 #undef FO_QCOMMIT
   }

@@ -53,11 +53,11 @@ static inline fo_tvals fo_chunk_values(const fo_launch* L, int tensor, int group
 static inline void fo_q_stage_in(const fo_qtensor& q, long long b, int n,
                                  float (*stage)[FO_QUANT_BLOCK]) {
 #ifdef FO_QUANT_AVX512
-#define FO_QIN(k, role, bits, map, fix, enc, tiny, zero)                 \
+#define FO_QIN(k, role, bits, map, fix, enc, tiny, zero, sr)             \
   fo_q_decode_block<bits>(map, q.codes[k] + (bits == 8 ? b : b >> 1), n, \
                           q.absmax[k][b / FO_QUANT_BLOCK], stage[k]);
 #else
-#define FO_QIN(k, role, bits, map, fix, enc, tiny, zero)                                  \
+#define FO_QIN(k, role, bits, map, fix, enc, tiny, zero, sr)                              \
   {                                                                                       \
     const float a = q.absmax[k][b / FO_QUANT_BLOCK];                                      \
     if (bits == 8) {                                                                      \
@@ -125,30 +125,49 @@ static inline void fo_q_encode_block(const unsigned int* enc, int tiny, int zero
   }
 }
 
-/// The block's new absmax, then each element's code.
+/// The codes of n values of a block of absmax a, rounded stochastically (fo_q_encode_sr) with
+/// the random words of the rule's state `state` for elements e, e + 1, ... of the param.
+static inline void fo_q_encode_block_sr(const float* map, int bits, int state, const float* v,
+                                        int n, float a, const fo_qkey& key, unsigned char* out) {
+#pragma omp simd
+  for (int j = 0; j < n; ++j) {
+    const unsigned int r = fo_q_rand(key.seed, key.step, key.param, key.e + j, state);
+    out[j] = (unsigned char)fo_q_encode_sr(map, bits, v[j], a, r);
+  }
+}
+
+/// The block's new absmax, then each element's code (key: the random numbers' of element b).
 static inline void fo_q_stage_out(const fo_qtensor& q, long long b, int n,
-                                  float (*stage)[FO_QUANT_BLOCK]) {
+                                  float (*stage)[FO_QUANT_BLOCK], const fo_qkey& key) {
 #ifdef FO_QUANT_AVX512
-#define FO_QOUT(k, role, bits, map, fix, enc, tiny, zero)             \
-  {                                                                   \
-    static const fo_qlevels levels = fo_q_levels(map, bits);          \
-    const float a = fo_q_absmax(stage[k], n);                         \
-    q.absmax[k][b / FO_QUANT_BLOCK] = a;                              \
-    fo_q_encode_block16<bits>(levels, fix, zero, stage[k], n, a,      \
-                              q.codes[k] + (bits == 8 ? b : b >> 1)); \
+#define FO_QOUT(k, role, bits, map, fix, enc, tiny, zero, sr)                      \
+  {                                                                                \
+    const float a = fo_q_absmax(stage[k], n);                                      \
+    q.absmax[k][b / FO_QUANT_BLOCK] = a;                                           \
+    unsigned char* out = q.codes[k] + (bits == 8 ? b : b >> 1);                    \
+    if (sr) {                                                                      \
+      static const fo_qlevels floors = fo_q_levels(map, bits, true);               \
+      fo_q_encode_block16_sr<bits>(floors, map, (sr)-1, stage[k], n, a, key, out); \
+    } else {                                                                       \
+      static const fo_qlevels levels = fo_q_levels(map, bits, false);              \
+      fo_q_encode_block16<bits>(levels, fix, zero, stage[k], n, a, out);           \
+    }                                                                              \
   }
   FO_QUANT_LIST(FO_QOUT)
 #undef FO_QOUT
 #else
   unsigned char codes[FO_QUANT_BLOCK];
-#define FO_QOUT(k, role, bits, map, fix, enc, tiny, zero)                                      \
+#define FO_QOUT(k, role, bits, map, fix, enc, tiny, zero, sr)                                  \
   {                                                                                            \
     const float a = fo_q_absmax(stage[k], n);                                                  \
     q.absmax[k][b / FO_QUANT_BLOCK] = a;                                                       \
-    if (bits == 8) {                                                                           \
-      fo_q_encode_block(enc, tiny, zero, fix, stage[k], n, a, q.codes[k] + b);                 \
+    unsigned char* out = bits == 8 ? q.codes[k] + b : codes;                                   \
+    if (sr) {                                                                                  \
+      fo_q_encode_block_sr(map, bits, (sr)-1, stage[k], n, a, key, out);                       \
     } else {                                                                                   \
-      fo_q_encode_block(enc, tiny, zero, fix, stage[k], n, a, codes);                          \
+      fo_q_encode_block(enc, tiny, zero, fix, stage[k], n, a, out);                            \
+    }                                                                                          \
+    if (bits == 4) {                                                                           \
       if (n & 1) codes[n] = 0;                                                                 \
       for (int jb = 0; jb < (n + 1) / 2; ++jb)                                                 \
         q.codes[k][(b >> 1) + jb] = (unsigned char)((codes[2 * jb] << 4) | codes[2 * jb + 1]); \
@@ -158,13 +177,14 @@ static inline void fo_q_stage_out(const fo_qtensor& q, long long b, int n,
 #undef FO_QOUT
   (void)codes;
 #endif
+  (void)key;
 }
 
 /// The block view of tensor t at element b: every role advanced by b, the quantized ones
 /// pointing at their stage rows.
 static inline fo_tensor fo_q_view(const fo_tensor& t, long long b, float (*stage)[FO_QUANT_BLOCK]) {
   fo_tensor s = fo_offset(t, b);
-#define FO_QATTACH(k, role, bits, map, fix, enc, tiny, zero) s.r##role = stage[k];
+#define FO_QATTACH(k, role, bits, map, fix, enc, tiny, zero, sr) s.r##role = stage[k];
   FO_QUANT_LIST(FO_QATTACH)
 #undef FO_QATTACH
   return s;
@@ -213,7 +233,7 @@ static void fo_q_chunk(const fo_launch* L, const fo_chunk& chunk, const fo_tenso
       for (int j = 0; j < n; ++j) fo_element(s, j, u, tv);
 #endif
     }
-    fo_q_stage_out(q, b, n, stage);
+    fo_q_stage_out(q, b, n, stage, fo_qkey{u.seed, u.rstep, t.pid, t.e0 + b});
   }
 }
 #endif

@@ -4,10 +4,12 @@
 // give the layout). The generated part defines, for a binding with quantized states:
 //   FO_NUM_QUANT          how many states are quantized
 //   FO_QUANT_BLOCK        elements per absmax block (a power of two from 32 to FO_CUDA_BLOCK)
-//   FO_QUANT_LIST(X)      X(k, role, bits, map, fix, enc, tiny, zero) for each: its index,
-//                         its role, 8 or 4, its map, 1 for bitsandbytes' sign fix (q8s), the
-//                         host's encoder table (codegen/quant.hpp: QuantEncoder) and its
-//                         codes of a tiny value and of 0
+//   FO_QUANT_LIST(X)      X(k, role, bits, map, fix, enc, tiny, zero, sr) for each: its
+//                         index, its role, 8 or 4, its map, 1 for bitsandbytes' sign fix
+//                         (q8s), the host's encoder table (codegen/quant.hpp: QuantEncoder),
+//                         its codes of a tiny value and of 0, and 0 when its codes round to
+//                         the nearest, else 1 + its index among the rule's states (stochastic
+//                         rounding: the random numbers' key)
 //   fo_offset(t, i)       the tensor's roles advanced by i elements
 // and the tables themselves. The element functions are the rule's, unchanged: they see a
 // quantized state as an fp32 role pointing at the dequantized values of the block (host) or
@@ -29,8 +31,8 @@ struct fo_qtensor {
 
 FO_FN fo_qtensor fo_qbind(void* const* p, long long numel) {
   fo_qtensor q;
-#define FO_QBIND(k, role, bits, map, fix, enc, tiny, zero) \
-  q.codes[k] = (unsigned char*)p[role];                    \
+#define FO_QBIND(k, role, bits, map, fix, enc, tiny, zero, sr) \
+  q.codes[k] = (unsigned char*)p[role];                        \
   q.absmax[k] = (float*)(q.codes[k] + fo_q_absmax_offset(numel, bits));
   FO_QUANT_LIST(FO_QBIND)
 #undef FO_QBIND
@@ -64,6 +66,42 @@ FO_FN int fo_q_encode(const float* map, int bits, int fix, float v, float absmax
   int code = fo_q_nearest(map, 1 << bits, absmax != 0.0f ? v / absmax : 0.0f);
   if (fix && (fo_as_uint(v) >> 31) != 0u && map[code] >= 0.0f && code > 0) code -= 1;
   return code;
+}
+
+/// What keys the random numbers of an element's stochastic rounding: the launch's seed, the
+/// step, the param, and the element's index within the param.
+struct fo_qkey {
+  unsigned long long seed;
+  unsigned int step;
+  unsigned int param;
+  long long e;
+};
+
+/// The random word that rounds element e of the rule's state `state` (0-based)
+/// stochastically: word 2 (even states) or 3 (odd ones) of the element's numbers (prelude.h:
+/// fo_element_rand, whose words 0 and 1 are the param's rounding and rand()); states 2 and 3
+/// from the draw under another key, and so on.
+FO_FN unsigned int fo_q_rand(unsigned long long seed, unsigned int step, unsigned int param,
+                             long long e, int state) {
+  const unsigned long long key = seed ^ ((unsigned long long)(state >> 1) * 0x9E3779B97F4A7C15ull);
+  return fo_element_rand(key, step, param, e).x[2 + (state & 1)];
+}
+
+/// The code of v in a block of absmax `absmax`, rounded stochastically with the random word r:
+/// y = v / absmax lies between map[lo] (the largest map value <= y, found by halving) and
+/// map[lo + 1]; the code is lo + 1 when r's unit fraction falls below (y - map[lo]) /
+/// (map[lo + 1] - map[lo]), so the expected value is y. Below the map's smallest value (q4u
+/// has no 0) y takes it; at its largest, it; NaN gives 0.
+FO_FN int fo_q_encode_sr(const float* map, int bits, float v, float absmax, unsigned int r) {
+  const int n = 1 << bits;
+  const float y = absmax != 0.0f ? v / absmax : 0.0f;
+  int lo = 0;
+  for (int step = n >> 1; step > 0; step >>= 1) {
+    if (y >= map[lo + step]) lo += step;
+  }
+  if (lo == n - 1) return lo;
+  const float p = (y - map[lo]) / (map[lo + 1] - map[lo]);
+  return fo_unit(r) < p ? lo + 1 : lo;
 }
 
 #endif  // FO_NUM_QUANT > 0

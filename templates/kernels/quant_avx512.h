@@ -28,7 +28,9 @@ struct alignas(64) fo_qlevels {
   float mid[256];
 };
 
-static inline fo_qlevels fo_q_levels(const float* map, int bits) {
+/// With `floors`, the same layout of the thresholds map[j + 1] instead of the midpoints: the
+/// search then finds the largest code whose value is <= y (fo_q_encode_sr's).
+static inline fo_qlevels fo_q_levels(const float* map, int bits, bool floors) {
   fo_qlevels t;
   for (int k = 0; k < 256; ++k) t.mid[k] = 0.0f;
   const int n = 1 << bits;
@@ -36,7 +38,7 @@ static inline fo_qlevels fo_q_levels(const float* map, int bits) {
     const int s = n >> (level + 1), at = level <= 3 ? (1 << level) - 1 : 1 << level;
     for (int k = 0; k < (1 << level); ++k) {
       const int j = k * 2 * s + s - 1;  // between codes j and j + 1
-      t.mid[at + k] = (map[j] + map[j + 1]) * 0.5f;
+      t.mid[at + k] = floors ? map[j + 1] : (map[j] + map[j + 1]) * 0.5f;
     }
   }
   return t;
@@ -71,8 +73,8 @@ static inline __m512 fo_lut(const __m512* r, __m512i k) {
 }
 
 /// One level of the search: lanes whose y lies above the level's midpoint (or on it when
-/// s >= 2) move up by s.
-template <int Level, int Bits>
+/// s >= 2, or with Floors, where the thresholds are map values) move up by s.
+template <int Level, int Bits, bool Floors = false>
 static inline __m512i fo_q_level(const fo_qregs& t, __m512 y, __m512i lo) {
   constexpr int s = (1 << Bits) >> (Level + 1);
   const __m512i k = _mm512_srli_epi32(lo, Bits - Level);
@@ -84,7 +86,7 @@ static inline __m512i fo_q_level(const fo_qregs& t, __m512 y, __m512i lo) {
   } else {
     mid = fo_lut<(1 << Level)>(t.r + (1 << Level) / 16, k);
   }
-  const __mmask16 up = _mm512_cmp_ps_mask(y, mid, s >= 2 ? _CMP_GE_OQ : _CMP_GT_OQ);
+  const __mmask16 up = _mm512_cmp_ps_mask(y, mid, Floors || s >= 2 ? _CMP_GE_OQ : _CMP_GT_OQ);
   return _mm512_mask_add_epi32(lo, up, lo, _mm512_set1_epi32(s));
 }
 
@@ -173,6 +175,95 @@ static inline void fo_q_encode_block16(const fo_qlevels& levels, int fix, int ze
       c = _mm512_mask_sub_epi32(c, neg & on_zero, c, _mm512_set1_epi32(1));
     }
     fo_q_store16<Bits>(c, left, out, 16 * w);
+  }
+}
+
+// ---- stochastic rounding (quant_sr), 16 lanes at a time ------------------------------------
+
+/// hi and lo words of m * a for each 32-bit lane of a.
+static inline void fo_mulhilo16(__m512i a, unsigned int m, __m512i* hi, __m512i* lo) {
+  const __m512i mv = _mm512_set1_epi32((int)m);
+  *lo = _mm512_mullo_epi32(a, mv);
+  const __m512i even = _mm512_mul_epu32(a, mv);  // lanes 0, 2, ...: 64-bit products
+  const __m512i odd = _mm512_mul_epu32(_mm512_srli_epi64(a, 32), mv);
+  *hi = _mm512_mask_blend_epi32((__mmask16)0xAAAA, _mm512_srli_epi64(even, 32), odd);
+}
+
+/// fo_q_rand for elements key.e + j .. key.e + j + 15: prelude.h's Philox4x32-10, lane-parallel.
+static inline __m512i fo_q_rand16(const fo_qkey& key, int j, int state) {
+  const unsigned long long seed =
+      key.seed ^ ((unsigned long long)(state >> 1) * 0x9E3779B97F4A7C15ull);
+  const unsigned long long e = (unsigned long long)(key.e + j);
+  const __m512i base = _mm512_set1_epi32((int)(unsigned int)e);
+  __m512i c0 = _mm512_add_epi32(
+      base, _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15));
+  const __mmask16 carry = _mm512_cmplt_epu32_mask(c0, base);
+  __m512i c1 =
+      _mm512_mask_add_epi32(_mm512_set1_epi32((int)(unsigned int)(e >> 32)), carry,
+                            _mm512_set1_epi32((int)(unsigned int)(e >> 32)), _mm512_set1_epi32(1));
+  __m512i c2 = _mm512_set1_epi32((int)key.param), c3 = _mm512_set1_epi32((int)key.step);
+  unsigned int k0 = (unsigned int)seed, k1 = (unsigned int)(seed >> 32);
+  for (int round = 0; round < 10; ++round) {
+    __m512i h0, l0, h1, l1;
+    fo_mulhilo16(c0, 0xD2511F53u, &h0, &l0);
+    fo_mulhilo16(c2, 0xCD9E8D57u, &h1, &l1);
+    c0 = _mm512_xor_si512(_mm512_xor_si512(h1, c1), _mm512_set1_epi32((int)k0));
+    c2 = _mm512_xor_si512(_mm512_xor_si512(h0, c3), _mm512_set1_epi32((int)k1));
+    c1 = l1;
+    c3 = l0;
+    k0 += 0x9E3779B9u;
+    k1 += 0xBB67AE85u;
+  }
+  return (state & 1) ? c3 : c2;
+}
+
+/// fo_q_encode_sr's codes of values v[0, n) of absmax a (the rule's state `state`, random
+/// numbers keyed on element key.e + j), stored as fo_q_encode_block16 stores them: the search
+/// for map[lo] <= y level by level over the block (floors: fo_q_levels' thresholds), then
+/// lo + 1 where the lane's unit fraction falls below (y - map[lo]) / (map[lo + 1] - map[lo]).
+template <int Bits>
+static inline void fo_q_encode_block16_sr(const fo_qlevels& floors, const float* map, int state,
+                                          const float* v, int n, float a, const fo_qkey& key,
+                                          unsigned char* out) {
+  constexpr int kMax = (FO_QUANT_BLOCK + 15) / 16, kTop = (1 << Bits) - 1;
+  const fo_qregs t = fo_q_load<(1 << Bits) / 16>(floors.mid);
+  const int nv = (n + 15) / 16;
+  const __m512 d = _mm512_set1_ps(a != 0.0f ? a : 1.0f);
+  __m512 y[kMax];
+  __m512i lo[kMax];
+  for (int w = 0; w < nv; ++w) {
+    const int left = n - 16 * w < 16 ? n - 16 * w : 16;
+    const __m512 x = _mm512_maskz_loadu_ps((__mmask16)((1u << left) - 1u), v + 16 * w);
+    y[w] = a != 0.0f ? _mm512_div_ps(x, d) : _mm512_setzero_ps();
+    lo[w] = _mm512_setzero_si512();
+  }
+#define FO_QLEVEL(L) \
+  for (int w = 0; w < nv; ++w) lo[w] = fo_q_level<L, Bits, true>(t, y[w], lo[w]);
+  FO_QLEVEL(0)
+  FO_QLEVEL(1)
+  FO_QLEVEL(2)
+  FO_QLEVEL(3)
+  if constexpr (Bits == 8) {
+    FO_QLEVEL(Bits == 8 ? 4 : 0)
+    FO_QLEVEL(Bits == 8 ? 5 : 0)
+    FO_QLEVEL(Bits == 8 ? 6 : 0)
+    FO_QLEVEL(Bits == 8 ? 7 : 0)
+  }
+#undef FO_QLEVEL
+  const fo_qregs m = fo_q_load<(1 << Bits) / 16>(map);
+  const __m512i top = _mm512_set1_epi32(kTop);
+  for (int w = 0; w < nv; ++w) {
+    const int left = n - 16 * w < 16 ? n - 16 * w : 16;
+    const __mmask16 below_top = _mm512_cmplt_epi32_mask(lo[w], top);
+    const __m512i next = _mm512_min_epi32(_mm512_add_epi32(lo[w], _mm512_set1_epi32(1)), top);
+    const __m512 ml = fo_lut<(1 << Bits)>(m.r, lo[w]), mh = fo_lut<(1 << Bits)>(m.r, next);
+    const __m512 p = _mm512_div_ps(_mm512_sub_ps(y[w], ml), _mm512_sub_ps(mh, ml));
+    const __m512i r = fo_q_rand16(key, 16 * w, state);
+    const __m512 u = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_srli_epi32(r, 8)),
+                                   _mm512_set1_ps(5.9604644775390625e-8f));
+    const __mmask16 up = below_top & _mm512_cmp_ps_mask(u, p, _CMP_LT_OQ);
+    fo_q_store16<Bits>(_mm512_mask_add_epi32(lo[w], up, lo[w], _mm512_set1_epi32(1)), left, out,
+                       16 * w);
   }
 }
 

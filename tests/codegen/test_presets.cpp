@@ -244,6 +244,12 @@ const std::vector<PresetSpec>& specs() {
        [](const Hypers&) { return zeros(2); },
        torchao_adamw_reference,
        kDefault},
+      {"adamw4bit+sr",  // adamw4bit's math; only its codes round otherwise
+       kAdamW4bitDefaults,
+       {"m", "v"},
+       [](const Hypers&) { return zeros(2); },
+       torchao_adamw_reference,
+       kDefault},
   };
   return table;
 }
@@ -659,11 +665,12 @@ TEST_SUITE("presets") {
       "the presets are the element-wise optimizers this file checks, plus lamb, lars and "
       "adafactor") {
     const std::vector<std::string> expected = {
-        "adadelta",  "adafactor", "adagrad", "adam",  "adam+amsgrad",  "adam+exact",
-        "adam8bit",  "adam_mini", "adamax",  "adamw", "adamw+amsgrad", "adamw+exact",
-        "adamw4bit", "adamw8bit", "adan",    "adopt", "asgd",          "bertadam",
-        "came",      "lamb",      "lars",    "lion",  "lion8bit",      "nadam",
-        "radam",     "rmsprop",   "rprop",   "sgd"};
+        "adadelta",      "adafactor",   "adagrad",   "adam",         "adam+amsgrad",
+        "adam+exact",    "adam8bit",    "adam_mini", "adamax",       "adamw",
+        "adamw+amsgrad", "adamw+exact", "adamw4bit", "adamw4bit+sr", "adamw8bit",
+        "adan",          "adopt",       "asgd",      "bertadam",     "came",
+        "lamb",          "lars",        "lion",      "lion8bit",     "nadam",
+        "radam",         "rmsprop",     "rprop",     "sgd"};
     // A new preset needs a reference test before it ships: element-wise ones here, rules
     // with reductions in tests/runtime/test_reductions.cpp (lamb, lars) and factored state
     // in tests/runtime/test_factored.cpp (adafactor, adam_mini, came).
@@ -921,6 +928,7 @@ TEST_SUITE("presets") {
     run_case("adamw4bit", "defaults", with(kAdamW4bitDefaults, {{"lr", 1e-2}}));
     run_case("adamw4bit", "strong decay, lerp's other branch",
              with(kAdamW4bitDefaults, {{"lr", 1e-2}, {"weight_decay", 0.3}, {"beta1", 0.3}}));
+    run_case("adamw4bit+sr", "defaults", with(kAdamW4bitDefaults, {{"lr", 1e-2}}));
   }
 
   TEST_CASE("bertadam matches pytorch_pretrained_bert's BertAdam") {

@@ -1,6 +1,7 @@
 // Stochastic rounding under ZeRO: a ShardedOptimizer's pieces draw the random numbers of the
 // elements of their whole params, so bf16 params round exactly as plain data parallel's do,
-// at any number of ranks (this suite runs at 1 to 4).
+// at any number of ranks (this suite runs at 1 to 4); so do stochastically rounded codes of
+// quantized states.
 #include <doctest/doctest.h>
 
 #include <cmath>
@@ -69,9 +70,85 @@ std::vector<std::uint16_t> bits_of(FlatArena& a) {
   return out;
 }
 
+/// An fp32 arena of kSizes, filled from `seed`.
+FlatArena f32_arena(std::uint32_t seed) {
+  FlatArena a;
+  for (std::size_t i = 0; i < kSizes.size(); ++i)
+    a.add("w" + std::to_string(i), kSizes[i], DType::F32);
+  a.finalize();
+  std::mt19937 init(seed);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    auto* p = static_cast<float*>(a.param(i).data);
+    for (std::int64_t k = 0; k < kSizes[i]; ++k) p[k] = normal(init);
+  }
+  return a;
+}
+
+std::vector<std::uint32_t> f32_bits_of(FlatArena& a) {
+  std::vector<std::uint32_t> out;
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    const auto* p = static_cast<const std::uint32_t*>(a.param(i).data);
+    out.insert(out.end(), p, p + kSizes[i]);
+  }
+  return out;
+}
+
+std::vector<ParamGroup> group_of(FlatArena& a) {
+  ParamGroup g;
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    g.params.push_back(a.param(i));
+    g.grads.push_back(a.grad(i));
+  }
+  return {g};
+}
+
 }  // namespace
 
 TEST_SUITE("comm") {
+  TEST_CASE("stochastically rounded quantized states under ZeRO-2 give plain data parallel's") {
+    Communicator& comm = world();
+    const std::uint32_t seed = shared_seed();
+    const Rule rule = Rule::preset("adamw4bit+sr");  // v: q4u+sr, blocks of 128
+    FlatArena sharded_arena = f32_arena(seed), dp_arena = f32_arena(seed);
+    BucketOptions buckets;
+    buckets.first_bucket_bytes = 4096;
+    buckets.bucket_bytes = 16384;
+    OptimizerOptions o;
+    o.seed = seed;
+    o.quant_min_numel = 200;  // 1009, 8191 and 257 elements: quantized, cut at blocks
+    ShardOptions options;
+    options.stage = 2;
+    options.buckets = buckets;
+    options.optimizer = o;
+    ShardedOptimizer sharded(comm, rule, group_of(sharded_arena), options);
+    Optimizer dp(rule, group_of(dp_arena), o);
+    std::vector<fusedopt::Tensor> dp_grads;
+    for (std::size_t i = 0; i < dp_arena.size(); ++i) dp_grads.push_back(dp_arena.grad(i));
+    GradBucketer bucketer(comm, dp_grads, buckets);
+    for (int step = 0; step < 5; ++step) {
+      for (FlatArena* a : {&sharded_arena, &dp_arena}) {
+        for (std::size_t i = 0; i < a->size(); ++i) {
+          auto* g = static_cast<float*>(a->grad(i).data);
+          for (std::int64_t k = 0; k < kSizes[i]; ++k)
+            g[k] = grad_value(seed, comm.rank(), step, i, k);
+        }
+      }
+      for (int i = static_cast<int>(kSizes.size()) - 1; i >= 0; --i) sharded.mark_ready(i);
+      CHECK(sharded.step());
+      bucketer.mark_all_ready();
+      bucketer.finish();
+      CHECK(dp.step_scaled(bucketer.grad_scale()));
+    }
+    // The params move with v's codes: a code drawn with another element's random word would
+    // change them.
+    const std::vector<std::uint32_t> a = f32_bits_of(sharded_arena), b = f32_bits_of(dp_arena);
+    std::size_t differ = 0;
+    for (std::size_t k = 0; k < a.size(); ++k) differ += a[k] != b[k] ? 1 : 0;
+    INFO(differ << " of " << a.size() << " fp32 params differ at " << comm.size() << " ranks");
+    CHECK(differ == 0);
+  }
+
   TEST_CASE("stochastic rounding under ZeRO-1 gives plain data parallel's bf16 bits") {
     Communicator& comm = world();
     const std::uint32_t seed = shared_seed();

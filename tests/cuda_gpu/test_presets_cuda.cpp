@@ -113,6 +113,7 @@ const std::map<std::string, std::vector<std::pair<std::string, double>>>& preset
       {"adam8bit", {{"lr", 1e-2}}},
       {"lion8bit", {{"lr", 1e-3}, {"weight_decay", 0.1}}},
       {"adamw4bit", {{"lr", 1e-2}, {"weight_decay", 0.1}}},
+      {"adamw4bit+sr", {{"lr", 1e-2}, {"weight_decay", 0.1}}},
       {"lamb", {{"lr", 1e-2}, {"max_grad_norm", 10}}},  // clips every other step: grad_sd()
       {"lars", {}},
   };
@@ -408,8 +409,9 @@ void compare_presets(const std::vector<std::string>& names) {
 
 // The presets of each case below; together every preset (checked in the first case).
 const std::vector<std::string> kAdamFamily = {
-    "adam",  "adamw", "adam+amsgrad", "adamw+amsgrad", "adam+exact", "adamw+exact", "adamax",
-    "nadam", "radam", "adopt",        "adan",          "adamw8bit",  "adam8bit",    "adamw4bit"};
+    "adam",        "adamw",     "adam+amsgrad", "adamw+amsgrad", "adam+exact",
+    "adamw+exact", "adamax",    "nadam",        "radam",         "adopt",
+    "adan",        "adamw8bit", "adam8bit",     "adamw4bit",     "adamw4bit+sr"};
 const std::vector<std::string> kClassic = {"sgd",  "rmsprop", "adagrad",  "adadelta", "rprop",
                                            "asgd", "lion",    "lion8bit", "bertadam"};
 
@@ -463,7 +465,7 @@ TEST_SUITE("cuda_gpu") {
       covered.emplace_back(name);
     }
     std::vector<std::string> all = Rule::presets();
-    CHECK(all.size() == 28);
+    CHECK(all.size() == 29);
     std::sort(all.begin(), all.end());
     std::sort(covered.begin(), covered.end());
     CHECK(covered == all);

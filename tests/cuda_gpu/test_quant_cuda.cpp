@@ -47,13 +47,17 @@ TEST_SUITE("cuda_gpu") {
       std::vector<std::pair<std::string, std::string>> storage;
       int block;
     };
-    for (const Case& c : {Case{{{"m", "q8s"}, {"v", "q8u"}}, 0}, Case{{{"*", "q4"}}, 0},
-                          Case{{{"m", "q4s"}, {"v", "q8u"}}, 64}}) {
+    // "+sr": codes rounded stochastically (the same random words on both sides).
+    for (const Case& c :
+         {Case{{{"m", "q8s"}, {"v", "q8u"}}, 0}, Case{{{"*", "q4"}}, 0},
+          Case{{{"m", "q4s"}, {"v", "q8u"}}, 64}, Case{{{"m", "q8s+sr"}, {"v", "q4u+sr"}}, 0},
+          Case{{{"*", "q4+sr"}}, 64}}) {
       // 70001: a partial last block (and an odd 4-bit tail); 1000 stays fp32.
       DeviceModel m = make_model(rng, {4096, 1000, 70001, 0, 131075});
       OptimizerOptions o;
       o.state_storage = c.storage;
       o.quant_block = c.block;
+      o.seed = rng();
       ParamGroup dg = m.device_group(), hg = m.host_group();
       dg.hypers = hg.hypers = {{"weight_decay", 0.1}};
       Optimizer gpu(Rule::preset("adamw"), {dg}, o);
@@ -101,8 +105,9 @@ TEST_SUITE("cuda_gpu") {
         // Each side steps from its own states: a code moved by an ulp stays moved, and the
         // counts below bound how often that happens.
       }
-      MESSAGE(c.storage.front().second, " block ", c.block, ": ", differ, " of ", total,
-              " code bytes and ", params_differ, " of ", params, " params differ host/device");
+      MESSAGE(c.storage.front().second, "/", c.storage.back().second, " block ", c.block, ": ",
+              differ, " of ", total, " code bytes and ", params_differ, " of ", params,
+              " params differ host/device");
       CHECK(differ * 1000 <= total);
       CHECK(params_differ * 1000 <= params);
     }
