@@ -56,9 +56,10 @@ struct FUSEDOPT_API DTypeBinding {
   int quant_block = 0;
   /// Bit k: state k's codes are rounded stochastically (storage "q4u+sr" and so on): between
   /// the two map values around v / absmax, up with probability (v / absmax - lower) / (upper -
-  /// lower), from the counter-based generator of `stochastic` (its third and fourth words),
-  /// so a state that moves by less than half a code per step still moves on average. The
-  /// codes' layout and map are the storage's; only the kernel's rounding differs.
+  /// lower), from the counter-based generator of `stochastic` under a key of its own per
+  /// state (docs/rules.md, "Stochastically rounded codes"), so a state that moves by less than half
+  /// a code per step still moves on average. The codes' layout and map are the storage's; only the
+  /// kernel's rounding differs.
   std::uint64_t quant_sr = 0;
   /// 16-bit params (without a master copy) are stored rounded stochastically: up or down with
   /// the probabilities that keep the expected value, from a counter-based generator keyed

@@ -78,13 +78,17 @@ struct fo_qkey {
 };
 
 /// The random word that rounds element e of the rule's state `state` (0-based)
-/// stochastically: word 2 (even states) or 3 (odd ones) of the element's numbers (prelude.h:
-/// fo_element_rand, whose words 0 and 1 are the param's rounding and rand()); states 2 and 3
-/// from the draw under another key, and so on.
+/// stochastically: word e % 4 of the Philox draw (prelude.h) of counter (e / 4, param, step)
+/// under the key seed ^ (state + 1) * 0x9E3779B97F4A7C15: four elements share a draw, and the
+/// key keeps these words apart from the param's rounding and rand() (key: the seed) and from
+/// the other states'.
 FO_FN unsigned int fo_q_rand(unsigned long long seed, unsigned int step, unsigned int param,
                              long long e, int state) {
-  const unsigned long long key = seed ^ ((unsigned long long)(state >> 1) * 0x9E3779B97F4A7C15ull);
-  return fo_element_rand(key, step, param, e).x[2 + (state & 1)];
+  const unsigned long long key = seed ^ ((unsigned long long)(state + 1) * 0x9E3779B97F4A7C15ull);
+  const unsigned long long group = (unsigned long long)e >> 2;
+  const fo_rand4 r = fo_philox((unsigned int)group, (unsigned int)(group >> 32), param, step,
+                               (unsigned int)key, (unsigned int)(key >> 32));
+  return r.x[e & 3];
 }
 
 /// The code of v in a block of absmax `absmax`, rounded stochastically with the random word r:

@@ -132,20 +132,16 @@ static inline void fo_q_decode_block(const float* map, const unsigned char* code
   }
 }
 
-/// The codes of values v[0, n) of absmax a (n <= FO_QUANT_BLOCK), stored 8-bit or packed
-/// 4-bit (an odd n's pad nibble 0): fo_q_encode's, level by level over the whole block. One
-/// vector's search waits on each level's permute and compare; the block's vectors are
-/// independent, so a level runs over all of them before the next (2.5x faster than one
-/// vector after another, 1.9x than four interleaved, on the 2-core EPYC).
-template <int Bits>
-static inline void fo_q_encode_block16(const fo_qlevels& levels, int fix, int zero, const float* v,
-                                       int n, float a, unsigned char* out) {
-  constexpr int kMax = (FO_QUANT_BLOCK + 15) / 16;
+/// The halving search over a block: y[w] = v / a for its nv = (n + 15) / 16 vectors (0 for an
+/// all-zero block), lo[w] each lane's code after all levels, one level over every vector
+/// before the next (one vector's search waits on each level's permute and compare; the
+/// block's vectors are independent). `levels`: midpoints (nearest) or, with Floors, map values.
+template <int Bits, bool Floors>
+static inline int fo_q_search_block(const fo_qlevels& levels, const float* v, int n, float a,
+                                    __m512* y, __m512i* lo) {
   const fo_qregs t = fo_q_load<(1 << Bits) / 16>(levels.mid);
   const int nv = (n + 15) / 16;
   const __m512 d = _mm512_set1_ps(a != 0.0f ? a : 1.0f);
-  __m512 y[kMax];
-  __m512i lo[kMax];
   for (int w = 0; w < nv; ++w) {
     const int left = n - 16 * w < 16 ? n - 16 * w : 16;
     const __m512 x = _mm512_maskz_loadu_ps((__mmask16)((1u << left) - 1u), v + 16 * w);
@@ -153,7 +149,7 @@ static inline void fo_q_encode_block16(const fo_qlevels& levels, int fix, int ze
     lo[w] = _mm512_setzero_si512();
   }
 #define FO_QLEVEL(L) \
-  for (int w = 0; w < nv; ++w) lo[w] = fo_q_level<L, Bits>(t, y[w], lo[w]);
+  for (int w = 0; w < nv; ++w) lo[w] = fo_q_level<L, Bits, Floors>(t, y[w], lo[w]);
   FO_QLEVEL(0)
   FO_QLEVEL(1)
   FO_QLEVEL(2)
@@ -165,6 +161,21 @@ static inline void fo_q_encode_block16(const fo_qlevels& levels, int fix, int ze
     FO_QLEVEL(Bits == 8 ? 7 : 0)
   }
 #undef FO_QLEVEL
+  return nv;
+}
+
+/// The codes of values v[0, n) of absmax a (n <= FO_QUANT_BLOCK), stored 8-bit or packed
+/// 4-bit (an odd n's pad nibble 0): fo_q_encode's, level by level over the whole block. One
+/// vector's search waits on each level's permute and compare; the block's vectors are
+/// independent, so a level runs over all of them before the next (2.5x faster than one
+/// vector after another, 1.9x than four interleaved, on the 2-core EPYC).
+template <int Bits>
+static inline void fo_q_encode_block16(const fo_qlevels& levels, int fix, int zero, const float* v,
+                                       int n, float a, unsigned char* out) {
+  constexpr int kMax = (FO_QUANT_BLOCK + 15) / 16;
+  __m512 y[kMax];
+  __m512i lo[kMax];
+  const int nv = fo_q_search_block<Bits, false>(levels, v, n, a, y, lo);
   for (int w = 0; w < nv; ++w) {
     const int left = n - 16 * w < 16 ? n - 16 * w : 16;
     __m512i c = lo[w];
@@ -189,18 +200,20 @@ static inline void fo_mulhilo16(__m512i a, unsigned int m, __m512i* hi, __m512i*
   *hi = _mm512_mask_blend_epi32((__mmask16)0xAAAA, _mm512_srli_epi64(even, 32), odd);
 }
 
-/// fo_q_rand for elements key.e + j .. key.e + j + 15: prelude.h's Philox4x32-10, lane-parallel.
-static inline __m512i fo_q_rand16(const fo_qkey& key, int j, int state) {
+/// fo_q_rand for elements key.e + j .. key.e + j + 63 (key.e + j a multiple of 4), in out[0]
+/// (the first 16) to out[3]: the 16 Philox draws of their groups of four, lane-parallel, then
+/// each group's four words moved to its four elements' lanes (a 4x4 transpose per 128-bit lane,
+/// then the lanes gathered per vector).
+static inline void fo_q_rand64(const fo_qkey& key, int j, int state, __m512i* out) {
   const unsigned long long seed =
-      key.seed ^ ((unsigned long long)(state >> 1) * 0x9E3779B97F4A7C15ull);
-  const unsigned long long e = (unsigned long long)(key.e + j);
-  const __m512i base = _mm512_set1_epi32((int)(unsigned int)e);
+      key.seed ^ ((unsigned long long)(state + 1) * 0x9E3779B97F4A7C15ull);
+  const unsigned long long g = (unsigned long long)(key.e + j) >> 2;
+  const __m512i base = _mm512_set1_epi32((int)(unsigned int)g);
   __m512i c0 = _mm512_add_epi32(
       base, _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15));
   const __mmask16 carry = _mm512_cmplt_epu32_mask(c0, base);
-  __m512i c1 =
-      _mm512_mask_add_epi32(_mm512_set1_epi32((int)(unsigned int)(e >> 32)), carry,
-                            _mm512_set1_epi32((int)(unsigned int)(e >> 32)), _mm512_set1_epi32(1));
+  const __m512i high = _mm512_set1_epi32((int)(unsigned int)(g >> 32));
+  __m512i c1 = _mm512_mask_add_epi32(high, carry, high, _mm512_set1_epi32(1));
   __m512i c2 = _mm512_set1_epi32((int)key.param), c3 = _mm512_set1_epi32((int)key.step);
   unsigned int k0 = (unsigned int)seed, k1 = (unsigned int)(seed >> 32);
   for (int round = 0; round < 10; ++round) {
@@ -214,7 +227,20 @@ static inline __m512i fo_q_rand16(const fo_qkey& key, int j, int state) {
     k0 += 0x9E3779B9u;
     k1 += 0xBB67AE85u;
   }
-  return (state & 1) ? c3 : c2;
+  // Per 128-bit lane L: r_k = the four words of group 4L + k.
+  const __m512i t0 = _mm512_unpacklo_epi32(c0, c1), t1 = _mm512_unpacklo_epi32(c2, c3);
+  const __m512i t2 = _mm512_unpackhi_epi32(c0, c1), t3 = _mm512_unpackhi_epi32(c2, c3);
+  const __m512i r0 = _mm512_unpacklo_epi64(t0, t1), r1 = _mm512_unpackhi_epi64(t0, t1);
+  const __m512i r2 = _mm512_unpacklo_epi64(t2, t3), r3 = _mm512_unpackhi_epi64(t2, t3);
+  // Vector q: groups 4q .. 4q + 3, i.e. lane q of r0, r1, r2, r3.
+  const __m512i a01 = _mm512_shuffle_i32x4(r0, r1, _MM_SHUFFLE(1, 0, 1, 0));
+  const __m512i a23 = _mm512_shuffle_i32x4(r0, r1, _MM_SHUFFLE(3, 2, 3, 2));
+  const __m512i b01 = _mm512_shuffle_i32x4(r2, r3, _MM_SHUFFLE(1, 0, 1, 0));
+  const __m512i b23 = _mm512_shuffle_i32x4(r2, r3, _MM_SHUFFLE(3, 2, 3, 2));
+  out[0] = _mm512_shuffle_i32x4(a01, b01, _MM_SHUFFLE(2, 0, 2, 0));
+  out[1] = _mm512_shuffle_i32x4(a01, b01, _MM_SHUFFLE(3, 1, 3, 1));
+  out[2] = _mm512_shuffle_i32x4(a23, b23, _MM_SHUFFLE(2, 0, 2, 0));
+  out[3] = _mm512_shuffle_i32x4(a23, b23, _MM_SHUFFLE(3, 1, 3, 1));
 }
 
 /// fo_q_encode_sr's codes of values v[0, n) of absmax a (the rule's state `state`, random
@@ -226,40 +252,20 @@ static inline void fo_q_encode_block16_sr(const fo_qlevels& floors, const float*
                                           const float* v, int n, float a, const fo_qkey& key,
                                           unsigned char* out) {
   constexpr int kMax = (FO_QUANT_BLOCK + 15) / 16, kTop = (1 << Bits) - 1;
-  const fo_qregs t = fo_q_load<(1 << Bits) / 16>(floors.mid);
-  const int nv = (n + 15) / 16;
-  const __m512 d = _mm512_set1_ps(a != 0.0f ? a : 1.0f);
   __m512 y[kMax];
   __m512i lo[kMax];
-  for (int w = 0; w < nv; ++w) {
-    const int left = n - 16 * w < 16 ? n - 16 * w : 16;
-    const __m512 x = _mm512_maskz_loadu_ps((__mmask16)((1u << left) - 1u), v + 16 * w);
-    y[w] = a != 0.0f ? _mm512_div_ps(x, d) : _mm512_setzero_ps();
-    lo[w] = _mm512_setzero_si512();
-  }
-#define FO_QLEVEL(L) \
-  for (int w = 0; w < nv; ++w) lo[w] = fo_q_level<L, Bits, true>(t, y[w], lo[w]);
-  FO_QLEVEL(0)
-  FO_QLEVEL(1)
-  FO_QLEVEL(2)
-  FO_QLEVEL(3)
-  if constexpr (Bits == 8) {
-    FO_QLEVEL(Bits == 8 ? 4 : 0)
-    FO_QLEVEL(Bits == 8 ? 5 : 0)
-    FO_QLEVEL(Bits == 8 ? 6 : 0)
-    FO_QLEVEL(Bits == 8 ? 7 : 0)
-  }
-#undef FO_QLEVEL
+  const int nv = fo_q_search_block<Bits, true>(floors, v, n, a, y, lo);
   const fo_qregs m = fo_q_load<(1 << Bits) / 16>(map);
   const __m512i top = _mm512_set1_epi32(kTop);
+  __m512i words[4];
   for (int w = 0; w < nv; ++w) {
     const int left = n - 16 * w < 16 ? n - 16 * w : 16;
+    if (w % 4 == 0) fo_q_rand64(key, 16 * w, state, words);
     const __mmask16 below_top = _mm512_cmplt_epi32_mask(lo[w], top);
     const __m512i next = _mm512_min_epi32(_mm512_add_epi32(lo[w], _mm512_set1_epi32(1)), top);
     const __m512 ml = fo_lut<(1 << Bits)>(m.r, lo[w]), mh = fo_lut<(1 << Bits)>(m.r, next);
     const __m512 p = _mm512_div_ps(_mm512_sub_ps(y[w], ml), _mm512_sub_ps(mh, ml));
-    const __m512i r = fo_q_rand16(key, 16 * w, state);
-    const __m512 u = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_srli_epi32(r, 8)),
+    const __m512 u = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_srli_epi32(words[w % 4], 8)),
                                    _mm512_set1_ps(5.9604644775390625e-8f));
     const __mmask16 up = below_top & _mm512_cmp_ps_mask(u, p, _CMP_LT_OQ);
     fo_q_store16<Bits>(_mm512_mask_add_epi32(lo[w], up, lo[w], _mm512_set1_epi32(1)), left, out,

@@ -37,17 +37,17 @@ namespace {
 
 const Quant kAll[] = {Quant::Q8S, Quant::Q8U, Quant::Q4S, Quant::Q4U};
 
-/// The rule's state `state` of element e of param `param` at `step`: its random word, as the
-/// documentation states it (word 2 or 3 of the element's Philox draw; states 2 and 3 under the
-/// seed xor 0x9E3779B97F4A7C15, and so on).
+/// The random word of element e of the rule's state `state` (0-based) at `step`, as the
+/// documentation states it: word e % 4 of the Philox draw of counter (e / 4, param, step)
+/// under the key seed ^ (state + 1) * 0x9E3779B97F4A7C15.
 std::uint32_t state_word(std::uint64_t seed, std::uint32_t step, std::uint32_t param,
                          std::int64_t e, int state) {
-  const std::uint64_t key = seed ^ (static_cast<std::uint64_t>(state / 2) * 0x9E3779B97F4A7C15ull);
+  const std::uint64_t key = seed ^ (static_cast<std::uint64_t>(state + 1) * 0x9E3779B97F4A7C15ull);
+  const std::uint64_t group = static_cast<std::uint64_t>(e) / 4;
   const fo_rand4 r =
-      fo_philox(static_cast<std::uint32_t>(e),
-                static_cast<std::uint32_t>(static_cast<std::uint64_t>(e) >> 32), param, step,
-                static_cast<std::uint32_t>(key), static_cast<std::uint32_t>(key >> 32));
-  return r.x[2 + state % 2];
+      fo_philox(static_cast<std::uint32_t>(group), static_cast<std::uint32_t>(group >> 32), param,
+                step, static_cast<std::uint32_t>(key), static_cast<std::uint32_t>(key >> 32));
+  return r.x[e % 4];
 }
 
 /// The stochastically rounded code of x (a value over its block's absmax, float64) with the
