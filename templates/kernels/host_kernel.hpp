@@ -129,11 +129,20 @@ static inline void fo_q_encode_block(const unsigned int* enc, int tiny, int zero
 /// the random words of the rule's state `state` for elements e, e + 1, ... of the param.
 static inline void fo_q_encode_block_sr(const float* map, int bits, int state, const float* v,
                                         int n, float a, const fo_qkey& key, unsigned char* out) {
+  // fo_q_rand's words, one draw per group of four (key.e is a multiple of four: blocks begin
+  // on multiples of 32 elements of the param).
+  unsigned int words[FO_QUANT_BLOCK + 3];
+  const unsigned long long k = fo_q_key(key.seed, state);
+  const unsigned long long g0 = (unsigned long long)key.e >> 2;
 #pragma omp simd
-  for (int j = 0; j < n; ++j) {
-    const unsigned int r = fo_q_rand(key.seed, key.step, key.param, key.e + j, state);
-    out[j] = (unsigned char)fo_q_encode_sr(map, bits, v[j], a, r);
+  for (int q = 0; q < (n + 3) / 4; ++q) {
+    const unsigned long long g = g0 + (unsigned long long)q;
+    const fo_rand4 r = fo_philox((unsigned int)g, (unsigned int)(g >> 32), key.param, key.step,
+                                 (unsigned int)k, (unsigned int)(k >> 32));
+    for (int w = 0; w < 4; ++w) words[4 * q + w] = r.x[w];
   }
+#pragma omp simd
+  for (int j = 0; j < n; ++j) out[j] = (unsigned char)fo_q_encode_sr(map, bits, v[j], a, words[j]);
 }
 
 /// The block's new absmax, then each element's code (key: the random numbers' of element b).

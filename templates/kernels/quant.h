@@ -81,10 +81,13 @@ struct fo_qkey {
 /// stochastically: word e % 4 of the Philox draw (prelude.h) of counter (e / 4, param, step)
 /// under the key seed ^ (state + 1) * 0x9E3779B97F4A7C15: four elements share a draw, and the
 /// key keeps these words apart from the param's rounding and rand() (key: the seed) and from
-/// the other states'.
+/// the other states' (fo_q_key).
+FO_FN unsigned long long fo_q_key(unsigned long long seed, int state) {
+  return seed ^ ((unsigned long long)(state + 1) * 0x9E3779B97F4A7C15ull);
+}
 FO_FN unsigned int fo_q_rand(unsigned long long seed, unsigned int step, unsigned int param,
                              long long e, int state) {
-  const unsigned long long key = seed ^ ((unsigned long long)(state + 1) * 0x9E3779B97F4A7C15ull);
+  const unsigned long long key = fo_q_key(seed, state);
   const unsigned long long group = (unsigned long long)e >> 2;
   const fo_rand4 r = fo_philox((unsigned int)group, (unsigned int)(group >> 32), param, step,
                                (unsigned int)key, (unsigned int)(key >> 32));

@@ -205,8 +205,7 @@ static inline void fo_mulhilo16(__m512i a, unsigned int m, __m512i* hi, __m512i*
 /// each group's four words moved to its four elements' lanes (a 4x4 transpose per 128-bit lane,
 /// then the lanes gathered per vector).
 static inline void fo_q_rand64(const fo_qkey& key, int j, int state, __m512i* out) {
-  const unsigned long long seed =
-      key.seed ^ ((unsigned long long)(state + 1) * 0x9E3779B97F4A7C15ull);
+  const unsigned long long seed = fo_q_key(key.seed, state);
   const unsigned long long g = (unsigned long long)(key.e + j) >> 2;
   const __m512i base = _mm512_set1_epi32((int)(unsigned int)g);
   __m512i c0 = _mm512_add_epi32(
