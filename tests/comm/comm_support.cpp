@@ -29,6 +29,15 @@ fusedopt::FlatArena make_arena(const std::vector<std::int64_t>& sizes) {
   return a;
 }
 
+std::vector<fusedopt::ParamGroup> group_of(fusedopt::FlatArena& a) {
+  fusedopt::ParamGroup g;
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    g.params.push_back(a.param(i));
+    g.grads.push_back(a.grad(i));
+  }
+  return {g};
+}
+
 float grad_value(std::uint32_t seed, int r, int step, std::size_t i, std::int64_t k) {
   std::uint32_t h = seed ^ (static_cast<std::uint32_t>(r) * 0x9e3779b9u) ^
                     (static_cast<std::uint32_t>(step) * 0x85ebca6bu) ^

@@ -20,6 +20,8 @@ std::uint32_t shared_seed();
 
 /// A FlatArena of fp32 tensors "w0", "w1", ... of these sizes (params and grads zeroed).
 fusedopt::FlatArena make_arena(const std::vector<std::int64_t>& sizes);
+/// One ParamGroup of every param and grad of `a`, in order.
+std::vector<fusedopt::ParamGroup> group_of(fusedopt::FlatArena& a);
 inline float* data(const fusedopt::Tensor& t) { return static_cast<float*>(t.data); }
 /// memcmp(a, b, n) == 0, and true for n == 0 (an empty tensor's data may be null, which
 /// memcmp must not be given).

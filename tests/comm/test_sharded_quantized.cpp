@@ -60,15 +60,6 @@ OptimizerOptions options_of(const Storage& s) {
   return o;
 }
 
-std::vector<ParamGroup> group_of(FlatArena& a) {
-  ParamGroup g;
-  for (std::size_t i = 0; i < a.size(); ++i) {
-    g.params.push_back(a.param(i));
-    g.grads.push_back(a.grad(i));
-  }
-  return {g};
-}
-
 FlatArena filled_arena(std::uint32_t seed) {
   FlatArena a = make_arena(kSizes);
   std::mt19937 init(seed);

@@ -72,14 +72,11 @@ std::vector<std::uint16_t> bits_of(FlatArena& a) {
 
 /// An fp32 arena of kSizes, filled from `seed`.
 FlatArena f32_arena(std::uint32_t seed) {
-  FlatArena a;
-  for (std::size_t i = 0; i < kSizes.size(); ++i)
-    a.add("w" + std::to_string(i), kSizes[i], DType::F32);
-  a.finalize();
+  FlatArena a = make_arena(kSizes);
   std::mt19937 init(seed);
   std::normal_distribution<float> normal(0.0f, 1.0f);
   for (std::size_t i = 0; i < a.size(); ++i) {
-    auto* p = static_cast<float*>(a.param(i).data);
+    float* p = data(a.param(i));
     for (std::int64_t k = 0; k < kSizes[i]; ++k) p[k] = normal(init);
   }
   return a;
@@ -92,15 +89,6 @@ std::vector<std::uint32_t> f32_bits_of(FlatArena& a) {
     out.insert(out.end(), p, p + kSizes[i]);
   }
   return out;
-}
-
-std::vector<ParamGroup> group_of(FlatArena& a) {
-  ParamGroup g;
-  for (std::size_t i = 0; i < a.size(); ++i) {
-    g.params.push_back(a.param(i));
-    g.grads.push_back(a.grad(i));
-  }
-  return {g};
 }
 
 }  // namespace
@@ -167,14 +155,6 @@ TEST_SUITE("comm") {
     options.stage = 1;
     options.buckets = buckets;
     options.optimizer = o;
-    auto group_of = [](FlatArena& a) {
-      ParamGroup g;
-      for (std::size_t i = 0; i < a.size(); ++i) {
-        g.params.push_back(a.param(i));
-        g.grads.push_back(a.grad(i));
-      }
-      return std::vector<ParamGroup>{g};
-    };
     ShardedOptimizer sharded(comm, noisy, group_of(sharded_arena), options);
     Optimizer dp(noisy, group_of(dp_arena), o);
     std::vector<fusedopt::Tensor> dp_grads;
