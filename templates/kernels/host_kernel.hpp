@@ -126,9 +126,12 @@ static inline void fo_q_encode_block(const unsigned int* enc, int tiny, int zero
 }
 
 /// The codes of n values of a block of absmax a, rounded stochastically (fo_q_encode_sr) with
-/// the random words of the rule's state `state` for elements e, e + 1, ... of the param.
-static inline void fo_q_encode_block_sr(const float* map, int bits, int state, const float* v,
-                                        int n, float a, const fo_qkey& key, unsigned char* out) {
+/// the random words of the rule's state `state` for elements e, e + 1, ... of the param. The
+/// floor code comes from the nearest one (fo_q_encode_block without the sign fix: one table
+/// word) and one comparison with its map value, not from fo_q_encode_sr's dependent search.
+static inline void fo_q_encode_block_sr(const float* map, const unsigned int* enc, int tiny,
+                                        int zero, int bits, int state, const float* v, int n,
+                                        float a, const fo_qkey& key, unsigned char* out) {
   // fo_q_rand's words, one draw per group of four (key.e is a multiple of four: blocks begin
   // on multiples of 32 elements of the param).
   unsigned int words[FO_QUANT_BLOCK + 3];
@@ -139,10 +142,24 @@ static inline void fo_q_encode_block_sr(const float* map, int bits, int state, c
     const unsigned long long g = g0 + (unsigned long long)q;
     const fo_rand4 r = fo_philox((unsigned int)g, (unsigned int)(g >> 32), key.param, key.step,
                                  (unsigned int)k, (unsigned int)(k >> 32));
-    for (int w = 0; w < 4; ++w) words[4 * q + w] = r.x[w];
+    words[4 * q] = r.x[0];
+    words[4 * q + 1] = r.x[1];
+    words[4 * q + 2] = r.x[2];
+    words[4 * q + 3] = r.x[3];
   }
+  fo_q_encode_block(enc, tiny, zero, 0, v, n, a, out);
+  const float d = a != 0.0f ? a : 1.0f;
+  const int top = (1 << bits) - 1;
 #pragma omp simd
-  for (int j = 0; j < n; ++j) out[j] = (unsigned char)fo_q_encode_sr(map, bits, v[j], a, words[j]);
+  for (int j = 0; j < n; ++j) {
+    const float y = a != 0.0f ? v[j] / d : 0.0f;
+    int lo = (int)out[j];
+    lo -= map[lo] > y ? 1 : 0;  // the nearest code above y: the floor is the one below
+    lo = lo < 0 ? 0 : lo;
+    const int hi = lo < top ? lo + 1 : lo;
+    const float p = (y - map[lo]) / (map[hi] - map[lo]);
+    out[j] = (unsigned char)(lo < top && fo_unit(words[j]) < p ? lo + 1 : lo);
+  }
 }
 
 /// The block's new absmax, then each element's code (key: the random numbers' of element b).
@@ -172,7 +189,7 @@ static inline void fo_q_stage_out(const fo_qtensor& q, long long b, int n,
     q.absmax[k][b / FO_QUANT_BLOCK] = a;                                                       \
     unsigned char* out = bits == 8 ? q.codes[k] + b : codes;                                   \
     if (sr) {                                                                                  \
-      fo_q_encode_block_sr(map, bits, (sr)-1, stage[k], n, a, key, out);                       \
+      fo_q_encode_block_sr(map, enc, tiny, zero, bits, (sr)-1, stage[k], n, a, key, out);      \
     } else {                                                                                   \
       fo_q_encode_block(enc, tiny, zero, fix, stage[k], n, a, out);                            \
     }                                                                                          \
