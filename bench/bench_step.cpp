@@ -239,16 +239,22 @@ void time_device_steps(benchmark::State& state, Step step) {
   }
 }
 
-void BM_CudaStep(benchmark::State& state) {
+/// Skips `state`, saying why, where there is no real CUDA device (none, or the emulator).
+bool skipped_without_gpu(benchmark::State& state) {
   std::string why;
   if (!cuda_device_available(&why)) {
     state.SkipWithError(("no CUDA device: " + why.substr(0, why.find('\n'))).c_str());
-    return;
+    return true;
   }
   if (cuda_device_emulated()) {
     state.SkipWithError("the CUDA device is fusedopt's emulator: it has no speed to measure");
-    return;
+    return true;
   }
+  return false;
+}
+
+void BM_CudaStep(benchmark::State& state) {
+  if (skipped_without_gpu(state)) return;
   const bench::Workload w = workload(state.range(0));
   const bool fused = state.range(1) != 0;
   DeviceModel model(w);
@@ -277,15 +283,7 @@ void BM_CudaStep(benchmark::State& state) {
 /// One fused step of preset `name` on BERT-base on device 0 (its own storage: the quantized
 /// presets against their fp32 forms, adamw4bit+sr's draws against adamw4bit's nearest codes).
 void BM_CudaPresetStep(benchmark::State& state, const std::string& name) {
-  std::string why;
-  if (!cuda_device_available(&why)) {
-    state.SkipWithError(("no CUDA device: " + why.substr(0, why.find('\n'))).c_str());
-    return;
-  }
-  if (cuda_device_emulated()) {
-    state.SkipWithError("the CUDA device is fusedopt's emulator: it has no speed to measure");
-    return;
-  }
+  if (skipped_without_gpu(state)) return;
   const bench::Workload w = workload(0);
   DeviceModel model(w);
   Optimizer opt(Rule::preset(name), std::vector<ParamGroup>{model.group(0, w.sizes.size())});

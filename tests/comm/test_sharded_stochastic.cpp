@@ -91,48 +91,67 @@ std::vector<std::uint32_t> f32_bits_of(FlatArena& a) {
   return out;
 }
 
+/// Five steps of a ShardedOptimizer (ZeRO `stage`) over `sharded_arena` and of plain data
+/// parallel (an Optimizer over `dp_arena`, its grads all-reduced by a GradBucketer), each
+/// after fill(step) wrote both arenas' gradients; the same small buckets for both.
+template <typename Fill>
+void step_zero_and_dp(const Rule& rule, const OptimizerOptions& o, int stage,
+                      FlatArena& sharded_arena, FlatArena& dp_arena, Fill fill) {
+  Communicator& comm = world();
+  BucketOptions buckets;
+  buckets.first_bucket_bytes = 4096;
+  buckets.bucket_bytes = 16384;
+  ShardOptions options;
+  options.stage = stage;
+  options.buckets = buckets;
+  options.optimizer = o;
+  ShardedOptimizer sharded(comm, rule, group_of(sharded_arena), options);
+  Optimizer dp(rule, group_of(dp_arena), o);
+  std::vector<fusedopt::Tensor> dp_grads;
+  for (std::size_t i = 0; i < dp_arena.size(); ++i) dp_grads.push_back(dp_arena.grad(i));
+  GradBucketer bucketer(comm, dp_grads, buckets);
+  for (int step = 0; step < 5; ++step) {
+    fill(step);
+    for (int i = static_cast<int>(kSizes.size()) - 1; i >= 0; --i) sharded.mark_ready(i);
+    CHECK(sharded.step());
+    bucketer.mark_all_ready();
+    bucketer.finish();
+    CHECK(dp.step_scaled(bucketer.grad_scale()));
+  }
+}
+
+/// How many elements of a and b differ.
+template <typename T>
+std::size_t differing(const std::vector<T>& a, const std::vector<T>& b) {
+  std::size_t n = 0;
+  for (std::size_t k = 0; k < a.size(); ++k) n += a[k] != b[k] ? 1 : 0;
+  return n;
+}
+
 }  // namespace
 
 TEST_SUITE("comm") {
   TEST_CASE("stochastically rounded quantized states under ZeRO-2 give plain data parallel's") {
     Communicator& comm = world();
     const std::uint32_t seed = shared_seed();
-    const Rule rule = Rule::preset("adamw4bit+sr");  // v: q4u+sr, blocks of 128
     FlatArena sharded_arena = f32_arena(seed), dp_arena = f32_arena(seed);
-    BucketOptions buckets;
-    buckets.first_bucket_bytes = 4096;
-    buckets.bucket_bytes = 16384;
     OptimizerOptions o;
     o.seed = seed;
     o.quant_min_numel = 200;  // 1009, 8191 and 257 elements: quantized, cut at blocks
-    ShardOptions options;
-    options.stage = 2;
-    options.buckets = buckets;
-    options.optimizer = o;
-    ShardedOptimizer sharded(comm, rule, group_of(sharded_arena), options);
-    Optimizer dp(rule, group_of(dp_arena), o);
-    std::vector<fusedopt::Tensor> dp_grads;
-    for (std::size_t i = 0; i < dp_arena.size(); ++i) dp_grads.push_back(dp_arena.grad(i));
-    GradBucketer bucketer(comm, dp_grads, buckets);
-    for (int step = 0; step < 5; ++step) {
+    // adamw4bit+sr: v in q4u+sr, blocks of 128.
+    step_zero_and_dp(Rule::preset("adamw4bit+sr"), o, 2, sharded_arena, dp_arena, [&](int step) {
       for (FlatArena* a : {&sharded_arena, &dp_arena}) {
         for (std::size_t i = 0; i < a->size(); ++i) {
-          auto* g = static_cast<float*>(a->grad(i).data);
+          float* g = data(a->grad(i));
           for (std::int64_t k = 0; k < kSizes[i]; ++k)
             g[k] = grad_value(seed, comm.rank(), step, i, k);
         }
       }
-      for (int i = static_cast<int>(kSizes.size()) - 1; i >= 0; --i) sharded.mark_ready(i);
-      CHECK(sharded.step());
-      bucketer.mark_all_ready();
-      bucketer.finish();
-      CHECK(dp.step_scaled(bucketer.grad_scale()));
-    }
+    });
     // The params move with v's codes: a code drawn with another element's random word would
     // change them.
     const std::vector<std::uint32_t> a = f32_bits_of(sharded_arena), b = f32_bits_of(dp_arena);
-    std::size_t differ = 0;
-    for (std::size_t k = 0; k < a.size(); ++k) differ += a[k] != b[k] ? 1 : 0;
+    const std::size_t differ = differing(a, b);
     INFO(differ << " of " << a.size() << " fp32 params differ at " << comm.size() << " ranks");
     CHECK(differ == 0);
   }
@@ -145,35 +164,17 @@ TEST_SUITE("comm") {
         "d = g + noise * (rand() - 0.5)\nm = 0.9 * m + d\np = p - lr * m\n",
         "noisy.rule");
     FlatArena sharded_arena = bf16_arena(seed), dp_arena = bf16_arena(seed);
-    BucketOptions buckets;
-    buckets.first_bucket_bytes = 4096;
-    buckets.bucket_bytes = 16384;
     OptimizerOptions o;
     o.stochastic_rounding = true;
     o.seed = seed;
-    ShardOptions options;
-    options.stage = 1;
-    options.buckets = buckets;
-    options.optimizer = o;
-    ShardedOptimizer sharded(comm, noisy, group_of(sharded_arena), options);
-    Optimizer dp(noisy, group_of(dp_arena), o);
-    std::vector<fusedopt::Tensor> dp_grads;
-    for (std::size_t i = 0; i < dp_arena.size(); ++i) dp_grads.push_back(dp_arena.grad(i));
-    GradBucketer bucketer(comm, dp_grads, buckets);
-    for (int step = 0; step < 5; ++step) {
+    step_zero_and_dp(noisy, o, 1, sharded_arena, dp_arena, [&](int step) {
       fill_bf16_grads(sharded_arena, seed, comm.rank(), step);
       fill_bf16_grads(dp_arena, seed, comm.rank(), step);
-      for (int i = static_cast<int>(kSizes.size()) - 1; i >= 0; --i) sharded.mark_ready(i);
-      CHECK(sharded.step());
-      bucketer.mark_all_ready();
-      bucketer.finish();
-      CHECK(dp.step_scaled(bucketer.grad_scale()));
-    }
+    });
     // Element-wise on the same all-reduced gradients, the same random words per element:
     // the same bits, whatever the number of ranks.
     const std::vector<std::uint16_t> a = bits_of(sharded_arena), b = bits_of(dp_arena);
-    std::size_t differ = 0;
-    for (std::size_t k = 0; k < a.size(); ++k) differ += a[k] != b[k] ? 1 : 0;
+    const std::size_t differ = differing(a, b);
     INFO(differ << " of " << a.size() << " bf16 params differ at " << comm.size() << " ranks");
     CHECK(differ == 0);
   }
