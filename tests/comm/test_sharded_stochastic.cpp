@@ -61,10 +61,12 @@ void fill_bf16_grads(FlatArena& a, std::uint32_t seed, int rank, int step) {
   }
 }
 
-std::vector<std::uint16_t> bits_of(FlatArena& a) {
-  std::vector<std::uint16_t> out;
+/// The bits of every param of `a` (T: a type of the params' size), in order.
+template <typename T>
+std::vector<T> bits_of(FlatArena& a) {
+  std::vector<T> out;
   for (std::size_t i = 0; i < a.size(); ++i) {
-    const auto* p = static_cast<const std::uint16_t*>(a.param(i).data);
+    const auto* p = static_cast<const T*>(a.param(i).data);
     out.insert(out.end(), p, p + kSizes[i]);
   }
   return out;
@@ -80,15 +82,6 @@ FlatArena f32_arena(std::uint32_t seed) {
     for (std::int64_t k = 0; k < kSizes[i]; ++k) p[k] = normal(init);
   }
   return a;
-}
-
-std::vector<std::uint32_t> f32_bits_of(FlatArena& a) {
-  std::vector<std::uint32_t> out;
-  for (std::size_t i = 0; i < a.size(); ++i) {
-    const auto* p = static_cast<const std::uint32_t*>(a.param(i).data);
-    out.insert(out.end(), p, p + kSizes[i]);
-  }
-  return out;
 }
 
 /// Five steps of a ShardedOptimizer (ZeRO `stage`) over `sharded_arena` and of plain data
@@ -150,7 +143,8 @@ TEST_SUITE("comm") {
     });
     // The params move with v's codes: a code drawn with another element's random word would
     // change them.
-    const std::vector<std::uint32_t> a = f32_bits_of(sharded_arena), b = f32_bits_of(dp_arena);
+    const std::vector<std::uint32_t> a = bits_of<std::uint32_t>(sharded_arena),
+                                     b = bits_of<std::uint32_t>(dp_arena);
     const std::size_t differ = differing(a, b);
     INFO(differ << " of " << a.size() << " fp32 params differ at " << comm.size() << " ranks");
     CHECK(differ == 0);
@@ -173,7 +167,8 @@ TEST_SUITE("comm") {
     });
     // Element-wise on the same all-reduced gradients, the same random words per element:
     // the same bits, whatever the number of ranks.
-    const std::vector<std::uint16_t> a = bits_of(sharded_arena), b = bits_of(dp_arena);
+    const std::vector<std::uint16_t> a = bits_of<std::uint16_t>(sharded_arena),
+                                     b = bits_of<std::uint16_t>(dp_arena);
     const std::size_t differ = differing(a, b);
     INFO(differ << " of " << a.size() << " bf16 params differ at " << comm.size() << " ranks");
     CHECK(differ == 0);

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <random>
 #include <vector>
 
 #include "codegen/quant.hpp"
@@ -27,6 +28,25 @@ inline int nearest_f64(const std::vector<float>& map, double x, bool fix, bool n
   }
   if (fix && negative && map[static_cast<std::size_t>(best)] >= 0 && best > 0) best -= 1;
   return best;
+}
+
+/// n values for a state of storage q in blocks of `block`, each as fp32 holds it: blocks of
+/// very different scales, some all zero, some with one sign only (every block for an unsigned
+/// map), and some of tiny values beside one large one (on the code of 0, where q8s's sign fix
+/// acts).
+inline std::vector<double> block_test_values(std::mt19937& rng, std::int64_t n, int block,
+                                             fusedopt::Quant q) {
+  std::normal_distribution<double> normal(0.0, 1.0);
+  std::vector<double> values(static_cast<std::size_t>(n));
+  for (std::int64_t i = 0; i < n; ++i) {
+    const std::int64_t b = i / block;
+    double x = normal(rng) * std::pow(10.0, static_cast<double>(b % 7) - 3);
+    if (b % 11 == 3) x = 0;
+    if (b % 13 == 5 || q == fusedopt::Quant::Q8U || q == fusedopt::Quant::Q4U) x = std::abs(x);
+    if (b % 17 == 9) x = i % block == 0 ? 1.0 : -1e-9 * std::abs(x);
+    values[static_cast<std::size_t>(i)] = static_cast<float>(x);
+  }
+  return values;
 }
 
 /// Codes (one per element, unpacked) and absmax of `values` quantized in float64.

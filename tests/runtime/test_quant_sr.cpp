@@ -79,16 +79,8 @@ TEST_CASE("stochastically rounded codes are the float64 reference's draws, each 
     const int block = 128;
     const std::int64_t n = 70001;  // a partial last block
     HostTensor p(n, DType::F32), g(n, DType::F32);
-    std::normal_distribution<double> normal(0.0, 1.0);
-    std::vector<double> values(static_cast<std::size_t>(n));
-    for (std::int64_t i = 0; i < n; ++i) {
-      const std::int64_t b = i / block;
-      double x = normal(rng) * std::pow(10.0, static_cast<double>(b % 7) - 3);
-      if (b % 11 == 3) x = 0;
-      if (q == Quant::Q8U || q == Quant::Q4U) x = std::abs(x);
-      g.set(i, x);
-      values[static_cast<std::size_t>(i)] = g.get(i);
-    }
+    const std::vector<double> values = fusedopt_tests::block_test_values(rng, n, block, q);
+    for (std::int64_t i = 0; i < n; ++i) g.set(i, values[static_cast<std::size_t>(i)]);
     OptimizerOptions o;
     o.state_storage = {{"s", storage}};
     o.quant_block = block;

@@ -125,19 +125,8 @@ TEST_CASE("a quantized state stores the nearest codes of its values and each blo
       CAPTURE(block);
       const std::int64_t n = 70001;  // a partial last block
       HostTensor p(n, DType::F32), g(n, DType::F32);
-      std::normal_distribution<double> normal(0.0, 1.0);
-      std::vector<double> values(static_cast<std::size_t>(n));
-      for (std::int64_t i = 0; i < n; ++i) {
-        // Blocks of very different scales, some all zero, some with one sign only.
-        const std::int64_t b = i / block;
-        double x = normal(rng) * std::pow(10.0, static_cast<double>(b % 7) - 3);
-        if (b % 11 == 3) x = 0;
-        if (b % 13 == 5 || q == Quant::Q8U || q == Quant::Q4U) x = std::abs(x);
-        // Tiny values beside one large one: on the code of 0, where q8s's sign fix acts.
-        if (b % 17 == 9) x = i % block == 0 ? 1.0 : -1e-9 * std::abs(x);
-        g.set(i, x);
-        values[static_cast<std::size_t>(i)] = g.get(i);
-      }
+      const std::vector<double> values = fusedopt_tests::block_test_values(rng, n, block, q);
+      for (std::int64_t i = 0; i < n; ++i) g.set(i, values[static_cast<std::size_t>(i)]);
       OptimizerOptions o;
       o.state_storage = {{"s", fusedopt::to_string(q)}};
       o.quant_block = block;
