@@ -65,6 +65,7 @@ class InPlaceFloor {
 
  private:
   static constexpr std::int64_t kBlock = 4096;  // elements per OpenMP work item
+  static constexpr std::int64_t kSub = 256;     // elements of each role in turn
 
   static std::size_t words_of(std::int64_t elements, int bits) {
     return static_cast<std::size_t>((elements * bits + 31) / 32);
@@ -77,25 +78,31 @@ class InPlaceFloor {
     std::uint32_t sink = 0;
 #pragma omp parallel for schedule(static) reduction(^ : sink)
     for (std::int64_t b = 0; b < blocks; ++b) {
-      const std::int64_t e0 = b * kBlock, e1 = std::min(p.elements, e0 + kBlock);
+      const std::int64_t b0 = b * kBlock, b1 = std::min(p.elements, b0 + kBlock);
       std::uint32_t acc = 0;
-      for (std::size_t r = 0; r < p.read_bits.size(); ++r) {
-        const std::uint32_t* w = slots_[0][r].data();
-        const std::int64_t w0 = e0 * p.read_bits[r] / 32, w1 = (e1 * p.read_bits[r] + 31) / 32;
+      // Every role a sub-block at a time, as a kernel interleaves them (a role after another
+      // over the whole block ran some steps' patterns slower than their kernels).
+      for (std::int64_t e0 = b0; e0 < b1; e0 += kSub) {
+        const std::int64_t e1 = std::min(b1, e0 + kSub);
+        for (std::size_t r = 0; r < p.read_bits.size(); ++r) {
+          const std::uint32_t* w = slots_[0][r].data();
+          const std::int64_t w0 = e0 * p.read_bits[r] / 32, w1 = (e1 * p.read_bits[r] + 31) / 32;
 #pragma omp simd reduction(^ : acc)
-        for (std::int64_t j = w0; j < w1; ++j) acc ^= w[j];
-      }
-      for (std::size_t r = 0; r < p.update_bits.size(); ++r) {
-        std::uint32_t* w = slots_[1][r].data();
-        const std::int64_t w0 = e0 * p.update_bits[r] / 32, w1 = (e1 * p.update_bits[r] + 31) / 32;
+          for (std::int64_t j = w0; j < w1; ++j) acc ^= w[j];
+        }
+        for (std::size_t r = 0; r < p.update_bits.size(); ++r) {
+          std::uint32_t* w = slots_[1][r].data();
+          const std::int64_t w0 = e0 * p.update_bits[r] / 32,
+                             w1 = (e1 * p.update_bits[r] + 31) / 32;
 #pragma omp simd
-        for (std::int64_t j = w0; j < w1; ++j) w[j] += 1u;
-      }
-      for (std::size_t r = 0; r < p.write_bits.size(); ++r) {
-        std::uint32_t* w = slots_[2][r].data();
-        const std::int64_t w0 = e0 * p.write_bits[r] / 32, w1 = (e1 * p.write_bits[r] + 31) / 32;
+          for (std::int64_t j = w0; j < w1; ++j) w[j] += 1u;
+        }
+        for (std::size_t r = 0; r < p.write_bits.size(); ++r) {
+          std::uint32_t* w = slots_[2][r].data();
+          const std::int64_t w0 = e0 * p.write_bits[r] / 32, w1 = (e1 * p.write_bits[r] + 31) / 32;
 #pragma omp simd
-        for (std::int64_t j = w0; j < w1; ++j) w[j] = static_cast<std::uint32_t>(j);
+          for (std::int64_t j = w0; j < w1; ++j) w[j] = static_cast<std::uint32_t>(j);
+        }
       }
       sink ^= acc;
     }
