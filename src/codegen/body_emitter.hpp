@@ -92,6 +92,10 @@ class BodyEmitter {
   /// fo_row_stage (`row`) or fo_col_stage: a row's or a column's new states and the
   /// arguments of the matrix_mean calls at its level.
   void emit_rc_stage(Writer& w, bool row);
+  /// fo_row_values<pass> (or fo_col_values<pass>, `col`): the row (column) values the pass's
+  /// element code reads (ExprEmitter::RcValue), after the statements of their level before
+  /// them, into fo_out[slot * fo_os].
+  void emit_rc_values(Writer& w, bool col);
   /// fo_rc_init: the initial values of the row and column states.
   void emit_rc_init(Writer& w);
   /// The function around the three parts.

@@ -80,6 +80,7 @@ KernelBody generate_body(const Rule& rule, const DTypeBinding& dtypes, Strategy 
   const std::string tensor_fns = be.tensor_functions();
 
   describe(rule, schedule, be, role_names, decls.size(), body);
+  body.num_col_values = be.em().num_rc_values(true);
   body.quant_block = dtypes.block();
 
   Writer w;

@@ -24,11 +24,14 @@ std::string BodyEmitter::pass_function(int pass) {
   em_.def_override_.clear();
   em_.orig_override_.clear();
   em_.rc_locals_ = factored_;
+  em_.rc_hoist_ = factored_;
+  em_.cur_pass_ = pass;
   Writer loads, body, stores;
   emit_loads(p, loads);
   emit_statements(p, body);
   emit_stores(p, stores);
   em_.rc_locals_ = false;
+  em_.rc_hoist_ = false;
   return wrap_pass(p, loads, body, stores);
 }
 
@@ -108,6 +111,7 @@ std::set<int> BodyEmitter::originals_read(const PassShape& p) const {
 void BodyEmitter::emit_statements(const PassShape& p, Writer& body) {
   for (std::size_t i = 0; i < rule_.stmts.size(); ++i) {
     const lang::Stmt& st = rule_.stmts[i];
+    em_.cur_stmt_ = static_cast<int>(i);
     if (!p.update) {
       std::vector<const Expr*> calls;
       collect_reductions(*st.value, calls);
@@ -119,12 +123,11 @@ void BodyEmitter::emit_statements(const PassShape& p, Writer& body) {
           body.line("  " + accumulate(r.kind, acc_[call->reduction], em_.element(*r.arg)));
         } else {  // row_mean / col_mean: summed per row / per column, divided at the end
           // A row's sums in lanes (fo_stride apart: the host's vectorised column loop), a
-          // column's in its own partials (distinct per element of a row).
-          body.line(fmt::format("  fo_{}r[{}] += (double)({});",
-                                r.scope == lang::Scope::Row ? "r" : "c",
-                                r.scope == lang::Scope::Row ? fmt::format("{} * fo_stride", r.slot)
-                                                            : std::to_string(r.slot),
-                                em_.element(*r.arg)));
+          // column's in its own partials (distinct per element of a row; slot k at
+          // k * X.cps: the host's are slot-major over the chunk's columns).
+          body.line(fmt::format(
+              "  fo_{}r[{} * {}] += (double)({});", r.scope == lang::Scope::Row ? "r" : "c", r.slot,
+              r.scope == lang::Scope::Row ? "fo_stride" : "X.cps", em_.element(*r.arg)));
         }
       }
     }

@@ -141,10 +141,39 @@ std::string ExprEmitter::ref(const lang::Expr& e, bool uniform_ctx) {
   }
 }
 
+bool ExprEmitter::rc_hoisted(const lang::Expr& e) const {
+  if (!rc_hoist_ || in_prepare_ || in_tensor_ || e.uniform || trivial(e)) return false;
+  return e.level == lang::Level::Tensor || e.level == lang::Level::Matrix ||
+         e.level == lang::Level::Row || e.level == lang::Level::Col;
+}
+
+std::string ExprEmitter::rc_value_ref(const lang::Expr& e) {
+  const bool col = e.level == lang::Level::Col;
+  rc_hoist_ = false;
+  std::string text = node(e, false);
+  rc_hoist_ = true;
+  auto key = std::make_tuple(col, cur_stmt_, text);
+  auto it = rc_by_key_.find(key);
+  if (it == rc_by_key_.end()) {
+    RcValue v;
+    v.col = col;
+    v.slot = rc_count_[col ? 1 : 0]++;
+    v.stmt = cur_stmt_;
+    v.text = std::move(text);
+    rc_values_.push_back(std::move(v));
+    it = rc_by_key_.emplace(std::move(key), rc_values_.size() - 1).first;
+  }
+  RcValue& v = rc_values_[it->second];
+  v.passes.insert(cur_pass_);
+  return col ? fmt::format("X.cv[{} * X.cvs + (fo_col - X.cv0)]", v.slot)
+             : fmt::format("X.rv[{}]", v.slot);
+}
+
 std::string ExprEmitter::emit(const lang::Expr& e) {
   if (in_tensor_) return node(e, true);
   if (e.uniform && !trivial(e)) return slot_ref(hoist(e));
   if (per_tensor_hoist(e)) return tensor_slot_ref(e);
+  if (rc_hoisted(e)) return rc_value_ref(e);
   return node(e, e.uniform);
 }
 

@@ -5,7 +5,9 @@
 #pragma once
 
 #include <map>
+#include <set>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -45,6 +47,21 @@ class ExprEmitter {
   void set_first_hoist_slot(int slot) { next_tval_ = slot; }
   int tval_count() const { return next_tval_; }
 
+  /// A row or column value of factored element code (rc_hoist_): a subexpression that varies
+  /// per row (or only per matrix or tensor) or per column, which element code reads from
+  /// X.rv[slot] or X.cv[...] and fo_row_values / fo_col_values compute (the host: once per
+  /// row, and per column once per chunk). One per statement and text: the same text in
+  /// another statement may read other values.
+  struct RcValue {
+    bool col = false;
+    int slot = 0;          ///< among the row values, or among the column values
+    int stmt = 0;          ///< computed before this statement runs
+    std::string text;      ///< its element-context text (rc_hoist_ off inside)
+    std::set<int> passes;  ///< the passes whose element code reads it
+  };
+  const std::vector<RcValue>& rc_values() const { return rc_values_; }
+  int num_rc_values(bool col) const { return rc_count_[col ? 1 : 0]; }
+
   /// Lines for fo_prepare, in dependency order.
   const std::vector<PrepareLine>& prepare_lines() const { return prepare_; }
   int num_slots() const { return static_cast<int>(prepare_.size()); }
@@ -80,6 +97,11 @@ class ExprEmitter {
   /// A symbol reference as the current context reads it.
   std::string ref(const lang::Expr& e, bool uniform_ctx);
 
+  /// Whether element code reads `e` as a row or column value (rc_hoist_).
+  bool rc_hoisted(const lang::Expr& e) const;
+  /// The X.rv / X.cv read of row or column value `e`, its slot made on first use.
+  std::string rc_value_ref(const lang::Expr& e);
+
   /// The text of `e` as a value: a slot if it is uniform, else the node itself.
   std::string emit(const lang::Expr& e);
 
@@ -105,6 +127,12 @@ class ExprEmitter {
   /// loads where they are used: a load under a `where` would be masked, which keeps the
   /// host's column loops scalar. The row and column stages read them in place.
   bool rc_locals_ = false;
+  /// Factored element code: row-level (and matrix- and tensor-level) subexpressions read as
+  /// row values, column-level ones as column values (RcValue); cur_stmt_ and cur_pass_ say
+  /// where the code being emitted is.
+  bool rc_hoist_ = false;
+  int cur_stmt_ = 0;
+  int cur_pass_ = 0;
 
  private:
   std::map<std::string, int> slot_by_text_;
@@ -118,6 +146,9 @@ class ExprEmitter {
   std::map<std::string, int> tval_by_text_;  ///< hoisted per-tensor text -> slot
   std::vector<std::pair<int, std::string>> hoisted_;
   int next_tval_ = 0;
+  std::map<std::tuple<bool, int, std::string>, std::size_t> rc_by_key_;  ///< -> rc_values_
+  std::vector<RcValue> rc_values_;
+  int rc_count_[2] = {0, 0};  ///< row values, column values
 };
 
 }  // namespace fusedopt::codegen

@@ -3,6 +3,8 @@
 // fo_row_stage / fo_col_stage and fo_rc_init.
 #include <fmt/format.h>
 
+#include <algorithm>
+
 #include "codegen/body_emitter.hpp"
 
 namespace fusedopt::codegen {
@@ -38,7 +40,59 @@ std::string BodyEmitter::rc_functions() {
   em_.orig_override_.clear();
   for (const bool row : {true, false}) emit_rc_stage(w, row);
   emit_rc_init(w);
+  w.line(fmt::format("#define FO_NUM_ROWV {}", std::max(em_.num_rc_values(false), 1)));
+  w.line(fmt::format("#define FO_NUM_COLV {}", std::max(em_.num_rc_values(true), 1)));
+  for (const bool col : {false, true}) emit_rc_values(w, col);
   return w.str();
+}
+
+void BodyEmitter::emit_rc_values(Writer& w, bool col) {
+  const char* fn = col ? "fo_col_values" : "fo_row_values";
+  const SymKind kind = col ? SymKind::ColState : SymKind::RowState;
+  const lang::Level level = col ? lang::Level::Col : lang::Level::Row;
+  w.line("template <int kPass>");
+  w.line(
+      fmt::format("FO_FN void {}(const fo_rcx&, long long, const fo_uniform&, const fo_tvals&, "
+                  "float*, long long) {{}}",
+                  fn));
+  em_.rc_locals_ = true;
+  for (int pass = 0; pass <= rule_.reduction_passes; ++pass) {
+    w.line("template <>");
+    w.line(
+        fmt::format("FO_FN void {}<{}>(const fo_rcx& X, long long fo_col, const fo_uniform& U, "
+                    "const fo_tvals& T, float* fo_out, long long fo_os) {{",
+                    fn, pass));
+    w.line("  (void)X; (void)fo_col; (void)U; (void)T; (void)fo_out; (void)fo_os;");
+    Writer loads;
+    emit_rc_loads(loads);
+    w.append(loads);
+    for (const lang::Symbol& x : rule_.symbols) {
+      if (x.kind == SymKind::Temp) w.line(fmt::format("  float v_{} = 0.0f;", x.name));
+    }
+    // The statements of this level in order (as fo_row_stage / fo_col_stage), each value
+    // just before the statement it was found in.
+    for (std::size_t i = 0; i < rule_.stmts.size(); ++i) {
+      for (const ExprEmitter::RcValue& v : em_.rc_values()) {
+        if (v.col == col && v.stmt == static_cast<int>(i) && v.passes.count(pass)) {
+          w.line(fmt::format("  fo_out[{} * fo_os] = {};", v.slot, v.text));
+        }
+      }
+      const lang::Stmt& st = rule_.stmts[i];
+      const SymKind k = rule_.symbols[st.target].kind;
+      const lang::Level l = st.value->level;
+      const bool temp = k == SymKind::Temp && !st.value->uniform &&
+                        (l == lang::Level::Tensor || l == lang::Level::Matrix || l == level);
+      if (k != kind && !temp) continue;
+      w.line_directive(st.loc.line, file_);
+      w.line(fmt::format("  v_{} = {};", rule_.symbols[st.target].name, em_.element(*st.value)));
+    }
+    w.restore_line();
+    for (const lang::Symbol& x : rule_.symbols) {
+      if (x.kind == SymKind::Temp || is_rc(x.kind)) w.line(fmt::format("  (void)v_{};", x.name));
+    }
+    w.line("}");
+  }
+  em_.rc_locals_ = false;
 }
 
 void BodyEmitter::emit_rc_stage(Writer& w, bool row) {

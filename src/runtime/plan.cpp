@@ -220,7 +220,10 @@ void Plan::lay_out_factored(const codegen::KernelBody& body, const std::vector<s
   // the order build_chunks put the tensors.
   std::vector<fo_chunk> chunks;
   std::vector<bool> seen(n, false);
-  const auto slots = static_cast<long long>(std::max(body.num_col_slots, 1));
+  // Per column of each chunk: its sums (doubles), then its column values (floats, two to a
+  // double; codegen::KernelBody::num_col_values).
+  const auto slots =
+      static_cast<long long>(std::max(body.num_col_slots, 1)) + (body.num_col_values + 1) / 2;
   for (const fo_chunk& old : chunks_) {
     const auto t = static_cast<std::size_t>(old.tensor);
     if (seen[t]) continue;

@@ -440,7 +440,12 @@ __device__ __forceinline__ void fo_q_chunk(const fo_launch& L, const fo_chunk& c
     float vals[FO_NUM_QUANT];
     fo_q_values(q, i, live && !kInit, qmaps, vals);
 #if FO_FACTORED
-    const fo_rcx X = fo_rc_at(X0, i, R, C);
+    float rv[FO_NUM_ROWV], cv[FO_NUM_COLV];
+    // A thread past the end takes the chunk's first element's values (unused), so that X
+    // points at rv and cv on every path and they stay in registers.
+    const fo_rcx X = kInit ? fo_rc_at(X0, i, R, C)
+                           : fo_rc_values_at<FO_REDUCTION_PASSES>(
+                                 fo_rc_at(X0, live ? i : chunk.begin, R, C), U, T, rv, cv);
 #endif
     if (live) fo_q_element<kInit>(t, i, U, T, vals FO_QRC_ARG);
     const fo_qkey key = {U.seed, U.rstep, t.pid, t.e0 + i};
@@ -489,8 +494,9 @@ __device__ __forceinline__ void fo_run(const fo_launch& L) {
     if (!kInit) {  // one element per thread, with its row's and column's values
       const long long R = fo_rows_of(L, chunk.tensor), C = fo_cols_of(L, chunk.tensor);
       const fo_rcx X0 = fo_rc_base(L, chunk.tensor);
+      float rv[FO_NUM_ROWV], cv[FO_NUM_COLV];
       for (long long i = chunk.begin + threadIdx.x; i < chunk.end; i += blockDim.x) {
-        const fo_rcx X = fo_rc_at(X0, i, R, C);
+        const fo_rcx X = fo_rc_values_at<FO_REDUCTION_PASSES>(fo_rc_at(X0, i, R, C), U, T, rv, cv);
         fo_element_rc(t, i, U, T, X, X.col);
       }
       continue;
@@ -609,6 +615,7 @@ __device__ __forceinline__ void fo_reduce_run(const fo_launch& L) {
 #define FO_RC_AT(i) t, (i)
 #endif
       double rr[FO_NUM_ROW_SLOTS], cr[FO_NUM_COL_SLOTS];
+      float rv[FO_NUM_ROWV], cv[FO_NUM_COLV];
       float dummy[FO_MAX_ACC];
       for (int j = 0; j < FO_MAX_ACC; ++j) dummy[j] = 0.0f;
       const int lane = (int)(threadIdx.x & 31u), warps = (int)(blockDim.x >> 5);
@@ -618,7 +625,7 @@ __device__ __forceinline__ void fo_reduce_run(const fo_launch& L) {
         if (q < rows) {
           const long long r = r0 + q;
           for (long long cc = lane; cc < C; cc += 32) {
-            const fo_rcx X = fo_rc_at(X0, r * C + cc, R, C);
+            const fo_rcx X = fo_rc_values_at<kPass>(fo_rc_at(X0, r * C + cc, R, C), U, T, rv, cv);
             fo_reduce_element_rc<kPass>(FO_RC_AT(r * C + cc), U, T, X, X.col, a, 1, check, rr, cr);
           }
         }
@@ -638,10 +645,10 @@ __device__ __forceinline__ void fo_reduce_run(const fo_launch& L) {
         for (int s = 0; s < FO_NUM_COL_SLOTS; ++s) cr[s] = 0.0;
         for (long long q = 0; q < rows; ++q) {
           const long long i = (r0 + q) * C + cc;
-          const fo_rcx X = fo_rc_at(X0, i, R, C);
+          const fo_rcx X = fo_rc_values_at<kPass>(fo_rc_at(X0, i, R, C), U, T, rv, cv);
           fo_reduce_element_rc<kPass>(FO_RC_AT(i), U, T, X, X.col, dummy, 1, false, rr, cr);
         }
-        for (int s = 0; s < FO_NUM_COL_SLOTS; ++s) colp[cc * FO_NUM_COL_SLOTS + s] = cr[s];
+        for (int s = 0; s < FO_NUM_COL_SLOTS; ++s) colp[s * C + cc] = cr[s];
       }
 #undef FO_RC_AT
     }

@@ -19,6 +19,11 @@ FO_FN fo_rcx fo_rc_base(const fo_launch& L, long long t) {
   X.row = o[3 * t];
   X.col = o[3 * t + 1];
   X.mat = o[3 * t + 2];
+  X.rv = 0;  // set by the caller before element code runs (fo_rc_values_at or the host's)
+  X.cv = 0;
+  X.cvs = 1;
+  X.cv0 = 0;
+  X.cps = 1;
   return X;
 }
 /// Rows and columns of each of tensor t's matrices (its last two dimensions).
@@ -47,9 +52,26 @@ FO_FN fo_tvals fo_rc_tvals(const fo_launch& L, long long t, int group, double st
   return T;
 }
 
-/// Tensor t's column means of pass `pass`: each column's chunk partials, in chunk order.
-/// This caller takes columns first, first + stride, ... (the host: all; a CUDA block: one
-/// per thread, coalesced over the partials). The mean over no rows is 0.
+/// X with one element's row and column values of pass kPass (fo_row_values, fo_col_values)
+/// computed into rv and cv: where each thread takes an element (CUDA). The host computes a
+/// row's once per row and a column's once per chunk instead.
+template <int kPass>
+FO_FN fo_rcx fo_rc_values_at(fo_rcx X, const fo_uniform& U, const fo_tvals& T, float* rv,
+                             float* cv) {
+  fo_row_values<kPass>(X, X.col, U, T, rv, 1);
+  fo_col_values<kPass>(X, X.col, U, T, cv, 1);
+  X.rv = rv;
+  X.cv = cv;
+  X.cvs = 1;
+  X.cv0 = X.col;
+  return X;
+}
+
+/// Tensor t's column means of pass `pass`: each column's chunk partials (slot-major per
+/// chunk: [slot * C + column in its matrix]), in chunk order. This caller takes columns
+/// first, first + stride, ... (the host: all; a CUDA block: one per thread, coalesced over
+/// the partials). Each matrix has the same number of chunks, in matrix order (whole rows of
+/// one matrix each: runtime/plan.cpp). The mean over no rows is 0.
 FO_FN void fo_rc_col_means(const fo_launch& L, int pass, long long t, long long first,
                            long long stride) {
   const long long* o = L.rc_offsets;
@@ -57,15 +79,14 @@ FO_FN void fo_rc_col_means(const fo_launch& L, int pass, long long t, long long 
   const fo_rcx X0 = fo_rc_base(L, t);
   const long long cols = o[3 * t + 4] - o[3 * t + 1];
   const long long c0 = L.tensor_chunks[2 * t], n = L.tensor_chunks[2 * t + 1];
+  const long long per = C > 0 && cols >= C ? n / (cols / C) : 0;  // chunks per matrix
   for (int s = 0; s < FO_NUM_COL_SLOTS; ++s) {
     if (fo_col_slot_pass(s) != pass) continue;
     for (long long k = first; k < cols; k += stride) {
       const long long b = k / C, cc = k - b * C;  // column cc of matrix b
       double v = 0.0;
-      for (long long ch = c0; ch < c0 + n && R > 0; ++ch) {
-        if (L.chunks[ch].begin / (R * C) != b) continue;
-        v += L.col_partials[L.chunk_cols[ch] + cc * FO_NUM_COL_SLOTS + s];
-      }
+      for (long long ch = c0 + b * per; ch < c0 + (b + 1) * per && R > 0; ++ch)
+        v += L.col_partials[L.chunk_cols[ch] + s * C + cc];
       L.col_totals[(X0.col + k) * FO_NUM_COL_SLOTS + s] = R > 0 ? v / R : 0.0;
     }
   }

@@ -14,6 +14,10 @@
 #define FO_LANES 16
 #endif
 
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
 /// Tensor `tensor`'s roles, and which param's elements they are (fo_launch::tensor_ids: the
 /// random numbers' counter).
 static inline fo_tensor fo_bind_tensor(const fo_launch* L, int tensor) {
@@ -45,6 +49,70 @@ static inline fo_tvals fo_chunk_values(const fo_launch* L, int tensor, int group
       L->tensor_info ? L->tensor_info + (long long)tensor * 4 : 0, T, scalars_out);
   return T;
 }
+
+#if FO_FACTORED
+/// Tensor t's base X (fo_rc_base) reading chunk c's column values of pass kPass, computed
+/// here once for the chunk (whole rows of one matrix: one set of columns) into the floats
+/// after its column sums (runtime/plan.cpp), and its column sums slot-major there too.
+template <int kPass>
+static inline fo_rcx fo_rc_chunk_base(const fo_launch* L, long long c, const fo_chunk& chunk,
+                                      const fo_uniform& u, const fo_tvals& tv) {
+  const long long R = fo_rows_of(*L, chunk.tensor), C = fo_cols_of(*L, chunk.tensor);
+  fo_rcx X0 = fo_rc_base(*L, chunk.tensor);
+  const long long b = R * C > 0 ? chunk.begin / (R * C) : 0;  // the chunk's matrix
+  fo_rcx Xb = X0;
+  Xb.mat += b;
+  Xb.row += b * R;
+  float* cv = (float*)(L->col_partials + L->chunk_cols[c] + C * FO_NUM_COL_SLOTS);
+#pragma omp simd
+  for (long long cc = 0; cc < C; ++cc)
+    fo_col_values<kPass>(Xb, X0.col + b * C + cc, u, tv, cv + cc, C);
+  X0.cv = cv;
+  X0.cvs = C;
+  X0.cv0 = X0.col + b * C;
+  X0.cps = C;
+  return X0;
+}
+
+/// Tensor t's column means of pass `pass` for its columns [k0, k1): fo_rc_col_means's sums
+/// in the same order (each column's partials in chunk order, from 0), so the same bits, but
+/// a chunk's partials at a time over the columns (contiguous reads) into the totals.
+static void fo_rc_col_range(const fo_launch* L, int pass, long long t, long long k0, long long k1) {
+  const long long R = fo_rows_of(*L, t), C = fo_cols_of(*L, t);
+  const long long* o = L->rc_offsets;
+  const long long cols = o[3 * t + 4] - o[3 * t + 1];
+  const long long c0 = L->tensor_chunks[2 * t], n = L->tensor_chunks[2 * t + 1];
+  const long long per = C > 0 && cols >= C ? n / (cols / C) : 0;  // chunks per matrix
+  for (int s = 0; s < FO_NUM_COL_SLOTS; ++s) {
+    if (fo_col_slot_pass(s) != pass) continue;
+    double* tot = L->col_totals + o[3 * t + 1] * FO_NUM_COL_SLOTS + s;  // [k * FO_NUM_COL_SLOTS]
+    for (long long k = k0; k < k1;) {
+      const long long b = k / C, e = k1 < (b + 1) * C ? k1 : (b + 1) * C;  // in matrix b
+      for (long long j = k; j < e; ++j) tot[j * FO_NUM_COL_SLOTS] = 0.0;
+      for (long long ch = c0 + b * per; ch < c0 + (b + 1) * per && R > 0; ++ch) {
+        const double* p = L->col_partials + L->chunk_cols[ch] + s * C - b * C;
+#pragma omp simd
+        for (long long j = k; j < e; ++j) tot[j * FO_NUM_COL_SLOTS] += p[j];
+      }
+      for (long long j = k; j < e; ++j)
+        tot[j * FO_NUM_COL_SLOTS] = R > 0 ? tot[j * FO_NUM_COL_SLOTS] / R : 0.0;
+      k = e;
+    }
+  }
+}
+
+/// X0 (fo_rc_chunk_base) at row r of its tensor, with the row's values of pass kPass in rv.
+template <int kPass>
+static inline fo_rcx fo_rc_row(const fo_rcx& X0, long long r, long long R, const fo_uniform& u,
+                               const fo_tvals& tv, float* rv) {
+  fo_rcx X = X0;
+  X.row += r;
+  X.mat += r / R;
+  fo_row_values<kPass>(X, X.col, u, tv, rv, 1);
+  X.rv = rv;
+  return X;
+}
+#endif
 
 #if FO_NUM_QUANT > 0
 // ---- quantized states: one absmax block at a time, through an fp32 stage ----------------
@@ -219,7 +287,7 @@ static inline fo_tensor fo_q_view(const fo_tensor& t, long long b, float (*stage
 /// One chunk of an update (or init): block by block, dequantize, run the rule, quantize.
 /// Chunks begin at multiples of the block (chunk sizes are multiples of it).
 template <bool kInit>
-static void fo_q_chunk(const fo_launch* L, const fo_chunk& chunk, const fo_tensor& t,
+static void fo_q_chunk(const fo_launch* L, long long c, const fo_chunk& chunk, const fo_tensor& t,
                        const fo_uniform& uniform, const fo_tvals& values) {
   // Local copies, as fo_run's: a reference would leave the hypers' loads in the loop, and a
   // load used under a rule's where() becomes a masked load GCC does not vectorise.
@@ -229,7 +297,11 @@ static void fo_q_chunk(const fo_launch* L, const fo_chunk& chunk, const fo_tenso
                                 (long long)L->tensor_info[4 * (long long)chunk.tensor]);
 #if FO_FACTORED
   const long long R = fo_rows_of(*L, chunk.tensor), C = fo_cols_of(*L, chunk.tensor);
-  const fo_rcx X0 = fo_rc_base(*L, chunk.tensor);
+  const fo_rcx X0 = kInit ? fo_rc_base(*L, chunk.tensor)
+                          : fo_rc_chunk_base<FO_REDUCTION_PASSES>(L, c, chunk, u, tv);
+  float rv[FO_NUM_ROWV];
+#else
+  (void)c;
 #endif
   float stage[FO_NUM_QUANT][FO_QUANT_BLOCK];
   for (long long b = chunk.begin; b < chunk.end; b += FO_QUANT_BLOCK) {
@@ -246,9 +318,7 @@ static void fo_q_chunk(const fo_launch* L, const fo_chunk& chunk, const fo_tenso
       // The block's elements row by row, each with its row's and column's values.
       for (long long i = b; i < b + n;) {
         const long long r = i / C, end = (r + 1) * C < b + n ? (r + 1) * C : b + n;
-        fo_rcx X = X0;
-        X.row += r;
-        X.mat += r / R;
+        const fo_rcx X = fo_rc_row<FO_REDUCTION_PASSES>(X0, r, R, u, tv, rv);
         const long long c0 = X0.col + (r / R) * C - r * C;  // element k's column: c0 + k
 #pragma omp simd
         for (long long k = i; k < end; ++k) fo_element_rc(s, k - b, u, tv, X, c0 + k);
@@ -289,7 +359,7 @@ static void fo_run(const fo_launch* L) {
       const fo_tvals tv = fo_chunk_values(L, chunk.tensor, chunk.group, step, 0);
       const long long end = chunk.end;
 #if FO_NUM_QUANT > 0
-      fo_q_chunk<kInit>(L, chunk, t, u, tv);
+      fo_q_chunk<kInit>(L, c, chunk, t, u, tv);
       continue;
 #endif
       if (kInit) {
@@ -297,11 +367,10 @@ static void fo_run(const fo_launch* L) {
       } else {
 #if FO_FACTORED
         const long long R = fo_rows_of(*L, chunk.tensor), C = fo_cols_of(*L, chunk.tensor);
-        const fo_rcx X0 = fo_rc_base(*L, chunk.tensor);
+        const fo_rcx X0 = fo_rc_chunk_base<FO_REDUCTION_PASSES>(L, c, chunk, u, tv);
+        float rv[FO_NUM_ROWV];
         for (long long r = chunk.begin / C; r < end / C; ++r) {
-          fo_rcx X = X0;
-          X.row += r;
-          X.mat += r / R;
+          const fo_rcx X = fo_rc_row<FO_REDUCTION_PASSES>(X0, r, R, u, tv, rv);
           const long long c0 = X0.col + (r / R) * C;
 #pragma omp simd
           for (long long cc = 0; cc < C; ++cc) fo_element_rc(t, r * C + cc, u, tv, X, c0 + cc);
@@ -355,8 +424,9 @@ static void fo_reduce_run(const fo_launch* L) {
       // Row sums are complete within the chunk (whole rows): each row's mean is written
       // here; column sums are this chunk's partials, combined by the finalize in chunk order.
       const long long R = fo_rows_of(*L, chunk.tensor), C = fo_cols_of(*L, chunk.tensor);
-      const fo_rcx X0 = fo_rc_base(*L, chunk.tensor);
-      double* colp = L->col_partials + L->chunk_cols[c];
+      const fo_rcx X0 = fo_rc_chunk_base<kPass>(L, c, chunk, u, tv);
+      double* colp = L->col_partials + L->chunk_cols[c];  // [slot * C + column]
+      float rv[FO_NUM_ROWV];
       for (long long k = 0; k < C * FO_NUM_COL_SLOTS; ++k) colp[k] = 0.0;
 #if FO_NUM_QUANT > 0
       // Quantized states: each block dequantized once, when the walk reaches it (the pass
@@ -369,9 +439,7 @@ static void fo_reduce_run(const fo_launch* L) {
       fo_tensor qs = t;
 #endif
       for (long long r = chunk.begin / C; r < chunk.end / C; ++r) {
-        fo_rcx X = X0;
-        X.row += r;
-        X.mat += r / R;
+        const fo_rcx X = fo_rc_row<kPass>(X0, r, R, u, tv, rv);
         const long long c0 = X0.col + (r / R) * C;
         // The row's sums in FO_LANES lanes of double (column cc in lane cc % FO_LANES),
         // combined in lane order at its end; each column's sum in its own partial.
@@ -389,8 +457,7 @@ static void fo_reduce_run(const fo_launch* L) {
             fo_q_stage_in(q, staged, (int)(left < FO_QUANT_BLOCK ? left : FO_QUANT_BLOCK), stage);
           }
           fo_reduce_element_rc<kPass>(qs, i - staged, u, tv, X, c0 + cc, &lanes[0][cc % FO_LANES],
-                                      FO_LANES, check, &rr[0][cc % FO_LANES],
-                                      colp + cc * FO_NUM_COL_SLOTS);
+                                      FO_LANES, check, &rr[0][cc % FO_LANES], colp + cc);
         }
 #else
         long long cc = 0;
@@ -398,13 +465,12 @@ static void fo_reduce_run(const fo_launch* L) {
 #pragma omp simd
           for (int l = 0; l < FO_LANES; ++l) {
             fo_reduce_element_rc<kPass>(t, r * C + cc + l, u, tv, X, c0 + cc + l, &lanes[0][l],
-                                        FO_LANES, check, &rr[0][l],
-                                        colp + (cc + l) * FO_NUM_COL_SLOTS);
+                                        FO_LANES, check, &rr[0][l], colp + cc + l);
           }
         }
         for (int l = 0; cc < C; ++cc, ++l) {
           fo_reduce_element_rc<kPass>(t, r * C + cc, u, tv, X, c0 + cc, &lanes[0][l], FO_LANES,
-                                      check, &rr[0][l], colp + cc * FO_NUM_COL_SLOTS);
+                                      check, &rr[0][l], colp + cc);
         }
 #endif
         for (int s = 0; s < FO_NUM_ROW_SLOTS; ++s) {
@@ -492,8 +558,20 @@ FO_EXTERN_C void fusedopt_finalize_host(const fo_launch* L, int pass) {
   // After every per-tensor and global total: the column and matrix means.
   const double step = fo_launch_step(L);
   const float inv_grad_scale = fo_unscale_factor(L->inv_grad_scale, L->grad_scale_ptr);
+  // The column means over the team, each thread a range of each tensor's columns.
+#pragma omp parallel if (L->num_chunks > 1)
+  {
+#ifdef _OPENMP
+    const long long nt = omp_get_num_threads(), id = omp_get_thread_num();
+#else
+    const long long nt = 1, id = 0;
+#endif
+    for (long long t = 0; t < L->num_tensors; ++t) {
+      const long long cols = L->rc_offsets[3 * t + 4] - L->rc_offsets[3 * t + 1];
+      fo_rc_col_range(L, pass, t, cols * id / nt, cols * (id + 1) / nt);
+    }
+  }
   for (long long t = 0; t < L->num_tensors; ++t) {
-    fo_rc_col_means(*L, pass, t, 0, 1);
     if (!fo_rc_matrix_pass(*L, pass, t)) continue;
     for (long long b = 0; b < fo_rc_matrices(*L, t); ++b) {
       double sums[FO_NUM_MATRIX_SLOTS > 0 ? FO_NUM_MATRIX_SLOTS : 1];
