@@ -133,6 +133,8 @@ class Backend {
                                        cache::KernelCache& cache) = 0;
   /// Elements per chunk of a plan for this device's kernels.
   virtual std::int64_t chunk_elems() const = 0;
+  /// The fewest rows of a matrix one chunk of a factored rule covers (at least 1).
+  virtual std::int64_t factored_min_rows() const { return 1; }
   /// Alignment of the Store strategy's scratch views, in bytes.
   virtual std::size_t scratch_align() const = 0;
   /// Refuses (UsageError) pointers of `plan` this device's kernels cannot use (CUDA: host

@@ -34,6 +34,7 @@ Binding::Binding(Backend& backend, std::shared_ptr<Module> module, const Binding
   PlanRequest request("Binding", tensors.ptrs, tensors.numel, hypers, tensors.group,
                       backend.chunk_elems());
   request.shapes = &tensors.shapes;
+  request.factored_min_rows = backend.factored_min_rows();
   plan_ = plan_binding(backend, body(), request, backend.scratch_align(), &scratch_);
   backend.check_pointers(plan_, body(), names_);
   upload_tables(tensors);

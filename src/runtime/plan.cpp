@@ -148,7 +148,9 @@ Plan Plan::build(const codegen::KernelBody& body, const PlanRequest& request) {
   p.num_tensors_ = static_cast<std::int64_t>(n);
   p.num_scalars_ = n * static_cast<std::size_t>(body.num_scalars);
 
-  if (body.factored) p.lay_out_factored(body, numel, shapes, request.chunk_elems);
+  if (body.factored) {
+    p.lay_out_factored(body, numel, shapes, request.chunk_elems, request.factored_min_rows);
+  }
   p.lay_out_reductions(body);
   if (request.lay_out_scratch) p.lay_out_scratch(numel, request.scratch_align);
   return p;
@@ -185,7 +187,7 @@ void Plan::rebind(const codegen::KernelBody& body, const std::vector<std::vector
 
 void Plan::lay_out_factored(const codegen::KernelBody& body, const std::vector<std::int64_t>& numel,
                             const std::vector<std::vector<std::int64_t>>& shapes,
-                            std::int64_t chunk_elems) {
+                            std::int64_t chunk_elems, std::int64_t min_rows) {
   static const std::vector<std::int64_t> kNoShape;
   const std::size_t n = numel.size();
   rc_widths_.row_slots = std::max(body.num_row_slots, 1);
@@ -216,7 +218,7 @@ void Plan::lay_out_factored(const codegen::KernelBody& body, const std::vector<s
   rc_offsets_[3 * n] = num_rows_;
   rc_offsets_[3 * n + 1] = num_cols_;
   rc_offsets_[3 * n + 2] = num_mats_;
-  // Whole rows of one matrix per chunk (about chunk_elems elements; one row at least), in
+  // Whole rows of one matrix per chunk (about chunk_elems elements; min_rows at least), in
   // the order build_chunks put the tensors.
   std::vector<fo_chunk> chunks;
   std::vector<bool> seen(n, false);
@@ -229,7 +231,8 @@ void Plan::lay_out_factored(const codegen::KernelBody& body, const std::vector<s
     if (seen[t]) continue;
     seen[t] = true;
     const MatrixShape& s = m[t];
-    std::int64_t per = std::max<std::int64_t>(1, chunk_elems / s.cols);
+    std::int64_t per =
+        std::max<std::int64_t>(std::max<std::int64_t>(min_rows, 1), chunk_elems / s.cols);
     if (body.quant_block > 0 && numel[t] > 0) {
       // Quantized states: every chunk begins on an absmax block (the update rewrites whole
       // blocks), so whole rows of a multiple of the block, and each matrix starts on one.

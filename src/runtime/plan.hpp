@@ -54,6 +54,8 @@ struct PlanRequest {
   /// Tensor t's shape (its product is numel[t]); null, or an empty list or shape: 1-D.
   const std::vector<std::vector<std::int64_t>>* shapes = nullptr;
   std::int64_t chunk_elems = 1;
+  /// The fewest rows a chunk of a factored rule's matrix covers (Backend::factored_min_rows).
+  std::int64_t factored_min_rows = 1;
   /// Lay out the Store strategy's scratch tensors (bind_scratch() then points at them)
   /// instead of taking their pointers from `ptrs`.
   bool lay_out_scratch = false;
@@ -133,7 +135,7 @@ class Plan {
   void lay_out_reductions(const codegen::KernelBody& body);
   void lay_out_factored(const codegen::KernelBody& body, const std::vector<std::int64_t>& numel,
                         const std::vector<std::vector<std::int64_t>>& shapes,
-                        std::int64_t chunk_elems);
+                        std::int64_t chunk_elems, std::int64_t min_rows);
   void lay_out_scratch(const std::vector<std::int64_t>& numel, std::size_t scratch_align);
 
   std::vector<fo_chunk> chunks_;

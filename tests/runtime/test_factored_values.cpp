@@ -89,7 +89,7 @@ TEST_CASE("row and column values: one text before and after its states' updates,
   std::mt19937 rng(fresh_seed());
   std::normal_distribution<double> normal(0.0, 1.0);
   // A batch of two 8000 x 5 matrices (host chunks of 32 K elements: two per matrix), a
-  // 3 x 4097 matrix (wider than a chunk's columns are long) and a 1-D param.
+  // 3 x 4097 matrix (one chunk of three rows) and a 1-D param.
   struct Shape {
     std::vector<std::int64_t> dims;
     std::int64_t B, R, C;
