@@ -92,6 +92,9 @@ class BodyEmitter {
   /// fo_row_stage (`row`) or fo_col_stage: a row's or a column's new states and the
   /// arguments of the matrix_mean calls at its level.
   void emit_rc_stage(Writer& w, bool row);
+  /// Statement `st` in the row (`row`) or column stage, if that stage replays it: it assigns
+  /// a row (column) state, or a temporary of that level, a matrix's or the tensor's.
+  void emit_stage_stmt(Writer& w, const lang::Stmt& st, bool row);
   /// fo_row_values<pass> (or fo_col_values<pass>, `col`): the row (column) values the pass's
   /// element code reads (ExprEmitter::RcValue), after the statements of their level before
   /// them, into fo_out[slot * fo_os].

@@ -48,8 +48,6 @@ std::string BodyEmitter::rc_functions() {
 
 void BodyEmitter::emit_rc_values(Writer& w, bool col) {
   const char* fn = col ? "fo_col_values" : "fo_row_values";
-  const SymKind kind = col ? SymKind::ColState : SymKind::RowState;
-  const lang::Level level = col ? lang::Level::Col : lang::Level::Row;
   w.line("template <int kPass>");
   w.line(
       fmt::format("FO_FN void {}(const fo_rcx&, long long, const fo_uniform&, const fo_tvals&, "
@@ -77,14 +75,7 @@ void BodyEmitter::emit_rc_values(Writer& w, bool col) {
           w.line(fmt::format("  fo_out[{} * fo_os] = {};", v.slot, v.text));
         }
       }
-      const lang::Stmt& st = rule_.stmts[i];
-      const SymKind k = rule_.symbols[st.target].kind;
-      const lang::Level l = st.value->level;
-      const bool temp = k == SymKind::Temp && !st.value->uniform &&
-                        (l == lang::Level::Tensor || l == lang::Level::Matrix || l == level);
-      if (k != kind && !temp) continue;
-      w.line_directive(st.loc.line, file_);
-      w.line(fmt::format("  v_{} = {};", rule_.symbols[st.target].name, em_.element(*st.value)));
+      emit_stage_stmt(w, rule_.stmts[i], !col);
     }
     w.restore_line();
     for (const lang::Symbol& x : rule_.symbols) {
@@ -95,8 +86,18 @@ void BodyEmitter::emit_rc_values(Writer& w, bool col) {
   em_.rc_locals_ = false;
 }
 
+void BodyEmitter::emit_stage_stmt(Writer& w, const lang::Stmt& st, bool row) {
+  const SymKind k = rule_.symbols[st.target].kind;
+  const lang::Level l = st.value->level;
+  const bool temp = k == SymKind::Temp && !st.value->uniform &&
+                    (l == lang::Level::Tensor || l == lang::Level::Matrix ||
+                     l == (row ? lang::Level::Row : lang::Level::Col));
+  if (k != (row ? SymKind::RowState : SymKind::ColState) && !temp) return;
+  w.line_directive(st.loc.line, file_);
+  w.line(fmt::format("  v_{} = {};", rule_.symbols[st.target].name, em_.element(*st.value)));
+}
+
 void BodyEmitter::emit_rc_stage(Writer& w, bool row) {
-  const SymKind kind = row ? SymKind::RowState : SymKind::ColState;
   const lang::Level level = row ? lang::Level::Row : lang::Level::Col;
   const std::vector<int>& states = row ? rule_.row_states : rule_.col_states;
   w.line(
@@ -114,16 +115,7 @@ void BodyEmitter::emit_rc_stage(Writer& w, bool row) {
   for (const lang::Symbol& x : rule_.symbols) {
     if (x.kind == SymKind::Temp) w.line(fmt::format("  float v_{} = 0.0f;", x.name));
   }
-  for (std::size_t i = 0; i < rule_.stmts.size(); ++i) {
-    const lang::Stmt& st = rule_.stmts[i];
-    const SymKind k = rule_.symbols[st.target].kind;
-    const lang::Level l = st.value->level;
-    const bool temp = k == SymKind::Temp && !st.value->uniform &&
-                      (l == lang::Level::Tensor || l == lang::Level::Matrix || l == level);
-    if (k != kind && !temp) continue;
-    w.line_directive(st.loc.line, file_);
-    w.line(fmt::format("  v_{} = {};", rule_.symbols[st.target].name, em_.element(*st.value)));
-  }
+  for (const lang::Stmt& st : rule_.stmts) emit_stage_stmt(w, st, row);
   for (const lang::Reduction& r : rule_.reductions) {
     if (r.scope == lang::Scope::Matrix && r.arg->level == level) {
       w.line_directive(r.loc.line, file_);

@@ -218,8 +218,9 @@ void Plan::lay_out_factored(const codegen::KernelBody& body, const std::vector<s
   rc_offsets_[3 * n] = num_rows_;
   rc_offsets_[3 * n + 1] = num_cols_;
   rc_offsets_[3 * n + 2] = num_mats_;
-  // Whole rows of one matrix per chunk (about chunk_elems elements; min_rows at least), in
-  // the order build_chunks put the tensors.
+  // Whole rows of one matrix per chunk, in the order build_chunks put the tensors: about
+  // chunk_elems elements, or min_rows rows where that is more, up to 16 x chunk_elems (so a
+  // very wide matrix still splits into chunks of a few rows); one row at least.
   std::vector<fo_chunk> chunks;
   std::vector<bool> seen(n, false);
   // Per column of each chunk: its sums (doubles), then its column values (floats, two to a
@@ -231,8 +232,8 @@ void Plan::lay_out_factored(const codegen::KernelBody& body, const std::vector<s
     if (seen[t]) continue;
     seen[t] = true;
     const MatrixShape& s = m[t];
-    std::int64_t per =
-        std::max<std::int64_t>(std::max<std::int64_t>(min_rows, 1), chunk_elems / s.cols);
+    const std::int64_t wide = std::min<std::int64_t>(min_rows, 16 * chunk_elems / s.cols);
+    std::int64_t per = std::max<std::int64_t>({1, wide, chunk_elems / s.cols});
     if (body.quant_block > 0 && numel[t] > 0) {
       // Quantized states: every chunk begins on an absmax block (the update rewrites whole
       // blocks), so whole rows of a multiple of the block, and each matrix starts on one.
