@@ -90,9 +90,9 @@ static void fo_rc_col_range(const fo_launch* L, int pass, long long t, long long
       const long long b = k / C, e = k1 < (b + 1) * C ? k1 : (b + 1) * C;  // in matrix b
       for (long long j = k; j < e; ++j) tot[j * FO_NUM_COL_SLOTS] = 0.0;
       for (long long ch = c0 + b * per; ch < c0 + (b + 1) * per && R > 0; ++ch) {
-        const double* p = L->col_partials + L->chunk_cols[ch] + s * C - b * C;
+        const double* p = L->col_partials + L->chunk_cols[ch] + s * C;  // column j - b * C
 #pragma omp simd
-        for (long long j = k; j < e; ++j) tot[j * FO_NUM_COL_SLOTS] += p[j];
+        for (long long j = k; j < e; ++j) tot[j * FO_NUM_COL_SLOTS] += p[j - b * C];
       }
       for (long long j = k; j < e; ++j)
         tot[j * FO_NUM_COL_SLOTS] = R > 0 ? tot[j * FO_NUM_COL_SLOTS] / R : 0.0;
