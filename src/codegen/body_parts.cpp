@@ -54,10 +54,10 @@ std::string uniform_struct(const KernelBody& body) {
       "// A row's and a column's values (factored rules): states [k * nrows + row], [k * ncols\n"
       "// + col]; row, column and matrix means [index * slots + slot]; the element code's row\n"
       "// values rv[k] and column values cv[k * cvs + col - cv0] (fo_row_values,\n"
-      "// fo_col_values); a reduction pass's column sums at slot * cps.\n"
+      "// fo_col_values); a reduction pass's column sums at slot * cvs too.\n"
       "struct fo_rcx {{\n  const float* rs;\n  const float* cs;\n  const double* rt;\n"
       "  const double* ct;\n  const double* mt;\n  long long nrows, ncols, row, col, mat;\n"
-      "  const float* rv;\n  const float* cv;\n  long long cvs, cv0, cps;\n}};\n",
+      "  const float* rv;\n  const float* cv;\n  long long cvs, cv0;\n}};\n",
       std::max(body.num_hypers, 1), std::max(body.num_global_slots, 1),
       std::max(body.num_uniforms, 1), std::max(body.num_tvals, 1));
 }

@@ -124,10 +124,10 @@ void BodyEmitter::emit_statements(const PassShape& p, Writer& body) {
         } else {  // row_mean / col_mean: summed per row / per column, divided at the end
           // A row's sums in lanes (fo_stride apart: the host's vectorised column loop), a
           // column's in its own partials (distinct per element of a row; slot k at
-          // k * X.cps: the host's are slot-major over the chunk's columns).
+          // k * X.cvs, the stride of the chunk's per-column arrays: the host's are slot-major).
           body.line(fmt::format(
               "  fo_{}r[{} * {}] += (double)({});", r.scope == lang::Scope::Row ? "r" : "c", r.slot,
-              r.scope == lang::Scope::Row ? "fo_stride" : "X.cps", em_.element(*r.arg)));
+              r.scope == lang::Scope::Row ? "fo_stride" : "X.cvs", em_.element(*r.arg)));
         }
       }
     }

@@ -23,7 +23,6 @@ FO_FN fo_rcx fo_rc_base(const fo_launch& L, long long t) {
   X.cv = 0;
   X.cvs = 1;
   X.cv0 = 0;
-  X.cps = 1;
   return X;
 }
 /// Rows and columns of each of tensor t's matrices (its last two dimensions).

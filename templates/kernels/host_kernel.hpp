@@ -70,7 +70,6 @@ static inline fo_rcx fo_rc_chunk_base(const fo_launch* L, long long c, const fo_
   X0.cv = cv;
   X0.cvs = C;
   X0.cv0 = X0.col + b * C;
-  X0.cps = C;
   return X0;
 }
 
