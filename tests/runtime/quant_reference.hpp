@@ -30,6 +30,21 @@ inline int nearest_f64(const std::vector<float>& map, double x, bool fix, bool n
   return best;
 }
 
+/// The code the kernels define for fp32 value v in a block of fp32 absmax a: y = v / a in
+/// fp32 (0 when a is 0), the count of the map's fp32 midpoints (map[k] + map[k + 1]) * 0.5f
+/// below y, y on a midpoint taking the even of its two codes, NaN code 0; then q8s's sign fix.
+/// A linear scan: every host path (AVX-512, AVX2, portable) and CUDA must give these bits.
+inline int nearest_f32(const std::vector<float>& map, float v, float a, bool fix) {
+  const float y = a != 0.0f ? v / a : 0.0f;
+  int code = 0;
+  for (std::size_t k = 0; k + 1 < map.size(); ++k) {
+    const float mid = (map[k] + map[k + 1]) * 0.5f;
+    if (y > mid || (y == mid && (k + 1) % 2 == 0)) code = static_cast<int>(k) + 1;
+  }
+  if (fix && std::signbit(v) && map[static_cast<std::size_t>(code)] >= 0 && code > 0) code -= 1;
+  return code;
+}
+
 /// n values for a state of storage q in blocks of `block`, each as fp32 holds it: blocks of
 /// very different scales, some all zero, some with one sign only (every block for an unsigned
 /// map), and some of tiny values beside one large one (on the code of 0, where q8s's sign fix

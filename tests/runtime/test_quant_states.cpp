@@ -142,6 +142,16 @@ TEST_CASE("a quantized state stores the nearest codes of its values and each blo
       std::int64_t differ = 0;
       for (std::size_t i = 0; i < got.size(); ++i) differ += got[i] != ref.codes[i] ? 1 : 0;
       CHECK(differ <= n / 1000);
+      // Against the kernels' own definition in fp32 (nearest_f32): every code.
+      std::int64_t off_f32 = 0;
+      for (std::int64_t i = 0; i < n; ++i) {
+        const auto at = static_cast<std::size_t>(i);
+        const int want = fusedopt_tests::nearest_f32(
+            fusedopt::codegen::quant_map(q), static_cast<float>(values[at]),
+            absmax[at / static_cast<std::size_t>(block)], q == Quant::Q8S);
+        off_f32 += got[at] != want ? 1 : 0;
+      }
+      CHECK(off_f32 == 0);
       // state_values: map[code] * absmax.
       const std::vector<float>& map = fusedopt::codegen::quant_map(q);
       const std::vector<float> deq = opt.state_values("s", 0);
