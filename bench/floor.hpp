@@ -65,43 +65,89 @@ class InPlaceFloor {
 
  private:
   static constexpr std::int64_t kBlock = 4096;  // elements per OpenMP work item
-  static constexpr std::int64_t kSub = 256;     // elements of each role in turn
+  static constexpr std::int64_t kGroup = 32;    // elements of every role in turn
 
   static std::size_t words_of(std::int64_t elements, int bits) {
     return static_cast<std::size_t>((elements * bits + 31) / 32);
   }
 
+  /// One role's words of a group of kGroup elements (W words: a role of W bits per element).
+  template <int W>
+  static void read_group(const std::uint32_t* w, std::uint32_t& acc) {
+    std::uint32_t a = 0;
+#pragma omp simd reduction(^ : a)
+    for (int j = 0; j < W; ++j) a ^= w[j];
+    acc ^= a;
+  }
+  template <int W>
+  static void update_group(std::uint32_t* w) {
+#pragma omp simd
+    for (int j = 0; j < W; ++j) w[j] += 1u;
+  }
+  template <int W>
+  static void write_group(std::uint32_t* w, std::uint32_t v) {
+#pragma omp simd
+    for (int j = 0; j < W; ++j) w[j] = v + static_cast<std::uint32_t>(j);
+  }
+
+  /// Words [w0, w1) of one role: read (kind 0), updated (1) or written (2).
+  static void words(int kind, std::uint32_t* w, std::int64_t w0, std::int64_t w1,
+                    std::uint32_t& acc) {
+    for (std::int64_t j = w0; j < w1; ++j) {
+      if (kind == 0) acc ^= w[j];
+      if (kind == 1) w[j] += 1u;
+      if (kind == 2) w[j] = static_cast<std::uint32_t>(j);
+    }
+  }
+
+  /// Group `g` (elements g * kGroup ...) of one role of `bits` bits: a role of b bits moves b
+  /// words per group, fixed-size loops for the usual widths.
+  static void group(int kind, int bits, std::uint32_t* base, std::int64_t g, std::uint32_t& acc) {
+    std::uint32_t* w = base + g * bits;
+#define FUSEDOPT_FLOOR_WIDTH(W)                                             \
+  case W:                                                                   \
+    if (kind == 0) read_group<W>(w, acc);                                   \
+    if (kind == 1) update_group<W>(w);                                      \
+    if (kind == 2) write_group<W>(w, static_cast<std::uint32_t>(g * bits)); \
+    return;
+    switch (bits) {
+      FUSEDOPT_FLOOR_WIDTH(32)
+      FUSEDOPT_FLOOR_WIDTH(16)
+      FUSEDOPT_FLOOR_WIDTH(8)
+      FUSEDOPT_FLOOR_WIDTH(4)
+      default:
+        words(kind, base, g * bits, (g + 1) * bits, acc);
+    }
+#undef FUSEDOPT_FLOOR_WIDTH
+  }
+
   /// One pass: block by block, each read role folded into a value that is kept, each
-  /// updated role incremented in place, each written role set.
+  /// updated role incremented in place, each written role set. Every role advances a group
+  /// of 32 elements (one to four cache lines) at a time, as a kernel's loop advances all its
+  /// roles together: with each role a 256-element sub-block in turn (its previous form),
+  /// fused steps ran up to 1.9x this floor's speed on a Zen 3 VM (AVX2).
   void run(const PassTraffic& p) {
     const std::int64_t blocks = (p.elements + kBlock - 1) / kBlock;
+    const std::vector<int>* kinds[3] = {&p.read_bits, &p.update_bits, &p.write_bits};
     std::uint32_t sink = 0;
 #pragma omp parallel for schedule(static) reduction(^ : sink)
     for (std::int64_t b = 0; b < blocks; ++b) {
-      const std::int64_t b0 = b * kBlock, b1 = std::min(p.elements, b0 + kBlock);
+      const std::int64_t e0 = b * kBlock, e1 = std::min(p.elements, e0 + kBlock);
+      const std::int64_t g0 = e0 / kGroup, g1 = e1 / kGroup;  // whole groups
       std::uint32_t acc = 0;
-      // Every role a sub-block at a time, as a kernel interleaves them (a role after another
-      // over the whole block ran some steps' patterns slower than their kernels).
-      for (std::int64_t e0 = b0; e0 < b1; e0 += kSub) {
-        const std::int64_t e1 = std::min(b1, e0 + kSub);
-        for (std::size_t r = 0; r < p.read_bits.size(); ++r) {
-          const std::uint32_t* w = slots_[0][r].data();
-          const std::int64_t w0 = e0 * p.read_bits[r] / 32, w1 = (e1 * p.read_bits[r] + 31) / 32;
-#pragma omp simd reduction(^ : acc)
-          for (std::int64_t j = w0; j < w1; ++j) acc ^= w[j];
+      for (std::int64_t g = g0; g < g1; ++g) {
+        for (int k = 0; k < 3; ++k) {
+          for (std::size_t r = 0; r < kinds[k]->size(); ++r) {
+            group(k, (*kinds[k])[r], slots_[k][r].data(), g, acc);
+          }
         }
-        for (std::size_t r = 0; r < p.update_bits.size(); ++r) {
-          std::uint32_t* w = slots_[1][r].data();
-          const std::int64_t w0 = e0 * p.update_bits[r] / 32,
-                             w1 = (e1 * p.update_bits[r] + 31) / 32;
-#pragma omp simd
-          for (std::int64_t j = w0; j < w1; ++j) w[j] += 1u;
-        }
-        for (std::size_t r = 0; r < p.write_bits.size(); ++r) {
-          std::uint32_t* w = slots_[2][r].data();
-          const std::int64_t w0 = e0 * p.write_bits[r] / 32, w1 = (e1 * p.write_bits[r] + 31) / 32;
-#pragma omp simd
-          for (std::int64_t j = w0; j < w1; ++j) w[j] = static_cast<std::uint32_t>(j);
+      }
+      if (g1 * kGroup < e1) {  // the last block's partial group
+        for (int k = 0; k < 3; ++k) {
+          for (std::size_t r = 0; r < kinds[k]->size(); ++r) {
+            const int bits = (*kinds[k])[r];
+            words(k, slots_[k][r].data(), g1 * kGroup * bits / 32, (e1 * bits + 31) / 32, acc);
+          }
         }
       }
       sink ^= acc;
