@@ -33,7 +33,8 @@ inline int nearest_f64(const std::vector<float>& map, double x, bool fix, bool n
 /// The code the kernels define for fp32 value v in a block of fp32 absmax a: y = v / a in
 /// fp32 (0 when a is 0), the count of the map's fp32 midpoints (map[k] + map[k + 1]) * 0.5f
 /// below y, y on a midpoint taking the even of its two codes, NaN code 0; then q8s's sign fix.
-/// A linear scan: every host path (AVX-512, AVX2, portable) and CUDA must give these bits.
+/// A linear scan, apart from the kernels' encoder table and halving search: the host's loops
+/// (portable and AVX-512) must give these bits.
 inline int nearest_f32(const std::vector<float>& map, float v, float a, bool fix) {
   const float y = a != 0.0f ? v / a : 0.0f;
   int code = 0;
