@@ -95,6 +95,7 @@ QuantEncoder build_encoder(Quant q) {
   QuantEncoder e;
   e.tiny = below(0.0f);
   e.zero = static_cast<int>(std::lower_bound(map.begin(), map.end(), 0.0f) - map.begin());
+  const bool fix = q == Quant::Q8S;  // bitsandbytes' sign fix (quant.h: fo_q_encode)
   e.table.assign(2 * kQuantBuckets, 0);
   for (std::uint32_t neg = 0; neg < 2; ++neg) {
     for (std::uint32_t b = 0; b < static_cast<std::uint32_t>(kQuantBuckets); ++b) {
@@ -103,19 +104,26 @@ QuantEncoder build_encoder(Quant q) {
       const float lo_mag = from_bits(low), hi_mag = from_bits(low | 0xffffu);
       // Its values in increasing order: [lo_mag, hi_mag], or [-hi_mag, -lo_mag].
       const float first = neg ? -hi_mag : lo_mag, last = neg ? -lo_mag : hi_mag;
-      const int count = below(first);
+      int code = below(first);
       // Midpoints in [first, last]: at most one (the bucket is narrower than any gap).
       const auto m0 = std::lower_bound(mid.begin(), mid.end(), first);
       const auto m1 = std::upper_bound(mid.begin(), mid.end(), last);
       if (m1 - m0 > 1) throw InternalError("quant: two midpoints in one encoder bucket");
-      std::uint32_t w = static_cast<std::uint32_t>(count);
+      std::uint32_t up_from = 0x10000;  // no key reaches it: no midpoint here
       if (m1 - m0 == 1) {
-        const int k = static_cast<int>(m0 - mid.begin());  // between codes k and k + 1
-        w |= (bits_of(*m0) & 0xffffu) << 8;
-        w |= 1u << 24;
-        if ((k + 1) % 2 == 0) w |= 1u << 25;  // a tie takes the even code
+        // y's key (its low 16 bits, reversed for y < 0) rises with y through the bucket: y
+        // passes the midpoint at key km, and a tie there takes the even code of the two.
+        const std::uint32_t km = (bits_of(*m0) & 0xffffu) ^ (neg ? 0xffffu : 0u);
+        const bool tie_up = (m0 - mid.begin() + 1) % 2 == 0;
+        up_from = km + (tie_up ? 0 : 1);
       }
-      e.table[neg * kQuantBuckets + b] = w;
+      if (fix && neg && code + (up_from < 0x10000 ? 1 : 0) == e.zero) {
+        code = e.zero - 1;  // every y of the bucket ends on code zero - 1
+        up_from = 0x10000;
+      }
+      if (b == 0 && (up_from != 0x10000 || code != (fix && neg ? e.zero - 1 : e.tiny)))
+        throw InternalError("quant: the encoder's lowest bucket is not all the tiny code");
+      e.table[neg * kQuantBuckets + b] = static_cast<std::uint32_t>(code) | up_from << 8;
     }
   }
   return e;

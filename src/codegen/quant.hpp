@@ -20,9 +20,12 @@ inline constexpr int kQuantBuckets = 24 * 128;
 
 /// The host kernels' encoder of map `q` (templates/kernels/host_kernel.hpp, fo_q_encode_block):
 /// the same codes as the kernels' search (the count of fp32 midpoints below y, a tie to the
-/// even code) from one table word per bucket of y's bits: bits 0-7 the midpoints below the
-/// bucket, bits 8-23 the low 16 bits of the one midpoint inside it, bit 24 whether there is
-/// one, bit 25 whether a tie there goes up. [0, kQuantBuckets): y >= 0; then y < 0.
+/// even code, then q8s's sign fix) from one table word per bucket of y = v / absmax: its sign
+/// and |y|'s exponent and top 7 mantissa bits ([0, kQuantBuckets): y >= 0; then y < 0; |y|
+/// below the lowest bucket clamps to it). Within a bucket y's key (the low 16 bits of its
+/// bits, XOR 0xffff when y < 0) rises with y: the code is bits 0-7 of the word, plus one when
+/// the key is at least bits 8-24 (0x10000: never). The sign fix and the tiny code are in the
+/// words, so the kernel's loop is a gather, a compare and an add per value.
 struct QuantEncoder {
   std::vector<std::uint32_t> table;
   int tiny = 0;  ///< the code of |y| below 2^-23 (no midpoint lies there)

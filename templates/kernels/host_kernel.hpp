@@ -158,47 +158,38 @@ static inline float fo_q_absmax(const float* v, int n) {
 
 /// The codes of n values in a block of absmax a: fo_q_encode's codes (the count of the map's
 /// fp32 midpoints below v / a, a tie to the even code, the sign fix with `fix`), from one word
-/// of the encoder table per value (codegen/quant.hpp: QuantEncoder), without branches, so
-/// that the loop vectorises. `tiny`: the code of |v / a| below 2^-23; `zero`: the map's 0.
-static inline void fo_q_encode_block(const unsigned int* enc, int tiny, int zero, int fix,
+/// of the encoder table per value (codegen/quant.hpp: QuantEncoder, which holds the sign fix
+/// and the tiny code), without branches, so that the loop vectorises. a is the values'
+/// absmax, so |v / a| <= 1; a block with a NaN, an infinity or all zeros takes the search.
+static inline void fo_q_encode_block(const float* map, int bits, int fix, const unsigned int* enc,
                                      const float* v, int n, float a, unsigned char* out) {
-  const float d = a != 0.0f ? a : 1.0f;  // an all-zero block: every y is 0
+  if (!(a > 0.0f && a <= 3.40282347e38f)) {
+    for (int j = 0; j < n; ++j) out[j] = (unsigned char)fo_q_encode(map, bits, fix, v[j], a);
+    return;
+  }
 #pragma omp simd
   for (int j = 0; j < n; ++j) {
-    // Everything below is straight-line arithmetic and selects: GCC vectorises no loop with
-    // a conditional load, a branch (&& of comparisons), or a gather with an unsigned index.
-    const float x = v[j];
-    const float q = x / d;
-    const float y = a != 0.0f ? q : 0.0f;
-    const unsigned int u = fo_as_uint(y);
-    const unsigned int ex = (u >> 23) & 255u;
-    const unsigned int neg = u >> 31;
-    const int e = (int)ex - 104;
-    const int ec = e < 0 ? 0 : (e > 23 ? 23 : e);
-    const int idx = (int)neg * 3072 + ec * 128 + (int)((u >> 16) & 127u);
-    const unsigned int w = enc[idx];
-    const unsigned int l16 = u & 0xffffu, t = (w >> 8) & 0xffffu;
-    const unsigned int above = neg ? (t > l16 ? 1u : 0u) : (t < l16 ? 1u : 0u);
-    const unsigned int tie = (t == l16 ? 1u : 0u) & (w >> 25);
-    int c = (int)(w & 255u) + (int)((w >> 24) & 1u & (above | tie));
-    c = e < 0 ? tiny : c;
-    c = ex == 255u ? 0 : c;  // NaN: as the search gives it
-    // The sign fix: v's sign bit set and the code of 0 (c ^ zero < 256, so c == zero is
-    // (c ^ zero) - 1 wrapping past 2^31).
-    const int sv = (int)(fo_as_uint(x) >> 31);
-    const int is_zero = (int)((((unsigned int)(c ^ zero)) - 1u) >> 31);
-    c -= fix & sv & is_zero;
-    out[j] = (unsigned char)c;
+    // Straight-line int arithmetic: GCC vectorises no loop with a branch, or a gather with an
+    // unsigned index.
+    const unsigned int u = fo_as_uint(v[j] / a);
+    const int neg = -(int)(u >> 31);                        // y's sign bit, as a mask
+    int b = (int)((u << 1) >> 17) - 104 * 128;              // |y|'s exponent and top 7 bits
+    b = b < 0 ? 0 : (b > 24 * 128 - 1 ? 24 * 128 - 1 : b);  // |y| < 2^-23: the lowest bucket
+    const int w = (int)enc[b + (neg & (24 * 128))];
+    const int key = ((int)u ^ neg) & 0xffff;
+    out[j] = (unsigned char)((w & 255) + (key >= (w >> 8) ? 1 : 0));
   }
 }
 
 /// The codes of n values of a block of absmax a, rounded stochastically (fo_q_encode_sr) with
 /// the random words of the rule's state `state` for elements e, e + 1, ... of the param. The
-/// floor code comes from the nearest one (fo_q_encode_block without the sign fix: one table
-/// word) and one comparison with its map value, not from fo_q_encode_sr's dependent search.
-static inline void fo_q_encode_block_sr(const float* map, const unsigned int* enc, int tiny,
-                                        int zero, int bits, int state, const float* v, int n,
-                                        float a, const fo_qkey& key, unsigned char* out) {
+/// floor code comes from the nearest one (fo_q_encode_block: one table word) and one comparison
+/// with its map value, not from fo_q_encode_sr's dependent search. (q8s's table moves y in
+/// (-map[zero + 1] / 2, -0] to code zero - 1, its sign fix: the floor is zero - 1 all the same,
+/// and for y = -0 the step up has probability 1, so the code is zero, as the search gives.)
+static inline void fo_q_encode_block_sr(const float* map, const unsigned int* enc, int bits,
+                                        int state, const float* v, int n, float a,
+                                        const fo_qkey& key, unsigned char* out) {
   // fo_q_rand's words, one draw per group of four (key.e is a multiple of four: blocks begin
   // on multiples of 32 elements of the param).
   unsigned int words[FO_QUANT_BLOCK + 3];
@@ -214,7 +205,7 @@ static inline void fo_q_encode_block_sr(const float* map, const unsigned int* en
     words[4 * q + 2] = r.x[2];
     words[4 * q + 3] = r.x[3];
   }
-  fo_q_encode_block(enc, tiny, zero, 0, v, n, a, out);
+  fo_q_encode_block(map, bits, 0, enc, v, n, a, out);
   const float d = a != 0.0f ? a : 1.0f;
   const int top = (1 << bits) - 1;
 #pragma omp simd
@@ -256,9 +247,9 @@ static inline void fo_q_stage_out(const fo_qtensor& q, long long b, int n,
     q.absmax[k][b / FO_QUANT_BLOCK] = a;                                                       \
     unsigned char* out = bits == 8 ? q.codes[k] + b : codes;                                   \
     if (sr) {                                                                                  \
-      fo_q_encode_block_sr(map, enc, tiny, zero, bits, (sr)-1, stage[k], n, a, key, out);      \
+      fo_q_encode_block_sr(map, enc, bits, (sr)-1, stage[k], n, a, key, out);                  \
     } else {                                                                                   \
-      fo_q_encode_block(enc, tiny, zero, fix, stage[k], n, a, out);                            \
+      fo_q_encode_block(map, bits, fix, enc, stage[k], n, a, out);                             \
     }                                                                                          \
     if (bits == 4) {                                                                           \
       if (n & 1) codes[n] = 0;                                                                 \
