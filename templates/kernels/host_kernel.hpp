@@ -160,18 +160,20 @@ static inline float fo_q_absmax(const float* v, int n) {
 /// fp32 midpoints below v / a, a tie to the even code, the sign fix with `fix`), from one word
 /// of the encoder table per value (codegen/quant.hpp: QuantEncoder, which holds the sign fix
 /// and the tiny code), without branches, so that the loop vectorises. a is the values'
-/// absmax, so |v / a| <= 1; a block with a NaN, an infinity or all zeros takes the search.
+/// absmax, so |v / a| <= 1 (all zeros: v / 1, the signed zeros' codes); a block with a NaN or
+/// an infinity takes the search.
 static inline void fo_q_encode_block(const float* map, int bits, int fix, const unsigned int* enc,
                                      const float* v, int n, float a, unsigned char* out) {
-  if (!(a > 0.0f && a <= 3.40282347e38f)) {
+  if (!(a <= 3.40282347e38f)) {
     for (int j = 0; j < n; ++j) out[j] = (unsigned char)fo_q_encode(map, bits, fix, v[j], a);
     return;
   }
+  const float d = a != 0.0f ? a : 1.0f;
 #pragma omp simd
   for (int j = 0; j < n; ++j) {
     // Straight-line int arithmetic: GCC vectorises no loop with a branch, or a gather with an
     // unsigned index.
-    const unsigned int u = fo_as_uint(v[j] / a);
+    const unsigned int u = fo_as_uint(v[j] / d);
     const int neg = -(int)(u >> 31);                        // y's sign bit, as a mask
     int b = (int)((u << 1) >> 17) - 104 * 128;              // |y|'s exponent and top 7 bits
     b = b < 0 ? 0 : (b > 24 * 128 - 1 ? 24 * 128 - 1 : b);  // |y| < 2^-23: the lowest bucket
