@@ -45,8 +45,13 @@ class InPlaceFloor {
     }
     for (int k = 0; k < 3; ++k) {
       for (std::size_t n : words[k]) slots_[k].emplace_back(n, 1u);
+      for (std::vector<std::uint32_t>& slot : slots_[k]) ptrs_[k].push_back(slot.data());
+      ptrs_[k].push_back(nullptr);  // never empty
     }
   }
+
+  InPlaceFloor(const InPlaceFloor&) = delete;  // ptrs_ point into slots_
+  InPlaceFloor& operator=(const InPlaceFloor&) = delete;
 
   /// Bytes one run moves (read + written): the step's bytes_per_step.
   std::int64_t bytes() const { return bytes_; }
@@ -128,7 +133,7 @@ class InPlaceFloor {
 
   /// Elements [e0, e1) of a pass whose roles are all 32 bits: one loop over the elements
   /// that reads, updates and writes every role, as a kernel's loop does (the group loop
-  /// below pays a dispatch per role and group, and a fused step beat it by up to 19% on a
+  /// pays a dispatch per role and group, and a fused step beat it by up to 19% on a
   /// Zen 3 VM in its fast phases).
   template <int R, int U, int W>
   static void fused_block(std::uint32_t* const* rd, std::uint32_t* const* up,
@@ -184,16 +189,11 @@ class InPlaceFloor {
     const std::int64_t blocks = (p.elements + kBlock - 1) / kBlock;
     const std::vector<int>* kinds[3] = {&p.read_bits, &p.update_bits, &p.write_bits};
     std::uint32_t sink = 0;
-    if (const FusedFn fused = fused_for(p)) {
-      std::vector<std::uint32_t*> ptrs[3];
-      for (int k = 0; k < 3; ++k) {
-        for (std::size_t r = 0; r < kinds[k]->size(); ++r) ptrs[k].push_back(slots_[k][r].data());
-        ptrs[k].push_back(nullptr);  // never empty
-      }
+    if (const FusedFn fused = fused_for(p)) {  // the pass's roles are the first slots
 #pragma omp parallel for schedule(static) reduction(^ : sink)
       for (std::int64_t b = 0; b < blocks; ++b) {
         std::uint32_t acc = 0;
-        fused(ptrs[0].data(), ptrs[1].data(), ptrs[2].data(), b * kBlock,
+        fused(ptrs_[0].data(), ptrs_[1].data(), ptrs_[2].data(), b * kBlock,
               std::min(p.elements, (b + 1) * kBlock), acc);
         sink ^= acc;
       }
@@ -227,6 +227,7 @@ class InPlaceFloor {
 
   std::vector<PassTraffic> traffic_;
   std::vector<std::vector<std::uint32_t>> slots_[3];  // read, updated, written
+  std::vector<std::uint32_t*> ptrs_[3];               // their data, then a null
   std::int64_t bytes_ = 0;
   std::uint32_t sink_ = 0;  // what the reads folded into: kept, so they are not elided
 
