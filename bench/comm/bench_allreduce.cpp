@@ -1,7 +1,9 @@
 // fusedopt-comm-bench: the all-reduce of one data-parallel step's gradients (BERT-base: 201
 // tensors, 109.5 M fp32) under mpirun, over each transport the communicator has (plain MPI,
-// and MPI with shared memory between a node's ranks: MpiOptions), three ways: GradBucketer's
-// buckets, one call per gradient, one call over the whole flat buffer. Each variant declares
+// and MPI with shared memory between a node's ranks: MpiOptions; with shared memory also
+// "shmbuf", the same gradients kept in Communicator::allocate_shared memory, reduced in place
+// with no copies), three ways: GradBucketer's buckets, one call per gradient, one call over
+// the whole flat buffer. Each variant declares
 // the bytes it must move (the gradients) and reports its time, its bus bandwidth, 2(n-1)/n x
 // bytes / time, and that bandwidth's fraction of the measured single-process copy bandwidth,
 // with the minor page faults of a step (memory the transport touched for the first time).
@@ -67,24 +69,42 @@ float input_value(std::int64_t k, int rank) {
   return static_cast<float>((k * 7) % 1024 + 1) / 64.0f + static_cast<float>(rank);
 }
 
+/// The gradients and their saved input, views of one flat buffer in parameter order (like
+/// FlatArena's): in memory of its own, or in a shared buffer (Communicator::allocate_shared).
+struct Grads {
+  std::vector<float> owned;  ///< the buffer, unless it is shared
+  float* flat = nullptr;
+  std::size_t n = 0;
+  const std::vector<float>* input = nullptr;
+  std::vector<Tensor> tensors;
+  /// Backward's stand-in: gradient i written (copied from its input).
+  void write(std::size_t i) const {
+    const Tensor& g = tensors[i];
+    const auto offset = static_cast<float*>(g.data) - flat;
+    std::memcpy(g.data, input->data() + offset, static_cast<std::size_t>(g.numel) * sizeof(float));
+  }
+};
+
 struct Variant {
   std::string name;
-  std::string transport;  ///< "mpi" or "shm"
+  std::string transport;  ///< "mpi", "shm" or "shmbuf"
   std::string description;
   std::function<void()> step;  ///< one step's all-reduce of every gradient
   bool backward = false;       ///< the step writes the gradients itself (no untimed restore)
   std::int64_t collectives = 0;
   std::vector<double> seconds;  ///< per timed iteration: the slowest rank's time
   std::vector<double> faults;   ///< per timed iteration: the most minor page faults of a rank
+  Grads* grads = nullptr;       ///< the buffer it reduces
 };
 
 /// One timed step of `v` from the input (restored untimed, unless the step writes it), kept
 /// when `timed`; when `check`, its result is checked. Returns false (on every rank) when it
 /// is wrong.
-bool run_step(Communicator& comm, Variant& v, bool timed, bool check, std::vector<float>& flat,
-              const std::vector<float>& input) {
+bool run_step(Communicator& comm, Variant& v, bool timed, bool check) {
   const int ranks = comm.size();
-  if (!v.backward) std::memcpy(flat.data(), input.data(), flat.size() * sizeof(float));
+  const float* flat = v.grads->flat;
+  const std::size_t n = v.grads->n;
+  if (!v.backward) std::memcpy(v.grads->flat, v.grads->input->data(), n * sizeof(float));
   comm.barrier().wait();
   const double faults0 = minor_faults();
   const auto t0 = std::chrono::steady_clock::now();
@@ -103,7 +123,7 @@ bool run_step(Communicator& comm, Variant& v, bool timed, bool check, std::vecto
            static_cast<float>(ranks * (ranks - 1) / 2);
   };
   std::int64_t first_bad = -1;
-  for (std::size_t k = 0; k < flat.size() && first_bad < 0; ++k) {
+  for (std::size_t k = 0; k < n && first_bad < 0; ++k) {
     if (flat[k] != expected(static_cast<std::int64_t>(k))) first_bad = static_cast<std::int64_t>(k);
   }
   if (first_bad >= 0) {
@@ -118,28 +138,17 @@ bool run_step(Communicator& comm, Variant& v, bool timed, bool check, std::vecto
   return bad == 0;
 }
 
-/// The gradients and their saved input, views of one flat buffer in parameter order (like
-/// FlatArena's).
-struct Grads {
-  std::vector<float> flat, input;
-  std::vector<Tensor> tensors;
-  /// Backward's stand-in: gradient i written (copied from its input).
-  void write(std::size_t i) const {
-    const Tensor& g = tensors[i];
-    const auto offset = static_cast<float*>(g.data) - flat.data();
-    std::memcpy(g.data, input.data() + offset, static_cast<std::size_t>(g.numel) * sizeof(float));
-  }
-};
-
-/// One transport's communicator, bucketer and variants.
+/// One transport's communicator, gradients, bucketer and variants.
 struct Transport {
-  std::string label;  ///< "mpi" (shared memory off) or "shm"
+  std::string label;  ///< "mpi" (shared memory off), "shm" or "shmbuf" (in a shared buffer)
   Communicator comm;
+  Grads* grads = nullptr;
   std::unique_ptr<GradBucketer> bucketer;
 };
 
-void add_variants(Transport& t, Grads& g, std::vector<Variant>& out) {
+void add_variants(Transport& t, std::vector<Variant>& out) {
   Communicator& comm = t.comm;
+  Grads& g = *t.grads;
   GradBucketer& bucketer = *t.bucketer;
   const auto n = static_cast<std::int64_t>(g.tensors.size());
   const auto buckets = static_cast<std::int64_t>(bucketer.buckets().size());
@@ -153,7 +162,8 @@ void add_variants(Transport& t, Grads& g, std::vector<Variant>& out) {
                    backward,
                    collectives,
                    {},
-                   {}});
+                   {},
+                   &g});
   };
   auto per_grad = [&g, &comm, last](bool backward) {
     std::vector<Work> work;
@@ -166,7 +176,7 @@ void add_variants(Transport& t, Grads& g, std::vector<Variant>& out) {
     for (Work& x : work) x.wait();
   };
   auto whole = [&g, &comm]() {
-    comm.all_reduce(g.flat.data(), static_cast<std::int64_t>(g.flat.size()), DType::F32).wait();
+    comm.all_reduce(g.flat, static_cast<std::int64_t>(g.n), DType::F32).wait();
   };
   add("bucketed",
       "GradBucketer (25 MiB buckets, first 1 MiB): mark_ready in reverse order, then finish()",
@@ -315,17 +325,22 @@ int run(const Args& args) {
   const std::int64_t elements = w.elements();
   const double bytes = static_cast<double>(elements) * sizeof(float);
 
-  Grads g;
-  g.flat.resize(static_cast<std::size_t>(elements));
-  g.input.resize(g.flat.size());
-  for (std::size_t k = 0; k < g.input.size(); ++k)
-    g.input[k] = input_value(static_cast<std::int64_t>(k), comm.rank());
-  std::int64_t offset = 0;
-  for (std::size_t i = 0; i < w.sizes.size(); ++i) {
-    g.tensors.push_back({g.flat.data() + offset, w.sizes[i], DType::F32, fusedopt::Device::host(),
-                         "grad" + std::to_string(i)});
-    offset += w.sizes[i];
-  }
+  std::vector<float> input(static_cast<std::size_t>(elements));
+  for (std::size_t k = 0; k < input.size(); ++k)
+    input[k] = input_value(static_cast<std::int64_t>(k), comm.rank());
+  auto grads_in = [&](Grads& g, float* flat) {
+    g.flat = flat != nullptr ? flat : (g.owned.resize(input.size()), g.owned.data());
+    g.n = input.size();
+    g.input = &input;
+    std::int64_t offset = 0;
+    for (std::size_t i = 0; i < w.sizes.size(); ++i) {
+      g.tensors.push_back({g.flat + offset, w.sizes[i], DType::F32, fusedopt::Device::host(),
+                           "grad" + std::to_string(i)});
+      offset += w.sizes[i];
+    }
+  };
+  Grads g, shared;
+  grads_in(g, nullptr);
 
   // The copy floor, measured by rank 0 alone while the others wait in a barrier (which
   // polls with sleeps: they leave the cores to it).
@@ -340,14 +355,18 @@ int run(const Args& args) {
   std::vector<Transport> transports;
   fusedopt::comm::MpiOptions plain;
   plain.shared_memory = false;
-  if (args.transport != "shm") transports.push_back({"mpi", Communicator::mpi(plain), nullptr});
-  if (args.transport != "mpi" && comm.transport().find("shared memory:") != std::string::npos)
-    transports.push_back({"shm", comm, nullptr});
+  if (args.transport != "shm") transports.push_back({"mpi", Communicator::mpi(plain), &g, nullptr});
+  if (args.transport != "mpi" && comm.transport().find("shared memory:") != std::string::npos) {
+    transports.push_back({"shm", comm, &g, nullptr});
+    // The same gradients in a shared buffer: all-reduced in place, no copy in or out.
+    grads_in(shared, static_cast<float*>(comm.allocate_shared(input.size() * sizeof(float))));
+    transports.push_back({"shmbuf", comm, &shared, nullptr});
+  }
   std::vector<Variant> variants;
-  auto local = [&variants](std::string name, std::string description, bool backward,
-                           std::function<void()> step) {
+  auto local = [&variants, &g](std::string name, std::string description, bool backward,
+                               std::function<void()> step) {
     variants.push_back(
-        {std::move(name), "-", std::move(description), std::move(step), backward, 0, {}, {}});
+        {std::move(name), "-", std::move(description), std::move(step), backward, 0, {}, {}, &g});
   };
   // The floor no all-reduce can beat on one node: every rank reads and writes each of its
   // gradients once (an in-place pass, all ranks at once: the memory system shared as in an
@@ -355,22 +374,22 @@ int run(const Args& args) {
   static volatile float one = 1.0f, zero = 0.0f;
   local("floor", "in-place pass over the gradients, every rank at once", false, [&g] {
     const float a = one, b = zero;
-    float* x = g.flat.data();
-    for (std::size_t k = 0; k < g.flat.size(); ++k) x[k] = x[k] * a + b;
+    float* x = g.flat;
+    for (std::size_t k = 0; k < g.n; ++k) x[k] = x[k] * a + b;
   });
   local("backward", "backward alone: the gradients written in reverse order", true, [&g] {
     for (std::size_t i = g.tensors.size(); i-- > 0;) g.write(i);
   });
   for (Transport& t : transports) {
-    t.bucketer = std::make_unique<GradBucketer>(t.comm, g.tensors);  // 25 MiB, first 1 MiB
-    add_variants(t, g, variants);
+    t.bucketer = std::make_unique<GradBucketer>(t.comm, t.grads->tensors);  // 25 MiB, first 1 MiB
+    add_variants(t, variants);
   }
 
   // Round robin: iteration i of every variant, then i + 1, so that a change in the load of
   // this shared machine falls on every variant alike.
   for (int it = 0; it < args.warmup + args.iters; ++it) {
     for (Variant& v : variants) {
-      if (!run_step(comm, v, it >= args.warmup, it == 0, g.flat, g.input)) {
+      if (!run_step(comm, v, it >= args.warmup, it == 0)) {
         if (root) std::fprintf(stderr, "fusedopt-comm-bench: %s: wrong result\n", v.name.c_str());
         return 1;
       }

@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -437,6 +438,12 @@ class FUSEDOPT_API FlatArena {
   void add(const std::string& name, std::int64_t numel, DType dtype);
   /// Allocates the buffers (zeroed).
   void finalize();
+  /// Allocates the params' buffers, and takes each dtype's gradient buffer from
+  /// `grad_memory(bytes)` (called once per dtype, in a fixed order; 64-byte aligned memory
+  /// that outlives the arena, which zeroes it): for example
+  /// `[&](std::size_t n) { return comm.allocate_shared(n); }`, so that gradients are all-reduced
+  /// in place in shared memory (docs/comm.md).
+  void finalize(const std::function<void*(std::size_t bytes)>& grad_memory);
   /// The view of tensor `i` (in add() order), and its gradient twin.
   Tensor param(std::size_t i) const;
   Tensor grad(std::size_t i) const;

@@ -45,6 +45,9 @@ class Backend : public std::enable_shared_from_this<Backend> {
   virtual bool test(Pending& p) = 0;
   /// Ends the connection at once (see Communicator::abort).
   virtual void abort(bool end_job) = 0;
+  /// Communicator::allocate_shared: by default ordinary host memory, kept until the
+  /// backend goes (a transport without shared memory).
+  virtual void* allocate_shared(std::size_t bytes);
   /// The host-memory channel for small control messages (plan fingerprints): itself for
   /// MPI, the bootstrap for NCCL; null when there is none (a wrapped ncclComm_t).
   virtual std::shared_ptr<Backend> control() { return shared_from_this(); }
@@ -56,6 +59,12 @@ class Backend : public std::enable_shared_from_this<Backend> {
   std::chrono::milliseconds timeout = Communicator::default_timeout();
   bool broken = false;
   std::string broken_by;  ///< the error that broke it
+
+ private:
+  struct FreeHost {
+    void operator()(void* p) const;
+  };
+  std::vector<std::unique_ptr<void, FreeHost>> host_buffers_;  ///< allocate_shared's
 };
 
 /// The transports (mpi_backend.cpp, nccl_backend.cpp); each throws UnavailableError, saying

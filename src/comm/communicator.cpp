@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <cstring>
 #include <thread>
 
 #include "comm/backend.hpp"
@@ -265,6 +266,26 @@ Work Communicator::broadcast(void* data, std::int64_t count, DType dtype, int ro
                        root, size());
   return start(backend_, collective(Collective::Kind::Broadcast, data, data, count, dtype,
                                     ReduceOp::Sum, root, stream));
+}
+
+void* Communicator::allocate_shared(std::size_t bytes) {
+  FUSEDOPT_CHECK_USAGE(!backend_->broken, "allocate_shared: the communicator is broken ({})",
+                       backend_->broken_by);
+  FUSEDOPT_CHECK_USAGE(bytes <= (std::size_t{1} << 46),
+                       "allocate_shared: {} bytes is more than any host has", bytes);
+  return backend_->allocate_shared(bytes);
+}
+
+void detail::Backend::FreeHost::operator()(void* p) const { std::free(p); }
+
+void* detail::Backend::allocate_shared(std::size_t bytes) {
+  constexpr std::size_t kLine = 64;
+  const std::size_t rounded = (std::max<std::size_t>(bytes, 1) + kLine - 1) / kLine * kLine;
+  void* p = std::aligned_alloc(kLine, rounded);
+  if (p == nullptr) throw Error(fmt::format("allocate_shared: cannot allocate {} bytes", bytes));
+  std::memset(p, 0, rounded);
+  host_buffers_.emplace_back(p);
+  return p;
 }
 
 Work Communicator::barrier() {

@@ -184,7 +184,20 @@ class MpiBackend final : public Backend {
   int rank() const override { return rank_; }
   int size() const override { return size_; }
   std::string name() const override { return "mpi"; }
-  std::string transport() const override { return transport_; }
+  std::string transport() const override { return shm_ ? "mpi + " + shm_->describe() : transport_; }
+  void* allocate_shared(std::size_t bytes) override {
+    // Every rank asks for the same size, or none gets one (whatever the transport: a job
+    // that errs on one machine errs on all).
+    unsigned long long want[2] = {bytes, ~static_cast<unsigned long long>(bytes)};
+    unsigned long long got[2] = {0, 0};
+    const int rc = MPI_Allreduce(want, got, 2, MPI_UNSIGNED_LONG_LONG, MPI_MAX, comm_);
+    if (rc != MPI_SUCCESS) throw CommError(rank_, "allocate_shared", bytes, mpi_error_text(rc));
+    FUSEDOPT_CHECK_USAGE(got[0] == bytes && ~got[1] == bytes,
+                         "allocate_shared: the ranks asked for different sizes (rank {}: {} "
+                         "bytes, another: {}): every rank must ask for the same",
+                         rank_, bytes, got[0] == bytes ? ~got[1] : got[0]);
+    return shm_ ? shm_->allocate(bytes) : Backend::allocate_shared(bytes);
+  }
   Device device() const override { return Device::host(); }
 
   std::shared_ptr<Pending> start(const Collective& c) override {

@@ -35,7 +35,7 @@ inline Acc max_nan(Acc x, Acc y) {
 }
 
 template <typename Acc, typename Io, bool kMax>
-void combine(const void* const* src, int sources, void* out, void* copy, std::int64_t n) {
+void combine(const void* const* src, int sources, void* const* out, int outs, std::int64_t n) {
   Acc acc[kBlock];
   for (std::int64_t b = 0; b < n; b += kBlock) {
     const std::int64_t m = std::min(kBlock, n - b);
@@ -49,40 +49,40 @@ void combine(const void* const* src, int sources, void* out, void* copy, std::in
         for (std::int64_t i = 0; i < m; ++i) acc[i] += Io::load(s, b + i);
       }
     }
-    for (std::int64_t i = 0; i < m; ++i) Io::store(out, b + i, acc[i]);
-    if (copy != nullptr) {
-      for (std::int64_t i = 0; i < m; ++i) Io::store(copy, b + i, acc[i]);
+    for (int o = 0; o < outs; ++o) {
+      void* d = out[o];
+      for (std::int64_t i = 0; i < m; ++i) Io::store(d, b + i, acc[i]);
     }
   }
 }
 
 template <typename Acc, typename Io>
-void combine_op(ReduceOp op, const void* const* src, int sources, void* out, void* copy,
+void combine_op(ReduceOp op, const void* const* src, int sources, void* const* out, int outs,
                 std::int64_t n) {
   if (op == ReduceOp::Max) {
-    combine<Acc, Io, true>(src, sources, out, copy, n);
+    combine<Acc, Io, true>(src, sources, out, outs, n);
   } else {
-    combine<Acc, Io, false>(src, sources, out, copy, n);
+    combine<Acc, Io, false>(src, sources, out, outs, n);
   }
 }
 
 }  // namespace
 
-void shm_combine(DType dtype, bool f64, ReduceOp op, const void* const* src, int sources, void* out,
-                 void* copy, std::int64_t n) {
+void shm_combine(DType dtype, bool f64, ReduceOp op, const void* const* src, int sources,
+                 void* const* out, int outs, std::int64_t n) {
   if (f64 || dtype == DType::F64) {
-    combine_op<double, Plain<double, double>>(op, src, sources, out, copy, n);
+    combine_op<double, Plain<double, double>>(op, src, sources, out, outs, n);
     return;
   }
   switch (dtype) {
     case DType::BF16:
-      combine_op<float, Half<bf16_to_float, float_to_bf16>>(op, src, sources, out, copy, n);
+      combine_op<float, Half<bf16_to_float, float_to_bf16>>(op, src, sources, out, outs, n);
       return;
     case DType::F16:
-      combine_op<float, Half<f16_to_float, float_to_f16>>(op, src, sources, out, copy, n);
+      combine_op<float, Half<f16_to_float, float_to_f16>>(op, src, sources, out, outs, n);
       return;
     default:
-      combine_op<float, Plain<float, float>>(op, src, sources, out, copy, n);
+      combine_op<float, Plain<float, float>>(op, src, sources, out, outs, n);
       return;
   }
 }

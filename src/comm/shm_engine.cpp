@@ -43,14 +43,19 @@ enum Flag { kArrived, kReduced, kGlobal, kDone, kClosing, kFlags };
 }  // namespace
 
 /// The head of each rank's segment: its counters (the highest chunk it has passed through
-/// each stage), then its slots.
+/// each stage) and the descriptors of its last chunks, then its slots.
 struct ShmEngine::Control {
   Counter flag[kFlags];
+  ShmDesc desc[kShmMaxSlots];
 };
 
 namespace {
-constexpr std::size_t kControlBytes = (sizeof(Counter) * kFlags + 4095) / 4096 * 4096;
-}
+constexpr std::size_t kControlBytes =
+    (sizeof(Counter) * kFlags + sizeof(ShmDesc) * kShmMaxSlots + 4095) / 4096 * 4096;
+/// An in-place collective's chunk: its slices are big enough that the counters cost nothing
+/// beside them, small enough that a rank's mark_ready does a bounded piece of work.
+constexpr std::int64_t kInPlaceChunkBytes = std::int64_t{8} << 20;
+}  // namespace
 
 ShmEngine::ShmEngine(int world_rank, ShmTopology topology, std::size_t slot_bytes, int slots)
     : world_rank_(world_rank),
@@ -75,20 +80,24 @@ ShmEngine::ShmEngine(int world_rank, ShmTopology topology, std::size_t slot_byte
   }
   // Each segment's start rounded up to a cache line: the mappings are page-aligned in every
   // process and a segment sits at the same offset in each, so every rank rounds alike.
-  auto aligned = [](void* p) {
-    const auto a = (reinterpret_cast<std::uintptr_t>(p) + 63) & ~std::uintptr_t{63};
-    return reinterpret_cast<char*>(a);
-  };
-  new (aligned(mine)) Control();
+  static_assert(sizeof(Control) <= kControlBytes, "the control block outgrew its pages");
+  FUSEDOPT_CHECK_INTERNAL(slots_ >= 1 && slots_ <= kShmMaxSlots, "shared memory: {} slots", slots_);
+  new (shm_line_up(mine)) Control();
   base_.resize(static_cast<std::size_t>(topo_.local_size));
   for (int r = 0; r < topo_.local_size; ++r) {
     MPI_Aint size = 0;
     int unit = 0;
     void* ptr = nullptr;
     MPI_Win_shared_query(window_, r, &size, &unit, &ptr);
-    base_[static_cast<std::size_t>(r)] = aligned(ptr);
+    base_[static_cast<std::size_t>(r)] = shm_line_up(ptr);
   }
   sources_.resize(static_cast<std::size_t>(std::max(topo_.local_size, topo_.nodes)));
+  outs_.resize(static_cast<std::size_t>(topo_.local_size));
+  world_of_.assign(static_cast<std::size_t>(topo_.local_size), -1);
+  for (std::size_t w = 0; w < topo_.local_of.size(); ++w) {
+    if (topo_.node_of[w] == topo_.node_index)
+      world_of_[static_cast<std::size_t>(topo_.local_of[w])] = static_cast<int>(w);
+  }
   if (leader_ && hierarchical_) {
     const auto parts = static_cast<std::size_t>(slots_) * static_cast<std::size_t>(topo_.nodes);
     scratch_.resize(slot_stride_ * parts);
@@ -104,6 +113,10 @@ ShmEngine::~ShmEngine() = default;
 
 ShmEngine::Control& ShmEngine::control(int local) const {
   return *reinterpret_cast<Control*>(base_[static_cast<std::size_t>(local)]);
+}
+
+ShmDesc& ShmEngine::desc(int local, std::int64_t seq) const {
+  return control(local).desc[seq % slots_];
 }
 
 char* ShmEngine::slot(int local, std::int64_t seq) const {
@@ -148,7 +161,17 @@ std::shared_ptr<ShmOp> ShmEngine::start(const Collective& c) {
   op->element = element_bytes(c);
   const std::int64_t w = topo_.local_size;
   const auto slot_elements = static_cast<std::int64_t>(slot_bytes_) / op->element;
-  if (c.kind == Collective::Kind::ReduceScatter || c.kind == Collective::Kind::AllGather) {
+  const bool in_place_kind =
+      c.kind == Collective::Kind::AllReduce || c.kind == Collective::Kind::Reduce;
+  if (!hierarchical_ && in_place_kind && c.send == c.recv && c.count > 0) {
+    op->region = locate(c.recv, shm_bytes(c.count, op->element), &op->offset);
+  }
+  if (op->region >= 0) {
+    op->span = std::max(slot_elements, kInPlaceChunkBytes / op->element);
+    op->slice = round_up((op->span + w - 1) / w, kAlign);
+    op->chunks = (c.count + op->span - 1) / op->span;
+    ++in_place_;
+  } else if (c.kind == Collective::Kind::ReduceScatter || c.kind == Collective::Kind::AllGather) {
     op->block = c.count;
     op->slice = std::max(kAlign, slot_elements / w / kAlign * kAlign);
     op->chunks = (c.count + op->slice - 1) / op->slice;
@@ -189,42 +212,6 @@ ShmOp& ShmEngine::op_at(std::int64_t seq) {
   return **(it - 1);
 }
 
-namespace {
-
-/// Elements [offset, offset + length) of `op`'s buffer in slice `j` of chunk `k`: a
-/// contiguous chunk cut into slices (all_reduce, reduce, broadcast), or part k of block j
-/// (reduce_scatter's input, all_gather's output).
-struct Piece {
-  std::int64_t offset = 0, length = 0;
-};
-
-Piece piece(const ShmOp& op, std::int64_t k, int j) {
-  if (op.block > 0) {
-    const std::int64_t at = k * op.slice;
-    return {j * op.block + at, std::min(op.slice, op.block - at)};
-  }
-  const std::int64_t base = k * op.span;
-  const std::int64_t n = std::min(op.span, op.c.count - base);
-  const std::int64_t at = j * op.slice;
-  return {base + at, std::clamp<std::int64_t>(n - at, 0, op.slice)};
-}
-
-/// The whole chunk `k` of a contiguous operation.
-Piece whole(const ShmOp& op, std::int64_t k) {
-  const std::int64_t base = k * op.span;
-  return {base, std::min(op.span, op.c.count - base)};
-}
-
-char* at(const void* p, std::int64_t elements, int element) {
-  return static_cast<char*>(const_cast<void*>(p)) + elements * element;
-}
-
-std::size_t bytes(std::int64_t elements, int element) {
-  return static_cast<std::size_t>(elements) * static_cast<std::size_t>(element);
-}
-
-}  // namespace
-
 void ShmEngine::do_in(ShmOp& op, std::int64_t k, char* mine) {
   using K = Collective::Kind;
   const int me = topo_.local, el = op.element;
@@ -234,22 +221,23 @@ void ShmEngine::do_in(ShmOp& op, std::int64_t k, char* mine) {
     case K::ReduceScatter:
       for (int j = 0; j < topo_.local_size; ++j) {
         if (j == me) continue;
-        const Piece p = piece(op, k, j);
+        const ShmPiece p = shm_piece(op, k, j);
         if (p.length > 0)
-          std::memcpy(mine + bytes(j * op.slice, el), at(op.c.send, p.offset, el),
-                      bytes(p.length, el));
+          std::memcpy(mine + shm_bytes(j * op.slice, el), shm_at(op.c.send, p.offset, el),
+                      shm_bytes(p.length, el));
       }
       break;
     case K::Broadcast:
       if (world_rank_ == op.c.root) {
-        const Piece p = whole(op, k);
-        std::memcpy(mine, at(op.c.send, p.offset, el), bytes(p.length, el));
+        const ShmPiece p = shm_whole(op, k);
+        std::memcpy(mine, shm_at(op.c.send, p.offset, el), shm_bytes(p.length, el));
       }
       break;
     case K::AllGather: {
       const std::int64_t from = k * op.slice;
       const std::int64_t n = std::min(op.slice, op.block - from);
-      std::memcpy(mine + bytes(me * op.slice, el), at(op.c.send, from, el), bytes(n, el));
+      std::memcpy(mine + shm_bytes(me * op.slice, el), shm_at(op.c.send, from, el),
+                  shm_bytes(n, el));
       break;
     }
     case K::Barrier:
@@ -261,21 +249,22 @@ void ShmEngine::do_reduce(ShmOp& op, std::int64_t k, std::int64_t seq) {
   using K = Collective::Kind;
   if (!is_reduction(op.c.kind)) return;
   const int me = topo_.local, el = op.element;
-  const Piece p = piece(op, k, me);
+  const ShmPiece p = shm_piece(op, k, me);
   if (p.length <= 0) return;
   const void** src = sources_.data();
   for (int r = 0; r < topo_.local_size; ++r) {
-    src[r] = r == me ? at(op.c.send, p.offset, el) : slot(r, seq) + bytes(me * op.slice, el);
+    src[r] =
+        r == me ? shm_at(op.c.send, p.offset, el) : slot(r, seq) + shm_bytes(me * op.slice, el);
   }
-  char* staged = slot(me, seq) + bytes(me * op.slice, el);
-  void* out = staged;
-  void* copy = nullptr;
+  char* staged = slot(me, seq) + shm_bytes(me * op.slice, el);
+  void* out[2] = {staged, nullptr};
+  int outs = 1;
   if (op.c.kind == K::ReduceScatter) {
-    out = at(op.c.recv, k * op.slice, el);
+    out[0] = shm_at(op.c.recv, k * op.slice, el);
   } else if (!hierarchical_ && (op.c.kind == K::AllReduce || world_rank_ == op.c.root)) {
-    copy = at(op.c.recv, p.offset, el);  // this rank's slice of the result, in place
+    out[outs++] = shm_at(op.c.recv, p.offset, el);  // this rank's slice of the result, in place
   }
-  shm_combine(op.c.dtype, op.c.f64, op.c.op, src, topo_.local_size, out, copy, p.length);
+  shm_combine(op.c.dtype, op.c.f64, op.c.op, src, topo_.local_size, out, outs, p.length);
 }
 
 void ShmEngine::do_out(ShmOp& op, std::int64_t k, std::int64_t seq) {
@@ -287,33 +276,34 @@ void ShmEngine::do_out(ShmOp& op, std::int64_t k, std::int64_t seq) {
   if (!receives) return;
   if (op.c.kind == K::AllGather) {
     for (int j = 0; j < topo_.local_size; ++j) {
-      const Piece p = piece(op, k, j);
-      const char* from =
-          j == me ? at(op.c.send, k * op.slice, el) : slot(j, seq) + bytes(j * op.slice, el);
-      std::memcpy(at(op.c.recv, p.offset, el), from, bytes(p.length, el));
+      const ShmPiece p = shm_piece(op, k, j);
+      const char* from = j == me ? shm_at(op.c.send, k * op.slice, el)
+                                 : slot(j, seq) + shm_bytes(j * op.slice, el);
+      std::memcpy(shm_at(op.c.recv, p.offset, el), from, shm_bytes(p.length, el));
     }
     return;
   }
   if (hierarchical_ || op.c.kind == K::Broadcast) {
     // The whole chunk: from the leader's slot (hierarchical), or the root's.
-    const Piece p = whole(op, k);
+    const ShmPiece p = shm_whole(op, k);
     const char* from = slot(hierarchical_ ? 0 : op.root_local, seq);
-    std::memcpy(at(op.c.recv, p.offset, el), from, bytes(p.length, el));
+    std::memcpy(shm_at(op.c.recv, p.offset, el), from, shm_bytes(p.length, el));
     return;
   }
   for (int j = 0; j < topo_.local_size; ++j) {
     if (j == me) continue;
-    const Piece p = piece(op, k, j);
+    const ShmPiece p = shm_piece(op, k, j);
     if (p.length > 0)
-      std::memcpy(at(op.c.recv, p.offset, el), slot(j, seq) + bytes(j * op.slice, el),
-                  bytes(p.length, el));
+      std::memcpy(shm_at(op.c.recv, p.offset, el), slot(j, seq) + shm_bytes(j * op.slice, el),
+                  shm_bytes(p.length, el));
   }
 }
 
 bool ShmEngine::step_in(std::int64_t seq) {
   if (!all_reached(kDone, seq - slots_)) return false;  // the slot is still being read
   ShmOp& op = op_at(seq);
-  do_in(op, seq - op.first, slot(topo_.local, seq));
+  publish(op, seq);
+  if (op.region < 0) do_in(op, seq - op.first, slot(topo_.local, seq));
   control(topo_.local).flag[kArrived].value.store(seq, std::memory_order_release);
   return true;
 }
@@ -321,7 +311,12 @@ bool ShmEngine::step_in(std::int64_t seq) {
 bool ShmEngine::step_reduce(std::int64_t seq) {
   if (!all_reached(kArrived, seq)) return false;
   ShmOp& op = op_at(seq);
-  do_reduce(op, seq - op.first, seq);
+  check_agree(op, seq);
+  if (op.region >= 0) {
+    reduce_in_place(op, seq - op.first);
+  } else {
+    do_reduce(op, seq - op.first, seq);
+  }
   control(topo_.local).flag[kReduced].value.store(seq, std::memory_order_release);
   return true;
 }
@@ -344,25 +339,25 @@ bool ShmEngine::post_global(std::int64_t seq) {
   if (global_ <= seq - slots_ || !all_reached(kReduced, seq)) return false;
   ShmOp& op = op_at(seq);
   const std::int64_t k = seq - op.first;
-  const Piece chunk = whole(op, k);
+  const ShmPiece chunk = shm_whole(op, k);
   const int el = op.element;
   const bool bcast = op.c.kind == Collective::Kind::Broadcast;
   const int me = topo_.node_index;
   char* mine = scratch(seq, me);
   if (!bcast) {
     for (int j = 0; j < topo_.local_size; ++j) {
-      const Piece p = piece(op, k, j);
+      const ShmPiece p = shm_piece(op, k, j);
       if (p.length > 0) {
-        std::memcpy(mine + bytes(j * op.slice, el), slot(j, seq) + bytes(j * op.slice, el),
-                    bytes(p.length, el));
+        std::memcpy(mine + shm_bytes(j * op.slice, el), slot(j, seq) + shm_bytes(j * op.slice, el),
+                    shm_bytes(p.length, el));
       }
     }
   } else if (op.root_node == me) {
     const char* from =
-        op.root_local == 0 ? at(op.c.send, chunk.offset, el) : slot(op.root_local, seq);
-    std::memcpy(mine, from, bytes(chunk.length, el));
+        op.root_local == 0 ? shm_at(op.c.send, chunk.offset, el) : slot(op.root_local, seq);
+    std::memcpy(mine, from, shm_bytes(chunk.length, el));
   }
-  const int n = static_cast<int>(bytes(chunk.length, el));
+  const int n = static_cast<int>(shm_bytes(chunk.length, el));
   MPI_Request* r = &requests_[static_cast<std::size_t>(seq % slots_) * 2 *
                               static_cast<std::size_t>(topo_.nodes - 1)];
   int rc = MPI_SUCCESS;
@@ -387,7 +382,7 @@ bool ShmEngine::post_global(std::int64_t seq) {
 bool ShmEngine::step_global(std::int64_t seq) {
   if (!hierarchical_ || !leader_) return true;
   ShmOp& op = op_at(seq);
-  const Piece chunk = whole(op, seq - op.first);
+  const ShmPiece chunk = shm_whole(op, seq - op.first);
   const int count = 2 * (topo_.nodes - 1);
   int flag = 0;
   const int rc = MPI_Testall(
@@ -395,16 +390,16 @@ bool ShmEngine::step_global(std::int64_t seq) {
       &flag, MPI_STATUSES_IGNORE);
   if (rc != MPI_SUCCESS) {
     throw CommError(world_rank_, "shared memory: the leaders' exchange",
-                    bytes(chunk.length, op.element), mpi_error_text(rc));
+                    shm_bytes(chunk.length, op.element), mpi_error_text(rc));
   }
   if (!flag) return false;
   if (op.c.kind == Collective::Kind::Broadcast) {
-    std::memcpy(slot(0, seq), scratch(seq, op.root_node), bytes(chunk.length, op.element));
+    std::memcpy(slot(0, seq), scratch(seq, op.root_node), shm_bytes(chunk.length, op.element));
   } else {
     const void** src = sources_.data();
     for (int node = 0; node < topo_.nodes; ++node) src[node] = scratch(seq, node);
-    shm_combine(op.c.dtype, op.c.f64, op.c.op, src, topo_.nodes, slot(0, seq), nullptr,
-                chunk.length);
+    void* out = slot(0, seq);
+    shm_combine(op.c.dtype, op.c.f64, op.c.op, src, topo_.nodes, &out, 1, chunk.length);
   }
   control(0).flag[kGlobal].value.store(seq, std::memory_order_release);
   return true;
@@ -417,7 +412,7 @@ bool ShmEngine::step_out(std::int64_t seq) {
     return false;
   }
   ShmOp& op = op_at(seq);
-  do_out(op, seq - op.first, seq);
+  if (op.region < 0) do_out(op, seq - op.first, seq);
   control(topo_.local).flag[kDone].value.store(seq, std::memory_order_release);
   return true;
 }
@@ -460,7 +455,15 @@ std::string ShmEngine::describe() const {
   if (hierarchical_)
     s += ", hierarchical (node-local reduce, leaders over MPI, node-local broadcast)";
   if (!topo_.pretend.empty()) s += ", pretend nodes (" + topo_.pretend + ")";
-  return s + fmt::format("; {} slots of {} KiB per rank", slots_, slot_bytes_ >> 10);
+  s += fmt::format("; {} slots of {} KiB per rank", slots_, slot_bytes_ >> 10);
+  if (!regions_.empty()) {
+    std::size_t total = 0;
+    for (const Region& r : regions_) total += r.bytes;
+    s += fmt::format("; {} shared buffer{} ({:.1f} MiB), {} collective{} in place so far",
+                     regions_.size(), regions_.size() == 1 ? "" : "s",
+                     static_cast<double>(total) / (1 << 20), in_place_, in_place_ == 1 ? "" : "s");
+  }
+  return s;
 }
 
 void ShmEngine::close(std::chrono::milliseconds timeout) {
@@ -499,6 +502,8 @@ void ShmEngine::close(std::chrono::milliseconds timeout) {
                  world_rank_);
     return;
   }
+  for (Region& r : regions_) MPI_Win_free(&r.window);
+  regions_.clear();
   MPI_Win_free(&window_);
   if (topo_.leaders != MPI_COMM_NULL) MPI_Comm_free(&topo_.leaders);
   MPI_Comm_free(&topo_.node);

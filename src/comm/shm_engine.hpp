@@ -10,6 +10,11 @@
 //           leaders and receives theirs over MPI (point to point, into buffers allocated
 //           once), adds them in node order and publishes the sum in its slot;
 //   out:    the rank copies the results it lacks into its buffer.
+// A collective over a range of a shared buffer (allocate(); the same offset on every rank)
+// skips the slots: in and out copy nothing, and the reduce stage reads slice i of every
+// rank's buffer and writes the result into every rank's buffer (all_reduce) or the root's
+// (reduce), in chunks of kInPlaceChunkBytes. Every chunk's arrival publishes what the rank
+// runs (kind, count, root, where), and the reduce stage checks that the node's ranks agree.
 // A rank never waits inside the engine: progress() does what the counters allow and
 // returns, so waiting (with its deadline) stays in Communicator, and an operation advances
 // whenever its ranks call in (start, test, wait; GradBucketer's mark_ready).
@@ -17,6 +22,7 @@
 
 #include <mpi.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -57,8 +63,66 @@ struct ShmOp {
   std::int64_t block = 0;  ///< reduce_scatter / all_gather: elements per rank's block
   int root_local = -1;     ///< the root's index in its node, when on this node
   int root_node = 0;
+  int region = -1;          ///< the shared buffer it runs in place in (-1: the slots)
+  std::int64_t offset = 0;  ///< its bytes' offset in that buffer
   bool finished = false;
 };
+
+/// What a rank runs as chunk `seq` (published with its arrival): the node's ranks must agree.
+struct ShmDesc {
+  std::int64_t seq = -1;
+  std::int64_t count = 0;
+  std::int64_t offset = 0;  ///< in the shared buffer `region`
+  std::int32_t kind = 0;
+  std::int32_t root = 0;
+  std::int32_t element = 0;
+  std::int32_t region = -1;  ///< -1: through the slots
+  bool operator==(const ShmDesc& o) const {
+    return seq == o.seq && count == o.count && offset == o.offset && kind == o.kind &&
+           root == o.root && element == o.element && region == o.region;
+  }
+};
+
+/// The most slots a rank has (the ring of descriptors has one per slot).
+constexpr int kShmMaxSlots = 16;
+
+/// Elements [offset, offset + length) of `op`'s buffer in slice `j` of chunk `k`: a
+/// contiguous chunk cut into slices (all_reduce, reduce, broadcast), or part k of block j
+/// (reduce_scatter's input, all_gather's output).
+struct ShmPiece {
+  std::int64_t offset = 0, length = 0;
+};
+
+inline ShmPiece shm_piece(const ShmOp& op, std::int64_t k, int j) {
+  if (op.block > 0) {
+    const std::int64_t at = k * op.slice;
+    return {j * op.block + at, std::min(op.slice, op.block - at)};
+  }
+  const std::int64_t base = k * op.span;
+  const std::int64_t n = std::min(op.span, op.c.count - base);
+  const std::int64_t at = j * op.slice;
+  return {base + at, std::clamp<std::int64_t>(n - at, 0, op.slice)};
+}
+
+/// The whole chunk `k` of a contiguous operation.
+inline ShmPiece shm_whole(const ShmOp& op, std::int64_t k) {
+  const std::int64_t base = k * op.span;
+  return {base, std::min(op.span, op.c.count - base)};
+}
+
+inline char* shm_at(const void* p, std::int64_t elements, int element) {
+  return static_cast<char*>(const_cast<void*>(p)) + elements * element;
+}
+
+inline std::size_t shm_bytes(std::int64_t elements, int element) {
+  return static_cast<std::size_t>(elements) * static_cast<std::size_t>(element);
+}
+
+/// p rounded up to a cache line.
+inline char* shm_line_up(void* p) {
+  const auto a = (reinterpret_cast<std::uintptr_t>(p) + 63) & ~std::uintptr_t{63};
+  return reinterpret_cast<char*>(a);
+}
 
 class ShmEngine {
  public:
@@ -78,6 +142,12 @@ class ShmEngine {
   /// Does every stage the counters allow, for every queued operation; never waits. Throws
   /// CommError when a leader's MPI call fails.
   void progress();
+  /// `bytes` of host memory (64-byte aligned, zeroed) that every rank of the node maps: a
+  /// new segment, collective over the node (every rank asks for the same bytes: the caller
+  /// checks); freed with the engine.
+  void* allocate(std::size_t bytes);
+  /// Collectives (all_reduce, reduce) this rank ran in place in shared buffers so far.
+  std::int64_t in_place() const { return in_place_; }
   /// "shared memory: 1 node x 2 ranks" and the like.
   std::string describe() const;
   /// Before the communicator goes: finishes what is queued (abandoned operations included)
@@ -89,6 +159,8 @@ class ShmEngine {
  private:
   struct Control;
   Control& control(int local) const;
+  /// Local rank `local`'s descriptor of chunk `seq`.
+  ShmDesc& desc(int local, std::int64_t seq) const;
   char* slot(int local, std::int64_t seq) const;
   ShmOp& op_at(std::int64_t seq);
   bool all_reached(int flag, std::int64_t seq) const;
@@ -99,6 +171,11 @@ class ShmEngine {
   /// The leader's copy of node `node`'s part of chunk `seq`.
   char* scratch(std::int64_t seq, int node);
   bool step_out(std::int64_t seq);
+  /// The shared buffer holding [p, p + bytes) of this rank, with p's offset in it; or -1.
+  int locate(const void* p, std::size_t bytes, std::int64_t* offset) const;
+  void publish(const ShmOp& op, std::int64_t seq);
+  void check_agree(const ShmOp& op, std::int64_t seq) const;
+  void reduce_in_place(ShmOp& op, std::int64_t k);
   void do_in(ShmOp& op, std::int64_t k, char* mine);
   void do_reduce(ShmOp& op, std::int64_t k, std::int64_t seq);
   void do_out(ShmOp& op, std::int64_t k, std::int64_t seq);
@@ -110,6 +187,16 @@ class ShmEngine {
   int slots_;
   MPI_Win window_ = MPI_WIN_NULL;
   std::vector<char*> base_;  ///< each local rank's segment
+  /// The shared buffers (allocate()): their windows, each local rank's start, their size.
+  struct Region {
+    MPI_Win window = MPI_WIN_NULL;
+    std::vector<char*> base;
+    std::size_t bytes = 0;
+  };
+  std::vector<Region> regions_;
+  std::int64_t in_place_ = 0;
+  std::vector<void*> outs_;    ///< the outputs of an in-place combine, sized once
+  std::vector<int> world_of_;  ///< local index -> world rank
   bool leader_;
   bool hierarchical_;
   /// The leader's chunks in flight among the leaders: per slot, one part per node.

@@ -18,7 +18,10 @@ namespace fusedopt {
 namespace {
 constexpr std::size_t kAlign = 64;
 struct Free {
-  void operator()(std::byte* p) const { std::free(p); }
+  bool owned = true;  ///< false: memory the caller lent (finalize(grad_memory))
+  void operator()(std::byte* p) const {
+    if (owned) std::free(p);
+  }
 };
 using Buffer = std::unique_ptr<std::byte[], Free>;
 }  // namespace
@@ -80,9 +83,19 @@ void FlatArena::add(const std::string& name, std::int64_t numel, DType dtype) {
   cursor = *end;
 }
 
-void FlatArena::finalize() {
+void FlatArena::finalize() { finalize(nullptr); }
+
+void FlatArena::finalize(const std::function<void*(std::size_t bytes)>& grad_memory) {
   live("finalize");
   if (impl_->finalized) throw UsageError("FlatArena: finalize() called twice");
+  auto lent = [&](DType dtype, std::size_t bytes) {
+    auto* p = static_cast<std::byte*>(grad_memory(bytes));
+    FUSEDOPT_CHECK_USAGE(p != nullptr && reinterpret_cast<std::uintptr_t>(p) % kAlign == 0,
+                         "FlatArena::finalize: the gradient memory for {} ({} bytes) is {}",
+                         to_string(dtype), bytes, p == nullptr ? "null" : "not 64-byte aligned");
+    std::memset(p, 0, bytes);
+    return Buffer(p, Free{false});
+  };
   auto allocate = [](std::size_t bytes) {
     Buffer b(static_cast<std::byte*>(std::aligned_alloc(kAlign, std::max(bytes, kAlign))));
     if (!b)
@@ -92,7 +105,7 @@ void FlatArena::finalize() {
   };
   for (const auto& [dtype, bytes] : impl_->bytes) {
     impl_->params[dtype] = allocate(bytes);
-    impl_->grads[dtype] = allocate(bytes);
+    impl_->grads[dtype] = grad_memory ? lent(dtype, bytes) : allocate(bytes);
   }
   impl_->finalized = true;
 }

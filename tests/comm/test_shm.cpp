@@ -85,6 +85,33 @@ float shm_sum(const std::vector<float>& v, int per_node) {
   return total;
 }
 
+FlatArena arena_of(Communicator& comm, bool in_shared) {
+  if (!in_shared) return make_arena(kShmSizes);
+  // docs:begin shared-arena
+  FlatArena a;
+  for (std::size_t i = 0; i < kShmSizes.size(); ++i)
+    a.add("w" + std::to_string(i), kShmSizes[i], DType::F32);
+  // The gradients in a shared buffer: every rank calls this, in the same order.
+  a.finalize([&comm](std::size_t bytes) { return comm.allocate_shared(bytes); });
+  // docs:end shared-arena
+  return a;
+}
+
+/// Whether collectives over a shared buffer run in place here (one node of several ranks).
+bool runs_in_place(const Communicator& comm) {
+  const std::string t = comm.transport();
+  return t.find("shared memory: 1 node") != std::string::npos &&
+         t.find("hierarchical") == std::string::npos;
+}
+
+/// The number in "N collective(s) in place so far" of the transport, or 0.
+long in_place_so_far(const Communicator& comm) {
+  const std::string t = comm.transport();
+  const auto end = t.find(" collective");
+  const auto at = t.rfind(' ', end == std::string::npos ? 0 : end - 1);
+  return end == std::string::npos || at == std::string::npos ? 0 : std::atol(t.c_str() + at + 1);
+}
+
 /// Every rank's gradients of one step (rank r's from grad_value), and the expected sums.
 struct Case {
   std::uint32_t seed = 0;
@@ -92,7 +119,9 @@ struct Case {
   std::vector<Tensor> grads;
   std::vector<float> expected;  ///< per element of the flat order
 
-  explicit Case(Communicator& comm) : seed(shared_seed()), arena(make_arena(kShmSizes)) {
+  /// `in_shared`: the gradients in a shared buffer of `comm` (Communicator::allocate_shared).
+  explicit Case(Communicator& comm, bool in_shared = false)
+      : seed(shared_seed()), arena(arena_of(comm, in_shared)) {
     for (std::size_t i = 0; i < arena.size(); ++i) grads.push_back(arena.grad(i));
     std::vector<float> v(static_cast<std::size_t>(comm.size()));
     for (std::size_t i = 0; i < grads.size(); ++i) {
@@ -126,6 +155,59 @@ struct Case {
   }
 };
 
+/// The checks of one gradient layout after another (bucketed twice, per gradient, whole
+/// buffer, ZeRO-2's reduce to owners): the expected bits on shared memory, within fp32
+/// rounding on plain MPI; the other ranks' gradients only read by a reduce.
+void check_layouts(Communicator& comm, Case& c) {
+  const bool shm = comm.transport().find("shared memory:") != std::string::npos;
+  // Plain MPI sums in its own order: within fp32 rounding of the reference.
+  const double tolerance = shm ? 0.0 : 1e-6 * comm.size();
+  const std::string how =
+      comm.transport() + (tolerance == 0 ? ": bit for bit" : ": within fp32 rounding");
+  MESSAGE(how);
+  const std::vector<bool> all(c.grads.size(), true);
+  BucketOptions o;
+  o.first_bucket_bytes = 4096;
+  o.bucket_bytes = 300000;
+  GradBucketer bucketer(comm, c.grads, o);
+  for (int run = 0; run < 2; ++run) {
+    CAPTURE(run);
+    c.fill(comm.rank());
+    for (int i = static_cast<int>(c.grads.size()) - 1; i >= 0; --i) bucketer.mark_ready(i);
+    bucketer.finish();
+    CHECK(c.wrong(all, tolerance) == 0);
+  }
+  c.fill(comm.rank());
+  std::vector<Work> work;
+  for (const Tensor& g : c.grads) work.push_back(comm.all_reduce(g.data, g.numel, DType::F32));
+  for (Work& w : work) w.wait();
+  CHECK(c.wrong(all, tolerance) == 0);
+  c.fill(comm.rank());
+  const auto* first = data(c.grads.front());
+  const auto* last = data(c.grads.back()) + c.grads.back().numel;
+  comm.all_reduce(data(c.grads.front()), last - first, DType::F32).wait();
+  CHECK(c.wrong(all, tolerance) == 0);
+  // ZeRO-2's layout: gradient i reduced to its owner (i mod ranks) only.
+  c.fill(comm.rank());
+  std::vector<int> roots;
+  std::vector<bool> mine;
+  for (std::size_t i = 0; i < c.grads.size(); ++i) {
+    roots.push_back(static_cast<int>(i) % comm.size());
+    mine.push_back(roots.back() == comm.rank());
+  }
+  GradBucketer zero(comm, c.grads, o, roots);
+  zero.mark_all_ready();
+  zero.finish();
+  CHECK(c.wrong(mine, tolerance) == 0);
+  // The other ranks' gradients are only read.
+  std::int64_t changed = 0;
+  for (std::size_t i = 0; i < c.grads.size(); ++i) {
+    for (std::int64_t k = 0; k < kShmSizes[i] && !mine[i]; ++k)
+      changed += data(c.grads[i])[k] != grad_value(c.seed, comm.rank(), 0, i, k);
+  }
+  CHECK(changed == 0);
+}
+
 }  // namespace
 
 TEST_SUITE("comm_mpi") {
@@ -155,53 +237,88 @@ TEST_SUITE("comm_mpi") {
       "layouts") {
     Communicator& comm = world();
     Case c(comm);
-    const bool shm = comm.transport().find("shared memory:") != std::string::npos;
-    // Plain MPI sums in its own order: within fp32 rounding of the reference.
-    const double tolerance = shm ? 0.0 : 1e-6 * comm.size();
-    const std::string how =
-        comm.transport() + (tolerance == 0 ? ": bit for bit" : ": within fp32 rounding");
-    MESSAGE(how);
-    const std::vector<bool> all(c.grads.size(), true);
-    BucketOptions o;
-    o.first_bucket_bytes = 4096;
-    o.bucket_bytes = 300000;
-    GradBucketer bucketer(comm, c.grads, o);
-    for (int run = 0; run < 2; ++run) {
-      CAPTURE(run);
-      c.fill(comm.rank());
-      for (int i = static_cast<int>(c.grads.size()) - 1; i >= 0; --i) bucketer.mark_ready(i);
-      bucketer.finish();
-      CHECK(c.wrong(all, tolerance) == 0);
+    check_layouts(comm, c);
+  }
+
+  TEST_CASE("gradients in a shared buffer are reduced in place, with the slots' bits") {
+    Communicator& comm = world();
+    const long before = in_place_so_far(comm);
+    Case c(comm, true);
+    check_layouts(comm, c);
+    const long ran = in_place_so_far(comm) - before;
+    MESSAGE(comm.transport());
+    // Bucketed twice, per gradient, whole, ZeRO: every one in place where it can be.
+    if (runs_in_place(comm)) {
+      CHECK(ran >= 2 * 2 + static_cast<long>(kShmSizes.size()) + 1 + 1);
+    } else {
+      CHECK(ran == 0);
     }
-    c.fill(comm.rank());
-    std::vector<Work> work;
-    for (const Tensor& g : c.grads) work.push_back(comm.all_reduce(g.data, g.numel, DType::F32));
-    for (Work& w : work) w.wait();
-    CHECK(c.wrong(all, tolerance) == 0);
-    c.fill(comm.rank());
-    const auto* first = data(c.grads.front());
-    const auto* last = data(c.grads.back()) + c.grads.back().numel;
-    comm.all_reduce(data(c.grads.front()), last - first, DType::F32).wait();
-    CHECK(c.wrong(all, tolerance) == 0);
-    // ZeRO-2's layout: gradient i reduced to its owner (i mod ranks) only.
-    c.fill(comm.rank());
-    std::vector<int> roots;
-    std::vector<bool> mine;
-    for (std::size_t i = 0; i < c.grads.size(); ++i) {
-      roots.push_back(static_cast<int>(i) % comm.size());
-      mine.push_back(roots.back() == comm.rank());
+    // f64 and bf16 in a shared buffer: rank-order sums, bit for bit, as through the slots.
+    const std::int64_t n = 70001;
+    auto* d = static_cast<double*>(comm.allocate_shared(static_cast<std::size_t>(n) * 8));
+    auto* h = static_cast<std::uint16_t*>(comm.allocate_shared(static_cast<std::size_t>(n) * 2));
+    for (std::int64_t k = 0; k < n; ++k) {
+      d[k] = 1.0 / (3.0 + static_cast<double>(k % 97)) + comm.rank() * 1e-3;
+      h[k] = half::float_to_bf16(grad_value(c.seed, comm.rank(), 1, 0, k));
     }
-    GradBucketer zero(comm, c.grads, o, roots);
-    zero.mark_all_ready();
-    zero.finish();
-    CHECK(c.wrong(mine, tolerance) == 0);
-    // The other ranks' gradients are only read.
-    std::int64_t changed = 0;
-    for (std::size_t i = 0; i < c.grads.size(); ++i) {
-      for (std::int64_t k = 0; k < kShmSizes[i] && !mine[i]; ++k)
-        changed += data(c.grads[i])[k] != grad_value(c.seed, comm.rank(), 0, i, k);
+    comm.all_reduce(d, n).wait();
+    comm.all_reduce(h, n, DType::BF16).wait();
+    std::int64_t bad = 0;
+    const bool exact = comm.transport().find("shared memory:") != std::string::npos;
+    for (std::int64_t k = 0; k < n; ++k) {
+      double want = 1.0 / (3.0 + static_cast<double>(k % 97));
+      float want_h = half::bf16_to_float(half::float_to_bf16(grad_value(c.seed, 0, 1, 0, k)));
+      float size_h = std::fabs(want_h);  // the sum of the magnitudes: rounding's scale
+      for (int r = 1; r < comm.size(); ++r) {
+        want += 1.0 / (3.0 + static_cast<double>(k % 97)) + r * 1e-3;
+        const float v = half::bf16_to_float(half::float_to_bf16(grad_value(c.seed, r, 1, 0, k)));
+        want_h += v;
+        size_h += std::fabs(v);
+      }
+      const float got_h = half::bf16_to_float(h[k]);
+      const float round_h = half::bf16_to_float(half::float_to_bf16(want_h));
+      // One node's shared memory sums in rank order in fp32 and rounds once: the same bits.
+      // Elsewhere (plain MPI, pretend nodes) partial sums round too.
+      const bool same = exact && ranks_per_node() == 0;
+      if (same ? (d[k] != want || got_h != round_h)
+               : (std::fabs(d[k] - want) > 1e-12 || std::fabs(got_h - round_h) > 0.02f * size_h))
+        ++bad;
     }
-    CHECK(changed == 0);
+    CHECK(bad == 0);
+  }
+
+  TEST_CASE("ranks that reduce different ranges of a shared buffer get an error, not a hang") {
+    Communicator comm = Communicator::mpi();
+    comm.set_timeout(std::chrono::seconds(20));
+    auto* buf = static_cast<float*>(comm.allocate_shared(4096));
+    if (!runs_in_place(comm)) {
+      MESSAGE("skipped: collectives do not run in place here (" << comm.transport() << ")");
+      return;
+    }
+    // Rank 0 reduces bytes [0, 64), the others [64, 128): they would read each other's wrong
+    // range. Every rank of the node is told, naming both.
+    float* mine = buf + (comm.rank() == 0 ? 0 : 16);
+    try {
+      comm.all_reduce(mine, 16, DType::F32).wait();
+      FAIL("different ranges were reduced");
+    } catch (const fusedopt::comm::CommError& e) {
+      const std::string what = e.what();
+      MESSAGE(what);
+      CHECK(what.find("run different collectives") != std::string::npos);
+      CHECK(what.find("at byte 0") != std::string::npos);
+      CHECK(what.find("at byte 64") != std::string::npos);
+    }
+  }
+
+  TEST_CASE("ranks that ask for shared buffers of different sizes get a usage error, all of them") {
+    Communicator comm = Communicator::mpi();
+    if (comm.size() == 1) return;  // nobody to differ from
+    CHECK_THROWS_WITH_AS(comm.allocate_shared(comm.rank() == 0 ? 128 : 256),
+                         doctest::Contains("asked for different sizes"), fusedopt::UsageError);
+    // The communicator still works.
+    float x = 1.0f;
+    comm.all_reduce(&x, 1, DType::F32).wait();
+    CHECK(x == static_cast<float>(comm.size()));
   }
 
   TEST_CASE("a bad shared-memory setting is an error on every rank, never a hang") {
