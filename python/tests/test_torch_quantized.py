@@ -80,7 +80,11 @@ def test_any_rule_trains_with_q8_states(seed):
     assert state["m.absmax"].shape == (8192 // 256,)
     assert opt.state[net[4].weight]["m"].dtype == torch.float32  # 64 elements: kept fp32
     print(f"AdaBelief, 300 steps: fp32 states {base:.6f}, q8 states {loss:.6f}")
-    assert abs(loss / base - 1) <= 0.02
+    # -0.11% to +3.35% over 41 seeds (mean +0.8%; +2.22% at seed 904684138, +3.35% at seed
+    # 718349404), measured 2026-11-27 after a CI run failed the earlier 2% bound (never
+    # calibrated) at +2.22%. Why AdaBelief's q8 s spreads more than Adam's v is not known.
+    # A broken map, sign fix or absmax lands far beyond 5%.
+    assert abs(loss / base - 1) <= 0.05
 
 
 @pytest.mark.parametrize("rule,storage", [("adamw8bit", None), ("adamw", {"m": "q4s", "v": "q8u"})])
