@@ -6,6 +6,8 @@
 //   zero1  ShardedOptimizer stage 1: gradients all-reduced, state sharded, parameters
 //          broadcast back by their owners;
 //   zero2  ShardedOptimizer stage 2: each gradient bucket reduced to its owner only.
+// With shared memory, dp, zero1 and zero2 run again ("_shbuf") with the gradients and
+// params in Communicator::allocate_shared buffers: reduced and broadcast in place, no copies.
 // Two rows without communication tell the compute apart: the step alone over every
 // parameter (dp's), and over this rank's 1/n shard (what each ZeRO rank steps).
 // Each variant reports its time, its optimizer state per rank, its collectives and the bytes
@@ -88,10 +90,14 @@ float grad_value(std::int64_t k, int rank) {
 struct Model {
   FlatArena arena;
   std::vector<Tensor> params, grads;
-  explicit Model(const std::vector<std::int64_t>& sizes) {
+  /// `grad_memory`, `param_memory`: where they go (FlatArena::finalize), null for the
+  /// arena's own memory.
+  Model(const std::vector<std::int64_t>& sizes,
+        const std::function<void*(std::size_t)>& grad_memory,
+        const std::function<void*(std::size_t)>& param_memory) {
     for (std::size_t i = 0; i < sizes.size(); ++i)
       arena.add("w" + std::to_string(i), sizes[i], DType::F32);
-    arena.finalize();
+    arena.finalize(grad_memory, param_memory);
     for (std::size_t i = 0; i < sizes.size(); ++i) {
       params.push_back(arena.param(i));
       grads.push_back(arena.grad(i));
@@ -246,126 +252,162 @@ int run(const Args& args) {
     return row;
   };
 
-  // (a) data parallel.
-  {
-    Model m(w.sizes);
-    m.fill_params();
-    Optimizer opt(adamw, m.groups());
-    GradBucketer bucketer(comm, m.grads);  // default options: 25 MiB buckets, first 1 MiB
-    Row row =
-        make_row("dp",
-                 "data parallel: GradBucketer (25 MiB buckets, first 1 MiB), mark_ready in reverse "
-                 "order, finish(), Optimizer::step_scaled(grad_scale()) over every parameter");
-    for (int it = 0; it < total; ++it) {
-      m.fill_grads(rank);
-      const std::int64_t before = bucketer.collectives();
-      time_step(comm, row, it >= args.warmup, [&] {
-        for (int i = params - 1; i >= 0; --i) bucketer.mark_ready(i);
-        bucketer.finish();
-        return opt.step_scaled(bucketer.grad_scale());
-      });
-      row.collectives = bucketer.collectives() - before;  // what it started, not its layout
-      if (it == 0) {
-        std::size_t k0 = 0;
-        for (const Tensor& t : m.params) {
-          std::memcpy(reference.data() + k0, t.data, static_cast<std::size_t>(t.numel) * 4);
-          k0 += static_cast<std::size_t>(t.numel);
+  // The gradients in the arena's own memory, then (with shared memory) in one shared buffer
+  // allocated once and reused by each variant: all-reduced and reduced in place.
+  // Two shared buffers (gradients, params), each allocated once and reused by every variant.
+  struct Shared {
+    void* data = nullptr;
+    std::size_t bytes = 0;
+  } shared[2];
+  auto in_shared = [&comm](Shared& s) {
+    return [&comm, &s](std::size_t b) {
+      if (s.data == nullptr) s = {comm.allocate_shared(b), b};
+      if (b > s.bytes) throw std::runtime_error("a shared buffer is too small");
+      return s.data;
+    };
+  };
+  const bool has_shm = comm.transport().find("shared memory:") != std::string::npos;
+  for (int memory = 0; memory < (has_shm ? 2 : 1); ++memory) {
+    const std::string suffix = memory == 0 ? "" : "_shbuf";
+    std::function<void*(std::size_t)> grad_memory, param_memory;
+    if (memory == 1) {
+      grad_memory = in_shared(shared[0]);
+      param_memory = in_shared(shared[1]);
+    }
+    const std::string where =
+        memory == 0 ? ""
+                    : " (gradients and params in shared buffers: reduced and broadcast in "
+                      "place, no copies)";
+    // (a) data parallel.
+    {
+      Model m(w.sizes, grad_memory, param_memory);
+      m.fill_params();
+      Optimizer opt(adamw, m.groups());
+      GradBucketer bucketer(comm, m.grads);  // default options: 25 MiB buckets, first 1 MiB
+      Row row = make_row(
+          "dp" + suffix,
+          "data parallel: GradBucketer (25 MiB buckets, first 1 MiB), mark_ready in reverse "
+          "order, finish(), Optimizer::step_scaled(grad_scale()) over every parameter" +
+              where);
+      for (int it = 0; it < total; ++it) {
+        m.fill_grads(rank);
+        const std::int64_t before = bucketer.collectives();
+        time_step(comm, row, it >= args.warmup, [&] {
+          for (int i = params - 1; i >= 0; --i) bucketer.mark_ready(i);
+          bucketer.finish();
+          return opt.step_scaled(bucketer.grad_scale());
+        });
+        row.collectives = bucketer.collectives() - before;  // what it started, not its layout
+        if (it == 0 && memory == 0) {
+          std::size_t k0 = 0;
+          for (const Tensor& t : m.params) {
+            std::memcpy(reference.data() + k0, t.data, static_cast<std::size_t>(t.numel) * 4);
+            k0 += static_cast<std::size_t>(t.numel);
+          }
         }
-        const bool same = replicas_identical(comm, m.params);
-        checks.push_back(fmt::format("dp: replicas {}", same ? "identical" : "DIFFER"));
-        ok = ok && same;
+        if (it == 0) {
+          const bool same = replicas_identical(comm, m.params);
+          const Diff d = compare(comm, m.params, reference);
+          checks.push_back(fmt::format("{}: replicas {}; against dp {} of {} elements differ: {}",
+                                       row.name, same ? "identical" : "DIFFER", d.differing,
+                                       elements, d.differing == 0 ? "ok" : "WRONG"));
+          ok = ok && same && d.differing == 0;
+        }
       }
+      const double g = static_cast<double>(bucketer.stats().bytes_per_step);
+      row.collectives_detail = fmt::format("{} all-reduces", row.collectives);
+      row.state_bytes = max_over_ranks(comm, static_cast<double>(opt.stats().state_bytes));
+      row.comm_bytes = 2 * (n - 1) / n * g;
+      row.comm_formula =
+          fmt::format("2(n-1)/n x G, G = {} (gradients all-reduced)", static_cast<std::int64_t>(g));
+      plans.push_back(row.name + ": " + bucketer.report());
+      rows.push_back(std::move(row));
+      if (memory == 0)
+        rows.push_back(
+            time_alone(m, opt,
+                       make_row("step_full",
+                                "reference: Optimizer::step_scaled(1/n) over every parameter, "
+                                "no communication (the compute of dp)")));
     }
-    const double g = static_cast<double>(bucketer.stats().bytes_per_step);
-    row.collectives_detail = fmt::format("{} all-reduces", row.collectives);
-    row.state_bytes = max_over_ranks(comm, static_cast<double>(opt.stats().state_bytes));
-    row.comm_bytes = 2 * (n - 1) / n * g;
-    row.comm_formula =
-        fmt::format("2(n-1)/n x G, G = {} (gradients all-reduced)", static_cast<std::int64_t>(g));
-    plans.push_back("dp: " + bucketer.report());
-    rows.push_back(std::move(row));
-    rows.push_back(
-        time_alone(m, opt,
-                   make_row("step_full",
-                            "reference: Optimizer::step_scaled(1/n) over every parameter, "
-                            "no communication (the compute of dp)")));
-  }
 
-  // (b), (c) ZeRO-1 and ZeRO-2.
-  for (const int stage : {1, 2}) {
-    Model m(w.sizes);
-    m.fill_params();
-    ShardOptions options;
-    options.stage = stage;
-    ShardedOptimizer zero(comm, adamw, m.groups(), options);
-    Row row = make_row(
-        fmt::format("zero{}", stage),
-        stage == 1 ? "ZeRO-1: ShardedOptimizer stage 1 (gradients all-reduced in 25 MiB "
-                     "buckets, state sharded, parameters broadcast by their owners), "
-                     "mark_ready in reverse order, step()"
-                   : "ZeRO-2: ShardedOptimizer stage 2 (each 25 MiB gradient bucket reduced "
-                     "to its owner, state sharded, parameters broadcast by their owners), "
-                     "mark_ready in reverse order, step()");
-    for (int it = 0; it < total; ++it) {
-      m.fill_grads(rank);
-      time_step(comm, row, it >= args.warmup, [&] {
-        for (int i = params - 1; i >= 0; --i) zero.mark_ready(i);
-        return zero.step();
-      });
-      if (it == 0) {
-        const bool same = replicas_identical(comm, m.params);
-        const Diff d = compare(comm, m.params, reference);
-        const bool equal = stage == 1 ? d.differing == 0 : d.worst <= 1e-6;
-        checks.push_back(
-            fmt::format("{}: replicas {}; against dp {} of {} elements differ bitwise, largest "
-                        "|a-b|/max(|b|,1) "
-                        "{:.3g} (must be {}): {}",
-                        row.name, same ? "identical" : "DIFFER", d.differing, elements, d.worst,
-                        stage == 1 ? "bitwise equal" : "<= 1e-6", equal ? "ok" : "WRONG"));
-        ok = ok && same && equal;
+    // (b), (c) ZeRO-1 and ZeRO-2.
+    for (const int stage : {1, 2}) {
+      Model m(w.sizes, grad_memory, param_memory);
+      m.fill_params();
+      ShardOptions options;
+      options.stage = stage;
+      ShardedOptimizer zero(comm, adamw, m.groups(), options);
+      Row row = make_row(
+          fmt::format("zero{}{}", stage, suffix),
+          std::string(stage == 1
+                          ? "ZeRO-1: ShardedOptimizer stage 1 (gradients all-reduced in 25 MiB "
+                            "buckets, state sharded, parameters broadcast by their owners), "
+                            "mark_ready in reverse order, step()"
+                          : "ZeRO-2: ShardedOptimizer stage 2 (each 25 MiB gradient bucket reduced "
+                            "to its owner, state sharded, parameters broadcast by their owners), "
+                            "mark_ready in reverse order, step()") +
+              where);
+      for (int it = 0; it < total; ++it) {
+        m.fill_grads(rank);
+        time_step(comm, row, it >= args.warmup, [&] {
+          for (int i = params - 1; i >= 0; --i) zero.mark_ready(i);
+          return zero.step();
+        });
+        if (it == 0) {
+          const bool same = replicas_identical(comm, m.params);
+          const Diff d = compare(comm, m.params, reference);
+          const bool equal = stage == 1 ? d.differing == 0 : d.worst <= 1e-6;
+          checks.push_back(
+              fmt::format("{}: replicas {}; against dp {} of {} elements differ bitwise, largest "
+                          "|a-b|/max(|b|,1) "
+                          "{:.3g} (must be {}): {}",
+                          row.name, same ? "identical" : "DIFFER", d.differing, elements, d.worst,
+                          stage == 1 ? "bitwise equal" : "<= 1e-6", equal ? "ok" : "WRONG"));
+          ok = ok && same && equal;
+        }
       }
-    }
-    const ShardStats s = zero.stats();
-    const double g = static_cast<double>(s.gradient_bytes);
-    const double p = static_cast<double>(s.parameter_bytes);
-    // The scaled step's grad check: one float64 all-reduce of a max (AdamW has no
-    // reduction passes, so the reduction hook has nothing else to combine).
-    const int hook_collectives = s.local.reduction_passes == 0 ? 1 : -1;
-    if (hook_collectives < 0) throw std::runtime_error("AdamW with reduction passes?");
-    row.collectives = s.reduce_collectives + s.gather_collectives + hook_collectives;
-    row.collectives_detail =
-        fmt::format("{} gradient {} + {} parameter broadcasts + 1 float64 all-reduce (grad check)",
-                    s.reduce_collectives, stage == 1 ? "all-reduces" : "reduces to owners",
-                    s.gather_collectives);
-    row.state_bytes = max_over_ranks(comm, static_cast<double>(s.state_bytes));
-    row.comm_bytes = (stage == 1 ? 2 : 1) * (n - 1) / n * g + (n - 1) / n * p;
-    row.comm_formula = fmt::format(
-        "{}(n-1)/n x G + (n-1)/n x P, G = ShardStats::gradient_bytes = {}, P = "
-        "ShardStats::parameter_bytes = {}",
-        stage == 1 ? "2" : "", static_cast<std::int64_t>(g), static_cast<std::int64_t>(p));
-    plans.push_back(fmt::format("{}: {}", row.name, s.report));
-    rows.push_back(std::move(row));
-    if (stage == 2) {
-      // The step alone over this rank's shard: a plain optimizer over views of the pieces
-      // the sharded one owns (its own state; the sharded one's stays alive beside it).
-      ParamGroup shard;
-      for (int i = 0; i < params; ++i) {
-        const std::pair<std::int64_t, std::int64_t> range = zero.owned_range(i);
-        if (range.first == range.second) continue;
-        const auto piece = [&range](Tensor t) {
-          t.data = static_cast<float*>(t.data) + range.first;
-          t.numel = range.second - range.first;
-          return t;
-        };
-        shard.params.push_back(piece(m.params[static_cast<std::size_t>(i)]));
-        shard.grads.push_back(piece(m.grads[static_cast<std::size_t>(i)]));
+      const ShardStats s = zero.stats();
+      const double g = static_cast<double>(s.gradient_bytes);
+      const double p = static_cast<double>(s.parameter_bytes);
+      // The scaled step's grad check: one float64 all-reduce of a max (AdamW has no
+      // reduction passes, so the reduction hook has nothing else to combine).
+      const int hook_collectives = s.local.reduction_passes == 0 ? 1 : -1;
+      if (hook_collectives < 0) throw std::runtime_error("AdamW with reduction passes?");
+      row.collectives = s.reduce_collectives + s.gather_collectives + hook_collectives;
+      row.collectives_detail = fmt::format(
+          "{} gradient {} + {} parameter broadcasts + 1 float64 all-reduce (grad check)",
+          s.reduce_collectives, stage == 1 ? "all-reduces" : "reduces to owners",
+          s.gather_collectives);
+      row.state_bytes = max_over_ranks(comm, static_cast<double>(s.state_bytes));
+      row.comm_bytes = (stage == 1 ? 2 : 1) * (n - 1) / n * g + (n - 1) / n * p;
+      row.comm_formula = fmt::format(
+          "{}(n-1)/n x G + (n-1)/n x P, G = ShardStats::gradient_bytes = {}, P = "
+          "ShardStats::parameter_bytes = {}",
+          stage == 1 ? "2" : "", static_cast<std::int64_t>(g), static_cast<std::int64_t>(p));
+      plans.push_back(fmt::format("{}: {}", row.name, s.report));
+      rows.push_back(std::move(row));
+      if (stage == 2 && memory == 0) {
+        // The step alone over this rank's shard: a plain optimizer over views of the pieces
+        // the sharded one owns (its own state; the sharded one's stays alive beside it).
+        ParamGroup shard;
+        for (int i = 0; i < params; ++i) {
+          const std::pair<std::int64_t, std::int64_t> range = zero.owned_range(i);
+          if (range.first == range.second) continue;
+          const auto piece = [&range](Tensor t) {
+            t.data = static_cast<float*>(t.data) + range.first;
+            t.numel = range.second - range.first;
+            return t;
+          };
+          shard.params.push_back(piece(m.params[static_cast<std::size_t>(i)]));
+          shard.grads.push_back(piece(m.grads[static_cast<std::size_t>(i)]));
+        }
+        Optimizer local(adamw, {shard});
+        rows.push_back(
+            time_alone(m, local,
+                       make_row("step_shard",
+                                "reference: Optimizer::step_scaled(1/n) over this rank's 1/n "
+                                "shard, no communication (the compute of zero1 and zero2)")));
       }
-      Optimizer local(adamw, {shard});
-      rows.push_back(
-          time_alone(m, local,
-                     make_row("step_shard",
-                              "reference: Optimizer::step_scaled(1/n) over this rank's 1/n "
-                              "shard, no communication (the compute of zero1 and zero2)")));
     }
   }
   // Peak resident memory of the run (kB in /proc/self/status), the most of a rank.
@@ -405,7 +447,10 @@ int run(const Args& args) {
              compiler, threads);
   fmt::print(
       "{} warmup + {} timed iterations per variant; one variant alive at a time (built, run, "
-      "freed)\n  in this order: dp, step_full, zero1, zero2, step_shard; time = slowest rank, "
+      "freed)\n  in this order: dp, step_full, zero1, zero2, step_shard, then with shared memory "
+      "dp,\n  zero1, zero2 again with gradients and params in shared buffers (_shbuf); time = "
+      "slowest "
+      "rank, "
       "barrier\n  before each, gradients refilled (untimed) before each\n",
       args.warmup, args.iters);
   fmt::print("copy bandwidth (one process, best of 5, read + write): {:.2f} GB/s\n", copy_bw / 1e9);

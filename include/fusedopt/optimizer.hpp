@@ -438,12 +438,14 @@ class FUSEDOPT_API FlatArena {
   void add(const std::string& name, std::int64_t numel, DType dtype);
   /// Allocates the buffers (zeroed).
   void finalize();
-  /// Allocates the params' buffers, and takes each dtype's gradient buffer from
-  /// `grad_memory(bytes)` (called once per dtype, in a fixed order; 64-byte aligned memory
-  /// that outlives the arena, which zeroes it): for example
-  /// `[&](std::size_t n) { return comm.allocate_shared(n); }`, so that gradients are all-reduced
-  /// in place in shared memory (docs/comm.md).
-  void finalize(const std::function<void*(std::size_t bytes)>& grad_memory);
+  /// Takes each dtype's gradient buffer from `grad_memory(bytes)` and, when given, its
+  /// params' from `param_memory(bytes)` (each called once per dtype, in a fixed order,
+  /// gradients first; 64-byte aligned memory that outlives the arena, which zeroes it; the
+  /// arena allocates what a null function leaves): for example
+  /// `[&](std::size_t n) { return comm.allocate_shared(n); }`, so that gradients are reduced,
+  /// and a ZeRO optimizer's params broadcast, in place in shared memory (docs/comm.md).
+  void finalize(const std::function<void*(std::size_t bytes)>& grad_memory,
+                const std::function<void*(std::size_t bytes)>& param_memory = nullptr);
   /// The view of tensor `i` (in add() order), and its gradient twin.
   Tensor param(std::size_t i) const;
   Tensor grad(std::size_t i) const;

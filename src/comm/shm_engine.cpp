@@ -161,8 +161,9 @@ std::shared_ptr<ShmOp> ShmEngine::start(const Collective& c) {
   op->element = element_bytes(c);
   const std::int64_t w = topo_.local_size;
   const auto slot_elements = static_cast<std::int64_t>(slot_bytes_) / op->element;
-  const bool in_place_kind =
-      c.kind == Collective::Kind::AllReduce || c.kind == Collective::Kind::Reduce;
+  const bool in_place_kind = c.kind == Collective::Kind::AllReduce ||
+                             c.kind == Collective::Kind::Reduce ||
+                             c.kind == Collective::Kind::Broadcast;
   if (!hierarchical_ && in_place_kind && c.send == c.recv && c.count > 0) {
     op->region = locate(c.recv, shm_bytes(c.count, op->element), &op->offset);
   }
@@ -313,7 +314,7 @@ bool ShmEngine::step_reduce(std::int64_t seq) {
   ShmOp& op = op_at(seq);
   check_agree(op, seq);
   if (op.region >= 0) {
-    reduce_in_place(op, seq - op.first);
+    if (is_reduction(op.c.kind)) reduce_in_place(op, seq - op.first);
   } else {
     do_reduce(op, seq - op.first, seq);
   }
@@ -412,9 +413,21 @@ bool ShmEngine::step_out(std::int64_t seq) {
     return false;
   }
   ShmOp& op = op_at(seq);
-  if (op.region < 0) do_out(op, seq - op.first, seq);
+  if (op.region < 0) {
+    do_out(op, seq - op.first, seq);
+  } else if (op.c.kind == Collective::Kind::Broadcast && world_rank_ != op.c.root) {
+    copy_in_place(op, seq - op.first);
+  }
   control(topo_.local).flag[kDone].value.store(seq, std::memory_order_release);
   return true;
+}
+
+// A broadcast's root runs in place from its own buffer, which the others read until their
+// out stage: it is complete only when every rank is done with its last chunk (otherwise the
+// root could write its buffer again while they copy). Any other operation: at once.
+bool ShmEngine::released(const ShmOp& op) const {
+  return op.region < 0 || op.c.kind != Collective::Kind::Broadcast ||
+         all_reached(kDone, op.first + op.chunks - 1);
 }
 
 void ShmEngine::progress() {
@@ -424,7 +437,8 @@ void ShmEngine::progress() {
       ++out_;
       moved = true;
     }
-    while (!queue_empty() && queue_[head_]->first + queue_[head_]->chunks <= out_) {
+    while (!queue_empty() && queue_[head_]->first + queue_[head_]->chunks <= out_ &&
+           released(*queue_[head_])) {
       queue_[head_]->finished = true;
       queue_[head_++].reset();
     }

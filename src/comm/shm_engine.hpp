@@ -11,10 +11,12 @@
 //           once), adds them in node order and publishes the sum in its slot;
 //   out:    the rank copies the results it lacks into its buffer.
 // A collective over a range of a shared buffer (allocate(); the same offset on every rank)
-// skips the slots: in and out copy nothing, and the reduce stage reads slice i of every
-// rank's buffer and writes the result into every rank's buffer (all_reduce) or the root's
-// (reduce), in chunks of kInPlaceChunkBytes. Every chunk's arrival publishes what the rank
-// runs (kind, count, root, where), and the reduce stage checks that the node's ranks agree.
+// skips the slots: all_reduce and reduce copy nothing in or out, the reduce stage reading
+// slice i of every rank's buffer and writing the result into every rank's buffer (all_reduce)
+// or the root's (reduce); a broadcast's ranks copy from the root's buffer, and the root's
+// broadcast completes when they are done. Chunks of kInPlaceChunkBytes. Every chunk's
+// arrival publishes what the rank runs (kind, count, root, where), and the reduce stage
+// checks that the node's ranks agree.
 // A rank never waits inside the engine: progress() does what the counters allow and
 // returns, so waiting (with its deadline) stays in Communicator, and an operation advances
 // whenever its ranks call in (start, test, wait; GradBucketer's mark_ready).
@@ -176,6 +178,8 @@ class ShmEngine {
   void publish(const ShmOp& op, std::int64_t seq);
   void check_agree(const ShmOp& op, std::int64_t seq) const;
   void reduce_in_place(ShmOp& op, std::int64_t k);
+  void copy_in_place(const ShmOp& op, std::int64_t k);
+  bool released(const ShmOp& op) const;
   void do_in(ShmOp& op, std::int64_t k, char* mine);
   void do_reduce(ShmOp& op, std::int64_t k, std::int64_t seq);
   void do_out(ShmOp& op, std::int64_t k, std::int64_t seq);

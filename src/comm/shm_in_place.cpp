@@ -114,4 +114,15 @@ void ShmEngine::reduce_in_place(ShmOp& op, std::int64_t k) {
   shm_combine(op.c.dtype, op.c.f64, op.c.op, src, topo_.local_size, outs_.data(), outs, p.length);
 }
 
+// Chunk k of a broadcast in place: the whole chunk, from the root's shared buffer into this
+// rank's, at the same offset.
+void ShmEngine::copy_in_place(const ShmOp& op, std::int64_t k) {
+  const ShmPiece p = shm_whole(op, k);
+  const Region& g = regions_[static_cast<std::size_t>(op.region)];
+  const std::size_t at = static_cast<std::size_t>(op.offset) + shm_bytes(p.offset, op.element);
+  std::memcpy(g.base[static_cast<std::size_t>(topo_.local)] + at,
+              g.base[static_cast<std::size_t>(op.root_local)] + at,
+              shm_bytes(p.length, op.element));
+}
+
 }  // namespace fusedopt::comm::detail

@@ -83,15 +83,17 @@ void FlatArena::add(const std::string& name, std::int64_t numel, DType dtype) {
   cursor = *end;
 }
 
-void FlatArena::finalize() { finalize(nullptr); }
+void FlatArena::finalize() { finalize(nullptr, nullptr); }
 
-void FlatArena::finalize(const std::function<void*(std::size_t bytes)>& grad_memory) {
+void FlatArena::finalize(const std::function<void*(std::size_t bytes)>& grad_memory,
+                         const std::function<void*(std::size_t bytes)>& param_memory) {
   live("finalize");
   if (impl_->finalized) throw UsageError("FlatArena: finalize() called twice");
-  auto lent = [&](DType dtype, std::size_t bytes) {
-    auto* p = static_cast<std::byte*>(grad_memory(bytes));
+  auto lent = [](const std::function<void*(std::size_t)>& memory, const char* what, DType dtype,
+                 std::size_t bytes) {
+    auto* p = static_cast<std::byte*>(memory(bytes));
     FUSEDOPT_CHECK_USAGE(p != nullptr && reinterpret_cast<std::uintptr_t>(p) % kAlign == 0,
-                         "FlatArena::finalize: the gradient memory for {} ({} bytes) is {}",
+                         "FlatArena::finalize: the {} memory for {} ({} bytes) is {}", what,
                          to_string(dtype), bytes, p == nullptr ? "null" : "not 64-byte aligned");
     std::memset(p, 0, bytes);
     return Buffer(p, Free{false});
@@ -103,10 +105,14 @@ void FlatArena::finalize(const std::function<void*(std::size_t bytes)>& grad_mem
     std::memset(b.get(), 0, bytes);
     return b;
   };
-  for (const auto& [dtype, bytes] : impl_->bytes) {
-    impl_->params[dtype] = allocate(bytes);
-    impl_->grads[dtype] = grad_memory ? lent(dtype, bytes) : allocate(bytes);
-  }
+  // Gradients first, then params, each dtype in order: every rank calls a collective
+  // allocator in the same order.
+  for (const auto& [dtype, bytes] : impl_->bytes)
+    impl_->grads[dtype] =
+        grad_memory ? lent(grad_memory, "gradient", dtype, bytes) : allocate(bytes);
+  for (const auto& [dtype, bytes] : impl_->bytes)
+    impl_->params[dtype] =
+        param_memory ? lent(param_memory, "param", dtype, bytes) : allocate(bytes);
   impl_->finalized = true;
 }
 

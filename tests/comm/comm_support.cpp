@@ -29,6 +29,16 @@ fusedopt::FlatArena make_arena(const std::vector<std::int64_t>& sizes) {
   return a;
 }
 
+fusedopt::FlatArena make_shared_arena(fusedopt::comm::Communicator& comm,
+                                      const std::vector<std::int64_t>& sizes) {
+  fusedopt::FlatArena a;
+  for (std::size_t i = 0; i < sizes.size(); ++i)
+    a.add("w" + std::to_string(i), sizes[i], fusedopt::DType::F32);
+  const auto shared = [&comm](std::size_t bytes) { return comm.allocate_shared(bytes); };
+  a.finalize(shared, shared);
+  return a;
+}
+
 std::vector<fusedopt::ParamGroup> group_of(fusedopt::FlatArena& a) {
   fusedopt::ParamGroup g;
   for (std::size_t i = 0; i < a.size(); ++i) {

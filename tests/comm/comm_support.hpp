@@ -20,6 +20,10 @@ std::uint32_t shared_seed();
 
 /// A FlatArena of fp32 tensors "w0", "w1", ... of these sizes (params and grads zeroed).
 fusedopt::FlatArena make_arena(const std::vector<std::int64_t>& sizes);
+/// make_arena's, with its params and grads in shared buffers of `comm` (allocate_shared:
+/// collective, every rank in the same order).
+fusedopt::FlatArena make_shared_arena(fusedopt::comm::Communicator& comm,
+                                      const std::vector<std::int64_t>& sizes);
 /// One ParamGroup of every param and grad of `a`, in order.
 std::vector<fusedopt::ParamGroup> group_of(fusedopt::FlatArena& a);
 inline float* data(const fusedopt::Tensor& t) { return static_cast<float*>(t.data); }

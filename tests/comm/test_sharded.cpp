@@ -82,12 +82,18 @@ TEST_SUITE("comm_mpi") {
       const char* preset;
       int stage;
       double max_grad_norm;
+      bool in_shared;
     };
-    for (const Case c : {Case{"adamw", 1, 0.0}, Case{"adamw", 2, 0.0}, Case{"lamb", 1, 0.05},
-                         Case{"lamb", 2, 0.05}}) {
+    // The sharded optimizer's params and grads also in shared buffers: reduced and broadcast
+    // in place on the shared-memory path (ordinary memory elsewhere), with the same results.
+    for (const Case c :
+         {Case{"adamw", 1, 0.0, false}, Case{"adamw", 2, 0.0, false}, Case{"lamb", 1, 0.05, false},
+          Case{"lamb", 2, 0.05, false}, Case{"adamw", 1, 0.0, true}, Case{"adamw", 2, 0.0, true}}) {
       CAPTURE(c.preset);
       CAPTURE(c.stage);
-      FlatArena sharded_arena = make_arena(kSizes), dp_arena = make_arena(kSizes);
+      CAPTURE(c.in_shared);
+      FlatArena sharded_arena = c.in_shared ? make_shared_arena(comm, kSizes) : make_arena(kSizes);
+      FlatArena dp_arena = make_arena(kSizes);
       fill_params(sharded_arena, seed);
       fill_params(dp_arena, seed);
       BucketOptions buckets;

@@ -8,10 +8,12 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cmath>
 #include <cstdlib>
 #include <new>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "comm/comm_support.hpp"
@@ -285,6 +287,19 @@ TEST_SUITE("comm_mpi") {
         ++bad;
     }
     CHECK(bad == 0);
+    // A broadcast in place: the root writes its buffer again as soon as its wait returns, and
+    // the others still hold its first values (its broadcast ends after their copies).
+    const std::int64_t m = std::int64_t{3} << 20;  // 12 MiB: two chunks
+    auto* b = static_cast<float*>(comm.allocate_shared(static_cast<std::size_t>(m) * 4));
+    const int root = comm.size() - 1;
+    for (std::int64_t k = 0; k < m; ++k)
+      b[k] = comm.rank() == root ? static_cast<float>(k % 1000) : -1.0f;
+    comm.broadcast(b, m, DType::F32, root).wait();
+    if (comm.rank() == root) std::fill(b, b + m, -2.0f);
+    std::int64_t wrong_b = 0;
+    for (std::int64_t k = 0; k < m && comm.rank() != root; ++k)
+      wrong_b += b[k] != static_cast<float>(k % 1000);
+    CHECK(wrong_b == 0);
   }
 
   TEST_CASE("ranks that reduce different ranges of a shared buffer get an error, not a hang") {
@@ -308,6 +323,36 @@ TEST_SUITE("comm_mpi") {
       CHECK(what.find("at byte 0") != std::string::npos);
       CHECK(what.find("at byte 64") != std::string::npos);
     }
+  }
+
+  TEST_CASE("in a shared buffer, a stalled rank gives the others a CommError within the deadline") {
+    Communicator comm = Communicator::mpi();
+    comm.set_timeout(std::chrono::seconds(20));
+    auto* x = static_cast<float*>(comm.allocate_shared(4000));
+    if (comm.size() == 1) return;
+    MESSAGE(comm.transport());
+    for (int k = 0; k < 1000; ++k) x[k] = 1.0f;
+    if (comm.rank() == 1) {
+      // Stalls well past the others' deadline, then joins (so the job can end cleanly).
+      std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+      comm.all_reduce(x, 1000, DType::F32).wait();
+      CHECK(x[0] == static_cast<float>(comm.size()));
+      return;
+    }
+    const auto start = std::chrono::steady_clock::now();
+    Work w = comm.all_reduce(x, 1000, DType::F32);
+    try {
+      w.wait(std::chrono::milliseconds(300));
+      FAIL("the all_reduce completed though rank 1 stalled");
+    } catch (const fusedopt::comm::CommError& e) {
+      const double waited =
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      CHECK(waited >= 0.3);
+      CHECK(waited < 1.4);  // before rank 1 woke up
+      CHECK(e.cause().find("not complete after 0.3 s") != std::string::npos);
+    }
+    CHECK(comm.broken());
+    w = {};  // abandoned: it completes once rank 1 joins, before `comm` is destroyed
   }
 
   TEST_CASE("ranks that ask for shared buffers of different sizes get a usage error, all of them") {
