@@ -112,10 +112,18 @@ Dataset make_data(int samples, unsigned seed) {
   return d;
 }
 
-FlatArena make_model(unsigned seed) {
+/// The model's params and grads in one arena; with `comm`, in its shared buffers
+/// (allocate_shared), where the ranks of a node reduce the gradients and broadcast ZeRO's
+/// params in place, without copies.
+FlatArena make_model(unsigned seed, Communicator* comm = nullptr) {
   FlatArena arena;
   for (int i = 0; i < kNumParams; ++i) arena.add(kNames[i], kNumel[i], DType::F32);
-  arena.finalize();  // zeroed: the biases start at 0
+  if (comm != nullptr) {
+    const auto shared = [comm](std::size_t bytes) { return comm->allocate_shared(bytes); };
+    arena.finalize(shared, shared);  // every rank, in the same order; zeroed
+  } else {
+    arena.finalize();  // zeroed: the biases start at 0
+  }
   std::mt19937 rng(seed + 1000u);
   std::normal_distribution<float> normal(0.0f, 1.0f);
   for (int i : {kW1, kW2, kW3}) {
@@ -340,7 +348,7 @@ int run(int argc, char** argv) {
 
   // Every rank starts from the same parameters (the same seed), as DDP's broadcast of
   // rank 0's module would make them.
-  FlatArena model = make_model(args.seed);
+  FlatArena model = make_model(args.seed, &comm);
   // docs:begin setup
   // Caps far below DDP's 25 MiB, so that this 21 KB model still has several buckets:
   // {b3, W3, b2}, {W2}, {b1}, {W1} (ZeRO-2 also cuts them at the shard boundaries).
@@ -479,6 +487,7 @@ int run(int argc, char** argv) {
           "%.2g > tolerance %.0e)\n",
           max_abs, kTolerance);
     ok = match ? 1.0f : 0.0f;
+    std::printf("transport at the end: %s\n", comm.transport().c_str());
   }
   comm.broadcast(&ok, 1, DType::F32, 0).wait();
   return ok == 1.0f ? 0 : 1;
