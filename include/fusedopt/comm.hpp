@@ -165,7 +165,8 @@ class FUSEDOPT_COMM_API Communicator {
   /// no copy in or out. Collective: every rank calls it, in the same order, with the same
   /// bytes (UsageError on every rank otherwise). Valid until the last copy of this
   /// communicator goes. Ordinary host memory where there is no shared memory (plain MPI, one
-  /// rank, one rank per node, NCCL); there the calls run as before.
+  /// rank, one rank per node, NCCL); there, and across several nodes (hierarchical), the
+  /// calls run as before.
   void* allocate_shared(std::size_t bytes);
   /// Ends the connection at once, without waiting for the other ranks: operations in flight
   /// are abandoned (NCCL: ncclCommAbort; MPI: the job is ended with MPI_Abort when

@@ -2,7 +2,10 @@
 // add() order, usable directly as an Optimizer's tensors.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cstdint>
+#include <iterator>
+#include <vector>
 
 #include "fusedopt/error.hpp"
 #include "runtime/runtime_support.hpp"
@@ -41,6 +44,50 @@ TEST_SUITE("runtime") {
     for (std::int64_t i = 0; i < 33; ++i) CHECK(at(arena.param(2), i) == 0.0);
     CHECK_THROWS_WITH_AS(arena.param(5), "FlatArena: no tensor 5 (the arena holds 5)",
                          fusedopt::Error);
+  }
+
+  TEST_CASE("FlatArena takes gradient and param memory from the caller, zeroes it, checks it") {
+    using fusedopt::DType;
+    auto make = [] {
+      fusedopt::FlatArena a;
+      a.add("w", 10, DType::F32);
+      a.add("h", 3, DType::BF16);
+      return a;
+    };
+    // Lent memory: one block per dtype and kind, gradients first, each zeroed by the arena.
+    alignas(64) static unsigned char pool[4][256];
+    for (auto& block : pool) std::fill(std::begin(block), std::end(block), 0xAB);
+    std::vector<std::size_t> asked;
+    int next = 0;
+    auto lend = [&](std::size_t bytes) {
+      asked.push_back(bytes);
+      return static_cast<void*>(pool[next++]);
+    };
+    fusedopt::FlatArena a = make();
+    a.finalize(lend, lend);
+    CHECK(asked == std::vector<std::size_t>{64, 64, 64, 64});  // grads f32, bf16; params alike
+    CHECK(a.grad(0).data == pool[0]);
+    CHECK(a.grad(1).data == pool[1]);
+    CHECK(a.param(0).data == pool[2]);
+    CHECK(a.param(1).data == pool[3]);
+    for (std::int64_t i = 0; i < 10; ++i) CHECK(at(a.grad(0), i) == 0.0);
+    for (std::int64_t i = 0; i < 3; ++i) CHECK(at(a.param(1), i) == 0.0);
+    // Only the gradients lent: the params are the arena's own.
+    fusedopt::FlatArena b = make();
+    next = 0;
+    b.finalize(lend);
+    CHECK(b.grad(0).data == pool[0]);
+    CHECK(b.param(0).data != pool[2]);
+    // Null or misaligned memory: which tensor kind and dtype, and why.
+    fusedopt::FlatArena c = make();
+    CHECK_THROWS_WITH_AS(c.finalize([](std::size_t) -> void* { return nullptr; }),
+                         "FlatArena::finalize: the gradient memory for fp32 (64 bytes) is null",
+                         fusedopt::UsageError);
+    fusedopt::FlatArena d = make();
+    CHECK_THROWS_WITH_AS(
+        d.finalize(nullptr, [](std::size_t) -> void* { return pool[0] + 4; }),
+        "FlatArena::finalize: the param memory for fp32 (64 bytes) is not 64-byte aligned",
+        fusedopt::UsageError);
   }
 
   TEST_CASE("FlatArena refuses a size whose bytes overflow, and keeps what it had") {
