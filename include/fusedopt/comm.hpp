@@ -159,13 +159,14 @@ class FUSEDOPT_COMM_API Communicator {
   Work broadcast(void* data, std::int64_t count, DType dtype, int root, void* stream = nullptr);
   Work barrier();
   /// `bytes` of host memory (64-byte aligned, zeroed) that every rank of this node maps,
-  /// for gradients (FlatArena::finalize(allocate), see docs/comm.md): an all_reduce or a
-  /// reduce over a range of it, at the same offset on every rank, runs in place on the
-  /// shared-memory path, reading the others' buffers and writing the results into them, with
-  /// no copy in or out. Collective: every rank calls it, in the same order, with the same
-  /// bytes (UsageError on every rank otherwise). Valid until the last copy of this
-  /// communicator goes. Ordinary host memory where there is no shared memory (plain MPI, one
-  /// rank, one rank per node, NCCL); there, and across several nodes (hierarchical), the
+  /// for gradients and params (FlatArena::finalize, see docs/comm.md): an all_reduce, a
+  /// reduce or a broadcast over a range of it, at the same offset on every rank, runs in place
+  /// on the shared-memory path, reading the others' buffers and writing the results into them,
+  /// with no copy in or out. Collective: every rank calls it, in the same order, with the same
+  /// bytes (UsageError on every rank otherwise), best while none of this communicator's
+  /// collectives is in flight (a rank blocked in it does not advance them). Valid until the last
+  /// copy of this communicator goes. Ordinary host memory where there is no shared memory (plain
+  /// MPI, one rank, one rank per node, NCCL); there, and across several nodes (hierarchical), the
   /// calls run as before.
   void* allocate_shared(std::size_t bytes);
   /// Ends the connection at once, without waiting for the other ranks: operations in flight
