@@ -75,13 +75,15 @@ struct ShmDesc {
   std::int64_t seq = -1;
   std::int64_t count = 0;
   std::int64_t offset = 0;  ///< in the shared buffer `region`
-  std::int32_t kind = 0;
+  std::int32_t kind = 0;    ///< Collective::Kind, and the other fields of the Collective:
+  std::int32_t dtype = 0;
+  std::int32_t op = 0;
+  std::int32_t f64 = 0;
   std::int32_t root = 0;
-  std::int32_t element = 0;
   std::int32_t region = -1;  ///< -1: through the slots
   bool operator==(const ShmDesc& o) const {
     return seq == o.seq && count == o.count && offset == o.offset && kind == o.kind &&
-           root == o.root && element == o.element && region == o.region;
+           dtype == o.dtype && op == o.op && f64 == o.f64 && root == o.root && region == o.region;
   }
 };
 

@@ -59,23 +59,26 @@ void ShmEngine::publish(const ShmOp& op, std::int64_t seq) {
   d.count = op.c.count;
   d.offset = op.offset;
   d.kind = static_cast<std::int32_t>(op.c.kind);
+  d.dtype = static_cast<std::int32_t>(op.c.dtype);
+  d.op = static_cast<std::int32_t>(op.c.op);
+  d.f64 = op.c.f64 ? 1 : 0;
   d.root = op.c.root;
-  d.element = op.element;
   d.region = op.region;
 }
 
 namespace {
+/// "all_reduce(sum, fp32) of 16 elements in place in shared buffer 0 at byte 64".
 std::string describe_desc(const ShmDesc& d) {
-  static const char* const kKinds[] = {"all_reduce", "reduce",    "reduce_scatter",
-                                       "all_gather", "broadcast", "barrier"};
-  const char* kind = d.kind >= 0 && d.kind < 6 ? kKinds[d.kind] : "?";
-  std::string s = fmt::format("{} of {} elements of {} bytes", kind, d.count, d.element);
-  if (d.kind == static_cast<std::int32_t>(Collective::Kind::Reduce) ||
-      d.kind == static_cast<std::int32_t>(Collective::Kind::Broadcast))
-    s += fmt::format(" to root {}", d.root);
-  return s + (d.region >= 0
-                  ? fmt::format(" in place in shared buffer {} at byte {}", d.region, d.offset)
-                  : std::string(" through the slots (not in a shared buffer)"));
+  Collective c;
+  c.kind = static_cast<Collective::Kind>(d.kind);
+  c.dtype = static_cast<DType>(d.dtype);
+  c.op = static_cast<ReduceOp>(d.op);
+  c.f64 = d.f64 != 0;
+  c.root = d.root;
+  return fmt::format("{} of {} elements", describe(c), d.count) +
+         (d.region >= 0
+              ? fmt::format(" in place in shared buffer {} at byte {}", d.region, d.offset)
+              : std::string(" through the slots (not in a shared buffer)"));
 }
 }  // namespace
 
