@@ -6,6 +6,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -28,11 +29,26 @@ CudaVersions cuda_versions() {
   return v;
 }
 
+/// FUSEDOPT_CUDA_WAVES (a tuning knob): chunk launches N waves wide (default 1: as many
+/// blocks as fit on the device at once); 0: a block per chunk, the hardware scheduling them.
+int cuda_waves() {
+  const char* env = std::getenv("FUSEDOPT_CUDA_WAVES");
+  if (!env || !*env) return 1;
+  char* end = nullptr;
+  const long waves = std::strtol(env, &end, 10);
+  FUSEDOPT_CHECK_USAGE(*end == '\0' && waves >= 0 && waves <= 64,
+                       "FUSEDOPT_CUDA_WAVES={} is not a number of waves from 0 to 64 (0: a block "
+                       "per chunk)",
+                       env);
+  return static_cast<int>(waves);
+}
+
 class CudaModule final : public Module {
  public:
   CudaModule(const cuda::PrimaryContext& ctx, CUmodule module, provider::KernelInfo info)
       : Module(std::move(info)), ctx_(ctx), module_(module) {
     sm_count_ = cuda::device_sm_count(ctx.device());
+    waves_ = cuda_waves();
     f_step_ = function("fusedopt_step");
     f_init_ = function("fusedopt_init");
     f_check_ = function("fusedopt_check");
@@ -129,11 +145,13 @@ class CudaModule final : public Module {
   /// Blocks of launches that are not per chunk: at most four per SM.
   std::int64_t cap() const { return 4 * static_cast<std::int64_t>(std::max(1, sm_count_)); }
   /// One wave: as many blocks as fit on the device at once (`per_sm` times the SMs), never
-  /// more than there are chunks.
+  /// more than there are chunks (FUSEDOPT_CUDA_WAVES: N waves, or 0: a block per chunk).
   unsigned grid(int per_sm, std::int64_t num_chunks) const {
     const std::int64_t wave =
         static_cast<std::int64_t>(std::max(1, per_sm)) * std::max(1, sm_count_);
-    return static_cast<unsigned>(std::max<std::int64_t>(1, std::min(num_chunks, wave)));
+    const std::int64_t blocks = waves_ == 0 ? num_chunks : wave * waves_;
+    const std::int64_t most = std::int64_t{1} << 30;
+    return static_cast<unsigned>(std::max<std::int64_t>(1, std::min({num_chunks, blocks, most})));
   }
   void chunk_launch(CUfunction f, int per_sm, const fo_launch& L, void* stream) {
     if (L.num_chunks == 0) return;
@@ -149,7 +167,7 @@ class CudaModule final : public Module {
 
   const cuda::PrimaryContext& ctx_;
   CUmodule module_ = nullptr;
-  int sm_count_ = 0;
+  int sm_count_ = 0, waves_ = 1;
   CUfunction f_step_ = nullptr, f_init_ = nullptr, f_check_ = nullptr, f_advance_ = nullptr;
   CUfunction f_update_scale_ = nullptr, f_scalars_ = nullptr, f_finalize_ = nullptr;
   std::vector<CUfunction> f_reduce_;

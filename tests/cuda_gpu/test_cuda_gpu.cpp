@@ -314,6 +314,37 @@ TEST_SUITE("cuda") {
     run.check(1e-4);
   }
 
+  TEST_CASE("FUSEDOPT_CUDA_WAVES widens the update's grid to N waves, or a block per chunk" *
+            testing::needs_cuda_device()) {
+    struct Waves {  // sets FUSEDOPT_CUDA_WAVES for one construction, unset again after
+      explicit Waves(const char* value) { ::setenv("FUSEDOPT_CUDA_WAVES", value, 1); }
+      ~Waves() { ::unsetenv("FUSEDOPT_CUDA_WAVES"); }
+    };
+    const std::vector<std::int64_t> sizes(3000, 9);  // 3000 chunks, more than one wave
+    const unsigned wave = grid_size(*Fp32AdamWRun(sizes, false).binding);
+    REQUIRE(wave < 1500);
+    const std::uint32_t seed = fresh_seed();
+    INFO("seed " << seed);
+    for (const char* waves : {"2", "0"}) {
+      CAPTURE(waves);
+      std::unique_ptr<Fp32AdamWRun> run;
+      {
+        Waves env(waves);
+        run = std::make_unique<Fp32AdamWRun>(sizes, false);
+      }
+      CHECK(grid_size(*run->binding) == (waves[0] == '0' ? 3000u : 2 * wave));
+      std::mt19937 rng(seed);
+      run->init(rng);
+      for (int t = 1; t <= 3; ++t) run->step(random_grads(rng, run->numel), t);
+      run->check(1e-4);
+    }
+    for (const char* bad : {"-1", "x", "65"}) {
+      Waves env(bad);
+      CHECK_THROWS_WITH_AS(Fp32AdamWRun(sizes, false), doctest::Contains("FUSEDOPT_CUDA_WAVES"),
+                           UsageError);
+    }
+  }
+
   TEST_CASE("misaligned pointers take the scalar path and give the aligned path's results" *
             testing::needs_cuda_device()) {
     const std::uint32_t seed = fresh_seed();
