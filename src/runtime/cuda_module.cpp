@@ -1,6 +1,7 @@
 // CudaModule: the image in the device's primary context, its entry points and the grid of
-// each: chunk launches one wave wide, finalize a block per tensor, the scalar states a thread
-// per tensor, the count and the scaler's update one thread.
+// each: the update a block per chunk (one wave wide for quantized states), the other chunk
+// launches one wave wide, finalize a block per tensor, the scalar states a thread per tensor,
+// the count and the scaler's update one thread.
 #include "runtime/cuda_module.hpp"
 
 #include <fmt/format.h>
@@ -29,11 +30,12 @@ CudaVersions cuda_versions() {
   return v;
 }
 
-/// FUSEDOPT_CUDA_WAVES (a tuning knob): chunk launches N waves wide (default 1: as many
-/// blocks as fit on the device at once); 0: a block per chunk, the hardware scheduling them.
+/// FUSEDOPT_CUDA_WAVES (a tuning knob): every chunk launch N waves wide (N blocks per slot
+/// the device has at once), or 0: a block per chunk, the hardware scheduling them. Unset
+/// (-1): the measured default (see CudaModule::grid).
 int cuda_waves() {
   const char* env = std::getenv("FUSEDOPT_CUDA_WAVES");
-  if (!env || !*env) return 1;
+  if (!env || !*env) return -1;
   char* end = nullptr;
   const long waves = std::strtol(env, &end, 10);
   FUSEDOPT_CHECK_USAGE(*end == '\0' && waves >= 0 && waves <= 64,
@@ -48,7 +50,13 @@ class CudaModule final : public Module {
   CudaModule(const cuda::PrimaryContext& ctx, CUmodule module, provider::KernelInfo info)
       : Module(std::move(info)), ctx_(ctx), module_(module) {
     sm_count_ = cuda::device_sm_count(ctx.device());
-    waves_ = cuda_waves();
+    const int waves = cuda_waves();
+    waves_ = waves < 0 ? 1 : waves;
+    // The update of an unquantized rule: a block per chunk. On an H100 (2026-11-27,
+    // bench/gpu-notes.md) it beat one wave by 2% on BERT-base and 5% on 5,000 small tensors
+    // (the hardware balances chunks of unequal sizes); a quantized update, whose blocks first
+    // load the maps into shared memory, was 2% faster in one wave.
+    step_waves_ = waves >= 0 ? waves : body().quant_block > 0 ? 1 : 0;
     f_step_ = function("fusedopt_step");
     f_init_ = function("fusedopt_init");
     f_check_ = function("fusedopt_check");
@@ -82,16 +90,16 @@ class CudaModule final : public Module {
   }
 
   void step(const fo_launch& L, void* stream) override {
-    chunk_launch(f_step_, step_per_sm_, L, stream);
+    chunk_launch(f_step_, step_per_sm_, L, stream, step_waves_);
   }
   void init(const fo_launch& L, void* stream) override {
-    chunk_launch(f_init_, init_per_sm_, L, stream);
+    chunk_launch(f_init_, init_per_sm_, L, stream, waves_);
   }
   void reduce(int pass, const fo_launch& L, void* stream) override {
     const auto p = static_cast<std::size_t>(pass);
     FUSEDOPT_CHECK_INTERNAL(p < f_reduce_.size(), "reduction pass {}: the rule has {}", pass,
                             f_reduce_.size());
-    chunk_launch(f_reduce_[p], reduce_per_sm_[p], L, stream);
+    chunk_launch(f_reduce_[p], reduce_per_sm_[p], L, stream, waves_);
   }
   void finalize(int pass, const fo_launch& L, void* stream) override {
     fo_launch table = L;
@@ -117,7 +125,7 @@ class CudaModule final : public Module {
     fo_launch table = L;
     CUdeviceptr found = reinterpret_cast<CUdeviceptr>(flag);
     void* params[] = {&table, &found};
-    launch(f_check_, params, grid(check_per_sm_, L.num_chunks), kCudaBlock, stream);
+    launch(f_check_, params, grid(check_per_sm_, L.num_chunks, waves_), kCudaBlock, stream);
   }
   void advance_step(double* steps_taken, const double* skip, void* stream) override {
     CUdeviceptr steps = reinterpret_cast<CUdeviceptr>(steps_taken);
@@ -134,7 +142,9 @@ class CudaModule final : public Module {
   }
   bool counts_by_launch() const override { return true; }
 
-  unsigned step_grid(std::int64_t num_chunks) const { return grid(step_per_sm_, num_chunks); }
+  unsigned step_grid(std::int64_t num_chunks) const {
+    return grid(step_per_sm_, num_chunks, step_waves_);
+  }
 
  private:
   CUfunction function(const std::string& name) const {
@@ -145,19 +155,19 @@ class CudaModule final : public Module {
   /// Blocks of launches that are not per chunk: at most four per SM.
   std::int64_t cap() const { return 4 * static_cast<std::int64_t>(std::max(1, sm_count_)); }
   /// One wave: as many blocks as fit on the device at once (`per_sm` times the SMs), never
-  /// more than there are chunks (FUSEDOPT_CUDA_WAVES: N waves, or 0: a block per chunk).
-  unsigned grid(int per_sm, std::int64_t num_chunks) const {
+  /// more than there are chunks; `waves` such waves, or 0: a block per chunk.
+  unsigned grid(int per_sm, std::int64_t num_chunks, int waves) const {
     const std::int64_t wave =
         static_cast<std::int64_t>(std::max(1, per_sm)) * std::max(1, sm_count_);
-    const std::int64_t blocks = waves_ == 0 ? num_chunks : wave * waves_;
+    const std::int64_t blocks = waves == 0 ? num_chunks : wave * waves;
     const std::int64_t most = std::int64_t{1} << 30;
     return static_cast<unsigned>(std::max<std::int64_t>(1, std::min({num_chunks, blocks, most})));
   }
-  void chunk_launch(CUfunction f, int per_sm, const fo_launch& L, void* stream) {
+  void chunk_launch(CUfunction f, int per_sm, const fo_launch& L, void* stream, int waves) {
     if (L.num_chunks == 0) return;
     fo_launch table = L;
     void* params[] = {&table};
-    launch(f, params, grid(per_sm, L.num_chunks), kCudaBlock, stream);
+    launch(f, params, grid(per_sm, L.num_chunks, waves), kCudaBlock, stream);
   }
   void launch(CUfunction f, void** params, unsigned grid_x, unsigned block_x, void* stream) {
     cuda::ContextScope scope(ctx_);
@@ -167,7 +177,8 @@ class CudaModule final : public Module {
 
   const cuda::PrimaryContext& ctx_;
   CUmodule module_ = nullptr;
-  int sm_count_ = 0, waves_ = 1;
+  int sm_count_ = 0;
+  int waves_ = 1, step_waves_ = 0;  // the chunk launches' waves; the update's (0: per chunk)
   CUfunction f_step_ = nullptr, f_init_ = nullptr, f_check_ = nullptr, f_advance_ = nullptr;
   CUfunction f_update_scale_ = nullptr, f_scalars_ = nullptr, f_finalize_ = nullptr;
   std::vector<CUfunction> f_reduce_;

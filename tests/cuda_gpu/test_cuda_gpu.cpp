@@ -314,25 +314,29 @@ TEST_SUITE("cuda") {
     run.check(1e-4);
   }
 
-  TEST_CASE("FUSEDOPT_CUDA_WAVES widens the update's grid to N waves, or a block per chunk" *
+  TEST_CASE("the update runs a block per chunk; FUSEDOPT_CUDA_WAVES sets N waves instead" *
             testing::needs_cuda_device()) {
     struct Waves {  // sets FUSEDOPT_CUDA_WAVES for one construction, unset again after
       explicit Waves(const char* value) { ::setenv("FUSEDOPT_CUDA_WAVES", value, 1); }
       ~Waves() { ::unsetenv("FUSEDOPT_CUDA_WAVES"); }
     };
     const std::vector<std::int64_t> sizes(3000, 9);  // 3000 chunks, more than one wave
-    const unsigned wave = grid_size(*Fp32AdamWRun(sizes, false).binding);
+    unsigned wave = 0;
+    {
+      Waves env("1");
+      wave = grid_size(*Fp32AdamWRun(sizes, false).binding);
+    }
     REQUIRE(wave < 1500);
     const std::uint32_t seed = fresh_seed();
     INFO("seed " << seed);
-    for (const char* waves : {"2", "0"}) {
+    for (const char* waves : {"", "2", "0"}) {  // "": unset, the default
       CAPTURE(waves);
       std::unique_ptr<Fp32AdamWRun> run;
       {
         Waves env(waves);
         run = std::make_unique<Fp32AdamWRun>(sizes, false);
       }
-      CHECK(grid_size(*run->binding) == (waves[0] == '0' ? 3000u : 2 * wave));
+      CHECK(grid_size(*run->binding) == (waves[0] == '2' ? 2 * wave : 3000u));
       std::mt19937 rng(seed);
       run->init(rng);
       for (int t = 1; t <= 3; ++t) run->step(random_grads(rng, run->numel), t);

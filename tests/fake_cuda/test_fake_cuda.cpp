@@ -121,14 +121,21 @@ TEST_SUITE("cuda_fake") {
         "cuLaunchKernel fusedopt_advance_step grid 1 block 1 stream"};  // counts the step
     INFO(std::string(fake.log()));
     CHECK(fake.lines() == want);
-    // 600 tensors: 600 chunks; the grid is one wave, the occupancy (2) times the SMs (132).
+    // 600 tensors: 600 chunks; the update runs a block per chunk, but a quantized one runs
+    // one wave, the occupancy (2) times the SMs (132) (bench/gpu-notes.md: measured so).
     Model many(std::vector<std::int64_t>(600, 10));
     Optimizer wide(Rule::preset("sgd"), {many.group()});
     fake.reset();
     wide.step(stream);
     CHECK(fake.lines() ==
-          std::vector<std::string>{"cuLaunchKernel fusedopt_step grid 264 block 512 stream",
+          std::vector<std::string>{"cuLaunchKernel fusedopt_step grid 600 block 512 stream",
                                    "cuLaunchKernel fusedopt_advance_step grid 1 block 1 stream"});
+    Model large(std::vector<std::int64_t>(600, 4096));  // quantized (smaller ones stay fp32)
+    Optimizer quantized(Rule::preset("adamw8bit"), {large.group()});
+    fake.reset();
+    quantized.step(stream);
+    INFO(std::string(fake.log()));
+    CHECK(fake.count("cuLaunchKernel fusedopt_step grid 264 block 512 stream") == 1);
     cu::stream_destroy(stream);
   }
 
