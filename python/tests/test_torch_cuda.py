@@ -141,6 +141,8 @@ def test_cuda_quantized_presets_match_the_cpu(seed, rule):
     torch.cuda.synchronize()
     differ = total = 0
     for p, q in zip(ps, qs):
+        if q.numel() == 0:  # torch 2 refuses max() over no elements; nothing to compare
+            continue
         assert (p.detach().cpu() - q.detach()).abs().max().item() <= 1e-3 * (1 + q.abs().max().item())
         for key, value in cpu.state[q].items():
             if isinstance(value, torch.Tensor) and value.dtype == torch.uint8:
