@@ -737,6 +737,35 @@ def test_factored_and_scalar_states_in_torchs_shapes_and_round_trip(seed):
         compare_states(other, ours, rtol=0)
 
 
+def test_steady_steps_follow_a_moved_param_and_a_replaced_grad(seed):
+    # Grads updated in place (backward after zero_grad(set_to_none=False)) keep a step on its
+    # steady path; a param moved to new storage (p.data = ...) or a grad replaced by a new
+    # tensor in between must be followed: the step updates what the tensors hold now.
+    ps = make_params([(1000,), (10, 10), (3,)])
+    qs = twin(ps)
+    ours = ft.Optimizer(ps, rule="adamw", lr=1e-2)
+    theirs = torch.optim.AdamW(qs, lr=1e-2)
+    for p in ps + qs:
+        p.grad = torch.zeros_like(p)
+    for k in range(6):
+        for p, q in zip(ps, qs):
+            g = torch.randn_like(p)
+            p.grad.copy_(g)
+            q.grad.copy_(g)
+        if k == 3:
+            old = ps[1].data
+            ps[1].data = ps[1].data.clone()  # the param moves
+            kept = old.clone()
+        if k == 4:
+            ps[0].grad = ps[0].grad.clone()  # the same values in a new tensor
+        ours.step()
+        theirs.step()
+        if k == 3:
+            assert torch.equal(old, kept), "the param's old storage was written"
+        for p, q in zip(ps, qs):
+            close(p, q, f"param after step {k + 1}")
+
+
 def test_zero_grad_set_to_none_frees_the_gradients(seed):
     # The optimizer must not keep the last step's gradients alive: zero_grad(set_to_none=True)
     # frees them before the next backward, as it does with torch's optimizers.
