@@ -242,11 +242,18 @@ __device__ __forceinline__ bool fo_skipped(const fo_launch& L) {
 // The maps live in shared memory (a code is a data-dependent index: the constant cache
 // would serialise a warp's different codes).
 #define FO_QMAP_MAX 256
-#define FO_QUANT_SHARED                                 \
+// Elements per thread per iteration of a quantized update: FO_QE slices of FO_BLOCK
+// consecutive elements, thread tid taking element tid of each (every access coalesced, as
+// with one element per thread), whose absmax trees share one set of barriers: a tree's
+// barriers per element and the loads' latency per element are an FO_QE-th of one slice's.
+#define FO_QE 8
+#define FO_QUANT_MAPS_SHARED                            \
   __shared__ float fo_qmaps[FO_NUM_QUANT][FO_QMAP_MAX]; \
-  __shared__ float fo_qred[FO_BLOCK];                   \
-  __shared__ unsigned char fo_qcodes[FO_BLOCK];         \
   fo_q_load_maps(fo_qmaps);
+#define FO_QUANT_SHARED                                 \
+  __shared__ float fo_qred[2 * FO_QE * FO_BLOCK];       \
+  __shared__ unsigned char fo_qcodes[FO_QE * FO_BLOCK]; \
+  FO_QUANT_MAPS_SHARED
 
 // Codes and absmax in global memory, with global accesses (as the staged roles: the pointers
 // come from the tables, so the compiler could only emit generic ones).
@@ -318,41 +325,64 @@ __device__ __forceinline__ fo_tensor fo_q_view(const fo_tensor& t, long long i, 
   return s;
 }
 
-/// Stores one quantized state's new value v of element i (every thread of the block calls
-/// it; `live`: the thread has an element). The absmax of each FO_QUANT_BLOCK threads (one
-/// block of elements: chunks and iterations begin at multiples of it) by a fixed tree in
-/// shared memory, NaN winning; then the codes (4-bit: the even element's thread writes the
-/// byte, its code in the high nibble, its neighbour's from shared memory in the low one).
-/// `sr`: 0 for the nearest code, else 1 + the rule's index of the state, whose codes are
-/// rounded stochastically with the element's random word (key: element i's).
+/// Stores one quantized state's new values v[j] of elements i0 + j * FO_BLOCK (j < FO_QE;
+/// those at or past `end` are not the thread's). Every thread of the block calls it. The
+/// absmax of each FO_QUANT_BLOCK threads of a slice (one block of elements: chunks and
+/// iterations begin at multiples of it) by a fixed tree in shared memory, NaN winning, the
+/// FO_QE slices' trees level by level between the same barriers; then the codes (4-bit: the
+/// even element's thread writes the byte, its code in the high nibble, its neighbour's from
+/// shared memory in the low one). `sr`: 0 for the nearest code, else 1 + the rule's index of
+/// the state, whose codes are rounded stochastically with each element's random word (key:
+/// element i0's).
 __device__ __forceinline__ void fo_q_commit(unsigned char* codes, float* absmax, int bits, int fix,
-                                            int sr, const fo_qkey& key, const float* map, float v,
-                                            long long i, bool live, bool neighbour_live, float* red,
+                                            int sr, const fo_qkey& key, const float* map,
+                                            const float* v, long long i0, long long end, float* red,
                                             unsigned char* shared_codes) {
   const unsigned tid = threadIdx.x;
   const unsigned lane = tid & (FO_QUANT_BLOCK - 1);
+  float* values = red + FO_QE * FO_BLOCK;  // the values themselves, beside their tree
   __syncthreads();  // red and shared_codes are free: the previous state's reads are done
-  red[tid] = live ? fo_abs(v) : 0.0f;
+#pragma unroll
+  for (int j = 0; j < FO_QE; ++j) {
+    red[j * FO_BLOCK + tid] = i0 + (long long)j * FO_BLOCK < end ? fo_abs(v[j]) : 0.0f;
+    values[j * FO_BLOCK + tid] = v[j];
+  }
   __syncthreads();
   for (unsigned s = FO_QUANT_BLOCK / 2; s > 0; s >>= 1) {
-    if (lane < s) red[tid] = fo_maxnan(red[tid], red[tid + s]);
+    if (lane < s) {
+#pragma unroll
+      for (int j = 0; j < FO_QE; ++j) {
+        float* r = red + j * FO_BLOCK + tid;
+        *r = fo_maxnan(*r, r[s]);
+      }
+    }
     __syncthreads();
   }
-  const float a = red[tid - lane];
-  const int code =
-      sr ? fo_q_encode_sr(map, bits, v, a, fo_q_rand(key.seed, key.step, key.param, key.e, sr - 1))
-         : fo_q_encode(map, bits, fix, v, a);
-  shared_codes[tid] = (unsigned char)code;
+  // Each slice's codes from shared memory, one slice at a time (the values wait there, not
+  // in registers, through the tree).
+  for (int j = 0; j < FO_QE; ++j) {
+    const float a = red[j * FO_BLOCK + tid - lane], x = values[j * FO_BLOCK + tid];
+    const long long e = key.e + (long long)j * FO_BLOCK;
+    const int code =
+        sr ? fo_q_encode_sr(map, bits, x, a, fo_q_rand(key.seed, key.step, key.param, e, sr - 1))
+           : fo_q_encode(map, bits, fix, x, a);
+    shared_codes[j * FO_BLOCK + tid] = (unsigned char)code;
+  }
   __syncthreads();
   // The stores: after the last barrier of this state, so that no branch separates two
   // barriers (the emulator tells barriers apart by call site, which a compiler may copy
   // into both arms of a branch).
-  if (live && lane == 0) fo_stg_f32(absmax + i / FO_QUANT_BLOCK, a);
-  if (bits == 8) {
-    if (live) fo_stg_u8(codes + i, (unsigned int)code);
-  } else if (live && (i & 1) == 0) {
-    const int odd = neighbour_live ? shared_codes[tid + 1] : 0;
-    fo_stg_u8(codes + (i >> 1), (unsigned int)((code << 4) | odd));
+  for (int j = 0; j < FO_QE; ++j) {
+    const long long i = i0 + (long long)j * FO_BLOCK;
+    if (i >= end) break;  // the later slices' elements lie further on
+    const unsigned at = j * FO_BLOCK + tid;
+    if (lane == 0) fo_stg_f32(absmax + i / FO_QUANT_BLOCK, red[at]);
+    if (bits == 8) {
+      fo_stg_u8(codes + i, shared_codes[at]);
+    } else if ((i & 1) == 0) {
+      const int odd = i + 1 < end ? shared_codes[at + 1] : 0;
+      fo_stg_u8(codes + (i >> 1), (unsigned int)((shared_codes[at] << 4) | odd));
+    }
   }
 }
 
@@ -422,7 +452,8 @@ __device__ __forceinline__ void fo_q_element(const fo_tensor& t, long long i, co
   (void)T;
 }
 
-/// One chunk of an update (or init) of a binding with quantized states.
+/// One chunk of an update (or init) of a binding with quantized states: FO_QE slices of the
+/// block's width per iteration (FO_QE).
 template <bool kInit>
 __device__ __forceinline__ void fo_q_chunk(const fo_launch& L, const fo_chunk& chunk,
                                            const fo_tensor& t, const fo_uniform& U,
@@ -434,24 +465,35 @@ __device__ __forceinline__ void fo_q_chunk(const fo_launch& L, const fo_chunk& c
   const long long R = fo_rows_of(L, chunk.tensor), C = fo_cols_of(L, chunk.tensor);
   const fo_rcx X0 = fo_rc_base(L, chunk.tensor);
 #endif
-  for (long long base = chunk.begin; base < chunk.end; base += FO_BLOCK) {
-    const long long i = base + threadIdx.x;
-    const bool live = i < chunk.end;
-    float vals[FO_NUM_QUANT];
-    fo_q_values(q, i, live && !kInit, qmaps, vals);
+  for (long long base = chunk.begin; base < chunk.end; base += (long long)FO_QE * FO_BLOCK) {
+    const long long i0 = base + threadIdx.x;
+    float vals[FO_QE][FO_NUM_QUANT];
+#pragma unroll
+    for (int j = 0; j < FO_QE; ++j) {
+      const long long i = i0 + (long long)j * FO_BLOCK;
+      fo_q_values(q, i, i < chunk.end && !kInit, qmaps, vals[j]);
+    }
+#pragma unroll
+    for (int j = 0; j < FO_QE; ++j) {
+      const long long i = i0 + (long long)j * FO_BLOCK;
+      if (i >= chunk.end) break;
 #if FO_FACTORED
-    float rv[FO_NUM_ROWV], cv[FO_NUM_COLV];
-    // A thread past the end takes the chunk's first element's values (unused), so that X
-    // points at rv and cv on every path and they stay in registers.
-    const fo_rcx X = kInit ? fo_rc_at(X0, i, R, C)
-                           : fo_rc_values_at<FO_REDUCTION_PASSES>(
-                                 fo_rc_at(X0, live ? i : chunk.begin, R, C), U, T, rv, cv);
+      float rv[FO_NUM_ROWV], cv[FO_NUM_COLV];
+      // X points at rv and cv on every path, so that they stay in registers.
+      const fo_rcx X =
+          kInit ? fo_rc_at(X0, i, R, C)
+                : fo_rc_values_at<FO_REDUCTION_PASSES>(fo_rc_at(X0, i, R, C), U, T, rv, cv);
 #endif
-    if (live) fo_q_element<kInit>(t, i, U, T, vals FO_QRC_ARG);
-    const fo_qkey key = {U.seed, U.rstep, t.pid, t.e0 + i};
-#define FO_QCOMMIT(k, role, bits, map, fix, enc, tiny, zero, sr)                       \
-  fo_q_commit(q.codes[k], q.absmax[k], bits, fix, sr, key, qmaps[k], vals[k], i, live, \
-              i + 1 < chunk.end, red, shared_codes);
+      fo_q_element<kInit>(t, i, U, T, vals[j] FO_QRC_ARG);
+    }
+    const fo_qkey key = {U.seed, U.rstep, t.pid, t.e0 + i0};
+#define FO_QCOMMIT(k, role, bits, map, fix, enc, tiny, zero, sr)                              \
+  {                                                                                           \
+    float v[FO_QE];                                                                           \
+    for (int j = 0; j < FO_QE; ++j) v[j] = vals[j][k];                                        \
+    fo_q_commit(q.codes[k], q.absmax[k], bits, fix, sr, key, qmaps[k], v, i0, chunk.end, red, \
+                shared_codes);                                                                \
+  }
     FO_QUANT_LIST(FO_QCOMMIT)
 #undef FO_QCOMMIT
   }
@@ -569,7 +611,7 @@ __device__ __forceinline__ void fo_reduce_run(const fo_launch& L) {
   __shared__ double rowred[FO_BLOCK];  // a warp's lane sums of its row
 #endif
 #if FO_NUM_QUANT > 0
-  FO_QUANT_SHARED
+  FO_QUANT_MAPS_SHARED
 #endif
   const double step = fo_launch_step(L);
   const float inv_grad_scale = fo_unscale_factor(L.inv_grad_scale, L.grad_scale_ptr);
