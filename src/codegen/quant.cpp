@@ -227,16 +227,14 @@ void emit_quant(Writer& w, const DTypeBinding& dtypes, int first_state_role, int
     }
     w.line(fmt::format("FO_QMAP_STORAGE float fo_qmap_{}[{}] = {{\n  {}}};", to_string(q),
                        map.size(), values));
-    // The host's encoder table (quant.hpp: QuantEncoder); CUDA kernels search the map.
+    // The encoder table (quant.hpp: QuantEncoder), for the host and CUDA alike.
     const QuantEncoder& enc = quant_encoder(q);
     std::string words;
     for (std::size_t j = 0; j < enc.table.size(); ++j) {
       words += fmt::format("{}{:#x}", j == 0 ? "" : (j % 8 == 0 ? ",\n  " : ", "), enc.table[j]);
     }
-    w.line("#ifndef __CUDACC__");
-    w.line(fmt::format("static const unsigned int fo_qenc_{}[{}] = {{\n  {}}};", to_string(q),
+    w.line(fmt::format("FO_QMAP_STORAGE unsigned int fo_qenc_{}[{}] = {{\n  {}}};", to_string(q),
                        enc.table.size(), words));
-    w.line("#endif");
   }
   w.line("FO_FN fo_tensor fo_offset(const fo_tensor& t, long long i) {");
   w.line("  fo_tensor s;");

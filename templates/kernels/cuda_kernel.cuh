@@ -305,6 +305,19 @@ FO_QMAP_READER void fo_q_load_maps(float (*qmaps)[FO_QMAP_MAX]) {
   __syncthreads();
 }
 
+/// Word `index` of an encoder table (a module constant, read through the L1 cache).
+FO_QMAP_READER unsigned int fo_q_enc_word(const unsigned int* enc, int index) { return enc[index]; }
+
+/// fo_q_encode's code of v in a block of absmax a by one word of the encoder table (the
+/// host's way), not the halving search's 8 dependent loads; a block whose absmax is not
+/// finite takes the search.
+__device__ __forceinline__ int fo_q_encode_fast(const unsigned int* enc, const float* map, int bits,
+                                                int fix, float v, float a) {
+  if (!(a <= 3.40282347e38f)) return fo_q_encode(map, bits, fix, v, a);
+  const unsigned int u = fo_as_uint(v / (a != 0.0f ? a : 1.0f));
+  return fo_q_enc_code(u, (int)fo_q_enc_word(enc, fo_q_enc_index(u)));
+}
+
 /// Element i's dequantized values (0 where the thread has no element).
 __device__ __forceinline__ void fo_q_values(const fo_qtensor& q, long long i, bool live,
                                             float (*qmaps)[FO_QMAP_MAX], float* vals) {
@@ -336,7 +349,8 @@ __device__ __forceinline__ fo_tensor fo_q_view(const fo_tensor& t, long long i, 
 /// element i0's).
 __device__ __forceinline__ void fo_q_commit(unsigned char* codes, float* absmax, int bits, int fix,
                                             int sr, const fo_qkey& key, const float* map,
-                                            const float* v, long long i0, long long end, float* red,
+                                            const unsigned int* enc, const float* v, long long i0,
+                                            long long end, float* red,
                                             unsigned char* shared_codes) {
   const unsigned tid = threadIdx.x;
   const unsigned lane = tid & (FO_QUANT_BLOCK - 1);
@@ -360,12 +374,13 @@ __device__ __forceinline__ void fo_q_commit(unsigned char* codes, float* absmax,
   }
   // Each slice's codes from shared memory, one slice at a time (the values wait there, not
   // in registers, through the tree).
+#pragma unroll 1
   for (int j = 0; j < FO_QE; ++j) {
     const float a = red[j * FO_BLOCK + tid - lane], x = values[j * FO_BLOCK + tid];
     const long long e = key.e + (long long)j * FO_BLOCK;
     const int code =
         sr ? fo_q_encode_sr(map, bits, x, a, fo_q_rand(key.seed, key.step, key.param, e, sr - 1))
-           : fo_q_encode(map, bits, fix, x, a);
+           : fo_q_encode_fast(enc, map, bits, fix, x, a);
     shared_codes[j * FO_BLOCK + tid] = (unsigned char)code;
   }
   __syncthreads();
@@ -487,12 +502,12 @@ __device__ __forceinline__ void fo_q_chunk(const fo_launch& L, const fo_chunk& c
       fo_q_element<kInit>(t, i, U, T, vals[j] FO_QRC_ARG);
     }
     const fo_qkey key = {U.seed, U.rstep, t.pid, t.e0 + i0};
-#define FO_QCOMMIT(k, role, bits, map, fix, enc, tiny, zero, sr)                              \
-  {                                                                                           \
-    float v[FO_QE];                                                                           \
-    for (int j = 0; j < FO_QE; ++j) v[j] = vals[j][k];                                        \
-    fo_q_commit(q.codes[k], q.absmax[k], bits, fix, sr, key, qmaps[k], v, i0, chunk.end, red, \
-                shared_codes);                                                                \
+#define FO_QCOMMIT(k, role, bits, map, fix, enc, tiny, zero, sr)                                   \
+  {                                                                                                \
+    float v[FO_QE];                                                                                \
+    for (int j = 0; j < FO_QE; ++j) v[j] = vals[j][k];                                             \
+    fo_q_commit(q.codes[k], q.absmax[k], bits, fix, sr, key, qmaps[k], enc, v, i0, chunk.end, red, \
+                shared_codes);                                                                     \
   }
     FO_QUANT_LIST(FO_QCOMMIT)
 #undef FO_QCOMMIT

@@ -174,12 +174,7 @@ static inline void fo_q_encode_block(const float* map, int bits, int fix, const 
     // Straight-line int arithmetic: GCC vectorises no loop with a branch, or a gather with an
     // unsigned index.
     const unsigned int u = fo_as_uint(v[j] / d);
-    const int neg = -(int)(u >> 31);                        // y's sign bit, as a mask
-    int b = (int)((u << 1) >> 17) - 104 * 128;              // |y|'s exponent and top 7 bits
-    b = b < 0 ? 0 : (b > 24 * 128 - 1 ? 24 * 128 - 1 : b);  // |y| < 2^-23: the lowest bucket
-    const int w = (int)enc[b + (neg & (24 * 128))];
-    const int key = ((int)u ^ neg) & 0xffff;
-    out[j] = (unsigned char)((w & 255) + (key >= (w >> 8) ? 1 : 0));
+    out[j] = (unsigned char)fo_q_enc_code(u, (int)enc[fo_q_enc_index(u)]);
   }
 }
 

@@ -6,7 +6,7 @@
 //   FO_QUANT_BLOCK        elements per absmax block (a power of two from 32 to FO_CUDA_BLOCK)
 //   FO_QUANT_LIST(X)      X(k, role, bits, map, fix, enc, tiny, zero, sr) for each: its
 //                         index, its role, 8 or 4, its map, 1 for bitsandbytes' sign fix
-//                         (q8s), the host's encoder table (codegen/quant.hpp: QuantEncoder),
+//                         (q8s), its encoder table (codegen/quant.hpp: QuantEncoder),
 //                         its codes of a tiny value and of 0, and 0 when its codes round to
 //                         the nearest, else 1 + its index among the rule's states (stochastic
 //                         rounding: the random numbers' key)
@@ -66,6 +66,23 @@ FO_FN int fo_q_encode(const float* map, int bits, int fix, float v, float absmax
   int code = fo_q_nearest(map, 1 << bits, absmax != 0.0f ? v / absmax : 0.0f);
   if (fix && (fo_as_uint(v) >> 31) != 0u && map[code] >= 0.0f && code > 0) code -= 1;
   return code;
+}
+
+/// fo_q_encode by the encoder table (codegen/quant.hpp: QuantEncoder), for y = v / absmax with
+/// a finite absmax (the table holds the sign fix and the tiny code): the table's index of y's
+/// bits u, by y's sign, exponent and top 7 mantissa bits (|y| below 2^-23: the lowest bucket),
+/// and the code from that word w: the bucket's code, one more from the key (y's low 16 bits,
+/// reversed for y < 0) at which the bucket's midpoint lies. Straight-line int arithmetic: the
+/// host's loop vectorises it.
+FO_FN int fo_q_enc_index(unsigned int u) {
+  const int neg = -(int)(u >> 31);                        // y's sign bit, as a mask
+  int b = (int)((u << 1) >> 17) - 104 * 128;              // |y|'s exponent and top 7 bits
+  b = b < 0 ? 0 : (b > 24 * 128 - 1 ? 24 * 128 - 1 : b);  // |y| < 2^-23: the lowest bucket
+  return b + (neg & (24 * 128));
+}
+FO_FN int fo_q_enc_code(unsigned int u, int w) {
+  const int key = ((int)u ^ -(int)(u >> 31)) & 0xffff;
+  return (w & 255) + (key >= (w >> 8) ? 1 : 0);
 }
 
 /// What keys the random numbers of an element's stochastic rounding: the launch's seed, the
