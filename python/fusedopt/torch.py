@@ -90,6 +90,8 @@ def _dtype_code(dtype, who):
 
 
 def _float(value, key):
+    if type(value) is float:  # the common case, every step: no checks to make
+        return value
     if isinstance(value, torch.Tensor):
         if value.numel() != 1:
             raise UsageError(f"hyper '{key}' is a tensor of {value.numel()} elements; "
