@@ -58,10 +58,11 @@ using fusedopt_bench::Summary;
 
 constexpr const char* kUsage =
     "usage: fusedopt-comm-bench [--iters N] [--warmup N] [--scale F] [--json FILE]\n"
-    "                           [--transport both|mpi|shm]\n"
+    "                           [--transport both|mpi|shm] [--bucket-mib M]\n"
     "  run under mpirun; --scale multiplies every BERT-base tensor's size (at least one\n"
     "  element each; 0.01 is a 4.4 MB smoke test); --transport: plain MPI, MPI with shared\n"
-    "  memory, or both (default); rank 0 prints the table and writes FILE";
+    "  memory, or both (default); --bucket-mib: GradBucketer's bucket cap (default 25, DDP's;\n"
+    "  the first bucket stays 1 MiB); rank 0 prints the table and writes FILE";
 
 /// Rank r's value of element k before the all-reduce: a multiple of 1/64 in [1/64, 16]
 /// plus r, so that sums over 4 ranks are exact in fp32 (and never denormal).
@@ -179,7 +180,8 @@ void add_variants(Transport& t, std::vector<Variant>& out) {
     comm.all_reduce(g.flat, static_cast<std::int64_t>(g.n), DType::F32).wait();
   };
   add("bucketed",
-      "GradBucketer (25 MiB buckets, first 1 MiB): mark_ready in reverse order, then finish()",
+      "GradBucketer (--bucket-mib buckets, first 1 MiB): mark_ready in reverse order, then "
+      "finish()",
       buckets, false, [&bucketer, last] {
         for (int i = last; i >= 0; --i) bucketer.mark_ready(i);
         bucketer.finish();
@@ -381,7 +383,9 @@ int run(const Args& args) {
     for (std::size_t i = g.tensors.size(); i-- > 0;) g.write(i);
   });
   for (Transport& t : transports) {
-    t.bucketer = std::make_unique<GradBucketer>(t.comm, t.grads->tensors);  // 25 MiB, first 1 MiB
+    fusedopt::comm::BucketOptions buckets;  // first 1 MiB
+    buckets.bucket_bytes = static_cast<std::size_t>(args.bucket_mib * double(1 << 20));
+    t.bucketer = std::make_unique<GradBucketer>(t.comm, t.grads->tensors, buckets);
     add_variants(t, variants);
   }
 

@@ -28,6 +28,7 @@ struct Args {
   double scale = 1.0;
   std::string json;
   std::string transport = "both";  ///< fusedopt-comm-bench: both, mpi or shm
+  double bucket_mib = 25;          ///< fusedopt-comm-bench: GradBucketer's bucket cap (DDP's)
 };
 
 /// The arguments, or exit code 2 with a message (every rank parses the same ones).
@@ -58,6 +59,13 @@ inline bool parse_args(int argc, char** argv, const char* program, const char* u
       if (*end != '\0' || !(a.scale > 0) || a.scale > 1) {
         std::fprintf(stderr, "%s: --scale takes a number in (0, 1], not '%s'\n", program,
                      value.c_str());
+        return false;
+      }
+    } else if (arg == "--bucket-mib") {
+      a.bucket_mib = std::strtod(value.c_str(), &end);
+      if (*end != '\0' || !(a.bucket_mib >= 1) || a.bucket_mib > 1024) {
+        std::fprintf(stderr, "%s: --bucket-mib takes a number of MiB in [1, 1024], not '%s'\n",
+                     program, value.c_str());
         return false;
       }
     } else if (arg == "--json") {
