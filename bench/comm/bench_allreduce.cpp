@@ -2,8 +2,9 @@
 // tensors, 109.5 M fp32) under mpirun, over each transport the communicator has (plain MPI,
 // and MPI with shared memory between a node's ranks: MpiOptions; with shared memory also
 // "shmbuf", the same gradients kept in Communicator::allocate_shared memory, reduced in place
-// with no copies), three ways: GradBucketer's buckets, one call per gradient, one call over
-// the whole flat buffer. Each variant declares
+// with no copies), four ways: GradBucketer's buckets, one call per gradient, one call over
+// the whole flat buffer, and a reduce_scatter then an all_gather of it (ZeRO's all-reduce).
+// Each variant declares
 // the bytes it must move (the gradients) and reports its time, its bus bandwidth, 2(n-1)/n x
 // bytes / time, and that bandwidth's fraction of the measured single-process copy bandwidth,
 // with the minor page faults of a step (memory the transport touched for the first time).
@@ -193,6 +194,22 @@ void add_variants(Transport& t, std::vector<Variant>& out) {
         for (const Tensor& x : g.tensors) comm.all_reduce(x.data, x.numel, DType::F32).wait();
       });
   add("whole_buffer", "one all_reduce over the whole flat buffer", 1, false, whole);
+  // ZeRO's all-reduce: each rank reduces its block of the buffer, then all gather the blocks;
+  // in place (each rank's block of the buffer its own shard) except over plain MPI, which
+  // takes no aliased buffers: there through a separate shard. A tail of fewer elements than
+  // ranks is all-reduced.
+  const std::int64_t block = static_cast<std::int64_t>(g.n) / comm.size();
+  const std::int64_t tail = static_cast<std::int64_t>(g.n) - block * comm.size();
+  auto shard =
+      std::make_shared<std::vector<float>>(static_cast<std::size_t>(t.label == "mpi" ? block : 0));
+  add("rs_ag", "reduce_scatter of the flat buffer, one block per rank, then all_gather",
+      tail > 0 ? 3 : 2, false, [&g, &comm, block, tail, shard] {
+        float* mine = shard->empty() ? g.flat + comm.rank() * block : shard->data();
+        Work reduced = comm.reduce_scatter(g.flat, mine, block, DType::F32);
+        if (tail > 0) comm.all_reduce(g.flat + block * comm.size(), tail, DType::F32).wait();
+        reduced.wait();
+        comm.all_gather(mine, g.flat, block, DType::F32).wait();
+      });
   add("backward+bucketed", "backward (gradients written in reverse order), mark_ready after each",
       buckets, true, [&g, &bucketer, last] {
         for (int i = last; i >= 0; --i) {

@@ -162,7 +162,8 @@ class FUSEDOPT_COMM_API Communicator {
   /// for gradients and params (FlatArena::finalize, see docs/comm.md): an all_reduce, a
   /// reduce or a broadcast over a range of it, at the same offset on every rank, runs in place
   /// on the shared-memory path, reading the others' buffers and writing the results into them,
-  /// with no copy in or out. Collective: every rank calls it, in the same order, with the same
+  /// with no copy in or out; so does a reduce_scatter or an all_gather whose send buffer lies
+  /// in it (at any offset). Collective: every rank calls it, in the same order, with the same
   /// bytes (UsageError on every rank otherwise), best while none of this communicator's
   /// collectives is in flight (a rank blocked in it does not advance them). Valid until the last
   /// copy of this communicator goes. Ordinary host memory where there is no shared memory (plain

@@ -161,18 +161,25 @@ std::shared_ptr<ShmOp> ShmEngine::start(const Collective& c) {
   op->element = element_bytes(c);
   const std::int64_t w = topo_.local_size;
   const auto slot_elements = static_cast<std::int64_t>(slot_bytes_) / op->element;
-  const bool in_place_kind = c.kind == Collective::Kind::AllReduce ||
-                             c.kind == Collective::Kind::Reduce ||
-                             c.kind == Collective::Kind::Broadcast;
-  if (!hierarchical_ && in_place_kind && c.send == c.recv && c.count > 0) {
-    op->region = locate(c.recv, shm_bytes(c.count, op->element), &op->offset);
+  const bool blocks =
+      c.kind == Collective::Kind::ReduceScatter || c.kind == Collective::Kind::AllGather;
+  if (!hierarchical_ && c.count > 0 && (blocks || c.send == c.recv)) {
+    // Where the ranks read each other: the data (all_reduce, reduce, broadcast) or the send
+    // buffer (reduce_scatter: size() blocks, all_gather: one).
+    const std::int64_t n = c.kind == Collective::Kind::ReduceScatter ? c.count * w : c.count;
+    op->region = locate(c.send, shm_bytes(n, op->element), &op->offset);
   }
-  if (op->region >= 0) {
+  if (op->region >= 0 && blocks) {
+    op->block = c.count;
+    op->slice = round_up(std::max(slot_elements, kInPlaceChunkBytes / op->element) / w, kAlign);
+    op->chunks = (c.count + op->slice - 1) / op->slice;
+    ++in_place_;
+  } else if (op->region >= 0) {
     op->span = std::max(slot_elements, kInPlaceChunkBytes / op->element);
     op->slice = round_up((op->span + w - 1) / w, kAlign);
     op->chunks = (c.count + op->span - 1) / op->span;
     ++in_place_;
-  } else if (c.kind == Collective::Kind::ReduceScatter || c.kind == Collective::Kind::AllGather) {
+  } else if (blocks) {
     op->block = c.count;
     op->slice = std::max(kAlign, slot_elements / w / kAlign * kAlign);
     op->chunks = (c.count + op->slice - 1) / op->slice;
@@ -280,7 +287,8 @@ void ShmEngine::do_out(ShmOp& op, std::int64_t k, std::int64_t seq) {
       const ShmPiece p = shm_piece(op, k, j);
       const char* from = j == me ? shm_at(op.c.send, k * op.slice, el)
                                  : slot(j, seq) + shm_bytes(j * op.slice, el);
-      std::memcpy(shm_at(op.c.recv, p.offset, el), from, shm_bytes(p.length, el));
+      char* to = shm_at(op.c.recv, p.offset, el);
+      if (to != from) std::memcpy(to, from, shm_bytes(p.length, el));  // send = recv + me x block
     }
     return;
   }
@@ -313,8 +321,10 @@ bool ShmEngine::step_reduce(std::int64_t seq) {
   if (!all_reached(kArrived, seq)) return false;
   ShmOp& op = op_at(seq);
   check_agree(op, seq);
-  if (op.region >= 0) {
-    if (is_reduction(op.c.kind)) reduce_in_place(op, seq - op.first);
+  if (op.region >= 0 && op.c.kind == Collective::Kind::AllGather) {
+    gather_in_place(op, seq - op.first, seq);
+  } else if (op.region >= 0) {
+    if (is_reduction(op.c.kind)) reduce_in_place(op, seq - op.first, seq);
   } else {
     do_reduce(op, seq - op.first, seq);
   }

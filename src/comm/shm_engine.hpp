@@ -14,7 +14,12 @@
 // skips the slots: all_reduce and reduce copy nothing in or out, the reduce stage reading
 // slice i of every rank's buffer and writing the result into every rank's buffer (all_reduce)
 // or the root's (reduce); a broadcast's ranks copy from the root's buffer, and the root's
-// broadcast completes when they are done. Chunks of kInPlaceChunkBytes. Every chunk's
+// broadcast completes when they are done. A reduce_scatter or an all_gather whose send buffer
+// is shared (at any offset: each rank reads the others' from their descriptors) likewise: the
+// reduce stage reads block i of every rank's send buffer into rank i's receive buffer
+// (reduce_scatter) or every rank's send buffer into its block of this rank's receive buffer
+// (all_gather), and the operation completes when every rank is done reading. Chunks of
+// kInPlaceChunkBytes. Every chunk's
 // arrival publishes what the rank runs (kind, count, root, where), and the reduce stage
 // checks that the node's ranks agree.
 // A rank never waits inside the engine: progress() does what the counters allow and
@@ -150,7 +155,7 @@ class ShmEngine {
   /// new segment, collective over the node (every rank asks for the same bytes: the caller
   /// checks); freed with the engine.
   void* allocate(std::size_t bytes);
-  /// Collectives (all_reduce, reduce) this rank ran in place in shared buffers so far.
+  /// Collectives this rank ran in place in shared buffers so far.
   std::int64_t in_place() const { return in_place_; }
   /// "shared memory: 1 node x 2 ranks" and the like.
   std::string describe() const;
@@ -179,7 +184,10 @@ class ShmEngine {
   int locate(const void* p, std::size_t bytes, std::int64_t* offset) const;
   void publish(const ShmOp& op, std::int64_t seq);
   void check_agree(const ShmOp& op, std::int64_t seq) const;
-  void reduce_in_place(ShmOp& op, std::int64_t k);
+  /// Local rank `local`'s bytes of `op` in its shared buffer, from its descriptor of `seq`.
+  char* in_region(const ShmOp& op, int local, std::int64_t seq) const;
+  void reduce_in_place(ShmOp& op, std::int64_t k, std::int64_t seq);
+  void gather_in_place(const ShmOp& op, std::int64_t k, std::int64_t seq);
   void copy_in_place(const ShmOp& op, std::int64_t k);
   bool released(const ShmOp& op) const;
   void do_in(ShmOp& op, std::int64_t k, char* mine);

@@ -3,6 +3,7 @@
 // and writes every rank's buffer directly.
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cstring>
 
 #include "comm/mpi_types.hpp"
@@ -84,37 +85,64 @@ std::string describe_desc(const ShmDesc& d) {
 
 // Every rank of the node must run the same collective as chunk `seq`: the same kind, count,
 // root, and either all through the slots or all in the same shared buffer at the same offset
-// (a rank reads the others' buffers at its own offset). Each rank checks every descriptor,
-// so a mismatch is an error on every rank of the node, before anything is read.
+// (a rank reads the others' buffers at its own offset; a reduce_scatter's or an all_gather's
+// send buffer may sit at a different offset on each rank: the others read it from its
+// descriptor). Each rank checks every descriptor, so a mismatch is an error on every rank of
+// the node, before anything is read.
 void ShmEngine::check_agree(const ShmOp& op, std::int64_t seq) const {
   const ShmDesc& mine = desc(topo_.local, seq);
   for (int r = 0; r < topo_.local_size; ++r) {
-    const ShmDesc& theirs = desc(r, seq);
+    ShmDesc theirs = desc(r, seq);
+    if (op.block > 0 && mine.region >= 0 && theirs.region == mine.region)
+      theirs.offset = mine.offset;
     if (theirs == mine) continue;
-    throw CommError(world_rank_, detail::describe(op.c), shm_bytes(op.c.count, op.element),
-                    fmt::format("shared memory: the ranks of this node run different collectives "
-                                "(chunk {} of this communicator): rank {} {}, rank {} {}",
-                                seq, world_rank_, describe_desc(mine),
-                                world_of_[static_cast<std::size_t>(r)], describe_desc(theirs)));
+    throw CommError(
+        world_rank_, detail::describe(op.c), shm_bytes(op.c.count, op.element),
+        fmt::format("shared memory: the ranks of this node run different collectives "
+                    "(chunk {} of this communicator): rank {} {}, rank {} {}",
+                    seq, world_rank_, describe_desc(mine), world_of_[static_cast<std::size_t>(r)],
+                    describe_desc(desc(r, seq))));
   }
 }
 
-// Slice `me` of chunk k, read from every rank's shared buffer in rank order and written into
-// every rank's (all_reduce) or the root's (reduce): no copy in or out.
-void ShmEngine::reduce_in_place(ShmOp& op, std::int64_t k) {
+char* ShmEngine::in_region(const ShmOp& op, int local, std::int64_t seq) const {
+  return regions_[static_cast<std::size_t>(op.region)].base[static_cast<std::size_t>(local)] +
+         desc(local, seq).offset;
+}
+
+// Slice `me` of chunk k (reduce_scatter: part k of block `me`), read from every rank's shared
+// buffer in rank order and written into every rank's (all_reduce), the root's (reduce) or
+// this rank's receive buffer (reduce_scatter): no copy in or out.
+void ShmEngine::reduce_in_place(ShmOp& op, std::int64_t k, std::int64_t seq) {
   const int me = topo_.local, el = op.element;
   const ShmPiece p = shm_piece(op, k, me);
   if (p.length <= 0) return;
-  const Region& g = regions_[static_cast<std::size_t>(op.region)];
   const void** src = sources_.data();
-  const std::size_t at = static_cast<std::size_t>(op.offset) + shm_bytes(p.offset, el);
-  for (int r = 0; r < topo_.local_size; ++r) src[r] = g.base[static_cast<std::size_t>(r)] + at;
+  const std::size_t at = shm_bytes(p.offset, el);
+  for (int r = 0; r < topo_.local_size; ++r) src[r] = in_region(op, r, seq) + at;
   int outs = 0;
+  if (op.c.kind == Collective::Kind::ReduceScatter) {
+    outs_[static_cast<std::size_t>(outs++)] = shm_at(op.c.recv, k * op.slice, el);
+  }
   for (int r = 0; r < topo_.local_size; ++r) {
     if (op.c.kind == Collective::Kind::AllReduce || r == op.root_local)
-      outs_[static_cast<std::size_t>(outs++)] = g.base[static_cast<std::size_t>(r)] + at;
+      outs_[static_cast<std::size_t>(outs++)] = in_region(op, r, seq) + at;
   }
   shm_combine(op.c.dtype, op.c.f64, op.c.op, src, topo_.local_size, outs_.data(), outs, p.length);
+}
+
+// Chunk k of an all_gather whose send buffers are shared: part k of every rank's send buffer,
+// read where it lies, into block j of this rank's receive buffer (nothing to copy where the
+// send buffer already is that block: the in-place form, send = recv + rank x count).
+void ShmEngine::gather_in_place(const ShmOp& op, std::int64_t k, std::int64_t seq) {
+  const int el = op.element;
+  const std::int64_t from = k * op.slice;
+  const std::int64_t n = std::min(op.slice, op.block - from);
+  for (int j = 0; j < topo_.local_size; ++j) {
+    const char* src = in_region(op, j, seq) + shm_bytes(from, el);
+    char* dst = shm_at(op.c.recv, j * op.block + from, el);
+    if (src != dst) std::memmove(dst, src, shm_bytes(n, el));
+  }
 }
 
 // Chunk k of a broadcast in place: the whole chunk, from the root's shared buffer into this

@@ -1,0 +1,134 @@
+// reduce_scatter and all_gather over shared buffers (Communicator::allocate_shared) under
+// mpiexec at 1 to 4 ranks, on one node, on pretend nodes and on plain MPI (the suites of
+// test_shm.cpp): on one node they run in place (each rank reads the others' send buffers
+// where they lie) with the same bits as through the slots, equal to a reference summed by
+// hand in rank order; elsewhere they run as before; ranks that disagree get an error.
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdlib>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "comm/comm_support.hpp"
+#include "fusedopt/comm.hpp"
+
+using fusedopt::DType;
+using fusedopt::comm::Communicator;
+
+namespace fusedopt_tests {
+namespace {
+
+/// Whether collectives over a shared buffer run in place here (one node of several ranks).
+bool in_place_here(const Communicator& comm) {
+  const std::string t = comm.transport();
+  return t.find("shared memory: 1 node") != std::string::npos &&
+         t.find("hierarchical") == std::string::npos;
+}
+
+/// The number in "N collective(s) in place so far" of the transport, or 0.
+long in_place_count(const Communicator& comm) {
+  const std::string t = comm.transport();
+  const auto end = t.find(" collective");
+  const auto at = t.rfind(' ', end == std::string::npos ? 0 : end - 1);
+  return end == std::string::npos || at == std::string::npos ? 0 : std::atol(t.c_str() + at + 1);
+}
+
+/// Rank r's element k of block j of a reduce_scatter's send buffer.
+float block_value(std::uint32_t seed, int r, int j, std::int64_t k) {
+  return grad_value(seed, r, 1, static_cast<std::size_t>(j), k);
+}
+
+TEST_SUITE("comm_mpi") {
+  TEST_CASE("reduce_scatter and all_gather from shared send buffers run in place, exactly") {
+    Communicator& comm = world();
+    const int w = comm.size(), me = comm.rank();
+    const std::uint32_t seed = shared_seed();
+    const bool one_node = in_place_here(comm);
+    // Blocks around the in-place chunks (8 MiB over the ranks): tiny, odd, several chunks.
+    for (const std::int64_t block :
+         {std::int64_t{1}, std::int64_t{17}, std::int64_t{32769}, std::int64_t{2500001}}) {
+      CAPTURE(block);
+      const auto n = static_cast<std::size_t>(block) * static_cast<std::size_t>(w);
+      auto* shared = static_cast<float*>(comm.allocate_shared(n * 4));
+      std::vector<float> plain(n);
+      for (int j = 0; j < w; ++j) {
+        for (std::int64_t k = 0; k < block; ++k)
+          plain[static_cast<std::size_t>(j * block + k)] = block_value(seed, me, j, k);
+      }
+      std::copy(plain.begin(), plain.end(), shared);
+      std::vector<float> got(static_cast<std::size_t>(block)), slots(got.size());
+      const long before = in_place_count(comm);
+      comm.reduce_scatter(shared, got.data(), block, DType::F32).wait();
+      comm.reduce_scatter(plain.data(), slots.data(), block, DType::F32).wait();
+      std::int64_t wrong = 0;
+      for (std::int64_t k = 0; k < block; ++k) {
+        float want = block_value(seed, 0, me, k);  // rank order, fp32: the engine's sum
+        double size = std::fabs(want);
+        for (int r = 1; r < w; ++r) {
+          want += block_value(seed, r, me, k);
+          size += std::fabs(block_value(seed, r, me, k));
+        }
+        const auto i = static_cast<std::size_t>(k);
+        const bool exact = one_node || w == 1;
+        if (exact ? (got[i] != want || slots[i] != want)
+                  : std::fabs(got[i] - want) > 1e-6 * size || got[i] != slots[i])
+          ++wrong;
+      }
+      CHECK(wrong == 0);
+      CHECK(same_bytes(shared, plain.data(), n * 4));  // the send buffer is only read
+      // all_gather from send buffers at a different offset on each rank (block `me` of this
+      // rank's shared buffer), into private memory: every rank's block, exactly.
+      std::vector<float> gathered(n, std::numeric_limits<float>::quiet_NaN());
+      comm.all_gather(shared + me * block, gathered.data(), block, DType::F32).wait();
+      std::int64_t wrong_g = 0;
+      for (int j = 0; j < w; ++j) {
+        for (std::int64_t k = 0; k < block; ++k)
+          wrong_g +=
+              gathered[static_cast<std::size_t>(j * block + k)] != block_value(seed, j, j, k);
+      }
+      CHECK(wrong_g == 0);
+      // The in-place form (send = recv + rank x block) where the engine reads shared memory.
+      if (one_node) {
+        comm.all_gather(shared + me * block, shared, block, DType::F32).wait();
+        for (int j = 0; j < w; ++j) {
+          for (std::int64_t k = 0; k < block; ++k)
+            wrong_g +=
+                shared[static_cast<std::size_t>(j * block + k)] != block_value(seed, j, j, k);
+        }
+        CHECK(wrong_g == 0);
+      }
+      const long ran = in_place_count(comm) - before;
+      CHECK(ran == (one_node ? 3 : 0));
+    }
+  }
+
+  TEST_CASE("a reduce_scatter from shared memory on one rank and not another is an error") {
+    Communicator comm = Communicator::mpi();
+    comm.set_timeout(std::chrono::seconds(20));
+    const int w = comm.size();
+    auto* shared = static_cast<float*>(comm.allocate_shared(static_cast<std::size_t>(w) * 64));
+    if (!in_place_here(comm)) {
+      MESSAGE("skipped: collectives do not run in place here (" << comm.transport() << ")");
+      return;
+    }
+    std::vector<float> plain(static_cast<std::size_t>(w) * 16, 1.0f), out(16);
+    const float* send = comm.rank() == 0 ? shared : plain.data();
+    try {
+      comm.reduce_scatter(send, out.data(), 16, DType::F32).wait();
+      FAIL("a shared and a private send buffer were reduced together");
+    } catch (const fusedopt::comm::CommError& e) {
+      const std::string what = e.what();
+      MESSAGE(what);
+      CHECK(what.find("run different collectives") != std::string::npos);
+      CHECK(what.find("in place in shared buffer") != std::string::npos);
+      CHECK(what.find("through the slots") != std::string::npos);
+    }
+  }
+}
+
+}  // namespace
+}  // namespace fusedopt_tests
