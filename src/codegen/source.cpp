@@ -34,7 +34,10 @@ std::string generate_source(const KernelBody& body, const Target& target) {
   text += body.code;
   text += embedded_file("kernels/factored.h");
   text += embedded_file("kernels/quant.h");
-  if (!target.cuda_source()) text += embedded_file("kernels/quant_avx512.h");
+  if (!target.cuda_source()) {
+    text += embedded_file("kernels/quant_avx512.h");
+    text += embedded_file("kernels/quant_avx2.h");
+  }
   text += skeleton;
   // Resolve the restore markers now that absolute line numbers are known.
   const std::string file = source_file_name(body, target);

@@ -116,6 +116,28 @@ static inline fo_rcx fo_rc_row(const fo_rcx& X0, long long r, long long R, const
 #if FO_NUM_QUANT > 0
 // ---- quantized states: one absmax block at a time, through an fp32 stage ----------------
 
+#ifndef FO_QUANT_AVX512
+/// Elements [b, b + n) of a state of `bits`-bit codes, map[code] * a, into out: 4-bit codes by
+/// permutes on AVX2 (quant_avx2.h), else loops (an odd 4-bit tail's pad lands in out).
+static inline void fo_q_decode_host(const float* map, int bits, const unsigned char* codes,
+                                    long long b, int n, float a, float* out) {
+  if (bits == 8) {
+    for (int j = 0; j < n; ++j) out[j] = map[codes[b + j]] * a;
+    return;
+  }
+  const unsigned char* c = codes + (b >> 1);
+#ifdef FO_QUANT_AVX2
+  fo_q4_decode_block(map, c, n, a, out);
+#else
+  for (int jb = 0; jb < (n + 1) / 2; ++jb) {  // byte by byte: two elements each
+    const unsigned int byte = c[jb];
+    out[2 * jb] = map[byte >> 4] * a;
+    out[2 * jb + 1] = map[byte & 15u] * a;
+  }
+#endif
+}
+#endif
+
 /// Elements [b, b + n) of each quantized state, dequantized into its stage row.
 static inline void fo_q_stage_in(const fo_qtensor& q, long long b, int n,
                                  float (*stage)[FO_QUANT_BLOCK]) {
@@ -124,20 +146,8 @@ static inline void fo_q_stage_in(const fo_qtensor& q, long long b, int n,
   fo_q_decode_block<bits>(map, q.codes[k] + (bits == 8 ? b : b >> 1), n, \
                           q.absmax[k][b / FO_QUANT_BLOCK], stage[k]);
 #else
-#define FO_QIN(k, role, bits, map, fix, enc, tiny, zero, sr)                              \
-  {                                                                                       \
-    const float a = q.absmax[k][b / FO_QUANT_BLOCK];                                      \
-    if (bits == 8) {                                                                      \
-      for (int j = 0; j < n; ++j) stage[k][j] = map[q.codes[k][b + j]] * a;               \
-    } else { /* byte by byte: two elements each (an odd tail's pad lands in the stage) */ \
-      const unsigned char* c = q.codes[k] + (b >> 1);                                     \
-      for (int jb = 0; jb < (n + 1) / 2; ++jb) {                                          \
-        const unsigned int byte = c[jb];                                                  \
-        stage[k][2 * jb] = map[byte >> 4] * a;                                            \
-        stage[k][2 * jb + 1] = map[byte & 15u] * a;                                       \
-      }                                                                                   \
-    }                                                                                     \
-  }
+#define FO_QIN(k, role, bits, map, fix, enc, tiny, zero, sr) \
+  fo_q_decode_host(map, bits, q.codes[k], b, n, q.absmax[k][b / FO_QUANT_BLOCK], stage[k]);
 #endif
   FO_QUANT_LIST(FO_QIN)
 #undef FO_QIN
@@ -178,22 +188,14 @@ static inline void fo_q_encode_block(const float* map, int bits, int fix, const 
   }
 }
 
-/// The codes of n values of a block of absmax a, rounded stochastically (fo_q_encode_sr) with
-/// the random words of the rule's state `state` for elements e, e + 1, ... of the param. The
-/// floor code comes from the nearest one (fo_q_encode_block: one table word) and one comparison
-/// with its map value, not from fo_q_encode_sr's dependent search. (q8s's table moves y in
-/// (-map[zero + 1] / 2, -0] to code zero - 1, its sign fix: the floor is zero - 1 all the same,
-/// and for y = -0 the step up has probability 1, so the code is zero, as the search gives.)
-static inline void fo_q_encode_block_sr(const float* map, const unsigned int* enc, int bits,
-                                        int state, const float* v, int n, float a,
-                                        const fo_qkey& key, unsigned char* out) {
-  // fo_q_rand's words, one draw per group of four (key.e is a multiple of four: blocks begin
-  // on multiples of 32 elements of the param).
-  unsigned int words[FO_QUANT_BLOCK + 3];
+/// fo_q_rand's words of the rule's state `state` for elements e, e + 1, ... of the param (e =
+/// key.e, a multiple of four: blocks begin on multiples of 32 elements of the param), n of
+/// them rounded up to 16 (words has room for FO_QUANT_BLOCK): one draw per group of four.
+static inline void fo_q_sr_words(const fo_qkey& key, int state, int n, unsigned int* words) {
   const unsigned long long k = fo_q_key(key.seed, state);
   const unsigned long long g0 = (unsigned long long)key.e >> 2;
 #pragma omp simd
-  for (int q = 0; q < (n + 3) / 4; ++q) {
+  for (int q = 0; q < (n + 15) / 16 * 4; ++q) {
     const unsigned long long g = g0 + (unsigned long long)q;
     const fo_rand4 r = fo_philox((unsigned int)g, (unsigned int)(g >> 32), key.param, key.step,
                                  (unsigned int)k, (unsigned int)(k >> 32));
@@ -202,6 +204,19 @@ static inline void fo_q_encode_block_sr(const float* map, const unsigned int* en
     words[4 * q + 2] = r.x[2];
     words[4 * q + 3] = r.x[3];
   }
+}
+
+/// The codes of n values of a block of absmax a, rounded stochastically (fo_q_encode_sr) with
+/// the random words of the rule's state `state` (fo_q_sr_words). The
+/// floor code comes from the nearest one (fo_q_encode_block: one table word) and one comparison
+/// with its map value, not from fo_q_encode_sr's dependent search. (q8s's table moves y in
+/// (-map[zero + 1] / 2, -0] to code zero - 1, its sign fix: the floor is zero - 1 all the same,
+/// and for y = -0 the step up has probability 1, so the code is zero, as the search gives.)
+static inline void fo_q_encode_block_sr(const float* map, const unsigned int* enc, int bits,
+                                        int state, const float* v, int n, float a,
+                                        const fo_qkey& key, unsigned char* out) {
+  unsigned int words[FO_QUANT_BLOCK];
+  fo_q_sr_words(key, state, n, words);
   fo_q_encode_block(map, bits, 0, enc, v, n, a, out);
   const float d = a != 0.0f ? a : 1.0f;
   const int top = (1 << bits) - 1;
@@ -216,6 +231,42 @@ static inline void fo_q_encode_block_sr(const float* map, const unsigned int* en
     out[j] = (unsigned char)(lo < top && fo_unit(words[j]) < p ? lo + 1 : lo);
   }
 }
+
+#ifndef FO_QUANT_AVX512
+/// The codes of the n values v of a block of absmax a, at element b of a state of `bits`-bit
+/// codes: nearest (sr 0) or stochastically rounded (sr: 1 + the rule's state); 4-bit codes by
+/// permutes on AVX2 (quant_avx2.h), else the encoder table's loops, 4-bit codes then packed
+/// (an odd n's pad nibble 0).
+static inline void fo_q_encode_host(const float* map, const unsigned int* enc, int bits, int fix,
+                                    int zero, int sr, const float* v, int n, float a,
+                                    const fo_qkey& key, unsigned char* codes, long long b) {
+#ifdef FO_QUANT_AVX2
+  if (bits == 4 && !sr) {
+    fo_q4_encode_block(map, fix, zero, v, n, a, codes + (b >> 1));
+    return;
+  }
+  if (bits == 4) {
+    unsigned int words[FO_QUANT_BLOCK];
+    fo_q_sr_words(key, sr - 1, n, words);
+    fo_q4_encode_block_sr(map, words, v, n, a, codes + (b >> 1));
+    return;
+  }
+#endif
+  unsigned char staged[FO_QUANT_BLOCK + 1];
+  unsigned char* out = bits == 8 ? codes + b : staged;
+  if (sr) {
+    fo_q_encode_block_sr(map, enc, bits, sr - 1, v, n, a, key, out);
+  } else {
+    fo_q_encode_block(map, bits, fix, enc, v, n, a, out);
+  }
+  if (bits == 4) {
+    if (n & 1) staged[n] = 0;
+    for (int jb = 0; jb < (n + 1) / 2; ++jb)
+      codes[(b >> 1) + jb] = (unsigned char)((staged[2 * jb] << 4) | staged[2 * jb + 1]);
+  }
+  (void)zero;
+}
+#endif
 
 /// The block's new absmax, then each element's code (key: the random numbers' of element b).
 static inline void fo_q_stage_out(const fo_qtensor& q, long long b, int n,
@@ -237,26 +288,14 @@ static inline void fo_q_stage_out(const fo_qtensor& q, long long b, int n,
   FO_QUANT_LIST(FO_QOUT)
 #undef FO_QOUT
 #else
-  unsigned char codes[FO_QUANT_BLOCK];
-#define FO_QOUT(k, role, bits, map, fix, enc, tiny, zero, sr)                                  \
-  {                                                                                            \
-    const float a = fo_q_absmax(stage[k], n);                                                  \
-    q.absmax[k][b / FO_QUANT_BLOCK] = a;                                                       \
-    unsigned char* out = bits == 8 ? q.codes[k] + b : codes;                                   \
-    if (sr) {                                                                                  \
-      fo_q_encode_block_sr(map, enc, bits, (sr)-1, stage[k], n, a, key, out);                  \
-    } else {                                                                                   \
-      fo_q_encode_block(map, bits, fix, enc, stage[k], n, a, out);                             \
-    }                                                                                          \
-    if (bits == 4) {                                                                           \
-      if (n & 1) codes[n] = 0;                                                                 \
-      for (int jb = 0; jb < (n + 1) / 2; ++jb)                                                 \
-        q.codes[k][(b >> 1) + jb] = (unsigned char)((codes[2 * jb] << 4) | codes[2 * jb + 1]); \
-    }                                                                                          \
+#define FO_QOUT(k, role, bits, map, fix, enc, tiny, zero, sr)                            \
+  {                                                                                      \
+    const float a = fo_q_absmax(stage[k], n);                                            \
+    q.absmax[k][b / FO_QUANT_BLOCK] = a;                                                 \
+    fo_q_encode_host(map, enc, bits, fix, zero, sr, stage[k], n, a, key, q.codes[k], b); \
   }
   FO_QUANT_LIST(FO_QOUT)
 #undef FO_QOUT
-  (void)codes;
 #endif
   (void)key;
 }

@@ -8,7 +8,8 @@
 // of its time there. A permute (vpermps, vpermi2ps) looks up 16 or 32 entries held in
 // registers in one instruction. Decoding also prefetches the codes two blocks ahead: the
 // hardware's prefetchers left the step waiting on them (adamw8bit 99 -> 88 ms on BERT-base).
-// FO_NO_AVX512_QUANT (defined before this file) keeps the portable loops.
+// FO_NO_AVX512_QUANT (defined before this file) turns it off (an AVX2 host's 4-bit path,
+// quant_avx2.h, then runs); FO_PORTABLE_QUANT keeps the portable loops everywhere.
 //
 // Encoding is fo_q_nearest's halving search, lane-parallel: at the level of step s the lanes'
 // `lo` are multiples of 2s, so the midpoint they compare with is one of n / 2s values, laid
@@ -17,7 +18,7 @@
 // are the same bits: ties (x on a midpoint) go up for s >= 2 (lo + s is even) and stay for
 // s == 1 (lo + 1 is odd); NaN compares false and gives 0.
 #if FO_NUM_QUANT > 0 && defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && \
-    !defined(FO_NO_AVX512_QUANT)
+    !defined(FO_NO_AVX512_QUANT) && !defined(FO_PORTABLE_QUANT)
 #include <immintrin.h>
 #define FO_QUANT_AVX512 1
 

@@ -1,8 +1,9 @@
 // The host's quantization encoder at every decision it makes: each midpoint of each map (a tie,
 // which takes the even code), the fp32 values on either side of it, the map's own values, the
 // signed zeros, values below the encoder table's lowest bucket, and blocks that are all zero,
-// hold a NaN or an infinity. Every code must be the kernels' definition (nearest_f32: the
-// linear count of fp32 midpoints, ties to even, q8s's sign fix).
+// hold a NaN or an infinity, and a last block of an odd count (4-bit: the pad nibble is 0). Every
+// code must be the kernels' definition (nearest_f32: the linear count of fp32 midpoints, ties to
+// even, q8s's sign fix).
 #include <doctest/doctest.h>
 
 #include <cmath>
@@ -76,6 +77,8 @@ TEST_CASE("quantized codes at every midpoint, beside it, at signed zeros and tin
       for (std::size_t j = 0; j < block; ++j)
         values.push_back(j == 7 ? special : fractions[j % fractions.size()] * 0.5f);
     }
+    // A last block of an odd count of large values: 4-bit codes' pad nibble must be 0.
+    for (std::size_t j = 0; j < 77; ++j) values.push_back(j % 3 ? 0.9f : -0.7f);
     const auto n = static_cast<std::int64_t>(values.size());
     HostTensor p(n, DType::F32), g(n, DType::F32);
     for (std::int64_t i = 0; i < n; ++i) g.set(i, values[static_cast<std::size_t>(i)]);
@@ -87,7 +90,11 @@ TEST_CASE("quantized codes at every midpoint, beside it, at signed zeros and tin
     opt.step();
     const std::vector<int> got = codes_of(opt.state("s", 0), n, q);
     const std::vector<float> absmax = absmax_of(opt.state("s.absmax", 0));
-    REQUIRE(absmax.size() == values.size() / block);
+    REQUIRE(absmax.size() == (values.size() + block - 1) / block);
+    if (fusedopt::quant_bits(q) == 4) {
+      const auto* bytes = static_cast<const unsigned char*>(opt.state("s", 0).data);
+      CHECK((bytes[n >> 1] & 15) == 0);
+    }
     std::int64_t off = 0;
     for (std::int64_t i = 0; i < n; ++i) {
       const auto at = static_cast<std::size_t>(i);
@@ -100,7 +107,7 @@ TEST_CASE("quantized codes at every midpoint, beside it, at signed zeros and tin
     }
     CHECK(off == 0);
     CHECK(absmax[0] == 1.0f);
-    CHECK(std::isnan(absmax[absmax.size() - 2]));
-    CHECK(std::isinf(absmax[absmax.size() - 1]));
+    CHECK(std::isnan(absmax[absmax.size() - 3]));
+    CHECK(std::isinf(absmax[absmax.size() - 2]));
   }
 }
