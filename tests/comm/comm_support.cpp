@@ -1,5 +1,6 @@
 #include "comm/comm_support.hpp"
 
+#include <cstdlib>
 #include <random>
 #include <vector>
 
@@ -46,6 +47,19 @@ std::vector<fusedopt::ParamGroup> group_of(fusedopt::FlatArena& a) {
     g.grads.push_back(a.grad(i));
   }
   return {g};
+}
+
+bool runs_in_place(const fusedopt::comm::Communicator& comm) {
+  const std::string t = comm.transport();
+  return t.find("shared memory: 1 node") != std::string::npos &&
+         t.find("hierarchical") == std::string::npos;
+}
+
+long in_place_so_far(const fusedopt::comm::Communicator& comm) {
+  const std::string t = comm.transport();
+  const auto end = t.find(" collective");
+  const auto at = t.rfind(' ', end == std::string::npos ? 0 : end - 1);
+  return end == std::string::npos || at == std::string::npos ? 0 : std::atol(t.c_str() + at + 1);
 }
 
 float grad_value(std::uint32_t seed, int r, int step, std::size_t i, std::int64_t k) {

@@ -32,6 +32,11 @@ inline float* data(const fusedopt::Tensor& t) { return static_cast<float*>(t.dat
 inline bool same_bytes(const void* a, const void* b, std::size_t n) {
   return n == 0 || std::memcmp(a, b, n) == 0;
 }
+/// Whether collectives over a shared buffer run in place on `comm` (one node of several
+/// ranks, not hierarchical): from its transport line.
+bool runs_in_place(const fusedopt::comm::Communicator& comm);
+/// The number in "N collective(s) in place so far" of `comm`'s transport line, or 0.
+long in_place_so_far(const fusedopt::comm::Communicator& comm);
 /// Rank r's gradient of element k of tensor i at step `step`, in [-0.1, 0.1): any rank can
 /// compute every rank's, for float64 references.
 float grad_value(std::uint32_t seed, int r, int step, std::size_t i, std::int64_t k);

@@ -99,21 +99,6 @@ FlatArena arena_of(Communicator& comm, bool in_shared) {
   return a;
 }
 
-/// Whether collectives over a shared buffer run in place here (one node of several ranks).
-bool runs_in_place(const Communicator& comm) {
-  const std::string t = comm.transport();
-  return t.find("shared memory: 1 node") != std::string::npos &&
-         t.find("hierarchical") == std::string::npos;
-}
-
-/// The number in "N collective(s) in place so far" of the transport, or 0.
-long in_place_so_far(const Communicator& comm) {
-  const std::string t = comm.transport();
-  const auto end = t.find(" collective");
-  const auto at = t.rfind(' ', end == std::string::npos ? 0 : end - 1);
-  return end == std::string::npos || at == std::string::npos ? 0 : std::atol(t.c_str() + at + 1);
-}
-
 /// Every rank's gradients of one step (rank r's from grad_value), and the expected sums.
 struct Case {
   std::uint32_t seed = 0;

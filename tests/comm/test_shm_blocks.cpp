@@ -22,21 +22,6 @@ using fusedopt::comm::Communicator;
 namespace fusedopt_tests {
 namespace {
 
-/// Whether collectives over a shared buffer run in place here (one node of several ranks).
-bool in_place_here(const Communicator& comm) {
-  const std::string t = comm.transport();
-  return t.find("shared memory: 1 node") != std::string::npos &&
-         t.find("hierarchical") == std::string::npos;
-}
-
-/// The number in "N collective(s) in place so far" of the transport, or 0.
-long in_place_count(const Communicator& comm) {
-  const std::string t = comm.transport();
-  const auto end = t.find(" collective");
-  const auto at = t.rfind(' ', end == std::string::npos ? 0 : end - 1);
-  return end == std::string::npos || at == std::string::npos ? 0 : std::atol(t.c_str() + at + 1);
-}
-
 /// Rank r's element k of block j of a reduce_scatter's send buffer.
 float block_value(std::uint32_t seed, int r, int j, std::int64_t k) {
   return grad_value(seed, r, 1, static_cast<std::size_t>(j), k);
@@ -47,7 +32,7 @@ TEST_SUITE("comm_mpi") {
     Communicator& comm = world();
     const int w = comm.size(), me = comm.rank();
     const std::uint32_t seed = shared_seed();
-    const bool one_node = in_place_here(comm);
+    const bool one_node = runs_in_place(comm);
     // Blocks around the in-place chunks (8 MiB over the ranks): tiny, odd, several chunks.
     for (const std::int64_t block :
          {std::int64_t{1}, std::int64_t{17}, std::int64_t{32769}, std::int64_t{2500001}}) {
@@ -61,7 +46,7 @@ TEST_SUITE("comm_mpi") {
       }
       std::copy(plain.begin(), plain.end(), shared);
       std::vector<float> got(static_cast<std::size_t>(block)), slots(got.size());
-      const long before = in_place_count(comm);
+      const long before = in_place_so_far(comm);
       comm.reduce_scatter(shared, got.data(), block, DType::F32).wait();
       comm.reduce_scatter(plain.data(), slots.data(), block, DType::F32).wait();
       std::int64_t wrong = 0;
@@ -101,7 +86,7 @@ TEST_SUITE("comm_mpi") {
         }
         CHECK(wrong_g == 0);
       }
-      const long ran = in_place_count(comm) - before;
+      const long ran = in_place_so_far(comm) - before;
       CHECK(ran == (one_node ? 3 : 0));
     }
   }
@@ -111,7 +96,7 @@ TEST_SUITE("comm_mpi") {
     comm.set_timeout(std::chrono::seconds(20));
     const int w = comm.size();
     auto* shared = static_cast<float*>(comm.allocate_shared(static_cast<std::size_t>(w) * 64));
-    if (!in_place_here(comm)) {
+    if (!runs_in_place(comm)) {
       MESSAGE("skipped: collectives do not run in place here (" << comm.transport() << ")");
       return;
     }
