@@ -149,10 +149,13 @@ class FUSEDOPT_COMM_API Communicator {
   Work reduce(void* data, std::int64_t count, DType dtype, int root, ReduceOp op = ReduceOp::Sum,
               void* stream = nullptr);
   /// `send` holds size() × `recv_count` elements; rank r receives the reduction of the
-  /// r-th block.
+  /// r-th block. `recv` lies apart from `send` or is this rank's block of it (`send` + rank ×
+  /// `recv_count`: not over plain MPI); any other overlap is a UsageError.
   Work reduce_scatter(const void* send, void* recv, std::int64_t recv_count, DType dtype,
                       ReduceOp op = ReduceOp::Sum, void* stream = nullptr);
   /// `recv` (size() × `send_count` elements) receives every rank's `send`, in rank order.
+  /// `send` lies apart from `recv` or is this rank's block of it (`recv` + rank ×
+  /// `send_count`: not over plain MPI); any other overlap is a UsageError.
   Work all_gather(const void* send, void* recv, std::int64_t send_count, DType dtype,
                   void* stream = nullptr);
   /// `data` of rank `root` to every rank.

@@ -249,14 +249,33 @@ Work Communicator::reduce(void* data, std::int64_t count, DType dtype, int root,
                collective(Collective::Kind::Reduce, data, data, count, dtype, op, root, stream));
 }
 
+namespace {
+/// A reduce_scatter's or an all_gather's buffers (`big` holds size() blocks of `count`
+/// elements, `small` one): apart, or `small` exactly at this rank's own block of `big` (the
+/// in-place form NCCL takes); any other overlap is a UsageError naming the call.
+void check_blocks(const char* call, const void* small, const void* big, std::int64_t count,
+                  DType dtype, int rank, int size) {
+  const auto s = reinterpret_cast<std::uintptr_t>(small);
+  const auto b = reinterpret_cast<std::uintptr_t>(big);
+  const auto block = static_cast<std::uintptr_t>(count) * dtype_size(dtype);
+  const bool apart = s + block <= b || b + block * static_cast<std::uintptr_t>(size) <= s;
+  FUSEDOPT_CHECK_USAGE(count <= 0 || apart || s == b + block * static_cast<std::uintptr_t>(rank),
+                       "{}: the receive and send buffers overlap other than at this rank's own "
+                       "block ({} + {} x {} elements): use separate buffers or that block",
+                       call, std::strcmp(call, "all_gather") == 0 ? "recv" : "send", rank, count);
+}
+}  // namespace
+
 Work Communicator::reduce_scatter(const void* send, void* recv, std::int64_t recv_count,
                                   DType dtype, ReduceOp op, void* stream) {
+  check_blocks("reduce_scatter", recv, send, recv_count, dtype, rank(), size());
   return start(backend_, collective(Collective::Kind::ReduceScatter, send, recv, recv_count, dtype,
                                     op, 0, stream));
 }
 
 Work Communicator::all_gather(const void* send, void* recv, std::int64_t send_count, DType dtype,
                               void* stream) {
+  check_blocks("all_gather", send, recv, send_count, dtype, rank(), size());
   return start(backend_, collective(Collective::Kind::AllGather, send, recv, send_count, dtype,
                                     ReduceOp::Sum, 0, stream));
 }

@@ -165,7 +165,10 @@ std::shared_ptr<ShmOp> ShmEngine::start(const Collective& c) {
       c.kind == Collective::Kind::ReduceScatter || c.kind == Collective::Kind::AllGather;
   if (!hierarchical_ && c.count > 0 && (blocks || c.send == c.recv)) {
     // Where the ranks read each other: the data (all_reduce, reduce, broadcast) or the send
-    // buffer (reduce_scatter: size() blocks, all_gather: one).
+    // buffer (reduce_scatter: size() blocks, all_gather: one). One node: w is size(). A
+    // reduce_scatter's or an all_gather's receive buffer lies apart from its send buffer or is
+    // this rank's own block of it (Communicator checks): the only part this rank writes while
+    // the others read.
     const std::int64_t n = c.kind == Collective::Kind::ReduceScatter ? c.count * w : c.count;
     op->region = locate(c.send, shm_bytes(n, op->element), &op->offset);
   }
@@ -434,7 +437,9 @@ bool ShmEngine::step_out(std::int64_t seq) {
 
 // A broadcast's root runs in place from its own buffer, which the others read until their
 // out stage: it is complete only when every rank is done with its last chunk (otherwise the
-// root could write its buffer again while they copy). Any other operation: at once.
+// root could write its buffer again while they copy). Any other operation: at once (an
+// in-place reduce_scatter or all_gather is done only when every rank has passed its reduce
+// stage, so no rank still reads this one's send buffer).
 bool ShmEngine::released(const ShmOp& op) const {
   return op.region < 0 || op.c.kind != Collective::Kind::Broadcast ||
          all_reached(kDone, op.first + op.chunks - 1);

@@ -238,11 +238,11 @@ static inline void fo_q_encode_block_sr(const float* map, const unsigned int* en
 /// permutes on AVX2 (quant_avx2.h), else the encoder table's loops, 4-bit codes then packed
 /// (an odd n's pad nibble 0).
 static inline void fo_q_encode_host(const float* map, const unsigned int* enc, int bits, int fix,
-                                    int zero, int sr, const float* v, int n, float a,
-                                    const fo_qkey& key, unsigned char* codes, long long b) {
+                                    int sr, const float* v, int n, float a, const fo_qkey& key,
+                                    unsigned char* codes, long long b) {
 #ifdef FO_QUANT_AVX2
   if (bits == 4 && !sr) {
-    fo_q4_encode_block(map, fix, zero, v, n, a, codes + (b >> 1));
+    fo_q4_encode_block(map, fix, v, n, a, codes + (b >> 1));
     return;
   }
   if (bits == 4) {
@@ -264,7 +264,6 @@ static inline void fo_q_encode_host(const float* map, const unsigned int* enc, i
     for (int jb = 0; jb < (n + 1) / 2; ++jb)
       codes[(b >> 1) + jb] = (unsigned char)((staged[2 * jb] << 4) | staged[2 * jb + 1]);
   }
-  (void)zero;
 }
 #endif
 
@@ -288,11 +287,11 @@ static inline void fo_q_stage_out(const fo_qtensor& q, long long b, int n,
   FO_QUANT_LIST(FO_QOUT)
 #undef FO_QOUT
 #else
-#define FO_QOUT(k, role, bits, map, fix, enc, tiny, zero, sr)                            \
-  {                                                                                      \
-    const float a = fo_q_absmax(stage[k], n);                                            \
-    q.absmax[k][b / FO_QUANT_BLOCK] = a;                                                 \
-    fo_q_encode_host(map, enc, bits, fix, zero, sr, stage[k], n, a, key, q.codes[k], b); \
+#define FO_QOUT(k, role, bits, map, fix, enc, tiny, zero, sr)                      \
+  {                                                                                \
+    const float a = fo_q_absmax(stage[k], n);                                      \
+    q.absmax[k][b / FO_QUANT_BLOCK] = a;                                           \
+    fo_q_encode_host(map, enc, bits, fix, sr, stage[k], n, a, key, q.codes[k], b); \
   }
   FO_QUANT_LIST(FO_QOUT)
 #undef FO_QOUT

@@ -107,7 +107,7 @@ struct fo_q4search {
 /// bytes (element 2k in the high nibble of byte k) at out: (min(count, 16) + 1) / 2 bytes.
 static inline void fo_q4_store16(__m256i c0, __m256i c1, int count, unsigned char* out) {
   const int left = (count + 1) / 2;  // bytes
-  if (left < 8) {
+  if (count < 16) {
     const __m256i iota = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
     c0 = _mm256_and_si256(c0, _mm256_cmpgt_epi32(_mm256_set1_epi32(count), iota));
     c1 = _mm256_and_si256(c1, _mm256_cmpgt_epi32(_mm256_set1_epi32(count - 8), iota));
@@ -133,24 +133,31 @@ static inline __m256 fo_q4_ratio(const float* v, float a, __m256 d) {
   return a != 0.0f ? _mm256_div_ps(_mm256_loadu_ps(v), d) : _mm256_setzero_ps();
 }
 
+/// Codes c of values x less one where x's sign bit is set, map[c] >= 0 and c > 0 (fo_q_encode's
+/// sign fix: a negative value or -0 on a non-negative code takes the code below).
+static inline __m256i fo_q4_sign_fix(__m256 t0, __m256 t1, __m256 x, __m256i c) {
+  const __m256i neg = _mm256_srai_epi32(_mm256_castps_si256(x), 31);
+  const __m256i nonneg =
+      _mm256_castps_si256(_mm256_cmp_ps(fo_q4_lut(t0, t1, c), _mm256_setzero_ps(), _CMP_GE_OQ));
+  const __m256i above0 = _mm256_cmpgt_epi32(c, _mm256_setzero_si256());
+  return _mm256_add_epi32(c, _mm256_and_si256(neg, _mm256_and_si256(nonneg, above0)));
+}
+
 /// The packed codes of values v[0, n) of absmax a (n <= FO_QUANT_BLOCK; v readable up to n
-/// rounded up to 16): fo_q_encode's (with `fix`, a set sign bit on code `zero` takes the code
-/// below), an odd n's pad nibble 0, exactly (n + 1) / 2 bytes written. 16 values (8 bytes) at
-/// a time, in registers.
-static inline void fo_q4_encode_block(const float* map, int fix, int zero, const float* v, int n,
-                                      float a, unsigned char* out) {
+/// rounded up to 16): fo_q_encode's (with `fix`, its sign fix), an odd n's pad nibble 0, exactly (n
+/// + 1) / 2 bytes written. 16 values (8 bytes) at a time, in registers.
+static inline void fo_q4_encode_block(const float* map, int fix, const float* v, int n, float a,
+                                      unsigned char* out) {
   const fo_q4mids mids = fo_q4_mids(map);
   const fo_q4search search(mids);
   const __m256 d = _mm256_set1_ps(a != 0.0f ? a : 1.0f);
-  const __m256i zeros = _mm256_set1_epi32(zero);
+  const __m256 t0 = _mm256_loadu_ps(map), t1 = _mm256_loadu_ps(map + 8);
   for (int j = 0; j < n; j += 16) {
     __m256i c0 = search.codes(fo_q4_ratio(v + j, a, d));
     __m256i c1 = search.codes(fo_q4_ratio(v + j + 8, a, d));
-    if (fix) {  // -1 where the sign bit is set and the code is zero's
-      const __m256i s0 = _mm256_srai_epi32(_mm256_castps_si256(_mm256_loadu_ps(v + j)), 31);
-      const __m256i s1 = _mm256_srai_epi32(_mm256_castps_si256(_mm256_loadu_ps(v + j + 8)), 31);
-      c0 = _mm256_add_epi32(c0, _mm256_and_si256(s0, _mm256_cmpeq_epi32(c0, zeros)));
-      c1 = _mm256_add_epi32(c1, _mm256_and_si256(s1, _mm256_cmpeq_epi32(c1, zeros)));
+    if (fix) {  // fo_q_encode's sign fix: -1 where the sign bit is set on a code >= 0 above 0
+      c0 = fo_q4_sign_fix(t0, t1, _mm256_loadu_ps(v + j), c0);
+      c1 = fo_q4_sign_fix(t0, t1, _mm256_loadu_ps(v + j + 8), c1);
     }
     fo_q4_store16(c0, c1, n - j, out + j / 2);
   }
