@@ -101,4 +101,11 @@ struct Pending {
 /// Bytes this rank contributes to `c`.
 std::size_t bytes_of(const Collective& c, int size);
 
+/// Where a reduce_scatter's or an all_gather's one-block buffer lies against its buffer of
+/// `size` blocks (the recv and the send of a reduce_scatter, the send and the recv of an
+/// all_gather): apart, exactly at this rank's own block (NCCL's in-place form), or
+/// overlapping otherwise.
+enum class BlockLayout { Apart, OwnBlock, Overlap };
+BlockLayout block_layout(const Collective& c, int rank, int size);
+
 }  // namespace fusedopt::comm::detail

@@ -51,6 +51,18 @@ std::size_t bytes_of(const Collective& c, int size) {
   return static_cast<std::size_t>(elements) * element;
 }
 
+BlockLayout block_layout(const Collective& c, int rank, int size) {
+  const bool scatter = c.kind == Collective::Kind::ReduceScatter;
+  const auto small = reinterpret_cast<std::uintptr_t>(scatter ? c.recv : c.send);
+  const auto big = reinterpret_cast<std::uintptr_t>(scatter ? c.send : c.recv);
+  const auto block =
+      static_cast<std::uintptr_t>(c.count) * (c.f64 ? sizeof(double) : dtype_size(c.dtype));
+  if (small + block <= big || big + block * static_cast<std::uintptr_t>(size) <= small)
+    return BlockLayout::Apart;
+  return small == big + block * static_cast<std::uintptr_t>(rank) ? BlockLayout::OwnBlock
+                                                                  : BlockLayout::Overlap;
+}
+
 }  // namespace detail
 
 namespace {
@@ -253,31 +265,31 @@ namespace {
 /// A reduce_scatter's or an all_gather's buffers (`big` holds size() blocks of `count`
 /// elements, `small` one): apart, or `small` exactly at this rank's own block of `big` (the
 /// in-place form NCCL takes); any other overlap is a UsageError naming the call.
-void check_blocks(const char* call, const void* small, const void* big, std::int64_t count,
-                  DType dtype, int rank, int size) {
-  const auto s = reinterpret_cast<std::uintptr_t>(small);
-  const auto b = reinterpret_cast<std::uintptr_t>(big);
-  const auto block = static_cast<std::uintptr_t>(count) * dtype_size(dtype);
-  const bool apart = s + block <= b || b + block * static_cast<std::uintptr_t>(size) <= s;
-  FUSEDOPT_CHECK_USAGE(count <= 0 || apart || s == b + block * static_cast<std::uintptr_t>(rank),
-                       "{}: the receive and send buffers overlap other than at this rank's own "
-                       "block ({} + {} x {} elements): use separate buffers or that block",
-                       call, std::strcmp(call, "all_gather") == 0 ? "recv" : "send", rank, count);
+/// A reduce_scatter's or an all_gather's buffers lie apart or at this rank's own block.
+void check_blocks(const detail::Collective& c, int rank, int size) {
+  const bool gather = c.kind == detail::Collective::Kind::AllGather;
+  FUSEDOPT_CHECK_USAGE(
+      c.count <= 0 || detail::block_layout(c, rank, size) != detail::BlockLayout::Overlap,
+      "{}: the receive and send buffers overlap other than at this rank's own "
+      "block ({} + {} x {} elements): use separate buffers or that block",
+      gather ? "all_gather" : "reduce_scatter", gather ? "recv" : "send", rank, c.count);
 }
 }  // namespace
 
 Work Communicator::reduce_scatter(const void* send, void* recv, std::int64_t recv_count,
                                   DType dtype, ReduceOp op, void* stream) {
-  check_blocks("reduce_scatter", recv, send, recv_count, dtype, rank(), size());
-  return start(backend_, collective(Collective::Kind::ReduceScatter, send, recv, recv_count, dtype,
-                                    op, 0, stream));
+  const Collective c =
+      collective(Collective::Kind::ReduceScatter, send, recv, recv_count, dtype, op, 0, stream);
+  check_blocks(c, rank(), size());
+  return start(backend_, c);
 }
 
 Work Communicator::all_gather(const void* send, void* recv, std::int64_t send_count, DType dtype,
                               void* stream) {
-  check_blocks("all_gather", send, recv, send_count, dtype, rank(), size());
-  return start(backend_, collective(Collective::Kind::AllGather, send, recv, send_count, dtype,
-                                    ReduceOp::Sum, 0, stream));
+  const Collective c = collective(Collective::Kind::AllGather, send, recv, send_count, dtype,
+                                  ReduceOp::Sum, 0, stream);
+  check_blocks(c, rank(), size());
+  return start(backend_, c);
 }
 
 Work Communicator::broadcast(void* data, std::int64_t count, DType dtype, int root, void* stream) {

@@ -133,17 +133,6 @@ struct MpiPending : Pending {
   ~MpiPending() override;
 };
 
-/// Whether a reduce_scatter's or an all_gather's send and receive buffers overlap.
-bool blocks_alias(const Collective& c, int size) {
-  const auto send = reinterpret_cast<std::uintptr_t>(c.send);
-  const auto recv = reinterpret_cast<std::uintptr_t>(c.recv);
-  const auto block = static_cast<std::uintptr_t>(c.count) * dtype_size(c.dtype);
-  const auto whole = block * static_cast<std::uintptr_t>(size);
-  return c.kind == Collective::Kind::ReduceScatter
-             ? !(recv + block <= send || send + whole <= recv)
-             : !(send + block <= recv || recv + whole <= send);
-}
-
 class MpiBackend final : public Backend {
  public:
   MpiBackend(MPI_Comm parent, const MpiOptions& options) {
@@ -226,7 +215,7 @@ class MpiBackend final : public Backend {
     // MPI's collectives take no aliased buffers (MPI_IN_PLACE means another layout).
     FUSEDOPT_CHECK_USAGE(
         (c.kind != Collective::Kind::ReduceScatter && c.kind != Collective::Kind::AllGather) ||
-            c.count <= 0 || !blocks_alias(c, size_),
+            c.count <= 0 || block_layout(c, rank_, size_) == BlockLayout::Apart,
         "{}: plain MPI takes no send buffer inside the receive buffer or the "
         "other way round; use separate buffers ({})",
         describe(c), transport());
