@@ -262,10 +262,9 @@ Work Communicator::reduce(void* data, std::int64_t count, DType dtype, int root,
 }
 
 namespace {
-/// A reduce_scatter's or an all_gather's buffers (`big` holds size() blocks of `count`
-/// elements, `small` one): apart, or `small` exactly at this rank's own block of `big` (the
-/// in-place form NCCL takes); any other overlap is a UsageError naming the call.
-/// A reduce_scatter's or an all_gather's buffers lie apart or at this rank's own block.
+/// A reduce_scatter's or an all_gather's buffers lie apart, or the one-block buffer exactly at
+/// this rank's own block of the other (the in-place form NCCL takes); any other overlap is a
+/// UsageError naming the call.
 void check_blocks(const detail::Collective& c, int rank, int size) {
   const bool gather = c.kind == detail::Collective::Kind::AllGather;
   FUSEDOPT_CHECK_USAGE(
