@@ -150,12 +150,14 @@ class FUSEDOPT_COMM_API Communicator {
               void* stream = nullptr);
   /// `send` holds size() × `recv_count` elements; rank r receives the reduction of the
   /// r-th block. `recv` lies apart from `send` or is this rank's block of it (`send` + rank ×
-  /// `recv_count`: not over plain MPI); any other overlap is a UsageError.
+  /// `recv_count`, NCCL's in-place form; plain MPI writes that block from a scratch block when
+  /// the call completes); any other overlap is a UsageError.
   Work reduce_scatter(const void* send, void* recv, std::int64_t recv_count, DType dtype,
                       ReduceOp op = ReduceOp::Sum, void* stream = nullptr);
   /// `recv` (size() × `send_count` elements) receives every rank's `send`, in rank order.
   /// `send` lies apart from `recv` or is this rank's block of it (`recv` + rank ×
-  /// `send_count`: not over plain MPI); any other overlap is a UsageError.
+  /// `send_count`, NCCL's in-place form; MPI_IN_PLACE over plain MPI); any other overlap is a
+  /// UsageError.
   Work all_gather(const void* send, void* recv, std::int64_t send_count, DType dtype,
                   void* stream = nullptr);
   /// `data` of rank `root` to every rank.

@@ -8,8 +8,10 @@
 #include <climits>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <mutex>
 #include <thread>
+#include <vector>
 
 #include "comm/backend.hpp"
 #include "comm/half.hpp"
@@ -130,6 +132,10 @@ struct ShmPending : Pending {
 
 struct MpiPending : Pending {
   MPI_Request request = MPI_REQUEST_NULL;
+  /// A reduce_scatter into this rank's own block of its send buffer: MPI writes the block
+  /// here (it takes no aliased buffers), copied to `own_block` when the request completes.
+  std::vector<unsigned char> scratch;
+  void* own_block = nullptr;
   ~MpiPending() override;
 };
 
@@ -211,14 +217,16 @@ class MpiBackend final : public Backend {
       shm->op = shm_->start(c);
       return shm;
     }
-    // Communicator allows a reduce_scatter's or an all_gather's in-place form (its own block);
-    // MPI's collectives take no aliased buffers (MPI_IN_PLACE means another layout).
-    FUSEDOPT_CHECK_USAGE(
-        (c.kind != Collective::Kind::ReduceScatter && c.kind != Collective::Kind::AllGather) ||
-            c.count <= 0 || block_layout(c, rank_, size_) == BlockLayout::Apart,
-        "{}: plain MPI takes no send buffer inside the receive buffer or the "
-        "other way round; use separate buffers ({})",
-        describe(c), transport());
+    // Communicator allows a reduce_scatter's or an all_gather's in-place form (its own block,
+    // as NCCL takes it); MPI's collectives take no aliased buffers, so the all_gather's form
+    // is MPI_IN_PLACE (the same layout) and the reduce_scatter's goes through a scratch block.
+    const bool own_block =
+        (c.kind == Collective::Kind::ReduceScatter || c.kind == Collective::Kind::AllGather) &&
+        c.count > 0 && block_layout(c, rank_, size_) != BlockLayout::Apart;
+    FUSEDOPT_CHECK_USAGE(!own_block || block_layout(c, rank_, size_) == BlockLayout::OwnBlock,
+                         "{}: the receive and send buffers overlap other than at this rank's "
+                         "own block ({})",
+                         describe(c), transport());
     auto p = std::make_shared<MpiPending>();
     const int n = static_cast<int>(c.count);
     const MPI_Datatype type = mpi_type(c.dtype, c.f64);
@@ -234,10 +242,17 @@ class MpiBackend final : public Backend {
                          comm_, &p->request);
         break;
       case Collective::Kind::ReduceScatter:
-        rc = MPI_Ireduce_scatter_block(c.send, c.recv, n, type, op, comm_, &p->request);
+        if (own_block) {
+          p->scratch.resize(bytes_of(c, size_) / static_cast<std::size_t>(size_));
+          p->own_block = c.recv;
+        }
+        rc = MPI_Ireduce_scatter_block(c.send, own_block ? p->scratch.data() : c.recv, n, type, op,
+                                       comm_, &p->request);
         break;
       case Collective::Kind::AllGather:
-        rc = MPI_Iallgather(c.send, n, type, c.recv, n, type, comm_, &p->request);
+        rc = own_block ? MPI_Iallgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, c.recv, n, type, comm_,
+                                        &p->request)
+                       : MPI_Iallgather(c.send, n, type, c.recv, n, type, comm_, &p->request);
         break;
       case Collective::Kind::Broadcast:
         rc = MPI_Ibcast(c.recv, n, type, c.root, comm_, &p->request);
@@ -266,6 +281,10 @@ class MpiBackend final : public Backend {
     MPI_Status status;
     const int rc = MPI_Test(&p.request, &flag, &status);
     if (rc != MPI_SUCCESS) throw CommError(rank_, p.operation(), p.bytes, mpi_error_text(rc));
+    if (flag != 0 && p.own_block != nullptr) {
+      std::memcpy(p.own_block, p.scratch.data(), p.scratch.size());
+      p.own_block = nullptr;
+    }
     return flag != 0;
   }
 
@@ -273,10 +292,12 @@ class MpiBackend final : public Backend {
     if (end_job && !finalized()) MPI_Abort(comm_, 1);
   }
 
-  /// An operation dropped before it completed: kept until the communicator goes.
-  void orphan(MPI_Request r) {
+  /// An operation dropped before it completed: kept until the communicator goes, with the
+  /// scratch MPI may still write.
+  void orphan(MPI_Request r, std::vector<unsigned char> scratch) {
     std::lock_guard<std::mutex> lock(orphans_mutex_);
     orphans_.push_back(r);
+    if (!scratch.empty()) orphan_scratch_.push_back(std::move(scratch));
   }
 
  private:
@@ -285,6 +306,7 @@ class MpiBackend final : public Backend {
   int size_ = 1;
   std::mutex orphans_mutex_;
   std::vector<MPI_Request> orphans_;
+  std::vector<std::vector<unsigned char> > orphan_scratch_;
   std::unique_ptr<ShmEngine> shm_;
   std::string transport_;
 };
@@ -293,7 +315,7 @@ MpiPending::~MpiPending() {
   if (request == MPI_REQUEST_NULL || !owner || finalized()) return;
   int flag = 0;
   MPI_Test(&request, &flag, MPI_STATUS_IGNORE);
-  if (!flag) static_cast<MpiBackend&>(*owner).orphan(request);
+  if (!flag) static_cast<MpiBackend&>(*owner).orphan(request, std::move(scratch));
 }
 
 /// MPI_Init_thread when nobody initialised MPI; then MPI_Finalize at exit.

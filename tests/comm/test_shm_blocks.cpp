@@ -3,6 +3,8 @@
 // test_shm.cpp): on one node they run in place (each rank reads the others' send buffers
 // where they lie) with the same bits as through the slots, equal to a reference summed by
 // hand in rank order; elsewhere they run as before; ranks that disagree get an error.
+// Buffers that overlap other than at this rank's own block are refused everywhere; the
+// own-block forms run everywhere.
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -89,6 +91,70 @@ TEST_SUITE("comm_mpi") {
       const long ran = in_place_so_far(comm) - before;
       CHECK(ran == (one_node ? 3 : 0));
     }
+  }
+
+  TEST_CASE("reduce_scatter and all_gather take buffers apart or at this rank's own block") {
+    Communicator& comm = world();
+    const int w = comm.size(), me = comm.rank();
+    const std::uint32_t seed = shared_seed();
+    const std::int64_t block = 33;
+    const auto n = static_cast<std::size_t>(block) * static_cast<std::size_t>(w);
+    std::vector<float> buf(n);
+    for (int j = 0; j < w; ++j) {
+      for (std::int64_t k = 0; k < block; ++k)
+        buf[static_cast<std::size_t>(j * block + k)] = block_value(seed, me, j, k);
+    }
+    const std::vector<float> sent = buf;
+    float* const b = buf.data();
+    // Any other overlap is refused on every transport, before anything starts.
+    const char* overlap = "overlap other than at this rank's own block";
+    CHECK_THROWS_WITH_AS(comm.reduce_scatter(b, b + 1, block, DType::F32),
+                         doctest::Contains(overlap), fusedopt::UsageError);
+    CHECK_THROWS_WITH_AS(comm.all_gather(b + 1, b, block, DType::F32), doctest::Contains(overlap),
+                         fusedopt::UsageError);
+    if (w > 1) {  // another rank's block
+      const std::int64_t other = (me + 1) % w * block;
+      CHECK_THROWS_WITH_AS(comm.reduce_scatter(b, b + other, block, DType::F32),
+                           doctest::Contains(overlap), fusedopt::UsageError);
+      CHECK_THROWS_WITH_AS(comm.all_gather(b + other, b, block, DType::F32),
+                           doctest::Contains(overlap), fusedopt::UsageError);
+    }
+    CHECK(same_bytes(b, sent.data(), n * 4));
+    // The own-block forms (NCCL's in-place ones) run on every transport (plain MPI: through
+    // MPI_IN_PLACE and a scratch block): block `me` becomes the rank-order sum of every rank's
+    // block `me` (exact on one node, within fp32 rounding through MPI), then every rank
+    // gathers every rank's sum into its buffer.
+    const bool exact = runs_in_place(comm) || w == 1;
+    auto sum_of = [&](int j, std::int64_t k, double* size) {
+      float s = block_value(seed, 0, j, k);
+      *size = std::fabs(s);
+      for (int r = 1; r < w; ++r) {
+        s += block_value(seed, r, j, k);
+        *size += std::fabs(block_value(seed, r, j, k));
+      }
+      return s;
+    };
+    comm.reduce_scatter(b, b + me * block, block, DType::F32).wait();
+    std::int64_t wrong = 0;
+    for (int j = 0; j < w; ++j) {
+      for (std::int64_t k = 0; k < block; ++k) {
+        const auto i = static_cast<std::size_t>(j * block + k);
+        double size = 0;
+        const float want = j == me ? sum_of(j, k, &size) : sent[i];
+        wrong += exact || j != me ? buf[i] != want : std::fabs(buf[i] - want) > 1e-6 * size;
+      }
+    }
+    CHECK(wrong == 0);  // this rank's block summed, the others untouched
+    comm.all_gather(b + me * block, b, block, DType::F32).wait();
+    for (int j = 0; j < w; ++j) {
+      for (std::int64_t k = 0; k < block; ++k) {
+        double size = 0;
+        const float want = sum_of(j, k, &size);
+        const float got = buf[static_cast<std::size_t>(j * block + k)];
+        wrong += exact ? got != want : std::fabs(got - want) > 1e-6 * size;
+      }
+    }
+    CHECK(wrong == 0);
   }
 
   TEST_CASE("a reduce_scatter from shared memory on one rank and not another is an error") {
