@@ -52,15 +52,17 @@ std::size_t bytes_of(const Collective& c, int size) {
 }
 
 BlockLayout block_layout(const Collective& c, int rank, int size) {
+  // In 128 bits: a count near 2^63 elements must not wrap around into "apart".
+  __extension__ typedef unsigned __int128 Wide;
   const bool scatter = c.kind == Collective::Kind::ReduceScatter;
-  const auto small = reinterpret_cast<std::uintptr_t>(scatter ? c.recv : c.send);
-  const auto big = reinterpret_cast<std::uintptr_t>(scatter ? c.send : c.recv);
-  const auto block =
-      static_cast<std::uintptr_t>(c.count) * (c.f64 ? sizeof(double) : dtype_size(c.dtype));
-  if (small + block <= big || big + block * static_cast<std::uintptr_t>(size) <= small)
+  const Wide small = reinterpret_cast<std::uintptr_t>(scatter ? c.recv : c.send);
+  const Wide big = reinterpret_cast<std::uintptr_t>(scatter ? c.send : c.recv);
+  const Wide block = static_cast<Wide>(static_cast<std::uint64_t>(c.count)) *
+                     (c.f64 ? sizeof(double) : dtype_size(c.dtype));
+  if (small + block <= big || big + block * static_cast<Wide>(size) <= small)
     return BlockLayout::Apart;
-  return small == big + block * static_cast<std::uintptr_t>(rank) ? BlockLayout::OwnBlock
-                                                                  : BlockLayout::Overlap;
+  return small == big + block * static_cast<Wide>(rank) ? BlockLayout::OwnBlock
+                                                        : BlockLayout::Overlap;
 }
 
 }  // namespace detail

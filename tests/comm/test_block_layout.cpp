@@ -1,7 +1,8 @@
 // detail::block_layout, the one classification of a reduce_scatter's or an all_gather's
 // buffers that Communicator's check and plain MPI's refusal share: apart, this rank's own
 // block, or overlapping, at every edge (touching either end, one element off the own block,
-// the first and the last rank), for each element size (fp32, fp16, fp64).
+// the first and the last rank), for each element size (fp32, fp16, fp64), and counts whose
+// bytes would wrap around 64 bits.
 #include <doctest/doctest.h>
 
 #include <cstdint>
@@ -66,6 +67,12 @@ TEST_CASE("block_layout: apart, this rank's own block, or an overlap") {
   CHECK(block_layout(at(Collective::Kind::AllGather, 1080, 1000, 10, DType::F32, true), 1, 2) ==
         BlockLayout::OwnBlock);
   CHECK(block_layout(at(Collective::Kind::AllGather, 1040, 1000, 10, DType::F32, true), 1, 2) ==
+        BlockLayout::Overlap);
+  // A count near 2^62 elements: its bytes do not wrap around into "apart".
+  const std::int64_t huge = std::int64_t{1} << 62;
+  CHECK(block_layout(at(Collective::Kind::ReduceScatter, 2000, 1000, huge, DType::F32), 0, 4) ==
+        BlockLayout::Overlap);
+  CHECK(block_layout(at(Collective::Kind::AllGather, 0, 1000, huge, DType::F32), 1, 2) ==
         BlockLayout::Overlap);
 }
 
