@@ -126,13 +126,15 @@ void BM_HostStepPerTensor(benchmark::State& state) {
 }
 
 /// Seconds per element of preset `name`'s step over a model small enough for its arrays to
-/// stay in the caches (four 256 x 256 params: 2.6 MB with 8-bit states, 7 MB with fp32 ones,
-/// on a 32 MB L3), the best of `runs` steps: the step's arithmetic without DRAM traffic. No
-/// step over BERT-base can beat it per element (up to its launch's fixed cost, which makes it
-/// err high); where a step is bound by arithmetic, not memory, this is its floor.
-double resident_seconds_per_element(const std::string& name, int runs) {
+/// stay in the caches, the best of `runs` steps, and its elements: the step's arithmetic
+/// without DRAM traffic. 256 x 256 params, two per thread of the step's team and four at
+/// least, so every thread has chunks (a factored param is one chunk, another two): on 2
+/// threads four, 2.6 MB with 8-bit states, 4.2 MB with fp32 adamw's, 6.3 MB with adan's, on a
+/// 32 MB L3. A step over BERT-base should not beat it per element; its launch's fixed cost
+/// makes it err high. Where a step is bound by arithmetic, not memory, this is its floor.
+std::pair<double, std::int64_t> resident_seconds_per_element(const std::string& name, int runs) {
   bench::Workload w{"resident", {}, {}};
-  for (int i = 0; i < 4; ++i) {
+  for (int i = 0; i < std::max(4, 2 * omp_get_max_threads()); ++i) {
     w.sizes.push_back(256 * 256);
     w.shapes.push_back({256, 256});
   }
@@ -151,7 +153,7 @@ double resident_seconds_per_element(const std::string& name, int runs) {
     best = std::min(best,
                     std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
   }
-  return best / static_cast<double>(w.elements());
+  return {best / static_cast<double>(w.elements()), w.elements()};
 }
 
 /// Preset `name` over BERT-base (torch's shapes) on the host, fused: the step time, the
@@ -173,9 +175,10 @@ void BM_HostPresetStep(benchmark::State& state, const std::string& name) {
   });
   report(state, opt.stats(), opt.stats().launches_per_step, floors);
   std::sort(steps.begin(), steps.end());
-  const double resident =
-      resident_seconds_per_element(name, 20) * static_cast<double>(opt.stats().elements);
+  const auto [per_element, resident_elements] = resident_seconds_per_element(name, 20);
+  const double resident = per_element * static_cast<double>(opt.stats().elements);
   state.counters["resident_ms"] = resident * 1e3;
+  state.counters["resident_elements"] = static_cast<double>(resident_elements);
   state.counters["resident_fraction"] = steps.empty() ? 0.0 : resident / steps[steps.size() / 2];
   state.counters["bytes_per_element"] =
       static_cast<double>(opt.stats().bytes_per_step) / static_cast<double>(opt.stats().elements);
