@@ -4,7 +4,7 @@
 // where they lie) with the same bits as through the slots, equal to a reference summed by
 // hand in rank order; elsewhere they run as before; ranks that disagree get an error.
 // Buffers that overlap other than at this rank's own block are refused everywhere; the
-// own-block forms run everywhere.
+// own-block forms run everywhere; a stalled rank gives the others a CommError in place too.
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -13,6 +13,7 @@
 #include <cstdlib>
 #include <limits>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "comm/comm_support.hpp"
@@ -20,6 +21,7 @@
 
 using fusedopt::DType;
 using fusedopt::comm::Communicator;
+using fusedopt::comm::Work;
 
 namespace fusedopt_tests {
 namespace {
@@ -155,6 +157,52 @@ TEST_SUITE("comm_mpi") {
       }
     }
     CHECK(wrong == 0);
+  }
+
+  TEST_CASE("reduce_scatter and all_gather in place: a stalled rank gives the others a CommError") {
+    for (const bool gather : {false, true}) {
+      CAPTURE(gather);
+      // Before the communicator, so it outlives it: the abandoned call below writes it when
+      // rank 1 joins, as late as the communicator's end.
+      std::vector<float> out;
+      Communicator comm = Communicator::mpi();
+      comm.set_timeout(std::chrono::seconds(20));
+      const int w = comm.size(), me = comm.rank();
+      const std::int64_t block = 1000;
+      const auto n = static_cast<std::size_t>(block) * static_cast<std::size_t>(w);
+      auto* shared = static_cast<float*>(comm.allocate_shared(n * 4));
+      if (w == 1 || !runs_in_place(comm)) {
+        MESSAGE("skipped: collectives do not run in place here (" << comm.transport() << ")");
+        return;
+      }
+      for (std::size_t i = 0; i < n; ++i) shared[i] = 1.0f;
+      out.resize(gather ? n : static_cast<std::size_t>(block));
+      auto start_call = [&] {
+        return gather ? comm.all_gather(shared + me * block, out.data(), block, DType::F32)
+                      : comm.reduce_scatter(shared, out.data(), block, DType::F32);
+      };
+      if (me == 1) {
+        // Stalls well past the others' deadline, then joins (so the job can end cleanly).
+        std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+        start_call().wait();
+        CHECK(out[0] == (gather ? 1.0f : static_cast<float>(w)));
+        continue;
+      }
+      const auto t0 = std::chrono::steady_clock::now();
+      Work work = start_call();
+      try {
+        work.wait(std::chrono::milliseconds(300));
+        FAIL("the collective completed though rank 1 stalled");
+      } catch (const fusedopt::comm::CommError& e) {
+        const double waited =
+            std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        CHECK(waited >= 0.3);
+        CHECK(waited < 1.4);  // before rank 1 woke up
+        CHECK(std::string(e.cause()).find("not complete after 0.3 s") != std::string::npos);
+      }
+      CHECK(comm.broken());
+      work = {};  // abandoned: it completes once rank 1 joins, before `comm` is destroyed
+    }
   }
 
   TEST_CASE("a reduce_scatter from shared memory on one rank and not another is an error") {
