@@ -53,6 +53,7 @@ bench::Workload workload(int64_t which) {
 /// and the copy bandwidth.
 struct Floors {
   double fraction = 0, copy_bytes_per_second = 0;
+  double step_seconds = 0;  ///< the median step
 };
 
 /// Runs `step` under `state`'s timer, the in-place floor of `s` (untimed) just before each
@@ -66,7 +67,7 @@ Floors timed_with_floor(benchmark::State& state, const OptimizerStats& s, Step s
   f.copy_bytes_per_second = bench::copy_bandwidth(static_cast<std::size_t>(s.bytes_per_step));
   bench::InPlaceFloor floor(s.traffic);
   floor.seconds();  // warm
-  std::vector<double> ratios;
+  std::vector<double> ratios, steps;
   for (auto _ : state) {
     state.PauseTiming();
     const double floor_seconds = floor.seconds();
@@ -76,9 +77,12 @@ Floors timed_with_floor(benchmark::State& state, const OptimizerStats& s, Step s
     const double seconds =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     ratios.push_back(floor_seconds / std::max(seconds, 1e-12));
+    steps.push_back(seconds);
   }
   std::sort(ratios.begin(), ratios.end());
+  std::sort(steps.begin(), steps.end());
   f.fraction = ratios.empty() ? 0.0 : ratios[ratios.size() / 2];
+  f.step_seconds = steps.empty() ? 0.0 : steps[steps.size() / 2];
   return f;
 }
 
@@ -167,19 +171,14 @@ void BM_HostPresetStep(benchmark::State& state, const std::string& name) {
   for (std::size_t i = 0; i < w.shapes.size(); ++i) group.params[i].shape = w.shapes[i];
   Optimizer opt(Rule::preset(name), {group});
   opt.step();
-  std::vector<double> steps;
-  const Floors floors = timed_with_floor(state, opt.stats(), [&] {
-    const auto t0 = std::chrono::steady_clock::now();
-    opt.step();
-    steps.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
-  });
+  const Floors floors = timed_with_floor(state, opt.stats(), [&] { opt.step(); });
   report(state, opt.stats(), opt.stats().launches_per_step, floors);
-  std::sort(steps.begin(), steps.end());
   const auto [per_element, resident_elements] = resident_seconds_per_element(name, 20);
   const double resident = per_element * static_cast<double>(opt.stats().elements);
   state.counters["resident_ms"] = resident * 1e3;
   state.counters["resident_elements"] = static_cast<double>(resident_elements);
-  state.counters["resident_fraction"] = steps.empty() ? 0.0 : resident / steps[steps.size() / 2];
+  state.counters["resident_fraction"] =
+      floors.step_seconds > 0 ? resident / floors.step_seconds : 0.0;
   state.counters["bytes_per_element"] =
       static_cast<double>(opt.stats().bytes_per_step) / static_cast<double>(opt.stats().elements);
   // Optimizer state per parameter element (the quantized presets: codes and absmax).

@@ -220,10 +220,13 @@ class MpiBackend final : public Backend {
     // Communicator allows a reduce_scatter's or an all_gather's in-place form (its own block,
     // as NCCL takes it); MPI's collectives take no aliased buffers, so the all_gather's form
     // is MPI_IN_PLACE (the same layout) and the reduce_scatter's goes through a scratch block.
-    const bool own_block =
+    const BlockLayout layout =
         (c.kind == Collective::Kind::ReduceScatter || c.kind == Collective::Kind::AllGather) &&
-        c.count > 0 && block_layout(c, rank_, size_) != BlockLayout::Apart;
-    FUSEDOPT_CHECK_USAGE(!own_block || block_layout(c, rank_, size_) == BlockLayout::OwnBlock,
+                c.count > 0
+            ? block_layout(c, rank_, size_)
+            : BlockLayout::Apart;
+    const bool own_block = layout == BlockLayout::OwnBlock;
+    FUSEDOPT_CHECK_USAGE(layout != BlockLayout::Overlap,
                          "{}: the receive and send buffers overlap other than at this rank's "
                          "own block ({})",
                          describe(c), transport());
