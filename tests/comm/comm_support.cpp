@@ -1,7 +1,11 @@
 #include "comm/comm_support.hpp"
 
+#include <doctest/doctest.h>
+
+#include <chrono>
 #include <cstdlib>
 #include <random>
+#include <thread>
 #include <vector>
 
 namespace fusedopt_tests {
@@ -47,6 +51,32 @@ std::vector<fusedopt::ParamGroup> group_of(fusedopt::FlatArena& a) {
     g.grads.push_back(a.grad(i));
   }
   return {g};
+}
+
+std::optional<fusedopt::comm::CommError> expect_stalled_rank_error(
+    fusedopt::comm::Communicator& comm, const std::function<fusedopt::comm::Work()>& start) {
+  if (comm.rank() == 1) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+    start().wait();
+    return std::nullopt;
+  }
+  const auto t0 = std::chrono::steady_clock::now();
+  fusedopt::comm::Work work = start();
+  std::optional<fusedopt::comm::CommError> error;
+  try {
+    work.wait(std::chrono::milliseconds(300));
+    FAIL_CHECK(
+        "the collective completed though rank 1 stalled");  // not fatal: the ranks go on together
+  } catch (const fusedopt::comm::CommError& e) {
+    const double waited =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    CHECK(waited >= 0.3);
+    CHECK(waited < 1.4);  // before rank 1 woke up
+    CHECK(e.cause().find("not complete after 0.3 s") != std::string::npos);
+    error = e;
+  }
+  CHECK(comm.broken());
+  return error;  // `work` abandoned: it completes once rank 1 joins, before `comm` goes
 }
 
 bool runs_in_place(const fusedopt::comm::Communicator& comm) {

@@ -5,6 +5,8 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -37,6 +39,14 @@ inline bool same_bytes(const void* a, const void* b, std::size_t n) {
 bool runs_in_place(const fusedopt::comm::Communicator& comm);
 /// The number in "N collective(s) in place so far" of `comm`'s transport line, or 0.
 long in_place_so_far(const fusedopt::comm::Communicator& comm);
+/// The stalled-rank check the comm tests share: rank 1 sleeps 1.5 s, well past the others'
+/// deadline, then starts the call and waits for it (so the job ends cleanly) and gets nothing
+/// back; every other rank starts it at once, and waiting 0.3 s must get a CommError saying "not
+/// complete after 0.3 s" between 0.3 and 1.4 s after the start (before rank 1 wakes), the
+/// communicator broken after; its error comes back for the caller's own checks. The call is then
+/// abandoned: the buffers `start` uses must outlive `comm`, which rank 1's joining writes into.
+std::optional<fusedopt::comm::CommError> expect_stalled_rank_error(
+    fusedopt::comm::Communicator& comm, const std::function<fusedopt::comm::Work()>& start);
 /// Rank r's gradient of element k of tensor i at step `step`, in [-0.1, 0.1): any rank can
 /// compute every rank's, for float64 references.
 float grad_value(std::uint32_t seed, int r, int step, std::size_t i, std::int64_t k);
