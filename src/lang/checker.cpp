@@ -6,11 +6,11 @@
 #include <fmt/format.h>
 
 #include <algorithm>
-#include <functional>
 #include <string>
 
 #include "lang/dump.hpp"
 #include "lang/hints.hpp"
+#include "lang/limits.hpp"
 #include "lang/names.hpp"
 #include "lang/types.hpp"
 
@@ -254,12 +254,18 @@ class Checker {
                   "its argument uses only numbers, hypers, 'step' and global results; reduce an "
                   "expression of the param, the grad or a state");
       }
+      // Per tensor (reductions, scalar states, built-ins such as numel), matrix, row or column.
+      const char* per = arg.level == Level::Row      ? "row"
+                        : arg.level == Level::Col    ? "column"
+                        : arg.level == Level::Matrix ? "matrix"
+                                                     : "tensor";
       src_.fail(e.loc,
-                fmt::format("'{}' reduces a value that is the same for every element of a tensor "
-                            "(its argument depends on per-tensor reductions, not on elements)",
-                            fn.name),
-                "it would add that value once per element; reduce an element expression, e.g. "
-                "'tensor_norm(p)', and combine the scalars afterwards");
+                fmt::format("'{0}' reduces a value that is the same for every element of a {1} "
+                            "(its argument reads only per-{1} values, not the elements)",
+                            fn.name, per),
+                fmt::format("it would add that value once per element; reduce an element "
+                            "expression, e.g. '{}(p)', and combine the results afterwards",
+                            fn.name));
     }
     if (arg.phase >= kMaxReductionPasses) {
       src_.fail(e.loc,
@@ -504,6 +510,9 @@ class Checker {
                   fmt::format("assign it in a statement, e.g. '{} = ...'", s.name));
       }
     }
+    // The limits before anything that walks the statements as a whole: a 1 MiB rule may
+    // hold 150,000 of them.
+    check_limits(src_, rule_);
     // The update runs after every reduction pass; element-wise rules have none.
     rule_.reduction_passes = 0;
     for (const Reduction& r : rule_.reductions) {
@@ -519,36 +528,37 @@ class Checker {
   void schedule_late() {
     const int n = rule_.reduction_passes;
     if (n < 2) return;
-    std::vector<std::vector<bool>> stmt_deps(rule_.stmts.size());
-    std::vector<bool> known(rule_.stmts.size(), false);
     const std::size_t nr = rule_.reductions.size();
-    // deps(e): the reductions whose results e's value depends on.
-    std::function<void(const Expr&, std::vector<bool>&)> deps = [&](const Expr& e,
-                                                                    std::vector<bool>& out) {
-      if (e.op == Op::Reduce) {
-        out[e.reduction] = true;
-        return;
-      }
-      if (e.op == Op::Ref && e.def >= 0) {
-        if (!known[e.def]) {
-          known[e.def] = true;
-          stmt_deps[e.def].assign(nr, false);
-          deps(*rule_.stmts[e.def].value, stmt_deps[e.def]);
-        }
-        for (std::size_t r = 0; r < nr; ++r) out[r] = out[r] || stmt_deps[e.def][r];
-      }
-      for (const ExprPtr& a : e.args) deps(*a, out);
-    };
-    std::vector<bool> needed_by_reduction(nr, false);
-    for (const Reduction& r : rule_.reductions) {
-      std::vector<bool> d(nr, false);
-      deps(*r.arg, d);
-      for (std::size_t k = 0; k < nr; ++k) needed_by_reduction[k] = needed_by_reduction[k] || d[k];
+    // stmt_deps[i]: the reductions statement i's value depends on. A statement reads only
+    // earlier ones, so one loop in text order fills them: no recursion along a chain of
+    // definitions, however long.
+    std::vector<std::vector<bool>> stmt_deps(rule_.stmts.size());
+    for (std::size_t i = 0; i < rule_.stmts.size(); ++i) {
+      stmt_deps[i].assign(nr, false);
+      add_deps(*rule_.stmts[i].value, stmt_deps, stmt_deps[i]);
     }
+    std::vector<bool> needed_by_reduction(nr, false);
+    for (const Reduction& r : rule_.reductions) add_deps(*r.arg, stmt_deps, needed_by_reduction);
     for (std::size_t k = 0; k < nr; ++k) {
       if (!needed_by_reduction[k]) rule_.reductions[k].pass = n - 1;
     }
     for (Stmt& st : rule_.stmts) st.phase = rephase(*st.value);
+  }
+
+  // Marks in `out` the reductions e's value depends on: those it calls, and those of the
+  // statements it reads (already in stmt_deps). Recurses over e's own tree only, whose
+  // depth the parser bounds.
+  static void add_deps(const Expr& e, const std::vector<std::vector<bool>>& stmt_deps,
+                       std::vector<bool>& out) {
+    if (e.op == Op::Reduce) {
+      out[static_cast<std::size_t>(e.reduction)] = true;
+      return;
+    }
+    if (e.op == Op::Ref && e.def >= 0) {
+      const std::vector<bool>& d = stmt_deps[static_cast<std::size_t>(e.def)];
+      for (std::size_t r = 0; r < d.size(); ++r) out[r] = out[r] || d[r];
+    }
+    for (const ExprPtr& a : e.args) add_deps(*a, stmt_deps, out);
   }
 
   int rephase(Expr& e) {

@@ -10,7 +10,8 @@
 namespace fusedopt::lang {
 
 /// Checks `parsed` (consuming its expressions) into `rule`'s symbols, statements and
-/// phases. Throws RuleError on the first semantic error, in text order where possible.
+/// phases. Throws RuleError on the first semantic error, in text order where possible, then
+/// for the first count past a limit (check_limits, limits.hpp).
 void check_rule(const Source& source, ParsedRule& parsed, Rule& rule);
 
 }  // namespace fusedopt::lang

@@ -267,6 +267,10 @@ Token Lexer::lex_number() {
     value = 0;
     ec = std::errc();
   }
+  // fp32 rounds everything below the midpoint of FLT_MAX and 2^128 to FLT_MAX (so "%.8g"
+  // of FLT_MAX, 3.4028235e38, reads back): such a number is FLT_MAX, as fp32 holds it.
+  constexpr double kFloatOverflow = 0x1.ffffffp+127;
+  if (ec == std::errc() && value > FLT_MAX && value < kFloatOverflow) value = FLT_MAX;
   if (ec != std::errc() || ptr != spelled.data() + len || !(value <= FLT_MAX)) {
     std::string shown =
         len > 40 ? std::string(spelled.substr(0, 37)) + "..." : std::string(spelled);

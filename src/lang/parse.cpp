@@ -143,13 +143,11 @@ std::shared_ptr<const Rule> parse_rule(std::string_view text, const std::string&
       ParsedRule plain = parse_syntax(source);
       Rule scratch;
       check_rule(source, plain, scratch);
-      check_limits(source, scratch);
     }
     add_grad_clipping(source, parsed, options.max_grad_norm);
     rule->name += "+clip";
   }
-  check_rule(source, parsed, *rule);
-  check_limits(source, *rule);
+  check_rule(source, parsed, *rule);  // the limits too
   check_storage(source, parsed.storage, *rule);
   return rule;
 }

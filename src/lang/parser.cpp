@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <string>
 #include <unordered_map>
+#include <utility>
 
 #include "lang/hints.hpp"
 #include "lang/lexer.hpp"
@@ -139,9 +140,21 @@ class Parser {
       src_.fail(tok_.loc, fmt::format("cannot declare '{}': it is a keyword", tok_.text),
                 "choose another name");
     }
-    src_.fail(
-        tok_.loc, fmt::format("expected a name after '{}', got {}", keyword, describe(tok_)),
-        fmt::format("e.g. '{} {}'", keyword, std::string_view(keyword) == "grad" ? "g" : "p"));
+    src_.fail(tok_.loc, fmt::format("expected a name after '{}', got {}", keyword, describe(tok_)),
+              fmt::format("e.g. '{}'", decl_example(keyword)));
+  }
+
+  // A whole declaration of each kind, with its '= ...' where the kind needs one.
+  static const char* decl_example(std::string_view keyword) {
+    static constexpr std::pair<const char*, const char*> kExamples[] = {
+        {"param", "param p"},         {"grad", "grad g"},     {"state", "state m = 0"},
+        {"scalar", "scalar s = 0"},   {"row", "row r = 0"},   {"col", "col c = 0"},
+        {"hyper", "hyper lr = 1e-3"}, {"output", "output u"}, {"storage", "storage m = q8"},
+    };
+    for (const auto& [kw, example] : kExamples) {
+      if (keyword == kw) return example;
+    }
+    return "param p";
   }
 
   // `storage NAME = KIND, ...`: KIND a name (q8, q4, q8s, ...), with "+sr" for stochastic

@@ -3,7 +3,9 @@
 
 #include <fmt/format.h>
 
+#include <cstdint>
 #include <string>
+#include <vector>
 
 namespace fusedopt::lang {
 namespace {
@@ -11,10 +13,13 @@ namespace {
 /// Proves values never negative, with every state in `assumed` taken as non-negative (the
 /// induction over steps: a state is non-negative if its initial value is and every
 /// assignment keeps it so, given the states that are). Hypers and the data may be anything;
-/// NaN is not a sign (a NaN state is already lost).
+/// NaN is not a sign (a NaN state is already lost). Each statement's value is proven once
+/// and remembered, so a chain of temporaries that each read the one before twice (x = x + x)
+/// takes linear time, not 2^length.
 class SignProof {
  public:
-  SignProof(const Rule& rule, const std::vector<bool>& assumed) : rule_(rule), assumed_(assumed) {}
+  SignProof(const Rule& rule, const std::vector<bool>& assumed)
+      : rule_(rule), assumed_(assumed), proven_(rule.stmts.size(), kUnknown) {}
 
   bool nonneg(const Expr& e) const {
     auto arg = [&](std::size_t k) -> const Expr& { return *e.args[k]; };
@@ -48,7 +53,9 @@ class SignProof {
       case Op::Max:
         return nonneg(arg(0)) || nonneg(arg(1));
       case Op::Clamp:
-        return nonneg(arg(1));
+        // fo_clamp(x, lo, hi) = min(max(x, lo), hi): hi whenever hi < max(x, lo) (hi < lo
+        // included), so both hi and max(x, lo) must be non-negative.
+        return nonneg(arg(2)) && (nonneg(arg(0)) || nonneg(arg(1)));
       case Op::Fma:
         return (same(arg(0), arg(1)) || (nonneg(arg(0)) && nonneg(arg(1)))) && nonneg(arg(2));
       case Op::Reduce:
@@ -77,10 +84,16 @@ class SignProof {
         return assumed_[static_cast<std::size_t>(e.sym)];
       case SymKind::Temp:
       case SymKind::Output:
-        return e.def >= 0 && nonneg(*rule_.stmts[static_cast<std::size_t>(e.def)].value);
+        return e.def >= 0 && statement(static_cast<std::size_t>(e.def));
       default:
         return false;
     }
+  }
+
+  /// Statement `k`'s value, proven at its first read (it reads only earlier statements).
+  bool statement(std::size_t k) const {
+    if (proven_[k] == kUnknown) proven_[k] = nonneg(*rule_.stmts[k].value) ? kYes : kNo;
+    return proven_[k] == kYes;
   }
 
   /// The same value twice (x * x): one symbol read at one definition.
@@ -94,15 +107,21 @@ class SignProof {
            static_cast<long long>(e.number) % 2 == 0;
   }
 
+  static constexpr std::int8_t kUnknown = -1;
+  static constexpr std::int8_t kNo = 0;
+  static constexpr std::int8_t kYes = 1;
+
   const Rule& rule_;
   const std::vector<bool>& assumed_;
+  mutable std::vector<std::int8_t> proven_;  // statement index -> kUnknown, kNo or kYes
 };
 
 void prove_nonnegative(Rule& rule) {
   std::vector<bool> assumed(rule.symbols.size(), false);
   for (int s : rule.states) assumed[static_cast<std::size_t>(s)] = true;
   // The greatest fixed point: drop a state whose initial value or an assignment is not
-  // proven under the current assumptions, until nothing changes.
+  // proven under the current assumptions, until nothing changes. A drop leaves the round's
+  // remembered proofs too hopeful, never wrong the other way; the next round starts afresh.
   for (bool changed = true; changed;) {
     changed = false;
     const SignProof proof(rule, assumed);

@@ -18,7 +18,7 @@ void check_number_operand(const Source& src, const Rule& rule, const Expr& a, st
 }
 
 void check_kinds(const Source& src, const Rule& rule, const Expr& e) {
-  const char* op = op_name(e.op);
+  const char* op = e.op == Op::Neg ? "-" : op_name(e.op);  // "neg" in dumps only
   switch (e.op) {
     case Op::And:
     case Op::Or:

@@ -3,7 +3,11 @@
 #include <doctest/doctest.h>
 
 #include <string>
+#include <vector>
 
+#include "fusedopt/dtype.hpp"
+#include "fusedopt/kernel.hpp"
+#include "fusedopt/optimizer.hpp"
 #include "lang_test_util.hpp"
 
 namespace fusedopt_tests {
@@ -15,6 +19,17 @@ using fusedopt::lang::SymKind;
 using fusedopt::lang::test::contains;
 using fusedopt::lang::test::kHeader;
 using fusedopt::lang::test::parse_error;
+
+namespace {
+
+/// Whether the checker proves state `name` of `rule` never negative (Symbol::nonnegative).
+bool proven_nonnegative(const fusedopt::lang::Rule& rule, const std::string& name) {
+  const int sym = rule.find(name);
+  REQUIRE(sym >= 0);
+  return rule.symbols[static_cast<std::size_t>(sym)].nonnegative;
+}
+
+}  // namespace
 
 TEST_SUITE("lang") {
   TEST_CASE("checker reports an unknown name with the nearest declared name") {
@@ -95,6 +110,9 @@ TEST_SUITE("lang") {
     REQUIRE(e);
     CHECK(e->message() == "'*' computes with numbers, and 'g > 0' is a boolean");
     CHECK(contains(e->hint(), "where(g > 0, 1, 0)"));
+    e = parse_error(h + "p = p - -(g > 0)\n");  // a unary minus is '-' as written
+    REQUIRE(e);
+    CHECK(e->message() == "'-' computes with numbers, and 'g > 0' is a boolean");
     e = parse_error(h + "c = g > 0\np = p - lr * c\n");
     REQUIRE(e);
     CHECK(e->message() == "'*' computes with numbers, and 'c' is a boolean");
@@ -323,6 +341,52 @@ TEST_SUITE("lang") {
         "param p\ngrad g\nscalar s = 0\nrow r = 0\nr = r + 1\n"
         "s = s + r\np = p - g\n",
         6, 1, "scalar 's' is one value per tensor");
+  }
+
+  TEST_CASE("the sign proof reads each temporary once: a 60-line chain of x = x + x parses") {
+    // Each line reads the line before twice; proving the definition again at every read
+    // took 2^60 steps. y = max(y, y) is the same chain with a value not proven (max tries
+    // both arguments then).
+    std::string text = "param p\ngrad g\nstate m = 0, n = 0\nx = abs(g)\ny = g\n";
+    for (int i = 0; i < 60; ++i) text += "x = x + x\ny = max(y, y)\n";
+    text += "m = x\nn = y\np = p - m - n\n";
+    auto rule = parse_rule(text, "chain.rule");
+    CHECK(rule->stmts.size() == 125);
+    CHECK(proven_nonnegative(*rule, "m"));        // abs(g) * 2^60
+    CHECK_FALSE(proven_nonnegative(*rule, "n"));  // g
+    // A temporary read by b depends on a, which one of its assignments makes negative: b
+    // falls with a, although t was proven while a was still assumed non-negative.
+    const std::string ab = "param p\ngrad g\nstate b = 0, a = 0\nt = a + abs(g)\nb = b + t + t\n";
+    rule = parse_rule(ab + "a = a - g\np = p - a - b\n", "ab.rule");
+    CHECK_FALSE(proven_nonnegative(*rule, "a"));
+    CHECK_FALSE(proven_nonnegative(*rule, "b"));
+    rule = parse_rule(ab + "a = a + g * g\np = p - a - b\n", "ab.rule");
+    CHECK(proven_nonnegative(*rule, "a"));
+    CHECK(proven_nonnegative(*rule, "b"));
+  }
+
+  TEST_CASE("clamp(x, lo, hi) is proven non-negative only with hi too: hi < lo gives hi") {
+    using fusedopt::Quant;
+    // clamp = min(max(x, lo), hi): with hi = -1 this adds -1 every step.
+    const std::string text =
+        "param p\ngrad g\nstate v = 0\nhyper hi = -1\nstorage v = q8\n"
+        "v = v + clamp(g, 0, hi)\np = p - v\n";
+    CHECK_FALSE(proven_nonnegative(*parse_rule(text, "clampq2.rule"), "v"));
+    // So 'q8' is the signed map, which keeps the sign (the unsigned one stored 0).
+    CHECK(fusedopt::resolve_state_storage(fusedopt::Rule::parse(text, "clampq2.rule"),
+                                          fusedopt::OptimizerOptions{}) ==
+          std::vector<Quant>{Quant::Q8S});
+    const std::string head = "param p\ngrad g\nstate v = 0\nhyper lo = 0, hi = 1\nv = v + ";
+    auto proven = [&](const std::string& value) {
+      return proven_nonnegative(*parse_rule(head + value + "\np = p - v\n", "c.rule"), "v");
+    };
+    CHECK(proven("clamp(g, 0, 1)"));
+    CHECK(proven("clamp(abs(g), lo, 1)"));  // max(x, lo) >= 0 through x
+    CHECK(proven("clamp(g, abs(lo), g * g)"));
+    CHECK_FALSE(proven("clamp(g, 0, hi)"));
+    CHECK_FALSE(proven("clamp(g, 0, -1)"));
+    CHECK_FALSE(proven("clamp(g, lo, 1)"));  // lo may be negative, and g
+    CHECK_FALSE(proven("clamp(abs(g), 0, g)"));
   }
 }
 

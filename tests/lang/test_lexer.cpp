@@ -55,6 +55,20 @@ TEST_SUITE("lang") {
     CHECK(number_of("3e38") == 3e38);
   }
 
+  TEST_CASE("a number that fp32 rounds to FLT_MAX (its %.8g form 3.4028235e38) is FLT_MAX") {
+    const double flt_max = 340282346638528859811704183484516925440.0;
+    CHECK(number_of("3.4028235e38") == flt_max);
+    CHECK(number_of("3.40282356e38") == flt_max);
+    CHECK(number_of("340282346638528859811704183484516925440") == flt_max);
+    auto rule =
+        parse_rule("param p\ngrad g\nhyper big = -3.4028235e38\np = p - big * g\n", "t.rule");
+    CHECK(rule->symbols[rule->hypers.at(0)].default_value == -flt_max);
+    // From the midpoint of FLT_MAX and 2^128 on, fp32 rounds to infinity.
+    FUSEDOPT_CHECK_RULE_ERROR(kHeader + "x = 3.4028236e38\n", 4, 5, "too large");
+    FUSEDOPT_CHECK_RULE_ERROR(kHeader + "x = 340282356779733661637539395458142568448\n", 4, 5,
+                              "too large");
+  }
+
   TEST_CASE("lexer treats '#' to the end of the line as a comment, #include included") {
     const std::string text =
         "#include <cstdio>\n"

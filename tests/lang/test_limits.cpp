@@ -58,6 +58,24 @@ TEST_SUITE("lang") {
     MESSAGE("refused ", text.size(), " bytes, ", i + 2, " statements in ", seconds, " s");
   }
 
+  TEST_CASE("150,000 chained statements with two reduction passes are refused, not a crash") {
+    // Each statement reads the one before; the two chained norms make the checker schedule
+    // reductions, which walked that chain recursively (a stack overflow) before counting
+    // the statements.
+    const int chain = 150000;
+    const std::string text = kPrelude + "x=g\n" + repeat("x=x+g\n", chain) +
+                             "a=tensor_norm(g)\nb=tensor_norm(g*a)\nc=tensor_sum(x)\np=p-b*c*g\n";
+    REQUIRE(text.size() <= kMaxRuleBytes);
+    auto e = parse_error(text, "deep.rule");
+    REQUIRE(e);
+    // Statement 1 is on line 3, so statement 1025 is on line 1027.
+    CHECK(e->line() == 1027);
+    CHECK(e->column() == 1);
+    CHECK(e->message() ==
+          fmt::format("a rule may have at most 1024 statements; this is statement 1025 of {}",
+                      chain + 5));
+  }
+
   TEST_CASE("a rule over kMaxRuleBytes is a clear error") {
     std::string text = kPrelude + "p = p - g\n";
     text += std::string(kMaxRuleBytes + 1 - text.size(), ' ');

@@ -2,6 +2,7 @@
 #include <doctest/doctest.h>
 
 #include <string>
+#include <utility>
 
 #include "lang_test_util.hpp"
 
@@ -192,6 +193,22 @@ TEST_SUITE("lang") {
                               "cannot declare 'not': it is a keyword");
     FUSEDOPT_CHECK_RULE_ERROR("param p\ngrad g\nhyper lr = 1, state = 2\n", 3, 15,
                               "cannot declare 'state': it is a keyword");
+  }
+
+  TEST_CASE("a declaration without a name gets a whole declaration of its kind as the example") {
+    const std::pair<const char*, const char*> cases[] = {
+        {"param", "param p"},         {"grad", "grad g"},     {"state", "state m = 0"},
+        {"scalar", "scalar s = 0"},   {"row", "row r = 0"},   {"col", "col c = 0"},
+        {"hyper", "hyper lr = 1e-3"}, {"output", "output u"}, {"storage", "storage m = q8"},
+    };
+    for (const auto& [keyword, example] : cases) {
+      CAPTURE(keyword);
+      auto e = parse_error(std::string(keyword) + " = 1\n");
+      REQUIRE(e);
+      CHECK(e->line() == 1);
+      CHECK(e->message() == "expected a name after '" + std::string(keyword) + "', got '='");
+      CHECK(e->hint() == "e.g. '" + std::string(example) + "'");
+    }
   }
 
   TEST_CASE("parser skips blank and comment-only lines and accepts a missing final newline") {

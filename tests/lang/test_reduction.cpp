@@ -145,6 +145,29 @@ TEST_SUITE("lang") {
         "same for every element of a tensor");
   }
 
+  TEST_CASE("a reduction of a row value, a scalar state or numel says what its argument is") {
+    auto e = parse_error("param p\ngrad g\nrow r = 0\nr = row_mean(g)\np = p - row_mean(r) * g\n");
+    REQUIRE(e);
+    CHECK(e->line() == 5);
+    CHECK(e->column() == 9);
+    CHECK(e->message() ==
+          "'row_mean' reduces a value that is the same for every element of a row (its "
+          "argument reads only per-row values, not the elements)");
+    CHECK(e->hint() ==
+          "it would add that value once per element; reduce an element expression, e.g. "
+          "'row_mean(p)', and combine the results afterwards");
+    const std::string per_tensor =
+        "'global_sum' reduces a value that is the same for every element of a tensor (its "
+        "argument reads only per-tensor values, not the elements)";
+    e = parse_error("param p\ngrad g\nscalar s = 0\ns = s + 1\np = p - global_sum(s) * g\n");
+    REQUIRE(e);
+    CHECK(e->message() == per_tensor);
+    e = parse_error(kHeader + "p = p - global_sum(numel) * g\n");
+    REQUIRE(e);
+    CHECK(e->column() == 9);
+    CHECK(e->message() == per_tensor);
+  }
+
   TEST_CASE("a reduction in a state's initial value is refused") {
     FUSEDOPT_CHECK_RULE_ERROR("param p\ngrad g\nstate m = tensor_norm(p)\nm = m + g\np = p - m\n",
                               3, 11, "cannot use a reduction");
