@@ -203,6 +203,11 @@ FUSEDOPT_API std::vector<Quant> resolve_state_storage(const Rule& rule,
                                                       const OptimizerOptions& options,
                                                       std::uint64_t* stochastic = nullptr);
 
+/// The checks of `options` that need no param, which the Optimizer's constructor makes first
+/// (a front end calls it to refuse bad options when they are given): UsageError naming the
+/// first bad one.
+FUSEDOPT_API void check_options(const OptimizerOptions& options);
+
 /// The one rule for a hyper's value: finite and within fp32's range (kernels read hypers as
 /// fp32: 1e300 would be inf there). Throws UsageError naming `where` (the caller), the
 /// hyper and its group otherwise.

@@ -5,6 +5,8 @@ package. ``fusedopt.torch.Optimizer`` is a ``torch.optim.Optimizer`` over any ru
 cross as DLPack, so the package links no libtorch.
 """
 
+import copyreg
+
 from .errors import (CacheError, CompileError, CudaError, Error, InternalError, IoError,
                      RuleError, UnavailableError, UsageError)
 from ._fusedopt import Rule, __version__
@@ -14,6 +16,24 @@ __all__ = [
     "Rule", "Error", "UsageError", "RuleError", "UnavailableError", "IoError", "CompileError",
     "CudaError", "CacheError", "InternalError", "presets", "rule", "warmup", "__version__",
 ]
+
+
+def _rule_from(name, text, max_grad_norm):
+    """A pickled Rule: a preset by its name, another rule parsed again from its text (named as
+    before), a rule with grad clipping (with_grad_clipping) from its own rule and norm."""
+    if max_grad_norm is not None:
+        return _rule_from(name[:-len("+clip")], text, None).with_grad_clipping(max_grad_norm)
+    if name in Rule.presets() and Rule.preset(name).text == text:
+        return Rule.preset(name)
+    return Rule.parse(text, name + ".rule")
+
+
+def _reduce_rule(r):
+    clipped = r.name.endswith("+clip") and "max_grad_norm" in dict(r.hypers)
+    return _rule_from, (r.name, r.text, dict(r.hypers)["max_grad_norm"] if clipped else None)
+
+
+copyreg.pickle(Rule, _reduce_rule)  # copy.deepcopy, pickle and torch.save take Rules
 
 
 def presets():

@@ -28,6 +28,7 @@ import torch
 
 from . import _fusedopt as _C
 from . import rule as _rule
+from ._state import Edits as _Edits, StateEntry as _StateEntry, StateTable as _StateTable
 from .errors import UsageError
 
 __all__ = ["Optimizer", "from_torch", "TORCH_PRESETS"]
@@ -70,6 +71,10 @@ def _none_ref():  # the last step's "weak reference" to a grad that was None
     return None
 
 
+def _grad_ptr(grad):
+    return 0 if grad is None else grad.data_ptr()
+
+
 _DTYPES = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}
 _TORCH_DTYPES = {code: dtype for dtype, code in _DTYPES.items()}
 _INT_DTYPES = {torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64}
@@ -89,7 +94,7 @@ def _dtype_code(dtype, who):
     return _DTYPES[dtype]
 
 
-def _float(value, key):
+def _float(value, key, none_is_zero=False):
     if type(value) is float:  # the common case, every step: no checks to make
         return value
     if isinstance(value, torch.Tensor):
@@ -97,7 +102,7 @@ def _float(value, key):
             raise UsageError(f"hyper '{key}' is a tensor of {value.numel()} elements; "
                              "give one number")
         value = value.item()
-    if value is None:
+    if value is None and none_is_zero:  # torch's Adafactor: eps=(None, 1e-3), eps1 = 0
         return 0.0
     if not isinstance(value, (str, bytes)):
         try:
@@ -106,6 +111,19 @@ def _float(value, key):
             pass
     raise UsageError(f"hyper '{key}' is {value!r} (a {type(value).__name__}); a hyper is a "
                      "number (booleans as 0/1)")
+
+
+def _int_option(name, value, high, low=None):
+    """An integer option within [low (default -high - 1), high], else UsageError."""
+    low = -high - 1 if low is None else low
+    try:
+        n = operator.index(value)
+    except TypeError:
+        raise UsageError(f"{name} is {value!r} (a {type(value).__name__}); give an integer") \
+            from None
+    if not low <= n <= high:
+        raise UsageError(f"{name} is {n}: it must be from {low} to {high}")
+    return n
 
 
 def _check_torch_ranges(group):
@@ -273,6 +291,7 @@ class Optimizer(torch.optim.Optimizer):
             rule = "+".join([preset_base] + sorted(chosen))
         self._rule = _rule(rule)
         self._preset = preset_base
+        self._check_rule_options("Optimizer", hypers)
         self._names = dict(_STATE_NAMES.get(self._preset, {}))
         self._rule_defaults = dict(self._rule.hypers)
         self._hyper_names = list(self._rule_defaults)
@@ -289,17 +308,21 @@ class Optimizer(torch.optim.Optimizer):
                 state_dtype, str) else state_dtype,
             "master_weights": bool(master_weights),
             "max_grad_norm": float(max_grad_norm),
-            "strategy": reduction_strategy,
+            "strategy": str(reduction_strategy),
             "state_storage": _storage_pairs(state_storage),
-            "quant_block": int(quant_block),
-            "quant_min_numel": int(quant_min_numel),
+            "quant_block": _int_option("quant_block", quant_block, 2**31 - 1),
+            "quant_min_numel": _int_option("quant_min_numel", quant_min_numel, 2**63 - 1),
             "stochastic_rounding": bool(stochastic_rounding),
-            "seed": int(seed),
+            # A negative seed stands for its 64-bit two's complement.
+            "seed": _int_option("seed", seed, 2**64 - 1, low=-2**63) % 2**64,
         }
-        # Each state's storage ('-' or a kind) where a param is quantized (UsageError for an
-        # unknown state or kind, before any param is seen).
-        self._storage = dict(zip(self._rule.states, _C.resolve_state_storage(
-            self._rule, self._options["state_storage"])))
+        # The options checked as the first step would check them (UsageError naming the
+        # first bad one), and each state's storage ('-' or a kind) where a param is quantized.
+        o = self._options
+        self._storage = dict(zip(self._rule.states, _C.check_options(
+            self._rule, o["state_dtype"], o["master_weights"], o["max_grad_norm"],
+            o["strategy"], o["state_storage"], o["quant_block"], o["quant_min_numel"],
+            o["stochastic_rounding"], o["seed"])))
         defaults = self._defaults(hypers)
         if preset_base is not None:
             for option in _C.Rule.preset_options(preset_base):  # torch's group keys
@@ -311,7 +334,14 @@ class Optimizer(torch.optim.Optimizer):
         self._steps = {}  # param -> steps taken, for params outside an engine
         self._pushed = []  # per engine: the hypers last given to it, per group
         self.engine_builds = 0
+        # What _build put in opt.state for each param, to tell user edits from it: param ->
+        # (its StateEntry, the entry's items as put there); and the param's shape then.
+        self._installed = {}
+        self._state_shapes = {}
         super().__init__(params, defaults)
+        self._edits = _Edits()  # opt.state noticing edits (see _state.py)
+        self._table = _StateTable(self._edits, self.state)
+        self.state = self._table
 
     # ---- hypers ---------------------------------------------------------------------------
     def _defaults(self, hypers):
@@ -358,9 +388,15 @@ class Optimizer(torch.optim.Optimizer):
                 out.append(_float(group[name], name))
                 continue
             for key, names in _TUPLES.items():
-                if name in names and key in group and isinstance(group[key], (tuple, list)):
-                    out.append(_float(group[key][names.index(name)], key))
+                if name not in names or key not in group:
+                    continue
+                value = group[key]
+                if isinstance(value, (tuple, list)) and len(value) == len(names):
+                    out.append(_float(value[names.index(name)], key, none_is_zero=key == "eps"))
                     break
+                if isinstance(value, (tuple, list)) or isinstance(self.defaults.get(key), tuple):
+                    raise UsageError(f"hyper '{key}' is {value!r}; it must be a tuple of "
+                                     f"{len(names)} ({', '.join(names)})")
             else:
                 out.append(_float(self.defaults.get(name, self._rule_defaults[name]), name))
         return out
@@ -370,6 +406,7 @@ class Optimizer(torch.optim.Optimizer):
         # refuses what the first step would (as torch refuses a NaN lr); before the group is
         # added, so a refused group changes nothing.
         group = {**self.defaults, **param_group}
+        self._check_rule_options(f"add_param_group: param group {len(self.param_groups)}", group)
         self._check_group_options("add_param_group", len(self.param_groups), group)
         self._check_torch_types(len(self.param_groups), group)
         self._check_group_hypers("Optimizer", len(self.param_groups), group)
@@ -384,6 +421,25 @@ class Optimizer(torch.optim.Optimizer):
                              f"'{self._rule.name}' has no hyper '{key}' (it has: "
                              f"{', '.join(self._hyper_names) or 'none'})")
         self._key = None  # the next step plans again
+
+    def _check_rule_options(self, where, group):
+        """A preset option given as a hyper (torch's amsgrad) must agree with the rule the
+        optimizer runs: it picks the rule, for the whole optimizer."""
+        name = self._rule.name
+        offered = set(_C.Rule.preset_options(self._preset)) if self._preset else set()
+        chosen = set(name.split("+")[1:]) if self._preset else set()
+        for key in sorted(offered | {"amsgrad"}):
+            value = group.get(key)
+            if value is None or bool(value) == (key in chosen):
+                continue
+            if key in offered:
+                raise UsageError(f"{where}: {key}={value!r}, but the optimizer runs '{name}': "
+                                 f"{key} picks the rule of the whole optimizer (build it with "
+                                 f"{key}={bool(value)})")
+            having = sorted({b.split("+")[0] for b in _C.Rule.presets()
+                             if key in _C.Rule.preset_options(b.split("+")[0])})
+            raise UsageError(f"{where}: {key}={value!r}, but rule '{name}' has no {key} option "
+                             f"(the presets {', '.join(having)} have it)")
 
     def _check_group_options(self, where, g, group):
         """A group may carry an option (copied in by a wrapper) only with the optimizer's
@@ -451,6 +507,10 @@ class Optimizer(torch.optim.Optimizer):
                              "torch.view_as_real)")
         _dtype_code(p.dtype, who)
         _dtype_code(grad.dtype, f"{who}.grad")
+        for t, what in ((p, "it"), (grad, "its gradient")):
+            if getattr(t, "is_neg", None) is not None and t.is_neg():
+                raise UsageError(f"{who}: {what} is a lazily negated view (its memory holds "
+                                 "the values' negatives); call .resolve_neg() on it")
         if grad.shape != p.shape:
             raise UsageError(f"{who}: its gradient has shape {tuple(grad.shape)}")
         if p.device != device or grad.device != device:
@@ -486,12 +546,26 @@ class Optimizer(torch.optim.Optimizer):
         self._engines = []
         self._pushed = []
         self._key = None
+        self._installed = {}
 
     def _plan(self, active):
+        for g, i, p in active:  # before anything changes: a refusal leaves the engines
+            made = self._state_shapes.get(p)
+            if made is not None and made != tuple(p.shape) and any(
+                    isinstance(v, torch.Tensor) for v in dict.get(self.state, p, {}).values()):
+                raise UsageError(f"{self._who(g, i)}: its shape changed from {made} to "
+                                 f"{tuple(p.shape)} since its state was made; start its state "
+                                 "again (opt.state[p] = {}) or load a state of the new shape")
         self._release()
         device = active[0][2].device
         for g, i, p in active:
             self._check(g, i, p, p.grad, device)
+        for g, i, p in active:  # a count set in opt.state[p]['step'] (a param joining others)
+            entry = dict.get(self.state, p)
+            if entry and "step" in entry:
+                self._steps[p] = self._loaded_step(i, entry["step"],
+                                                   f"opt.state of {self._who(g, i)}")
+                dict.pop(entry, "step")
         # One engine per step count (params that skipped steps have their own), in order.
         by_step = {}
         for g, i, p in active:
@@ -501,10 +575,14 @@ class Optimizer(torch.optim.Optimizer):
             counts = ", ".join(str(s) for s in sorted(by_step))
             raise UsageError(f"rule '{self._rule.name}' reduces over every tensor of a step, "
                              f"but the parameters with gradients have taken different numbers "
-                             f"of steps ({counts}); step them together")
+                             f"of steps ({counts}); step them together: give every parameter a "
+                             "gradient at every step (zeros for a frozen one), or give one "
+                             "that joins later the others' count before its first step "
+                             "(opt.state[p]['step'] = N)")
         for steps, members in by_step.items():
             self._engines.append(self._build(members, steps))
         self._key = [p for _, _, p in active]  # compared by identity
+        self._edits.changed = False  # the writes above were ours
 
     def _build(self, members, steps):
         specs = []
@@ -535,12 +613,15 @@ class Optimizer(torch.optim.Optimizer):
             params.append((g, i, p))
             grads.append(p.grad)
             slots.append(slot)
-            old = self.state.get(p, {})
+            old = dict.get(self.state, p) or {}
             fresh = self._views(engine, slot, p)
             for key, view in fresh.items():
                 if key in old and isinstance(old[key], torch.Tensor):
                     view.copy_(old[key].reshape(view.shape))
-            self.state[p] = fresh
+            entry = _StateEntry(self._edits, fresh)
+            dict.__setitem__(self.state, p, entry)
+            self._installed[p] = (entry, fresh)
+            self._state_shapes[p] = tuple(p.shape)
         if steps:
             engine.set_step_count(int(steps))
         self._pushed.append([self._group_hypers(group) for group in self.param_groups])
@@ -558,8 +639,10 @@ class Optimizer(torch.optim.Optimizer):
             key = self._names.get(name, name)
             if kind == "element":
                 view = engine.state(name, slot, "flat")
-                # 8-bit codes keep the param's shape; 4-bit ones are two per byte, flat.
-                if view.dtype != torch.uint8 or view.numel() == p.numel():
+                # 8-bit codes keep the param's shape; 4-bit ones are two per byte, flat
+                # (even where that is one byte per element: a param of one element).
+                if view.dtype != torch.uint8 or \
+                        not self._storage.get(name, "-").startswith("q4"):
                     view = view.view(p.shape)
                 out[key] = view
             elif kind == "absmax":
@@ -586,16 +669,19 @@ class Optimizer(torch.optim.Optimizer):
         when one changed its dtype or shape (the caller plans again)."""
         grads = [p.grad for p in bound.tensors]
         pptrs = [p.data_ptr() for p in bound.tensors]
+        gptrs = [g.data_ptr() for g in grads]
         last = [ref() for ref in bound.grads]
-        if pptrs == bound.pptrs and all(map(operator.is_, grads, last)):
+        if pptrs == bound.pptrs and gptrs == bound.gptrs and all(map(operator.is_, grads, last)):
             return True  # the steady state: nothing moved
         new_params, new_grads = [], []
         for k, (g, i, p) in enumerate(bound.params):
-            grad, moved_p, moved_g = grads[k], pptrs[k] != bound.pptrs[k], False
-            if grad is not last[k]:
+            # A grad moves as a new tensor, or as the same one given new memory (its .data
+            # set, as nn.Module.to() and share_memory() do to grads that are kept).
+            grad = grads[k]
+            moved_p, moved_g = pptrs[k] != bound.pptrs[k], gptrs[k] != bound.gptrs[k]
+            if grad is not last[k] or moved_g:
                 if grad.dtype != bound.dtypes[k] or grad.shape != bound.shapes[k]:
                     return False
-                moved_g = grad.data_ptr() != bound.gptrs[k]
             if moved_p and (p.dtype != bound.dtypes[k] or p.shape != bound.shapes[k]):
                 return False
             if moved_p:
@@ -609,7 +695,7 @@ class Optimizer(torch.optim.Optimizer):
         # Committed only once the engine took them (a refusal changes nothing).
         bound.grads = [weakref.ref(g) for g in grads]
         bound.pptrs = pptrs
-        bound.gptrs = [g.data_ptr() for g in grads]
+        bound.gptrs = gptrs
         return True
 
     def _unmoved(self, flat, grads):
@@ -620,7 +706,8 @@ class Optimizer(torch.optim.Optimizer):
         return (self._key is not None and last is not None and len(flat) == len(last[0])
                 and all(map(operator.is_, flat, last[0]))
                 and all(map(operator.is_, grads, [ref() for ref in last[1]]))
-                and list(map(_DATA_PTR, flat)) == last[2])
+                and list(map(_DATA_PTR, flat)) == last[2]
+                and list(map(_grad_ptr, grads)) == last[3])
 
     def _follow(self, with_grad, stream):
         """Plans again when the params with grads changed; else re-points each engine at
@@ -633,6 +720,62 @@ class Optimizer(torch.optim.Optimizer):
             if not self._rebind_moved(bound, stream):
                 self._plan(self._active())
                 return
+
+    def _adopt_state(self):
+        """Takes edits of opt.state made since the engines' views were put there, as torch
+        reads its state at every step: a param whose entry is gone or holds none of its
+        states starts again (step 0, every state from its initial value); a state given a new
+        tensor goes on from its values (checked as load_state_dict checks one; a 'step' sets
+        the step count); a state deleted from an entry starts from its initial value. The
+        engines are built again at this step. All or nothing: a refused edit changes
+        nothing."""
+        if self.state is not self._table:  # the whole table replaced
+            self._table = _StateTable(self._edits, self.state)
+            self.state = self._table
+        where = {p: (g, i) for g, group in enumerate(self.param_groups)
+                 for i, p in enumerate(group["params"])}
+        taken = {}  # param -> (step or None, checked new tensors), or None: start again
+        for p, (entry, views) in list(self._installed.items()):
+            now = dict.get(self.state, p)
+            if p not in where:
+                continue  # no longer in a group: no step reads it
+            if now is not None and "step" not in now and \
+                    all(now.get(key) is view for key, view in views.items()):
+                if now is not entry:  # the same views in a new dict: watched from now on
+                    entry = _StateEntry(self._edits, now)
+                    dict.__setitem__(self.state, p, entry)
+                    self._installed[p] = (entry, views)
+                continue  # untouched (or only keys no rule reads changed)
+            if now is None or ("step" not in now and not any(key in now for key in views)):
+                taken[p] = None
+                continue
+            g, i = where[p]
+            who = f"opt.state of {self._who(g, i)}"
+            hypers = dict(zip(self._hyper_names, self._group_hypers(self.param_groups[g])))
+            expected = self._expected_states(p, hypers, set())
+            step, new = None, {}
+            for key, value in now.items():
+                if key == "step":
+                    step = self._loaded_step(i, value, who)
+                elif key in expected and value is not None and value is not views.get(key):
+                    new[key] = self._loaded_state(i, key, value, p, expected[key], who)
+            taken[p] = (step, new)
+        self._edits.changed = False  # taken (a refused edit is seen again at the next step)
+        if not taken:
+            return
+        self._release()  # the engines' states copied into opt.state, then the edits on top
+        for p, change in taken.items():
+            if change is None:
+                dict.__setitem__(self.state, p, {})
+                self._steps[p] = 0
+                continue
+            step, new = change
+            entry = dict.get(self.state, p)
+            entry.update(new)
+            entry.pop("step", None)
+            if step is not None:
+                self._steps[p] = step
+        self._edits.changed = False
 
     def _stream(self, device):
         if device.type == "cuda":
@@ -652,6 +795,8 @@ class Optimizer(torch.optim.Optimizer):
         grad_scale, found_inf = self._amp_inputs(kwargs.pop("grad_scaler", None))
         if kwargs:
             raise TypeError(f"step() got unexpected keyword arguments {sorted(kwargs)}")
+        if self._edits.changed or self.state is not self._table:
+            self._adopt_state()
         flat = [p for group in self.param_groups for p in group["params"]]
         grads = list(map(_GRAD, flat))
         if self._unmoved(flat, grads):  # the steady state: one pass, nothing to re-point
@@ -663,10 +808,18 @@ class Optimizer(torch.optim.Optimizer):
             stream = self._stream(with_grad[0].device)
             self._follow(with_grad, stream)
             self._last = (flat, [_none_ref if g is None else weakref.ref(g) for g in grads],
-                          list(map(_DATA_PTR, flat)))
+                          list(map(_DATA_PTR, flat)), list(map(_grad_ptr, grads)))
         for g, group in enumerate(self.param_groups):
             self._check_group_options("step", g, group)
-        hypers = [self._group_hypers(group) for group in self.param_groups]
+        try:
+            hypers = [self._group_hypers(group) for group in self.param_groups]
+        except UsageError:  # say which group
+            for g, group in enumerate(self.param_groups):
+                try:
+                    self._group_hypers(group)
+                except UsageError as e:
+                    raise UsageError(f"step: param group {g}: {e}") from None
+            raise
         for e, bound in enumerate(self._engines):
             for g, values in enumerate(hypers):
                 if values != self._pushed[e][g]:
@@ -748,11 +901,14 @@ class Optimizer(torch.optim.Optimizer):
         self._release()
         for ours, update in zip(self.param_groups, updates):
             ours.update(update)
-        self.state.clear()
+        self._table = _StateTable(self._edits)
+        self.state = self._table
         self._steps = steps
         for p, state in states.items():
-            self.state[p] = state
+            dict.__setitem__(self.state, p, state)
+        self._state_shapes = {p: tuple(p.shape) for p, state in states.items() if state}
         self._key = None
+        self._edits.changed = False
 
     def _read_state_dict(self, state_dict):
         """load_state_dict's reading and checking, changing nothing: per group the keys to
@@ -835,11 +991,12 @@ class Optimizer(torch.optim.Optimizer):
                 # missing would start again from its initial value, silently).
                 for key, (_, _, _, required) in expected.items():
                     if required and key not in state:
-                        has = ", ".join(f"'{k}'" for k in state) or "no states"
+                        has = ", ".join(f"'{k}'" for k in entry if k != "step") or "no states"
+                        keeps = ", ".join(f"'{k}'" for k, e in expected.items() if e[3])
                         raise UsageError(
                             f"{who}: parameter {i} has no state '{key}' (it has {has}, step "
                             f"{steps.get(p, 0)}); rule '{self._rule.name}' needs it for a "
-                            "parameter that has stepped")
+                            f"parameter that has stepped (it keeps {keeps})")
             states[p] = state
         return updates, states, steps, notes
 
@@ -906,9 +1063,10 @@ class Optimizer(torch.optim.Optimizer):
         return out
 
     @staticmethod
-    def _loaded_step(i, value):
+    def _loaded_step(i, value, who=None):
         """A saved step count as an int: a whole number, 0 to 2^53, given as an int, a float
-        or a tensor of one element (torch's)."""
+        or a tensor of one element (torch's). `who` names it in an error (else: parameter i
+        of load_state_dict)."""
         x = value
         if isinstance(x, torch.Tensor) and x.numel() == 1:
             x = x.item()
@@ -923,16 +1081,18 @@ class Optimizer(torch.optim.Optimizer):
                 return n
         shown = f"a tensor of {value.numel()} elements" if isinstance(value, torch.Tensor) and \
             value.numel() != 1 else repr(value)
-        raise UsageError(f"load_state_dict: the step of parameter {i} is {shown}; a step count "
-                         "is a whole number from 0 to 2^53 (an int, a float or a tensor of one "
-                         "element)")
+        what = f"{who}: its step" if who else f"load_state_dict: the step of parameter {i}"
+        raise UsageError(f"{what} is {shown}; a step count is a whole number from 0 to 2^53 (an "
+                         "int, a float or a tensor of one element)")
 
     @staticmethod
-    def _loaded_state(i, key, value, p, expected):
+    def _loaded_state(i, key, value, p, expected, who=None):
         """One saved state, checked against what the rule keeps for p and copied onto p's
-        device in the dtype the kernel keeps it in."""
+        device in the dtype the kernel keeps it in. `who` names p in an error (else:
+        parameter i of load_state_dict)."""
         shapes, dtype, shape_is, _ = expected
-        what = f"load_state_dict: state '{key}' of parameter {i}"
+        what = f"{who}: state '{key}'" if who else \
+            f"load_state_dict: state '{key}' of parameter {i}"
         if shapes == {()} and isinstance(value, numbers.Real) and not isinstance(value, bool):
             value = torch.tensor(float(value), dtype=torch.float64)  # torch 1.x: a number
         if not isinstance(value, torch.Tensor):
@@ -958,7 +1118,9 @@ class Optimizer(torch.optim.Optimizer):
         self._sync_steps()
         d = dict(self.__dict__)
         d["_engines"], d["_pushed"], d["_key"], d["_last"] = [], [], None, None
-        d["_rule"] = ("preset", self._rule.name) if self._preset else ("text", self._rule.text)
+        d["_installed"] = {}
+        for key in ("_edits", "_table"):  # made again by __setstate__
+            d.pop(key, None)
         state = collections.defaultdict(dict)
         for p, entry in self.state.items():
             state[p] = {k: v.clone() if isinstance(v, torch.Tensor) else v
@@ -967,9 +1129,15 @@ class Optimizer(torch.optim.Optimizer):
         return d
 
     def __setstate__(self, d):
-        kind, spec = d["_rule"]
-        d = dict(d, _rule=_C.Rule.preset(spec) if kind == "preset" else _C.Rule.parse(spec))
+        if isinstance(d["_rule"], tuple):  # as pickled before Rules pickled themselves
+            kind, spec = d["_rule"]
+            d = dict(d, _rule=_C.Rule.preset(spec) if kind == "preset" else _C.Rule.parse(spec))
+        d.setdefault("_installed", {})
+        d.setdefault("_state_shapes", {})
         super().__setstate__(d)
+        self._edits = _Edits()
+        self._table = _StateTable(self._edits, self.state)
+        self.state = self._table
 
     # ---- introspection --------------------------------------------------------------------
     @property

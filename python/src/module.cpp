@@ -92,7 +92,9 @@ fo::Tensor view(const Array& a, const std::string& name) {
   t.name = name;
   t.dtype = dtype_of(a, name);
   std::int64_t numel = 1, expect = 1;
-  for (std::size_t d = a.ndim(); d-- > 0;) {
+  for (std::size_t d = 0; d < a.ndim(); ++d) numel *= static_cast<std::int64_t>(a.shape(d));
+  // An empty tensor has no memory to walk (torch 1.13 exports (0, 5) with strides (1, 1)).
+  for (std::size_t d = a.ndim(); numel > 0 && d-- > 0;) {
     const auto size = static_cast<std::int64_t>(a.shape(d));
     if (size != 1 && a.stride(d) != expect) {
       throw fo::UsageError(name +
@@ -101,10 +103,8 @@ fo::Tensor view(const Array& a, const std::string& name) {
     }
     expect *= size;
   }
-  for (std::size_t d = 0; d < a.ndim(); ++d) {
+  for (std::size_t d = 0; d < a.ndim(); ++d)
     t.shape.push_back(static_cast<std::int64_t>(a.shape(d)));
-    numel *= static_cast<std::int64_t>(a.shape(d));
-  }
   t.numel = numel;
   t.data = const_cast<void*>(a.data());
   const int type = a.device_type();
@@ -133,14 +133,35 @@ fo::ReductionStrategy strategy_of(const std::string& name) {
 
 void* as_stream(std::uintptr_t stream) { return reinterpret_cast<void*>(stream); }
 
+using StoragePairs = std::vector<std::pair<std::string, std::string>>;
+
+/// OptimizerOptions from fusedopt.torch's keywords (the library parses the strings).
+fo::OptimizerOptions options_of(const std::string& state_dtype, bool master_weights,
+                                double max_grad_norm, const std::string& strategy,
+                                StoragePairs state_storage, int quant_block,
+                                std::int64_t quant_min_numel, bool stochastic_rounding,
+                                std::uint64_t seed) {
+  fo::OptimizerOptions o;
+  o.state_dtype = fo::DTypeBinding::parse(state_dtype).param;
+  o.master_weights = master_weights;
+  o.max_grad_norm = max_grad_norm;
+  o.reduction_strategy = strategy_of(strategy);
+  o.state_storage = std::move(state_storage);
+  o.quant_block = quant_block;
+  o.quant_min_numel = quant_min_numel;
+  o.stochastic_rounding = stochastic_rounding;
+  o.seed = seed;
+  return o;
+}
+
 /// A fusedopt::Optimizer over tensors Python owns (their memory must outlive it: the
 /// Python side keeps them), with the shapes its state views take.
 class Engine {
  public:
   Engine(const fo::Rule& rule, std::vector<GroupSpec> groups, const std::string& state_dtype,
          bool master_weights, double max_grad_norm, const std::string& strategy,
-         std::vector<std::pair<std::string, std::string>> state_storage, int quant_block,
-         std::int64_t quant_min_numel, bool stochastic_rounding, std::uint64_t seed) {
+         StoragePairs state_storage, int quant_block, std::int64_t quant_min_numel,
+         bool stochastic_rounding, std::uint64_t seed) {
     std::vector<fo::ParamGroup> pgs;
     for (GroupSpec& g : groups) {
       if (g.params.size() != g.grads.size() || g.params.size() != g.names.size()) {
@@ -157,17 +178,10 @@ class Engine {
       pg.hypers = std::move(g.hypers);
       pgs.push_back(std::move(pg));
     }
-    fo::OptimizerOptions o;
-    o.state_dtype = fo::DTypeBinding::parse(state_dtype).param;
-    o.master_weights = master_weights;
-    o.max_grad_norm = max_grad_norm;
-    o.reduction_strategy = strategy_of(strategy);
-    o.state_storage = std::move(state_storage);
-    o.quant_block = quant_block;
-    o.quant_min_numel = quant_min_numel;
-    o.stochastic_rounding = stochastic_rounding;
-    o.seed = seed;
-    opt_.emplace(rule, std::move(pgs), o);
+    opt_.emplace(
+        rule, std::move(pgs),
+        options_of(state_dtype, master_weights, max_grad_norm, strategy, std::move(state_storage),
+                   quant_block, quant_min_numel, stochastic_rounding, seed));
     // One device (the Optimizer checked): the first param's.
     for (const auto& g : groups) {
       if (!g.params.empty()) {
@@ -417,7 +431,7 @@ void bind_engine(nb::module_& m) {
 void bind_functions(nb::module_& m) {
   m.def(
       "resolve_state_storage",
-      [](const fo::Rule& rule, std::vector<std::pair<std::string, std::string>> storage) {
+      [](const fo::Rule& rule, StoragePairs storage) {
         fo::OptimizerOptions o;
         o.state_storage = std::move(storage);
         std::vector<std::string> out;
@@ -427,6 +441,25 @@ void bind_functions(nb::module_& m) {
       nb::arg("rule"), nb::arg("state_storage"),
       "The storage of each of the rule's states ('-', 'q8s', 'q8u', 'q4s', 'q4u') under the "
       "rule's declarations and `state_storage` (pairs of state name or '*' and kind).");
+  m.def(
+      "check_options",
+      [](const fo::Rule& rule, const std::string& state_dtype, bool master_weights,
+         double max_grad_norm, const std::string& strategy, StoragePairs state_storage,
+         int quant_block, std::int64_t quant_min_numel, bool stochastic_rounding,
+         std::uint64_t seed) {
+        const fo::OptimizerOptions o = options_of(state_dtype, master_weights, max_grad_norm,
+                                                  strategy, std::move(state_storage), quant_block,
+                                                  quant_min_numel, stochastic_rounding, seed);
+        fo::check_options(o);
+        std::vector<std::string> out;
+        for (fo::Quant q : fo::resolve_state_storage(rule, o)) out.emplace_back(fo::to_string(q));
+        return out;
+      },
+      nb::arg("rule"), nb::arg("state_dtype"), nb::arg("master_weights"), nb::arg("max_grad_norm"),
+      nb::arg("strategy"), nb::arg("state_storage"), nb::arg("quant_block"),
+      nb::arg("quant_min_numel"), nb::arg("stochastic_rounding"), nb::arg("seed"),
+      "The Optimizer's checks of its options alone (UsageError naming the first bad one), then "
+      "resolve_state_storage's storage of each of the rule's states under them.");
   m.def(
       "_inplace_floor_seconds",
       [](const std::vector<nb::dict>& traffic, int runs) {

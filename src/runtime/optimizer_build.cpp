@@ -172,18 +172,8 @@ Optimizer::Optimizer(const Rule& user_rule, std::vector<ParamGroup> groups,
 }
 
 void Optimizer::Impl::take_rule(const Rule& user_rule) {
-  FUSEDOPT_CHECK_USAGE(options.max_grad_norm >= 0.0 && std::isfinite(options.max_grad_norm),
-                       "OptimizerOptions: max_grad_norm is {}; it must be 0 (off) or positive "
-                       "and finite",
-                       options.max_grad_norm);
+  check_options(options);
   if (options.max_grad_norm > 0.0) rule = user_rule.with_grad_clipping(options.max_grad_norm);
-  if (!valid_dtype(options.state_dtype)) {
-    throw UsageError("OptimizerOptions: unsupported state_dtype");
-  }
-  FUSEDOPT_CHECK_USAGE(!(options.stochastic_rounding && options.master_weights),
-                       "OptimizerOptions: stochastic_rounding and master_weights are both set; "
-                       "stochastic rounding is for 16-bit params without a master copy (with "
-                       "one, the master keeps the fp32 value): choose one");
   const lang::Rule& r = detail::lang_rule(rule);
   reduction_passes = r.reduction_passes;
   for (int s : r.states) state_names.push_back(r.symbols[s].name);

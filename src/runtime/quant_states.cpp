@@ -92,15 +92,7 @@ std::vector<Quant> resolve_quant(const OptimizerOptions& options, const lang::Ru
     *sr_out = 0;
     for (std::size_t k = 0; k < sr.size() && k < 64; ++k) *sr_out |= sr[k] ? 1ull << k : 0ull;
   }
-  FUSEDOPT_CHECK_USAGE(
-      options.quant_block == 0 || (options.quant_block >= 32 && options.quant_block <= 512 &&
-                                   (options.quant_block & (options.quant_block - 1)) == 0),
-      "OptimizerOptions::quant_block is {}: a power of two from 32 to 512 (or 0: "
-      "the default)",
-      options.quant_block);
-  FUSEDOPT_CHECK_USAGE(options.quant_min_numel >= 0,
-                       "OptimizerOptions::quant_min_numel is {}: it must not be negative",
-                       options.quant_min_numel);
+  check_options(options);
   return out;
 }
 

@@ -615,4 +615,38 @@ TEST_SUITE("runtime") {
                          doctest::Contains("it must be 0 (off) or positive and finite"),
                          fusedopt::UsageError);
   }
+
+  TEST_CASE(
+      "check_options refuses each bad option alone, as the constructor does, before any param") {
+    using fusedopt::OptimizerOptions;
+    fusedopt::check_options(OptimizerOptions{});
+    OptimizerOptions good;
+    good.state_dtype = fusedopt::DType::BF16;
+    good.quant_block = 512;
+    good.quant_min_numel = 0;
+    good.master_weights = true;
+    good.max_grad_norm = 1.0;
+    fusedopt::check_options(good);
+    const std::vector<std::pair<void (*)(OptimizerOptions&), const char*>> bad = {
+        {[](OptimizerOptions& o) { o.max_grad_norm = -1.0; }, "max_grad_norm is -1; it must be"},
+        {[](OptimizerOptions& o) { o.max_grad_norm = std::nan(""); }, "max_grad_norm is nan"},
+        {[](OptimizerOptions& o) { o.state_dtype = fusedopt::DType::F64; },
+         "unsupported state_dtype"},
+        {[](OptimizerOptions& o) { o.state_dtype = fusedopt::DType::U8; },
+         "unsupported state_dtype"},
+        {[](OptimizerOptions& o) { o.quant_block = 96; }, "quant_block is 96: a power of two"},
+        {[](OptimizerOptions& o) { o.quant_block = 16; }, "quant_block is 16: a power of two"},
+        {[](OptimizerOptions& o) { o.quant_block = 1024; }, "quant_block is 1024: a power of two"},
+        {[](OptimizerOptions& o) { o.quant_min_numel = -1; }, "quant_min_numel is -1"},
+        {[](OptimizerOptions& o) { o.stochastic_rounding = o.master_weights = true; },
+         "stochastic_rounding and master_weights are both set"},
+    };
+    for (const auto& [spoil, message] : bad) {
+      INFO(message);
+      OptimizerOptions o;
+      spoil(o);
+      CHECK_THROWS_WITH_AS(fusedopt::check_options(o), doctest::Contains(message),
+                           fusedopt::UsageError);
+    }
+  }
 }

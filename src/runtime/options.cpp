@@ -1,0 +1,33 @@
+// The checks of OptimizerOptions that need no param (optimizer.hpp: check_options).
+#include <cmath>
+
+#include "fusedopt/error.hpp"
+#include "fusedopt/optimizer.hpp"
+#include "support/check.hpp"
+
+namespace fusedopt {
+
+void check_options(const OptimizerOptions& options) {
+  FUSEDOPT_CHECK_USAGE(options.max_grad_norm >= 0.0 && std::isfinite(options.max_grad_norm),
+                       "OptimizerOptions: max_grad_norm is {}; it must be 0 (off) or positive "
+                       "and finite",
+                       options.max_grad_norm);
+  const DType s = options.state_dtype;
+  if (s != DType::F32 && s != DType::F16 && s != DType::BF16) {
+    throw UsageError("OptimizerOptions: unsupported state_dtype");
+  }
+  FUSEDOPT_CHECK_USAGE(!(options.stochastic_rounding && options.master_weights),
+                       "OptimizerOptions: stochastic_rounding and master_weights are both set; "
+                       "stochastic rounding is for 16-bit params without a master copy (with "
+                       "one, the master keeps the fp32 value): choose one");
+  const int b = options.quant_block;
+  FUSEDOPT_CHECK_USAGE(b == 0 || (b >= 32 && b <= 512 && (b & (b - 1)) == 0),
+                       "OptimizerOptions::quant_block is {}: a power of two from 32 to 512 (or 0: "
+                       "the default)",
+                       b);
+  FUSEDOPT_CHECK_USAGE(options.quant_min_numel >= 0,
+                       "OptimizerOptions::quant_min_numel is {}: it must not be negative",
+                       options.quant_min_numel);
+}
+
+}  // namespace fusedopt
