@@ -72,7 +72,17 @@ Rule Rule::with_grad_clipping(double max_grad_norm) const {
   lang::ParseOptions options;
   options.clip_grad_norm = true;
   options.max_grad_norm = max_grad_norm;
-  return Rule(lang::parse_rule(impl_->text, impl_->file, options));
+  try {
+    return Rule(lang::parse_rule(impl_->text, impl_->file, options));
+  } catch (const RuleError& e) {
+    // The rule alone passed its checks: what clipping adds is what failed.
+    const std::string hint = e.hint().empty() ? "" : e.hint() + "; ";
+    throw RuleError(e.file(), e.line(), e.column(),
+                    e.message() +
+                        " (with gradient clipping, which adds 2 statements, the hyper "
+                        "'max_grad_norm' and 1 reduction pass to the rule)",
+                    e.source_line(), 1, hint + "turn clipping off, or make room for it");
+  }
 }
 
 std::vector<std::string> Rule::states() const {

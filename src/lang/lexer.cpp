@@ -276,6 +276,9 @@ Token Lexer::lex_number() {
         len > 40 ? std::string(spelled.substr(0, 37)) + "..." : std::string(spelled);
     fail_at(pos_, len, "number '" + shown + "' is too large", "rule math is fp32: at most 3.4e38");
   }
+  // A number fp32 rounds to 0 is 0 everywhere: per-element code computes in fp32, code that
+  // runs once per launch in double, and the two must read the same literal.
+  if (static_cast<float>(value) == 0.0f) value = 0;
   Token t = make(Tok::Number, len);
   t.number = value;
   return t;

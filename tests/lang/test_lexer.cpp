@@ -69,6 +69,18 @@ TEST_SUITE("lang") {
                               "too large");
   }
 
+  TEST_CASE("a number fp32 rounds to 0 is 0, also where it is computed in double") {
+    // Half of fp32's smallest subnormal (2^-150, about 7.006e-46) and below round to 0.
+    CHECK(number_of("1e-46") == 0.0);
+    CHECK(number_of("7e-46") == 0.0);
+    CHECK(number_of("7.1e-46") == 7.1e-46);  // fp32 holds it as 2^-149: not 0
+    CHECK(number_of("1e-45") == 1e-45);
+    // A hyper's default and a uniform factor (computed once per launch, in double) too.
+    auto rule =
+        parse_rule("param p\ngrad g\nhyper e = 1e-46\np = p - 1e-46 * 1e38 * e * g\n", "t.rule");
+    CHECK(rule->symbols[rule->hypers.at(0)].default_value == 0.0);
+  }
+
   TEST_CASE("lexer treats '#' to the end of the line as a comment, #include included") {
     const std::string text =
         "#include <cstdio>\n"

@@ -200,6 +200,23 @@ TEST_SUITE("lang") {
       CHECK(e.column() == 1);
     }
   }
+
+  TEST_CASE("a rule that clipping pushes over a limit is told that clipping did it") {
+    // 1024 statements: the most a rule may have; clipping adds two.
+    std::string text = "param p\ngrad g\n";
+    for (int k = 0; k < 1023; ++k) text += "t = g\n";
+    text += "p = p - t\n";
+    const fusedopt::Rule rule = fusedopt::Rule::parse(text, "full.rule");
+    try {
+      (void)rule.with_grad_clipping(1.0);
+      FAIL("clipping a rule of 1024 statements did not throw");
+    } catch (const RuleError& e) {
+      CHECK(e.file() == "full.rule");
+      CHECK(contains(e.message(), "at most 1024 statements"));
+      CHECK(contains(e.message(), "with gradient clipping, which adds 2 statements"));
+      CHECK(contains(e.hint(), "turn clipping off"));
+    }
+  }
 }
 
 }  // namespace fusedopt_tests
