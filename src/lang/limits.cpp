@@ -79,9 +79,14 @@ void check_limits(const Source& source, const Rule& rule) {
                      "state and output tensors", "each is one more tensor beside every parameter");
   check_symbol_count(source, rule, {SymKind::Hyper}, kMaxHypers, "hypers", "");
   check_symbol_count(source, rule, {SymKind::Scalar}, kMaxStateTensors, "scalar states", "");
+  check_symbol_count(source, rule, {SymKind::RowState, SymKind::ColState}, kMaxStateTensors,
+                     "row and column states",
+                     "each is one more reduction over the gradient's rows or columns");
   OperationCounter ops(source);
   for (const Symbol& s : rule.symbols) {
-    if ((s.kind == SymKind::State || s.kind == SymKind::Scalar) && s.init) ops.count(*s.init);
+    const bool stateful = s.kind == SymKind::State || s.kind == SymKind::Scalar ||
+                          s.kind == SymKind::RowState || s.kind == SymKind::ColState;
+    if (stateful && s.init) ops.count(*s.init);
   }
   for (const Stmt& st : rule.stmts) ops.count(*st.value);
 }

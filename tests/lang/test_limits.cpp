@@ -5,6 +5,7 @@
 
 #include <chrono>
 #include <string>
+#include <tuple>
 
 #include "lang_test_util.hpp"
 
@@ -74,6 +75,34 @@ TEST_SUITE("lang") {
     CHECK(e->message() ==
           fmt::format("a rule may have at most 1024 statements; this is statement 1025 of {}",
                       chain + 5));
+  }
+
+  TEST_CASE("at most 32 row and column states together, refused at the 33rd") {
+    auto factored = [](int rows, int cols) {
+      std::string text = "param p\ngrad g\n", update = "p = p - g";
+      for (int k = 0; k < rows; ++k) text += "row r" + std::to_string(k) + " = 0\n";
+      for (int k = 0; k < cols; ++k) text += "col c" + std::to_string(k) + " = 0\n";
+      for (int k = 0; k < rows; ++k) {
+        text += "r" + std::to_string(k) + " = r" + std::to_string(k) + " + row_mean(g * g)\n";
+        update += " * r" + std::to_string(k);
+      }
+      for (int k = 0; k < cols; ++k) {
+        text += "c" + std::to_string(k) + " = c" + std::to_string(k) + " + col_mean(g * g)\n";
+        update += " * c" + std::to_string(k);
+      }
+      return text + update + "\n";
+    };
+    CHECK(parse_rule(factored(20, 12), "ok.rule")->row_states.size() == 20);
+    for (const auto& [rows, cols, name] : {std::tuple<int, int, const char*>{20, 13, "c12"},
+                                           std::tuple<int, int, const char*>{33, 0, "r32"}}) {
+      auto e = parse_error(factored(rows, cols));
+      REQUIRE(e);
+      CHECK(e->line() == 2 + rows + cols);  // the 33rd declaration
+      CHECK(e->column() == 5);              // its name
+      CHECK(e->message() == fmt::format("a rule may have at most 32 row and column states; `{}` is "
+                                        "number 33",
+                                        name));
+    }
   }
 
   TEST_CASE("a rule over kMaxRuleBytes is a clear error") {
