@@ -131,6 +131,8 @@ std::string Rule::describe() const {
       for (const codegen::ReductionSlot& s : body.slots) {
         if (s.pass == k && s.line > 0) names.push_back(s.name);
       }
+      // A pass of row_mean, col_mean and matrix_mean only has no slots of its own.
+      if (names.empty() && body.factored) names.push_back("row, column and matrix means");
       passes += fmt::format("{}pass {}: {}", k ? "; " : "", k, join(names));
     }
     passes += fmt::format("), {} with fp32 tensors", codegen::to_string(body.strategy));

@@ -201,6 +201,14 @@ TEST_SUITE("lang") {
     }
   }
 
+  TEST_CASE("describe names every reduction pass, those of row and column means too") {
+    const std::string mini = fusedopt::Rule::preset("adam_mini").describe();
+    CHECK_MESSAGE(contains(mini, "pass 0: row, column and matrix means"), mini);
+    CHECK_MESSAGE(!contains(mini, ": )"), mini);
+    const std::string lamb = fusedopt::Rule::preset("lamb").describe();
+    CHECK_MESSAGE(contains(lamb, "pass 0: global_norm"), lamb);
+  }
+
   TEST_CASE("a rule that clipping pushes over a limit is told that clipping did it") {
     // 1024 statements: the most a rule may have; clipping adds two.
     std::string text = "param p\ngrad g\n";
