@@ -3,6 +3,7 @@
 
 #include <fmt/format.h>
 
+#include <cfloat>
 #include <cmath>
 #include <cstdio>
 #include <sstream>
@@ -69,6 +70,14 @@ Rule Rule::with_grad_clipping(double max_grad_norm) const {
   FUSEDOPT_CHECK_USAGE(max_grad_norm > 0.0 && std::isfinite(max_grad_norm),
                        "with_grad_clipping: max_grad_norm is {}; it must be positive and finite",
                        max_grad_norm);
+  FUSEDOPT_CHECK_USAGE(max_grad_norm <= static_cast<double>(FLT_MAX),
+                       "with_grad_clipping: max_grad_norm is {}; it becomes the hyper "
+                       "'max_grad_norm', which must be within fp32's range (<= {:.8g})",
+                       max_grad_norm, static_cast<double>(FLT_MAX));
+  FUSEDOPT_CHECK_USAGE(max_grad_norm <= static_cast<double>(FLT_MAX),
+                       "with_grad_clipping: max_grad_norm is {}; it becomes the hyper "
+                       "'max_grad_norm', which must be within fp32's range (<= {:.8g})",
+                       max_grad_norm, static_cast<double>(FLT_MAX));
   lang::ParseOptions options;
   options.clip_grad_norm = true;
   options.max_grad_norm = max_grad_norm;
@@ -188,12 +197,20 @@ CompiledKernel compile(const provider::KernelRequest& request, const CompileOpti
   out.dtypes = request.dtypes;
   out.binary = k.binary;
   out.source = std::move(k.source);
-  if (const cache::DiskStore* disk = cache.disk()) {
-    std::filesystem::path entry = disk->entry_path(k.key, k.ext);
-    std::error_code ec;
-    if (std::filesystem::exists(entry, ec)) out.disk_entry = std::move(entry);
-  }
   out.cache_note = cache.last_disk_error();
+  if (const cache::DiskStore* disk = cache.disk()) {
+    // Kept means a file load() would return, not any file at that name: a store refused by
+    // an untrusted sub-folder, or one that failed on a folder in the way, leaves something
+    // there too.
+    const std::string problem = disk->entry_problem(k.key, k.ext);
+    if (problem.empty()) {
+      out.disk_entry = disk->entry_path(k.key, k.ext);
+    } else {
+      out.cache_note = out.cache_note.empty() || problem.find(out.cache_note) != std::string::npos
+                           ? problem
+                           : problem + " (" + out.cache_note + ")";
+    }
+  }
   return out;
 }
 

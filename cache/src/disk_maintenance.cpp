@@ -93,6 +93,19 @@ ReopenedEntry reopen(int top_fd, const std::filesystem::path& dir,
   return out;
 }
 
+/// verify(true)'s removal of bad file `name` in the folder open on `dir_fd` (AT_FDCWD with a
+/// path), if it is still the file `st` describes: sets `b.removed` only when that file is
+/// really gone, else adds to `b.reason` why it is still there (a read-only folder).
+void remove_bad(int dir_fd, const std::string& name, const struct stat& st, BadEntry& b) {
+  errno = 0;
+  detail::unlink_at_if_same(dir_fd, name, st);
+  const int err = errno;
+  struct stat now {};
+  b.removed = ::fstatat(dir_fd, name.c_str(), &now, AT_SYMLINK_NOFOLLOW) != 0 ||
+              now.st_dev != st.st_dev || now.st_ino != st.st_ino;
+  if (!b.removed) b.reason += "; could not remove it: " + support::errno_text(err ? err : EPERM);
+}
+
 }  // namespace
 
 std::vector<EntryInfo> DiskStore::list() const {
@@ -158,8 +171,9 @@ std::vector<BadEntry> DiskStore::verify(bool remove) const {
             detail::read_entry(entry.fd.get(), static_cast<std::uint64_t>(entry.st.st_size),
                                file.key, detail::ReadDepth::Full);
         if (!check.problem.empty()) {
-          bad.push_back({file.path, check.problem, remove});
-          if (remove) detail::unlink_at_if_same(opened.shard.get(), opened.name, entry.st);
+          BadEntry b{file.path, check.problem};
+          if (remove) remove_bad(opened.shard.get(), opened.name, entry.st, b);
+          bad.push_back(std::move(b));
         }
         break;
       }
@@ -171,8 +185,9 @@ std::vector<BadEntry> DiskStore::verify(bool remove) const {
       case detail::FileKind::Temp: {
         std::string reason = stale_temp_reason(file, now);
         if (reason.empty()) break;
-        bad.push_back({file.path, std::move(reason), remove});
-        if (remove) support::unlink_if_same(file.path, file.st);
+        BadEntry b{file.path, std::move(reason)};
+        if (remove) remove_bad(AT_FDCWD, file.path.string(), file.st, b);
+        bad.push_back(std::move(b));
         break;
       }
       case detail::FileKind::Unexpected:
@@ -185,8 +200,14 @@ std::vector<BadEntry> DiskStore::verify(bool remove) const {
   }
   // Build folders of compiles whose process died (in the temporary folder, not the cache).
   for (const support::StaleBuildDir& dir : support::stale_build_dirs()) {
-    bad.push_back({dir.path, build_dir_reason(dir), remove});
-    if (remove) support::remove_build_dir(dir.path);
+    BadEntry b{dir.path, build_dir_reason(dir)};
+    if (remove) {
+      support::remove_build_dir(dir.path);
+      std::error_code ec;
+      b.removed = !std::filesystem::exists(dir.path, ec) && !ec;
+      if (!b.removed) b.reason += "; could not remove it";
+    }
+    bad.push_back(std::move(b));
   }
   return bad;
 }

@@ -104,6 +104,29 @@ std::optional<std::string> DiskStore::load(const KeyRecord& record, std::string_
   return std::move(check.payload);
 }
 
+std::string DiskStore::entry_problem(const Key& key, std::string_view ext) const {
+  detail::check_ext(ext);
+  const std::string hex = key.hex();
+  const std::string name = hex + "." + std::string(ext);
+  const std::string missing =
+      "there is no entry file (removed after it was stored: by a prune to keep the cache "
+      "within FUSEDOPT_CACHE_MAX_BYTES, or by another process)";
+  try {
+    support::UniqueFd top = detail::open_cache_folder(dir_);
+    support::UniqueFd shard = detail::open_sub_folder(top.get(), dir_, hex.substr(0, 2), false);
+    if (!shard) return missing;
+    detail::OpenedEntry entry = detail::open_entry(shard.get(), name);
+    if (!entry.fd && entry.err == ENOENT) return missing;
+    if (!entry.problem.empty()) return entry_path(key, ext).string() + ": " + entry.problem;
+    detail::EntryCheck check = detail::read_entry(
+        entry.fd.get(), static_cast<std::uint64_t>(entry.st.st_size), key, detail::ReadDepth::Full);
+    if (!check.problem.empty()) return entry_path(key, ext).string() + ": " + check.problem;
+    return "";
+  } catch (const CacheError& e) {
+    return e.what();
+  }
+}
+
 void DiskStore::store(const KeyRecord& record, std::string_view ext,
                       std::string_view payload) const {
   detail::check_ext(ext);

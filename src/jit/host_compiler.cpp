@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 #include <unistd.h>
 
+#include <cctype>
 #include <cerrno>
 #include <cmath>
 #include <cstdlib>
@@ -37,6 +38,12 @@ std::vector<std::string> host_compiler_command() {
     const char* env = std::getenv("FUSEDOPT_HOST_CXX");
     std::istringstream words(env && *env ? env : FUSEDOPT_DEFAULT_HOST_CXX);
     for (std::string w; words >> w;) words_out.push_back(w);
+    // Blank is not "unset": without this, the first compiler option would run as the
+    // compiler. A throw leaves the static uninitialised, so every compile reports it.
+    FUSEDOPT_CHECK_USAGE(!words_out.empty(),
+                         "FUSEDOPT_HOST_CXX='{}' is blank: set it to a compiler command, or "
+                         "unset it for the default ({})",
+                         env ? env : "", FUSEDOPT_DEFAULT_HOST_CXX);
     return words_out;
   }();
   return cmd;
@@ -45,9 +52,12 @@ std::vector<std::string> host_compiler_command() {
 double compile_timeout_seconds() {
   const char* env = std::getenv("FUSEDOPT_COMPILE_TIMEOUT");
   if (!env || !*env) return kDefaultCompileTimeoutSeconds;
+  // Digits, a point and an exponent only: strtod alone would take " 5", "0x10" and "inf".
+  const bool plain = std::strspn(env, "0123456789.eE+-") == std::strlen(env) &&
+                     (std::isdigit(static_cast<unsigned char>(env[0])) || env[0] == '.');
   char* end = nullptr;
-  const double seconds = std::strtod(env, &end);
-  FUSEDOPT_CHECK_USAGE(*end == '\0' && seconds >= 0 && std::isfinite(seconds),
+  const double seconds = plain ? std::strtod(env, &end) : -1;
+  FUSEDOPT_CHECK_USAGE(plain && *end == '\0' && seconds >= 0 && std::isfinite(seconds),
                        "FUSEDOPT_COMPILE_TIMEOUT={} is not a number of seconds (0: no limit)", env);
   return seconds;
 }
@@ -142,14 +152,25 @@ class HostCompiler final : public Compiler {
     std::call_once(identity_once_, [this] {
       std::vector<std::string> cmd = host_compiler_command();
       cmd.push_back("--version");
+      // Under the compile's limit: every host cache key needs this line, so a wrapper that
+      // stalls here (a licence server, a lock) would hang warmup and training forever. A
+      // throw leaves the once_flag unset: the next kernel probes again.
+      const double limit = compile_timeout_seconds();
+      ProcessResult r;
       try {
         TempDir tmp;
-        ProcessResult r = run_process(cmd, tmp.path());
-        std::string first = r.output.substr(0, r.output.find('\n'));
-        identity_ = r.exit_code == 0 ? first : "unknown (" + first + ")";
+        r = run_process(cmd, tmp.path(), limit);
       } catch (const std::exception& e) {
-        identity_ = std::string("unknown (") + e.what() + ")";
+        r.output = e.what();
       }
+      if (r.timed_out) {
+        throw CompileError(fmt::format("the host compiler did not answer '{} --version' within {} "
+                                       "s (FUSEDOPT_COMPILE_TIMEOUT); it was stopped",
+                                       cmd.front(), limit),
+                           r.output, cmd, "");
+      }
+      const std::string first = r.output.substr(0, r.output.find('\n'));
+      identity_ = r.exit_code == 0 ? first : "unknown (" + first + ")";
       // The executable as a file, not as it was spelled: "c++" and
       // "/usr/bin/x86_64-linux-gnu-g++" (what a Python build's sysconfig picks) are one
       // compiler, and its version line starts with the spelled name, which is dropped.

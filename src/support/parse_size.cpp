@@ -26,8 +26,9 @@ std::optional<std::uint64_t> parse_size(std::string_view text, std::string* prob
   }
   if (pos == 0) return fail("is not a size (e.g. 512M, 2G, 1048576)");
   std::string suffix = value.substr(pos);
-  // "512M", "512MB" and "512MiB" all mean 512 * 2^20.
-  if (suffix.size() > 1 && (suffix.substr(1) == "b" || suffix.substr(1) == "ib")) {
+  // "512M", "512MB" and "512MiB" all mean 512 * 2^20; "10bb" and "10bib" are typos, not bytes.
+  if (suffix.size() > 1 && suffix.find_first_of("kmg") == 0 &&
+      (suffix.substr(1) == "b" || suffix.substr(1) == "ib")) {
     suffix = suffix.substr(0, 1);
   }
   int shift = 0;

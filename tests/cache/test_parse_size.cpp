@@ -47,6 +47,10 @@ TEST_SUITE("support") {
           Case{"12Q", "has an unknown unit (use K, M or G)"},
           Case{"1 G", "has an unknown unit (use K, M or G)"},
           Case{"5T", "has an unknown unit (use K, M or G)"},
+          // A unit's "B"/"iB" after a bare number is a typo, not bytes (review #11).
+          Case{"10bb", "has an unknown unit (use K, M or G)"},
+          Case{"10bib", "has an unknown unit (use K, M or G)"},
+          Case{"10xb", "has an unknown unit (use K, M or G)"},
           Case{"99999999999999999999", "is too large"},
           Case{"18446744073709551616", "is too large"}, Case{"17179869184G", "is too large"}}) {
       CAPTURE(c.text);

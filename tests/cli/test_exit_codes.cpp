@@ -2,10 +2,13 @@
 // input) in every command, says so in every --help, and clear/prune on a read-only cache
 // exit 1 naming each file they could not remove.
 #include <doctest/doctest.h>
+#include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <ctime>
 #include <filesystem>
+#include <fstream>
 #include <string>
 #include <utility>
 #include <vector>
@@ -113,6 +116,42 @@ TEST_SUITE("cli") {
     CHECK(cache.run({"prune", "--max-bytes", "0"}).code == 0);
     CHECK(cache.run({"clear"}).code == 0);
     for (const fs::path& e : cache.entries()) CHECK_FALSE(fs::exists(e));
+  }
+
+  TEST_CASE("verify --remove says removed only for files it deleted, and why the rest stay") {
+    ReadOnlyCache cache;
+    cache.set_shard_mode(0700);
+    const fs::path bad = cache.entries()[0];
+    fs::resize_file(bad, 200);
+    // A stale temp: its writer's pid is gone and it is older than the minute's grace.
+    const fs::path temp =
+        bad.parent_path() / ("." + bad.stem().string() + ".999999.0123456789abcdef.tmp");
+    { std::ofstream(temp) << "an interrupted store"; }
+    const struct timespec old[2] = {{0, UTIME_OMIT}, {std::time(nullptr) - 600, 0}};
+    REQUIRE(::utimensat(AT_FDCWD, temp.c_str(), old, AT_SYMLINK_NOFOLLOW) == 0);
+    if (::geteuid() == 0) REQUIRE(::lchown(temp.c_str(), kOwnerWhenRoot, kOwnerWhenRoot) == 0);
+    cache.set_shard_mode(0500);
+    CliResult v = cache.run({"verify", "--remove"});
+    INFO("verify: " << v.out << v.err);
+    CHECK(v.code == 1);
+    CHECK_FALSE(has(v.out, "(removed)"));
+    CHECK(has(v.out, "; could not remove it: Permission denied"));
+    CliResult json = cache.run({"verify", "--remove", "--json"});
+    CHECK_FALSE(has(json.out, "\"removed\": true"));
+    CHECK(fs::exists(bad));
+    CHECK(fs::exists(temp));
+    // prune: the leftover temp is named, but the cache is under 1 GiB, in text and JSON alike.
+    CliResult prune = cache.run({"prune", "--max-bytes", "1G"});
+    INFO("prune: " << prune.out << prune.err);
+    CHECK(prune.code == 0);
+    CHECK(has(prune.err, "prune: could not remove " + temp.string()));
+    CHECK_FALSE(has(prune.err, "more than the"));
+    CHECK(cache.run({"prune", "--max-bytes", "1G", "--json"}).code == 0);
+    cache.set_shard_mode(0700);
+    CliResult again = cache.run({"verify", "--remove"});
+    CHECK(has(again.out, "(removed)"));
+    CHECK_FALSE(fs::exists(bad));
+    CHECK_FALSE(fs::exists(temp));
   }
 
   TEST_CASE("clear names a sub-folder it does not trust and exits 1") {

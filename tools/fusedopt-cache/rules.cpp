@@ -189,7 +189,10 @@ int cmd_presets(Args& args) {
                "options lists them; the preset with option X is named PRESET+X.\n\n"
                "  --json   print [{\"name\", \"description\", \"options\", \"hypers\": {NAME: "
                "default}, \"states\"}]\n",
-               &help, [&](Args& a) { return (json = json || a.flag("--json")); });
+               &help, [&](Args& a) {
+                 if (a.flag("--json")) return (json = true);
+                 return false;
+               });
   if (help) return kExitOk;
   return json_errors(json, [&] {
     std::string listed;

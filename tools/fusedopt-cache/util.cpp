@@ -1,16 +1,27 @@
 // Argument parsing and formatting helpers of fusedopt-cache.
+#include <fcntl.h>
 #include <fmt/format.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
+#include <cerrno>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
 
 #include "cli.hpp"
 #include "fusedopt/error.hpp"
+#include "support/file_io.hpp"
 #include "support/parse_size.hpp"
 #include "support/text.hpp"
+#include "support/unique_fd.hpp"
 
 namespace fusedopt::cli {
+
+namespace {
+/// The rule language's limit on a rule's text (kMaxRuleBytes, src/lang/limits.hpp).
+constexpr std::uint64_t kMaxRuleFileBytes = 1 << 20;
+}  // namespace
 
 std::optional<std::string> Args::option(const std::string& name) {
   if (done()) return std::nullopt;
@@ -61,11 +72,38 @@ std::string read_rule_file(const std::string& path) {
   if (std::filesystem::is_directory(st)) {
     throw UsageError{"'" + path + "' is a folder, not a rule file"};
   }
-  std::ifstream in(path, std::ios::binary);
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  if (!in || in.bad()) throw UsageError{"cannot read rule file '" + path + "'"};
-  return ss.str();
+  // O_NONBLOCK: a FIFO (refused below) must not block the open until a writer comes.
+  support::UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK));
+  struct stat info {};
+  if (!fd || ::fstat(fd.get(), &info) != 0) {
+    throw UsageError{"cannot read rule file '" + path + "': " + support::errno_text(errno)};
+  }
+  if (!S_ISREG(info.st_mode)) {
+    throw UsageError{"'" + path + "' is not a regular file (a FIFO, a device or a socket), " +
+                     "not a rule file"};
+  }
+  // Never more than the limit and one byte: a huge file is refused without being read.
+  if (static_cast<std::uint64_t>(info.st_size) > kMaxRuleFileBytes) {
+    throw UsageError{fmt::format("rule file '{}' is {} bytes, more than the limit of {} bytes",
+                                 path, info.st_size, kMaxRuleFileBytes)};
+  }
+  std::string text(kMaxRuleFileBytes + 1, '\0');
+  std::size_t got = 0;
+  while (got < text.size()) {
+    const ssize_t n = ::read(fd.get(), &text[got], text.size() - got);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) {
+      throw UsageError{"cannot read rule file '" + path + "': " + support::errno_text(errno)};
+    }
+    if (n == 0) break;
+    got += static_cast<std::size_t>(n);
+  }
+  if (got > kMaxRuleFileBytes) {
+    throw UsageError{
+        fmt::format("rule file '{}' is more than the limit of {} bytes", path, kMaxRuleFileBytes)};
+  }
+  text.resize(got);
+  return text;
 }
 
 int json_errors(bool json, const std::function<int()>& body) {

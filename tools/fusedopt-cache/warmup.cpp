@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cctype>
 #include <chrono>
 #include <filesystem>
 #include <fstream>
@@ -46,6 +47,8 @@ struct Item {
   double seconds = 0;
   std::string key;
   std::string error;
+  std::filesystem::path entry;  ///< its disk entry when the cache kept it
+  bool bad_input = false;       ///< failed on a bad environment value: the run exits 2
 };
 
 class Progress {
@@ -102,8 +105,13 @@ WarmupArgs parse_warmup_args(Args& args) {
       for (auto& x : list_value("--dtypes", *d)) w.dtypes.push_back(x);
     else if (auto j = args.option("--jobs")) {
       try {
-        int n = std::stoi(*j);
-        if (n < 1 || n > 256) throw std::out_of_range("jobs");
+        std::size_t used = 0;
+        int n = std::stoi(*j, &used);
+        // All of it a number: std::stoi alone reads "2abc" as 2.
+        if (used != j->size() || !std::isdigit(static_cast<unsigned char>((*j)[0])) || n < 1 ||
+            n > 256) {
+          throw std::out_of_range("jobs");
+        }
         w.jobs = static_cast<unsigned>(n);
       } catch (const std::exception&) {
         throw UsageError{"--jobs needs a number from 1 to 256, got '" + *j + "'"};
@@ -150,7 +158,7 @@ std::vector<Item> expand_items(const WarmupArgs& w) {
   std::vector<Item> items;
   for (const auto& rule : rules) {
     for (const Target& t : targets) {
-      for (const DTypeBinding& d : dtypes) items.push_back({rule, t, d, "", 0, "", ""});
+      for (const DTypeBinding& d : dtypes) items.push_back({rule, t, d, "", 0, "", "", {}, false});
     }
   }
   return items;
@@ -163,12 +171,19 @@ void warm_one(Item& it, const CompileOptions& options) {
     it.status = k.origin == "compiled" ? "compiled" : "cached";
     it.seconds = k.seconds;
     it.key = k.key;
+    it.entry = k.disk_entry;
     // Filling the cache is warmup's only job: a kernel the disk did not keep is a
     // failure (the library itself carries on without its disk tier).
-    if (it.status == "compiled" && k.disk_entry.empty()) {
+    if (k.disk_entry.empty()) {
+      it.error = it.status + " but not stored in the cache: " +
+                 (k.cache_note.empty() ? "the cache did not say why" : k.cache_note);
       it.status = "failed";
-      it.error = "compiled but not stored in the cache: " + k.cache_note;
     }
+  } catch (const fusedopt::UsageError& e) {
+    // A bad FUSEDOPT_HOST_CXX or FUSEDOPT_COMPILE_TIMEOUT: the same for every kernel.
+    it.status = "failed";
+    it.error = e.what();
+    it.bad_input = true;
   } catch (const Error& e) {
     it.status = "failed";
     it.error = e.what();
@@ -193,6 +208,10 @@ void warm_all(std::vector<Item>& items, const CompileOptions& options, unsigned 
       warm_one(it, options);
       std::lock_guard<std::mutex> lock(out_mutex);
       ++done;
+      if (it.bad_input) {
+        next = items.size();  // bad input, not a failed kernel: stop, cmd_warmup exits 2
+        continue;
+      }
       if (!json) {
         progress.finish();
         fmt::print("{:<9} {:<12} {:<7} {:<22} {:>8.3f} s  {}\n", it.status, it.rule.name(),
@@ -209,6 +228,24 @@ void warm_all(std::vector<Item>& items, const CompileOptions& options, unsigned 
   worker();
   for (auto& t : threads) t.join();
   progress.finish();
+}
+
+/// Fails each warmed item whose entry is no longer a good file in `store`: one stored early
+/// can be evicted by a later store's prune (FUSEDOPT_CACHE_MAX_BYTES below the warm set).
+void recheck(std::vector<Item>& items, const cache::DiskStore& store, bool json) {
+  for (Item& it : items) {
+    const std::optional<cache::Key> key = cache::Key::from_hex(it.key);
+    if (it.status == "failed" || !key || it.entry.empty()) continue;
+    const std::string problem = store.entry_problem(*key, it.entry.extension().string().substr(1));
+    if (problem.empty()) continue;
+    it.status = "failed";
+    it.error = "stored, then no longer in the cache at the end of warmup: " + problem;
+    if (!json) {
+      fmt::print("{:<9} {:<12} {:<7} {:<22} {:>8.3f} s  {}\n", it.status, it.rule.name(),
+                 it.target.str(), it.dtypes.str(), it.seconds, it.key.substr(0, 12));
+      fmt::print(stderr, "{}\n", it.error);
+    }
+  }
 }
 
 /// The summary, as text or JSON; returns the number of failed items.
@@ -265,9 +302,14 @@ int cmd_warmup(Args& args) {
     std::vector<Item> items = expand_items(w);
     CompileOptions options;
     // On disk, whatever FUSEDOPT_CACHE says; an unusable folder is refused before compiling.
-    options.cache_dir = open_store(w.cache_dir).dir();
+    const cache::DiskStore store = open_store(w.cache_dir);
+    options.cache_dir = store.dir();
     const auto start = std::chrono::steady_clock::now();
     warm_all(items, options, w.jobs, w.json);
+    for (const Item& it : items) {
+      if (it.bad_input) throw UsageError{it.error};
+    }
+    recheck(items, store, w.json);
     const double wall =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     return report(items, options.cache_dir.string(), wall, w.json) ? kExitFailed : kExitOk;

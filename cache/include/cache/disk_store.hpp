@@ -40,6 +40,11 @@ class DiskStore {
   std::pair<std::string, Origin> get_or_compile(const KeyRecord& record, std::string_view ext,
                                                 const std::function<std::string()>& compile) const;
 
+  /// Why the entry file for `key` is not one load() would return ("" when it is): missing
+  /// (never stored, or removed by a prune or another process), in a sub-folder we do not
+  /// trust, not ours, not a regular file, or corrupt. Reads and re-hashes the whole file.
+  std::string entry_problem(const Key& key, std::string_view ext) const;
+
   std::vector<EntryInfo> list() const;
   /// Re-hashes every entry; returns the bad ones (and deletes them when `remove`), stale
   /// temp files and stale compiler build folders (remove_stale()) among them.
