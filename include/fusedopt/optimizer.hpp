@@ -439,14 +439,16 @@ class FUSEDOPT_API FlatArena {
   FlatArena(FlatArena&&) noexcept;
   FlatArena& operator=(FlatArena&&) noexcept;
   /// Reserves a tensor of `numel` elements; views stay valid until the arena is destroyed.
-  /// Each view starts 64-byte aligned. Call finalize() before using the views.
+  /// Each view starts 64-byte aligned. Call finalize() before using the views. UsageError
+  /// for a negative `numel` or a `dtype` that is not a DType value.
   void add(const std::string& name, std::int64_t numel, DType dtype);
   /// Allocates the buffers (zeroed).
   void finalize();
   /// Takes each dtype's gradient buffer from `grad_memory(bytes)` and, when given, its
   /// params' from `param_memory(bytes)` (each called once per dtype, in a fixed order,
-  /// gradients first; 64-byte aligned memory that outlives the arena, which zeroes it; the
-  /// arena allocates what a null function leaves): for example
+  /// gradients first, but not for a dtype whose tensors are all empty, which needs no
+  /// memory; 64-byte aligned memory that outlives the arena, which zeroes it; the arena
+  /// allocates what a null function leaves): for example
   /// `[&](std::size_t n) { return comm.allocate_shared(n); }`, so that gradients are reduced,
   /// and a ZeRO optimizer's params broadcast, in place in shared memory (docs/comm.md).
   void finalize(const std::function<void*(std::size_t bytes)>& grad_memory,

@@ -2,6 +2,7 @@
 #include "comm/shard_files.hpp"
 
 #include <fmt/format.h>
+#include <sys/stat.h>
 
 #include <algorithm>
 #include <optional>
@@ -267,11 +268,41 @@ DType state_dtype_of(const std::map<std::string, std::string>& metadata) {
   throw IoError(fmt::format("metadata '{}' is missing or not a state dtype", ck::kStateDtypeKey));
 }
 
-/// The params table of `where` as names and (elements, dtype) pairs.
+void refuse_input_as_output(const std::string& command, const std::filesystem::path& out,
+                            const std::vector<std::filesystem::path>& inputs) {
+  struct stat o {};
+  if (::stat(out.c_str(), &o) != 0) return;  // nothing there yet: nothing to destroy
+  for (const std::filesystem::path& in : inputs) {
+    struct stat i {};
+    if (::stat(in.c_str(), &i) == 0 && i.st_dev == o.st_dev && i.st_ino == o.st_ino) {
+      throw UsageError(fmt::format(
+          "{}: the output {} is the input {} (writing it would destroy the input): choose "
+          "another output path",
+          command, out.string(), in.string()));
+    }
+  }
+}
+
+void check_claimed(const SafetensorsReader& r, const std::set<std::string>& claimed) {
+  for (const std::string& t : r.names()) {
+    if (claimed.count(t) == 0) {
+      throw IoError(
+          fmt::format("{}: tensor '{}' belongs to no param of the params table (the table "
+                      "does not describe the file; nothing was written)",
+                      r.path().string(), t));
+    }
+  }
+}
+
 void parse_params(const std::string& text, const std::string& where,
                   std::vector<std::string>* names,
                   std::vector<std::pair<std::int64_t, DType>>* sizes) {
+  std::set<std::string> seen;
   for (const ck::ParamEntry& p : ck::parse_params(text, where)) {
+    if (!seen.insert(p.name).second) {
+      throw IoError(
+          fmt::format("{}: param '{}' is listed twice in the params table", where, p.name));
+    }
     names->push_back(p.name);
     sizes->emplace_back(p.numel, p.dtype);
   }

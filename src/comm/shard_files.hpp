@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <map>
 #include <memory>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -138,7 +139,19 @@ void check_tiling(const std::string& name, std::int64_t numel, std::vector<OldPi
 /// The state dtype a checkpoint's metadata records; IoError when missing or unknown.
 DType state_dtype_of(const std::map<std::string, std::string>& metadata);
 
-/// The params table of `where` as names and (elements, dtype) pairs.
+/// Refuses (UsageError, before anything is written) an output path `out` that is the same
+/// file as one of `inputs` (by device and inode, so another spelling of the path, a hard
+/// link or a symbolic link count too): writing it would destroy the input.
+void refuse_input_as_output(const std::string& command, const std::filesystem::path& out,
+                            const std::vector<std::filesystem::path>& inputs);
+
+/// Checks that `claimed` (the tensors the params table accounts for) holds every tensor of
+/// `r`: IoError naming the first one that no param of the table claims (a table that does
+/// not describe the file, which a conversion would otherwise leave out without a word).
+void check_claimed(const SafetensorsReader& r, const std::set<std::string>& claimed);
+
+/// The params table of `where` as names and (elements, dtype) pairs; IoError for a
+/// malformed line or a name given twice.
 void parse_params(const std::string& text, const std::string& where,
                   std::vector<std::string>* names,
                   std::vector<std::pair<std::int64_t, DType>>* sizes);

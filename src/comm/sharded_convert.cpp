@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <map>
+#include <set>
 #include <utility>
 
 #include "comm/shard_files.hpp"
@@ -17,6 +18,7 @@
 namespace fusedopt::comm {
 
 using detail::block_of;
+using detail::check_claimed;
 using detail::check_tiling;
 using detail::cut_into_shards;
 using detail::cut_of;
@@ -28,6 +30,7 @@ using detail::parse_params;
 using detail::Piece;
 using detail::read_index;
 using detail::read_pieces;
+using detail::refuse_input_as_output;
 using detail::shard_file;
 using detail::ShardReaders;
 using detail::st_bytes;
@@ -46,6 +49,9 @@ void ShardedOptimizer::merge_checkpoint(const std::filesystem::path& dir,
   // Everything is checked whole before anything is written.
   const Refusal refusal{fmt::format("cannot merge sharded checkpoint {}", dir.string())};
   const Index index = read_index(dir);
+  std::vector<std::filesystem::path> inputs{index.reader->path()};
+  for (const auto& [name, digest] : index.files) inputs.push_back(dir / name);
+  refuse_input_as_output("merge_checkpoint", file, inputs);
   std::vector<std::string> names;
   std::vector<std::pair<std::int64_t, DType>> sizes;
   parse_params(index.meta(ck::kParamsKey), index.reader->path().string(), &names, &sizes);
@@ -93,6 +99,15 @@ void ShardedOptimizer::merge_checkpoint(const std::filesystem::path& dir,
     }
   }
   for (std::size_t i = 0; i < names.size(); ++i) check_tiling(names[i], numel[i], old[i], refusal);
+  // Every tensor of every shard is some param's piece of a state.
+  std::vector<std::set<std::string>> claimed(index.files.size());
+  for (std::size_t i = 0; i < names.size(); ++i) {
+    for (const OldPiece& p : old[i]) {
+      for (const auto& [state, st] : overlaps[i].states)
+        claimed[p.file].insert(ck::tensor_name(names[i], state));
+    }
+  }
+  for (std::size_t f = 0; f < index.files.size(); ++f) check_claimed(reader(f), claimed[f]);
   std::map<std::string, std::string> metadata = saved;
   metadata[ck::kParamsKey] = index.meta(ck::kParamsKey);
   write_safetensors(file, tensors, metadata, [&](std::size_t k, void* out) {
@@ -106,6 +121,43 @@ void ShardedOptimizer::merge_checkpoint(const std::filesystem::path& dir,
     }
   });
 }
+
+namespace {
+
+/// Writes rank `r`'s shard of a split (the pieces `cut` gives it, each state cut as `cuts`
+/// says) at `shard`; returns its checksum.
+std::string write_split_shard(
+    const SafetensorsReader& in, const std::filesystem::path& shard, int r,
+    const std::vector<std::string>& names,
+    const std::vector<std::vector<std::pair<std::string, std::string>>>& states,
+    const std::vector<std::vector<StateCut>>& cuts, const std::vector<std::vector<Piece>>& cut) {
+  struct Out {
+    std::string name;
+    std::size_t bytes_begin;
+    std::size_t bytes;
+  };
+  std::vector<Out> plan;
+  std::vector<SafetensorsTensor> tensors;
+  for (std::size_t i = 0; i < names.size(); ++i) {
+    for (const Piece& p : cut[i]) {
+      if (p.rank != r) continue;
+      for (std::size_t k = 0; k < states[i].size(); ++k) {
+        const auto& [state, st] = states[i][k];
+        const std::size_t es = st_bytes(st);
+        const auto [from, to] = cuts[i][k].range(p.begin, p.end);
+        plan.push_back({ck::tensor_name(names[i], state), static_cast<std::size_t>(from) * es,
+                        static_cast<std::size_t>(to - from) * es});
+        tensors.push_back({ck::tensor_name(names[i], state), st_to_dtype(st), to - from, nullptr});
+      }
+    }
+  }
+  write_safetensors(shard, tensors, in.metadata(), [&](std::size_t k, void* out) {
+    in.read(plan[k].name, plan[k].bytes_begin, plan[k].bytes, out);
+  });
+  return SafetensorsReader(shard).checksum();
+}
+
+}  // namespace
 
 void ShardedOptimizer::split_checkpoint(const std::filesystem::path& file,
                                         const std::filesystem::path& dir, int world_size) {
@@ -137,41 +189,42 @@ void ShardedOptimizer::split_checkpoint(const std::filesystem::path& file,
       aligned = aligned || align[i] > 1;
     }
   }
+  std::set<std::string> claimed;
+  for (std::size_t i = 0; i < names.size(); ++i) {
+    for (const auto& [state, st] : states[i]) claimed.insert(ck::tensor_name(names[i], state));
+  }
+  check_claimed(in, claimed);  // a tensor no param claims would be in no shard
   const std::vector<std::vector<Piece>> cut =
       cut_into_shards(sizes, world_size, aligned ? align : std::vector<std::int64_t>{});
   const std::string step = in.metadata().count(ck::kStepKey) ? in.metadata().at(ck::kStepKey) : "0";
   const std::string tag = fmt::format("{}-split{}", step, world_size);
-  std::filesystem::create_directories(dir);
-  std::vector<std::string> digests;
-  for (int r = 0; r < world_size; ++r) {
-    struct Out {
-      std::string name;
-      std::size_t bytes_begin;
-      std::size_t bytes;
-    };
-    std::vector<Out> plan;
-    std::vector<SafetensorsTensor> tensors;
-    for (std::size_t i = 0; i < names.size(); ++i) {
-      for (const Piece& p : cut[i]) {
-        if (p.rank != r) continue;
-        for (std::size_t k = 0; k < states[i].size(); ++k) {
-          const auto& [state, st] = states[i][k];
-          const std::size_t es = st_bytes(st);
-          const auto [from, to] = cuts[i][k].range(p.begin, p.end);
-          plan.push_back({ck::tensor_name(names[i], state), static_cast<std::size_t>(from) * es,
-                          static_cast<std::size_t>(to - from) * es});
-          tensors.push_back(
-              {ck::tensor_name(names[i], state), st_to_dtype(st), to - from, nullptr});
-        }
-      }
-    }
-    const std::filesystem::path shard = dir / shard_file(tag, r, world_size);
-    write_safetensors(shard, tensors, in.metadata(), [&](std::size_t k, void* out) {
-      in.read(plan[k].name, plan[k].bytes_begin, plan[k].bytes, out);
-    });
-    digests.push_back(SafetensorsReader(shard).checksum());
+  for (int r = 0; r <= world_size; ++r) {
+    refuse_input_as_output(
+        "split_checkpoint",
+        dir / (r < world_size ? shard_file(tag, r, world_size) : detail::kIndexFile), {file});
   }
-  write_index(dir, tag, world_size, 1, to_int(step, "step"), names, sizes, cut, digests);
+  // A failure partway leaves no partial set: the files this split created are removed (a
+  // file it replaced is not restored; the index, written last, commits the set).
+  std::vector<std::filesystem::path> created;
+  std::error_code ec;
+  auto note = [&](const std::filesystem::path& out) {
+    if (!std::filesystem::exists(std::filesystem::symlink_status(out, ec))) created.push_back(out);
+    return out;
+  };
+  const bool new_dir = std::filesystem::create_directories(dir);
+  try {
+    std::vector<std::string> digests;
+    for (int r = 0; r < world_size; ++r) {
+      const std::filesystem::path shard = note(dir / shard_file(tag, r, world_size));
+      digests.push_back(write_split_shard(in, shard, r, names, states, cuts, cut));
+    }
+    note(dir / detail::kIndexFile);
+    write_index(dir, tag, world_size, 1, to_int(step, "step"), names, sizes, cut, digests);
+  } catch (...) {
+    for (const std::filesystem::path& p : created) std::filesystem::remove(p, ec);
+    if (new_dir) std::filesystem::remove(dir, ec);  // only if empty
+    throw;
+  }
 }
 
 }  // namespace fusedopt::comm

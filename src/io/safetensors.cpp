@@ -200,6 +200,36 @@ std::string file_head(const std::filesystem::path& path, const std::vector<Tenso
   return head;
 }
 
+/// The options of every save: a crashed save's temps are cleaned (after their grace), and
+/// only a regular file is replaced.
+support::AtomicWriteOptions save_options() {
+  support::AtomicWriteOptions options;
+  options.remove_stale_temps = true;  // a crashed save's temp must not pile up beside it
+  options.regular_target_only = true;
+  return options;
+}
+
+/// The IoError of a save refused because `path` is there and is not a regular file.
+[[noreturn]] void refuse_target(const std::filesystem::path& path) {
+  struct stat st {};
+  std::string what = "something other than a regular file";
+  if (::lstat(path.c_str(), &st) == 0) {
+    if (S_ISLNK(st.st_mode)) {
+      std::error_code ec;
+      const std::filesystem::path to = std::filesystem::read_symlink(path, ec);
+      what = fmt::format("a symbolic link (to {}): save to the file it points to", to.string());
+    } else if (S_ISFIFO(st.st_mode) || S_ISCHR(st.st_mode) || S_ISBLK(st.st_mode)) {
+      what = S_ISFIFO(st.st_mode) ? "a FIFO" : "a device node";
+    } else if (S_ISDIR(st.st_mode)) {
+      what = "a folder";
+    }
+  }
+  throw IoError(
+      fmt::format("{}: cannot write: it is {}, not a regular file (a save replaces "
+                  "only a regular file)",
+                  path.string(), what));
+}
+
 }  // namespace
 
 const char* safetensors_dtype(DType d) { return checkpoint::st_dtype(d); }
@@ -229,8 +259,7 @@ void write_safetensors(const std::filesystem::path& path, const std::vector<Tens
   for (const TensorView& t : tensors) digest.add(t.data, t.bytes);
   head.replace(value_at, kDigestChars, digest.hex());
 
-  support::AtomicWriteOptions options;
-  options.remove_stale_temps = true;  // a crashed save's temp must not pile up beside it
+  const support::AtomicWriteOptions options = save_options();
   support::AtomicWriteResult written = support::atomic_write(
       path,
       [&](int fd) {
@@ -242,6 +271,7 @@ void write_safetensors(const std::filesystem::path& path, const std::vector<Tens
       },
       options);
   if (written.ok()) return;
+  if (std::string_view(written.step) == "target") refuse_target(path);
   if (written.published()) {
     // The rename is durable only once the folder itself is on disk.
     throw IoError(fmt::format("{}: written, but fsync of folder {} failed: {}", path.string(),
@@ -262,8 +292,7 @@ void write_safetensors_streamed(const std::filesystem::path& path,
   // overwritten once the data has streamed through.
   std::size_t value_at = 0;
   const std::string head = file_head(path, tensors, metadata, &value_at);
-  support::AtomicWriteOptions options;
-  options.remove_stale_temps = true;
+  const support::AtomicWriteOptions options = save_options();
   std::string source_error;
   support::AtomicWriteResult written = support::atomic_write(
       path,
@@ -297,6 +326,7 @@ void write_safetensors_streamed(const std::filesystem::path& path,
     throw IoError(fmt::format("{}: not written: {}", path.string(), source_error));
   }
   if (written.ok()) return;
+  if (std::string_view(written.step) == "target") refuse_target(path);
   throw IoError(fmt::format("{}: cannot write ({} {}: {})", path.string(), written.step,
                             written.temp.string(), support::errno_text(written.err)));
 }

@@ -67,6 +67,10 @@ void FlatArena::add(const std::string& name, std::int64_t numel, DType dtype) {
   live("add");
   if (impl_->finalized) throw UsageError("FlatArena: add('" + name + "') after finalize()");
   FUSEDOPT_CHECK_USAGE(numel >= 0, "FlatArena: '{}' has a negative size ({})", name, numel);
+  const int value = static_cast<int>(dtype);  // refused now, not where its views are used
+  FUSEDOPT_CHECK_USAGE(
+      value >= static_cast<int>(DType::F32) && value <= static_cast<int>(DType::U8),
+      "FlatArena: '{}' has an invalid dtype (value {}, not a DType)", name, value);
   std::size_t& cursor = impl_->bytes[dtype];
   // Checked: 2^62 + 16 fp32 elements wrapped to 64 bytes, and a view past its buffer.
   const std::optional<std::size_t> size = support::checked_mul(
@@ -91,6 +95,9 @@ void FlatArena::finalize(const std::function<void*(std::size_t bytes)>& grad_mem
   if (impl_->finalized) throw UsageError("FlatArena: finalize() called twice");
   auto lent = [](const std::function<void*(std::size_t)>& memory, const char* what, DType dtype,
                  std::size_t bytes) {
+    // A dtype whose tensors are all empty needs no memory: nothing is asked for (an
+    // allocator may return null for 0 bytes, as malloc may), and its views hold null.
+    if (bytes == 0) return Buffer(nullptr, Free{false});
     auto* p = static_cast<std::byte*>(memory(bytes));
     FUSEDOPT_CHECK_USAGE(p != nullptr && reinterpret_cast<std::uintptr_t>(p) % kAlign == 0,
                          "FlatArena::finalize: the {} memory for {} ({} bytes) is {}", what,

@@ -30,15 +30,21 @@ struct GradScaler::DeviceState {
 
 GradScaler::GradScaler(Options options)
     : options_(options), scale_(static_cast<float>(options.init_scale)) {
-  FUSEDOPT_CHECK_USAGE(!(!(options.init_scale > 0) || !std::isfinite(options.init_scale)),
-                       "GradScaler: init_scale must be positive and finite, not {}",
+  // Each setting is used as an fp32 value (abi.h's fo_scaler): one that fp32 rounds to inf,
+  // to 0 or to the edge of its range (1e39, 1e-50; a growth of 1 + 1e-9) would skip every
+  // step, or never grow, without an error. The scale's inverse must be finite in fp32 too.
+  const auto scale = static_cast<float>(options.init_scale);
+  const auto growth = static_cast<float>(options.growth_factor);
+  const auto backoff = static_cast<float>(options.backoff_factor);
+  FUSEDOPT_CHECK_USAGE(scale > 0 && std::isfinite(scale) && std::isfinite(1.0f / scale),
+                       "GradScaler: init_scale must be positive and finite in fp32, with a "
+                       "finite inverse (2.9e-39 to 3.4e+38), not {}",
                        options.init_scale);
-  if (!(options.growth_factor > 1)) {
-    throw UsageError(
-        fmt::format("GradScaler: growth_factor must be > 1, not {}", options.growth_factor));
-  }
-  FUSEDOPT_CHECK_USAGE((options.backoff_factor > 0 && options.backoff_factor < 1),
-                       "GradScaler: backoff_factor must be in (0, 1), not {}",
+  FUSEDOPT_CHECK_USAGE(growth > 1 && std::isfinite(growth),
+                       "GradScaler: growth_factor must be > 1 and finite in fp32, not {}",
+                       options.growth_factor);
+  FUSEDOPT_CHECK_USAGE(backoff > 0 && backoff < 1,
+                       "GradScaler: backoff_factor must be in (0, 1) in fp32, not {}",
                        options.backoff_factor);
   FUSEDOPT_CHECK_USAGE(options.growth_interval >= 1,
                        "GradScaler: growth_interval must be at least 1, not {}",

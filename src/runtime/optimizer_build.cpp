@@ -14,6 +14,7 @@
 
 #include "abi.h"
 #include "fusedopt/error.hpp"
+#include "io/json.hpp"
 #include "provider/kernel_provider.hpp"
 #include "rule_access.hpp"
 #include "runtime/optimizer_impl.hpp"
@@ -145,6 +146,27 @@ void check_no_overlap(const std::vector<ParamSlot>& params) {
   }
 }
 
+/// Refuses a param name a checkpoint cannot carry (names key checkpoints): not UTF-8 (the
+/// header is JSON), or holding a control character (the params table that fusedopt-ckpt
+/// and the sharded checkpoints cut files by is one "name<TAB>numel<TAB>dtype" line each).
+void check_param_name(const ParamSlot& s) {
+  std::string shown;  // the name with its control and non-UTF-8 bytes escaped
+  const bool utf8 = io::is_valid_utf8(s.name);
+  const char* bad = nullptr;
+  for (unsigned char c : s.name) {
+    const bool control = c < 0x20 || c == 0x7f;
+    if (control && !bad)
+      bad = c == '\t' ? "a tab" : c == '\n' ? "a newline" : "a control character";
+    shown += control || (!utf8 && c >= 0x80) ? fmt::format("\\x{:02x}", c) : std::string(1, c);
+  }
+  if (utf8 && !bad) return;
+  throw UsageError(fmt::format(
+      "group {}, param {} ('{}'): the name {}, which a checkpoint cannot carry (names key "
+      "checkpoints: they must be UTF-8 without control characters)",
+      s.group, s.index_in_group, shown,
+      utf8 ? fmt::format("holds {}", bad) : std::string("is not valid UTF-8")));
+}
+
 }  // namespace
 
 Optimizer::Optimizer(const Rule& user_rule, std::vector<ParamGroup> groups,
@@ -239,6 +261,7 @@ void Optimizer::Impl::validate_groups(std::vector<ParamGroup>& groups) {
       s.grad = group.grads[i];
       s.name = s.param.name.empty() ? fmt::format("param{}", params.size()) : s.param.name;
       validate_pair(s);
+      check_param_name(s);
       const std::string who = runtime::describe(s);
       const auto [same_name, fresh_name] = by_name.emplace(s.name, params.size());
       FUSEDOPT_CHECK_USAGE(fresh_name, "{}: the name is already used by {} (names key checkpoints)",

@@ -9,6 +9,7 @@
 #include <cctype>
 #include <cerrno>
 #include <cstdio>
+#include <ctime>
 #include <optional>
 #include <random>
 #include <string_view>
@@ -49,17 +50,32 @@ class TempFileGuard {
   bool armed_ = true;
 };
 
-/// Removes `.<stem>.<pid>.<16 hex>.tmp` files in `folder` whose pid is gone (ESRCH). Best
-/// effort: a file another process removes first, or one we may not remove, is left alone.
+/// Removes `.<stem>.<pid>.<16 hex>.tmp` files in `folder` that are stale (see
+/// AtomicWriteOptions::remove_stale_temps). Best effort: a file another process removes
+/// first, or one we may not remove, is left alone.
 void remove_stale_temps(const std::filesystem::path& folder) {
   std::error_code ec;
+  const std::time_t now = std::time(nullptr);
   for (std::filesystem::directory_iterator it(folder, ec), end; !ec && it != end;
        it.increment(ec)) {
     pid_t pid = 0;
-    if (!parse_temp_name(it->path().filename().string(), &pid)) continue;
-    if (pid == ::getpid() || ::kill(pid, 0) == 0 || errno != ESRCH) continue;
-    ::unlink(it->path().c_str());
+    struct stat st {};
+    if (!parse_temp_name(it->path().filename().string(), &pid) || pid == ::getpid() ||
+        ::lstat(it->path().c_str(), &st) != 0) {
+      continue;
+    }
+    const long age = static_cast<long>(now - st.st_mtim.tv_sec);
+    const bool gone = ::kill(pid, 0) != 0 && errno == ESRCH;
+    if ((gone && age >= kDeadWriterGraceSeconds) || age >= kStaleTempSeconds) {
+      ::unlink(it->path().c_str());
+    }
   }
+}
+
+/// Whether something that is not a regular file is at `path` (not following a link).
+bool non_regular_at(const std::filesystem::path& path) {
+  struct stat st {};
+  return ::lstat(path.c_str(), &st) == 0 && !S_ISREG(st.st_mode);
 }
 
 /// The permission bits of the file at `path`, if a regular file is there.
@@ -98,6 +114,11 @@ bool parse_temp_name(const std::string& name, pid_t* pid) {
 
 std::string AtomicWriteResult::message(const std::filesystem::path& target) const {
   if (ok()) return {};
+  if (std::string_view(step) == "target") {
+    return "cannot write " + target.string() +
+           ": it exists and is not a regular file (a link, FIFO, device or folder), which a "
+           "write does not replace";
+  }
   const std::filesystem::path& file =
       std::string_view(step) == "fsync folder" || std::string_view(step) == "mkdir" ? folder : temp;
   return "cannot write " + target.string() + " (" + step + " " + file.string() +
@@ -122,6 +143,7 @@ AtomicWriteResult atomic_write(const std::filesystem::path& path, const FileWrit
   const std::string stem =
       (options.temp_stem.empty() ? path.filename().string() : options.temp_stem)
           .substr(0, kMaxTempStemBytes);
+  if (options.regular_target_only && non_regular_at(path)) return failed("target", EEXIST);
   if (options.remove_stale_temps) remove_stale_temps(result.folder);
   // An overwritten file keeps its permissions (a 0600 checkpoint stays private); the temp is
   // created with them so that the new contents are never more widely readable.
@@ -146,6 +168,8 @@ AtomicWriteResult atomic_write(const std::filesystem::path& path, const FileWrit
   if (!writer(fd.get())) return failed("write", errno);
   if (::fsync(fd.get()) != 0) return failed("fsync", errno);
   if (int err = fd.close_checked(); err != 0) return failed("close", err);
+  // Again just before the rename: a FIFO or link made meanwhile is not replaced either.
+  if (options.regular_target_only && non_regular_at(path)) return failed("target", EEXIST);
   if (::rename(result.temp.c_str(), path.c_str()) != 0) return failed("rename", errno);
   guard.disarm();
   if (!fsync_dir(result.folder)) return failed("fsync folder", errno);

@@ -3,6 +3,7 @@
 // range-checked, and saves use short temp names, clean up after crashed writers and keep an
 // overwritten file's mode.
 #include <doctest/doctest.h>
+#include <fcntl.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -12,6 +13,8 @@
 #include <csignal>
 #include <cstring>
 #include <ctime>
+#include <fstream>
+#include <iterator>
 #include <random>
 #include <string>
 #include <thread>
@@ -178,18 +181,30 @@ TEST_SUITE("io") {
     CHECK(names == std::vector<std::string>{name});  // no temp left behind
   }
 
-  TEST_CASE("a save removes stale temp files of dead processes and keeps live ones") {
+  TEST_CASE("a save removes a dead writer's temp after a minute's grace, and keeps live ones") {
     TempDir dir;
     const pid_t dead = dead_pid();
     const std::string hex = "0123456789abcdef";
-    const fs::path stale =
-        dir.path() / (".old.safetensors." + std::to_string(dead) + "." + hex + ".tmp");
-    const fs::path live =
-        dir.path() / (".old.safetensors." + std::to_string(::getppid()) + "." + hex + ".tmp");
-    const fs::path other = dir.path() / ".notes.txt";  // not a temp name: never touched
-    write_file(stale, "partial");
-    write_file(live, "in progress");
-    write_file(other, "keep");
+    auto temp = [&](const std::string& stem, pid_t pid) {
+      return dir.path() / ("." + stem + ".safetensors." + std::to_string(pid) + "." + hex + ".tmp");
+    };
+    // Aged by setting its modification time back: a writer keeps its temp's fresh.
+    auto age = [](const fs::path& p, long seconds) {
+      const timespec times[2] = {{std::time(nullptr) - seconds, 0},
+                                 {std::time(nullptr) - seconds, 0}};
+      REQUIRE(::utimensat(AT_FDCWD, p.c_str(), times, 0) == 0);
+    };
+    const fs::path stale = temp("old", dead);
+    // A fresh temp whose pid is not running here: a save in progress on another host that
+    // shares the folder (a sharded save's ranks on several nodes). It must survive.
+    const fs::path other_host = temp("shard", dead);
+    const fs::path live = temp("old", ::getppid());
+    const fs::path abandoned = temp("older", ::getppid());  // an hour old, whoever wrote it
+    const fs::path other = dir.path() / ".notes.txt";       // not a temp name: never touched
+    for (const fs::path& p : {stale, other_host, live, abandoned, other}) write_file(p, "x");
+    age(stale, fusedopt::support::kDeadWriterGraceSeconds + 5);
+    age(other_host, fusedopt::support::kDeadWriterGraceSeconds - 20);
+    age(abandoned, fusedopt::support::kStaleTempSeconds + 5);
     pid_t parsed = 0;
     CHECK(fusedopt::support::parse_temp_name(stale.filename().string(), &parsed));
     CHECK(parsed == dead);
@@ -197,8 +212,46 @@ TEST_SUITE("io") {
     const float v = 1.5f;
     write_safetensors(dir.path() / "new.safetensors", {{"w", "F32", {1}, &v, 4}}, {});
     CHECK_FALSE(fs::exists(stale));
+    CHECK(fs::exists(other_host));
     CHECK(fs::exists(live));
+    CHECK_FALSE(fs::exists(abandoned));
     CHECK(fs::exists(other));
+  }
+
+  TEST_CASE("a save refuses a target that is a FIFO, a symbolic link or a folder") {
+    // Never a device node here: a save as root once replaced /dev/null with a file.
+    TempDir dir;
+    const float v = 2.5f;
+    const fs::path fifo = dir.path() / "fifo", link = dir.path() / "link",
+                   target = dir.path() / "target.txt", folder = dir.path() / "folder";
+    REQUIRE(::mkfifo(fifo.c_str(), 0600) == 0);
+    write_file(target, "keep");
+    fs::create_symlink(target, link);
+    fs::create_directory(folder);
+    const std::vector<std::pair<fs::path, std::string>> cases = {
+        {fifo, "it is a FIFO, not a regular file"},
+        {link, "it is a symbolic link (to " + target.string() +
+                   "): save to the file it points to, not a regular file"},
+        {folder, "it is a folder, not a regular file"}};
+    for (const auto& [p, what] : cases) {
+      CAPTURE(p);
+      CHECK_THROWS_WITH_AS(
+          write_safetensors(p, {{"w", "F32", {1}, &v, 4}}, {}),
+          (p.string() + ": cannot write: " + what + " (a save replaces only a regular file)")
+              .c_str(),
+          IoError);
+    }
+    CHECK(fs::is_fifo(fs::symlink_status(fifo)));
+    CHECK(fs::is_symlink(fs::symlink_status(link)));
+    CHECK(fs::is_directory(fs::symlink_status(folder)));
+    std::ifstream in(target);
+    CHECK(std::string(std::istreambuf_iterator<char>(in), {}) == "keep");
+    std::vector<std::string> names;
+    for (const auto& e : fs::directory_iterator(dir.path())) names.push_back(e.path().filename());
+    CHECK(names.size() == 4);  // no temp left behind
+    // A regular file is replaced as before.
+    write_safetensors(target, {{"w", "F32", {1}, &v, 4}}, {});
+    CHECK(read_safetensors(target).tensors.size() == 1);
   }
 
   TEST_CASE("an overwritten file keeps its mode: 0600 stays 0600, 0640 stays 0640") {
@@ -260,6 +313,11 @@ TEST_SUITE("io") {
       left += entry.path().filename() != "ckpt.safetensors";
     }
     MESSAGE(left << " temporary files left by the killed saves");
+    // Removed once past the grace a dead writer's temp gets (it may be another host's).
+    for (const auto& entry : fs::directory_iterator(dir.path())) {
+      const timespec old[2] = {{std::time(nullptr) - 120, 0}, {std::time(nullptr) - 120, 0}};
+      REQUIRE(::utimensat(AT_FDCWD, entry.path().c_str(), old, 0) == 0);
+    }
     save(a, "a");  // removes what the killed saves left behind
     for (const auto& entry : fs::directory_iterator(dir.path())) {
       CHECK(entry.path().filename() == "ckpt.safetensors");

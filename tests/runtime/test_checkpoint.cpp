@@ -137,6 +137,36 @@ TEST_SUITE("runtime") {
     }
   }
 
+  TEST_CASE("a param name a checkpoint cannot carry is refused at construction, by name") {
+    // A tab or newline broke the checkpoint's params table (fusedopt-ckpt then dropped the
+    // param's states and exited 0); a name that is not UTF-8 failed only at save().
+    const std::vector<std::pair<std::string, std::string>> bad = {
+        {"x\t3\tfp32\ny", "'x\\x093\\x09fp32\\x0ay'): the name holds a tab"},
+        {"a\tb", "'a\\x09b'): the name holds a tab"},
+        {"nl\n", "'nl\\x0a'): the name holds a newline"},
+        {std::string("nul\0", 4), "'nul\\x00'): the name holds a control character"},
+        {"layer\xff", "'layer\\xff'): the name is not valid UTF-8"}};
+    for (const auto& [name, why] : bad) {
+      HostTensor p0(3, DType::F32), g0(3, DType::F32), p1(3, DType::F32), g1(3, DType::F32);
+      fusedopt::ParamGroup group;
+      group.params = {p0.tensor("ok"), p1.tensor(name)};
+      group.grads = {g0.tensor(), g1.tensor()};
+      CAPTURE(why);
+      CHECK_THROWS_WITH_AS(Optimizer(fusedopt::Rule::preset("adamw"), {group}),
+                           ("group 0, param 1 (" + why +
+                            ", which a checkpoint cannot carry (names key checkpoints: they "
+                            "must be UTF-8 without control characters)")
+                               .c_str(),
+                           fusedopt::UsageError);
+    }
+    // Any other UTF-8, '/' and spaces included, is a name.
+    HostTensor p(3, DType::F32), g(3, DType::F32);
+    fusedopt::ParamGroup group;
+    group.params = {p.tensor("bloc/é ü 名前")};
+    group.grads = {g.tensor()};
+    CHECK_NOTHROW(Optimizer(fusedopt::Rule::preset("adamw"), {group}));
+  }
+
   TEST_CASE("a checkpoint names each state and master and records the rule, step and hypers") {
     use_private_cache();
     TempFolder dir;

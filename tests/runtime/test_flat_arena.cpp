@@ -145,6 +145,30 @@ TEST_SUITE("runtime") {
       }
     }
   }
+
+  TEST_CASE("FlatArena refuses an invalid dtype at add() and asks for no memory of 0 bytes") {
+    using fusedopt::DType;
+    fusedopt::FlatArena arena;
+    CHECK_THROWS_WITH_AS(arena.add("x", 4, static_cast<DType>(77)),
+                         "FlatArena: 'x' has an invalid dtype (value 77, not a DType)",
+                         fusedopt::UsageError);
+    CHECK(arena.size() == 0);
+    // fp32's tensors are all empty: its memory is not asked for (an allocator may return
+    // null for 0 bytes, as malloc may), and its views hold null.
+    arena.add("e", 0, DType::F32);
+    arena.add("h", 3, DType::BF16);
+    alignas(64) static unsigned char pool[2][64];
+    std::vector<std::size_t> asked;
+    auto lend = [&](std::size_t bytes) -> void* {
+      asked.push_back(bytes);
+      return bytes == 0 ? nullptr : static_cast<void*>(pool[asked.size() - 1]);
+    };
+    arena.finalize(lend);
+    CHECK(asked == std::vector<std::size_t>{64});  // bf16's gradients only
+    CHECK(arena.grad(0).data == nullptr);
+    CHECK(arena.param(0).data == nullptr);
+    CHECK(arena.grad(1).data == pool[0]);
+  }
 }
 
 }  // namespace fusedopt_tests

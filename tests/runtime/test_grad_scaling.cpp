@@ -212,21 +212,63 @@ TEST_SUITE("runtime") {
     using O = fusedopt::GradScaler::Options;
     O o;
     o.growth_factor = 1.0;
-    CHECK_THROWS_WITH_AS(fusedopt::GradScaler{o}, "GradScaler: growth_factor must be > 1, not 1",
+    CHECK_THROWS_WITH_AS(fusedopt::GradScaler{o},
+                         "GradScaler: growth_factor must be > 1 and finite in fp32, not 1",
                          fusedopt::Error);
     o = O{};
     o.backoff_factor = 1.5;
     CHECK_THROWS_WITH_AS(fusedopt::GradScaler{o},
-                         "GradScaler: backoff_factor must be in (0, 1), not 1.5", fusedopt::Error);
+                         "GradScaler: backoff_factor must be in (0, 1) in fp32, not 1.5",
+                         fusedopt::Error);
     o = O{};
     o.init_scale = 0;
     CHECK_THROWS_WITH_AS(fusedopt::GradScaler{o},
-                         "GradScaler: init_scale must be positive and finite, not 0",
+                         "GradScaler: init_scale must be positive and finite in fp32, with a "
+                         "finite inverse (2.9e-39 to 3.4e+38), not 0",
                          fusedopt::Error);
     o = O{};
     o.growth_interval = 0;
     CHECK_THROWS_WITH_AS(fusedopt::GradScaler{o},
                          "GradScaler: growth_interval must be at least 1, not 0", fusedopt::Error);
+  }
+
+  TEST_CASE("GradScaler refuses settings that fp32 rounds to inf, to 0 or to no change") {
+    // Stored as fp32: 1e39 became an inf scale and 1e-50 a zero one, and every step was
+    // then skipped with no error; a growth of 1 + 1e-10 is 1 in fp32 (never grows).
+    using O = fusedopt::GradScaler::Options;
+    for (double bad : {1e39, 1e-50, 1e-39, 4e38}) {
+      O o;
+      o.init_scale = bad;
+      CAPTURE(bad);
+      CHECK_THROWS_WITH_AS(fusedopt::GradScaler{o},
+                           doctest::Contains("GradScaler: init_scale must be positive and "
+                                             "finite in fp32"),
+                           fusedopt::UsageError);
+    }
+    for (double bad : {1e39, 1.0 + 1e-10}) {
+      O o;
+      o.growth_factor = bad;
+      CAPTURE(bad);
+      CHECK_THROWS_WITH_AS(fusedopt::GradScaler{o},
+                           doctest::Contains("GradScaler: growth_factor must be > 1 and finite "
+                                             "in fp32"),
+                           fusedopt::UsageError);
+    }
+    for (double bad : {1e-50, 1.0 - 1e-10}) {
+      O o;
+      o.backoff_factor = bad;
+      CAPTURE(bad);
+      CHECK_THROWS_WITH_AS(
+          fusedopt::GradScaler{o},
+          doctest::Contains("GradScaler: backoff_factor must be in (0, 1) in fp32"),
+          fusedopt::UsageError);
+    }
+    // The edges that fit are taken as given.
+    O o;
+    o.init_scale = 3e38;
+    CHECK(fusedopt::GradScaler{o}.scale() == static_cast<double>(3e38f));
+    o.init_scale = 1e-38;
+    CHECK(fusedopt::GradScaler{o}.scale() == static_cast<double>(1e-38f));
   }
 }
 

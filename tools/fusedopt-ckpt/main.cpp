@@ -6,7 +6,8 @@
 //   fusedopt-ckpt split FILE DIR --ranks W  one file -> a sharded checkpoint for W ranks
 //
 // Exit codes: 0 success; 1 the conversion failed (unreadable, damaged or mismatched input,
-// an unwritable output: nothing is left half-written); 2 bad usage.
+// an unwritable output: nothing is left half-written, and a split that fails removes the
+// shards it wrote); 2 bad usage (an output that is one of the inputs included).
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -24,7 +25,8 @@ constexpr const char* kUsage =
     "Converts optimizer checkpoints between the sharded layout of ShardedOptimizer::save (DIR:\n"
     "one safetensors file per rank and index.safetensors) and the single file of\n"
     "Optimizer::save (FILE), one tensor in memory at a time. The output is written\n"
-    "atomically.\n"
+    "atomically; a split that fails removes the shards it wrote. An output that is one of\n"
+    "the inputs (the index or a shard, FILE for split) is refused.\n"
     "\n"
     "exit codes: 0 success; 1 the conversion failed; 2 bad usage\n";
 
@@ -64,6 +66,9 @@ int main(int argc, char** argv) {
       return 0;
     }
     return usage(("unknown command '" + command + "'").c_str());
+  } catch (const fusedopt::UsageError& e) {  // e.g. an output that is one of the inputs
+    std::fprintf(stderr, "fusedopt-ckpt: %s\n", e.what());
+    return 2;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "fusedopt-ckpt: %s\n", e.what());
     return 1;

@@ -27,11 +27,25 @@ struct AtomicWriteOptions {
   /// Only the stem's first kMaxTempStemBytes bytes are used, so that the temp name of any
   /// valid target name (up to 255 bytes) is itself valid.
   std::string temp_stem;
-  /// Before writing, removes temp files of this shape in the target's folder whose pid is not
-  /// a live process on this host (a writer that crashed). Folders shared between hosts must
-  /// leave this off: another host's pids cannot be checked from here.
+  /// Before writing, removes temp files of this shape in the target's folder that are stale:
+  /// their pid is not a live process on this host (a writer that crashed) and they are at
+  /// least kDeadWriterGraceSeconds old, or they are kStaleTempSeconds old whoever wrote
+  /// them. The grace spares a write in progress on another host sharing the folder (a
+  /// sharded save's ranks on several nodes), whose pid means nothing here: such a writer
+  /// keeps its temp's modification time fresh while it writes.
   bool remove_stale_temps = false;
+  /// Refuses a target that exists and is not a regular file (lstat: a symbolic link, FIFO,
+  /// device node, socket or folder), checked before writing and again just before the
+  /// rename: the step is "target" and err EEXIST. Without it the rename replaces whatever
+  /// is there (a link itself, not the file it points to).
+  bool regular_target_only = false;
 };
+
+/// A temp file whose pid is gone from this host is stale once this old (the kernel cache's
+/// rule too, docs/cache.md).
+inline constexpr long kDeadWriterGraceSeconds = 60;
+/// A temp file this old is stale whoever wrote it (a dead writer on another host).
+inline constexpr long kStaleTempSeconds = 3600;
 
 /// The longest temp stem used (longer stems are cut): the temp name stays under 70 bytes.
 inline constexpr std::size_t kMaxTempStemBytes = 32;
@@ -43,8 +57,8 @@ bool parse_temp_name(const std::string& name, pid_t* pid);
 /// What atomic_write() did: ok(), or the step that failed and its errno.
 struct AtomicWriteResult {
   int err = 0;                 ///< errno of the failed step; 0 on success
-  const char* step = "";       ///< "mkdir", "create", "chmod", "write", "fsync", "close", "rename",
-                               ///< "fsync folder"; "" on success
+  const char* step = "";       ///< "target", "mkdir", "create", "chmod", "write", "fsync", "close",
+                               ///< "rename", "fsync folder"; "" on success
   std::filesystem::path temp;  ///< the temp file (removed again unless renamed)
   std::filesystem::path folder;  ///< the target's folder ("." for a bare file name)
 
