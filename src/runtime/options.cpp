@@ -1,4 +1,5 @@
 // The checks of OptimizerOptions that need no param (optimizer.hpp: check_options).
+#include <cfloat>
 #include <cmath>
 
 #include "fusedopt/error.hpp"
@@ -12,6 +13,12 @@ void check_options(const OptimizerOptions& options) {
                        "OptimizerOptions: max_grad_norm is {}; it must be 0 (off) or positive "
                        "and finite",
                        options.max_grad_norm);
+  // It becomes the hyper max_grad_norm, which the rule for every hyper applies to (a
+  // checkpoint holding 1e39 would not load back).
+  FUSEDOPT_CHECK_USAGE(options.max_grad_norm <= static_cast<double>(FLT_MAX),
+                       "OptimizerOptions: max_grad_norm is {}; it becomes the hyper "
+                       "'max_grad_norm', which must be within fp32's range (<= {:.8g})",
+                       options.max_grad_norm, static_cast<double>(FLT_MAX));
   const DType s = options.state_dtype;
   if (s != DType::F32 && s != DType::F16 && s != DType::BF16) {
     throw UsageError("OptimizerOptions: unsupported state_dtype");

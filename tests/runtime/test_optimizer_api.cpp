@@ -608,6 +608,9 @@ TEST_SUITE("runtime") {
                            doctest::Contains("it must be positive and finite"),
                            fusedopt::UsageError);
     }
+    CHECK_THROWS_WITH_AS(sgd.with_grad_clipping(1e39),
+                         doctest::Contains("which must be within fp32's range"),
+                         fusedopt::UsageError);
     group.hypers.clear();
     fusedopt::OptimizerOptions options;
     options.max_grad_norm = std::numeric_limits<double>::infinity();
@@ -630,6 +633,7 @@ TEST_SUITE("runtime") {
     const std::vector<std::pair<void (*)(OptimizerOptions&), const char*>> bad = {
         {[](OptimizerOptions& o) { o.max_grad_norm = -1.0; }, "max_grad_norm is -1; it must be"},
         {[](OptimizerOptions& o) { o.max_grad_norm = std::nan(""); }, "max_grad_norm is nan"},
+        {[](OptimizerOptions& o) { o.max_grad_norm = 1e39; }, "which must be within fp32's range"},
         {[](OptimizerOptions& o) { o.state_dtype = fusedopt::DType::F64; },
          "unsupported state_dtype"},
         {[](OptimizerOptions& o) { o.state_dtype = fusedopt::DType::U8; },
