@@ -74,10 +74,6 @@ Rule Rule::with_grad_clipping(double max_grad_norm) const {
                        "with_grad_clipping: max_grad_norm is {}; it becomes the hyper "
                        "'max_grad_norm', which must be within fp32's range (<= {:.8g})",
                        max_grad_norm, static_cast<double>(FLT_MAX));
-  FUSEDOPT_CHECK_USAGE(max_grad_norm <= static_cast<double>(FLT_MAX),
-                       "with_grad_clipping: max_grad_norm is {}; it becomes the hyper "
-                       "'max_grad_norm', which must be within fp32's range (<= {:.8g})",
-                       max_grad_norm, static_cast<double>(FLT_MAX));
   lang::ParseOptions options;
   options.clip_grad_norm = true;
   options.max_grad_norm = max_grad_norm;

@@ -85,6 +85,16 @@ class StateTable(collections.defaultdict):
     def __reduce__(self):
         return (collections.defaultdict, (dict,), None, None, iter(dict(self).items()))
 
+    def copy(self):  # a plain defaultdict (defaultdict's would make a StateTable of it)
+        return collections.defaultdict(dict, dict(self))
+
+    __copy__ = copy
+
+    def __or__(self, other):
+        out = self.copy()
+        out.update(other)
+        return out
+
 
 for _cls in (StateEntry, StateTable):
     for _name in _MUTATORS:

@@ -539,14 +539,23 @@ class Optimizer(torch.optim.Optimizer):
             taken = bound.engine.step_count()
             for _, _, p in bound.params:
                 self._steps[p] = taken
-                state = self.state[p]
+                state = self._watched(p)
                 for key, t in list(state.items()):
                     if isinstance(t, torch.Tensor):
-                        state[key] = t.clone()
+                        dict.__setitem__(state, key, t.clone())
+                self._installed[p] = (state, dict(state))
         self._engines = []
         self._pushed = []
         self._key = None
-        self._installed = {}
+
+    def _watched(self, p):
+        """p's entry in opt.state as a StateEntry (edits of it noticed), put there if it was
+        another dict or none."""
+        entry = dict.get(self.state, p)
+        if not isinstance(entry, _StateEntry):
+            entry = _StateEntry(self._edits, entry or {})
+            dict.__setitem__(self.state, p, entry)
+        return entry
 
     def _plan(self, active):
         for g, i, p in active:  # before anything changes: a refusal leaves the engines
@@ -766,15 +775,17 @@ class Optimizer(torch.optim.Optimizer):
         self._release()  # the engines' states copied into opt.state, then the edits on top
         for p, change in taken.items():
             if change is None:
-                dict.__setitem__(self.state, p, {})
+                entry = _StateEntry(self._edits)
+                dict.__setitem__(self.state, p, entry)
                 self._steps[p] = 0
-                continue
-            step, new = change
-            entry = dict.get(self.state, p)
-            entry.update(new)
-            entry.pop("step", None)
-            if step is not None:
-                self._steps[p] = step
+            else:
+                step, new = change
+                entry = self._watched(p)
+                dict.update(entry, new)
+                dict.pop(entry, "step", None)
+                if step is not None:
+                    self._steps[p] = step
+            self._installed[p] = (entry, dict(entry))
         self._edits.changed = False
 
     def _stream(self, device):
@@ -903,9 +914,12 @@ class Optimizer(torch.optim.Optimizer):
             ours.update(update)
         self._table = _StateTable(self._edits)
         self.state = self._table
+        self._installed = {}
         self._steps = steps
         for p, state in states.items():
-            dict.__setitem__(self.state, p, state)
+            entry = _StateEntry(self._edits, state)
+            dict.__setitem__(self.state, p, entry)
+            self._installed[p] = (entry, dict(entry))
         self._state_shapes = {p: tuple(p.shape) for p, state in states.items() if state}
         self._key = None
         self._edits.changed = False
@@ -1138,6 +1152,9 @@ class Optimizer(torch.optim.Optimizer):
         self._edits = _Edits()
         self._table = _StateTable(self._edits, self.state)
         self.state = self._table
+        for p in list(self.state):
+            entry = self._watched(p)
+            self._installed[p] = (entry, dict(entry))
 
     # ---- introspection --------------------------------------------------------------------
     @property

@@ -295,3 +295,40 @@ def test_a_param_group_added_later_under_clipping_joins_with_a_step_count():
     step(2)
     for p, q in zip(ours, theirs):
         assert close(p, q)
+
+
+@pytest.mark.parametrize("when", ["after_load", "without_grad_last_step", "after_copy"])
+def test_a_reset_of_a_param_outside_the_kernels_starts_it_again(when):
+    ours, theirs = twins([(6, 4), (5,)])
+    opt = ft.Optimizer(ours, rule="adam", lr=0.05)
+    ref = torch.optim.Adam(theirs, lr=0.05)
+    for _ in range(3):
+        step_both(ours, theirs, opt, ref)
+    if when == "after_load":
+        opt.load_state_dict(opt.state_dict())
+    elif when == "without_grad_last_step":  # param 0 sits out a step: no kernel holds it
+        ours[0].grad, theirs[0].grad = None, None
+        g = torch.randn(5)
+        ours[1].grad, theirs[1].grad = g.clone(), g.clone()
+        opt.step()
+        ref.step()
+    else:
+        opt = copy.deepcopy(opt)
+        ours = opt.param_groups[0]["params"]
+    opt.state[ours[0]] = {}
+    ref.state[theirs[0]] = {}
+    for _ in range(2):
+        step_both(ours, theirs, opt, ref)
+    for p, q in zip(ours, theirs):
+        assert close(p, q)
+    assert opt.state_dict()["state"][0]["step"].item() == ref.state[theirs[0]]["step"].item()
+
+
+def test_a_copy_of_opt_state_is_a_plain_table():
+    p = torch.randn(3, requires_grad=True)
+    opt = ft.Optimizer([p], rule="adam")
+    p.grad = torch.randn(3)
+    opt.step()
+    for table in (opt.state.copy(), copy.copy(opt.state), opt.state | {}):
+        table[p] = {"exp_avg": torch.zeros(3)}  # writable, and not the optimizer's
+    assert not torch.equal(opt.state[p]["exp_avg"], torch.zeros(3))

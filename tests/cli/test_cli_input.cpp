@@ -5,6 +5,8 @@
 #include <doctest/doctest.h>
 #include <sys/stat.h>
 
+#include <algorithm>
+#include <cstdint>
 #include <filesystem>
 #include <fstream>
 #include <string>
@@ -108,11 +110,24 @@ TEST_SUITE("cli") {
     CHECK(has(blocked.err,
               "compiled but not stored in the cache: " + so[0].string() + ": not a regular file"));
 
-    // 300 KiB holds two of these kernels: the first two stored are evicted by the last two.
+    // A bound that holds any two of these kernels and no three (their sizes depend on the
+    // compiler and the CPU: measured first): the first two stored are evicted by the last two.
+    const std::vector<std::string> warm4 = {"warmup", "--preset", "sgd,adamw,lion,adam",
+                                            "--jobs", "1",        "--cache-dir"};
+    const std::string sizes = (d.path() / "sizes").string();
+    std::vector<std::string> args = warm4;
+    args.push_back(sizes);
+    REQUIRE(run_cli(args).code == 0);
+    std::vector<std::uintmax_t> bytes;
+    for (const fs::path& f : so_files(sizes)) bytes.push_back(fs::file_size(f));
+    REQUIRE(bytes.size() == 4);
+    std::sort(bytes.begin(), bytes.end());
+    const std::uintmax_t bound = bytes[2] + bytes[3];
+    REQUIRE(bound < bytes[0] + bytes[1] + bytes[2]);
     const std::string small = (d.path() / "small").string();
-    CliResult evicted =
-        run_cli({"warmup", "--preset", "sgd,adamw,lion,adam", "--jobs", "1", "--cache-dir", small},
-                {"FUSEDOPT_CACHE_MAX_BYTES=300K"});
+    args = warm4;
+    args.push_back(small);
+    CliResult evicted = run_cli(args, {"FUSEDOPT_CACHE_MAX_BYTES=" + std::to_string(bound)});
     INFO(evicted.out << evicted.err);
     CHECK(evicted.code == 1);
     CHECK(has(evicted.out, "failed    sgd"));
@@ -121,6 +136,19 @@ TEST_SUITE("cli") {
               "no entry file"));
     CHECK(so_files(small).size() == 2);
     CHECK(has(evicted.out, "2 compiled"));
+  }
+
+  TEST_CASE("a dtype binding one rule cannot take fails that kernel only, not the warmup") {
+    TempDir d;
+    const std::string dir = (d.path() / "cache").string();
+    // Two quantized states: adamw has two (m, v), sgd one.
+    CliResult r = run_cli({"warmup", "--preset", "sgd,adamw", "--dtypes",
+                           "fp32:fp32:fp32+q=q8s/q8u@256", "--jobs", "1", "--cache-dir", dir});
+    INFO(r.out << r.err);
+    CHECK(r.code == 1);
+    CHECK(has(r.out, "failed    sgd"));
+    CHECK(has(r.out, "compiled  adamw"));
+    CHECK(so_files(dir).size() == 1);
   }
 
   TEST_CASE("bad values are refused with exit 2: sizes, --jobs and the compiler variables") {

@@ -123,11 +123,12 @@ TEST_SUITE("cli") {
     cache.set_shard_mode(0700);
     const fs::path bad = cache.entries()[0];
     fs::resize_file(bad, 200);
-    // A stale temp: its writer's pid is gone and it is older than the minute's grace.
+    // A stale temp whoever wrote it: older than the hour after which any writer is gone
+    // (its pid, 999999, may belong to a live process on this host).
     const fs::path temp =
         bad.parent_path() / ("." + bad.stem().string() + ".999999.0123456789abcdef.tmp");
     { std::ofstream(temp) << "an interrupted store"; }
-    const struct timespec old[2] = {{0, UTIME_OMIT}, {std::time(nullptr) - 600, 0}};
+    const struct timespec old[2] = {{0, UTIME_OMIT}, {std::time(nullptr) - 7200, 0}};
     REQUIRE(::utimensat(AT_FDCWD, temp.c_str(), old, AT_SYMLINK_NOFOLLOW) == 0);
     if (::geteuid() == 0) REQUIRE(::lchown(temp.c_str(), kOwnerWhenRoot, kOwnerWhenRoot) == 0);
     cache.set_shard_mode(0500);

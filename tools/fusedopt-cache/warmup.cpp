@@ -180,10 +180,14 @@ void warm_one(Item& it, const CompileOptions& options) {
       it.status = "failed";
     }
   } catch (const fusedopt::UsageError& e) {
-    // A bad FUSEDOPT_HOST_CXX or FUSEDOPT_COMPILE_TIMEOUT: the same for every kernel.
+    // A bad FUSEDOPT_HOST_CXX or FUSEDOPT_COMPILE_TIMEOUT (the messages start with the
+    // variable's name) is the same for every kernel: bad input. Any other (a dtype binding
+    // this rule cannot take) fails this kernel only.
+    const std::string what = e.what();
     it.status = "failed";
-    it.error = e.what();
-    it.bad_input = true;
+    it.error = what;
+    it.bad_input =
+        what.rfind("FUSEDOPT_HOST_CXX=", 0) == 0 || what.rfind("FUSEDOPT_COMPILE_TIMEOUT=", 0) == 0;
   } catch (const Error& e) {
     it.status = "failed";
     it.error = e.what();
