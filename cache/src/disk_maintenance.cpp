@@ -23,12 +23,11 @@ namespace fusedopt::cache {
 
 namespace {
 
-/// A temp file older than this was left by a store that died, whoever wrote it.
-constexpr std::time_t kStaleTempSeconds = 3600;
-/// A temp file whose writer's pid is gone from this host is stale once this old: the grace
-/// spares a store in progress on another host sharing the folder (a store takes well under
-/// a second), whose pid means nothing here.
-constexpr std::time_t kDeadWriterGraceSeconds = 60;
+// When a temp file is stale: the rule every atomic write follows (support/atomic_write.hpp:
+// kDeadWriterGraceSeconds for a writer whose pid is gone from this host, kStaleTempSeconds
+// whoever wrote it), so the cache and checkpoint saves cannot drift apart.
+using support::kDeadWriterGraceSeconds;
+using support::kStaleTempSeconds;
 
 /// Why temp file `file` is stale ("" while it may be in use).
 std::string stale_temp_reason(const detail::ScannedFile& file, std::time_t now) {
