@@ -47,6 +47,27 @@ ensure_python_deps() {
   apt_ensure "${fusedopt_python_deps[@]}"
 }
 
+# The torch 2.x the Python package is tested with besides Debian's 1.13 (scripts/test-python):
+# PyPI's build, pinned; bump it on purpose, with the suite run under the new one.
+fusedopt_torch2_version=2.15.0
+
+# A virtual environment at $1 (over Debian's python3, not its packages) with PyPI's torch
+# $fusedopt_torch2_version and what the package's build and tests need; made or completed
+# only where something is missing (torch and its nvidia-* dependencies: about 7 GB, 1.5 min).
+ensure_torch2_venv() {
+  local venv="$1" want="torch==$fusedopt_torch2_version"
+  [ -x "$venv/bin/python" ] || { mkdir -p "$(dirname "$venv")" && /usr/bin/python3 -m venv "$venv"; }
+  if ! "$venv/bin/python" - "$fusedopt_torch2_version" 2>/dev/null <<'PY'
+import sys
+import nanobind, numpy, pytest, scikit_build_core, torch
+sys.exit(torch.__version__.split("+")[0] != sys.argv[1])
+PY
+  then
+    echo "installing: $want numpy pytest scikit-build-core nanobind (pip, into $venv)"
+    "$venv/bin/python" -m pip install --quiet "$want" numpy pytest scikit-build-core nanobind
+  fi
+}
+
 # Configures and builds into $1 (Release).
 build_fusedopt() {
   local build="$1"

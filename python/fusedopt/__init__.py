@@ -7,6 +7,7 @@ cross as DLPack, so the package links no libtorch.
 
 import copyreg
 
+from . import _dtypes
 from .errors import (CacheError, CompileError, CudaError, Error, InternalError, IoError,
                      RuleError, UnavailableError, UsageError)
 from ._fusedopt import Rule, __version__
@@ -53,15 +54,11 @@ def rule(spec):
     return Rule.preset(spec)
 
 
-_DTYPES = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16",
-           "fp32": "fp32", "fp16": "fp16", "bf16": "bf16"}
-
-
 def _dtype_name(dtype):
-    name = str(dtype).replace("torch.", "")
-    if name not in _DTYPES:
-        raise UsageError(f"dtype {dtype}: fusedopt binds float32, float16 and bfloat16")
-    return _DTYPES[name]
+    code = _dtypes.code_of(dtype)
+    if code is None:
+        raise UsageError(f"dtype {dtype}: fusedopt binds {_dtypes.bound_names()}")
+    return code
 
 
 def warmup(rule_spec="adamw", *, params=None, targets=None, dtypes=None, state_dtype="fp32",

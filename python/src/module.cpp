@@ -135,33 +135,11 @@ void* as_stream(std::uintptr_t stream) { return reinterpret_cast<void*>(stream);
 
 using StoragePairs = std::vector<std::pair<std::string, std::string>>;
 
-/// OptimizerOptions from fusedopt.torch's keywords (the library parses the strings).
-fo::OptimizerOptions options_of(const std::string& state_dtype, bool master_weights,
-                                double max_grad_norm, const std::string& strategy,
-                                StoragePairs state_storage, int quant_block,
-                                std::int64_t quant_min_numel, bool stochastic_rounding,
-                                std::uint64_t seed) {
-  fo::OptimizerOptions o;
-  o.state_dtype = fo::DTypeBinding::parse(state_dtype).param;
-  o.master_weights = master_weights;
-  o.max_grad_norm = max_grad_norm;
-  o.reduction_strategy = strategy_of(strategy);
-  o.state_storage = std::move(state_storage);
-  o.quant_block = quant_block;
-  o.quant_min_numel = quant_min_numel;
-  o.stochastic_rounding = stochastic_rounding;
-  o.seed = seed;
-  return o;
-}
-
 /// A fusedopt::Optimizer over tensors Python owns (their memory must outlive it: the
 /// Python side keeps them), with the shapes its state views take.
 class Engine {
  public:
-  Engine(const fo::Rule& rule, std::vector<GroupSpec> groups, const std::string& state_dtype,
-         bool master_weights, double max_grad_norm, const std::string& strategy,
-         StoragePairs state_storage, int quant_block, std::int64_t quant_min_numel,
-         bool stochastic_rounding, std::uint64_t seed) {
+  Engine(const fo::Rule& rule, std::vector<GroupSpec> groups, const fo::OptimizerOptions& options) {
     std::vector<fo::ParamGroup> pgs;
     for (GroupSpec& g : groups) {
       if (g.params.size() != g.grads.size() || g.params.size() != g.names.size()) {
@@ -178,10 +156,7 @@ class Engine {
       pg.hypers = std::move(g.hypers);
       pgs.push_back(std::move(pg));
     }
-    opt_.emplace(
-        rule, std::move(pgs),
-        options_of(state_dtype, master_weights, max_grad_norm, strategy, std::move(state_storage),
-                   quant_block, quant_min_numel, stochastic_rounding, seed));
+    opt_.emplace(rule, std::move(pgs), options);
     // One device (the Optimizer checked): the first param's.
     for (const auto& g : groups) {
       if (!g.params.empty()) {
@@ -243,6 +218,18 @@ class Engine {
     return out;
   }
   void set_step_count(std::int64_t n) { opt_->set_step_count(n); }
+
+  /// The step count where the steps write it, as a 0-d float64 DLPack tensor (host or
+  /// device memory, zero-copy; it keeps `self` alive): fusedopt.torch's live state['step'].
+  static nb::object step_view(nb::handle self) {
+    Engine& e = nb::cast<Engine&>(self);
+    const fo::Tensor t = fo::detail::OptimizerAccess::step_counter(*e.opt_);
+    const bool cuda = t.device.kind == fo::Device::Kind::Cuda;
+    nb::ndarray<nb::pytorch, double> out(t.data, 0, nullptr, self, nullptr, nb::dtype<double>(),
+                                         cuda ? nb::device::cuda::value : nb::device::cpu::value,
+                                         cuda ? t.device.index : 0);
+    return nb::cast(out, nb::rv_policy::reference);
+  }
 
   /// `fn(pass, totals, slots, stream)` with each reduction pass's raw totals on this process
   /// (see ReductionPartials) before the next pass reads them: `totals` the global ones, a
@@ -388,6 +375,30 @@ void bind_rule(nb::module_& m) {
       .def("__repr__", [](const fo::Rule& r) { return "<fusedopt.Rule '" + r.name() + "'>"; });
 }
 
+/// fusedopt::OptimizerOptions as _Options: the one struct fusedopt.torch's options cross in
+/// (dtypes and the reduction strategy by their names; the library parses them).
+void bind_options(nb::module_& m) {
+  using O = fo::OptimizerOptions;
+  nb::class_<O>(m, "_Options")
+      .def(nb::init<>())
+      .def_prop_rw(
+          "state_dtype", [](const O& o) { return std::string(fo::to_string(o.state_dtype)); },
+          [](O& o, const std::string& name) {
+            o.state_dtype = fo::DTypeBinding::parse(name).param;
+          })
+      .def_rw("master_weights", &O::master_weights)
+      .def_rw("max_grad_norm", &O::max_grad_norm)
+      .def_prop_rw(
+          "reduction_strategy",
+          [](const O& o) { return std::string(fo::to_string(o.reduction_strategy)); },
+          [](O& o, const std::string& name) { o.reduction_strategy = strategy_of(name); })
+      .def_rw("state_storage", &O::state_storage)
+      .def_rw("quant_block", &O::quant_block)
+      .def_rw("quant_min_numel", &O::quant_min_numel)
+      .def_rw("stochastic_rounding", &O::stochastic_rounding)
+      .def_rw("seed", &O::seed);
+}
+
 /// The optimizer engine behind fusedopt.torch.Optimizer (_Engine, _GroupSpec).
 void bind_engine(nb::module_& m) {
   nb::class_<GroupSpec>(m, "_GroupSpec")
@@ -398,15 +409,8 @@ void bind_engine(nb::module_& m) {
       .def_rw("hypers", &GroupSpec::hypers);
 
   nb::class_<Engine>(m, "_Engine")
-      .def(nb::init<const fo::Rule&, std::vector<GroupSpec>, const std::string&, bool, double,
-                    const std::string&, std::vector<std::pair<std::string, std::string>>, int,
-                    std::int64_t, bool, std::uint64_t>(),
-           nb::arg("rule"), nb::arg("groups"), nb::arg("state_dtype") = "fp32",
-           nb::arg("master_weights") = false, nb::arg("max_grad_norm") = 0.0,
-           nb::arg("strategy") = "auto",
-           nb::arg("state_storage") = std::vector<std::pair<std::string, std::string>>{},
-           nb::arg("quant_block") = 0, nb::arg("quant_min_numel") = 4096,
-           nb::arg("stochastic_rounding") = false, nb::arg("seed") = 0)
+      .def(nb::init<const fo::Rule&, std::vector<GroupSpec>, const fo::OptimizerOptions&>(),
+           nb::arg("rule"), nb::arg("groups"), nb::arg("options"))
       .def("step", &Engine::step, nb::arg("stream") = 0)
       .def("step_amp", &Engine::step_amp, nb::arg("grad_scale").none(), nb::arg("found_inf").none(),
            nb::arg("stream") = 0)
@@ -417,6 +421,7 @@ void bind_engine(nb::module_& m) {
       .def("hyper", &Engine::hyper, nb::arg("name"), nb::arg("group") = 0)
       .def("step_count", &Engine::step_count)
       .def("set_step_count", &Engine::set_step_count)
+      .def("step_view", &Engine::step_view)
       .def("set_reduction_hook", &Engine::set_reduction_hook, nb::arg("fn").none())
       .def("states", &Engine::states)
       .def("state", &Engine::state, nb::arg("name"), nb::arg("index"),
@@ -443,21 +448,13 @@ void bind_functions(nb::module_& m) {
       "rule's declarations and `state_storage` (pairs of state name or '*' and kind).");
   m.def(
       "check_options",
-      [](const fo::Rule& rule, const std::string& state_dtype, bool master_weights,
-         double max_grad_norm, const std::string& strategy, StoragePairs state_storage,
-         int quant_block, std::int64_t quant_min_numel, bool stochastic_rounding,
-         std::uint64_t seed) {
-        const fo::OptimizerOptions o = options_of(state_dtype, master_weights, max_grad_norm,
-                                                  strategy, std::move(state_storage), quant_block,
-                                                  quant_min_numel, stochastic_rounding, seed);
+      [](const fo::Rule& rule, const fo::OptimizerOptions& o) {
         fo::check_options(o);
         std::vector<std::string> out;
         for (fo::Quant q : fo::resolve_state_storage(rule, o)) out.emplace_back(fo::to_string(q));
         return out;
       },
-      nb::arg("rule"), nb::arg("state_dtype"), nb::arg("master_weights"), nb::arg("max_grad_norm"),
-      nb::arg("strategy"), nb::arg("state_storage"), nb::arg("quant_block"),
-      nb::arg("quant_min_numel"), nb::arg("stochastic_rounding"), nb::arg("seed"),
+      nb::arg("rule"), nb::arg("options"),
       "The Optimizer's checks of its options alone (UsageError naming the first bad one), then "
       "resolve_state_storage's storage of each of the rule's states under them.");
   m.def(
@@ -515,6 +512,7 @@ NB_MODULE(_fusedopt, m) {
   m.attr("__version__") = FUSEDOPT_VERSION_STRING;
   bind_errors(m);
   bind_rule(m);
+  bind_options(m);
   bind_engine(m);
   bind_functions(m);
 }

@@ -415,6 +415,11 @@ class HookExtension final : public StepExtension {
 
 }  // namespace
 
+Tensor OptimizerAccess::step_counter(const Optimizer& opt) {
+  const Optimizer::Impl& m = opt.live("step_counter");
+  return Tensor(m.steps_taken.data(), 1, DType::F64, m.device, "step");
+}
+
 void OptimizerAccess::set_reduction_hook(Optimizer& opt, ReductionHook hook) {
   Optimizer::Impl& m = opt.live("set_reduction_hook");
   std::unique_ptr<StepExtension> own;

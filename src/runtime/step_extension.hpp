@@ -91,6 +91,11 @@ struct FUSEDOPT_API OptimizerAccess {
   static void set_extension(Optimizer& opt, StepExtension* extension);
   /// An extension that only combines: `hook` with each pass's totals; empty: none.
   static void set_reduction_hook(Optimizer& opt, ReductionHook hook);
+  /// The optimizer's step count where the steps write it: one double in the device's memory
+  /// (host memory for host optimizers), valid while `opt` lives. A front end shows it live
+  /// (fusedopt.torch's opt.state[p]['step']); it is written by the step's End op, in stream
+  /// order on a device.
+  static Tensor step_counter(const Optimizer& opt);
   /// Optimizer::load of a checkpoint already in memory and checked by the caller (a sharded
   /// checkpoint's pieces of this rank): `metadata` and `tensors` as save() writes them; the
   /// same checks, all before anything changes. `where` names it in errors.
