@@ -150,7 +150,9 @@ DType parse_dtype(std::string_view s, std::string_view whole) {
   if (s == "fp32" || s == "f32" || s == "float32") return DType::F32;
   if (s == "fp16" || s == "f16" || s == "float16" || s == "half") return DType::F16;
   if (s == "bf16" || s == "bfloat16") return DType::BF16;
-  throw UsageError(fmt::format("bad dtype '{}' in '{}': expected fp32, fp16 or bf16", s, whole));
+  if (s == "fp64" || s == "f64" || s == "float64" || s == "double") return DType::F64;
+  throw UsageError(
+      fmt::format("bad dtype '{}' in '{}': expected fp32, fp16, bf16 or fp64", s, whole));
 }
 
 }  // namespace
@@ -199,6 +201,17 @@ DTypeBinding DTypeBinding::parse(std::string_view text) {
     b.param = parse_dtype(rest.substr(0, c1), text);
     b.grad = parse_dtype(rest.substr(c1 + 1, c2 - c1 - 1), text);
     b.state = parse_dtype(rest.substr(c2 + 1), text);
+  }
+  const bool f64 = b.param == DType::F64 || b.grad == DType::F64 || b.state == DType::F64;
+  if (f64 && !(b.param == DType::F64 && b.grad == DType::F64 && b.state == DType::F64)) {
+    throw UsageError(fmt::format(
+        "bad dtypes '{}': fp64 binds params, grads and states together (fp64:fp64:fp64)", text));
+  }
+  if (f64 && (b.master || b.stochastic || b.quantized())) {
+    throw UsageError(fmt::format(
+        "bad dtypes '{}': fp64 params take no master copy, stochastic rounding or quantized "
+        "states",
+        text));
   }
   if (b.stochastic && (b.param == DType::F32 || b.master)) {
     throw UsageError(fmt::format(

@@ -1,5 +1,6 @@
-// Storage dtypes and how a kernel binds them to the roles of a rule. Math is always fp32;
-// the binding decides loads and stores, and each binding is its own kernel (and cache key).
+// Storage dtypes and how a kernel binds them to the roles of a rule. Math is fp32 (double for
+// an fp64 binding); the binding decides loads and stores, and each binding is its own kernel
+// (and cache key).
 #pragma once
 
 #include <cstdint>
@@ -12,8 +13,10 @@
 namespace fusedopt {
 
 /// Storage type of a tensor. F64 holds per-tensor scalar states (a rule's `scalar`
-/// declarations: Optimizer::state() views and checkpoints); U8 the codes of block-quantized
-/// states (Quant); parameters, gradients and state tensors are F32, F16 or BF16.
+/// declarations: Optimizer::state() views and checkpoints) and float64 params, with their
+/// grads and states (a binding "fp64:fp64:fp64", whose element math is double); U8 the codes
+/// of block-quantized states (Quant); other parameters, gradients and state tensors are F32,
+/// F16 or BF16.
 enum class DType { F32, F16, BF16, F64, U8 };
 
 /// "fp32", "fp16", "bf16", "fp64", "uint8".
@@ -40,7 +43,11 @@ FUSEDOPT_API const char* to_string(Quant quant);
 /// Bits per element of a quantized state's codes (8 or 4; 0 for Quant::None).
 FUSEDOPT_API int quant_bits(Quant quant);
 
-/// Storage dtype of each role of a rule.
+/// Storage dtype of each role of a rule. fp64 binds all three together ("fp64:fp64:fp64", or
+/// "fp64"): float64 params step with float64 grads and states, and the kernel's element math
+/// is double (locals, literals, built-in functions, hypers, uniform and per-tensor values);
+/// such a binding takes no master copy, stochastic rounding or quantized states, and rules
+/// with reduction passes or row/column states do not compile for it (UsageError).
 struct FUSEDOPT_API DTypeBinding {
   DType param = DType::F32;  ///< the parameter as the model sees it
   DType grad = DType::F32;

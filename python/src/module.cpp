@@ -75,6 +75,7 @@ fo::DType dtype_of(const Array& a, const std::string& who) {
     if (code == nb::dlpack::dtype_code::Float && d.bits == 32) return fo::DType::F32;
     if (code == nb::dlpack::dtype_code::Float && d.bits == 16) return fo::DType::F16;
     if (code == nb::dlpack::dtype_code::Bfloat && d.bits == 16) return fo::DType::BF16;
+    if (code == nb::dlpack::dtype_code::Float && d.bits == 64) return fo::DType::F64;
   }
   const char* kind = code == nb::dlpack::dtype_code::Float    ? "float"
                      : code == nb::dlpack::dtype_code::Bfloat ? "bfloat"
@@ -82,7 +83,7 @@ fo::DType dtype_of(const Array& a, const std::string& who) {
                      : code == nb::dlpack::dtype_code::UInt   ? "uint"
                                                               : "other";
   throw fo::UsageError(who + " has dtype " + kind + std::to_string(d.bits) +
-                       "; fusedopt binds float32, float16 and bfloat16");
+                       "; fusedopt binds float32, float16, bfloat16 and float64");
 }
 
 /// A fusedopt Tensor viewing a DLPack tensor in place (C-contiguous, one of our dtypes, on

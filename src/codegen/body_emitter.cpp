@@ -49,7 +49,11 @@ std::string finish_value(lang::ReduceKind kind, const std::string& raw) {
 
 BodyEmitter::BodyEmitter(const lang::Rule& rule, const DTypeBinding& dtypes,
                          const Schedule& schedule)
-    : rule_(rule), dtypes_(dtypes), s_(schedule), em_(rule), file_(rule_file_label(rule.file)) {
+    : rule_(rule),
+      dtypes_(dtypes),
+      s_(schedule),
+      em_(rule, dtypes.param == DType::F64),
+      file_(rule_file_label(rule.file)) {
   for (std::size_t i = 0; i < rule.stmts.size(); ++i) {
     const lang::Stmt& st = rule.stmts[i];
     if (rule.symbols[st.target].kind == SymKind::Temp && st.value->uniform) {
@@ -103,7 +107,8 @@ std::string BodyEmitter::init_function() {
   w.line("FO_FN void fo_init_element(const fo_tensor& t, long long i, const fo_uniform& U) {");
   if (dtypes_.master)
     w.line(fmt::format("  fo_store(t.r{}, i, fo_load(t.r0, i));", s_.master_role));
-  w.line(fmt::format("  const float v_{} = fo_load(t.r{}, i);", param.name, s_.value_role));
+  w.line(
+      fmt::format("  const {} v_{} = fo_load(t.r{}, i);", em_.real(), param.name, s_.value_role));
   w.line(fmt::format("  (void)v_{};", param.name));
   w.append(in);
   w.restore_line();

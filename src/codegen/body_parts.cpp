@@ -45,12 +45,14 @@ void emit_common_prologue(Writer& w, const KernelBody& body) {
 }
 
 std::string uniform_struct(const KernelBody& body) {
+  // An fp64 binding's element code reads its uniform and per-tensor values as doubles.
+  const char* real = body.f64 ? "double" : "float";
   return fmt::format(
-      "struct fo_uniform {{\n  float h[{}];\n  float step;\n  float inv_grad_scale;\n"
-      "  float g[{}];\n  float u[{}];\n"
+      "struct fo_uniform {{\n  {4} h[{0}];\n  {4} step;\n  float inv_grad_scale;\n"
+      "  {4} g[{1}];\n  {4} u[{2}];\n"
       "  unsigned int rstep;        // the step, the random numbers' counter\n"
       "  unsigned long long seed;   // their key (fo_launch::seed)\n}};\n"
-      "struct fo_tvals {{\n  float v[{}];\n}};\n"
+      "struct fo_tvals {{\n  {4} v[{3}];\n}};\n"
       "// A row's and a column's values (factored rules): states [k * nrows + row], [k * ncols\n"
       "// + col]; row, column and matrix means [index * slots + slot]; the element code's row\n"
       "// values rv[k] and column values cv[k * cvs + col - cv0] (fo_row_values,\n"
@@ -59,7 +61,7 @@ std::string uniform_struct(const KernelBody& body) {
       "  const double* ct;\n  const double* mt;\n  long long nrows, ncols, row, col, mat;\n"
       "  const float* rv;\n  const float* cv;\n  long long cvs, cv0;\n}};\n",
       std::max(body.num_hypers, 1), std::max(body.num_global_slots, 1),
-      std::max(body.num_uniforms, 1), std::max(body.num_tvals, 1));
+      std::max(body.num_uniforms, 1), std::max(body.num_tvals, 1), real);
 }
 
 const char* storage_type(DType dtype) {
@@ -71,6 +73,7 @@ const char* storage_type(DType dtype) {
     case DType::BF16:
       return "fo_bf16";
     case DType::F64:
+      return "double";  // an fp64 binding's roles (f64.h loads and stores them)
     case DType::U8:
       break;  // not a tensor role's dtype (DTypeBinding::parse refuses it)
   }
@@ -107,9 +110,11 @@ void emit_prepare(Writer& w, const KernelBody& body, const std::vector<std::stri
   w.line("  fo_uniform U;");
   w.line("  (void)h;");
   w.line("  (void)G;");
-  for (int k = 0; k < body.num_hypers; ++k) w.line(fmt::format("  U.h[{}] = (float)h[{}];", k, k));
+  const char* narrow = body.f64 ? "" : "(float)";
+  for (int k = 0; k < body.num_hypers; ++k)
+    w.line(fmt::format("  U.h[{}] = {}h[{}];", k, narrow, k));
   if (body.num_hypers == 0) w.line("  U.h[0] = 0.0f;");
-  w.line("  U.step = (float)step;");
+  w.line(fmt::format("  U.step = {}step;", narrow));
   w.line("  U.inv_grad_scale = inv_grad_scale;");
   w.line("  U.rstep = (unsigned int)step;");
   w.line("  U.seed = 0;  // the skeleton sets the launch's");

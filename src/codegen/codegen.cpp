@@ -12,6 +12,7 @@
 #include "codegen/body_report.hpp"
 #include "codegen/quant.hpp"
 #include "codegen/writer.hpp"
+#include "fusedopt/error.hpp"
 
 namespace fusedopt::codegen {
 namespace {
@@ -61,11 +62,22 @@ KernelBody generate_body(const Rule& rule, const DTypeBinding& dtypes, Strategy 
   // Quantized states recompute too: a reduction pass then stores no state (the update is
   // where a block's new absmax is known).
   check_quant(dtypes, static_cast<int>(rule.states.size()));
+  // An fp64 binding's math is double end to end only where no fp32 buffer lies between the
+  // element code and its result: the reduction passes' chunk partials and the row and column
+  // states and values of factored rules are fp32, so those rules are not bound in fp64.
+  if (dtypes.param == DType::F64 && (rule.reduction_passes > 0 || rule.factored())) {
+    throw UsageError(fmt::format(
+        "rule '{}' {}: fp64 params (dtypes {}) step only rules without reductions and "
+        "row/column states (their partial sums and row/column values are fp32)",
+        rule.name, rule.factored() ? "has row/column states or means" : "has reduction passes",
+        dtypes.str()));
+  }
   if (rule.factored() || dtypes.quantized()) strategy = Strategy::Recompute;
   const Schedule schedule = plan_schedule(rule, dtypes, strategy);
   KernelBody body;
   body.kind = "rule";
   body.name = rule.name;
+  body.f64 = dtypes.param == DType::F64;
   const std::string file = rule_file_label(rule.file);
 
   std::vector<std::string> role_names;

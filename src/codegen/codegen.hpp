@@ -34,7 +34,10 @@ struct KernelBody {
   std::string name;  ///< rule or functor name
   int num_roles = 0;
   int num_hypers = 0;
-  int num_uniforms = 0;             ///< hoisted uniform values
+  int num_uniforms = 0;  ///< hoisted uniform values
+  /// An fp64 binding: element math in double, and fo_uniform's hypers, step, global values
+  /// and uniform values and fo_tvals's values are doubles (else floats).
+  bool f64 = false;
   std::vector<std::string> roles;   ///< role names in pointer order
   std::vector<std::string> hypers;  ///< hyper names in order
   std::string code;

@@ -45,14 +45,14 @@ void BodyEmitter::emit_loads(const PassShape& p, Writer& loads) {
     if (!is_tensor(x.kind) && !(x.kind == SymKind::Temp)) continue;
     const int s = static_cast<int>(sym);
     if (x.kind == SymKind::Temp) {
-      loads.line(fmt::format("  float v_{} = 0.0f;", x.name));
+      loads.line(fmt::format("  {} v_{} = 0.0f;", em_.real(), x.name));
     } else if (originals.count(s)) {
       const std::string scale = x.kind == SymKind::Grad ? " * U.inv_grad_scale" : "";
-      loads.line(fmt::format("  {}float v_{} = fo_load(t.r{}, i){};",
-                             x.kind == SymKind::Grad ? "const " : "", x.name, role_of(rule_, s_, s),
-                             scale));
+      loads.line(fmt::format("  {}{} v_{} = fo_load(t.r{}, i){};",
+                             x.kind == SymKind::Grad ? "const " : "", em_.real(), x.name,
+                             role_of(rule_, s_, s), scale));
     } else {
-      loads.line(fmt::format("  float v_{} = 0.0f;", x.name));
+      loads.line(fmt::format("  {} v_{} = 0.0f;", em_.real(), x.name));
     }
   }
   if (p.store) {
@@ -70,7 +70,7 @@ void BodyEmitter::emit_scratch_loads(const PassShape& p, Writer& loads) {
   for (std::size_t c = 0; c < s_.crossings.size(); ++c) {
     const Crossing& x = s_.crossings[c];
     const std::string local = fmt::format("fo_x{}", c);
-    loads.line(fmt::format("  const float {} = fo_load(t.r{}, i);", local,
+    loads.line(fmt::format("  const {} {} = fo_load(t.r{}, i);", em_.real(), local,
                            s_.first_scratch_role + static_cast<int>(c)));
     if (x.def >= 0) {
       em_.def_override_[x.def] = local;
@@ -83,7 +83,7 @@ void BodyEmitter::emit_scratch_loads(const PassShape& p, Writer& loads) {
     const int role = role_of(rule_, s_, sym);
     if (!p.plan.reads.count(role)) continue;
     const std::string local = fmt::format("fo_r_{}", rule_.symbols[sym].name);
-    loads.line(fmt::format("  const float {} = fo_load(t.r{}, i);", local, role));
+    loads.line(fmt::format("  const {} {} = fo_load(t.r{}, i);", em_.real(), local, role));
     em_.def_override_[last_def_.at(sym)] = local;
   }
 }

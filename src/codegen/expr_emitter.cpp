@@ -36,9 +36,8 @@ int ExprEmitter::slot_for(const std::string& text, lang::Loc loc) {
   auto it = slot_by_text_.find(text);
   if (it != slot_by_text_.end()) return it->second;
   int slot = static_cast<int>(prepare_.size());
-  prepare_.push_back(
-      {loc.line,
-       fmt::format("const double fo_d{0} = {1}; U.u[{0}] = (float)fo_d{0};", slot, text)});
+  prepare_.push_back({loc.line, fmt::format("const double fo_d{0} = {1}; U.u[{0}] = {2}fo_d{0};",
+                                            slot, text, narrow())});
   slot_by_text_.emplace(text, slot);
   return slot;
 }
@@ -209,7 +208,7 @@ std::string ExprEmitter::cond_node(const lang::Expr& e) {
 
 std::string ExprEmitter::node(const lang::Expr& e, bool uniform_ctx) {
   // A boolean operator (not a where or a reference that merely holds a truth value).
-  const bool in_double = in_prepare_ || in_tensor_;
+  const bool in_double = in_prepare_ || in_tensor_ || f64_;
   if (e.boolean && e.op != lang::Op::Where && !trivial(e))
     return fmt::format(in_double ? "fo_bool_d({})" : "fo_bool({})", cond_node(e));
   switch (e.op) {
@@ -238,7 +237,9 @@ std::string ExprEmitter::node(const lang::Expr& e, bool uniform_ctx) {
       return fmt::format("({} ? {} : {})", cond(*e.args[0]), emit(*e.args[1]), emit(*e.args[2]));
     case lang::Op::Rand:
       // Word 1 of the element's random numbers (word 0 rounds a stochastic param store).
-      return "fo_unit(fo_element_rand(U.seed, U.rstep, t.pid, t.e0 + i).x[1])";
+      // (In double for an fp64 binding: fo_min(double, float) would be ambiguous.)
+      return fmt::format("{}fo_unit(fo_element_rand(U.seed, U.rstep, t.pid, t.e0 + i).x[1])",
+                         f64_ ? "(double)" : "");
     case lang::Op::Reduce: {
       const lang::Reduction& r = rule_.reductions.at(e.reduction);
       // Row, column and matrix means: this element's row's, column's and matrix's.

@@ -21,7 +21,15 @@ namespace fusedopt::codegen {
 /// only hypers, step and hoisted values exist) and "element" (inside fo_element).
 class ExprEmitter {
  public:
-  explicit ExprEmitter(const lang::Rule& rule) : rule_(rule) {}
+  /// `f64`: an fp64 binding's element code, whose math is double (locals, literals, the
+  /// values it reads from fo_uniform and fo_tvals); else float.
+  explicit ExprEmitter(const lang::Rule& rule, bool f64 = false) : rule_(rule), f64_(f64) {}
+
+  /// The element math's type ("float", or "double" for an fp64 binding).
+  const char* real() const { return f64_ ? "double" : "float"; }
+  /// The cast of a double into the element math's type ("(float)", or none in double).
+  const char* narrow() const { return f64_ ? "" : "(float)"; }
+  bool f64() const { return f64_; }
 
   /// Element-context text of `e`; every non-trivial uniform subtree becomes U.u[k].
   std::string element(const lang::Expr& e) { return emit(e); }
@@ -115,6 +123,7 @@ class ExprEmitter {
   std::string node(const lang::Expr& e, bool uniform_ctx);
 
   const lang::Rule& rule_;
+  bool f64_ = false;
   std::map<int, int> temp_slot_;
 
  public:

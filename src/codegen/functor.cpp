@@ -125,6 +125,12 @@ void emit_functor_init(Writer& w, const TrustedFunctor& functor, const FunctorRo
 
 KernelBody generate_functor_body(const TrustedFunctor& functor, const DTypeBinding& dtypes) {
   check_functor(functor);
+  if (dtypes.param == DType::F64) {
+    throw UsageError(fmt::format(
+        "trusted functor '{}': fp64 params (dtypes {}) are not bound to trusted functors "
+        "(their Functor takes float&)",
+        functor.name, dtypes.str()));
+  }
   const FunctorRoles roles = functor_roles(functor, dtypes);
   KernelBody body;
   body.kind = "trusted-functor";

@@ -26,11 +26,20 @@ std::string generate_source(const KernelBody& body, const Target& target) {
       throw InternalError("kernel skeleton: unterminated FO_GENERATED block");
     skeleton.erase(a, b + 7 - a);
   }
+  if (body.f64 && target.cuda_source()) {
+    // An fp64 binding's staging of double roles, after the skeleton's staging types and
+    // before the code that uses them (only fp64 sources hold it).
+    const std::string anchor = "// The generated FO_UPDATE_STAGE(LOAD, DECL)";
+    const std::size_t at = skeleton.find(anchor);
+    if (at == std::string::npos) throw InternalError("kernel skeleton: no '" + anchor + "'");
+    skeleton.insert(at, std::string(embedded_file("kernels/f64_cuda.cuh")));
+  }
   std::string text;
   text += "// fusedopt kernel '" + sanitize_comment(body.name) + "' for " + target.str() + "\n";
   text += "#define FO_GENERATED 1\n";
   text += embedded_file("kernels/prelude.h");
   text += embedded_file("kernels/abi.h");
+  if (body.f64) text += embedded_file("kernels/f64.h");
   text += body.code;
   text += embedded_file("kernels/factored.h");
   text += embedded_file("kernels/quant.h");

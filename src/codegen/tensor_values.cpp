@@ -25,14 +25,15 @@ std::string BodyEmitter::tensor_functions() {
   w.line("  T.v[0] = 0.0f;");
   for (const lang::Reduction& r : rule_.reductions) {
     if (r.scope == lang::Scope::Tensor) {
-      w.line(fmt::format("  T.v[{}] = {};", r.slot,
-                         finish_value(r.kind, fmt::format("R[{}]", r.slot))));
+      w.line(fmt::format("  T.v[{}] = {}{};", r.slot, em_.narrow(),
+                         finish_value_d(r.kind, fmt::format("R[{}]", r.slot))));
     }
   }
   int slot = rule_.num_tensor_reductions;
   for (int s : rule_.scalars) {
     const int k = rule_.symbols[s].index;
-    w.line(fmt::format("  const double fo_so{0} = S[{0}]; T.v[{1}] = (float)fo_so{0};", k, slot++));
+    w.line(fmt::format("  const double fo_so{0} = S[{0}]; T.v[{1}] = {2}fo_so{0};", k, slot++,
+                       em_.narrow()));
   }
   std::map<int, std::string> final_value;  // scalar index -> the local holding it at the end
   for (int s : rule_.scalars) {
@@ -53,13 +54,13 @@ std::string BodyEmitter::tensor_functions() {
       w.line(fmt::format("  const double fo_t{} = {};", i, em_.tensor_value(*st.value)));
     } else if (target.kind == SymKind::Scalar) {
       w.line_directive(st.loc.line, file_);
-      w.line(fmt::format("  const double fo_s{0} = {1}; T.v[{2}] = (float)fo_s{0};", i,
-                         em_.tensor_value(*st.value), slot++));
+      w.line(fmt::format("  const double fo_s{0} = {1}; T.v[{2}] = {3}fo_s{0};", i,
+                         em_.tensor_value(*st.value), slot++, em_.narrow()));
       final_value[target.index] = fmt::format("fo_s{}", i);
     }
   }
   for (const auto& [k, text] : em_.tensor_hoisted()) {
-    w.line(fmt::format("  T.v[{}] = (float)({});", k, text));
+    w.line(fmt::format("  T.v[{}] = {}({});", k, em_.narrow(), text));
   }
   if (directed) w.restore_line();
   w.line("  if (S_out) {");

@@ -2,6 +2,7 @@
 // Construction lives in optimizer_build.cpp, checkpoints in checkpoint.cpp.
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstddef>
 #include <cstring>
@@ -63,6 +64,10 @@ Quant Optimizer::Impl::quant_of(const runtime::ParamSlot& slot, std::size_t k) c
   return k < b.quant.size() ? b.quant[k] : Quant::None;
 }
 
+DType Optimizer::Impl::element_dtype(const runtime::ParamSlot& slot) const {
+  return slot.param.dtype == DType::F64 ? DType::F64 : options.state_dtype;
+}
+
 Tensor Optimizer::Impl::state_view(const runtime::StateSpec& spec, std::size_t p) const {
   using K = runtime::StateSpec::Kind;
   const runtime::ParamSlot& slot = params[p];
@@ -75,6 +80,7 @@ Tensor Optimizer::Impl::state_view(const runtime::StateSpec& spec, std::size_t p
     case K::Element:
       t.data = slot.states[spec.index];
       t.numel = slot.param.numel;
+      t.dtype = element_dtype(slot);
       if (const Quant q = quant_of(slot, spec.index); q != Quant::None) {
         t.dtype = DType::U8;  // the codes
         t.numel = fo_q_code_bytes(slot.param.numel, quant_bits(q));
@@ -91,6 +97,7 @@ Tensor Optimizer::Impl::state_view(const runtime::StateSpec& spec, std::size_t p
     case K::Output:
       t.data = slot.states[num_states + spec.index];
       t.numel = slot.param.numel;
+      t.dtype = element_dtype(slot);
       break;
     case K::Scalar:
       t.data = slot.scalars + k;  // one double per tensor, empty tensors included
@@ -486,12 +493,20 @@ double Optimizer::hyper(const std::string& name, int group) const {
 std::int64_t Optimizer::step_count() const { return live("step_count").current_step_count(); }
 
 std::vector<StateInfo> Optimizer::states() const {
+  const Impl& m = live("states");
+  // Element states and outputs of an optimizer of float64 params only are float64.
+  const bool f64 = std::all_of(m.params.begin(), m.params.end(), [](const runtime::ParamSlot& s) {
+    return s.param.dtype == DType::F64;
+  });
   std::vector<StateInfo> out;
-  for (const runtime::StateSpec& spec : live("states").specs) {
-    out.push_back(
-        {spec.name, spec.kind,
-         spec.kind == StateKind::Element && spec.quant != Quant::None ? DType::U8 : spec.dtype,
-         spec.saved(), spec.quant});
+  for (const runtime::StateSpec& spec : m.specs) {
+    DType dtype = spec.dtype;
+    if (spec.kind == StateKind::Element && spec.quant != Quant::None) {
+      dtype = DType::U8;
+    } else if (f64 && (spec.kind == StateKind::Element || spec.kind == StateKind::Output)) {
+      dtype = DType::F64;
+    }
+    out.push_back({spec.name, spec.kind, dtype, spec.saved(), spec.quant});
   }
   return out;
 }

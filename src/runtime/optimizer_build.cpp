@@ -56,13 +56,20 @@ std::size_t advance(std::size_t cursor, std::size_t n, std::size_t bytes, const 
   return round_up(cursor + n * bytes, kArenaAlign);
 }
 
-bool valid_dtype(DType d) { return d == DType::F32 || d == DType::F16 || d == DType::BF16; }
+bool valid_dtype(DType d) {
+  return d == DType::F32 || d == DType::F16 || d == DType::BF16 || d == DType::F64;
+}
 
 /// Checks one param/grad pair on its own.
 void validate_pair(const ParamSlot& s) {
   const std::string who = runtime::describe(s);
   if (!valid_dtype(s.param.dtype)) throw UsageError(who + ": param has an unsupported dtype");
   if (!valid_dtype(s.grad.dtype)) throw UsageError(who + ": grad has an unsupported dtype");
+  // An fp64 binding is fp64 throughout (DTypeBinding): a float64 param, a float64 grad.
+  FUSEDOPT_CHECK_USAGE((s.param.dtype == DType::F64) == (s.grad.dtype == DType::F64),
+                       "{}: param is {} but grad is {} (a float64 param steps with a float64 "
+                       "grad, and only it)",
+                       who, to_string(s.param.dtype), to_string(s.grad.dtype));
   FUSEDOPT_CHECK_USAGE(s.param.numel >= 0, "{}: param has a negative size ({})", who,
                        s.param.numel);
   if (s.grad.numel != s.param.numel) {
@@ -291,6 +298,20 @@ DTypeBinding Optimizer::Impl::binding_of(std::size_t p) const {
   b.param = s.param.dtype;
   b.grad = s.grad.dtype;
   b.state = options.state_dtype;
+  if (b.param == DType::F64) {
+    // As torch keeps a float64 param's exp_avg in float64: its states are float64 whatever
+    // state_dtype says; master_weights and stochastic_rounding mean nothing for it.
+    b.state = DType::F64;
+    const long long whole = p < origins.size() ? origins[p].numel : s.param.numel;
+    const bool quantized =
+        std::any_of(quant.begin(), quant.end(), [](Quant q) { return q != Quant::None; });
+    FUSEDOPT_CHECK_USAGE(!(quantized && s.param.numel > 0 && whole >= options.quant_min_numel),
+                         "{}: a float64 param keeps its states in float64; quantized states "
+                         "(state_storage, or the rule's `storage`) are not bound to float64 "
+                         "params",
+                         runtime::describe(s));
+    return b;
+  }
   b.master = options.master_weights && s.param.dtype != DType::F32;
   b.stochastic = options.stochastic_rounding && s.param.dtype != DType::F32;
   // A piece of a param (ShardedOptimizer) is quantized when its whole param is.
@@ -335,13 +356,13 @@ void Optimizer::Impl::lay_out_arenas() {
     for (std::size_t k = 0; k < state_names.size(); ++k) {
       // A quantized state's codes and absmax are one piece of bytes (abi.h's layout).
       const Quant q = k < b.quant.size() ? b.quant[k] : Quant::None;
-      std::size_t& cursor = arena_bytes[q != Quant::None ? DType::U8 : options.state_dtype];
+      std::size_t& cursor = arena_bytes[q != Quant::None ? DType::U8 : b.state];
       offsets[p].push_back(cursor);
       cursor = q != Quant::None ? advance(cursor,
                                           static_cast<std::size_t>(
                                               fo_q_bytes(s.param.numel, quant_bits(q), b.block())),
                                           1, s)
-                                : advance(cursor, n, dtype_size(options.state_dtype), s);
+                                : advance(cursor, n, dtype_size(b.state), s);
     }
     if (b.master) {
       std::size_t& cursor = arena_bytes[DType::F32];
@@ -389,7 +410,7 @@ void Optimizer::Impl::lay_out_arenas() {
     const DTypeBinding& b = bindings[static_cast<std::size_t>(s.binding)];
     for (std::size_t k = 0; k < state_names.size(); ++k) {
       const bool q = k < b.quant.size() && b.quant[k] != Quant::None;
-      s.states[k] = base[q ? DType::U8 : options.state_dtype] + offsets[p][k];
+      s.states[k] = base[q ? DType::U8 : b.state] + offsets[p][k];
     }
     if (bindings[static_cast<std::size_t>(s.binding)].master) {
       s.master = base[DType::F32] + offsets[p].back();

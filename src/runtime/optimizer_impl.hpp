@@ -258,6 +258,9 @@ struct FUSEDOPT_NO_EXPORT Optimizer::Impl {
   const runtime::StateSpec& state_spec(const std::string& name) const;
   /// Whether state k of parameter `p` is quantized (its binding's storage).
   Quant quant_of(const runtime::ParamSlot& slot, std::size_t k) const;
+  /// The storage of slot's element states and outputs: float64 for a float64 param, else
+  /// state_dtype (where not quantized).
+  DType element_dtype(const runtime::ParamSlot& slot) const;
   /// The checkpoint's record of the states' storage: ("m=q8s,v=q8u", "256"), or empty
   /// strings when no state is quantized (checkpoint.cpp).
   std::pair<std::string, std::string> storage_text() const;

@@ -117,6 +117,10 @@ std::vector<float> widen(const std::byte* data, std::int64_t numel, DType dtype)
     float v = 0;
     if (dtype == DType::F32) {
       std::memcpy(&v, data + 4 * i, 4);
+    } else if (dtype == DType::F64) {
+      double d = 0;
+      std::memcpy(&d, data + 8 * i, 8);
+      v = static_cast<float>(d);
     } else {
       std::uint16_t h = 0;
       std::memcpy(&h, data + 2 * i, 2);

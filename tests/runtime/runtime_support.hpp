@@ -49,6 +49,11 @@ class HostTensor {
   }
   /// Reads element `i` of a tensor of `dtype` at `data`.
   static double read(fusedopt::DType dtype, const void* p) {
+    if (dtype == fusedopt::DType::F64) {
+      double d;
+      std::memcpy(&d, p, 8);
+      return d;
+    }
     if (dtype == fusedopt::DType::F32) {
       float f;
       std::memcpy(&f, p, 4);
@@ -59,6 +64,10 @@ class HostTensor {
     return decode(dtype, bits);
   }
   static void write(fusedopt::DType dtype, void* p, double x) {
+    if (dtype == fusedopt::DType::F64) {
+      std::memcpy(p, &x, 8);
+      return;
+    }
     if (dtype == fusedopt::DType::F32) {
       const auto f = static_cast<float>(x);
       std::memcpy(p, &f, 4);
@@ -84,9 +93,11 @@ class HostTensor {
 
 /// Element `i` of an optimizer-owned tensor view.
 inline double at(const fusedopt::Tensor& t, std::int64_t i) {
-  if (t.dtype == fusedopt::DType::F64) {  // a per-tensor scalar state: one value for all
+  if (t.dtype == fusedopt::DType::F64) {
+    // A per-tensor scalar state (one element: one value for all), or an element state of a
+    // float64 param.
     double x;
-    std::memcpy(&x, t.data, sizeof x);
+    std::memcpy(&x, static_cast<const double*>(t.data) + (t.numel == 1 ? 0 : i), sizeof x);
     return x;
   }
   return HostTensor::read(

@@ -31,7 +31,8 @@ options:
                     (repeatable or comma-separated; default: host)
   --dtypes D        PARAM:GRAD:STATE[+master|+sr][+q=Q/Q/...[@B]] or one dtype for all,
                     e.g. fp32, bf16:bf16:fp32+master, bf16+sr (stochastic rounding),
-                    fp32+q=q8s/q8u@256 (each state's storage: -, q8s, q8u, q4s, q4u)
+                    fp32+q=q8s/q8u@256 (each state's storage: -, q8s, q8u, q4s, q4u),
+                    fp64 (float64 params, grads and states; element-wise rules only)
                     (repeatable or comma-separated; default: fp32)
   --jobs N          compile N kernels at once (default: the number of cores)
   --json            print the results as JSON
