@@ -42,6 +42,22 @@ constexpr std::size_t kArenaAlign = 64;
 
 std::size_t round_up(std::size_t n, std::size_t a) { return (n + a - 1) / a * a; }
 
+/// The elements of the tensor param `s` is a piece of (Tensor::whole_shape), or its own.
+std::int64_t whole_numel(const ParamSlot& s) {
+  if (s.param.whole_shape.empty()) return s.param.numel;
+  std::int64_t n = 1;
+  for (std::int64_t d : s.param.whole_shape) n *= d;  // fits: validate_piece
+  return n;
+}
+
+/// The index of a piece's first element in its whole tensor (0 for a whole tensor).
+long long piece_offset(const ParamSlot& s) {
+  const std::vector<std::int64_t>& w = s.param.whole_shape;
+  long long row = 1;
+  for (std::size_t d = 1; d < w.size(); ++d) row *= w[d];
+  return w.empty() ? 0 : static_cast<long long>(s.param.whole_offset) * row;
+}
+
 /// The most bytes of state one optimizer lays out (2^56: far beyond any machine, and far
 /// from where the arithmetic of the layout could overflow).
 constexpr std::size_t kMaxArenaBytes = std::size_t{1} << 56;
@@ -93,6 +109,52 @@ void validate_pair(const ParamSlot& s) {
     (void)runtime::matrix_shape(s.param.shape, s.param.numel);  // rows and columns fit
   } catch (const UsageError& e) {
     throw UsageError(fmt::format("{}: param {}", who, e.what()));
+  }
+}
+
+std::string dims_text(const std::vector<std::int64_t>& shape) {
+  std::string dims;
+  for (std::int64_t d : shape) dims += (dims.empty() ? "" : ", ") + std::to_string(d);
+  return "[" + dims + "]";
+}
+
+/// Checks a param that is a dim-0 piece of a bigger tensor (Tensor::whole_shape).
+void validate_piece(const ParamSlot& s) {
+  const std::string who = runtime::describe(s);
+  const Tensor& t = s.param;
+  if (t.whole_shape.empty()) {
+    FUSEDOPT_CHECK_USAGE(t.whole_offset == 0,
+                         "{}: whole_offset is {} but whole_shape is empty (a piece gives the "
+                         "whole tensor's shape; an empty one means the tensor is whole)",
+                         who, t.whole_offset);
+    return;
+  }
+  const std::vector<std::int64_t> piece =
+      t.shape.empty() ? std::vector<std::int64_t>{t.numel} : t.shape;
+  std::int64_t elements = 1;
+  for (std::int64_t d : t.whole_shape) {
+    FUSEDOPT_CHECK_USAGE(d >= 0, "{}: whole_shape {} has a negative dimension", who,
+                         dims_text(t.whole_shape));
+    const std::optional<std::int64_t> e = support::checked_mul(elements, d);
+    FUSEDOPT_CHECK_USAGE(e.has_value(), "{}: whole_shape {} has more elements than 64 bits count",
+                         who, dims_text(t.whole_shape));
+    elements = *e;
+  }
+  bool same = piece.size() == t.whole_shape.size();
+  for (std::size_t d = 1; d < piece.size() && same; ++d) same = piece[d] == t.whole_shape[d];
+  FUSEDOPT_CHECK_USAGE(same,
+                       "{}: shape {} is not a dim-0 piece of whole_shape {} (a piece has the "
+                       "whole's shape but in dim 0)",
+                       who, dims_text(piece), dims_text(t.whole_shape));
+  FUSEDOPT_CHECK_USAGE(t.whole_offset >= 0 && t.whole_offset <= t.whole_shape[0] - piece[0],
+                       "{}: rows [{}, {}) of dim 0 are not within whole_shape {} (whole_offset "
+                       "{} + {} rows must be at most {})",
+                       who, t.whole_offset, t.whole_offset + piece[0], dims_text(t.whole_shape),
+                       t.whole_offset, piece[0], t.whole_shape[0]);
+  try {
+    (void)runtime::matrix_shape(t.whole_shape, elements);
+  } catch (const UsageError& e) {
+    throw UsageError(fmt::format("{}: whole_shape {}", who, e.what()));
   }
 }
 
@@ -261,6 +323,8 @@ void Optimizer::Impl::validate_groups(std::vector<ParamGroup>& groups) {
       s.grad = group.grads[i];
       s.name = s.param.name.empty() ? fmt::format("param{}", params.size()) : s.param.name;
       validate_pair(s);
+      validate_piece(s);
+      pieces = pieces || !s.param.whole_shape.empty();
       check_param_name(s);
       const std::string who = runtime::describe(s);
       const auto [same_name, fresh_name] = by_name.emplace(s.name, params.size());
@@ -293,9 +357,11 @@ DTypeBinding Optimizer::Impl::binding_of(std::size_t p) const {
   b.state = options.state_dtype;
   b.master = options.master_weights && s.param.dtype != DType::F32;
   b.stochastic = options.stochastic_rounding && s.param.dtype != DType::F32;
-  // A piece of a param (ShardedOptimizer) is quantized when its whole param is.
-  const long long whole = p < origins.size() ? origins[p].numel : s.param.numel;
-  if (s.param.numel > 0 && whole >= options.quant_min_numel) {
+  // A piece of a param (ShardedOptimizer; Tensor::whole_shape) is quantized when its whole
+  // param is, and an empty piece binds as the others do (the same layouts on every rank).
+  const std::int64_t whole = p < origins.size() ? origins[p].numel : whole_numel(s);
+  const bool piece = !s.param.whole_shape.empty();
+  if ((piece ? whole : s.param.numel) > 0 && whole >= options.quant_min_numel) {
     b.quant = quant;  // small params keep their states in state_dtype
     if (b.quantized()) {
       b.quant_block = options.quant_block;
@@ -308,7 +374,8 @@ DTypeBinding Optimizer::Impl::binding_of(std::size_t p) const {
   // a batch of matrices that do not each start on a block keeps its states unquantized (as
   // torchao keeps a tensor whose size is not a multiple of the block).
   if (b.quantized() && detail::RuleAccess::impl(rule)->factored()) {
-    const runtime::MatrixShape m = runtime::matrix_shape(s.param.shape, s.param.numel);
+    const runtime::MatrixShape m = piece ? runtime::matrix_shape(s.param.whole_shape, whole)
+                                         : runtime::matrix_shape(s.param.shape, s.param.numel);
     if (m.batch > 1 && (m.rows * m.cols) % b.block() != 0) {
       b.quant.clear();
       b.quant_block = 0;
@@ -326,11 +393,13 @@ void Optimizer::Impl::lay_out_arenas() {
   for (std::size_t p = 0; p < params.size(); ++p) {
     ParamSlot& s = params[p];
     s.states.assign(state_names.size(), nullptr);
-    if (s.param.numel == 0) continue;
+    // With pieces every param binds, in param order: the same bindings on every rank.
+    if (s.param.numel == 0 && !pieces) continue;
     const DTypeBinding b = binding_of(p);
     auto it = std::find(bindings.begin(), bindings.end(), b);
     s.binding = static_cast<int>(it - bindings.begin());
     if (it == bindings.end()) bindings.push_back(b);
+    if (s.param.numel == 0) continue;
     const auto n = static_cast<std::size_t>(s.param.numel);
     for (std::size_t k = 0; k < state_names.size(); ++k) {
       // A quantized state's codes and absmax are one piece of bytes (abi.h's layout).
@@ -355,7 +424,7 @@ void Optimizer::Impl::lay_out_arenas() {
   if (!scalar_names.empty() || !row_names.empty() || !col_names.empty()) {
     for (std::size_t p = 0; p < params.size(); ++p) {
       ParamSlot& s = params[p];
-      if (s.param.numel > 0) continue;
+      if (s.param.numel > 0 || s.binding >= 0) continue;
       const DTypeBinding b = binding_of(p);
       auto it = std::find(bindings.begin(), bindings.end(), b);
       if (it == bindings.end() && !bindings.empty()) it = bindings.begin();
@@ -408,6 +477,7 @@ void Optimizer::Impl::bind_kernels() {
         backend->load(detail::RuleAccess::impl(rule), t.dtypes, t.strategy, provider::cache_at({})),
         t, h));
   }
+  lay_out_shard();
   for (auto& kernel : kernels) kernel->init_states();
   steps_taken = backend->allocate(sizeof(double));  // zeroed: no step taken
   // The grad check rides on pass 0 (one read of the gradient for the unscale, the check and
@@ -416,6 +486,25 @@ void Optimizer::Impl::bind_kernels() {
   fold_check = true;
   for (const auto& kernel : kernels) fold_check = fold_check && kernel->body().store_pass != 0;
   compile_programs();
+}
+
+void Optimizer::Impl::lay_out_shard() {
+  // Pieces of a factored rule: the sums that span pieces, every binding's in one buffer,
+  // and the stages of each pass's finalize that reads them (abi.h's rc_stage).
+  for (const auto& kernel : kernels) num_shard += kernel->shard_size();
+  if (num_shard == 0) return;
+  shard = backend->allocate(static_cast<std::size_t>(num_shard) * sizeof(double));
+  auto* at = static_cast<double*>(shard.data());
+  for (auto& kernel : kernels) {
+    kernel->set_shard(at);
+    at += kernel->shard_size();
+  }
+  finalize_stages.assign(static_cast<std::size_t>(reduction_passes), 1);
+  for (const lang::Reduction& r : detail::lang_rule(rule).reductions) {
+    int& n = finalize_stages.at(static_cast<std::size_t>(r.pass));
+    if (r.scope == lang::Scope::Col) n = std::max(n, 2);
+    if (r.scope == lang::Scope::Matrix) n = std::max(n, r.arg->level == lang::Level::Col ? 2 : 3);
+  }
 }
 
 std::vector<runtime::BindingTensors> Optimizer::Impl::binding_tensors() {
@@ -444,11 +533,25 @@ std::vector<runtime::BindingTensors> Optimizer::Impl::binding_tensors() {
     t.shapes.push_back(s.param.shape);
     t.names.push_back(runtime::describe(s));
     // The random numbers' key: the param's index here (a ShardedOptimizer's local optimizer
-    // gives each piece its param's index and offset instead: detail::OptimizerAccess).
+    // gives each piece its param's index and offset instead: detail::OptimizerAccess; a
+    // dim-0 piece its first element in the whole tensor).
     const bool given = p < origins.size();
     t.ids.push_back(given ? origins[p].param : static_cast<long long>(p));
-    t.ids.push_back(given ? origins[p].offset : 0);
+    t.ids.push_back(given ? origins[p].offset : piece_offset(s));
     binding_params[b].push_back(static_cast<int>(p));
+    if (pieces) {
+      // The built-ins read the whole tensor's shape; a 1-D or 2-D piece's column and
+      // matrix sums span pieces.
+      const bool piece = !s.param.whole_shape.empty();
+      const std::vector<std::int64_t>& shape = piece ? s.param.whole_shape : s.param.shape;
+      const std::int64_t numel = whole_numel(s);
+      const bool matrix = shape.size() >= 2;
+      t.whole_info.push_back(static_cast<double>(numel));
+      t.whole_info.push_back(static_cast<double>(std::max<std::size_t>(shape.size(), 1)));
+      t.whole_info.push_back(static_cast<double>(matrix ? shape[shape.size() - 2] : numel));
+      t.whole_info.push_back(static_cast<double>(matrix ? shape.back() : 1));
+      t.spans.push_back(piece && shape.size() <= 2 && detail::RuleAccess::impl(rule)->factored());
+    }
   }
   for (std::size_t b = 0; b < bindings.size(); ++b) tensors[b].ptrs = binding_ptrs(b);
   return tensors;
