@@ -191,7 +191,9 @@ def _reduction_hook(optimizer):
     engine it is set on belongs to the optimizer)."""
     ref = weakref.ref(optimizer)
 
-    def hook(pass_, totals, slots, stream):
+    def hook(pass_, stage, totals, slots, tensor_totals, shard, shard_max, stream):
+        # Whole params only here (no pieces): no shard, no stage 1 call; per-tensor totals
+        # stay local (see _combine).
         owner = ref()
         if owner is not None:
             _combine(owner._process_group, totals, slots, stream)
