@@ -153,7 +153,8 @@ struct OptimizerStats {
   std::int64_t tensors = 0;  ///< parameters (empty ones included)
   std::int64_t elements = 0;
   std::int64_t launches_per_step = 0;  ///< kernel launches of one step(): per dtype binding,
-                                       ///< one per reduction pass, one finalize after each,
+                                       ///< one per reduction pass, one finalize after each
+                                       ///< (up to three with pieces of a factored rule),
                                        ///< the update, and on CUDA the one-thread launch that
                                        ///< counts the step on the device
   std::int64_t bytes_per_step = 0;     ///< bytes read + written by one step (every pass)

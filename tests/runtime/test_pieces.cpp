@@ -208,7 +208,7 @@ struct Outcome {
 Outcome run_sharded(const Rule& rule, const OptimizerOptions& options,
                     const std::vector<std::pair<std::string, double>>& hypers,
                     const std::vector<std::vector<std::int64_t>>& shapes, DType dtype, int ranks,
-                    int steps, std::uint32_t seed) {
+                    int steps, std::uint32_t seed, const char* scalar = nullptr) {
   std::mt19937 rng(seed);
   const std::vector<WholeParam> params = split(shapes, ranks, rng);
   std::normal_distribution<double> normal(0.0, 1.0);
@@ -288,6 +288,15 @@ Outcome run_sharded(const Rule& rule, const OptimizerOptions& options,
     if (!out.failure.empty()) return out;
   }
   out.failure = combiner.layout_error_;
+  // A per-tensor scalar state: the whole tensor's on every rank, the empty piece's too.
+  for (std::size_t k = 0; k < params.size() && scalar; ++k) {
+    const double want = fusedopt_tests::at(whole.state(scalar, static_cast<int>(k)), 0);
+    for (const auto& opt : opts) {
+      const double got = fusedopt_tests::at(opt->state(scalar, static_cast<int>(k)), 0);
+      out.max_error =
+          std::max(out.max_error, std::fabs(got - want) / std::max(1.0, std::fabs(want)));
+    }
+  }
   out.calls.assign(combiner.calls_.begin(), combiner.calls_.begin() + ranks);
   for (std::size_t k = 0; k < params.size(); ++k) {
     double scale = 1.0;
@@ -312,12 +321,13 @@ const std::vector<std::vector<std::int64_t>> kShapes = {{53}, {23, 12}, {7, 4, 5
 /// Runs `rule` at 2, 3 and 4 ranks and checks the params against the whole run's.
 void check_all_ranks(const Rule& rule, const OptimizerOptions& options,
                      const std::vector<std::pair<std::string, double>>& hypers, DType dtype,
-                     double tol, const std::vector<std::vector<std::int64_t>>& shapes = kShapes) {
+                     double tol, const std::vector<std::vector<std::int64_t>>& shapes = kShapes,
+                     const char* scalar = nullptr) {
   for (int ranks : {2, 3, 4}) {
     const std::uint32_t seed = fresh_seed();
     CAPTURE(ranks);
     CAPTURE(seed);
-    const Outcome o = run_sharded(rule, options, hypers, shapes, dtype, ranks, 6, seed);
+    const Outcome o = run_sharded(rule, options, hypers, shapes, dtype, ranks, 6, seed, scalar);
     REQUIRE(o.failure.empty());
     CAPTURE(o.max_error);
     if (tol == 0.0) {
@@ -363,17 +373,20 @@ TEST_SUITE("runtime") {
 
   TEST_CASE("means over pieces and the built-ins read the whole tensor") {
     use_private_cache();
-    // A mean through numel, and every built-in in the update: each is the whole tensor's.
+    // A mean through numel, every built-in in the update, and a per-tensor scalar state
+    // (compared too: the whole tensor's on every rank): each is the whole tensor's.
     const Rule rule = Rule::parse(
         "param p\n"
         "grad g\n"
         "state m = 0\n"
+        "scalar ms = 0\n"
         "hyper lr = 0.05\n"
         "mean = tensor_sum(g) / numel\n"
-        "m = 0.9 * m + (g - mean)\n"
+        "ms = 0.5 * ms + tensor_sum(g * g) / numel\n"
+        "m = 0.9 * m + (g - mean) / sqrt(ms)\n"
         "p = p - lr * m * (rows + 2 * cols + 3 * dims) / (rows + 2 * cols + 3 * dims + numel)\n",
         "centred.rule");
-    check_all_ranks(rule, {}, {}, DType::F32, kTol);
+    check_all_ranks(rule, {}, {}, DType::F32, kTol, kShapes, "ms");
   }
 
   TEST_CASE("a factored rule's column and matrix means over pieces match the whole tensor's") {
