@@ -118,6 +118,22 @@ std::string dims_text(const std::vector<std::int64_t>& shape) {
   return "[" + dims + "]";
 }
 
+/// A piece of a tensor of 2 or more dimensions given without a shape takes the whole's, its
+/// dim 0 numel / the product of the others (when that divides).
+void infer_piece_shape(ParamSlot& s) {
+  Tensor& t = s.param;
+  if (t.whole_shape.size() < 2 || !t.shape.empty()) return;
+  std::int64_t row = 1;
+  for (std::size_t d = 1; d < t.whole_shape.size(); ++d) {
+    const std::optional<std::int64_t> r = support::checked_mul(row, t.whole_shape[d]);
+    if (!r || t.whole_shape[d] < 0) return;  // validate_piece names the bad whole_shape
+    row = *r;
+  }
+  if (row <= 0 || t.numel < 0 || t.numel % row != 0) return;
+  t.shape = t.whole_shape;
+  t.shape[0] = t.numel / row;
+}
+
 /// Checks a param that is a dim-0 piece of a bigger tensor (Tensor::whole_shape).
 void validate_piece(const ParamSlot& s) {
   const std::string who = runtime::describe(s);
@@ -322,6 +338,7 @@ void Optimizer::Impl::validate_groups(std::vector<ParamGroup>& groups) {
       s.param = group.params[i];
       s.grad = group.grads[i];
       s.name = s.param.name.empty() ? fmt::format("param{}", params.size()) : s.param.name;
+      infer_piece_shape(s);
       validate_pair(s);
       validate_piece(s);
       pieces = pieces || !s.param.whole_shape.empty();

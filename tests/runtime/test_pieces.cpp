@@ -495,12 +495,17 @@ TEST_SUITE("runtime") {
     CHECK_THROWS_WITH_AS(make({2, 3}, {-7, 3}, 0),
                          "group 0, param 0 ('w'): whole_shape [-7, 3] has a negative dimension",
                          UsageError);
-    // Accepted: a piece at the end, a 1-D element range, an empty piece.
+    CHECK_THROWS_WITH_AS(make({}, {7, 4}, 0),
+                         "group 0, param 0 ('w'): shape [6] is not a dim-0 piece of "
+                         "whole_shape [7, 4] (a piece has the whole's shape but in dim 0)",
+                         UsageError);
+    // Accepted: a piece at the end, a 1-D element range, a piece without a shape (2 rows of
+    // 3: the whole's shape but in dim 0), an empty piece.
     CHECK_NOTHROW(make({2, 3}, {7, 3}, 5));
     CHECK_NOTHROW(make({}, {9}, 3));
+    CHECK_NOTHROW(make({}, {7, 3}, 5));
     HostTensor none(0, DType::F32), none_g(0, DType::F32);
-    Tensor t = none.tensor("e");
-    t.shape = {0, 3};
+    Tensor t = none.tensor("e");  // no shape: 0 rows of 3
     t.whole_shape = {7, 3};
     t.whole_offset = 7;
     CHECK_NOTHROW(Optimizer(Rule::preset("adafactor"), {ParamGroup{{t}, {none_g.tensor()}, {}}}));
