@@ -18,6 +18,7 @@
 #include "provider/kernel_provider.hpp"
 #include "rule_access.hpp"
 #include "runtime/optimizer_impl.hpp"
+#include "runtime/pieces.hpp"
 #include "runtime/plan.hpp"
 #include "runtime/quant_states.hpp"
 #include "support/check.hpp"
@@ -41,22 +42,6 @@ using runtime::ParamSlot;
 constexpr std::size_t kArenaAlign = 64;
 
 std::size_t round_up(std::size_t n, std::size_t a) { return (n + a - 1) / a * a; }
-
-/// The elements of the tensor param `s` is a piece of (Tensor::whole_shape), or its own.
-std::int64_t whole_numel(const ParamSlot& s) {
-  if (s.param.whole_shape.empty()) return s.param.numel;
-  std::int64_t n = 1;
-  for (std::int64_t d : s.param.whole_shape) n *= d;  // fits: validate_piece
-  return n;
-}
-
-/// The index of a piece's first element in its whole tensor (0 for a whole tensor).
-long long piece_offset(const ParamSlot& s) {
-  const std::vector<std::int64_t>& w = s.param.whole_shape;
-  long long row = 1;
-  for (std::size_t d = 1; d < w.size(); ++d) row *= w[d];
-  return w.empty() ? 0 : static_cast<long long>(s.param.whole_offset) * row;
-}
 
 /// The most bytes of state one optimizer lays out (2^56: far beyond any machine, and far
 /// from where the arithmetic of the layout could overflow).
@@ -109,68 +94,6 @@ void validate_pair(const ParamSlot& s) {
     (void)runtime::matrix_shape(s.param.shape, s.param.numel);  // rows and columns fit
   } catch (const UsageError& e) {
     throw UsageError(fmt::format("{}: param {}", who, e.what()));
-  }
-}
-
-std::string dims_text(const std::vector<std::int64_t>& shape) {
-  std::string dims;
-  for (std::int64_t d : shape) dims += (dims.empty() ? "" : ", ") + std::to_string(d);
-  return "[" + dims + "]";
-}
-
-/// A piece of a tensor of 2 or more dimensions given without a shape takes the whole's, its
-/// dim 0 numel / the product of the others (when that divides).
-void infer_piece_shape(ParamSlot& s) {
-  Tensor& t = s.param;
-  if (t.whole_shape.size() < 2 || !t.shape.empty()) return;
-  std::int64_t row = 1;
-  for (std::size_t d = 1; d < t.whole_shape.size(); ++d) {
-    const std::optional<std::int64_t> r = support::checked_mul(row, t.whole_shape[d]);
-    if (!r || t.whole_shape[d] < 0) return;  // validate_piece names the bad whole_shape
-    row = *r;
-  }
-  if (row <= 0 || t.numel < 0 || t.numel % row != 0) return;
-  t.shape = t.whole_shape;
-  t.shape[0] = t.numel / row;
-}
-
-/// Checks a param that is a dim-0 piece of a bigger tensor (Tensor::whole_shape).
-void validate_piece(const ParamSlot& s) {
-  const std::string who = runtime::describe(s);
-  const Tensor& t = s.param;
-  if (t.whole_shape.empty()) {
-    FUSEDOPT_CHECK_USAGE(t.whole_offset == 0,
-                         "{}: whole_offset is {} but whole_shape is empty (a piece gives the "
-                         "whole tensor's shape; an empty one means the tensor is whole)",
-                         who, t.whole_offset);
-    return;
-  }
-  const std::vector<std::int64_t> piece =
-      t.shape.empty() ? std::vector<std::int64_t>{t.numel} : t.shape;
-  std::int64_t elements = 1;
-  for (std::int64_t d : t.whole_shape) {
-    FUSEDOPT_CHECK_USAGE(d >= 0, "{}: whole_shape {} has a negative dimension", who,
-                         dims_text(t.whole_shape));
-    const std::optional<std::int64_t> e = support::checked_mul(elements, d);
-    FUSEDOPT_CHECK_USAGE(e.has_value(), "{}: whole_shape {} has more elements than 64 bits count",
-                         who, dims_text(t.whole_shape));
-    elements = *e;
-  }
-  bool same = piece.size() == t.whole_shape.size();
-  for (std::size_t d = 1; d < piece.size() && same; ++d) same = piece[d] == t.whole_shape[d];
-  FUSEDOPT_CHECK_USAGE(same,
-                       "{}: shape {} is not a dim-0 piece of whole_shape {} (a piece has the "
-                       "whole's shape but in dim 0)",
-                       who, dims_text(piece), dims_text(t.whole_shape));
-  FUSEDOPT_CHECK_USAGE(t.whole_offset >= 0 && t.whole_offset <= t.whole_shape[0] - piece[0],
-                       "{}: rows [{}, {}) of dim 0 are not within whole_shape {} (whole_offset "
-                       "{} + {} rows must be at most {})",
-                       who, t.whole_offset, t.whole_offset + piece[0], dims_text(t.whole_shape),
-                       t.whole_offset, piece[0], t.whole_shape[0]);
-  try {
-    (void)runtime::matrix_shape(t.whole_shape, elements);
-  } catch (const UsageError& e) {
-    throw UsageError(fmt::format("{}: whole_shape {}", who, e.what()));
   }
 }
 
@@ -338,9 +261,9 @@ void Optimizer::Impl::validate_groups(std::vector<ParamGroup>& groups) {
       s.param = group.params[i];
       s.grad = group.grads[i];
       s.name = s.param.name.empty() ? fmt::format("param{}", params.size()) : s.param.name;
-      infer_piece_shape(s);
+      runtime::infer_piece_shape(s.param);
       validate_pair(s);
-      validate_piece(s);
+      runtime::validate_piece(s.param, runtime::describe(s));
       pieces = pieces || !s.param.whole_shape.empty();
       check_param_name(s);
       const std::string who = runtime::describe(s);
@@ -376,7 +299,7 @@ DTypeBinding Optimizer::Impl::binding_of(std::size_t p) const {
   b.stochastic = options.stochastic_rounding && s.param.dtype != DType::F32;
   // A piece of a param (ShardedOptimizer; Tensor::whole_shape) is quantized when its whole
   // param is, and an empty piece binds as the others do (the same layouts on every rank).
-  const std::int64_t whole = p < origins.size() ? origins[p].numel : whole_numel(s);
+  const std::int64_t whole = p < origins.size() ? origins[p].numel : runtime::whole_numel(s.param);
   const bool piece = !s.param.whole_shape.empty();
   if ((piece ? whole : s.param.numel) > 0 && whole >= options.quant_min_numel) {
     b.quant = quant;  // small params keep their states in state_dtype
@@ -505,25 +428,6 @@ void Optimizer::Impl::bind_kernels() {
   compile_programs();
 }
 
-void Optimizer::Impl::lay_out_shard() {
-  // Pieces of a factored rule: the sums that span pieces, every binding's in one buffer,
-  // and the stages of each pass's finalize that reads them (abi.h's rc_stage).
-  for (const auto& kernel : kernels) num_shard += kernel->shard_size();
-  if (num_shard == 0) return;
-  shard = backend->allocate(static_cast<std::size_t>(num_shard) * sizeof(double));
-  auto* at = static_cast<double*>(shard.data());
-  for (auto& kernel : kernels) {
-    kernel->set_shard(at);
-    at += kernel->shard_size();
-  }
-  finalize_stages.assign(static_cast<std::size_t>(reduction_passes), 1);
-  for (const lang::Reduction& r : detail::lang_rule(rule).reductions) {
-    int& n = finalize_stages.at(static_cast<std::size_t>(r.pass));
-    if (r.scope == lang::Scope::Col) n = std::max(n, 2);
-    if (r.scope == lang::Scope::Matrix) n = std::max(n, r.arg->level == lang::Level::Col ? 2 : 3);
-  }
-}
-
 std::vector<runtime::BindingTensors> Optimizer::Impl::binding_tensors() {
   // The global reduction totals: one row shared by every binding's kernel. Its last slot
   // is the grad check, which capturable steps also use as the device-side skip flag and
@@ -554,20 +458,14 @@ std::vector<runtime::BindingTensors> Optimizer::Impl::binding_tensors() {
     // dim-0 piece its first element in the whole tensor).
     const bool given = p < origins.size();
     t.ids.push_back(given ? origins[p].param : static_cast<long long>(p));
-    t.ids.push_back(given ? origins[p].offset : piece_offset(s));
+    t.ids.push_back(given ? origins[p].offset : runtime::piece_offset(s.param));
     binding_params[b].push_back(static_cast<int>(p));
     if (pieces) {
       // The built-ins read the whole tensor's shape; a 1-D or 2-D piece's column and
       // matrix sums span pieces.
-      const bool piece = !s.param.whole_shape.empty();
-      const std::vector<std::int64_t>& shape = piece ? s.param.whole_shape : s.param.shape;
-      const std::int64_t numel = whole_numel(s);
-      const bool matrix = shape.size() >= 2;
-      t.whole_info.push_back(static_cast<double>(numel));
-      t.whole_info.push_back(static_cast<double>(std::max<std::size_t>(shape.size(), 1)));
-      t.whole_info.push_back(static_cast<double>(matrix ? shape[shape.size() - 2] : numel));
-      t.whole_info.push_back(static_cast<double>(matrix ? shape.back() : 1));
-      t.spans.push_back(piece && shape.size() <= 2 && detail::RuleAccess::impl(rule)->factored());
+      runtime::append_whole_info(s.param, t.whole_info);
+      t.spans.push_back(runtime::spans_pieces(s.param) &&
+                        detail::RuleAccess::impl(rule)->factored());
     }
   }
   for (std::size_t b = 0; b < bindings.size(); ++b) tensors[b].ptrs = binding_ptrs(b);

@@ -238,7 +238,8 @@ struct FUSEDOPT_NO_EXPORT Optimizer::Impl {
   void lay_out_arenas();
   /// Plans one kernel per binding over its tensors and writes the initial states.
   void bind_kernels();
-  /// Pieces of a factored rule: the shard and finalize_stages (after the kernels).
+  /// Pieces of a factored rule: the shard and finalize_stages (after the kernels;
+  /// pieces.cpp).
   void lay_out_shard();
   /// Each binding's tensors (the shared global totals allocated); binding_params filled.
   std::vector<runtime::BindingTensors> binding_tensors();
