@@ -76,8 +76,9 @@ struct ReductionPartials {
   };
   std::vector<TensorTotals> tensors;  ///< empty in a stage 1 call
   /// [num_shard] doubles: the sums that span pieces (see above), laid out the same on every
-  /// rank (each binding's in order, within it each spanning tensor's: its whole columns x
-  /// the rule's column slots, then its matrix slots); entries this call does not use are 0.
+  /// rank (each binding's in order, within it each spanning tensor's: its columns x the
+  /// rule's column slots, then its matrix slots, at least one of each); entries this call
+  /// does not use are 0.
   /// Null and 0 without pieces, and in the calls of a pass without column or matrix means
   /// (its finalize takes no stages).
   double* shard = nullptr;
