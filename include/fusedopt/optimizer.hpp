@@ -52,6 +52,23 @@ struct Tensor {
   /// a param's as `dims`, `rows` and `cols` (its last two dimensions; fewer than two: numel
   /// rows of one column). A grad's is ignored (it must be empty or the param's).
   std::vector<std::int64_t> shape;
+  /// A param that is a dim-0 piece of a bigger tensor (PyTorch FSDP2's shard: rows
+  /// [whole_offset, whole_offset + shape[0]) of dim 0) gives the whole tensor's shape here;
+  /// empty: the tensor is whole. The piece's shape (its `shape`; empty: the whole's with
+  /// dim 0 numel / the product of the others, or 1-D of numel) must equal whole_shape but
+  /// in dim 0, and whole_offset + its rows must fit in
+  /// whole_shape[0]; a 1-D piece is an element range, a 0-d tensor a 1-D one of one
+  /// element. An empty piece (0 rows) takes part like any other. A rule then computes what
+  /// the whole tensor computes once the reduction hook combines the partials of every
+  /// piece (docs/cpp.md, "Pieces"): the built-ins read the whole shape, means divide by the
+  /// whole counts, random numbers are drawn as the whole tensor's elements, and states are
+  /// quantized when the whole tensor is big enough (quant_min_numel; blocks within the
+  /// piece). Every rank must give the same params as pieces, and every param of such an
+  /// optimizer should be one (the hook sums each tensor's totals over the ranks: a param
+  /// every rank holds whole is a piece of itself on one rank and an empty piece on the
+  /// others). A grad's is ignored.
+  std::vector<std::int64_t> whole_shape;
+  std::int64_t whole_offset = 0;  ///< the dim-0 index where the piece starts in its whole
 };
 
 /// Params, their grads (same order, same numel) and per-group hyper overrides, like
@@ -140,7 +157,8 @@ struct OptimizerStats {
   std::int64_t tensors = 0;  ///< parameters (empty ones included)
   std::int64_t elements = 0;
   std::int64_t launches_per_step = 0;  ///< kernel launches of one step(): per dtype binding,
-                                       ///< one per reduction pass, one finalize after each,
+                                       ///< one per reduction pass, one finalize after each
+                                       ///< (up to three with pieces of a factored rule),
                                        ///< the update, and on CUDA the one-thread launch that
                                        ///< counts the step on the device
   std::int64_t bytes_per_step = 0;     ///< bytes read + written by one step (every pass)

@@ -120,11 +120,14 @@ fo::Tensor view(const Array& a, const std::string& name) {
   return t;
 }
 
-/// One param group as Python gives it: params, grads (same order), names, hypers.
+/// One param group as Python gives it: params, grads (same order), names, hypers, and
+/// `wholes`: empty, or per param (whole shape, dim-0 offset) when it is a piece of a bigger
+/// tensor (Tensor::whole_shape; an empty shape: that param is whole).
 struct GroupSpec {
   std::vector<Array> params, grads;
   std::vector<std::string> names;
   std::vector<std::pair<std::string, double>> hypers;
+  std::vector<std::pair<std::vector<std::int64_t>, std::int64_t>> wholes;
 };
 
 /// "auto", "recompute" or "store", or a UsageError (the library's one parser).
@@ -146,9 +149,16 @@ class Engine {
       if (g.params.size() != g.grads.size() || g.params.size() != g.names.size()) {
         throw fo::UsageError("a param group needs as many grads and names as params");
       }
+      if (!g.wholes.empty() && g.wholes.size() != g.params.size()) {
+        throw fo::UsageError("a param group's wholes need one (shape, offset) per param, or none");
+      }
       fo::ParamGroup pg;
       for (std::size_t i = 0; i < g.params.size(); ++i) {
         pg.params.push_back(view(g.params[i], g.names[i]));
+        if (!g.wholes.empty()) {
+          pg.params.back().whole_shape = g.wholes[i].first;
+          pg.params.back().whole_offset = g.wholes[i].second;
+        }
         fo::Tensor grad = view(g.grads[i], g.names[i] + ".grad");
         grad.shape.clear();
         pg.grads.push_back(std::move(grad));
@@ -232,30 +242,53 @@ class Engine {
     return nb::cast(out, nb::rv_policy::reference);
   }
 
-  /// `fn(pass, totals, slots, stream)` with each reduction pass's raw totals on this process
-  /// (see ReductionPartials) before the next pass reads them: `totals` the global ones, a
-  /// float64 tensor viewing the optimizer's memory (host or device; valid during the call,
-  /// to be combined in place), `slots` [(name, per_tensor, index, by_max)]. None: no hook.
+  /// `fn(pass, stage, totals, slots, tensor_totals, shard, shard_max, stream)` with each
+  /// reduction pass's raw partials on this process (see ReductionPartials) before anything
+  /// reads them, each a float64 tensor viewing the optimizer's memory (host or device;
+  /// valid during the call, to be combined in place across the ranks that hold pieces of
+  /// the same tensors): `totals` the global ones, `slots` [(name, per_tensor, index,
+  /// by_max)] this call's, `tensor_totals` one 2-D tensor per dtype binding ([tensor,
+  /// slot]: combine the columns of this call's per-tensor slots), `shard` the sums that span
+  /// pieces (combine all of it; empty without pieces), `shard_max` the indices of `shard`
+  /// combined by max (empty: all by sum). `stage` 0 is a pass's totals; 1 (pieces of a
+  /// factored rule) a second call of the pass with only the shard (no slots, no tensor
+  /// totals). Every rank gets the same calls with the same sizes. None: no hook.
   void set_reduction_hook(nb::object fn) {
     if (fn.is_none()) {
       fo::detail::OptimizerAccess::set_reduction_hook(*opt_, {});
       return;
     }
-    fo::detail::OptimizerAccess::set_reduction_hook(
-        *opt_, [fn = std::move(fn)](const fo::ReductionPartials& t) {
-          nb::gil_scoped_acquire gil;
-          const bool cuda = t.device.kind == fo::Device::Kind::Cuda;
-          static double dummy = 0;  // no global totals: an empty view needs some address
-          const std::size_t n = static_cast<std::size_t>(t.num_global);
-          nb::ndarray<nb::pytorch, double> totals(
-              t.global ? t.global : &dummy, 1, &n, nb::handle(), nullptr, nb::dtype<double>(),
-              cuda ? nb::device::cuda::value : nb::device::cpu::value, cuda ? t.device.index : 0);
-          nb::list slots;
-          for (const fo::ReductionSlotInfo& s : t.slots)
-            slots.append(nb::make_tuple(s.name, s.per_tensor, s.slot, s.max));
-          fn(t.pass, nb::cast(totals, nb::rv_policy::reference), slots,
-             reinterpret_cast<std::uintptr_t>(t.stream));
-        });
+    fo::detail::OptimizerAccess::set_reduction_hook(*opt_, [fn = std::move(fn)](
+                                                               const fo::ReductionPartials& t) {
+      nb::gil_scoped_acquire gil;
+      const bool cuda = t.device.kind == fo::Device::Kind::Cuda;
+      static double dummy = 0;  // no totals: an empty view needs some address
+      auto view_of = [&](double* data, std::size_t ndim, const std::size_t* shape) {
+        std::size_t n = 1;
+        for (std::size_t d = 0; d < ndim; ++d) n *= shape[d];
+        nb::ndarray<nb::pytorch, double> a(
+            data && n > 0 ? data : &dummy, ndim, shape, nb::handle(), nullptr, nb::dtype<double>(),
+            cuda ? nb::device::cuda::value : nb::device::cpu::value, cuda ? t.device.index : 0);
+        return nb::cast(a, nb::rv_policy::reference);
+      };
+      const std::size_t n = static_cast<std::size_t>(t.num_global);
+      nb::list slots;
+      for (const fo::ReductionSlotInfo& s : t.slots)
+        slots.append(nb::make_tuple(s.name, s.per_tensor, s.slot, s.max));
+      nb::list tensor_totals;
+      for (const fo::ReductionPartials::TensorTotals& b : t.tensors) {
+        const std::size_t shape[2] = {static_cast<std::size_t>(b.num_tensors),
+                                      static_cast<std::size_t>(b.stride)};
+        tensor_totals.append(view_of(b.data, 2, shape));
+      }
+      const std::size_t shard_n = static_cast<std::size_t>(t.num_shard);
+      nb::list shard_max;
+      for (std::size_t i = 0; i < t.shard_max.size(); ++i) {
+        if (t.shard_max[i]) shard_max.append(i);
+      }
+      fn(t.pass, t.stage, view_of(t.global, 1, &n), slots, tensor_totals,
+         view_of(t.shard, 1, &shard_n), shard_max, reinterpret_cast<std::uintptr_t>(t.stream));
+    });
   }
 
   /// State `name` of param `index` as a DLPack tensor (zero-copy; it keeps `self` alive).
@@ -407,7 +440,8 @@ void bind_engine(nb::module_& m) {
       .def_rw("params", &GroupSpec::params)
       .def_rw("grads", &GroupSpec::grads)
       .def_rw("names", &GroupSpec::names)
-      .def_rw("hypers", &GroupSpec::hypers);
+      .def_rw("hypers", &GroupSpec::hypers)
+      .def_rw("wholes", &GroupSpec::wholes);
 
   nb::class_<Engine>(m, "_Engine")
       .def(nb::init<const fo::Rule&, std::vector<GroupSpec>, const fo::OptimizerOptions&>(),

@@ -36,6 +36,12 @@ CASES = {
     "adamw": ("adamw", dict(lr=1e-2, weight_decay=0.01)),
     "adamw_clip": ("adamw", dict(lr=1e-2, weight_decay=0.01, max_grad_norm=1.0)),
     "lion": ("lion", dict(lr=1e-3, weight_decay=0.01)),
+    "lamb": ("lamb", dict(lr=1e-2, weight_decay=0.01)),
+    "lars": ("lars", dict(lr=0.1)),
+    "adafactor": ("adafactor", dict(lr=1e-2)),
+    "came": ("came", dict(lr=2e-3)),
+    "adam_mini": ("adam_mini", dict(lr=1e-2)),
+    "adamw8bit": ("adamw8bit", dict(lr=1e-2, quant_min_numel=64, quant_block=32)),
 }
 # name -> (world size, mesh shape): a 1-D mesh (FSDP) or a 2-D one (HSDP: replicate, shard).
 MESHES = {"fsdp2": (2, (2,)), "fsdp4": (4, (4,)), "hsdp4": (4, (2, 2))}
@@ -102,8 +108,11 @@ def rank_main(rank, world, mesh_shape, seed, init_file, out_file):
                 opt = ft.Optimizer(model.parameters(), rule=rule, **kwargs)
                 share = BATCH // world
                 train(model, opt, batches(seed), slice(rank * share, (rank + 1) * share))
-                assert all(isinstance(v, DTensor) for v in opt.state[model[0].weight].values()
-                           if isinstance(v, torch.Tensor) and v.dim() > 0 and v.dtype != torch.uint8)
+                # Element states are DTensors with the param's placement (absmax blocks lie
+                # in this rank's piece: a plain tensor).
+                state = opt.state[model[0].weight]
+                assert all(isinstance(v, DTensor) and v.placements == model[0].weight.placements
+                           for k, v in state.items() if k != "step" and not k.endswith(".absmax"))
                 results[case] = [p.full_tensor().detach().clone() for p in model.parameters()]
             except Exception as e:  # reported by the test of this case
                 results[case] = f"{type(e).__name__}: {e}"
@@ -138,7 +147,16 @@ def test_fsdp2_params_equal_the_unsharded_run(case, mesh, module_seed):
     got = sharded(mesh, module_seed)[case]
     assert not isinstance(got, str), f"{case} on {mesh}: {got}"
     want = unsharded(case, module_seed)
+    rule, kwargs = CASES[case]
     for i, (a, b) in enumerate(zip(got, want)):
+        if rule.endswith("8bit"):
+            # Blocks lie within each rank's piece, so their absmax (and a code's rounding)
+            # differ from the unsharded run's: each step's update may differ by a small part
+            # of lr (the C++ test of pieces measures it: about 5% of lr at 8 bits).
+            err = (a - b).abs().max().item()
+            assert err <= 0.25 * kwargs["lr"] * STEPS, \
+                f"{case} on {mesh}: parameter {i} differs by {err:.3g} (lr {kwargs['lr']})"
+            continue
         err = ((a - b).abs().max() / b.abs().max()).item()
         assert err <= 5e-5, f"{case} on {mesh}: parameter {i} {tuple(b.shape)} differs by " \
                             f"{err:.3g} (relative)"

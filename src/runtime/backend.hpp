@@ -75,6 +75,12 @@ struct BindingTensors {
   /// element 0.
   std::vector<long long> ids;
   unsigned long long seed = 0;
+  /// [tensor * 4]: the whole tensor's numel, dims, rows, cols of each tensor that is a piece
+  /// (Tensor::whole_shape; a whole one's own): the rule's built-ins; empty: no pieces.
+  std::vector<double> whole_info;
+  /// Per tensor: 1 where a factored rule's column sums and matrix sums over rows span pieces
+  /// (a piece of a 1-D or 2-D tensor): they go through the shard (abi.h); empty: none.
+  std::vector<char> spans;
 };
 
 /// A kernel's per-tensor reduction totals: data[t * stride + slot] (backend memory).

@@ -62,6 +62,10 @@ void Binding::upload_tables(const BindingTensors& tensors) {
     base_.tensor_ids = as<const long long>(tensor_ids_);
   }
   base_.seed = tensors.seed;
+  if (!tensors.whole_info.empty()) {
+    tensor_whole_ = upload(tensors.whole_info);
+    base_.tensor_whole = as<const double>(tensor_whole_);
+  }
   base_.num_tensors = static_cast<long long>(plan_.num_tensors());
   if (b.reduction_passes > 0) {
     partials_ = backend_.allocate(std::max<std::size_t>(plan_.num_partials() * sizeof(float), 16));
@@ -106,6 +110,18 @@ void Binding::upload_factored(const BindingTensors& tensors) {
   base_.col_totals = as<double>(col_totals_);
   base_.matrix_totals = as<double>(matrix_totals_);
   base_.col_partials = as<double>(col_partials_);
+  if (!tensors.spans.empty()) {
+    // Each spanning tensor's region of the shard: its columns' sums, then its matrix sums.
+    std::vector<long long> offsets(static_cast<std::size_t>(plan_.num_tensors()), -1);
+    const std::vector<long long>& o = plan_.rc_offsets();
+    for (std::size_t t = 0; t < offsets.size() && t < tensors.spans.size(); ++t) {
+      if (!tensors.spans[t]) continue;
+      offsets[t] = shard_size_;
+      shard_size_ += (o[3 * t + 4] - o[3 * t + 1]) * w.col_slots + w.matrix_slots;
+    }
+    shard_offsets_ = upload(offsets);
+    base_.shard_offsets = as<const long long>(shard_offsets_);
+  }
   if (tensors.row_states || tensors.col_states) {
     base_.row_states = static_cast<float*>(tensors.row_states);
     base_.col_states = static_cast<float*>(tensors.col_states);
@@ -140,9 +156,10 @@ void Binding::reduce(int pass, const StepArgs& args, bool check_grads, void* str
   module_->reduce(pass, L, stream);
 }
 
-void Binding::finalize(int pass, bool accumulate, const StepArgs& args, void* stream) {
+void Binding::finalize(int pass, bool accumulate, const StepArgs& args, void* stream, int stage) {
   fo_launch L = launch_table(args);
   L.global_accumulate = accumulate ? 1 : 0;
+  L.rc_stage = stage;
   module_->finalize(pass, L, stream);
 }
 

@@ -38,7 +38,13 @@ class Binding {
   /// Combines pass `pass`'s partials into the totals; with `accumulate` the shared global
   /// totals are combined into rather than replaced (a binding before this one wrote them).
   /// A factored rule's matrix means read values of the step (`args`).
-  void finalize(int pass, bool accumulate, const StepArgs& args, void* stream);
+  /// `stage`: 0 the whole finalize; with pieces 1 to 3 (abi.h's rc_stage), the reduction
+  /// hook combining the shard between them.
+  void finalize(int pass, bool accumulate, const StepArgs& args, void* stream, int stage = 0);
+  /// Doubles of the sums that span pieces (BindingTensors::spans; 0: none), which the
+  /// kernel writes at the memory set_shard() gives (backend memory, the size of this).
+  std::int64_t shard_size() const { return shard_size_; }
+  void set_shard(double* shard) { base_.shard = shard; }
   /// The update pass; then, for a rule with scalar, row or column states, every tensor's
   /// new values of them (one more launch).
   void update(const StepArgs& args, void* stream);
@@ -101,6 +107,8 @@ class Binding {
   Buffer partials_, tensor_totals_, own_global_, own_scalars_;
   Buffer rc_offsets_, chunk_cols_, row_totals_, col_totals_, matrix_totals_, col_partials_;
   Buffer own_rows_, own_cols_;
+  Buffer tensor_whole_, shard_offsets_;
+  std::int64_t shard_size_ = 0;
   fo_launch base_{};
 };
 

@@ -243,11 +243,11 @@ StepResult Optimizer::Impl::run_step(float inv_grad_scale, bool scaled, void* st
       case K::Finalize:
         // Fixed binding order: the global totals combine the same way every step.
         for (std::size_t b = 0; b < kernels.size(); ++b) {
-          kernels[b]->finalize(op.pass, b > 0, args, stream);
+          kernels[b]->finalize(op.pass, b > 0, args, stream, op.stage);
         }
         break;
       case K::Hook:
-        if (extension) call_hook(op.pass, stream);
+        if (extension) call_hook(op.pass, op.stage, stream);
         break;
       case K::Update:
         for (auto& kernel : kernels) kernel->update(args, stream);
@@ -295,8 +295,10 @@ void Optimizer::Impl::count_step(const double* skip, void* stream) {
 
 void Optimizer::Impl::compile_programs() {
   const bool extended = extension != nullptr;
-  plain_program = runtime::compile_step(reduction_passes, false, fold_check, extended);
-  scaled_program = runtime::compile_step(reduction_passes, true, fold_check, extended);
+  plain_program =
+      runtime::compile_step(reduction_passes, false, fold_check, extended, finalize_stages);
+  scaled_program =
+      runtime::compile_step(reduction_passes, true, fold_check, extended, finalize_stages);
 }
 
 void Optimizer::Impl::call_check_hook(void* stream) {
@@ -315,12 +317,28 @@ void Optimizer::Impl::call_check_hook(void* stream) {
   extension->combine(p);
 }
 
-void Optimizer::Impl::call_hook(int pass, void* stream) {
+void Optimizer::Impl::call_hook(int pass, int stage, void* stream) {
   ReductionPartials p;
   p.pass = pass;
+  p.stage = stage;
   p.device = device;
   p.stream = stream;
   if (kernels.empty()) return;
+  // The shard in the calls of a pass whose finalize takes stages (its column or matrix
+  // means span pieces).
+  const bool staged = static_cast<std::size_t>(pass) < finalize_stages.size() &&
+                      finalize_stages[static_cast<std::size_t>(pass)] > 1;
+  if (num_shard > 0 && staged) {
+    p.shard = static_cast<double*>(shard.data());
+    p.num_shard = num_shard;
+    p.shard_max.assign(static_cast<std::size_t>(num_shard), 0);  // means: every one a sum
+  }
+  if (stage > 0) {  // the shard's matrix sums only
+    p.global = static_cast<double*>(global_totals.data());
+    p.num_global = kernels.front()->body().num_global_slots;
+    extension->combine(p);
+    return;
+  }
   const codegen::KernelBody& body = kernels.front()->body();
   p.num_global = body.num_global_slots;
   p.global = static_cast<double*>(global_totals.data());

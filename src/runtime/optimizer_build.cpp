@@ -18,6 +18,7 @@
 #include "provider/kernel_provider.hpp"
 #include "rule_access.hpp"
 #include "runtime/optimizer_impl.hpp"
+#include "runtime/pieces.hpp"
 #include "runtime/plan.hpp"
 #include "runtime/quant_states.hpp"
 #include "support/check.hpp"
@@ -267,7 +268,10 @@ void Optimizer::Impl::validate_groups(std::vector<ParamGroup>& groups) {
       s.param = group.params[i];
       s.grad = group.grads[i];
       s.name = s.param.name.empty() ? fmt::format("param{}", params.size()) : s.param.name;
+      runtime::infer_piece_shape(s.param);
       validate_pair(s);
+      runtime::validate_piece(s.param, runtime::describe(s));
+      pieces = pieces || !s.param.whole_shape.empty();
       check_param_name(s);
       const std::string who = runtime::describe(s);
       const auto [same_name, fresh_name] = by_name.emplace(s.name, params.size());
@@ -314,9 +318,11 @@ DTypeBinding Optimizer::Impl::binding_of(std::size_t p) const {
   }
   b.master = options.master_weights && s.param.dtype != DType::F32;
   b.stochastic = options.stochastic_rounding && s.param.dtype != DType::F32;
-  // A piece of a param (ShardedOptimizer) is quantized when its whole param is.
-  const long long whole = p < origins.size() ? origins[p].numel : s.param.numel;
-  if (s.param.numel > 0 && whole >= options.quant_min_numel) {
+  // A piece of a param (ShardedOptimizer; Tensor::whole_shape) is quantized when its whole
+  // param is, and an empty piece binds as the others do (the same layouts on every rank).
+  const std::int64_t whole = p < origins.size() ? origins[p].numel : runtime::whole_numel(s.param);
+  const bool piece = !s.param.whole_shape.empty();
+  if ((piece ? whole : s.param.numel) > 0 && whole >= options.quant_min_numel) {
     b.quant = quant;  // small params keep their states in state_dtype
     if (b.quantized()) {
       b.quant_block = options.quant_block;
@@ -329,7 +335,8 @@ DTypeBinding Optimizer::Impl::binding_of(std::size_t p) const {
   // a batch of matrices that do not each start on a block keeps its states unquantized (as
   // torchao keeps a tensor whose size is not a multiple of the block).
   if (b.quantized() && detail::RuleAccess::impl(rule)->factored()) {
-    const runtime::MatrixShape m = runtime::matrix_shape(s.param.shape, s.param.numel);
+    const runtime::MatrixShape m = piece ? runtime::matrix_shape(s.param.whole_shape, whole)
+                                         : runtime::matrix_shape(s.param.shape, s.param.numel);
     if (m.batch > 1 && (m.rows * m.cols) % b.block() != 0) {
       b.quant.clear();
       b.quant_block = 0;
@@ -347,11 +354,13 @@ void Optimizer::Impl::lay_out_arenas() {
   for (std::size_t p = 0; p < params.size(); ++p) {
     ParamSlot& s = params[p];
     s.states.assign(state_names.size(), nullptr);
-    if (s.param.numel == 0) continue;
+    // With pieces every param binds, in param order: the same bindings on every rank.
+    if (s.param.numel == 0 && !pieces) continue;
     const DTypeBinding b = binding_of(p);
     auto it = std::find(bindings.begin(), bindings.end(), b);
     s.binding = static_cast<int>(it - bindings.begin());
     if (it == bindings.end()) bindings.push_back(b);
+    if (s.param.numel == 0) continue;
     const auto n = static_cast<std::size_t>(s.param.numel);
     for (std::size_t k = 0; k < state_names.size(); ++k) {
       // A quantized state's codes and absmax are one piece of bytes (abi.h's layout).
@@ -376,7 +385,7 @@ void Optimizer::Impl::lay_out_arenas() {
   if (!scalar_names.empty() || !row_names.empty() || !col_names.empty()) {
     for (std::size_t p = 0; p < params.size(); ++p) {
       ParamSlot& s = params[p];
-      if (s.param.numel > 0) continue;
+      if (s.param.numel > 0 || s.binding >= 0) continue;
       const DTypeBinding b = binding_of(p);
       auto it = std::find(bindings.begin(), bindings.end(), b);
       if (it == bindings.end() && !bindings.empty()) it = bindings.begin();
@@ -429,6 +438,7 @@ void Optimizer::Impl::bind_kernels() {
         backend->load(detail::RuleAccess::impl(rule), t.dtypes, t.strategy, provider::cache_at({})),
         t, h));
   }
+  lay_out_shard();
   for (auto& kernel : kernels) kernel->init_states();
   steps_taken = backend->allocate(sizeof(double));  // zeroed: no step taken
   // The grad check rides on pass 0 (one read of the gradient for the unscale, the check and
@@ -465,11 +475,19 @@ std::vector<runtime::BindingTensors> Optimizer::Impl::binding_tensors() {
     t.shapes.push_back(s.param.shape);
     t.names.push_back(runtime::describe(s));
     // The random numbers' key: the param's index here (a ShardedOptimizer's local optimizer
-    // gives each piece its param's index and offset instead: detail::OptimizerAccess).
+    // gives each piece its param's index and offset instead: detail::OptimizerAccess; a
+    // dim-0 piece its first element in the whole tensor).
     const bool given = p < origins.size();
     t.ids.push_back(given ? origins[p].param : static_cast<long long>(p));
-    t.ids.push_back(given ? origins[p].offset : 0);
+    t.ids.push_back(given ? origins[p].offset : runtime::piece_offset(s.param));
     binding_params[b].push_back(static_cast<int>(p));
+    if (pieces) {
+      // The built-ins read the whole tensor's shape; a 1-D or 2-D piece's column and
+      // matrix sums span pieces.
+      runtime::append_whole_info(s.param, t.whole_info);
+      t.spans.push_back(runtime::spans_pieces(s.param) &&
+                        detail::RuleAccess::impl(rule)->factored());
+    }
   }
   for (std::size_t b = 0; b < bindings.size(); ++b) tensors[b].ptrs = binding_ptrs(b);
   return tensors;

@@ -127,6 +127,14 @@ struct FUSEDOPT_NO_EXPORT Optimizer::Impl {
   /// index and element offset key the random numbers; its size decides quantization);
   /// empty: every param is whole.
   std::vector<detail::PieceOrigin> origins;
+  /// Whether some param is a piece of a bigger tensor (Tensor::whole_shape).
+  bool pieces = false;
+  /// Pieces of a factored rule: the sums that span pieces (abi.h's shard), every binding's
+  /// in binding order (shard_first[b]: binding b's first), handed to the reduction hook;
+  /// and per reduction pass, how many stages its finalize takes (1: unstaged, else 2 or 3).
+  runtime::Buffer shard;
+  std::int64_t num_shard = 0;
+  std::vector<int> finalize_stages;
   /// Per rule state: its block-quantized storage for params of at least
   /// options.quant_min_numel elements (runtime/quant_states.hpp).
   std::vector<Quant> quant;
@@ -208,8 +216,9 @@ struct FUSEDOPT_NO_EXPORT Optimizer::Impl {
   std::vector<std::vector<void*>> binding_ptrs(std::size_t b) const;
   /// The step programs of the schedule and the extension (plain_program, scaled_program).
   void compile_programs();
-  /// Hands pass `pass`'s totals to the extension.
-  void call_hook(int pass, void* stream);
+  /// Hands pass `pass`'s totals to the extension: stage 0 its global and per-tensor totals
+  /// (and the shard's column sums), stage 1 the shard's matrix sums (pieces).
+  void call_hook(int pass, int stage, void* stream);
   /// Hands a scaled step's separate grad check (the last global slot: 0, or non-zero when a
   /// gradient is not finite) to the extension as pass -1.
   void call_check_hook(void* stream);
@@ -229,6 +238,9 @@ struct FUSEDOPT_NO_EXPORT Optimizer::Impl {
   void lay_out_arenas();
   /// Plans one kernel per binding over its tensors and writes the initial states.
   void bind_kernels();
+  /// Pieces of a factored rule: the shard and finalize_stages (after the kernels;
+  /// pieces.cpp).
+  void lay_out_shard();
   /// Each binding's tensors (the shared global totals allocated); binding_params filled.
   std::vector<runtime::BindingTensors> binding_tensors();
   /// Scalar states: one row of doubles per tensor, each binding's tensors adjacent.

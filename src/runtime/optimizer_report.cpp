@@ -154,9 +154,12 @@ OptimizerStats Optimizer::stats() const {
   st.scaled_step_program = runtime::describe(m.scaled_program);
   static const char* kRank[] = {"memory", "disk", "compiled"};
   int slowest = -1;
+  int staged = 0;  // pieces of a factored rule: the finalizes' further stages
+  for (int n : m.finalize_stages) staged += n - 1;
   for (std::size_t b = 0; b < m.kernels.size(); ++b) {
     const auto& kernel = m.kernels[b];
     st.launches_per_step += kernel->launches_per_step(b == 0);  // the count: one per step
+    if (!kernel->plan().empty()) st.launches_per_step += staged;
     st.kernel_keys.push_back(kernel->key());
     st.kernel_seconds += kernel->seconds();
     for (int k = 0; k < 3; ++k) {

@@ -41,8 +41,26 @@ struct ReductionSlotInfo {
 /// Store strategy, capturable steps) first calls the hook with pass -1 and one slot,
 /// "grad_check" (global, max): non-zero when this process found a non-finite gradient;
 /// combined across ranks, every rank takes or skips the same step.
+///
+/// Pieces (Tensor::whole_shape, PyTorch FSDP2: each rank's optimizer holds a dim-0 piece of
+/// every param, possibly empty). The contract of a hook, for the ranks that hold pieces of
+/// the same tensors: every buffer handed in one call must be combined element-wise across
+/// those ranks, in place: the global slots of this pass and the per-tensor columns of this
+/// pass (`slots`: by sum, or max where `max`), and all `num_shard` doubles of `shard` (by
+/// sum, or max where shard_max[i]). Every rank receives the same sequence of calls, each
+/// with the same sizes and layouts (the same bindings, each with the same tensors: an empty
+/// piece takes part as any other), so a hook may combine with one collective per buffer in
+/// call order. Then every rank computes what the unsharded tensors compute (within the
+/// rounding of the sums' order). The shard holds a factored rule's sums that span pieces:
+/// the column sums (col_mean) and matrix sums over rows (matrix_mean of a row value) of
+/// each piece of a 1-D or 2-D tensor (its rows are its own, its columns are not; a piece of
+/// a 3-D or bigger tensor holds whole matrices). Their pass's finalize then takes stages:
+/// stage 0's call (this pass's totals, the shard's column sums), then, when the pass has
+/// matrix means over rows, a stage 1 call (`stage` 1: no slots, no per-tensor totals, the
+/// shard's matrix sums). Without pieces nothing changes: no shard, no stage 1 call.
 struct ReductionPartials {
   int pass = 0;
+  int stage = 0;  ///< 0: the pass's totals; 1: its matrix sums over rows (pieces: see above)
   Device device;
   void* stream = nullptr;
   double* global = nullptr;  ///< [num_global] raw global totals
@@ -56,7 +74,16 @@ struct ReductionPartials {
     int stride = 0;
     std::vector<int> params;
   };
-  std::vector<TensorTotals> tensors;
+  std::vector<TensorTotals> tensors;  ///< empty in a stage 1 call
+  /// [num_shard] doubles: the sums that span pieces (see above), laid out the same on every
+  /// rank (each binding's in order, within it each spanning tensor's: its columns x the
+  /// rule's column slots, then its matrix slots, at least one of each); entries this call
+  /// does not use are 0.
+  /// Null and 0 without pieces, and in the calls of a pass without column or matrix means
+  /// (its finalize takes no stages).
+  double* shard = nullptr;
+  std::int64_t num_shard = 0;
+  std::vector<char> shard_max;  ///< [num_shard]: 1 where ranks combine by max (today: none)
 };
 using ReductionHook = std::function<void(const ReductionPartials&)>;
 

@@ -3,7 +3,8 @@
 
 namespace fusedopt::runtime {
 
-StepProgram compile_step(int passes, bool scaled, bool fold_check, bool extended) {
+StepProgram compile_step(int passes, bool scaled, bool fold_check, bool extended,
+                         const std::vector<int>& stages) {
   using K = StepOp::Kind;
   const bool folded = scaled && fold_check && passes > 0;
   StepProgram p;
@@ -17,10 +18,22 @@ StepProgram compile_step(int passes, bool scaled, bool fold_check, bool extended
   }
   for (int pass = 0; pass < passes; ++pass) {
     p.push_back({K::Reduce, pass, folded && pass == 0});
-    p.push_back({K::Finalize, pass});
-    // The hook before the skip: the grad check's count is a global slot (combined by max),
-    // so every rank sees the same verdict and skips the same steps.
-    p.push_back({K::Hook, pass});
+    const int n = static_cast<std::size_t>(pass) < stages.size() ? stages[pass] : 1;
+    if (n <= 1) {
+      p.push_back({K::Finalize, pass});
+      // The hook before the skip: the grad check's count is a global slot (combined by max),
+      // so every rank sees the same verdict and skips the same steps.
+      p.push_back({K::Hook, pass});
+    } else {
+      // Pieces: the sums that span them combined before anything reads them.
+      p.push_back({K::Finalize, pass, false, 1});
+      p.push_back({K::Hook, pass});
+      p.push_back({K::Finalize, pass, false, 2});
+      if (n > 2) {
+        p.push_back({K::Hook, pass, false, 1});
+        p.push_back({K::Finalize, pass, false, 3});
+      }
+    }
     if (folded && pass == 0) p.push_back({K::SkipIf});
   }
   p.push_back({K::Update});
@@ -50,10 +63,11 @@ std::string describe(const StepProgram& program) {
         out += "reduce " + std::to_string(op.pass) + (op.check_grads ? " (+check)" : "");
         break;
       case StepOp::Kind::Finalize:
-        out += "finalize " + std::to_string(op.pass);
+        out += "finalize " + std::to_string(op.pass) +
+               (op.stage > 0 ? " (stage " + std::to_string(op.stage) + ")" : "");
         break;
       case StepOp::Kind::Hook:
-        out += "hook " + std::to_string(op.pass);
+        out += "hook " + std::to_string(op.pass) + (op.stage > 0 ? " (matrices)" : "");
         break;
       case StepOp::Kind::Update:
         out += "update";

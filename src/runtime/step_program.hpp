@@ -26,9 +26,13 @@ struct StepOp {
   Kind kind;
   int pass = -1;             ///< Reduce, Finalize, Hook
   bool check_grads = false;  ///< Reduce: this pass also checks the gradients (pass 0)
+  /// Pieces (Tensor::whole_shape) of a factored rule: Finalize 1 to 3 and Hook 0 or 1, the
+  /// stages of a finalize with the sums that span pieces combined between them (abi.h's
+  /// rc_stage); 0 otherwise: the whole finalize.
+  int stage = 0;
 
   bool operator==(const StepOp& o) const {
-    return kind == o.kind && pass == o.pass && check_grads == o.check_grads;
+    return kind == o.kind && pass == o.pass && check_grads == o.check_grads && stage == o.stage;
   }
 };
 
@@ -40,7 +44,11 @@ using StepProgram = std::vector<StepOp>;
 /// own launch before anything else.
 /// With `extended`, the program of an optimizer with a step extension: `begin` first and
 /// `publish` last.
-StepProgram compile_step(int passes, bool scaled, bool fold_check, bool extended = false);
+/// `stages[pass]` (when given): how many stages pass's finalize takes with pieces: 2 is
+/// "finalize P (1 of 2), hook P, finalize P (2 of 2)", 3 adds "hook P (matrices), finalize P
+/// (3 of 3)"; 1 or absent: one finalize.
+StepProgram compile_step(int passes, bool scaled, bool fold_check, bool extended = false,
+                         const std::vector<int>& stages = {});
 
 /// "check grads, hook check, skip if, reduce 0 (+check), finalize 0, hook 0, update, end":
 /// for logs and stats.

@@ -4,7 +4,7 @@
 #define FUSEDOPT_ABI_H
 
 // Bump when you change this: any struct below or an exported entry point's signature.
-#define FO_ABI_VERSION 14
+#define FO_ABI_VERSION 15
 
 // Launch constants shared by the runtime and the kernels (one source for both):
 /// Threads per block of every CUDA kernel (the runtime's kCudaBlock).
@@ -75,6 +75,21 @@ struct fo_launch {
   double* col_partials;         ///< chunk c's column sums at chunk_cols[c]: [column in its
                                 ///< matrix * FO_NUM_COL_SLOTS + slot]
   const long long* chunk_cols;  ///< [chunk]: offset of its column sums in col_partials
+
+  // Pieces (dim-0 shards of bigger tensors, Tensor::whole_shape; null/0 otherwise).
+  /// [tensor * 4]: the whole tensor's numel, dims, rows, cols: what the rule's built-ins
+  /// read, and the row counts column and matrix means divide by. Null: tensor_info.
+  const double* tensor_whole;
+  /// The sums of a factored rule that span pieces (a 1-D or 2-D piece's column sums and
+  /// matrix sums over rows), combined across ranks by the reduction hook between the
+  /// stages of a finalize: tensor t's at shard[shard_offsets[t]] (-1: none), its C columns'
+  /// [column * FO_NUM_COL_SLOTS + slot], then FO_NUM_MATRIX_SLOTS matrix sums.
+  double* shard;
+  const long long* shard_offsets;
+  /// Finalize: 0 = the whole finalize; with pieces 1 = the totals and the spanning column
+  /// sums (into shard), 2 = the column means and matrix sums (spanning ones over rows into
+  /// shard), 3 = the spanning matrix means over rows (from shard).
+  int rc_stage;
 };
 
 /// A GradScaler's state (torch.amp.GradScaler's scale and growth tracker), kept in device

@@ -205,7 +205,10 @@ __device__ __forceinline__ fo_tvals fo_chunk_values(const fo_launch& L, int tens
   fo_tensor_values(L.tensor_totals ? L.tensor_totals + (long long)tensor * FO_NUM_TENSOR_SLOTS : 0,
                    L.scalars ? L.scalars + (long long)tensor * FO_NUM_SCALARS : 0,
                    L.hypers + (long long)group * FO_NUM_HYPERS, step, L.global_totals,
-                   L.tensor_info ? L.tensor_info + (long long)tensor * 4 : 0, T, scalars_out);
+                   L.tensor_whole  ? L.tensor_whole + (long long)tensor * 4
+                   : L.tensor_info ? L.tensor_info + (long long)tensor * 4
+                                   : 0,
+                   T, scalars_out);
   return T;
 }
 
@@ -785,7 +788,7 @@ extern "C" __global__ void __launch_bounds__(FO_BLOCK) fusedopt_finalize(fo_laun
   if (fo_skipped(L)) return;
   __shared__ double red[FO_BLOCK];
   const int count = fo_acc_count(pass);
-  for (int j = 0; j < count; ++j) {
+  for (int j = 0; j < count && L.rc_stage <= 1; ++j) {
     const bool is_max = fo_acc_max(pass, j) != 0;
     const int slot = fo_acc_slot(pass, j);
     if (slot >= 0) {
@@ -819,9 +822,30 @@ extern "C" __global__ void __launch_bounds__(FO_BLOCK) fusedopt_finalize(fo_laun
   // thread, coalesced over each chunk's partials), then their matrix means (each thread sums
   // rows and columns threadIdx.x, + blockDim.x, ...; a fixed tree adds the threads' sums;
   // they read per-tensor totals of earlier passes only, and this pass's column means).
+  // With pieces (L.rc_stage, abi.h): stage 1 the column sums that span pieces into the shard;
+  // stage 2 the means (those sums combined by the hook) and the matrix sums, the spanning
+  // ones over rows into the shard; stage 3 their means (combined too).
   for (long long t = blockIdx.x; t < L.num_tensors; t += gridDim.x) {
+    double* const sh = fo_rc_shard(L, t);
+    const long long cols = L.rc_offsets[3 * t + 4] - L.rc_offsets[3 * t + 1];
+    if (L.rc_stage == 3) {
+      if (sh && threadIdx.x == 0 && fo_rc_matrix_pass(L, pass, t)) {
+        for (int s = 0; s < FO_NUM_MATRIX_SLOTS; ++s) {
+          if (!fo_matrix_slot_col(s))
+            fo_rc_matrix_store(L, pass, t, 0, s, sh[cols * FO_NUM_COL_SLOTS + s]);
+        }
+      }
+      continue;
+    }
     fo_rc_col_means(L, pass, t, threadIdx.x, blockDim.x);
     __syncthreads();
+    if (L.rc_stage == 1) continue;
+    if (sh) {  // what the hook combines next: this pass's matrix sums over rows, else 0
+      for (long long k = threadIdx.x; k < cols * FO_NUM_COL_SLOTS + FO_NUM_MATRIX_SLOTS;
+           k += blockDim.x)
+        sh[k] = 0.0;
+      __syncthreads();
+    }
     if (!fo_rc_matrix_pass(L, pass, t)) continue;
     for (long long b = 0; b < fo_rc_matrices(L, t); ++b) {
       double sums[FO_NUM_MATRIX_SLOTS > 0 ? FO_NUM_MATRIX_SLOTS : 1];
@@ -832,7 +856,13 @@ extern "C" __global__ void __launch_bounds__(FO_BLOCK) fusedopt_finalize(fo_laun
         if (fo_matrix_slot_pass(s) != pass) continue;
         red[threadIdx.x] = sums[s];
         fo_tree(red, false);
-        if (threadIdx.x == 0) fo_rc_matrix_store(L, pass, t, b, s, red[0]);
+        if (threadIdx.x == 0) {
+          if (sh && !fo_matrix_slot_col(s)) {
+            sh[cols * FO_NUM_COL_SLOTS + s] = red[0];
+          } else {
+            fo_rc_matrix_store(L, pass, t, b, s, red[0]);
+          }
+        }
         __syncthreads();
       }
     }

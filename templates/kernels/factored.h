@@ -32,6 +32,16 @@ FO_FN long long fo_rows_of(const fo_launch& L, long long t) {
 FO_FN long long fo_cols_of(const fo_launch& L, long long t) {
   return (long long)L.tensor_info[4 * t + 3];
 }
+/// Rows of each of tensor t's matrices in its whole tensor (a piece's whole: L.tensor_whole),
+/// which its column means and matrix means over rows divide by.
+FO_FN long long fo_whole_rows_of(const fo_launch& L, long long t) {
+  return L.tensor_whole ? (long long)L.tensor_whole[4 * t + 2] : fo_rows_of(L, t);
+}
+/// Tensor t's sums that span pieces (abi.h's shard), or null: it has none (a whole tensor,
+/// or a piece whose matrices are its own).
+FO_FN double* fo_rc_shard(const fo_launch& L, long long t) {
+  return L.shard_offsets && L.shard_offsets[t] >= 0 ? L.shard + L.shard_offsets[t] : 0;
+}
 /// Element i's row, column and matrix (X0: its tensor's base).
 FO_FN fo_rcx fo_rc_at(const fo_rcx& X0, long long i, long long R, long long C) {
   fo_rcx X = X0;
@@ -47,7 +57,10 @@ FO_FN fo_tvals fo_rc_tvals(const fo_launch& L, long long t, int group, double st
   fo_tensor_values(L.tensor_totals ? L.tensor_totals + t * FO_NUM_TENSOR_SLOTS : 0,
                    L.scalars ? L.scalars + t * FO_NUM_SCALARS : 0,
                    L.hypers + (long long)group * FO_NUM_HYPERS, step, L.global_totals,
-                   L.tensor_info ? L.tensor_info + t * 4 : 0, T, 0);
+                   L.tensor_whole  ? L.tensor_whole + t * 4
+                   : L.tensor_info ? L.tensor_info + t * 4
+                                   : 0,
+                   T, 0);
   return T;
 }
 
@@ -67,26 +80,43 @@ FO_FN fo_rcx fo_rc_values_at(fo_rcx X, const fo_uniform& U, const fo_tvals& T, f
 }
 
 /// Tensor t's column means of pass `pass`: each column's chunk partials (slot-major per
-/// chunk: [slot * C + column in its matrix]), in chunk order. This caller takes columns
-/// first, first + stride, ... (the host: all; a CUDA block: one per thread, coalesced over
-/// the partials). Each matrix has the same number of chunks, in matrix order (whole rows of
-/// one matrix each: runtime/plan.cpp). The mean over no rows is 0.
+/// chunk: [slot * C + column in its matrix]), in chunk order, over the whole tensor's rows.
+/// This caller takes columns first, first + stride, ... (the host: all; a CUDA block: one
+/// per thread, coalesced over the partials). Each matrix has the same number of chunks, in
+/// matrix order (whole rows of one matrix each: runtime/plan.cpp). The mean over no rows is
+/// 0. A tensor with sums that span pieces (fo_rc_shard) takes two stages: 1 writes the sums
+/// into the shard (other slots and the matrix sums 0), the hook combines them across ranks,
+/// and 2 divides them; stage 1 does nothing for other tensors.
 FO_FN void fo_rc_col_means(const fo_launch& L, int pass, long long t, long long first,
                            long long stride) {
   const long long* o = L.rc_offsets;
-  const long long R = fo_rows_of(L, t), C = fo_cols_of(L, t);
+  const long long R = fo_rows_of(L, t), C = fo_cols_of(L, t), Rw = fo_whole_rows_of(L, t);
   const fo_rcx X0 = fo_rc_base(L, t);
   const long long cols = o[3 * t + 4] - o[3 * t + 1];
   const long long c0 = L.tensor_chunks[2 * t], n = L.tensor_chunks[2 * t + 1];
   const long long per = C > 0 && cols >= C ? n / (cols / C) : 0;  // chunks per matrix
+  double* const sh = fo_rc_shard(L, t);
+  if (L.rc_stage == 1 && !sh) return;
+  if (sh && L.rc_stage == 1 && first == 0) {
+    for (int m = 0; m < FO_NUM_MATRIX_SLOTS; ++m) sh[cols * FO_NUM_COL_SLOTS + m] = 0.0;
+  }
   for (int s = 0; s < FO_NUM_COL_SLOTS; ++s) {
-    if (fo_col_slot_pass(s) != pass) continue;
+    const bool mine = fo_col_slot_pass(s) == pass;
+    if (!mine && !(sh && L.rc_stage == 1)) continue;
     for (long long k = first; k < cols; k += stride) {
       const long long b = k / C, cc = k - b * C;  // column cc of matrix b
       double v = 0.0;
-      for (long long ch = c0 + b * per; ch < c0 + (b + 1) * per && R > 0; ++ch)
-        v += L.col_partials[L.chunk_cols[ch] + s * C + cc];
-      L.col_totals[(X0.col + k) * FO_NUM_COL_SLOTS + s] = R > 0 ? v / R : 0.0;
+      if (sh && L.rc_stage == 2) {
+        v = sh[k * FO_NUM_COL_SLOTS + s];
+      } else {
+        for (long long ch = c0 + b * per; ch < c0 + (b + 1) * per && R > 0 && mine; ++ch)
+          v += L.col_partials[L.chunk_cols[ch] + s * C + cc];
+      }
+      if (sh && L.rc_stage == 1) {
+        sh[k * FO_NUM_COL_SLOTS + s] = v;  // the raw sum, combined across ranks
+      } else {
+        L.col_totals[(X0.col + k) * FO_NUM_COL_SLOTS + s] = Rw > 0 ? v / Rw : 0.0;
+      }
     }
   }
 }
@@ -141,8 +171,7 @@ FO_FN void fo_rc_matrix_partials(const fo_launch& L, int pass, long long t, long
 FO_FN void fo_rc_matrix_store(const fo_launch& L, int pass, long long t, long long b, int s,
                               double sum) {
   if (fo_matrix_slot_pass(s) != pass) return;
-  const long long R = fo_rows_of(L, t), C = fo_cols_of(L, t);
-  const long long count = fo_matrix_slot_col(s) ? C : R;
+  const long long count = fo_matrix_slot_col(s) ? fo_cols_of(L, t) : fo_whole_rows_of(L, t);
   L.matrix_totals[(fo_rc_base(L, t).mat + b) * FO_NUM_MATRIX_SLOTS + s] =
       count > 0 ? sum / count : 0.0;
 }

@@ -46,7 +46,10 @@ static inline fo_tvals fo_chunk_values(const fo_launch* L, int tensor, int group
       L->tensor_totals ? L->tensor_totals + (long long)tensor * FO_NUM_TENSOR_SLOTS : 0,
       L->scalars ? L->scalars + (long long)tensor * FO_NUM_SCALARS : 0,
       L->hypers + (long long)group * FO_NUM_HYPERS, step, L->global_totals,
-      L->tensor_info ? L->tensor_info + (long long)tensor * 4 : 0, T, scalars_out);
+      L->tensor_whole  ? L->tensor_whole + (long long)tensor * 4
+      : L->tensor_info ? L->tensor_info + (long long)tensor * 4
+                       : 0,
+      T, scalars_out);
   return T;
 }
 
@@ -77,7 +80,7 @@ static inline fo_rcx fo_rc_chunk_base(const fo_launch* L, long long c, const fo_
 /// in the same order (each column's partials in chunk order, from 0), so the same bits, but
 /// a chunk's partials at a time over the columns (contiguous reads) into the totals.
 static void fo_rc_col_range(const fo_launch* L, int pass, long long t, long long k0, long long k1) {
-  const long long R = fo_rows_of(*L, t), C = fo_cols_of(*L, t);
+  const long long R = fo_rows_of(*L, t), C = fo_cols_of(*L, t), Rw = fo_whole_rows_of(*L, t);
   const long long* o = L->rc_offsets;
   const long long cols = o[3 * t + 4] - o[3 * t + 1];
   const long long c0 = L->tensor_chunks[2 * t], n = L->tensor_chunks[2 * t + 1];
@@ -94,7 +97,7 @@ static void fo_rc_col_range(const fo_launch* L, int pass, long long t, long long
         for (long long j = k; j < e; ++j) tot[j * FO_NUM_COL_SLOTS] += p[j - b * C];
       }
       for (long long j = k; j < e; ++j)
-        tot[j * FO_NUM_COL_SLOTS] = R > 0 ? tot[j * FO_NUM_COL_SLOTS] / R : 0.0;
+        tot[j * FO_NUM_COL_SLOTS] = Rw > 0 ? tot[j * FO_NUM_COL_SLOTS] / Rw : 0.0;
       k = e;
     }
   }
@@ -555,11 +558,12 @@ FO_EXTERN_C void fusedopt_reduce_host(const fo_launch* L, int pass) {
   FO_REDUCE_DISPATCH(L, pass);  // one case per reduction pass of the rule (codegen)
 }
 
-/// Combines pass `pass`'s chunk partials into the per-tensor and global totals.
+/// Combines pass `pass`'s chunk partials into the per-tensor and global totals, then a
+/// factored rule's column and matrix means; with pieces in stages (L->rc_stage, abi.h).
 FO_EXTERN_C void fusedopt_finalize_host(const fo_launch* L, int pass) {
   if (fo_launch_skipped(L)) return;
   const int count = fo_acc_count(pass);
-  for (int j = 0; j < count; ++j) {
+  for (int j = 0; j < count && L->rc_stage <= 1; ++j) {
     const bool is_max = fo_acc_max(pass, j) != 0;
     const int slot = fo_acc_slot(pass, j);
     if (slot >= 0) {
@@ -580,10 +584,25 @@ FO_EXTERN_C void fusedopt_finalize_host(const fo_launch* L, int pass) {
     }
   }
 #if FO_FACTORED
+  const int stage = L->rc_stage;
+  if (stage == 3) {
+    // The matrix means over rows of the tensors whose sums span pieces, from the combined sums.
+    for (long long t = 0; t < L->num_tensors; ++t) {
+      const double* sh = fo_rc_shard(*L, t);
+      if (!sh || !fo_rc_matrix_pass(*L, pass, t)) continue;
+      const long long cols = L->rc_offsets[3 * t + 4] - L->rc_offsets[3 * t + 1];
+      for (int s = 0; s < FO_NUM_MATRIX_SLOTS; ++s) {
+        if (!fo_matrix_slot_col(s))
+          fo_rc_matrix_store(*L, pass, t, 0, s, sh[cols * FO_NUM_COL_SLOTS + s]);
+      }
+    }
+    return;
+  }
   // After every per-tensor and global total: the column and matrix means.
   const double step = fo_launch_step(L);
   const float inv_grad_scale = fo_unscale_factor(L->inv_grad_scale, L->grad_scale_ptr);
-  // The column means over the team, each thread a range of each tensor's columns.
+  // The column means over the team, each thread a range of each tensor's columns (a
+  // tensor whose sums span pieces: thread 0, through the shard).
 #pragma omp parallel if (L->num_chunks > 1)
   {
 #ifdef _OPENMP
@@ -593,15 +612,31 @@ FO_EXTERN_C void fusedopt_finalize_host(const fo_launch* L, int pass) {
 #endif
     for (long long t = 0; t < L->num_tensors; ++t) {
       const long long cols = L->rc_offsets[3 * t + 4] - L->rc_offsets[3 * t + 1];
-      fo_rc_col_range(L, pass, t, cols * id / nt, cols * (id + 1) / nt);
+      if (fo_rc_shard(*L, t)) {
+        if (id == 0) fo_rc_col_means(*L, pass, t, 0, 1);
+      } else if (stage != 1) {
+        fo_rc_col_range(L, pass, t, cols * id / nt, cols * (id + 1) / nt);
+      }
     }
   }
+  if (stage == 1) return;
   for (long long t = 0; t < L->num_tensors; ++t) {
+    double* sh = fo_rc_shard(*L, t);
+    const long long cols = L->rc_offsets[3 * t + 4] - L->rc_offsets[3 * t + 1];
+    if (sh) {  // what the hook combines next: this pass's matrix sums over rows, else 0
+      for (long long k = 0; k < cols * FO_NUM_COL_SLOTS + FO_NUM_MATRIX_SLOTS; ++k) sh[k] = 0.0;
+    }
     if (!fo_rc_matrix_pass(*L, pass, t)) continue;
     for (long long b = 0; b < fo_rc_matrices(*L, t); ++b) {
       double sums[FO_NUM_MATRIX_SLOTS > 0 ? FO_NUM_MATRIX_SLOTS : 1];
       fo_rc_matrix_partials(*L, pass, t, b, step, inv_grad_scale, 0, 1, sums);
-      for (int s = 0; s < FO_NUM_MATRIX_SLOTS; ++s) fo_rc_matrix_store(*L, pass, t, b, s, sums[s]);
+      for (int s = 0; s < FO_NUM_MATRIX_SLOTS; ++s) {
+        if (sh && !fo_matrix_slot_col(s)) {
+          if (fo_matrix_slot_pass(s) == pass) sh[cols * FO_NUM_COL_SLOTS + s] = sums[s];
+        } else {
+          fo_rc_matrix_store(*L, pass, t, b, s, sums[s]);
+        }
+      }
     }
   }
 #endif

@@ -12,6 +12,7 @@
 #include "device_model.hpp"
 #include "fusedopt/optimizer.hpp"
 #include "runtime/cuda_driver.hpp"
+#include "runtime/step_extension.hpp"
 #include "support/requirements.hpp"
 #include "support/temp_dir.hpp"
 
@@ -288,6 +289,46 @@ p = p - lr * g * tensor_norm(p) / sqrt(numel)
           CHECK(std::fabs(got[k] - want) <= 1e-5f * (1 + std::fabs(want)));
         }
       }
+    }
+  }
+
+  TEST_CASE("factored rules over pieces take the staged finalize on the device" *
+            testing::needs_cuda_device()) {
+    // One rank holding every param as a piece of itself (Tensor::whole_shape): the column
+    // and matrix sums go through the shard and the finalize's three stages (abi.h), which
+    // must give what the host's whole tensors give; tests/runtime/test_pieces.cpp combines
+    // several ranks' on the host.
+    cu::PrimaryContext ctx(0);
+    std::mt19937 rng(std::random_device{}());
+    for (const char* preset : {"adafactor", "came"}) {
+      CAPTURE(preset);
+      DeviceModel m = make_model(rng);
+      ParamGroup dg = m.device_group(), hg = m.host_group();
+      for (ParamGroup* g : {&dg, &hg}) {
+        g->params[2].shape = {10, 100};
+        g->params[3].shape = {1, 65537};  // one row longer than a chunk
+        g->params[5].shape = {3, 1, 1};   // whole matrices: no shard
+      }
+      for (Tensor& p : dg.params) {
+        p.whole_shape = p.shape.empty() ? std::vector<std::int64_t>{p.numel} : p.shape;
+      }
+      Optimizer gpu(Rule::preset(preset), {dg});
+      Optimizer cpu(Rule::preset(preset), {hg});
+      int shard_calls = 0;  // calls with the 1-D and 2-D params' column and matrix sums
+      detail::OptimizerAccess::set_reduction_hook(
+          gpu, [&](const ReductionPartials& p) { shard_calls += p.num_shard > 0 ? 1 : 0; });
+      std::normal_distribution<float> normal(0.0f, 1.0f);
+      for (int t = 0; t < 3; ++t) {
+        for (auto& g : m.hg) {
+          for (auto& x : g) x = normal(rng);
+        }
+        m.upload_grads();
+        gpu.step();
+        cpu.step();
+      }
+      cu::synchronize(nullptr);
+      CHECK(shard_calls > 0);
+      m.require_params_match_host();
     }
   }
 

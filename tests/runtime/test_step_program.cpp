@@ -43,6 +43,16 @@ TEST_SUITE("runtime") {
     CHECK(describe(compile_step(1, true, false)) ==
           "check grads, hook check, skip if, reduce 0, finalize 0, hook 0, update, end");
   }
+
+  TEST_CASE("pieces split a pass's finalize in stages around the hook calls") {
+    // Column and matrix means over rows in pass 0 (three stages, two calls), column means
+    // only in pass 1 (two stages), a tensor norm in pass 2 (one finalize); the grad check's
+    // skip after pass 0's last stage.
+    CHECK(describe(compile_step(3, true, true, false, {3, 2, 1})) ==
+          "reduce 0 (+check), finalize 0 (stage 1), hook 0, finalize 0 (stage 2), hook 0 "
+          "(matrices), finalize 0 (stage 3), skip if, reduce 1, finalize 1 (stage 1), hook 1, "
+          "finalize 1 (stage 2), reduce 2, finalize 2, hook 2, update, end");
+  }
 }
 
 }  // namespace fusedopt_tests

@@ -35,23 +35,40 @@ def zero_process_group():
 
 
 def reduction_hook(optimizer):
-    """The engine's hook for `optimizer`'s process group, holding the optimizer weakly (the
-    engine it is set on belongs to the optimizer)."""
+    """The engine's reduction hook for `optimizer` (held weakly: the engine it is set on
+    belongs to the optimizer): each call's partials combined over its reduction group."""
     ref = weakref.ref(optimizer)
 
-    def hook(pass_, totals, slots, stream):
+    def hook(pass_, stage, totals, slots, tensor_totals, shard, shard_max, stream):
         owner = ref()
         if owner is not None:
-            _combine(owner._reduction_group(), totals, slots, stream)
+            pieces = owner._shards is not None
+            _combine(owner._reduction_group(), totals, slots,
+                     tensor_totals if pieces else [], shard, shard_max, stream)
     return hook
 
 
-def _combine(group, totals, slots, stream):
-    """One pass's global totals of every rank of `group`, combined in place: gathered in one
-    collective (float64), then summed in rank order, or the max where the slot says so.
-    Per-tensor totals stay local: each param lives whole on one rank."""
+def _combine(group, totals, slots, tensor_totals, shard, shard_max, stream):
+    """One call's partials of every rank of `group`, combined in place: the global slots
+    listed, the per-tensor columns listed (`tensor_totals`: given for pieces of tensors, FSDP;
+    empty when each param lives whole on one rank, ZeRO) and the `shard` sums, gathered in one
+    collective (float64) and summed in rank order, or the max where the slot says so: every
+    rank gets the same bits."""
     glob = [(index, by_max) for _, per_tensor, index, by_max in slots if not per_tensor]
-    if not glob:
+    cols = [(index, by_max) for _, per_tensor, index, by_max in slots if per_tensor]
+    parts, flags = [], []
+    if glob:
+        parts.append(totals[[i for i, _ in glob]])
+        flags += [m for _, m in glob]
+    for t in tensor_totals if cols else []:
+        if t.numel():
+            parts.append(t[:, [i for i, _ in cols]].reshape(-1))
+            flags += [m for _, m in cols] * t.shape[0]
+    if shard.numel():
+        parts.append(shard)
+        maxed = set(shard_max)
+        flags += [k in maxed for k in range(shard.numel())]
+    if not parts:
         return
     world = torch.distributed.get_world_size(group)
     on_stream = contextlib.nullcontext()
@@ -60,13 +77,24 @@ def _combine(group, totals, slots, stream):
             torch.cuda.default_stream(totals.device)
         on_stream = torch.cuda.stream(cuda_stream)
     with on_stream:
-        parts = [torch.empty_like(totals) for _ in range(world)]
-        torch.distributed.all_gather(parts, totals.clone(), group=group)
-        every = torch.stack(parts)
-        for index, by_max in glob:
-            column = every[:, index]
-            totals[index] = column.max() if by_max else column.sum()
-
+        mine = torch.cat(parts)
+        every = [torch.empty_like(mine) for _ in range(world)]
+        torch.distributed.all_gather(every, mine, group=group)
+        out = every[0].clone()
+        by_max = torch.tensor(flags, dtype=torch.bool, device=mine.device)
+        for other in every[1:]:  # in rank order
+            out = torch.where(by_max, torch.maximum(out, other), out + other)
+        k = 0
+        if glob:
+            totals[[i for i, _ in glob]] = out[:len(glob)]
+            k = len(glob)
+        for t in tensor_totals if cols else []:
+            if t.numel():
+                n = t.shape[0] * len(cols)
+                t[:, [i for i, _ in cols]] = out[k:k + n].reshape(t.shape[0], len(cols))
+                k += n
+        if shard.numel():
+            shard.copy_(out[k:])
 
 
 # ---- FSDP2: DTensor params ----------------------------------------------------------------

@@ -194,7 +194,7 @@ class EnginesMixin:
             spec.hypers = list(zip(self._hyper_names, self._group_hypers(group)))
             specs.append(spec)
         params, grads, slots, copies, bound = [], [], [], {}, {}
-        lists = [([], [], []) for _ in self.param_groups]
+        lists = [([], [], [], []) for _ in self.param_groups]
         for g, i, p in members:
             # A tensor the kernel cannot walk in place is bound as a contiguous copy.
             lp, lg = bindable(p).detach(), bindable(p.grad).detach()
@@ -206,8 +206,11 @@ class EnginesMixin:
             lists[g][0].append(bound[(g, i)])
             lists[g][1].append(lg if gc is None else gc)
             lists[g][2].append(f"group{g}.param{i}")
+            if self._shards is not None:  # the piece of the whole param this rank holds
+                whole, offset = self._shards.piece(p)
+                lists[g][3].append((list(whole) + ([2] if p.is_complex() else []), offset))
         for g, spec in enumerate(specs):
-            spec.params, spec.grads, spec.names = lists[g]
+            spec.params, spec.grads, spec.names, spec.wholes = lists[g]
         # The engine's param order: by group, then as listed.
         ordered = sorted(members, key=lambda m: (m[0], m[1]))
         engine = _C._Engine(self._rule, specs, self._opts.cpp)
