@@ -6,6 +6,7 @@ DTYPES = {
     "fp32": ("float32", "fp32"),
     "fp16": ("float16", "fp16"),
     "bf16": ("bfloat16", "bf16"),
+    "fp64": ("float64", "fp64"),  # params of element-wise rules, their states in float64 too
 }
 _BY_NAME = {name: code for code, names in DTYPES.items() for name in names}
 

@@ -234,3 +234,36 @@ def test_complex_params_step_as_torch(rule, cls, seed):
     again = ft.Optimizer([p], rule=rule, **kw)
     again.load_state_dict(theirs.state_dict())
     torch.testing.assert_close(again.state_dict()["state"][0][key], value)
+
+
+@pytest.mark.parametrize("rule,cls,kw", [("adamw", "AdamW", dict(lr=1e-2)),
+                                         ("sgd", "SGD", dict(lr=1e-2, momentum=0.9)),
+                                         ("adam", "Adam", dict(lr=1e-2, weight_decay=0.1))])
+def test_float64_params_step_in_double_as_torch(rule, cls, kw, seed):
+    p = torch.nn.Parameter(torch.randn(7, 5, dtype=torch.float64))
+    q = torch.nn.Parameter(p.detach().clone())
+    small = torch.nn.Parameter(torch.randn(3))  # a float32 param beside it: a binding each
+    ours = ft.Optimizer([p, small], rule=rule, **kw)
+    theirs = getattr(torch.optim, cls)([q], **kw)
+    for _ in range(8):
+        g = torch.randn_like(q)
+        p.grad, q.grad, small.grad = g.clone(), g.clone(), torch.randn(3)
+        ours.step()
+        theirs.step()
+    # Within float64 rounding (fp32 math would be ~1e-7 away).
+    torch.testing.assert_close(p.detach(), q.detach(), rtol=1e-12, atol=1e-13)
+    for key, value in theirs.state[q].items():
+        if key != "step":
+            assert ours.state[p][key].dtype == torch.float64
+            torch.testing.assert_close(ours.state[p][key], value, rtol=1e-12, atol=1e-13)
+    again = ft.Optimizer([p, small], rule=rule, **kw)
+    again.load_state_dict(ours.state_dict())
+    assert again.state_dict()["state"][0][key].dtype == torch.float64
+
+
+def test_float64_params_under_a_rule_with_reductions_are_a_clear_error():
+    p = torch.nn.Parameter(torch.randn(4, dtype=torch.float64))
+    p.grad = torch.ones_like(p)
+    opt = ft.Optimizer([p], rule="lamb")
+    with pytest.raises(fusedopt.UsageError, match="float64|fp64"):
+        opt.step()

@@ -196,7 +196,7 @@ def test_copies_and_pickles_with_a_rule_object():
     (dict(quant_min_numel=-1), "quant_min_numel is -1"),
     (dict(reduction_strategy="fast"), "reduction strategy 'fast'"),
     (dict(max_grad_norm=-1.0), "max_grad_norm is -1"),
-    (dict(state_dtype="fp64"), "bad dtype 'fp64'"),
+    (dict(state_dtype="fp64"), "unsupported state_dtype fp64"),
     (dict(master_weights=True, stochastic_rounding=True), "choose one"),
     (dict(amsgrad=True), "rule 'adamw8bit' has no amsgrad option"),
 ])

@@ -267,3 +267,18 @@ def test_dcp_save_at_4_ranks_load_at_2_and_back_goes_on_as_the_run_that_never_st
                 err = ((a - b).abs().max() / b.abs().max()).item()
                 assert err <= 5e-5, f"{type(other).__name__}: {key} of {names[k]}: {err:.3g}"
             assert float(other.state[p]["step"]) == STEPS
+
+
+@needs_fsdp2
+def test_the_fsdp_example_runs_under_torchrun_at_two_ranks():
+    import subprocess
+    import sys
+    example = os.path.join(os.path.dirname(__file__), "..", "..", "examples", "torch_fsdp.py")
+    with tempfile.TemporaryDirectory() as d:
+        env = dict(os.environ, GLOO_SOCKET_IFNAME="lo", OMP_NUM_THREADS="1")
+        run = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                              "--nproc-per-node", "2", example, d], capture_output=True,
+                             text=True, timeout=300, env=env)
+        assert run.returncode == 0, run.stderr[-3000:]
+        assert "rank 0 of 2" in run.stdout and "DTensors" in run.stdout, run.stdout
+        assert os.path.exists(os.path.join(d, ".metadata"))  # DCP's index of the save

@@ -21,7 +21,10 @@ void check_options(const OptimizerOptions& options) {
                        options.max_grad_norm, static_cast<double>(FLT_MAX));
   const DType s = options.state_dtype;
   if (s != DType::F32 && s != DType::F16 && s != DType::BF16) {
-    throw UsageError("OptimizerOptions: unsupported state_dtype");
+    throw UsageError(fmt::format(
+        "OptimizerOptions: unsupported state_dtype {}: states are kept in fp32, fp16 or bf16 (a "
+        "float64 param keeps its states in float64 whatever state_dtype says)",
+        to_string(s)));
   }
   FUSEDOPT_CHECK_USAGE(!(options.stochastic_rounding && options.master_weights),
                        "OptimizerOptions: stochastic_rounding and master_weights are both set; "

@@ -212,6 +212,7 @@ class Optimizer(HypersMixin, EnginesMixin, StateMixin, StateDictMixin, torch.opt
         d = dict(self.__dict__)
         d["_engines"], d["_pushed"], d["_key"], d["_last"] = [], [], None, None
         d["_shards"] = None  # planned again (a mesh does not pickle)
+        d.pop("_pointers", None)  # set again with _last
         d["_installed"] = {}
         for key in ("_edits", "_table"):  # made again by __setstate__
             d.pop(key, None)

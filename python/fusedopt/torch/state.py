@@ -112,7 +112,11 @@ class StateMixin:
         state_dtype = _TORCH_DTYPES.get(self._opts.state_dtype)
         block = self._opts.quant_block()
         n = p.numel() * (2 if p.is_complex() else 1)
-        element_dtype = _COMPLEX.get(state_dtype, state_dtype) if p.is_complex() else state_dtype
+        # A float64 param keeps its states in float64 (as torch does), whatever state_dtype.
+        element_dtype = torch.float64 if p.dtype in (torch.float64, torch.complex128) else \
+            state_dtype
+        if p.is_complex():
+            element_dtype = _COMPLEX.get(element_dtype, element_dtype)
         for name in self._rule.states:
             key = self._names.get(name, name)
             kind = self._opts.storage.get(name, "-")
