@@ -133,6 +133,7 @@ class EnginesMixin:
                 self._installed[p] = (state, dict(state))
         self._engines = []
         self._pushed = []
+        self._counters = {}  # (their views would keep the engines' memory alive)
         self._key = None
 
     def _watched(self, p):
@@ -218,7 +219,11 @@ class EnginesMixin:
         if group is not None and torch.distributed.get_world_size(group) > 1:
             engine.set_reduction_hook(distributed.reduction_hook(self))
         self.engine_builds += 1
-        step = engine.step_view()  # the count the steps write: state[p]['step'], live
+        # state[p]['step']: each param's own 0-d tensor, all of one engine in one buffer that
+        # the step sets from the count the kernel writes (one copy per engine and step).
+        counter = engine.step_view()
+        shown = torch.full((len(ordered),), float(steps), dtype=torch.float64,
+                           device=counter.device)
         for slot, (g, i, p) in enumerate(ordered):
             params.append((g, i, p))
             grads.append(p.grad)
@@ -229,17 +234,33 @@ class EnginesMixin:
                 if key in old and isinstance(old[key], torch.Tensor):
                     view.copy_(complex_as_real(old[key]).reshape(view.shape))
             fresh = {key: self._shown(view, kind, p) for key, (view, kind) in views.items()}
-            fresh["step"] = step
-            entry = StateEntry(self._edits, fresh)
-            dict.__setitem__(self.state, p, entry)
+            fresh["step"] = shown[slot]
+            entry = dict.get(self.state, p)
+            if isinstance(entry, StateEntry):  # the same dict, as torch keeps it
+                dict.clear(entry)
+                dict.update(entry, fresh)
+            else:
+                entry = StateEntry(self._edits, fresh)
+                dict.__setitem__(self.state, p, entry)
             self._installed[p] = (entry, fresh)
+            self._counters[p] = counter
             self._state_shapes[p] = tuple(p.shape)
         if steps:
             engine.set_step_count(int(steps))
         self._pushed.append([self._group_hypers(group) for group in self.param_groups])
-        return _Bound(engine, params, grads, slots,
+        made = _Bound(engine, params, grads, slots,
                       [(k, *copies[(g, i)]) for k, (g, i, _) in enumerate(params)
                        if (g, i) in copies])
+        made.counter, made.shown = counter, shown
+        return made
+
+    def _steps_edited_in_place(self):
+        """Whether user code wrote into a state[p]['step'] since the last step (host engines:
+        one comparison each; on a device that would wait for the device, so an in-place edit
+        there is not followed: assign a new tensor)."""
+        return any(b.counter.device.type == "cpu" and
+                   not torch.equal(b.shown, b.counter.expand(b.shown.shape))
+                   for b in self._engines)
 
     def _reduction_group(self):
         """The process group each reduction pass's totals are combined over: the shards' (a
@@ -316,6 +337,11 @@ class EnginesMixin:
             moved_p, moved_g = pptrs[k] != bound.pptrs[k], gptrs[k] != bound.gptrs[k]
             if grad is not last[k] or moved_g:
                 if grad.dtype != bound.dtypes[k] or grad.shape != bound.shapes[k]:
+                    return False
+                # A new grad at the old address may be laid otherwise (a transposed view).
+                if grad is not last[k] and not moved_g and \
+                        bound.copies_of.get(k, (None, None))[1] is None and \
+                        not bindable(grad).is_contiguous():
                     return False
             if moved_p and (p.dtype != bound.dtypes[k] or p.shape != bound.shapes[k]):
                 return False

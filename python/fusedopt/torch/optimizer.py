@@ -87,6 +87,7 @@ class Optimizer(HypersMixin, EnginesMixin, StateMixin, StateDictMixin, torch.opt
             self._check_torch_types(0, defaults)
             check_torch_ranges(preset_base, defaults)
         self._engines = []
+        self._counters = {}  # param -> its engine's step count (a view), for edits of 'step'
         self._shards = None  # how DTensor params lie on their mesh (distributed.Shards)
         self._key = None
         # Every param, its grad (weakly) and its address as the last step left them.
@@ -114,14 +115,14 @@ class Optimizer(HypersMixin, EnginesMixin, StateMixin, StateDictMixin, torch.opt
         self._check_group_hypers("Optimizer", len(self.param_groups), group)
         if self._preset is not None:
             check_torch_ranges(self._preset, group)
-        super().add_param_group(param_group)
         for key in param_group:
             if key in IGNORED or key in self._opts.names or key in self.defaults or \
                     key in self._hyper_names:
                 continue
-            raise UsageError(f"param group {len(self.param_groups) - 1}: rule "
+            raise UsageError(f"param group {len(self.param_groups)}: rule "
                              f"'{self._rule.name}' has no hyper '{key}' (it has: "
                              f"{', '.join(self._hyper_names) or 'none'})")
+        super().add_param_group(param_group)
         self._key = None  # the next step plans again
 
     @torch.no_grad()
@@ -136,7 +137,8 @@ class Optimizer(HypersMixin, EnginesMixin, StateMixin, StateDictMixin, torch.opt
         grad_scale, found_inf = self._amp_inputs(kwargs.pop("grad_scaler", None))
         if kwargs:
             raise TypeError(f"step() got unexpected keyword arguments {sorted(kwargs)}")
-        if self._edits.changed or self.state is not self._table:
+        if self._edits.changed or self.state is not self._table or \
+                self._steps_edited_in_place():
             self._adopt_state()
         flat = [p for group in self.param_groups for p in group["params"]]
         grads = list(map(GRAD, flat))
@@ -180,6 +182,7 @@ class Optimizer(HypersMixin, EnginesMixin, StateMixin, StateDictMixin, torch.opt
             for p, pc, _ in bound.copies:
                 if pc is not None:
                     bindable(p).copy_(pc)
+            bound.shown.copy_(bound.counter.expand(bound.shown.shape))  # state[p]['step']
         return loss
 
     def _amp_inputs(self, scaler):
@@ -213,6 +216,7 @@ class Optimizer(HypersMixin, EnginesMixin, StateMixin, StateDictMixin, torch.opt
         d["_engines"], d["_pushed"], d["_key"], d["_last"] = [], [], None, None
         d["_shards"] = None  # planned again (a mesh does not pickle)
         d.pop("_pointers", None)  # set again with _last
+        d["_counters"] = {}
         d["_installed"] = {}
         for key in ("_edits", "_table"):  # made again by __setstate__
             d.pop(key, None)
@@ -234,6 +238,7 @@ class Optimizer(HypersMixin, EnginesMixin, StateMixin, StateDictMixin, torch.opt
                 d.pop(key, None)
         d.setdefault("_installed", {})
         d.setdefault("_shards", None)
+        d.setdefault("_counters", {})
         d.setdefault("_state_shapes", {})
         super().__setstate__(d)
         self._edits = Edits()

@@ -43,9 +43,15 @@ class StateMixin:
             now = dict.get(self.state, p)
             if p not in where:
                 continue  # no longer in a group: no step reads it
-            # The live 'step' the engine put there is no edit; another one sets the count.
+            # The live 'step' the engine put there is no edit unless written into (host);
+            # another one sets the count.
+            live = views.get("step")
+            counter = self._counters.get(p)
+            step_written = live is not None and now is not None and \
+                now.get("step") is live and counter is not None and \
+                live.device.type == "cpu" and float(live) != float(counter)
             if now is not None and ("step" not in now or "step" in views) and \
-                    all(now.get(key) is view for key, view in views.items()):
+                    not step_written and all(now.get(key) is view for key, view in views.items()):
                 if now is not entry:  # the same views in a new dict: watched from now on
                     entry = StateEntry(self._edits, now)
                     dict.__setitem__(self.state, p, entry)
@@ -62,7 +68,7 @@ class StateMixin:
             step, new = None, {}
             for key, value in now.items():
                 if key == "step":
-                    if value is not views.get("step"):
+                    if value is not views.get("step") or step_written:
                         step = self._loaded_step(i, value, who)
                 elif key in expected and value is not None and value is not views.get(key):
                     new[key] = self._loaded_state(i, key, value, p, expected[key], who)
@@ -115,18 +121,23 @@ class StateMixin:
         # A float64 param keeps its states in float64 (as torch does), whatever state_dtype.
         element_dtype = torch.float64 if p.dtype in (torch.float64, torch.complex128) else \
             state_dtype
+        # A complex param's element states: complex where the dtype has a complex form,
+        # else (16-bit, quantized) its real pairs, as the engine keeps them.
+        eshape = shape
         if p.is_complex():
             element_dtype = _COMPLEX.get(element_dtype, element_dtype)
+            eshape = shape if element_dtype.is_complex else shape + (2,)
         for name in self._rule.states:
             key = self._names.get(name, name)
             kind = self._opts.storage.get(name, "-")
             if kind != "-" and 0 < n and n >= self._opts.quant_min_numel:
-                codes = {shape} if kind.startswith("q8") else {((n + 1) // 2,)}
+                codes = {shape + (2,) if p.is_complex() else shape} if kind.startswith("q8") \
+                    else {((n + 1) // 2,)}
                 out[key] = (codes, torch.uint8, f"its codes have {min(codes)}", True)
                 out[key + ".absmax"] = ({((n + block - 1) // block,)}, torch.float32,
                                         f"one absmax per {block} elements", True)
                 continue
-            out[key] = ({shape}, element_dtype, f"the parameter has {shape}", True)
+            out[key] = ({eshape}, element_dtype, f"the parameter has {shape}", True)
         for name in self._rule.scalars:
             out[self._names.get(name, name)] = ({()}, torch.float64,
                                                 "a scalar state has shape ()", True)
@@ -179,7 +190,8 @@ class StateMixin:
         shapes, dtype, shape_is, _ = expected
         what = f"{who}: state '{key}'" if who else \
             f"load_state_dict: state '{key}' of parameter {i}"
-        if is_dtensor(value):  # a DTensor param's state (ours, DCP's): this rank's shard
+        whole = value if is_dtensor(value) else None
+        if whole is not None:  # a DTensor param's state (ours, DCP's): this rank's shard
             value = value.to_local()
         if shapes == {()} and isinstance(value, numbers.Real) and not isinstance(value, bool):
             value = torch.tensor(float(value), dtype=torch.float64)  # torch 1.x: a number
@@ -187,14 +199,21 @@ class StateMixin:
             raise UsageError(f"{what} must be a tensor, not {type(value).__name__}")
         if value.layout != torch.strided:
             raise UsageError(f"{what} is a {value.layout} tensor; a state is a dense tensor")
-        if value.is_complex() and dtype is not None and dtype.is_complex:
+        if value.is_complex() and p.is_complex() and not (dtype is not None and dtype.is_complex):
+            value = torch.view_as_real(value)  # kept as real pairs (16-bit states)
+        if value.is_complex() and p.is_complex():
             pass  # a complex param's state (torch's layout)
         elif not (value.dtype.is_floating_point or value.dtype in _INT_DTYPES):
             raise UsageError(f"{what} has dtype {value.dtype}; a state is real numbers (kept "
                              f"as {dtype or 'the state dtype'})")
         if tuple(value.shape) not in shapes:
             raise UsageError(f"{what} has shape {tuple(value.shape)}, {shape_is}")
-        return value.detach().to(device=p.device, dtype=dtype or value.dtype, copy=True)
+        out = value.detach().to(device=p.device, dtype=dtype or value.dtype, copy=True)
+        if whole is not None:  # kept a DTensor as it came, so state_dict() gives it back
+            out = type(whole).from_local(out, whole.device_mesh, whole.placements,
+                                         run_check=False, shape=whole.shape,
+                                         stride=whole.stride())
+        return out
 
     def _state_names(self):
         r = self._rule

@@ -3,6 +3,7 @@
 changes."""
 
 import collections.abc
+import copy
 import numbers
 import warnings
 
@@ -54,8 +55,12 @@ class StateDictMixin:
                 if p not in self.state or not self.state[p]:
                     continue
                 entry = dict(self.state[p])
-                # The count now, as a tensor of its own (opt.state's is live).
-                entry["step"] = torch.tensor(float(self._step_of(p)))
+                # The count now, as a tensor of its own (opt.state's is live): what
+                # opt.state shows, which a user may have set for the next step.
+                shown = entry.get("step")
+                count = self._step_of(p) if shown is None else \
+                    self._loaded_step(mapping[id(p)], shown, "opt.state")
+                entry["step"] = torch.tensor(float(count))
                 state[mapping[id(p)]] = entry
         state_dict = {"state": state, "param_groups": groups}
         for hook in _hooks(self, "_optimizer_state_dict_post_hooks"):
@@ -147,7 +152,15 @@ class StateDictMixin:
                     if key in options:
                         off.add(key)
                     continue
-                update[key] = value
+                if key == "decoupled_weight_decay" and self._preset in ("adam", "adamw") and \
+                        bool(value) != (self._preset == "adamw"):
+                    # torch >= 2.6: Adam(decoupled_weight_decay=True) is AdamW.
+                    notes.append(f"load_state_dict: group {g} has {key}={value}, but this "
+                                 f"optimizer runs '{self._rule.name}'; the rule decides (use "
+                                 f"rule='{'adamw' if value else 'adam'}' to follow the "
+                                 "checkpoint)")
+                    continue
+                update[key] = copy.deepcopy(value)  # torch's copy: a tensor lr not shared
             updates.append(update)
             hypers.append(self._check_group_hypers(who, g, {**ours, **update}))
             optional.append(self._states_of_options(off))
