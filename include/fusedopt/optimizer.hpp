@@ -365,21 +365,6 @@ class FUSEDOPT_API Optimizer {
   std::unique_ptr<Impl> impl_;
 };
 
-/// Dynamic loss scaling, like torch.amp.GradScaler: scale the loss by scale(), then step()
-/// unscales inside the kernel; a non-finite gradient skips the step and backs the scale off,
-/// and `growth_interval` good steps in a row grow it (torch's _amp_update_scale_, in fp32).
-///
-/// A host GradScaler (the default) keeps its scale on the host: a plain value, copying or
-/// moving it copies the scale and the tracker (a moved-from one stays valid and unchanged).
-/// It steps any optimizer; on CUDA it reads the verdict of each step back (a
-/// synchronisation: the scale it keeps on the host depends on it). A device GradScaler
-/// (on_device()) keeps the scale, the growth tracker and the last verdict in device memory and
-/// updates them there: its step() only launches (no synchronisation, copy or allocation), so a
-/// whole GradScaler step can be captured in a CUDA graph, and the host reads the state back only
-/// when asked (scale(), growth_tracker(), last_step_taken()). Copies of a device GradScaler share
-/// its state.
-class GradScaler;
-
 /// An optimizer GradScaler::step drives through the optimizer itself, besides Optimizer:
 /// comm::ShardedOptimizer, which reduces its gradients across ranks around the scaler's step
 /// (scaler.step(sharded) and sharded.step(scaler) are the same call).
@@ -395,6 +380,19 @@ class FUSEDOPT_API ScaledOptimizer {
   ScaledOptimizer& operator=(const ScaledOptimizer&) = default;
 };
 
+/// Dynamic loss scaling, like torch.amp.GradScaler: scale the loss by scale(), then step()
+/// unscales inside the kernel; a non-finite gradient skips the step and backs the scale off,
+/// and `growth_interval` good steps in a row grow it (torch's _amp_update_scale_, in fp32).
+///
+/// A host GradScaler (the default) keeps its scale on the host: a plain value, copying or
+/// moving it copies the scale and the tracker (a moved-from one stays valid and unchanged).
+/// It steps any optimizer; on CUDA it reads the verdict of each step back (a
+/// synchronisation: the scale it keeps on the host depends on it). A device GradScaler
+/// (on_device()) keeps the scale, the growth tracker and the last verdict in device memory and
+/// updates them there: its step() only launches (no synchronisation, copy or allocation), so a
+/// whole GradScaler step can be captured in a CUDA graph, and the host reads the state back only
+/// when asked (scale(), growth_tracker(), last_step_taken()). Copies of a device GradScaler share
+/// its state.
 class FUSEDOPT_API GradScaler {
  public:
   struct Options {

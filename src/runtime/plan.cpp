@@ -312,11 +312,4 @@ void Plan::set_hypers(const std::vector<std::vector<double>>& hypers) {
   }
 }
 
-void Plan::set_hyper(int group, int index, double value) {
-  FUSEDOPT_CHECK_INTERNAL(!(group < 0 || group >= num_groups_ || index < 0 || index >= num_hypers_),
-                          "{}: set_hyper({}, {}) out of range", who_, group, index);
-  hypers_[static_cast<std::size_t>(group) * static_cast<std::size_t>(num_hypers_) +
-          static_cast<std::size_t>(index)] = value;
-}
-
 }  // namespace fusedopt::runtime

@@ -70,8 +70,6 @@ class Plan {
 
   /// Replaces the hyper table (`hypers[g]`: group g's values).
   void set_hypers(const std::vector<std::vector<double>>& hypers);
-  /// Sets one value of one group.
-  void set_hyper(int group, int index, double value);
   /// Points the scratch roles at views of one allocation of scratch_bytes() at `base`.
   void bind_scratch(void* base);
   /// New role pointers for every tensor (`ptrs[t]`, as PlanRequest::ptrs without the

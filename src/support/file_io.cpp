@@ -90,10 +90,4 @@ bool fsync_dir(const std::filesystem::path& dir) {
   return true;
 }
 
-void unlink_if_same(const std::filesystem::path& path, const struct stat& opened) {
-  struct stat now {};
-  if (::lstat(path.c_str(), &now) != 0) return;
-  if (now.st_dev == opened.st_dev && now.st_ino == opened.st_ino) ::unlink(path.c_str());
-}
-
 }  // namespace fusedopt::support

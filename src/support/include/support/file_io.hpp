@@ -33,8 +33,4 @@ bool make_dir(const std::filesystem::path& dir, mode_t mode);
 /// folder). false (errno set) on failure; file systems without folder fsync count as success.
 bool fsync_dir(const std::filesystem::path& dir);
 
-/// Unlinks `path` only if it still names the file described by `opened` (same device and
-/// inode), so that a reader never deletes a file that a writer has just renamed into place.
-void unlink_if_same(const std::filesystem::path& path, const struct stat& opened);
-
 }  // namespace fusedopt::support
