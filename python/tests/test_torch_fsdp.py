@@ -5,6 +5,7 @@ batch, within fp32 rounding. The model has uneven shards (5 rows over 4 ranks: 2
 empty ones, 1-D, 2-D and 3-D params. The ranks are spawned once per mesh (torch.multiprocessing)
 and run every rule; each test compares one rule's result.
 """
+import contextlib
 import datetime
 import functools
 import os
@@ -164,59 +165,60 @@ def test_fsdp2_params_equal_the_unsharded_run(case, mesh, module_seed):
                             f"{err:.3g} (relative)"
 
 
+@contextlib.contextmanager
+def one_rank_mesh():
+    """A process group of this process alone and its 1-D mesh, for what needs no other rank
+    (the refusals)."""
+    with tempfile.TemporaryDirectory() as d:
+        os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+        dist.init_process_group("gloo", init_method=f"file://{d}/init", rank=0, world_size=1)
+        try:
+            yield init_device_mesh("cpu", (1,))
+        finally:
+            dist.destroy_process_group()
+
+
 @needs_fsdp2
 @pytest.mark.parametrize("case", ["plain-beside-dtensor", "plain-grad", "partial-grad",
                                   "process-group"])
 def test_what_fsdp2_cannot_step_is_a_usage_error_naming_the_param(case):
     from torch.distributed.tensor import Partial, Shard
-    with tempfile.TemporaryDirectory() as d:
-        os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
-        dist.init_process_group("gloo", init_method=f"file://{d}/init", rank=0, world_size=1)
-        try:
-            mesh = init_device_mesh("cpu", (1,))
-            p = torch.nn.Parameter(DTensor.from_local(torch.randn(4, 6), mesh, [Shard(0)]))
-            p.grad = DTensor.from_local(torch.randn(4, 6), mesh, [Shard(0)])
-            params, kwargs = [p], {}
-            if case == "plain-beside-dtensor":
-                q = torch.nn.Parameter(torch.randn(3))
-                q.grad = torch.randn(3)
-                params, match = [p, q], r"\['params'\]\[1\] is a plain tensor, but " \
-                                        r"param_groups\[0\]\['params'\]\[0\] is a DTensor"
-            elif case == "plain-grad":
-                p.grad = None
-                p.grad = torch.randn(4, 6)
-                match = r"\['params'\]\[0\]: its gradient is a plain tensor"
-            elif case == "partial-grad":
-                p.grad = DTensor.from_local(torch.randn(4, 6), mesh, [Partial()])
-                match = r"\['params'\]\[0\]: its gradient is \(Partial"
-            else:
-                kwargs = dict(process_group=dist.new_group([0]))
-                match = "give no process_group"
-            opt = ft.Optimizer(params, rule="adamw", **kwargs)
-            before = p.to_local().clone()
-            with pytest.raises(fusedopt.UsageError, match=match):
-                opt.step()
-            assert torch.equal(p.to_local(), before)  # refused: nothing stepped
-        finally:
-            dist.destroy_process_group()
+    with one_rank_mesh() as mesh:
+        p = torch.nn.Parameter(DTensor.from_local(torch.randn(4, 6), mesh, [Shard(0)]))
+        p.grad = DTensor.from_local(torch.randn(4, 6), mesh, [Shard(0)])
+        params, kwargs = [p], {}
+        if case == "plain-beside-dtensor":
+            q = torch.nn.Parameter(torch.randn(3))
+            q.grad = torch.randn(3)
+            params, match = [p, q], r"\['params'\]\[1\] is a plain tensor, but " \
+                                    r"param_groups\[0\]\['params'\]\[0\] is a DTensor"
+        elif case == "plain-grad":
+            p.grad = None
+            p.grad = torch.randn(4, 6)
+            match = r"\['params'\]\[0\]: its gradient is a plain tensor"
+        elif case == "partial-grad":
+            p.grad = DTensor.from_local(torch.randn(4, 6), mesh, [Partial()])
+            match = r"\['params'\]\[0\]: its gradient is \(Partial"
+        else:
+            kwargs = dict(process_group=dist.new_group([0]))
+            match = "give no process_group"
+        opt = ft.Optimizer(params, rule="adamw", **kwargs)
+        before = p.to_local().clone()
+        with pytest.raises(fusedopt.UsageError, match=match):
+            opt.step()
+        assert torch.equal(p.to_local(), before)  # refused: nothing stepped
 
 
 @needs_fsdp2
 def test_a_tensor_parallel_placement_is_refused_naming_the_param():
     from torch.distributed.tensor import Shard
-    with tempfile.TemporaryDirectory() as d:
-        os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
-        dist.init_process_group("gloo", init_method=f"file://{d}/init", rank=0, world_size=1)
-        try:
-            mesh = init_device_mesh("cpu", (1,))
-            p = torch.nn.Parameter(DTensor.from_local(torch.randn(4, 6), mesh, [Shard(1)]))
-            p.grad = DTensor.from_local(torch.randn(4, 6), mesh, [Shard(1)])
-            opt = ft.Optimizer([p], rule="adamw")
-            with pytest.raises(fusedopt.UsageError, match=r"param_groups\[0\]\['params'\]\[0\]: "
-                                                          r"a DTensor placed \(Shard\(dim=1\),\)"):
-                opt.step()
-        finally:
-            dist.destroy_process_group()
+    with one_rank_mesh() as mesh:
+        p = torch.nn.Parameter(DTensor.from_local(torch.randn(4, 6), mesh, [Shard(1)]))
+        p.grad = DTensor.from_local(torch.randn(4, 6), mesh, [Shard(1)])
+        opt = ft.Optimizer([p], rule="adamw")
+        with pytest.raises(fusedopt.UsageError, match=r"param_groups\[0\]\['params'\]\[0\]: "
+                                                      r"a DTensor placed \(Shard\(dim=1\),\)"):
+            opt.step()
 
 
 # ---- torch.distributed.checkpoint: save at 4 ranks, load at 2, and back ---------------------

@@ -55,6 +55,15 @@ struct DeviceModel {
     }
     cu::synchronize(nullptr);
   }
+  /// Fills every host grad from `draw()` (a distribution over the test's generator) and
+  /// uploads them: the fresh gradients of one step.
+  template <typename Draw>
+  void fresh_grads(Draw&& draw) {
+    for (auto& g : hg) {
+      for (auto& x : g) x = draw();
+    }
+    upload_grads();
+  }
   std::vector<float> download_param(std::size_t i) const {
     std::vector<float> out(sizes[i]);
     if (sizes[i]) cu::copy_to_host(out.data(), dp[i].get(), sizes[i] * 4);

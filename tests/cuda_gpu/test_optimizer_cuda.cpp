@@ -43,10 +43,7 @@ TEST_SUITE("cuda_gpu") {
     // The update, then the one-thread launch that counts the step on the device.
     CHECK(gpu.stats().launches_per_step == 2);
     for (int step = 0; step < 50; ++step) {
-      for (auto& g : m.hg) {
-        for (auto& x : g) x = normal(rng);
-      }
-      m.upload_grads();
+      m.fresh_grads([&] { return normal(rng); });
       gpu.step();
       cpu.step();
     }
@@ -68,10 +65,7 @@ TEST_SUITE("cuda_gpu") {
         options.capturable = capturable;
         Optimizer gpu(Rule::preset(preset), {m.device_group()}, options);
         GradScaler scaler;
-        for (auto& g : m.hg) {
-          for (auto& x : g) x = normal(rng);
-        }
-        m.upload_grads();
+        m.fresh_grads([&] { return normal(rng); });
         CHECK(scaler.step(gpu));  // a finite step is taken
         CHECK(gpu.step_count() == 1);
         std::vector<std::vector<float>> before;
@@ -226,10 +220,7 @@ p = p - lr * g * tensor_norm(p) / sqrt(numel)
     Optimizer cpu(rule, {hg});
     std::normal_distribution<float> normal(0.0f, 1.0f);
     for (int t = 0; t < 3; ++t) {
-      for (auto& g : m.hg) {
-        for (auto& x : g) x = normal(rng);
-      }
-      m.upload_grads();
+      m.fresh_grads([&] { return normal(rng); });
       gpu.step();
       cpu.step();
     }
@@ -264,10 +255,7 @@ p = p - lr * g * tensor_norm(p) / sqrt(numel)
     Optimizer cpu(Rule::preset("adafactor"), {hg});
     std::normal_distribution<float> normal(0.0f, 1.0f);
     for (int t = 0; t < 5; ++t) {
-      for (auto& g : m.hg) {
-        for (auto& x : g) x = normal(rng);
-      }
-      m.upload_grads();
+      m.fresh_grads([&] { return normal(rng); });
       gpu.step();
       cpu.step();
     }
@@ -319,10 +307,7 @@ p = p - lr * g * tensor_norm(p) / sqrt(numel)
           gpu, [&](const ReductionPartials& p) { shard_calls += p.num_shard > 0 ? 1 : 0; });
       std::normal_distribution<float> normal(0.0f, 1.0f);
       for (int t = 0; t < 3; ++t) {
-        for (auto& g : m.hg) {
-          for (auto& x : g) x = normal(rng);
-        }
-        m.upload_grads();
+        m.fresh_grads([&] { return normal(rng); });
         gpu.step();
         cpu.step();
       }

@@ -64,10 +64,7 @@ TEST_SUITE("cuda_gpu") {
       Optimizer cpu(Rule::preset("adamw"), {hg}, o);
       std::int64_t differ = 0, total = 0, params_differ = 0, params = 0;
       for (int t = 0; t < 10; ++t) {
-        for (auto& g : m.hg) {
-          for (auto& x : g) x = normal(rng);
-        }
-        m.upload_grads();
+        m.fresh_grads([&] { return normal(rng); });
         gpu.step();
         cpu.step();
         cu::synchronize(nullptr);
@@ -148,10 +145,7 @@ TEST_SUITE("cuda_gpu") {
         Optimizer cpu(Rule::preset(preset), {hg}, o);
         std::int64_t differ = 0, total = 0;
         for (int t = 0; t < 5; ++t) {
-          for (auto& g : m.hg) {
-            for (auto& x : g) x = normal(rng);
-          }
-          m.upload_grads();
+          m.fresh_grads([&] { return normal(rng); });
           gpu.step();
           cpu.step();
           cu::synchronize(nullptr);
