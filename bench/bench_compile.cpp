@@ -10,23 +10,15 @@
 #include <cstdlib>
 #include <filesystem>
 
+#include "cache/disk_store.hpp"
 #include "cache/kernel_cache.hpp"
-#include "codegen/codegen.hpp"
 #include "fusedopt/error.hpp"
-#include "presets.hpp"
-#include "provider/kernel_provider.hpp"
+#include "fusedopt/kernel.hpp"
 
 using namespace fusedopt;
 namespace fs = std::filesystem;
 
 namespace {
-
-cache::KernelCache::Options options(cache::KernelCache::Mode mode, const fs::path& dir) {
-  cache::KernelCache::Options o;
-  o.mode = mode;
-  o.dir = dir;
-  return o;
-}
 
 fs::path bench_dir() {
   static fs::path dir = [] {
@@ -43,14 +35,26 @@ void label(benchmark::State& state, const std::string& preset, const Target& t) 
   state.SetLabel(preset + " " + t.str());
 }
 
+/// compile_kernel with a disk cache at `dir` (each folder its own cache, memory tier
+/// included, for the process's life).
+CompiledKernel compile_at(const std::string& preset, const Target& target, const fs::path& dir) {
+  CompileOptions options;
+  options.cache_dir = dir;
+  return compile_kernel(Rule::preset(preset), target, {}, options);
+}
+
+/// Every iteration compiles: a new cache folder each time (the disk write of the entry is
+/// inside, a small part of a compile).
 void BM_ColdCompile(benchmark::State& state, const std::string& preset) {
   const Target target = target_arg(state.range(0));
-  cache::KernelCache cache(options(cache::KernelCache::Mode::Off, {}));
-  auto body = codegen::generate_body(*preset_rule(preset), DTypeBinding{});
   std::size_t bytes = 0;
+  int n = 0;
   try {
-    for (auto _ : state)
-      bytes = provider::provide_body(body, DTypeBinding{}, target, cache).binary->size();
+    for (auto _ : state) {
+      CompiledKernel k = compile_at(preset, target, bench_dir() / ("cold-" + std::to_string(n++)));
+      if (k.origin != "compiled") state.SkipWithError(("not compiled: " + k.origin).c_str());
+      bytes = k.binary->size();
+    }
   } catch (const Error& e) {
     state.SkipWithError(e.what());
     return;
@@ -59,26 +63,22 @@ void BM_ColdCompile(benchmark::State& state, const std::string& preset) {
   label(state, preset, target);
 }
 
-/// Fills the disk cache once for (preset, target) and returns the body.
-codegen::KernelBody warm(const std::string& preset, const Target& target) {
-  auto body = codegen::generate_body(*preset_rule(preset), DTypeBinding{});
-  cache::KernelCache cache(options(cache::KernelCache::Mode::On, bench_dir()));
-  provider::provide_body(body, DTypeBinding{}, target, cache);
-  return body;
+/// Fills the disk cache at bench_dir() once for (preset, target).
+CompiledKernel warm(const std::string& preset, const Target& target) {
+  return compile_at(preset, target, bench_dir());
 }
 
-/// Runs in a new process (`fusedopt-bench --probe-disk-hit TARGET`): one build_kernel of
-/// AdamW from the disk cache, printing "<seconds> <origin>". Everything a real first call
-/// pays is inside: loading NVRTC, asking the host compiler its version, codegen, hashing.
+/// Runs in a new process (`fusedopt-bench --probe-disk-hit TARGET DIR`): one compile_kernel
+/// of AdamW from the disk cache at DIR, printing "<seconds> <origin>". Everything a real
+/// first call pays is inside: loading NVRTC, asking the host compiler its version, codegen,
+/// hashing.
 int probe_disk_hit(const std::string& target_text, const std::string& dir) {
   try {
     auto start = std::chrono::steady_clock::now();
     const Target target = Target::parse(target_text);
-    cache::KernelCache cache(options(cache::KernelCache::Mode::On, dir));
-    auto body = codegen::generate_body(*preset_rule("adamw"), DTypeBinding{});
-    provider::ProvidedKernel k = provider::provide_body(body, DTypeBinding{}, target, cache);
+    CompiledKernel k = compile_at("adamw", target, dir);
     double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    std::printf("%.9f %s\n", s, cache::to_string(k.origin));
+    std::printf("%.9f %s\n", s, k.origin.c_str());
     return 0;
   } catch (const Error& e) {
     std::fprintf(stderr, "%s\n", e.what());
@@ -112,45 +112,64 @@ void BM_DiskHitFreshProcess(benchmark::State& state) {
   label(state, "adamw", target);
 }
 
+/// The cache's record of `k` (its disk entry's header), for lookups without codegen.
+cache::KeyRecord record_of(const CompiledKernel& k, const fs::path& dir) {
+  cache::KernelCache::Options o;
+  o.mode = cache::KernelCache::Mode::On;
+  o.dir = dir;
+  cache::KernelCache cache(o);
+  for (const cache::EntryInfo& e : cache.disk()->list()) {
+    if (e.key.hex() == k.key) return e.record;
+  }
+  throw Error("no disk entry of " + k.key + " in " + dir.string());
+}
+
+/// A lookup in the cache's disk tier in a warm process (the memory tier emptied each time).
 void BM_DiskHit(benchmark::State& state) {
   const Target target = target_arg(state.range(0));
-  codegen::KernelBody body;
+  cache::KeyRecord record;
   try {
-    body = warm("adamw", target);
+    record = record_of(warm("adamw", target), bench_dir());
   } catch (const Error& e) {
     state.SkipWithError(e.what());
     return;
   }
+  cache::KernelCache::Options o;
+  o.mode = cache::KernelCache::Mode::On;
+  o.dir = bench_dir();
+  cache::KernelCache cache(o);
+  const std::string ext = target.kind == Target::Kind::Host ? "so" : "cubin";
   std::size_t bytes = 0;
   for (auto _ : state) {
-    cache::KernelCache cache(
-        options(cache::KernelCache::Mode::On, bench_dir()));  // empty memory tier
-    provider::ProvidedKernel k = provider::provide_body(body, DTypeBinding{}, target, cache);
-    if (k.origin != cache::Origin::Disk) state.SkipWithError("not a disk hit");
-    bytes += k.binary->size();
+    cache.clear_memory();
+    auto r = cache.get_or_compile(record, ext, [] { return std::string(); });
+    if (r.origin != cache::Origin::Disk) state.SkipWithError("not a disk hit");
+    bytes += r.payload->size();
   }
   state.SetBytesProcessed(static_cast<int64_t>(bytes));
   label(state, "adamw", target);
 }
 
+/// A memory hit: with codegen (what a new Optimizer pays: compile_kernel generates the
+/// source, hashes the record and looks it up) or the lookup alone (the cache's memory tier).
 void BM_MemoryHit(benchmark::State& state) {
   const Target target = target_arg(state.range(0));
   const bool with_codegen = state.range(1) != 0;
-  auto body = codegen::generate_body(*preset_rule("adamw"), DTypeBinding{});
-  cache::KernelCache cache(options(cache::KernelCache::Mode::Memory, {}));
+  cache::KeyRecord record;
   try {
-    provider::provide_body(body, DTypeBinding{}, target, cache);
+    record = record_of(warm("adamw", target), bench_dir());
   } catch (const Error& e) {
     state.SkipWithError(e.what());
     return;
   }
-  std::string source = codegen::generate_source(body, target);
-  cache::KeyRecord record = provider::kernel_record(body, DTypeBinding{}, target, source);
+  cache::KernelCache::Options o;
+  o.mode = cache::KernelCache::Mode::Memory;
+  cache::KernelCache cache(o);
   const std::string ext = target.kind == Target::Kind::Host ? "so" : "cubin";
+  cache.get_or_compile(record, ext, [] { return std::string("binary"); });
   for (auto _ : state) {
     if (with_codegen) {
-      // What a new Optimizer pays: generate the source, hash the record, look it up.
-      auto k = provider::provide_body(body, DTypeBinding{}, target, cache);
+      auto k = compile_at("adamw", target, bench_dir());
       benchmark::DoNotOptimize(k.binary);
     } else {
       auto r = cache.get_or_compile(record, ext, [] { return std::string(); });
@@ -162,7 +181,8 @@ void BM_MemoryHit(benchmark::State& state) {
 }
 
 int register_all() {
-  for (const std::string& preset : preset_names()) {
+  for (const std::string& preset : Rule::presets()) {
+    if (preset.find('+') != std::string::npos) continue;  // the bases alone
     benchmark::RegisterBenchmark(("BM_ColdCompile/" + preset).c_str(), BM_ColdCompile, preset)
         ->Arg(0)
         ->Arg(90)

@@ -19,8 +19,8 @@
 #include <utility>
 #include <vector>
 
+#include "fusedopt/extension.hpp"
 #include "fusedopt/optimizer.hpp"
-#include "runtime/step_extension.hpp"
 #include "workloads.hpp"
 
 using namespace fusedopt;
@@ -349,10 +349,10 @@ void report_pass_times(benchmark::State& state, std::vector<Clock::time_point>& 
 /// reduction pass (after its finalize).
 void report_pass_times(benchmark::State& state, Optimizer& opt) {
   std::vector<Clock::time_point> marks;
-  fusedopt::detail::OptimizerAccess::set_reduction_hook(
+  fusedopt::OptimizerExtension::set_reduction_hook(
       opt, [&marks](const ReductionPartials&) { marks.push_back(Clock::now()); });
   report_pass_times(state, marks, [&] { opt.step(); });
-  fusedopt::detail::OptimizerAccess::set_reduction_hook(opt, {});
+  fusedopt::OptimizerExtension::set_reduction_hook(opt, {});
 }
 
 /// fusedopt's lamb preset; range(0): 0 = ReductionStrategy::Auto, 1 = Recompute.

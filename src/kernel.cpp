@@ -215,7 +215,7 @@ CompiledKernel compile(const provider::KernelRequest& request, const CompileOpti
 CompiledKernel compile_kernel(const Rule& rule, const Target& target, const DTypeBinding& dtypes,
                               const CompileOptions& options) {
   provider::KernelRequest request;
-  request.rule = detail::RuleAccess::impl(rule);
+  request.rule = RuleAccess::impl(rule);
   request.dtypes = dtypes;
   request.target = target;
   request.strategy = options.reduction_strategy;
@@ -234,7 +234,7 @@ CompiledKernel compile_trusted_functor(const TrustedFunctor& functor, const Targ
 KernelReport report_kernel(const Rule& rule, const Target& target, const DTypeBinding& dtypes,
                            ReductionStrategy strategy) {
   const codegen::KernelBody body =
-      codegen::generate_body(*detail::RuleAccess::impl(rule), dtypes, strategy);
+      codegen::generate_body(*RuleAccess::impl(rule), dtypes, strategy);
   KernelReport out;
   out.strategy = body.strategy;
   for (std::size_t k = 0; k < body.pass_reads.size(); ++k) {

@@ -6,14 +6,18 @@
 #include "fusedopt/kernel.hpp"
 #include "lang/ast.hpp"
 
-namespace fusedopt::detail {
+namespace fusedopt {
 
+/// Rule's friend (kernel.hpp names it, opaque).
 struct RuleAccess {
   static const std::shared_ptr<const lang::Rule>& impl(const Rule& rule) { return rule.impl_; }
   static Rule make(std::shared_ptr<const lang::Rule> impl) { return Rule(std::move(impl)); }
 };
 
+namespace detail {
+
 /// The checked rule behind `rule`.
 inline const lang::Rule& lang_rule(const Rule& rule) { return *RuleAccess::impl(rule); }
 
-}  // namespace fusedopt::detail
+}  // namespace detail
+}  // namespace fusedopt

@@ -41,10 +41,8 @@ class FUSEDOPT_COMM_API CommError : public Error {
   std::string cause_;
 };
 
-namespace detail {
-class Backend;
-struct Pending;
-}  // namespace detail
+class Backend;   // a transport (MPI, NCCL): Communicator's, opaque
+struct Pending;  // an operation in flight: Work's, opaque
 
 /// An operation in flight. wait() returns when it is complete (its output may be read and
 /// its buffers reused) or throws CommError at the deadline. An operation dropped before it
@@ -63,10 +61,10 @@ class FUSEDOPT_COMM_API Work {
   bool test();
   bool valid() const { return pending_ != nullptr; }
   /// (Made by the communicator.)
-  explicit Work(std::shared_ptr<detail::Pending> p) : pending_(std::move(p)) {}
+  explicit Work(std::shared_ptr<Pending> p) : pending_(std::move(p)) {}
 
  private:
-  std::shared_ptr<detail::Pending> pending_;
+  std::shared_ptr<Pending> pending_;
 };
 
 /// How Communicator::mpi moves data between the ranks of one node. Rank 0's settings (these,
@@ -188,8 +186,8 @@ class FUSEDOPT_COMM_API Communicator {
   void check_same(const std::string& what, const std::string& fingerprint);
 
  private:
-  explicit Communicator(std::shared_ptr<detail::Backend> backend);
-  std::shared_ptr<detail::Backend> backend_;
+  explicit Communicator(std::shared_ptr<Backend> backend);
+  std::shared_ptr<Backend> backend_;
 };
 
 /// How GradBucketer cuts gradients into buckets. Sizes are bytes.

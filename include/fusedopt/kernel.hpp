@@ -21,9 +21,7 @@ namespace fusedopt {
 namespace lang {
 struct Rule;
 }
-namespace detail {
-struct RuleAccess;
-}
+struct RuleAccess;  // fusedopt's own components reach the checked rule through it
 
 /// A parsed and checked optimizer rule (immutable, cheap to copy).
 class FUSEDOPT_API Rule {
@@ -79,7 +77,7 @@ class FUSEDOPT_API Rule {
   std::string describe() const;
 
  private:
-  friend struct detail::RuleAccess;
+  friend struct RuleAccess;
   explicit Rule(std::shared_ptr<const lang::Rule> impl) : impl_(std::move(impl)) {}
   std::shared_ptr<const lang::Rule> impl_;
 };

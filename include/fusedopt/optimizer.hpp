@@ -257,18 +257,7 @@ FUSEDOPT_API void check_hyper_value(const std::string& where, const std::string&
 /// call to step, step_scaled, step_amp, set_hyper, set_step_count, rebind, save or load
 /// while another of them runs on the same optimizer (another thread, or a reduction hook
 /// calling back) is a UsageError naming both, never a race.
-namespace detail {
-struct OptimizerAccess;  // fusedopt's own libraries (src/runtime/step_extension.hpp)
-/// Where a param of an Optimizer comes from when it is a piece of a bigger one (a
-/// ShardedOptimizer's local optimizer): the whole param's index, the piece's first element
-/// in it, and the whole param's elements. Random numbers are drawn as the whole param's,
-/// and its states are quantized when the whole param is (quant_min_numel).
-struct PieceOrigin {
-  long long param = 0;
-  long long offset = 0;
-  long long numel = 0;
-};
-}  // namespace detail
+class OptimizerExtension;  // fusedopt/extension.hpp: what libraries built on it may do
 
 class FUSEDOPT_API Optimizer {
  public:
@@ -353,13 +342,10 @@ class FUSEDOPT_API Optimizer {
  private:
   friend class GradScaler;  // a device GradScaler steps with its scale in device memory
   friend class StepResult;  // reads a step's verdict from the device
-  friend struct detail::OptimizerAccess;  // the comm library's step extension and load
-  /// The public constructor, with each param's origin (empty: each param is whole): a
-  /// ShardedOptimizer's pieces round and quantize as their whole params do. Not exported:
-  /// detail::OptimizerAccess::make calls it from inside the library.
-  FUSEDOPT_NO_EXPORT Optimizer(const Rule& rule, std::vector<ParamGroup> groups,
-                               OptimizerOptions options, std::vector<detail::PieceOrigin> origins);
+  friend class OptimizerExtension;
   struct Impl;
+  /// An optimizer of a built Impl (OptimizerExtension::make: one of pieces).
+  explicit FUSEDOPT_NO_EXPORT Optimizer(std::unique_ptr<Impl> impl);
   /// The Impl, or UsageError("Optimizer::<method>: this Optimizer was moved from").
   Impl& live(const char* method) const;
   std::unique_ptr<Impl> impl_;

@@ -17,10 +17,10 @@
 
 #include "floor.hpp"  // bench/floor.hpp: the in-place floor of bench/torch_step.py
 #include "fusedopt/error.hpp"
+#include "fusedopt/extension.hpp"
 #include "fusedopt/kernel.hpp"
 #include "fusedopt/optimizer.hpp"
 #include "fusedopt/version.hpp"
-#include "runtime/step_extension.hpp"
 
 namespace nb = nanobind;
 namespace fo = fusedopt;
@@ -234,7 +234,7 @@ class Engine {
   /// device memory, zero-copy; it keeps `self` alive): fusedopt.torch's live state['step'].
   static nb::object step_view(nb::handle self) {
     Engine& e = nb::cast<Engine&>(self);
-    const fo::Tensor t = fo::detail::OptimizerAccess::step_counter(*e.opt_);
+    const fo::Tensor t = fo::OptimizerExtension::step_counter(*e.opt_);
     const bool cuda = t.device.kind == fo::Device::Kind::Cuda;
     nb::ndarray<nb::pytorch, double> out(t.data, 0, nullptr, self, nullptr, nb::dtype<double>(),
                                          cuda ? nb::device::cuda::value : nb::device::cpu::value,
@@ -255,11 +255,11 @@ class Engine {
   /// totals). Every rank gets the same calls with the same sizes. None: no hook.
   void set_reduction_hook(nb::object fn) {
     if (fn.is_none()) {
-      fo::detail::OptimizerAccess::set_reduction_hook(*opt_, {});
+      fo::OptimizerExtension::set_reduction_hook(*opt_, {});
       return;
     }
-    fo::detail::OptimizerAccess::set_reduction_hook(*opt_, [fn = std::move(fn)](
-                                                               const fo::ReductionPartials& t) {
+    fo::OptimizerExtension::set_reduction_hook(*opt_, [fn = std::move(fn)](
+                                                          const fo::ReductionPartials& t) {
       nb::gil_scoped_acquire gil;
       const bool cuda = t.device.kind == fo::Device::Kind::Cuda;
       static double dummy = 0;  // no totals: an empty view needs some address

@@ -30,6 +30,11 @@ struct Collective {
   void* stream = nullptr;
 };
 
+}  // namespace fusedopt::comm::detail
+
+namespace fusedopt::comm {
+
+/// A transport behind a Communicator (comm.hpp names it, opaque).
 class Backend : public std::enable_shared_from_this<Backend> {
  public:
   virtual ~Backend() = default;
@@ -40,7 +45,7 @@ class Backend : public std::enable_shared_from_this<Backend> {
   virtual std::string transport() const { return name(); }
   virtual Device device() const = 0;
   /// Starts `c`; the Pending's `what`, bytes and owner are filled in by the caller.
-  virtual std::shared_ptr<Pending> start(const Collective& c) = 0;
+  virtual std::shared_ptr<Pending> start(const detail::Collective& c) = 0;
   /// Whether `p` is complete (progresses it); throws CommError when it failed.
   virtual bool test(Pending& p) = 0;
   /// Ends the connection at once (see Communicator::abort).
@@ -67,6 +72,10 @@ class Backend : public std::enable_shared_from_this<Backend> {
   std::vector<std::unique_ptr<void, FreeHost>> host_buffers_;  ///< allocate_shared's
 };
 
+}  // namespace fusedopt::comm
+
+namespace fusedopt::comm::detail {
+
 /// The transports (mpi_backend.cpp, nccl_backend.cpp); each throws UnavailableError, saying
 /// how to get it, when this build or machine lacks it.
 std::shared_ptr<Backend> make_mpi_world(const MpiOptions& options);
@@ -87,17 +96,26 @@ Collective collective(Collective::Kind kind, const void* send, void* recv, std::
 /// "all_reduce(sum, fp32)" and friends.
 std::string describe(const Collective& c);
 
+}  // namespace fusedopt::comm::detail
+
+namespace fusedopt::comm {
+
 /// One operation in flight: what it is (for errors, described only when one is raised: no
-/// allocation per call) and the transport's handle.
+/// allocation per call) and the transport's handle (comm.hpp's Work holds it, opaque).
 struct Pending {
-  Collective what;
+  detail::Collective what;
   std::size_t bytes = 0;  ///< what this rank sends or reduces
   bool done = false;
   std::shared_ptr<Backend> owner;
   virtual ~Pending() = default;
   /// "all_reduce(sum, fp32)"
-  std::string operation() const { return describe(what); }
+  std::string operation() const { return detail::describe(what); }
 };
+
+}  // namespace fusedopt::comm
+
+namespace fusedopt::comm::detail {
+
 /// Bytes this rank contributes to `c`.
 std::size_t bytes_of(const Collective& c, int size);
 

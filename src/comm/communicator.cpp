@@ -8,7 +8,7 @@
 #include <cstring>
 #include <thread>
 
-#include "comm/backend.hpp"
+#include "backend.hpp"
 #include "fusedopt/comm.hpp"
 #include "support/check.hpp"
 
@@ -69,9 +69,7 @@ BlockLayout block_layout(const Collective& c, int rank, int size) {
 
 namespace {
 
-using detail::Backend;
 using detail::Collective;
-using detail::Pending;
 
 [[noreturn]] void fail(Backend& b, const Pending& p, const std::string& cause) {
   if (!b.broken) {
@@ -162,8 +160,7 @@ std::chrono::milliseconds Communicator::default_timeout() {
   return std::chrono::minutes(5);
 }
 
-Communicator::Communicator(std::shared_ptr<detail::Backend> backend)
-    : backend_(std::move(backend)) {}
+Communicator::Communicator(std::shared_ptr<Backend> backend) : backend_(std::move(backend)) {}
 
 Communicator Communicator::mpi() { return Communicator(detail::make_mpi_world({})); }
 Communicator Communicator::mpi(const MpiOptions& options) {
@@ -308,9 +305,9 @@ void* Communicator::allocate_shared(std::size_t bytes) {
   return backend_->allocate_shared(bytes);
 }
 
-void detail::Backend::FreeHost::operator()(void* p) const { std::free(p); }
+void Backend::FreeHost::operator()(void* p) const { std::free(p); }
 
-void* detail::Backend::allocate_shared(std::size_t bytes) {
+void* Backend::allocate_shared(std::size_t bytes) {
   constexpr std::size_t kLine = 64;
   const std::size_t rounded = (std::max<std::size_t>(bytes, 1) + kLine - 1) / kLine * kLine;
   void* p = std::aligned_alloc(kLine, rounded);

@@ -9,7 +9,7 @@
 #include <map>
 #include <utility>
 
-#include "comm/buckets.hpp"
+#include "buckets.hpp"
 #include "fusedopt/comm.hpp"
 #include "support/check.hpp"
 #include "support/log.hpp"

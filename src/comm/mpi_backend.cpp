@@ -13,15 +13,15 @@
 #include <thread>
 #include <vector>
 
-#include "comm/backend.hpp"
-#include "comm/half.hpp"
+#include "backend.hpp"
+#include "half.hpp"
 #include "support/check.hpp"
 
 #if FUSEDOPT_HAVE_MPI
 #include <mpi.h>
 
-#include "comm/mpi_types.hpp"
-#include "comm/shm_engine.hpp"
+#include "mpi_types.hpp"
+#include "shm_engine.hpp"
 #include "support/log.hpp"
 #endif
 

@@ -7,7 +7,7 @@
 
 #include <string>
 
-#include "comm/backend.hpp"
+#include "backend.hpp"
 
 namespace fusedopt::comm::detail {
 

@@ -1,5 +1,5 @@
 // Loading NCCL (support::DynLib) and the words of its results. See nccl_api.hpp.
-#include "comm/nccl_api.hpp"
+#include "nccl_api.hpp"
 
 #if FUSEDOPT_HAVE_NCCL
 

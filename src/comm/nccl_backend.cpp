@@ -12,9 +12,9 @@
 #include <utility>
 #include <vector>
 
-#include "comm/backend.hpp"
-#include "comm/nccl_api.hpp"
+#include "backend.hpp"
 #include "fusedopt/cuda.hpp"
+#include "nccl_api.hpp"
 #include "support/check.hpp"
 
 namespace fusedopt::comm::detail {

@@ -1,5 +1,5 @@
 // The files of a sharded checkpoint (see shard_files.hpp).
-#include "comm/shard_files.hpp"
+#include "shard_files.hpp"
 
 #include <fmt/format.h>
 #include <sys/stat.h>
@@ -12,7 +12,7 @@
 
 namespace fusedopt::comm::detail {
 
-namespace ck = io::checkpoint;
+namespace ck = fusedopt::checkpoint;
 using ck::fields;
 using ck::lines;
 using ck::Refusal;

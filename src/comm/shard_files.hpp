@@ -15,11 +15,11 @@
 #include <utility>
 #include <vector>
 
-#include "comm/shard_layout.hpp"
+#include "fusedopt/checkpoint_format.hpp"
 #include "fusedopt/dtype.hpp"
 #include "fusedopt/error.hpp"
 #include "fusedopt/safetensors.hpp"
-#include "io/checkpoint_format.hpp"
+#include "shard_layout.hpp"
 
 namespace fusedopt::comm::detail {
 
@@ -99,7 +99,7 @@ struct OldPiece {
 /// The index's pieces, per parameter (of `numel` elements each).
 std::vector<std::vector<OldPiece>> read_pieces(const Index& index,
                                                const std::vector<std::int64_t>& numel,
-                                               const io::checkpoint::Refusal& r);
+                                               const fusedopt::checkpoint::Refusal& r);
 
 /// The shards of a set, each opened and checked whole (open_shard) on first use.
 class ShardReaders {
@@ -134,7 +134,7 @@ Overlap overlap(const std::string& name, std::int64_t a, std::int64_t b,
 /// The pieces of a param of `numel` elements (each checked against its states' cut by
 /// assemble_param or overlap) must tile it: [0, numel) once, in order.
 void check_tiling(const std::string& name, std::int64_t numel, std::vector<OldPiece> pieces,
-                  const io::checkpoint::Refusal& r);
+                  const fusedopt::checkpoint::Refusal& r);
 
 /// The state dtype a checkpoint's metadata records; IoError when missing or unknown.
 DType state_dtype_of(const std::map<std::string, std::string>& metadata);

@@ -1,5 +1,5 @@
 // The shard layout (see shard_layout.hpp).
-#include "comm/shard_layout.hpp"
+#include "shard_layout.hpp"
 
 #include <fmt/format.h>
 

@@ -12,10 +12,10 @@
 #include <random>
 #include <utility>
 
-#include "comm/shard_files.hpp"
-#include "comm/sharded_impl.hpp"
+#include "fusedopt/checkpoint_format.hpp"
 #include "fusedopt/safetensors.hpp"
-#include "io/checkpoint_format.hpp"
+#include "shard_files.hpp"
+#include "sharded_impl.hpp"
 #include "support/check.hpp"
 
 namespace fusedopt::comm {
@@ -35,7 +35,7 @@ using detail::st_bytes;
 using detail::st_to_dtype;
 using detail::StateCut;
 using detail::write_index;
-namespace ck = io::checkpoint;
+namespace ck = fusedopt::checkpoint;
 
 namespace detail {
 
@@ -250,7 +250,7 @@ void ShardedOptimizer::load(const std::filesystem::path& dir) {
                     dir.string(), n, m.ranks));
   }
   // With this rank's pieces, through the checks of Optimizer::load, from memory.
-  fusedopt::detail::OptimizerAccess::load_tensors(*m.local, metadata, mine.tensors, dir.string());
+  fusedopt::OptimizerExtension::load_tensors(*m.local, metadata, mine.tensors, dir.string());
 }
 
 }  // namespace fusedopt::comm

@@ -9,10 +9,10 @@
 #include <set>
 #include <utility>
 
-#include "comm/shard_files.hpp"
+#include "fusedopt/checkpoint_format.hpp"
 #include "fusedopt/safetensors.hpp"
 #include "fusedopt/sharded.hpp"
-#include "io/checkpoint_format.hpp"
+#include "shard_files.hpp"
 #include "support/check.hpp"
 
 namespace fusedopt::comm {
@@ -41,7 +41,7 @@ using detail::states_of;
 using detail::to_int;
 using detail::verify_whole;
 using detail::write_index;
-namespace ck = io::checkpoint;
+namespace ck = fusedopt::checkpoint;
 using ck::Refusal;
 
 void ShardedOptimizer::merge_checkpoint(const std::filesystem::path& dir,

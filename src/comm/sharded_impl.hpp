@@ -10,11 +10,11 @@
 #include <utility>
 #include <vector>
 
-#include "comm/buckets.hpp"
-#include "comm/shard_layout.hpp"
+#include "buckets.hpp"
 #include "fusedopt/cuda.hpp"
+#include "fusedopt/extension.hpp"
 #include "fusedopt/sharded.hpp"
-#include "runtime/step_extension.hpp"
+#include "shard_layout.hpp"
 
 namespace fusedopt::comm {
 
@@ -23,7 +23,7 @@ using detail::Piece;
 /// The sharded optimizer, and its ops in the local optimizer's step program: `begin`
 /// finishes the gradient reduction, `hook k` combines pass k's totals across ranks, `publish`
 /// gathers the updated pieces.
-struct ShardedOptimizer::Impl final : fusedopt::detail::StepExtension {
+struct ShardedOptimizer::Impl final : fusedopt::StepExtension {
   explicit Impl(Communicator c) : comm(std::move(c)) {}
   Communicator comm;
   ShardOptions options;

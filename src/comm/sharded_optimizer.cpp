@@ -15,7 +15,7 @@
 #include <map>
 #include <utility>
 
-#include "comm/sharded_impl.hpp"
+#include "sharded_impl.hpp"
 #include "support/check.hpp"
 
 namespace fusedopt::comm {
@@ -175,7 +175,7 @@ std::string ShardedOptimizer::Impl::plan_fingerprint(const Rule& rule,
 // the totals across ranks.
 void ShardedOptimizer::Impl::build_local(const Rule& rule, const std::vector<ParamGroup>& groups) {
   std::vector<ParamGroup> local_groups(groups.size());
-  std::vector<fusedopt::detail::PieceOrigin> origins;  // each piece: its param, where, how big
+  std::vector<fusedopt::PieceOrigin> origins;  // each piece: its param, where, how big
   owned.assign(params.size(), {0, 0});
   for (std::size_t g = 0, i = 0; g < groups.size(); ++g) {
     local_groups[g].hypers = groups[g].hypers;
@@ -194,9 +194,9 @@ void ShardedOptimizer::Impl::build_local(const Rule& rule, const std::vector<Par
       }
     }
   }
-  local = fusedopt::detail::OptimizerAccess::make(rule, std::move(local_groups), options.optimizer,
-                                                  std::move(origins));
-  fusedopt::detail::OptimizerAccess::set_extension(*local, this);
+  local = fusedopt::OptimizerExtension::make(rule, std::move(local_groups), options.optimizer,
+                                             std::move(origins));
+  fusedopt::OptimizerExtension::set_step_extension(*local, this);
 }
 
 // Gradient reduction: all-reduce (ZeRO-1), or each piece reduced to its owner (ZeRO-2).

@@ -1,11 +1,11 @@
 // shm_combine.hpp: blocks of 512 elements accumulate in a local array (in L1), so that each
 // source and each output is streamed once and the loops vectorise.
-#include "comm/shm_combine.hpp"
+#include "shm_combine.hpp"
 
 #include <algorithm>
 #include <cstring>
 
-#include "comm/half.hpp"
+#include "half.hpp"
 
 namespace fusedopt::comm::detail {
 

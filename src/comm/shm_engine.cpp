@@ -1,6 +1,6 @@
 // The shared-memory engine (shm_engine.hpp): the segment, the chunk pipeline and its
 // counters. The combining kernels are in shm_combine.cpp, the topology in shm_topology.cpp.
-#include "comm/shm_engine.hpp"
+#include "shm_engine.hpp"
 
 #include <fmt/format.h>
 
@@ -11,8 +11,8 @@
 #include <new>
 #include <thread>
 
-#include "comm/mpi_types.hpp"
-#include "comm/shm_combine.hpp"
+#include "mpi_types.hpp"
+#include "shm_combine.hpp"
 #include "support/check.hpp"
 
 namespace fusedopt::comm::detail {

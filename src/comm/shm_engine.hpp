@@ -37,7 +37,7 @@
 #include <string>
 #include <vector>
 
-#include "comm/backend.hpp"
+#include "backend.hpp"
 
 namespace fusedopt::comm::detail {
 

@@ -6,9 +6,9 @@
 #include <algorithm>
 #include <cstring>
 
-#include "comm/mpi_types.hpp"
-#include "comm/shm_combine.hpp"
-#include "comm/shm_engine.hpp"
+#include "mpi_types.hpp"
+#include "shm_combine.hpp"
+#include "shm_engine.hpp"
 #include "support/check.hpp"
 
 namespace fusedopt::comm::detail {

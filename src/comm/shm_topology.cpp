@@ -7,8 +7,8 @@
 #include <memory>
 #include <optional>
 
-#include "comm/mpi_types.hpp"
-#include "comm/shm_engine.hpp"
+#include "mpi_types.hpp"
+#include "shm_engine.hpp"
 #include "support/check.hpp"
 #include "support/parse_number.hpp"
 

@@ -17,8 +17,8 @@
 #include <utility>
 #include <vector>
 
+#include "fusedopt/checkpoint_format.hpp"
 #include "fusedopt/error.hpp"
-#include "io/checkpoint_format.hpp"
 #include "io/json.hpp"
 #include "support/atomic_write.hpp"
 #include "support/check.hpp"

@@ -7,9 +7,9 @@
 #include <optional>
 #include <set>
 
+#include "fusedopt/checkpoint_format.hpp"
 #include "fusedopt/error.hpp"
 #include "fusedopt/safetensors.hpp"
-#include "io/checkpoint_format.hpp"
 #include "io/safetensors.hpp"
 #include "jit/build.hpp"
 #include "runtime/optimizer_impl.hpp"
@@ -22,7 +22,7 @@ using runtime::CheckpointTensor;
 
 namespace {
 
-namespace ck = io::checkpoint;
+namespace ck = fusedopt::checkpoint;
 
 }  // namespace
 
@@ -310,12 +310,10 @@ void Optimizer::load(const std::filesystem::path& path) {
   m.load_file(file, path.string());
 }
 
-namespace detail {
-
-void OptimizerAccess::load_tensors(Optimizer& opt,
-                                   const std::map<std::string, std::string>& metadata,
-                                   const std::vector<SafetensorsTensor>& tensors,
-                                   const std::string& where) {
+void OptimizerExtension::load_tensors(Optimizer& opt,
+                                      const std::map<std::string, std::string>& metadata,
+                                      const std::vector<SafetensorsTensor>& tensors,
+                                      const std::string& where) {
   Optimizer::Impl& m = opt.live("load");
   Optimizer::Impl::Exclusive hold(m, "load");
   // The tensors as a checked file in memory: the caller read and checked them (a sharded
@@ -330,7 +328,7 @@ void OptimizerAccess::load_tensors(Optimizer& opt,
                          t.data);
     const auto bytes = static_cast<std::size_t>(t.numel) * dtype_size(t.dtype);
     io::SafetensorsFile::Entry e;
-    e.dtype = io::checkpoint::st_dtype(t.dtype);
+    e.dtype = fusedopt::checkpoint::st_dtype(t.dtype);
     e.shape = {t.numel};
     e.begin = file.data.size();
     file.data.append(static_cast<const char*>(t.data), bytes);
@@ -340,7 +338,5 @@ void OptimizerAccess::load_tensors(Optimizer& opt,
   }
   m.load_file(file, where);
 }
-
-}  // namespace detail
 
 }  // namespace fusedopt

@@ -10,11 +10,11 @@
 #include <optional>
 
 #include "abi.h"
+#include "fusedopt/checkpoint_format.hpp"
 #include "fusedopt/error.hpp"
-#include "io/checkpoint_format.hpp"
+#include "fusedopt/extension.hpp"
 #include "rule_access.hpp"
 #include "runtime/optimizer_impl.hpp"
-#include "runtime/step_extension.hpp"
 #include "support/check.hpp"
 
 namespace fusedopt {
@@ -74,7 +74,7 @@ Tensor Optimizer::Impl::state_view(const runtime::StateSpec& spec, std::size_t p
   Tensor t;
   t.device = device;
   t.dtype = spec.dtype;
-  t.name = io::checkpoint::tensor_name(slot.name, spec.name);
+  t.name = fusedopt::checkpoint::tensor_name(slot.name, spec.name);
   const auto k = static_cast<std::int64_t>(spec.index);
   switch (spec.kind) {
     case K::Element:
@@ -408,17 +408,16 @@ StepResult Optimizer::step_scaled(float inv_grad_scale, void* stream) {
   return m.run_step(inv_grad_scale, true, stream);
 }
 
-namespace detail {
-
-std::unique_ptr<Optimizer> OptimizerAccess::make(const Rule& rule, std::vector<ParamGroup> groups,
-                                                 OptimizerOptions options,
-                                                 std::vector<PieceOrigin> origins) {
+std::unique_ptr<Optimizer> OptimizerExtension::make(const Rule& rule,
+                                                    std::vector<ParamGroup> groups,
+                                                    OptimizerOptions options,
+                                                    std::vector<PieceOrigin> origins) {
   return std::unique_ptr<Optimizer>(
-      new Optimizer(rule, std::move(groups), std::move(options), std::move(origins)));
+      new Optimizer(Optimizer::Impl::build(rule, std::move(groups), options, std::move(origins))));
 }
 
-void OptimizerAccess::set_extension(Optimizer& opt, StepExtension* extension) {
-  Optimizer::Impl& m = opt.live("set_extension");
+void OptimizerExtension::set_step_extension(Optimizer& opt, StepExtension* extension) {
+  Optimizer::Impl& m = opt.live("set_step_extension");
   m.own_extension.reset();
   m.extension = extension;
   m.compile_programs();
@@ -440,12 +439,12 @@ class HookExtension final : public StepExtension {
 
 }  // namespace
 
-Tensor OptimizerAccess::step_counter(const Optimizer& opt) {
+Tensor OptimizerExtension::step_counter(const Optimizer& opt) {
   const Optimizer::Impl& m = opt.live("step_counter");
   return Tensor(m.steps_taken.data(), 1, DType::F64, m.device, "step");
 }
 
-void OptimizerAccess::set_reduction_hook(Optimizer& opt, ReductionHook hook) {
+void OptimizerExtension::set_reduction_hook(Optimizer& opt, ReductionHook hook) {
   Optimizer::Impl& m = opt.live("set_reduction_hook");
   std::unique_ptr<StepExtension> own;
   if (hook) own = std::make_unique<HookExtension>(std::move(hook));
@@ -453,8 +452,6 @@ void OptimizerAccess::set_reduction_hook(Optimizer& opt, ReductionHook hook) {
   m.own_extension = std::move(own);
   m.compile_programs();
 }
-
-}  // namespace detail
 
 void check_hyper_value(const std::string& where, const std::string& name, int group, double value) {
   constexpr double kMax = static_cast<double>(std::numeric_limits<float>::max());

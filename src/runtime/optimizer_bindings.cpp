@@ -49,7 +49,7 @@ DTypeBinding Optimizer::Impl::binding_of(std::size_t p) const {
   // A factored rule's chunks are whole rows of one matrix, and each must begin on a block:
   // a batch of matrices that do not each start on a block keeps its states unquantized (as
   // torchao keeps a tensor whose size is not a multiple of the block).
-  if (b.quantized() && detail::RuleAccess::impl(rule)->factored()) {
+  if (b.quantized() && RuleAccess::impl(rule)->factored()) {
     const runtime::MatrixShape m = piece ? runtime::matrix_shape(s.param.whole_shape, whole)
                                          : runtime::matrix_shape(s.param.shape, s.param.numel);
     if (m.batch > 1 && (m.rows * m.cols) % b.block() != 0) {

@@ -177,14 +177,17 @@ void check_param_name(const ParamSlot& s) {
 
 }  // namespace
 
-Optimizer::Optimizer(const Rule& user_rule, std::vector<ParamGroup> groups,
-                     OptimizerOptions options)
-    : Optimizer(user_rule, std::move(groups), std::move(options), {}) {}
+Optimizer::Optimizer(const Rule& rule, std::vector<ParamGroup> groups, OptimizerOptions options)
+    : impl_(Impl::build(rule, std::move(groups), options, {})) {}
 
-Optimizer::Optimizer(const Rule& user_rule, std::vector<ParamGroup> groups,
-                     OptimizerOptions options, std::vector<detail::PieceOrigin> origins)
-    : impl_(std::make_unique<Impl>(user_rule)) {
-  Impl& m = *impl_;
+Optimizer::Optimizer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+
+std::unique_ptr<Optimizer::Impl> Optimizer::Impl::build(const Rule& user_rule,
+                                                        std::vector<ParamGroup> groups,
+                                                        const OptimizerOptions& options,
+                                                        std::vector<PieceOrigin> origins) {
+  auto impl = std::make_unique<Impl>(user_rule);
+  Impl& m = *impl;
   m.options = options;
   m.origins = std::move(origins);
   m.take_rule(user_rule);
@@ -199,6 +202,7 @@ Optimizer::Optimizer(const Rule& user_rule, std::vector<ParamGroup> groups,
   m.lay_out_arenas();
   m.bind_kernels();
   m.report();
+  return impl;
 }
 
 void Optimizer::Impl::take_rule(const Rule& user_rule) {
@@ -385,8 +389,7 @@ void Optimizer::Impl::bind_kernels() {
   for (const runtime::BindingTensors& t : tensors) {
     kernels.push_back(std::make_unique<runtime::Binding>(
         *backend,
-        backend->load(detail::RuleAccess::impl(rule), t.dtypes, t.strategy, provider::cache_at({})),
-        t, h));
+        backend->load(RuleAccess::impl(rule), t.dtypes, t.strategy, provider::cache_at({})), t, h));
   }
   lay_out_shard();
   for (auto& kernel : kernels) kernel->init_states();
@@ -425,7 +428,7 @@ std::vector<runtime::BindingTensors> Optimizer::Impl::binding_tensors() {
     t.shapes.push_back(s.param.shape);
     t.names.push_back(runtime::describe(s));
     // The random numbers' key: the param's index here (a ShardedOptimizer's local optimizer
-    // gives each piece its param's index and offset instead: detail::OptimizerAccess; a
+    // gives each piece its param's index and offset instead: OptimizerExtension::make; a
     // dim-0 piece its first element in the whole tensor).
     const bool given = p < origins.size();
     t.ids.push_back(given ? origins[p].param : static_cast<long long>(p));
@@ -435,8 +438,7 @@ std::vector<runtime::BindingTensors> Optimizer::Impl::binding_tensors() {
       // The built-ins read the whole tensor's shape; a 1-D or 2-D piece's column and
       // matrix sums span pieces.
       runtime::append_whole_info(s.param, t.whole_info);
-      t.spans.push_back(runtime::spans_pieces(s.param) &&
-                        detail::RuleAccess::impl(rule)->factored());
+      t.spans.push_back(runtime::spans_pieces(s.param) && RuleAccess::impl(rule)->factored());
     }
   }
   for (std::size_t b = 0; b < bindings.size(); ++b) tensors[b].ptrs = binding_ptrs(b);

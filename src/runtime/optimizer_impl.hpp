@@ -14,11 +14,11 @@
 #include <vector>
 
 #include "fusedopt/error.hpp"
+#include "fusedopt/extension.hpp"
 #include "fusedopt/optimizer.hpp"
 #include "io/safetensors.hpp"
 #include "runtime/backend.hpp"
 #include "runtime/binding.hpp"
-#include "runtime/step_extension.hpp"
 #include "runtime/step_program.hpp"
 
 namespace fusedopt {
@@ -126,7 +126,7 @@ struct FUSEDOPT_NO_EXPORT Optimizer::Impl {
   /// Per param (when set, before construction ends): the whole param it is a piece of (its
   /// index and element offset key the random numbers; its size decides quantization);
   /// empty: every param is whole.
-  std::vector<detail::PieceOrigin> origins;
+  std::vector<PieceOrigin> origins;
   /// Whether some param is a piece of a bigger tensor (Tensor::whole_shape).
   bool pieces = false;
   /// Pieces of a factored rule: the sums that span pieces (abi.h's shard), every binding's
@@ -167,10 +167,10 @@ struct FUSEDOPT_NO_EXPORT Optimizer::Impl {
   // Reductions.
   int reduction_passes = 0;
   std::vector<std::vector<int>> binding_params;  ///< per binding: param index of each tensor
-  /// A library's ops in the step program (detail::StepExtension; null: none), and the
+  /// A library's ops in the step program (StepExtension; null: none), and the
   /// extension set_reduction_hook makes of a bare hook.
-  detail::StepExtension* extension = nullptr;
-  std::unique_ptr<detail::StepExtension> own_extension;
+  StepExtension* extension = nullptr;
+  std::unique_ptr<StepExtension> own_extension;
   std::string schedule_report;
   /// Where a step's device verdict is read (the grad-check slot of global_totals), and the
   /// serial of the last step: a StepResult of an older step can no longer be read. Shared
@@ -224,6 +224,11 @@ struct FUSEDOPT_NO_EXPORT Optimizer::Impl {
   void call_check_hook(void* stream);
 
   explicit Impl(const Rule& r) : rule(r) {}
+  /// Everything Optimizer's constructor does: checks, arenas, kernels (origins: see
+  /// OptimizerExtension::make; empty: whole params).
+  static std::unique_ptr<Impl> build(const Rule& rule, std::vector<ParamGroup> groups,
+                                     const OptimizerOptions& options,
+                                     std::vector<PieceOrigin> origins);
   ~Impl();
 
   // Construction, step by step (optimizer_build.cpp).

@@ -29,7 +29,9 @@
 namespace fusedopt_tests {
 
 using fusedopt::DType;
+using fusedopt::comm::Backend;
 using fusedopt::comm::Communicator;
+using fusedopt::comm::Pending;
 using fusedopt::comm::ReduceOp;
 namespace detail = fusedopt::comm::detail;
 namespace testing = fusedopt::testing;
@@ -38,17 +40,17 @@ namespace {
 
 /// A host-memory bootstrap of one rank (a broadcast over one rank changes nothing), so the
 /// NCCL factory can be driven without MPI; `device` makes it look like a device one.
-class Loopback final : public detail::Backend {
+class Loopback final : public Backend {
  public:
   explicit Loopback(fusedopt::Device device = fusedopt::Device::host()) : device_(device) {}
   int rank() const override { return 0; }
   int size() const override { return 1; }
   std::string name() const override { return "loopback"; }
   fusedopt::Device device() const override { return device_; }
-  std::shared_ptr<detail::Pending> start(const detail::Collective&) override {
-    return std::make_shared<detail::Pending>();
+  std::shared_ptr<Pending> start(const detail::Collective&) override {
+    return std::make_shared<Pending>();
   }
-  bool test(detail::Pending&) override { return true; }
+  bool test(Pending&) override { return true; }
   void abort(bool) override {}
 
  private:

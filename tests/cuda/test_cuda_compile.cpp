@@ -35,7 +35,7 @@ TEST_SUITE("cuda") {
     cache::KernelCache& cache = shared_cache();
     const Rule clipped = Rule::preset("adamw").with_grad_clipping(1.0);
     std::vector<std::shared_ptr<const lang::Rule>> rules = {
-        preset_rule("lamb"), preset_rule("lars"), detail::RuleAccess::impl(clipped)};
+        preset_rule("lamb"), preset_rule("lars"), RuleAccess::impl(clipped)};
     for (const auto& rule : rules) {
       for (codegen::Strategy s : {codegen::Strategy::Recompute, codegen::Strategy::Store}) {
         for (const char* dt : {"fp32", "bf16:bf16:fp32+master"}) {

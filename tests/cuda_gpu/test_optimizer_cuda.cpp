@@ -10,9 +10,9 @@
 #include <vector>
 
 #include "device_model.hpp"
+#include "fusedopt/extension.hpp"
 #include "fusedopt/optimizer.hpp"
 #include "runtime/cuda_driver.hpp"
-#include "runtime/step_extension.hpp"
 #include "support/requirements.hpp"
 #include "support/temp_dir.hpp"
 
@@ -303,7 +303,7 @@ p = p - lr * g * tensor_norm(p) / sqrt(numel)
       Optimizer gpu(Rule::preset(preset), {dg});
       Optimizer cpu(Rule::preset(preset), {hg});
       int shard_calls = 0;  // calls with the 1-D and 2-D params' column and matrix sums
-      detail::OptimizerAccess::set_reduction_hook(
+      OptimizerExtension::set_reduction_hook(
           gpu, [&](const ReductionPartials& p) { shard_calls += p.num_shard > 0 ? 1 : 0; });
       std::normal_distribution<float> normal(0.0f, 1.0f);
       for (int t = 0; t < 3; ++t) {

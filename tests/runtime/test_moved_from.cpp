@@ -9,8 +9,8 @@
 #include <utility>
 
 #include "fusedopt/error.hpp"
+#include "fusedopt/extension.hpp"
 #include "runtime/runtime_support.hpp"
-#include "runtime/step_extension.hpp"
 
 namespace fusedopt_tests {
 namespace {
@@ -66,7 +66,7 @@ TEST_SUITE("runtime") {
     // NOLINTBEGIN(bugprone-use-after-move): using the moved-from object is the point.
     CHECK_THROWS_WITH_AS(a.step(), msg("step").c_str(), UsageError);
     CHECK_THROWS_WITH_AS(a.step_scaled(0.5f), msg("step_scaled").c_str(), UsageError);
-    CHECK_THROWS_WITH_AS(fusedopt::detail::OptimizerAccess::set_reduction_hook(a, {}),
+    CHECK_THROWS_WITH_AS(fusedopt::OptimizerExtension::set_reduction_hook(a, {}),
                          msg("set_reduction_hook").c_str(), UsageError);
     CHECK_THROWS_WITH_AS(a.set_hyper("lr", 0.1), msg("set_hyper").c_str(), UsageError);
     CHECK_THROWS_WITH_AS(a.hyper("lr"), msg("hyper").c_str(), UsageError);

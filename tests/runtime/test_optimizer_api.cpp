@@ -15,12 +15,12 @@
 
 #include "cache/kernel_cache.hpp"
 #include "fusedopt/error.hpp"
+#include "fusedopt/extension.hpp"
 #include "io/safetensors.hpp"
 #include "presets.hpp"
 #include "runtime/backend.hpp"
 #include "runtime/host_module.hpp"
 #include "runtime/runtime_support.hpp"
-#include "runtime/step_extension.hpp"
 #include "support/host_kernel_calls.hpp"
 #include "support/kernel_run.hpp"
 #include "support/log.hpp"
@@ -275,22 +275,21 @@ TEST_SUITE("runtime") {
     fusedopt::testing::TempDir dir;
     const auto path = dir.path() / "opt.safetensors";
     std::string from_thread, from_hook;
-    fusedopt::detail::OptimizerAccess::set_reduction_hook(
-        opt, [&](const fusedopt::ReductionPartials&) {
-          std::thread other([&] {
-            try {
-              opt.save(path);
-            } catch (const fusedopt::UsageError& e) {
-              from_thread = e.what();
-            }
-          });
-          other.join();
-          try {
-            opt.set_hyper("lr", 0.5);
-          } catch (const fusedopt::UsageError& e) {
-            from_hook = e.what();
-          }
-        });
+    fusedopt::OptimizerExtension::set_reduction_hook(opt, [&](const fusedopt::ReductionPartials&) {
+      std::thread other([&] {
+        try {
+          opt.save(path);
+        } catch (const fusedopt::UsageError& e) {
+          from_thread = e.what();
+        }
+      });
+      other.join();
+      try {
+        opt.set_hyper("lr", 0.5);
+      } catch (const fusedopt::UsageError& e) {
+        from_hook = e.what();
+      }
+    });
     opt.step();
     CHECK(from_thread.find("Optimizer::save: called while step() is running") != std::string::npos);
     CHECK(from_hook.find("Optimizer::set_hyper: called while step() is running") !=
@@ -299,7 +298,7 @@ TEST_SUITE("runtime") {
     CHECK(opt.hyper("lr", 0) == Rule::preset("adamw").hypers()[0].second);
     CHECK_FALSE(std::filesystem::exists(path));
     // Between calls the optimizer is free again.
-    fusedopt::detail::OptimizerAccess::set_reduction_hook(opt, nullptr);
+    fusedopt::OptimizerExtension::set_reduction_hook(opt, nullptr);
     opt.save(path);
     opt.set_hyper("lr", 0.5);
     opt.step();

@@ -16,8 +16,8 @@
 #include <vector>
 
 #include "fusedopt/error.hpp"
+#include "fusedopt/extension.hpp"
 #include "fusedopt/optimizer.hpp"
-#include "runtime/step_extension.hpp"
 #include "runtime_support.hpp"
 
 using fusedopt::DType;
@@ -255,7 +255,7 @@ Outcome run_sharded(const Rule& rule, const OptimizerOptions& options,
   for (int r = 0; r < ranks; ++r) {
     opts.push_back(std::make_unique<Optimizer>(
         rule, std::vector<ParamGroup>{rank_groups[static_cast<std::size_t>(r)]}, options));
-    fusedopt::detail::OptimizerAccess::set_reduction_hook(
+    fusedopt::OptimizerExtension::set_reduction_hook(
         *opts.back(), [&combiner, r](const ReductionPartials& p) { combiner.combine(r, p); });
   }
   Outcome out;

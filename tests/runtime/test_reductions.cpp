@@ -38,8 +38,8 @@
 #include <thread>
 
 #include "fusedopt/error.hpp"
+#include "fusedopt/extension.hpp"
 #include "runtime/runtime_support.hpp"
-#include "runtime/step_extension.hpp"
 
 namespace fusedopt_tests {
 namespace {
@@ -926,7 +926,7 @@ TEST_SUITE("runtime") {
     std::vector<HookCall> calls;  // rank 0's calls during the first step
     int step_now = 0;
     for (int r = 0; r < 2; ++r) {
-      fusedopt::detail::OptimizerAccess::set_reduction_hook(
+      fusedopt::OptimizerExtension::set_reduction_hook(
           *ranks[r].opt, [&, r](const fusedopt::ReductionPartials& rp) {
             if (r == 0 && step_now == 1) {
               HookCall c;
@@ -1070,7 +1070,7 @@ TEST_SUITE("runtime") {
                     Net(lamb, init, {DType::F32}, g, {}, {hl}, {}, half, nt - half)};
     AllReduce2 all_reduce(std::chrono::seconds(5));
     for (int r = 0; r < 2; ++r) {
-      fusedopt::detail::OptimizerAccess::set_reduction_hook(
+      fusedopt::OptimizerExtension::set_reduction_hook(
           *ranks[r].opt, [&, r](const fusedopt::ReductionPartials& rp) { all_reduce(r, rp); });
     }
     auto step_both = [&](bool taken[2]) {

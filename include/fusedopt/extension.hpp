@@ -1,20 +1,29 @@
-// What fusedopt's comm library needs of an Optimizer beyond the public API: a step
-// extension (ShardedOptimizer's ops in the step program: finish the gradient reduction,
-// combine each pass's totals across ranks, gather the updated pieces) and a load from
-// memory (a sharded checkpoint's pieces). Internal: the types name passes and slots of the
-// kernel's schedule, which the public API does not expose; the entry points are exported
-// from the core library so that libfusedopt_comm can call them.
+// The extension API: what a library built on fusedopt's Optimizer may do beyond a user's API.
+// fusedopt's own libraries use it and nothing else: the comm module's ShardedOptimizer (its
+// ops in the step program, its pieces, its sharded checkpoints), the Python front end
+// (fusedopt.torch: its process groups' reduction hook, the live step count) and the
+// benchmarks (the time of each reduction pass). Versioned as the rest of the public API, with
+// its own number for what an extension may rely on (FUSEDOPT_EXTENSION_VERSION).
+//
+// The types name passes and slots of the kernel's schedule: a rule's reductions
+// (Rule::reduction_passes) run one pass each before the update, and every pass writes raw
+// totals that an extension may combine across processes before the next pass reads them.
 #pragma once
 
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "fusedopt/export.hpp"
 #include "fusedopt/optimizer.hpp"
 #include "fusedopt/safetensors.hpp"
+
+/// The extension API's version: raised when a type or entry point of this header changes
+/// in a way an extension must follow. 1: 2026-11-28 (what was internal before).
+#define FUSEDOPT_EXTENSION_VERSION 1
 
 namespace fusedopt {
 
@@ -87,40 +96,56 @@ struct ReductionPartials {
 };
 using ReductionHook = std::function<void(const ReductionPartials&)>;
 
-namespace detail {
-
-/// What a library adds to an Optimizer's step: ops of the step program (step_program.hpp),
-/// each at a fixed place of every step, in program order.
+/// What a library adds to an Optimizer's step: ops of its step program, each at a fixed place
+/// of every step, in program order. Set with OptimizerExtension::set_step_extension.
 class StepExtension {
  public:
   virtual ~StepExtension() = default;
   /// `begin`, the step's first op: e.g. the gradients' all-reduce finished.
   virtual void begin(void* stream) = 0;
-  /// `hook k` (and `hook check`, pass -1): this process's raw totals of pass k (see
+  /// Each reduction pass's raw totals on this process (and the grad check's, pass -1; see
   /// ReductionPartials), combined in place before the next pass reads them.
   virtual void combine(const ReductionPartials& totals) = 0;
-  /// `publish`, after the count: the updated parameters made everyone's (a skipped step
+  /// `publish`, after the step count: the updated parameters made everyone's (a skipped step
   /// that stops on the host does not get here; on a device it publishes unchanged ones).
   virtual void publish(void* stream) = 0;
+
+ protected:
+  StepExtension() = default;
+  StepExtension(const StepExtension&) = default;
+  StepExtension& operator=(const StepExtension&) = default;
 };
 
-struct FUSEDOPT_API OptimizerAccess {
-  /// An Optimizer whose param p is a piece of a bigger param (origins[p]): it draws its
-  /// random numbers (stochastic rounding, rand()) as elements origins[p].offset + i of param
-  /// origins[p].param, and its states are quantized when that param's origins[p].numel
-  /// elements are enough (quant_min_numel): a ShardedOptimizer's pieces then round and
-  /// quantize exactly as the whole params would (on block boundaries: its cut).
+/// Where a param of an Optimizer comes from when it is a piece of a bigger one (a
+/// ShardedOptimizer's local optimizer; a PyTorch FSDP2 rank's shard): the whole param's index,
+/// the piece's first element in it, and the whole param's elements.
+struct PieceOrigin {
+  long long param = 0;
+  long long offset = 0;
+  long long numel = 0;
+};
+
+/// The entry points of the extension API. Each takes the optimizer it acts on; a moved-from
+/// one is a UsageError naming the entry point, as for Optimizer's own methods.
+class FUSEDOPT_API OptimizerExtension {
+ public:
+  /// An Optimizer whose param p is a piece of a bigger param (origins[p]; empty: each param
+  /// is whole): it draws its random numbers (stochastic rounding, rand()) as elements
+  /// origins[p].offset + i of param origins[p].param, and its states are quantized when that
+  /// param's origins[p].numel elements are enough (quant_min_numel), so the pieces round and
+  /// quantize exactly as the whole params would (cut on block boundaries).
   static std::unique_ptr<Optimizer> make(const Rule& rule, std::vector<ParamGroup> groups,
                                          OptimizerOptions options,
                                          std::vector<PieceOrigin> origins);
-  /// Adds `extension`'s ops to `opt`'s step program (null: none); it must outlive `opt` or
-  /// be removed first.
-  static void set_extension(Optimizer& opt, StepExtension* extension);
-  /// An extension that only combines: `hook` with each pass's totals; empty: none.
+  /// Adds `extension`'s ops to `opt`'s step program (null: none; replaces a reduction hook);
+  /// it must outlive `opt` or be removed first.
+  static void set_step_extension(Optimizer& opt, StepExtension* extension);
+  /// An extension that only combines: `hook` with each pass's totals (empty: none; replaces
+  /// a step extension). The optimizer keeps the hook.
   static void set_reduction_hook(Optimizer& opt, ReductionHook hook);
   /// The optimizer's step count where the steps write it: one double in the device's memory
   /// (host memory for host optimizers), valid while `opt` lives. A front end shows it live
-  /// (fusedopt.torch's opt.state[p]['step']); it is written by the step's End op, in stream
+  /// (fusedopt.torch's opt.state[p]['step']); it is written by the step's last op, in stream
   /// order on a device.
   static Tensor step_counter(const Optimizer& opt);
   /// Optimizer::load of a checkpoint already in memory and checked by the caller (a sharded
@@ -130,5 +155,4 @@ struct FUSEDOPT_API OptimizerAccess {
                            const std::vector<SafetensorsTensor>& tensors, const std::string& where);
 };
 
-}  // namespace detail
 }  // namespace fusedopt

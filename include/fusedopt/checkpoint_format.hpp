@@ -1,13 +1,12 @@
 // The checkpoint format, in one place: the metadata keys and format numbers that
 // Optimizer::save writes and load reads, the params table ("name<TAB>numel<TAB>dtype" per
 // parameter) that the sharded checkpoints and fusedopt-ckpt cut files by, tensor names
-// ("<param>/<state>") and the safetensors dtypes of states. Header-only, so that the core
-// (src/runtime/checkpoint.cpp) and the comm module (src/comm/sharded_checkpoint.cpp), which
-// are separate libraries, read and write the same format with the same code. A malformed
-// field is an IoError: the file was damaged or written by something else.
+// ("<param>/<state>") and the safetensors dtypes of states. Part of the extension API
+// (fusedopt/extension.hpp): the core (Optimizer::save, load) and the comm module (its sharded
+// checkpoints), which are separate libraries, read and write the same format with the same
+// code, and a tool may read a checkpoint with it. A malformed field is an IoError: the file
+// was damaged or written by something else.
 #pragma once
-
-#include <fmt/format.h>
 
 #include <cstddef>
 #include <cstdint>
@@ -18,9 +17,9 @@
 
 #include "fusedopt/dtype.hpp"
 #include "fusedopt/error.hpp"
-#include "support/parse_number.hpp"
+#include "fusedopt/export.hpp"
 
-namespace fusedopt::io::checkpoint {
+namespace fusedopt::checkpoint {
 
 /// The layout of the metadata and tensor names. Bump when a key, a name pattern or a value's
 /// format changes. 2: the file's checksum (io::kChecksumKey, over the whole file) is required.
@@ -53,29 +52,10 @@ inline std::string tensor_name(const std::string& param, const std::string& stat
 }
 
 /// The safetensors dtype of a stored state: "F32", "F16", "BF16", "F64", "U8".
-inline const char* st_dtype(DType d) {
-  switch (d) {
-    case DType::F32:
-      return "F32";
-    case DType::F16:
-      return "F16";
-    case DType::BF16:
-      return "BF16";
-    case DType::F64:
-      return "F64";
-    case DType::U8:
-      return "U8";
-  }
-  return "?";
-}
+FUSEDOPT_API const char* st_dtype(DType d);
 
 /// The DType of a safetensors dtype a checkpoint may hold, or nullopt.
-inline std::optional<DType> from_st_dtype(const std::string& st) {
-  for (DType d : {DType::F32, DType::F16, DType::BF16, DType::F64, DType::U8}) {
-    if (st == st_dtype(d)) return d;
-  }
-  return std::nullopt;
-}
+FUSEDOPT_API std::optional<DType> from_st_dtype(const std::string& st);
 
 /// The lines of `text` (each ended by '\n'; a last line without one counts too).
 inline std::vector<std::string> lines(const std::string& text) {
@@ -122,34 +102,11 @@ struct ParamEntry {
   DType dtype = DType::F32;
 };
 
-inline std::string format_params(const std::vector<ParamEntry>& params) {
-  std::string out;
-  for (const ParamEntry& p : params) {
-    out += fmt::format("{}\t{}\t{}\n", p.name, p.numel, to_string(p.dtype));
-  }
-  return out;
-}
+/// The params table of `params`: a line "name<TAB>numel<TAB>dtype" each.
+FUSEDOPT_API std::string format_params(const std::vector<ParamEntry>& params);
 
 /// The params table `text`; IoError naming `where` and the bad line.
-inline std::vector<ParamEntry> parse_params(const std::string& text, const std::string& where) {
-  std::vector<ParamEntry> out;
-  for (const std::string& line : lines(text)) {
-    const std::vector<std::string> f = fields(line);
-    const std::optional<std::int64_t> numel =
-        f.size() == 3 ? support::parse_int_strict(f[1]) : std::nullopt;
-    std::optional<DType> dtype;
-    for (DType d : {DType::F32, DType::F16, DType::BF16}) {
-      if (f.size() == 3 && f[2] == to_string(d)) dtype = d;
-    }
-    if (f.size() != 3 || f[0].empty() || !numel || *numel < 0 || !dtype) {
-      throw IoError(
-          fmt::format("{}: parameter line '{}' is malformed (name<TAB>elements<TAB>"
-                      "fp32|fp16|bf16)",
-                      where, line));
-    }
-    out.push_back({f[0], *numel, *dtype});
-  }
-  return out;
-}
+FUSEDOPT_API std::vector<ParamEntry> parse_params(const std::string& text,
+                                                  const std::string& where);
 
-}  // namespace fusedopt::io::checkpoint
+}  // namespace fusedopt::checkpoint

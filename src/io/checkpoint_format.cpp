@@ -1,0 +1,62 @@
+// The checkpoint format's functions that are not inline (fusedopt/checkpoint_format.hpp).
+#include "fusedopt/checkpoint_format.hpp"
+
+#include <fmt/format.h>
+
+#include "support/parse_number.hpp"
+
+namespace fusedopt::checkpoint {
+
+const char* st_dtype(DType d) {
+  switch (d) {
+    case DType::F32:
+      return "F32";
+    case DType::F16:
+      return "F16";
+    case DType::BF16:
+      return "BF16";
+    case DType::F64:
+      return "F64";
+    case DType::U8:
+      return "U8";
+  }
+  return "?";
+}
+
+std::optional<DType> from_st_dtype(const std::string& st) {
+  for (DType d : {DType::F32, DType::F16, DType::BF16, DType::F64, DType::U8}) {
+    if (st == st_dtype(d)) return d;
+  }
+  return std::nullopt;
+}
+
+std::string format_params(const std::vector<ParamEntry>& params) {
+  std::string out;
+  for (const ParamEntry& p : params) {
+    out += fmt::format("{}\t{}\t{}\n", p.name, p.numel, to_string(p.dtype));
+  }
+  return out;
+}
+
+std::vector<ParamEntry> parse_params(const std::string& text, const std::string& where) {
+  std::vector<ParamEntry> out;
+  for (const std::string& line : lines(text)) {
+    const std::vector<std::string> f = fields(line);
+    const std::optional<std::int64_t> numel =
+        f.size() == 3 ? support::parse_int_strict(f[1]) : std::nullopt;
+    std::optional<DType> dtype;
+    for (DType d : {DType::F32, DType::F16, DType::BF16}) {
+      if (f.size() == 3 && f[2] == to_string(d)) dtype = d;
+    }
+    if (f.size() != 3 || f[0].empty() || !numel || *numel < 0 || !dtype) {
+      throw IoError(
+          fmt::format("{}: parameter line '{}' is malformed (name<TAB>elements<TAB>"
+                      "fp32|fp16|bf16)",
+                      where, line));
+    }
+    out.push_back({f[0], *numel, *dtype});
+  }
+  return out;
+}
+
+}  // namespace fusedopt::checkpoint
