@@ -9,9 +9,9 @@
 
 #include "fusedopt/error.hpp"
 #include "fusedopt/safetensors.hpp"
+#include "fusedopt/version.hpp"
 #include "io/checkpoint_format.hpp"
 #include "io/safetensors.hpp"
-#include "jit/build.hpp"
 #include "runtime/optimizer_impl.hpp"
 #include "support/check.hpp"
 #include "support/parse_number.hpp"
@@ -103,7 +103,7 @@ void Optimizer::save(const std::filesystem::path& path) const {
   }
   std::map<std::string, std::string> metadata = {
       {ck::kFormatKey, std::to_string(ck::kFormat)},
-      {ck::kVersionKey, jit::version()},
+      {ck::kVersionKey, FUSEDOPT_VERSION_STRING},
       {ck::kRuleKey, m.rule.name()},
       {ck::kRuleTextKey, m.rule.text()},
       {ck::kKernelKeysKey, keys},
