@@ -1,10 +1,11 @@
 // The checkpoint format, in one place: the metadata keys and format numbers that
 // Optimizer::save writes and load reads, the params table ("name<TAB>numel<TAB>dtype" per
-// parameter) that the sharded checkpoints and fusedopt-ckpt cut files by, tensor names
-// ("<param>/<state>") and the safetensors dtypes of states. Header-only, so that the core
-// (src/runtime/checkpoint.cpp) and the comm module (src/comm/sharded_checkpoint.cpp), which
-// are separate libraries, read and write the same format with the same code. A malformed
-// field is an IoError: the file was damaged or written by something else.
+// parameter) that the sharded checkpoints and fusedopt-ckpt cut files by, and tensor names
+// ("<param>/<state>"; a state's safetensors dtype is fusedopt::safetensors_name of its DType).
+// Header-only, so that the core (src/runtime/checkpoint.cpp) and the comm module
+// (src/comm/sharded_checkpoint.cpp), which are separate libraries, read and write the same format
+// with the same code. A malformed field is an IoError: the file was damaged or written by something
+// else.
 #pragma once
 
 #include <fmt/format.h>
@@ -50,31 +51,6 @@ inline constexpr const char* kQuantBlockKey = "quant_block";
 /// no '/').
 inline std::string tensor_name(const std::string& param, const std::string& state) {
   return param + "/" + state;
-}
-
-/// The safetensors dtype of a stored state: "F32", "F16", "BF16", "F64", "U8".
-inline const char* st_dtype(DType d) {
-  switch (d) {
-    case DType::F32:
-      return "F32";
-    case DType::F16:
-      return "F16";
-    case DType::BF16:
-      return "BF16";
-    case DType::F64:
-      return "F64";
-    case DType::U8:
-      return "U8";
-  }
-  return "?";
-}
-
-/// The DType of a safetensors dtype a checkpoint may hold, or nullopt.
-inline std::optional<DType> from_st_dtype(const std::string& st) {
-  for (DType d : {DType::F32, DType::F16, DType::BF16, DType::F64, DType::U8}) {
-    if (st == st_dtype(d)) return d;
-  }
-  return std::nullopt;
 }
 
 /// The lines of `text` (each ended by '\n'; a last line without one counts too).

@@ -18,7 +18,6 @@
 #include <vector>
 
 #include "fusedopt/error.hpp"
-#include "io/checkpoint_format.hpp"
 #include "io/json.hpp"
 #include "support/atomic_write.hpp"
 #include "support/check.hpp"
@@ -231,8 +230,6 @@ support::AtomicWriteOptions save_options() {
 }
 
 }  // namespace
-
-const char* safetensors_dtype(DType d) { return checkpoint::st_dtype(d); }
 
 int dtype_bytes(const std::string& st_dtype) {
   static const std::map<std::string, int, std::less<>> kSizes = {
