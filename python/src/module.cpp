@@ -341,11 +341,11 @@ class Engine {
     d["traffic"] = traffic;
     d["state_bytes"] = s.state_bytes;
     d["reduction_passes"] = s.reduction_passes;
-    d["reduction_strategy"] = s.reduction_strategy;
+    d["reduction_strategy"] = s.reduction_strategy ? fo::to_string(*s.reduction_strategy) : "";
     d["schedule_report"] = s.schedule_report;
     d["kernel_keys"] = s.kernel_keys;
     d["kernel_seconds"] = s.kernel_seconds;
-    d["kernel_origin"] = s.kernel_origin;
+    d["kernel_origin"] = s.kernel_origin ? fo::to_string(*s.kernel_origin) : "";
     d["fusion_report"] = s.fusion_report;
     return d;
   }
