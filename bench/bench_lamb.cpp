@@ -371,7 +371,7 @@ void BM_HostLambFused(benchmark::State& state) {
   report(state, s.bytes_per_step, s.elements, s.reduction_passes + 1, s.launches_per_step, copy_bw);
   report_pass_times(state, opt);
   state.SetLabel("lamb fp32 " + w.name + " fusedopt " + names[state.range(0)] + "->" +
-                 s.reduction_strategy);
+                 (s.reduction_strategy ? to_string(*s.reduction_strategy) : "none"));
 }
 
 /// The apex-like five-sweep LAMB over the same tensors.

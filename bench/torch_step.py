@@ -22,7 +22,9 @@ Cases (``--cases``, comma-separated):
 The floor is an in-place stream of the bytes fusedopt's step moves (its stats()' traffic: per
 pass, each role it only reads summed, each it updates incremented in place, each it only
 writes filled), its best time: on the CPU fusedopt-bench's floor (bench/floor.hpp, one
-OpenMP loop per pass); on a GPU torch operations over buffers of the same sizes (one kernel
+OpenMP loop per pass), run by fusedopt-floor (bench/floor/floor_main.cpp, built with the
+benchmarks: a program of its own, compiled with the host kernels' flags, -O3 -march=native,
+on a team of torch's thread count; --floor-bin says where it is); on a GPU torch operations over buffers of the same sizes (one kernel
 per role: the fused step may beat it a little). A plain copy of the same bytes (dst.copy_(src); on the CPU the
 faster of that and numpy.copyto) is reported beside it, labelled copy: an in-place update
 does not pay for a copy's write-allocate, so a copy is no floor. Each optimizer line is the
@@ -30,7 +32,7 @@ median of --steps timed steps after --warmup untimed ones (CUDA events on a GPU)
 fraction of the floor.
 
   python3 bench/torch_step.py [--device cpu|cuda] [--cases adamw,small,...] [--steps N]
-                              [--threads N] [--json FILE]
+                              [--threads N] [--floor-bin PATH] [--json FILE]
   python3 bench/torch_step.py --plot FILE.json FILE.png
 """
 import argparse
@@ -124,16 +126,34 @@ def copy_floor(nbytes, device, steps, warmup):
     return best
 
 
-def inplace_floor(traffic, device, steps, warmup):
+def cpu_floor(traffic, runs, floor_bin):
+    """The best of `runs` runs of bench/floor.hpp's in-place stream of `traffic`, by
+    fusedopt-floor (`floor_bin`) in a process of its own: built as the host kernels are
+    (-O3 -march=native; the Python extension, which nanobind builds with -Os, ran the same
+    loops 2.4-2.7x slower), on a team of torch's thread count, the team fusedopt's kernels
+    get in this process."""
+    if not os.access(floor_bin, os.X_OK):
+        sys.exit(f"no fusedopt-floor at {floor_bin}: build it (cmake --build BUILD --target "
+                 "fusedopt-floor) or name it with --floor-bin")
+    passes = [":".join([str(p["elements"])] +
+                       [",".join(str(b) for b in p[kind])
+                        for kind in ("read_bits", "update_bits", "write_bits")])
+              for p in traffic]
+    env = dict(os.environ, OMP_NUM_THREADS=str(torch.get_num_threads()))
+    out = subprocess.run([floor_bin, "--runs", str(runs)] + passes, env=env, check=True,
+                         capture_output=True, text=True).stdout.split()
+    return float(out[0])
+
+
+def inplace_floor(traffic, device, steps, warmup, floor_bin):
     """Best time of an in-place stream of the bytes a step moves, pass by pass (`traffic`:
     fusedopt's stats()["traffic"]). On the CPU, fusedopt-bench's own floor (bench/floor.hpp,
-    all roles of a pass in one OpenMP loop), through the package. On a GPU, torch
+    all roles of a pass in one OpenMP loop), by fusedopt-floor (cpu_floor). On a GPU, torch
     operations: each read-only role summed, each updated role
     incremented in place, each write-only role filled. Buffers are shared by the passes (the
     largest each slot needs), 4-byte words of each role's size (4-bit codes: half a byte)."""
     if device == "cpu":
-        from fusedopt import _fusedopt
-        return _fusedopt._inplace_floor_seconds(traffic, max(steps, 3))
+        return cpu_floor(traffic, max(steps, 3), floor_bin)
     sizes = {}
     for p in traffic:
         for kind in ("read_bits", "update_bits", "write_bits"):
@@ -177,7 +197,7 @@ def floors_of(optimizer, device, args):
     if not traffic:
         sys.exit("fusedopt's optimizer reports no traffic after a step: no floor to measure")
     nbytes = traffic_bytes(traffic)
-    return (inplace_floor(traffic, device, args.steps, args.warmup),
+    return (inplace_floor(traffic, device, args.steps, args.warmup, args.floor_bin),
             copy_floor(nbytes, device, args.steps, args.warmup), nbytes)
 
 
@@ -384,6 +404,12 @@ def main():
     ap.add_argument("--threads", type=int, default=os.cpu_count(),
                     help="torch's CPU threads (default: every core, as fusedopt's OpenMP "
                          "kernel uses)")
+    build = os.environ.get("FUSEDOPT_BUILD_DIR", "build")
+    ap.add_argument("--floor-bin",
+                    default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", build,
+                                         "bench", "fusedopt-floor"),
+                    help="fusedopt-floor, the CPU floor (default: BUILD/bench/fusedopt-floor, "
+                         "BUILD being $FUSEDOPT_BUILD_DIR or build)")
     ap.add_argument("--plot", nargs=2, metavar=("JSON", "PNG"),
                     help="draw a results file instead of measuring")
     args = ap.parse_args()

@@ -134,8 +134,8 @@ int main(int argc, char** argv) {
     Optimizer fused(Rule::preset("adamw"), {group(0, w.sizes.size())});
     const OptimizerStats s = fused.stats();
     std::printf("%s\nkernel %s (%s in %.3f s); %.1f bytes per element\n", s.fusion_report.c_str(),
-                s.kernel_keys.empty() ? "?" : s.kernel_keys[0].c_str(), s.kernel_origin.c_str(),
-                s.kernel_seconds,
+                s.kernel_keys.empty() ? "?" : s.kernel_keys[0].c_str(),
+                s.kernel_origin ? to_string(*s.kernel_origin) : "?", s.kernel_seconds,
                 static_cast<double>(s.bytes_per_step) / static_cast<double>(s.elements));
     std::vector<Optimizer> per_tensor;
     for (std::size_t i = 0; i < w.sizes.size(); ++i) {

@@ -11,35 +11,43 @@
 
 namespace fusedopt {
 
-const char* to_string(DType dtype) {
-  switch (dtype) {
-    case DType::F32:
-      return "fp32";
-    case DType::F16:
-      return "fp16";
-    case DType::BF16:
-      return "bf16";
-    case DType::F64:
-      return "fp64";
-    case DType::U8:
-      return "uint8";
+namespace {
+
+/// Every DType's names and size: the one table to_string, dtype_size and the safetensors
+/// names read (checkpoints, the sharded checkpoints and fusedopt-ckpt go through them).
+struct DTypeInfo {
+  DType dtype;
+  const char* name;         ///< to_string
+  const char* safetensors;  ///< safetensors_name
+  int bytes;
+};
+constexpr DTypeInfo kDTypes[] = {
+    {DType::F32, "fp32", "F32", 4},   {DType::F16, "fp16", "F16", 2},
+    {DType::BF16, "bf16", "BF16", 2}, {DType::F64, "fp64", "F64", 8},
+    {DType::U8, "uint8", "U8", 1},
+};
+
+const DTypeInfo& info_of(DType dtype) {
+  static constexpr DTypeInfo kUnknown = {DType::F32, "?", "?", 4};  // not a DType's value
+  for (const DTypeInfo& d : kDTypes) {
+    if (d.dtype == dtype) return d;
   }
-  return "?";
+  return kUnknown;
 }
 
-int dtype_size(DType dtype) {
-  switch (dtype) {
-    case DType::F32:
-      return 4;
-    case DType::F16:
-    case DType::BF16:
-      return 2;
-    case DType::F64:
-      return 8;
-    case DType::U8:
-      return 1;
+}  // namespace
+
+const char* to_string(DType dtype) { return info_of(dtype).name; }
+
+int dtype_size(DType dtype) { return info_of(dtype).bytes; }
+
+const char* safetensors_name(DType dtype) { return info_of(dtype).safetensors; }
+
+std::optional<DType> dtype_of_safetensors_name(std::string_view name) {
+  for (const DTypeInfo& d : kDTypes) {
+    if (name == d.safetensors) return d.dtype;
   }
-  return 4;
+  return std::nullopt;
 }
 
 const char* to_string(Quant quant) {

@@ -32,6 +32,18 @@ const char* to_string(ReductionStrategy strategy) {
   return "?";
 }
 
+const char* to_string(KernelOrigin origin) {
+  switch (origin) {
+    case KernelOrigin::Memory:
+      return "memory";
+    case KernelOrigin::Disk:
+      return "disk";
+    case KernelOrigin::Compiled:
+      return "compiled";
+  }
+  return "?";
+}
+
 ReductionStrategy parse_reduction_strategy(const std::string& name) {
   for (ReductionStrategy s :
        {ReductionStrategy::Auto, ReductionStrategy::Recompute, ReductionStrategy::Store}) {
@@ -187,7 +199,7 @@ CompiledKernel compile(const provider::KernelRequest& request, const CompileOpti
   provider::ProvidedKernel k = provider::provide(request, cache);
   CompiledKernel out;
   out.key = k.key.hex();
-  out.origin = cache::to_string(k.origin);
+  out.origin = to_string(provider::kernel_origin(k.origin));
   out.seconds = k.seconds;
   out.target = request.target;
   out.dtypes = request.dtypes;

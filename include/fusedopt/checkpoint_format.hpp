@@ -1,7 +1,8 @@
 // The checkpoint format, in one place: the metadata keys and format numbers that
 // Optimizer::save writes and load reads, the params table ("name<TAB>numel<TAB>dtype" per
 // parameter) that the sharded checkpoints and fusedopt-ckpt cut files by, tensor names
-// ("<param>/<state>") and the safetensors dtypes of states. Part of the extension API
+// ("<param>/<state>"; a state's safetensors dtype is fusedopt::safetensors_name of its
+// DType). Part of the extension API
 // (fusedopt/extension.hpp): the core (Optimizer::save, load) and the comm module (its sharded
 // checkpoints), which are separate libraries, read and write the same format with the same
 // code, and a tool may read a checkpoint with it. A malformed field is an IoError: the file
@@ -50,12 +51,6 @@ inline constexpr const char* kQuantBlockKey = "quant_block";
 inline std::string tensor_name(const std::string& param, const std::string& state) {
   return param + "/" + state;
 }
-
-/// The safetensors dtype of a stored state: "F32", "F16", "BF16", "F64", "U8".
-FUSEDOPT_API const char* st_dtype(DType d);
-
-/// The DType of a safetensors dtype a checkpoint may hold, or nullopt.
-FUSEDOPT_API std::optional<DType> from_st_dtype(const std::string& st);
 
 /// The lines of `text` (each ended by '\n'; a last line without one counts too).
 inline std::vector<std::string> lines(const std::string& text) {

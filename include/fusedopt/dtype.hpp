@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -23,6 +24,12 @@ enum class DType { F32, F16, BF16, F64, U8 };
 FUSEDOPT_API const char* to_string(DType dtype);
 /// Bytes per element.
 FUSEDOPT_API int dtype_size(DType dtype);
+/// The dtype's name in safetensors files: "F32", "F16", "BF16", "F64", "U8" (what
+/// SafetensorsReader::Entry::dtype says of a tensor fusedopt wrote).
+FUSEDOPT_API const char* safetensors_name(DType dtype);
+/// The DType of a safetensors dtype name (safetensors_name's names, exactly), or nullopt for
+/// any other ("I64", "F8_E4M3", "f32", ...): a dtype fusedopt does not store.
+FUSEDOPT_API std::optional<DType> dtype_of_safetensors_name(std::string_view name);
 
 /// Block-quantized storage of one state tensor (DTypeBinding::quant): each element is a
 /// code of a quantization map (a sorted table of values in [-1, 1]), and each block of

@@ -108,6 +108,12 @@ FUSEDOPT_API const char* to_string(ReductionStrategy strategy);
 /// to_string's names back; UsageError naming the others for anything else.
 FUSEDOPT_API ReductionStrategy parse_reduction_strategy(const std::string& name);
 
+/// Where a kernel came from, from the cheapest to the dearest: the process's memory cache, the
+/// disk cache, or a fresh compile.
+enum class KernelOrigin { Memory, Disk, Compiled };
+/// "memory", "disk", "compiled".
+FUSEDOPT_API const char* to_string(KernelOrigin origin);
+
 /// How compile_kernel gets a kernel.
 struct CompileOptions {
   ReductionStrategy reduction_strategy = ReductionStrategy::Auto;

@@ -165,10 +165,12 @@ struct OptimizerStats {
   /// Per dtype binding and pass, in launch order: what it reads and writes. The sum of
   /// elements x bits / 8 over them (an updated role twice) is bytes_per_step.
   std::vector<PassTraffic> traffic;
-  std::size_t state_bytes = 0;       ///< memory of the rule's states, outputs and fp32
-                                     ///< masters (64-byte aligned views)
-  int reduction_passes = 0;          ///< passes before the update (0: element-wise rule)
-  std::string reduction_strategy;    ///< "recompute" or "store" ("" without reductions)
+  std::size_t state_bytes = 0;  ///< memory of the rule's states, outputs and fp32
+                                ///< masters (64-byte aligned views)
+  int reduction_passes = 0;     ///< passes before the update (0: element-wise rule)
+  /// The strategy chosen for the reduction passes (Recompute or Store, never Auto); none
+  /// without reductions.
+  std::optional<ReductionStrategy> reduction_strategy;
   std::int64_t bytes_recompute = 0;  ///< bytes per step under each strategy
   std::int64_t bytes_store = 0;
   std::string schedule_report;  ///< the passes, what each reads and writes, and the
@@ -179,7 +181,8 @@ struct OptimizerStats {
   std::string step_program, scaled_step_program;
   std::vector<std::string> kernel_keys;
   double kernel_seconds = 0;  ///< compile or cache-load time at construction
-  std::string kernel_origin;  ///< "compiled", "disk" or "memory" (the slowest)
+  /// Where the kernels came from: the dearest origin of any (none without a kernel).
+  std::optional<KernelOrigin> kernel_origin;
   std::string fusion_report;  ///< e.g. "adamw over 201 tensors (109.5 M elements): 1 launch per
                               ///< step instead of 201"
 };

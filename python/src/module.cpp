@@ -15,7 +15,6 @@
 #include <utility>
 #include <vector>
 
-#include "floor.hpp"  // bench/floor.hpp: the in-place floor of bench/torch_step.py
 #include "fusedopt/error.hpp"
 #include "fusedopt/extension.hpp"
 #include "fusedopt/kernel.hpp"
@@ -341,11 +340,11 @@ class Engine {
     d["traffic"] = traffic;
     d["state_bytes"] = s.state_bytes;
     d["reduction_passes"] = s.reduction_passes;
-    d["reduction_strategy"] = s.reduction_strategy;
+    d["reduction_strategy"] = s.reduction_strategy ? fo::to_string(*s.reduction_strategy) : "";
     d["schedule_report"] = s.schedule_report;
     d["kernel_keys"] = s.kernel_keys;
     d["kernel_seconds"] = s.kernel_seconds;
-    d["kernel_origin"] = s.kernel_origin;
+    d["kernel_origin"] = s.kernel_origin ? fo::to_string(*s.kernel_origin) : "";
     d["fusion_report"] = s.fusion_report;
     return d;
   }
@@ -492,27 +491,6 @@ void bind_functions(nb::module_& m) {
       nb::arg("rule"), nb::arg("options"),
       "The Optimizer's checks of its options alone (UsageError naming the first bad one), then "
       "resolve_state_storage's storage of each of the rule's states under them.");
-  m.def(
-      "_inplace_floor_seconds",
-      [](const std::vector<nb::dict>& traffic, int runs) {
-        std::vector<fo::PassTraffic> t;
-        for (const nb::dict& d : traffic) {
-          fo::PassTraffic p;
-          p.elements = nb::cast<std::int64_t>(d["elements"]);
-          p.read_bits = nb::cast<std::vector<int>>(d["read_bits"]);
-          p.update_bits = nb::cast<std::vector<int>>(d["update_bits"]);
-          p.write_bits = nb::cast<std::vector<int>>(d["write_bits"]);
-          t.push_back(std::move(p));
-        }
-        fo::bench::InPlaceFloor floor(std::move(t));
-        nb::gil_scoped_release release;
-        floor.seconds();  // first touch
-        return floor.best_seconds(runs);
-      },
-      nb::arg("traffic"), nb::arg("runs") = 5,
-      "Host only: the best of `runs` runs of an in-place stream of a step's traffic (an "
-      "engine's stats()['traffic']) on an OpenMP team, bench/floor.hpp: the floor "
-      "bench/torch_step.py divides by.");
   m.def("check_hyper_value", &fo::check_hyper_value, nb::arg("where"), nb::arg("name"),
         nb::arg("group"), nb::arg("value"),
         "The one rule for a hyper's value (finite, within fp32's range): UsageError otherwise.");

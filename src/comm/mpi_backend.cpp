@@ -14,7 +14,6 @@
 #include <vector>
 
 #include "backend.hpp"
-#include "half.hpp"
 #include "support/check.hpp"
 
 #if FUSEDOPT_HAVE_MPI
@@ -22,6 +21,7 @@
 
 #include "mpi_types.hpp"
 #include "shm_engine.hpp"
+#include "support/half.hpp"
 #include "support/log.hpp"
 #endif
 
@@ -57,6 +57,11 @@ std::string mpi_error_text(int code) {
 namespace {
 
 // ---- 16-bit types and their reductions ---------------------------------------------------
+
+using support::bf16_to_float;
+using support::f16_to_float;
+using support::float_to_bf16;
+using support::float_to_f16;
 
 template <float (*kWiden)(std::uint16_t), std::uint16_t (*kNarrow)(float), bool kMax>
 void half_op(void* in, void* inout, int* len, MPI_Datatype*) {

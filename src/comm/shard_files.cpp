@@ -52,7 +52,7 @@ std::int64_t to_int(const std::string& text, const std::string& what) {
 
 /// The DType of a stored state's safetensors dtype; IoError for one no checkpoint holds.
 DType st_to_dtype(const std::string& st) {
-  const std::optional<DType> d = ck::from_st_dtype(st);
+  const std::optional<DType> d = dtype_of_safetensors_name(st);
   if (!d) throw IoError(fmt::format("a state is stored as {}, which no checkpoint holds", st));
   return *d;
 }

@@ -71,7 +71,8 @@ void ShardedOptimizer::merge_checkpoint(const std::filesystem::path& dir,
   for (const Overlap& o : overlaps) {
     for (const auto& [state, st] : o.states) {
       if (state.find('.') != std::string::npos || state == "master") continue;
-      empty_states.emplace_back(state, st == "U8" ? ck::st_dtype(state_dtype_of(saved)) : st);
+      empty_states.emplace_back(
+          state, st == safetensors_name(DType::U8) ? safetensors_name(state_dtype_of(saved)) : st);
     }
     if (!o.states.empty()) break;
   }
@@ -89,7 +90,8 @@ void ShardedOptimizer::merge_checkpoint(const std::filesystem::path& dir,
     std::vector<StateCut> cuts = overlaps[i].cuts;
     if (numel[i] == 0) {
       own = empty_states;
-      if (masters && sizes[i].second != DType::F32) own.emplace_back("master", "F32");
+      if (masters && sizes[i].second != DType::F32)
+        own.emplace_back("master", safetensors_name(DType::F32));
       cuts.assign(own.size(), StateCut{});
     }
     for (std::size_t k = 0; k < own.size(); ++k) {

@@ -5,11 +5,16 @@
 #include <algorithm>
 #include <cstring>
 
-#include "half.hpp"
+#include "support/half.hpp"
 
 namespace fusedopt::comm::detail {
 
 namespace {
+
+using support::bf16_to_float;
+using support::f16_to_float;
+using support::float_to_bf16;
+using support::float_to_f16;
 
 constexpr std::int64_t kBlock = 512;
 

@@ -7,29 +7,6 @@
 
 namespace fusedopt::checkpoint {
 
-const char* st_dtype(DType d) {
-  switch (d) {
-    case DType::F32:
-      return "F32";
-    case DType::F16:
-      return "F16";
-    case DType::BF16:
-      return "BF16";
-    case DType::F64:
-      return "F64";
-    case DType::U8:
-      return "U8";
-  }
-  return "?";
-}
-
-std::optional<DType> from_st_dtype(const std::string& st) {
-  for (DType d : {DType::F32, DType::F16, DType::BF16, DType::F64, DType::U8}) {
-    if (st == st_dtype(d)) return d;
-  }
-  return std::nullopt;
-}
-
 std::string format_params(const std::vector<ParamEntry>& params) {
   std::string out;
   for (const ParamEntry& p : params) {

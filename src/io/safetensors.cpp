@@ -232,8 +232,6 @@ support::AtomicWriteOptions save_options() {
 
 }  // namespace
 
-const char* safetensors_dtype(DType d) { return checkpoint::st_dtype(d); }
-
 int dtype_bytes(const std::string& st_dtype) {
   static const std::map<std::string, int, std::less<>> kSizes = {
       {"BOOL", 1}, {"U8", 1},  {"I8", 1},  {"F8_E5M2", 1}, {"F8_E4M3", 1}, {"F8_E8M0", 1},

@@ -89,11 +89,10 @@ SafetensorsFile read_safetensors(const std::filesystem::path& path);
 SafetensorsFile read_safetensors_header(const std::filesystem::path& path,
                                         std::uint64_t* data_offset);
 
-/// The safetensors dtype name of `d`: "F32", "F16", "BF16".
-const char* safetensors_dtype(DType d);
-
-/// Bytes per element of a safetensors dtype (F32 4, F16 2, BF16 2, F64 8, I64 8, I32 4,
-/// U8 1, ...); 0 for an unknown name or a sub-byte type.
+/// Bytes per element of any safetensors dtype, the ones fusedopt does not store included (F32
+/// 4, F16 2, BF16 2, F64 8, I64 8, I32 4, U8 1, ...: what a file from another writer may hold;
+/// fusedopt's own DTypes are named by fusedopt::safetensors_name); 0 for an unknown name or a
+/// sub-byte type.
 int dtype_bytes(const std::string& st_dtype);
 
 }  // namespace fusedopt::io

@@ -14,12 +14,6 @@
 
 namespace fusedopt {
 
-namespace {
-
-const char* st_dtype(DType d) { return io::safetensors_dtype(d); }
-
-}  // namespace
-
 struct SafetensorsReader::Impl {
   std::filesystem::path path;
   io::SafetensorsFile header;  ///< without data
@@ -105,7 +99,7 @@ std::vector<io::TensorView> views_of(const std::vector<SafetensorsTensor>& tenso
   views.reserve(tensors.size());
   for (const SafetensorsTensor& t : tensors) {
     views.push_back({t.name,
-                     st_dtype(t.dtype),
+                     safetensors_name(t.dtype),
                      {t.numel},
                      t.data,
                      static_cast<std::size_t>(t.numel) * dtype_size(t.dtype)});

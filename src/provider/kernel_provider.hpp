@@ -27,10 +27,23 @@ struct KernelRequest {
   codegen::Strategy strategy = codegen::Strategy::Auto;  ///< rules with reductions only
 };
 
+/// The public name of a cache origin.
+inline KernelOrigin kernel_origin(cache::Origin origin) {
+  switch (origin) {
+    case cache::Origin::Memory:
+      return KernelOrigin::Memory;
+    case cache::Origin::Disk:
+      return KernelOrigin::Disk;
+    case cache::Origin::Compiled:
+      break;
+  }
+  return KernelOrigin::Compiled;
+}
+
 /// What a loaded kernel keeps of how it was provided: no binary, no source.
 struct KernelInfo {
-  std::string key;           ///< 32 hex digits
-  std::string origin;        ///< "compiled", "memory" or "disk"
+  std::string key;  ///< 32 hex digits
+  KernelOrigin origin = KernelOrigin::Compiled;
   double seconds = 0;        ///< time to get the binary
   codegen::KernelBody body;  ///< schedule, slots, roles, bytes per pass (code cleared)
 };
@@ -40,7 +53,7 @@ struct ProvidedKernel : jit::BuiltKernel {
   std::string source;        ///< the generated translation unit
   codegen::KernelBody body;  ///< schedule, slots, roles, bytes per pass (code cleared)
   /// The part a loaded kernel keeps (moves the body out).
-  KernelInfo take_info() { return {key.hex(), cache::to_string(origin), seconds, std::move(body)}; }
+  KernelInfo take_info() { return {key.hex(), kernel_origin(origin), seconds, std::move(body)}; }
 };
 
 /// Generates the kernel of `request`, then fetches its binary from `cache` or compiles it.

@@ -85,7 +85,7 @@ class Binding {
   /// the step's count included when `with_count` and the count is a launch on this device.
   int launches_per_step(bool with_count) const;
   const std::string& key() const { return module_->info().key; }
-  const std::string& origin() const { return module_->info().origin; }
+  KernelOrigin origin() const { return module_->info().origin; }
   double seconds() const { return module_->info().seconds; }
 
  private:

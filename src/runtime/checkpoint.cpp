@@ -10,8 +10,8 @@
 #include "fusedopt/checkpoint_format.hpp"
 #include "fusedopt/error.hpp"
 #include "fusedopt/safetensors.hpp"
+#include "fusedopt/version.hpp"
 #include "io/safetensors.hpp"
-#include "jit/build.hpp"
 #include "runtime/optimizer_impl.hpp"
 #include "support/check.hpp"
 #include "support/parse_number.hpp"
@@ -103,7 +103,7 @@ void Optimizer::save(const std::filesystem::path& path) const {
   }
   std::map<std::string, std::string> metadata = {
       {ck::kFormatKey, std::to_string(ck::kFormat)},
-      {ck::kVersionKey, jit::version()},
+      {ck::kVersionKey, FUSEDOPT_VERSION_STRING},
       {ck::kRuleKey, m.rule.name()},
       {ck::kRuleTextKey, m.rule.text()},
       {ck::kKernelKeysKey, keys},
@@ -256,9 +256,9 @@ void check_tensors(const io::SafetensorsFile& file, const std::vector<Checkpoint
     auto it = file.tensors.find(e.name);
     if (it == file.tensors.end()) r.misfit(fmt::format("tensor '{}' is missing", e.name));
     const io::SafetensorsFile::Entry& entry = it->second;
-    if (entry.dtype != ck::st_dtype(e.dtype)) {
+    if (entry.dtype != safetensors_name(e.dtype)) {
       r.misfit(fmt::format("tensor '{}' is {}, this optimizer keeps it as {}", e.name, entry.dtype,
-                           ck::st_dtype(e.dtype)));
+                           safetensors_name(e.dtype)));
     }
     if (entry.shape != std::vector<std::int64_t>{e.numel}) {
       std::string shape;
@@ -328,7 +328,7 @@ void OptimizerExtension::load_tensors(Optimizer& opt,
                          t.data);
     const auto bytes = static_cast<std::size_t>(t.numel) * dtype_size(t.dtype);
     io::SafetensorsFile::Entry e;
-    e.dtype = fusedopt::checkpoint::st_dtype(t.dtype);
+    e.dtype = safetensors_name(t.dtype);
     e.shape = {t.numel};
     e.begin = file.data.size();
     file.data.append(static_cast<const char*>(t.data), bytes);

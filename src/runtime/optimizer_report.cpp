@@ -99,7 +99,7 @@ void Optimizer::Impl::report() {
           support::LogLevel::Debug,
           fmt::format("kernel {} ({}) on {}: {} tensors, {} from {} in {:.3f} s", bindings[b].str(),
                       rule.name(), backend->name(), binding_params[b].size(), kernels[b]->key(),
-                      kernels[b]->origin(), kernels[b]->seconds()));
+                      to_string(kernels[b]->origin()), kernels[b]->seconds()));
     }
   }
 }
@@ -147,13 +147,11 @@ OptimizerStats Optimizer::stats() const {
   st.state_bytes += m.rc_states.size();
   st.reduction_passes = m.reduction_passes;
   if (m.reduction_passes > 0 && !m.kernels.empty()) {
-    st.reduction_strategy = to_string(m.kernels.front()->body().strategy);
+    st.reduction_strategy = m.kernels.front()->body().strategy;
   }
   st.schedule_report = m.schedule_report;
   st.step_program = runtime::describe(m.plain_program);
   st.scaled_step_program = runtime::describe(m.scaled_program);
-  static const char* kRank[] = {"memory", "disk", "compiled"};
-  int slowest = -1;
   int staged = 0;  // pieces of a factored rule: the finalizes' further stages
   for (int n : m.finalize_stages) staged += n - 1;
   for (std::size_t b = 0; b < m.kernels.size(); ++b) {
@@ -162,11 +160,10 @@ OptimizerStats Optimizer::stats() const {
     if (!kernel->plan().empty()) st.launches_per_step += staged;
     st.kernel_keys.push_back(kernel->key());
     st.kernel_seconds += kernel->seconds();
-    for (int k = 0; k < 3; ++k) {
-      if (kernel->origin() == kRank[k] && k > slowest) slowest = k;
-    }
+    // KernelOrigin runs from the cheapest to the dearest: the dearest is the largest.
+    if (!st.kernel_origin || kernel->origin() > *st.kernel_origin)
+      st.kernel_origin = kernel->origin();
   }
-  st.kernel_origin = slowest >= 0 ? kRank[slowest] : "";
   st.fusion_report = m.fusion_report;
   return st;
 }

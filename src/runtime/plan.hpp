@@ -1,7 +1,8 @@
 // runtime::Plan: everything a launch over one tensor list needs, built once on the host:
 // the chunk table, the pointer table, the hyper table, each tensor's chunk range, the
 // alignment class of each tensor and the layout of the Store strategy's scratch tensors.
-// The host backend launches from it in place; the CUDA backend uploads it.
+// A Binding copies its tables into the backend's memory (the host's as the device's, through
+// Backend::allocate and copy_from_host) and launches from that copy (runtime/binding.cpp).
 #pragma once
 
 #include <cstddef>

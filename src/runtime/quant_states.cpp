@@ -8,9 +8,9 @@
 
 #include "abi.h"
 #include "codegen/quant.hpp"
-#include "comm/half.hpp"
 #include "fusedopt/error.hpp"
 #include "support/check.hpp"
+#include "support/half.hpp"
 
 namespace fusedopt::runtime {
 namespace {
@@ -124,7 +124,7 @@ std::vector<float> widen(const std::byte* data, std::int64_t numel, DType dtype)
     } else {
       std::uint16_t h = 0;
       std::memcpy(&h, data + 2 * i, 2);
-      v = dtype == DType::BF16 ? comm::detail::bf16_to_float(h) : comm::detail::f16_to_float(h);
+      v = dtype == DType::BF16 ? support::bf16_to_float(h) : support::f16_to_float(h);
     }
     out[static_cast<std::size_t>(i)] = v;
   }

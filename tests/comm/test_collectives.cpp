@@ -14,8 +14,8 @@
 #include <vector>
 
 #include "comm/comm_support.hpp"
-#include "comm/half.hpp"
 #include "fusedopt/comm.hpp"
+#include "support/half.hpp"
 
 using fusedopt::DType;
 using fusedopt::UsageError;
@@ -23,7 +23,7 @@ using fusedopt::comm::CommError;
 using fusedopt::comm::Communicator;
 using fusedopt::comm::ReduceOp;
 using fusedopt::comm::Work;
-namespace half = fusedopt::comm::detail;
+namespace half = fusedopt::support;
 
 namespace fusedopt_tests {
 namespace {

@@ -11,10 +11,10 @@
 #include <cstdlib>
 #include <vector>
 
-#include "comm/half.hpp"
 #include "comm/shard_layout.hpp"
 #include "fusedopt/comm.hpp"
 #include "fusedopt/error.hpp"
+#include "support/half.hpp"
 
 namespace fusedopt_tests {
 
@@ -147,7 +147,7 @@ TEST_SUITE("comm") {
   }
 
   TEST_CASE("fp16 and bf16 conversions round to nearest even, every fp16 value round-trips") {
-    namespace h = fusedopt::comm::detail;
+    namespace h = fusedopt::support;
     for (std::uint32_t u = 0; u < 0x10000; ++u) {
       const auto x = static_cast<std::uint16_t>(u);
       const float f = h::f16_to_float(x);

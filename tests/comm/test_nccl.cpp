@@ -20,10 +20,10 @@
 
 #include "comm/backend.hpp"
 #include "comm/comm_requirements.hpp"
-#include "comm/half.hpp"
 #include "fusedopt/comm.hpp"
 #include "fusedopt/cuda.hpp"
 #include "runtime/cuda_driver.hpp"
+#include "support/half.hpp"
 #include "support/requirements.hpp"
 
 namespace fusedopt_tests {
@@ -34,6 +34,7 @@ using fusedopt::comm::Communicator;
 using fusedopt::comm::Pending;
 using fusedopt::comm::ReduceOp;
 namespace detail = fusedopt::comm::detail;
+namespace half = fusedopt::support;
 namespace testing = fusedopt::testing;
 
 namespace {
@@ -136,10 +137,9 @@ struct DeviceValues {
         std::memcpy(bytes.data() + 4 * i, &f, 4);
         host[i] = f;
       } else {
-        const std::uint16_t h =
-            d == DType::BF16 ? detail::float_to_bf16(f) : detail::float_to_f16(f);
+        const std::uint16_t h = d == DType::BF16 ? half::float_to_bf16(f) : half::float_to_f16(f);
         std::memcpy(bytes.data() + 2 * i, &h, 2);
-        host[i] = d == DType::BF16 ? detail::bf16_to_float(h) : detail::f16_to_float(h);
+        host[i] = d == DType::BF16 ? half::bf16_to_float(h) : half::f16_to_float(h);
       }
     }
     device.copy_from_host(bytes.data(), bytes.size());
@@ -157,7 +157,7 @@ struct DeviceValues {
       } else {
         std::uint16_t h;
         std::memcpy(&h, bytes.data() + 2 * i, 2);
-        out[i] = dtype == DType::BF16 ? detail::bf16_to_float(h) : detail::f16_to_float(h);
+        out[i] = dtype == DType::BF16 ? half::bf16_to_float(h) : half::f16_to_float(h);
       }
     }
     return out;

@@ -17,8 +17,8 @@
 #include <vector>
 
 #include "comm/comm_support.hpp"
-#include "comm/half.hpp"
 #include "fusedopt/comm.hpp"
+#include "support/half.hpp"
 
 using fusedopt::DType;
 using fusedopt::FlatArena;
@@ -29,7 +29,7 @@ using fusedopt::comm::GradBucketer;
 using fusedopt::comm::MpiOptions;
 using fusedopt::comm::ReduceOp;
 using fusedopt::comm::Work;
-namespace half = fusedopt::comm::detail;
+namespace half = fusedopt::support;
 
 // Every operator new of the test program is counted (not under AddressSanitizer, which
 // has its own): what a step of the comm path allocates.

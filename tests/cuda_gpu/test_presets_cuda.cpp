@@ -264,7 +264,8 @@ struct Comparison {
   OptimizerOptions options;  ///< master_weights comes from each binding
   int first_step = 1;
   std::vector<std::size_t> bindings = {0, 1, 2};  ///< indices into kBindings
-  std::string strategy;  ///< the strategy stats() must report ("": not checked)
+  std::optional<ReductionStrategy>
+      strategy;  ///< the strategy stats() must report (none: not checked)
 
   /// The rule the optimizer compiles.
   Rule compiled() const {
@@ -318,7 +319,7 @@ void compare_on_device(const Comparison& c, std::mt19937& rng) {
     INFO("binding " << std::string(run.binding->name));
     CHECK(run.gpu->stats().reduction_passes == run.cpu->stats().reduction_passes);
     CHECK(run.gpu->stats().reduction_strategy == run.cpu->stats().reduction_strategy);
-    if (!c.strategy.empty()) CHECK(run.gpu->stats().reduction_strategy == c.strategy);
+    if (c.strategy) CHECK(run.gpu->stats().reduction_strategy == c.strategy);
     run.gpu->set_step_count(c.first_step - 1);
     run.cpu->set_step_count(c.first_step - 1);
   }
@@ -428,12 +429,13 @@ std::vector<Comparison> reducing_comparisons() {
   for (const char* name : {"lamb", "lars", "adafactor", "adam_mini", "came"}) {
     out.push_back(preset_comparison(name));
     out.back().label += " (auto)";
-    out.back().strategy = out.back().label == "preset lamb (auto)" ? "store" : "recompute";
+    out.back().strategy = out.back().label == "preset lamb (auto)" ? ReductionStrategy::Store
+                                                                   : ReductionStrategy::Recompute;
   }
   Comparison lamb = preset_comparison("lamb");
   lamb.label += " (recompute)";
   lamb.options.reduction_strategy = ReductionStrategy::Recompute;
-  lamb.strategy = "recompute";
+  lamb.strategy = ReductionStrategy::Recompute;
   lamb.bindings = {0, 1};
   out.push_back(lamb);
   for (const ReductionStrategy s : {ReductionStrategy::Recompute, ReductionStrategy::Store}) {
@@ -442,7 +444,7 @@ std::vector<Comparison> reducing_comparisons() {
                  (s == ReductionStrategy::Store ? "store)" : "recompute)");
     clip.options.max_grad_norm = 10;
     clip.options.reduction_strategy = s;
-    clip.strategy = s == ReductionStrategy::Store ? "store" : "recompute";
+    clip.strategy = s;
     clip.bindings = {0, 2};
     out.push_back(clip);
   }

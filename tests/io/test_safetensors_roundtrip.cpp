@@ -9,6 +9,7 @@
 #include <cstring>
 #include <random>
 
+#include "fusedopt/dtype.hpp"
 #include "fusedopt/error.hpp"
 #include "io/json.hpp"
 #include "io/safetensors.hpp"
@@ -85,6 +86,25 @@ TEST_SUITE("io") {
     CHECK(dtype_bytes("F8_E4M3") == 1);
     CHECK(dtype_bytes("f32") == 0);
     CHECK(dtype_bytes("F128") == 0);
+  }
+
+  TEST_CASE("each DType has one safetensors name, read back to the same DType") {
+    using fusedopt::DType;
+    const std::pair<DType, const char*> expected[] = {{DType::F32, "F32"},
+                                                      {DType::F16, "F16"},
+                                                      {DType::BF16, "BF16"},
+                                                      {DType::F64, "F64"},
+                                                      {DType::U8, "U8"}};
+    for (const auto& [dtype, name] : expected) {
+      CAPTURE(name);
+      CHECK(std::string(fusedopt::safetensors_name(dtype)) == name);
+      CHECK(fusedopt::dtype_of_safetensors_name(name) == dtype);
+      CHECK(dtype_bytes(name) == fusedopt::dtype_size(dtype));
+    }
+    for (const char* other : {"I64", "BOOL", "F8_E4M3", "f32", "fp32", ""}) {
+      CAPTURE(other);
+      CHECK_FALSE(fusedopt::dtype_of_safetensors_name(other).has_value());
+    }
   }
 
   TEST_CASE("tensors of several dtypes and shapes survive a round trip byte for byte") {

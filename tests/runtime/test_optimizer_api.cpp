@@ -333,8 +333,7 @@ TEST_SUITE("runtime") {
     CHECK(st.bytes_per_step == 28 * 1107);
     REQUIRE(st.kernel_keys.size() == 1);
     CHECK(st.kernel_keys[0].size() == 32);
-    CHECK((st.kernel_origin == "compiled" || st.kernel_origin == "disk" ||
-           st.kernel_origin == "memory"));
+    CHECK(st.kernel_origin.has_value());  // one kernel: whichever tier it came from
     CHECK(st.kernel_seconds >= 0);
     CHECK(st.fusion_report ==
           "adamw over 3 tensors (1107 elements): 1 launch per step instead of 2");

@@ -499,11 +499,11 @@ TEST_SUITE("runtime") {
       CHECK(st.bytes_store < st.bytes_recompute);
       CHECK_FALSE(st.schedule_report.empty());
     }
-    CHECK(nets[0]->opt->stats().reduction_strategy == "store");
+    CHECK(nets[0]->opt->stats().reduction_strategy == ReductionStrategy::Store);
     CHECK(nets[0]->opt->stats().bytes_per_step == 44 * elements);
-    CHECK(nets[1]->opt->stats().reduction_strategy == "recompute");
+    CHECK(nets[1]->opt->stats().reduction_strategy == ReductionStrategy::Recompute);
     CHECK(nets[1]->opt->stats().bytes_per_step == 48 * elements);
-    CHECK(nets[2]->opt->stats().reduction_strategy == "store");
+    CHECK(nets[2]->opt->stats().reduction_strategy == ReductionStrategy::Store);
 
     Vecs rp = rounded(init, DType::F32), rm = zeros_like(init), rv = zeros_like(init);
     int clipped = 0;

@@ -40,7 +40,7 @@ class Kernel {
   const DTypeBinding& dtypes() const { return dtypes_; }
   const codegen::KernelBody& body() const { return module_->body(); }
   const std::string& key() const { return module_->info().key; }
-  const std::string& origin() const { return module_->info().origin; }
+  fusedopt::KernelOrigin origin() const { return module_->info().origin; }
   double seconds() const { return module_->info().seconds; }
   runtime::Backend& backend() const { return *backend_; }
 

@@ -1,12 +1,12 @@
-// fp16 and bf16 to and from fp32 (round to nearest even), for reductions of 16-bit
-// gradients on the host: each element is widened, combined in fp32 and rounded once, as
-// NCCL does for half types.
+// fp16 and bf16 to and from fp32 (round to nearest even) on the host: the comm module's
+// reductions of 16-bit gradients (each element widened, combined in fp32 and rounded once,
+// as NCCL does for half types) and the runtime's reads of 16-bit state values.
 #pragma once
 
 #include <cstdint>
 #include <cstring>
 
-namespace fusedopt::comm::detail {
+namespace fusedopt::support {
 
 inline float bits_to_float(std::uint32_t u) {
   float f;
@@ -53,4 +53,4 @@ inline std::uint16_t float_to_f16(float f) {
   return static_cast<std::uint16_t>(sign | ((rounded - (112u << 23)) >> 13));
 }
 
-}  // namespace fusedopt::comm::detail
+}  // namespace fusedopt::support
