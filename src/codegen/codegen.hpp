@@ -12,71 +12,19 @@
 #include "fusedopt/dtype.hpp"
 #include "fusedopt/kernel.hpp"
 #include "fusedopt/target.hpp"
+#include "kernel_layout.hpp"
 #include "lang/ast.hpp"
 
 namespace fusedopt::codegen {
 
-/// One accumulator of a reduction pass, as the runtime and the hook see it.
-struct ReductionSlot {
-  std::string name;  ///< the reduction's function, e.g. "tensor_norm"; "grad_check"
-  lang::Scope scope = lang::Scope::Tensor;
-  int slot = 0;  ///< index in the per-tensor or global totals
-  int pass = 0;
-  bool max = false;  ///< combined by max (maxabs, any_nonfinite); else by sum
-  int line = 0;      ///< rule line of the call (0: built in)
-};
+using fusedopt::ReductionSlot;
 
 /// The generated, target-neutral part of a kernel: defines FO_NUM_ROLES, FO_NUM_HYPERS,
 /// the reduction constants, fo_uniform, fo_tvals, fo_tensor, fo_bind, fo_prepare,
 /// fo_tensor_values, fo_reduce_element<pass>, fo_element and fo_init_element.
-struct KernelBody {
-  std::string kind;  ///< "rule" or "trusted-functor" (part of the cache key)
-  std::string name;  ///< rule or functor name
-  int num_roles = 0;
-  int num_hypers = 0;
-  int num_uniforms = 0;  ///< hoisted uniform values
-  /// An fp64 binding: element math in double, and fo_uniform's hypers, step, global values
-  /// and uniform values and fo_tvals's values are doubles (else floats).
-  bool f64 = false;
-  std::vector<std::string> roles;   ///< role names in pointer order
-  std::vector<std::string> hypers;  ///< hyper names in order
+/// Its layout (kernel_layout.hpp: what the runtime reads) and its code.
+struct KernelBody : KernelLayout {
   std::string code;
-
-  // Reductions (all zero / empty for element-wise rules).
-  int reduction_passes = 0;  ///< launches before the update launch
-  int num_tensor_slots = 1;  ///< per-tensor totals per tensor (at least 1)
-  int num_global_slots = 1;  ///< global totals; the last one is the grad check
-  int num_scalars = 0;       ///< per-tensor scalar states (doubles per tensor)
-  int num_tvals = 1;         ///< fo_tvals values: per-tensor reduction results,
-                             ///< scalar values, hoisted per-tensor expressions
-  // Factored (row/column) values: rules with `row`/`col` states or row_mean, col_mean,
-  // matrix_mean. Their element code reads a row's and a column's values (fo_element_rc).
-  bool factored = false;
-  int num_row_states = 0;
-  int num_col_states = 0;
-  int num_row_slots = 0;     ///< row_mean results per row
-  int num_col_slots = 0;     ///< col_mean results per column
-  int num_matrix_slots = 0;  ///< matrix_mean results per matrix
-  /// Column values of element code (ExprEmitter::RcValue) per column: the host keeps a
-  /// chunk's after its column sums (runtime/plan.cpp sizes them).
-  int num_col_values = 0;
-  /// Whether a step ends with the call that writes each tensor's scalar, row and column
-  /// states (fusedopt_scalars[_host]), which also writes their initial values.
-  bool writes_after_update() const { return num_scalars > 0 || factored; }
-  /// Elements per absmax block of the quantized states (0: none quantized): chunks begin
-  /// on blocks (factored rules' whole-row chunks too).
-  int quant_block = 0;
-  int max_acc = 1;                   ///< accumulators per chunk in the widest pass
-  std::vector<ReductionSlot> slots;  ///< every accumulator of every pass (grad check too)
-  Strategy strategy = Strategy::Recompute;
-  int store_pass = -1;               ///< Store: the pass that writes states early
-  std::vector<std::string> scratch;  ///< Store: fp32 scratch tensors (role order, after
-                                     ///< the master): what each holds
-  std::int64_t bits_recompute = 0;   ///< bits per element and step, under each strategy
-  std::int64_t bits_store = 0;
-  std::vector<int> role_bits;                 ///< bits per element of each role (codes: 8, 4)
-  std::vector<std::vector<int>> pass_reads;   ///< roles each pass reads (update last)
-  std::vector<std::vector<int>> pass_writes;  ///< roles each pass writes
 };
 
 /// Emits the body of `rule` for the dtype binding. Pointer order: param, grad, states,

@@ -9,6 +9,8 @@
 #include <utility>
 #include <vector>
 
+#include "kernel_layout.hpp"
+
 namespace fusedopt::lang {
 
 /// A position in the rule text: 1-based line and column (in bytes), and the token length.
@@ -54,7 +56,7 @@ enum class ReduceKind {
 /// Over what a reduction runs: each parameter tensor on its own, every tensor of the step,
 /// each row or each column of a tensor's matrices (its last two dimensions), or a row or
 /// column value over the rows or columns of its matrix.
-enum class Scope { Tensor, Global, Row, Col, Matrix };
+using Scope = ReductionScope;  // kernel_layout.hpp: the runtime reads it in a kernel's slots
 
 /// How finely a value varies: one for the step (uniform), per tensor, per matrix (leading
 /// dimensions), per row, per column, per element. A row value combined with a column value

@@ -40,20 +40,14 @@ inline KernelOrigin kernel_origin(cache::Origin origin) {
   return KernelOrigin::Compiled;
 }
 
-/// What a loaded kernel keeps of how it was provided: no binary, no source.
-struct KernelInfo {
-  std::string key;  ///< 32 hex digits
-  KernelOrigin origin = KernelOrigin::Compiled;
-  double seconds = 0;        ///< time to get the binary
-  codegen::KernelBody body;  ///< schedule, slots, roles, bytes per pass (code cleared)
-};
-
 /// A binary and what codegen said about it.
 struct ProvidedKernel : jit::BuiltKernel {
   std::string source;        ///< the generated translation unit
   codegen::KernelBody body;  ///< schedule, slots, roles, bytes per pass (code cleared)
   /// The part a loaded kernel keeps (moves the body out).
-  KernelInfo take_info() { return {key.hex(), kernel_origin(origin), seconds, std::move(body)}; }
+  KernelInfo take_info() {
+    return {key.hex(), kernel_origin(origin), seconds, static_cast<KernelLayout&&>(body)};
+  }
 };
 
 /// Generates the kernel of `request`, then fetches its binary from `cache` or compiles it.

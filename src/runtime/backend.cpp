@@ -45,7 +45,7 @@ void Buffer::reset() {
   bytes_ = 0;
 }
 
-Plan plan_binding(Backend& backend, const codegen::KernelBody& body, PlanRequest request,
+Plan plan_binding(Backend& backend, const KernelLayout& body, PlanRequest request,
                   std::size_t scratch_align, Buffer* scratch) {
   request.lay_out_scratch = true;
   request.scratch_align = scratch_align;

@@ -1,6 +1,8 @@
 // The seam between the Optimizer (and, next, the comm module) and a device. A Backend is
 // one device, host or CUDA: memory (allocate, free, copy to and from the host, fill,
-// synchronise) and loaded kernels (load() -> Module, module.hpp). Everything else, the
+// synchronise) and loaded kernels (load() of a compiled binary -> Module, module.hpp). It
+// knows no compiler and no rule: kernel_loader.hpp compiles for the target the backend's
+// image_kind() asks for, and the backend loads what it is given. Everything else, the
 // tables of a plan and the step's launches over them, is the same code for every device
 // (runtime::Binding, the step program). Nothing above this seam knows which device it runs
 // on.
@@ -12,11 +14,9 @@
 #include <string>
 #include <vector>
 
-#include "cache/kernel_cache.hpp"
-#include "codegen/codegen.hpp"
 #include "fusedopt/dtype.hpp"
 #include "fusedopt/optimizer.hpp"
-#include "lang/ast.hpp"
+#include "kernel_layout.hpp"
 #include "runtime/module.hpp"
 #include "runtime/plan.hpp"
 #include "runtime/step_args.hpp"
@@ -69,7 +69,7 @@ struct BindingTensors {
   /// and [k * columns + column] floats (caller's memory); null: the kernel keeps its own.
   void* row_states = nullptr;
   void* col_states = nullptr;
-  codegen::Strategy strategy = codegen::Strategy::Auto;
+  ReductionStrategy strategy = ReductionStrategy::Auto;
   /// [2 * tensor]: which param each tensor is and the index of its first element there, and
   /// the seed: the key of the random numbers (stochastic rounding, rand()); empty: tensor t,
   /// element 0.
@@ -88,6 +88,16 @@ struct TensorTotalsView {
   double* data = nullptr;
   std::int64_t num_tensors = 0;
   int stride = 0;
+};
+
+/// What binary a device loads: a shared object for the host CPU, an emulator image for
+/// fusedopt's CUDA emulator, or for a GPU a CUBIN or PTX its driver takes (the compile side
+/// chooses which from its compute capability, the driver's version and NVRTC's).
+struct DeviceImageKind {
+  enum class Kind { Host, Cuda, CudaEmulator };
+  Kind kind = Kind::Host;
+  int sm = 0;              ///< Cuda: the compute capability, e.g. 90
+  int driver_version = 0;  ///< Cuda: cuDriverGetVersion's (0 when it did not answer)
 };
 
 /// "host", "cuda:0": how errors and logs name a device.
@@ -132,11 +142,12 @@ class Backend {
     return false;
   }
 
-  /// The kernel of `rule` for `dtypes` (and `strategy`), from `cache` or compiled, loaded
-  /// on this device.
-  virtual std::unique_ptr<Module> load(std::shared_ptr<const lang::Rule> rule,
-                                       const DTypeBinding& dtypes, codegen::Strategy strategy,
-                                       cache::KernelCache& cache) = 0;
+  /// What binary this device loads, for the compile side to choose a target by.
+  virtual DeviceImageKind image_kind() const = 0;
+  /// `image` loaded on this device (its binary was compiled for image.target). Null when the
+  /// driver refuses a CUBIN it could take as PTX (`*refusal` says why: the caller may compile
+  /// PTX instead); throws (CudaError, Error) when it cannot load it otherwise.
+  virtual std::unique_ptr<Module> load(KernelImage image, std::string* refusal) = 0;
   /// Elements per chunk of a plan for this device's kernels.
   virtual std::int64_t chunk_elems() const = 0;
   /// The fewest rows of a matrix one chunk of a factored rule covers (at least 1).
@@ -145,7 +156,7 @@ class Backend {
   virtual std::size_t scratch_align() const = 0;
   /// Refuses (UsageError) pointers of `plan` this device's kernels cannot use (CUDA: host
   /// memory, another device's), naming the tensor (`names[t]`, else its index) and role.
-  virtual void check_pointers(const Plan& plan, const codegen::KernelBody& body,
+  virtual void check_pointers(const Plan& plan, const KernelLayout& body,
                               const std::vector<std::string>& names) const {
     (void)plan, (void)body, (void)names;
   }
@@ -157,7 +168,7 @@ class Backend {
 
 /// The plan of one binding with the Store strategy's scratch tensors laid out and allocated
 /// from `backend` into `*scratch` (views `scratch_align`-aligned).
-Plan plan_binding(Backend& backend, const codegen::KernelBody& body, PlanRequest request,
+Plan plan_binding(Backend& backend, const KernelLayout& body, PlanRequest request,
                   std::size_t scratch_align, Buffer* scratch);
 
 /// The backend of `device`. Throws UnavailableError when this build or machine cannot

@@ -35,15 +35,15 @@ Binding::Binding(Backend& backend, std::shared_ptr<Module> module, const Binding
                       backend.chunk_elems());
   request.shapes = &tensors.shapes;
   request.factored_min_rows = backend.factored_min_rows();
-  plan_ = plan_binding(backend, body(), request, backend.scratch_align(), &scratch_);
-  backend.check_pointers(plan_, body(), names_);
+  plan_ = plan_binding(backend, layout(), request, backend.scratch_align(), &scratch_);
+  backend.check_pointers(plan_, layout(), names_);
   upload_tables(tensors);
 }
 
 Binding::~Binding() = default;
 
 void Binding::upload_tables(const BindingTensors& tensors) {
-  const codegen::KernelBody& b = body();
+  const KernelLayout& b = layout();
   chunks_ = upload(plan_.chunks());
   ptrs_ = upload(plan_.ptrs());
   hypers_ = upload(plan_.hypers());
@@ -143,14 +143,14 @@ void Binding::init_states() {
   // Initial values are not part of a step: nothing skips them. On the default stream,
   // complete on return.
   const fo_launch L = launch_table(StepArgs{});
-  if (body().writes_after_update()) module_->scalars(true, L, nullptr);
+  if (layout().writes_after_update()) module_->scalars(true, L, nullptr);
   module_->init(L, nullptr);
   backend_.synchronize(nullptr);
 }
 
 void Binding::reduce(int pass, const StepArgs& args, bool check_grads, void* stream) {
-  FUSEDOPT_CHECK_INTERNAL(pass >= 0 && pass < body().reduction_passes,
-                          "reduction pass {}: the rule has {}", pass, body().reduction_passes);
+  FUSEDOPT_CHECK_INTERNAL(pass >= 0 && pass < layout().reduction_passes,
+                          "reduction pass {}: the rule has {}", pass, layout().reduction_passes);
   fo_launch L = launch_table(args);
   L.check_grads = check_grads ? 1 : 0;
   module_->reduce(pass, L, stream);
@@ -167,7 +167,7 @@ void Binding::update(const StepArgs& args, void* stream) {
   const fo_launch L = launch_table(args);
   module_->step(L, stream);
   // Every tensor's, empty ones included: a scalar counts steps, not elements.
-  if (body().writes_after_update()) module_->scalars(false, L, stream);
+  if (layout().writes_after_update()) module_->scalars(false, L, stream);
 }
 
 void Binding::check_grads(float inv_grad_scale, const float* device_scale, void* flag,
@@ -215,8 +215,8 @@ void Binding::set_hypers(const std::vector<std::vector<double>>& hypers, void* s
 
 void Binding::rebind(const std::vector<std::vector<void*>>& ptrs, void* stream) {
   Plan plan = plan_;
-  plan.rebind(body(), ptrs);
-  backend_.check_pointers(plan, body(), names_);
+  plan.rebind(layout(), ptrs);
+  backend_.check_pointers(plan, layout(), names_);
   // From pageable memory: staged before the call returns.
   backend_.copy_from_host_async(ptrs_.data(), plan.ptrs().data(),
                                 plan.ptrs().size() * sizeof(void*), stream);
@@ -226,15 +226,15 @@ void Binding::rebind(const std::vector<std::vector<void*>>& ptrs, void* stream) 
 }
 
 TensorTotalsView Binding::tensor_totals() const {
-  return {base_.tensor_totals, plan_.num_tensors(), body().num_tensor_slots};
+  return {base_.tensor_totals, plan_.num_tensors(), layout().num_tensor_slots};
 }
 
 double* Binding::scalars() const { return base_.scalars; }
 
 int Binding::launches_per_step(bool with_count) const {
-  const int scalars = body().writes_after_update() ? 1 : 0;  // scalar, row, column states
+  const int scalars = layout().writes_after_update() ? 1 : 0;  // scalar, row, column states
   const int count = with_count && module_->counts_by_launch() ? 1 : 0;
-  const int passes = plan_.empty() ? 0 : 1 + 2 * body().reduction_passes;
+  const int passes = plan_.empty() ? 0 : 1 + 2 * layout().reduction_passes;
   return passes + scalars + count;
 }
 

@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "abi.h"
-#include "codegen/codegen.hpp"
+#include "kernel_layout.hpp"
 #include "runtime/backend.hpp"
 #include "runtime/module.hpp"
 #include "runtime/plan.hpp"
@@ -32,7 +32,7 @@ class Binding {
 
   /// Writes every state's initial value (and the master copy); complete on return.
   void init_states();
-  /// Reduction pass `pass` (below body().reduction_passes); `check_grads` also counts
+  /// Reduction pass `pass` (below layout().reduction_passes); `check_grads` also counts
   /// non-finite unscaled gradients in pass 0.
   void reduce(int pass, const StepArgs& args, bool check_grads, void* stream);
   /// Combines pass `pass`'s partials into the totals; with `accumulate` the shared global
@@ -73,12 +73,12 @@ class Binding {
   fo_launch launch_table(const StepArgs& args) const;
   /// Per-tensor reduction totals: [t * stride + slot] (the device's memory).
   TensorTotalsView tensor_totals() const;
-  /// The per-tensor scalar states: [tensor * body().num_scalars + k] (the device's memory;
+  /// The per-tensor scalar states: [tensor * layout().num_scalars + k] (the device's memory;
   /// null when the rule has none).
   double* scalars() const;
   const Plan& plan() const { return plan_; }
   const Module& module() const { return *module_; }
-  const codegen::KernelBody& body() const { return module_->body(); }
+  const KernelLayout& layout() const { return module_->layout(); }
   /// Scratch memory of the Store strategy, in bytes.
   std::int64_t scratch_bytes() const { return static_cast<std::int64_t>(scratch_.size()); }
   /// Launches per step (0 when every tensor is empty and the rule has no scalar states),

@@ -21,7 +21,7 @@ void* host_view(DevicePtr p) { return reinterpret_cast<void*>(static_cast<std::u
 
 /// Refuses host memory and memory of another device in `plan`'s pointer table: the kernel
 /// would fault (an unrecoverable context error).
-void check_device_pointers(int device, const Plan& plan, const codegen::KernelBody& body,
+void check_device_pointers(int device, const Plan& plan, const KernelLayout& body,
                            const std::vector<std::string>& names) {
   const int roles = plan.num_roles() - static_cast<int>(body.scratch.size());
   for (std::int64_t t = 0; t < plan.num_tensors(); ++t) {
@@ -138,16 +138,25 @@ class CudaBackend final : public Backend {
     return capture != CU_STREAM_CAPTURE_STATUS_NONE;
   }
 
-  std::unique_ptr<Module> load(std::shared_ptr<const lang::Rule> rule, const DTypeBinding& dtypes,
-                               codegen::Strategy strategy, cache::KernelCache& cache) override {
+  DeviceImageKind image_kind() const override {
+    DeviceImageKind k;
+    if (cuda::driver_is_emulator()) {
+      k.kind = DeviceImageKind::Kind::CudaEmulator;
+      return k;
+    }
+    k.kind = DeviceImageKind::Kind::Cuda;
+    k.sm = cuda::device_sm(context_->device());
+    // Asked each time (not the value cached at cuInit): cheap, and exact if it ever changes.
+    if (cuda::driver().DriverGetVersion(&k.driver_version) != CUDA_SUCCESS) k.driver_version = 0;
+    return k;
+  }
+  std::unique_ptr<Module> load(KernelImage image, std::string* refusal) override {
     cuda::SavedCurrentContext saved;
-    return load_cuda_module(*context_, [&](const Target& target) {
-      return provider::provide({rule, nullptr, dtypes, target, strategy}, cache);
-    });
+    return load_cuda_module(*context_, std::move(image), refusal);
   }
   std::int64_t chunk_elems() const override { return kCudaChunk; }
   std::size_t scratch_align() const override { return 256; }
-  void check_pointers(const Plan& plan, const codegen::KernelBody& body,
+  void check_pointers(const Plan& plan, const KernelLayout& body,
                       const std::vector<std::string>& names) const override {
     cuda::ContextScope scope(*context_);
     check_device_pointers(context_->device(), plan, body, names);

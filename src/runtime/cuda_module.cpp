@@ -13,22 +13,11 @@
 #include <vector>
 
 #include "fusedopt/error.hpp"
-#include "jit/compiler.hpp"
-#include "runtime/device_target.hpp"
 #include "support/check.hpp"
 
 namespace fusedopt::runtime {
 
 namespace {
-
-CudaVersions cuda_versions() {
-  CudaVersions v;
-  // Asked each time (not the value cached at cuInit): cheap, and exact if it ever changes.
-  if (cuda::driver().DriverGetVersion(&v.driver) != CUDA_SUCCESS) v.driver = 0;
-  std::tie(v.nvrtc_major, v.nvrtc_minor) = jit::nvrtc_version();
-  v.nvrtc_archs = jit::nvrtc_supported_archs();
-  return v;
-}
 
 /// FUSEDOPT_CUDA_WAVES (a tuning knob): every chunk launch N waves wide (N blocks per slot
 /// the device has at once), or 0: a block per chunk, the hardware scheduling them. Unset
@@ -47,7 +36,7 @@ int cuda_waves() {
 
 class CudaModule final : public Module {
  public:
-  CudaModule(const cuda::PrimaryContext& ctx, CUmodule module, provider::KernelInfo info)
+  CudaModule(const cuda::PrimaryContext& ctx, CUmodule module, KernelInfo info)
       : Module(std::move(info)), ctx_(ctx), module_(module) {
     sm_count_ = cuda::device_sm_count(ctx.device());
     const int waves = cuda_waves();
@@ -56,7 +45,7 @@ class CudaModule final : public Module {
     // bench/gpu-notes.md) it beat one wave by 2% on BERT-base and 5% on 5,000 small tensors
     // (the hardware balances chunks of unequal sizes); a quantized update, whose blocks first
     // load the maps into shared memory, was 2% faster in one wave.
-    step_waves_ = waves >= 0 ? waves : body().quant_block > 0 ? 1 : 0;
+    step_waves_ = waves >= 0 ? waves : layout().quant_block > 0 ? 1 : 0;
     f_step_ = function("fusedopt_step");
     f_init_ = function("fusedopt_init");
     f_check_ = function("fusedopt_check");
@@ -64,7 +53,7 @@ class CudaModule final : public Module {
     f_update_scale_ = function("fusedopt_update_scale");
     f_scalars_ = function("fusedopt_scalars");
     f_finalize_ = function("fusedopt_finalize");
-    for (int pass = 0; pass < body().reduction_passes; ++pass) {
+    for (int pass = 0; pass < layout().reduction_passes; ++pass) {
       f_reduce_.push_back(function(fmt::format("fusedopt_reduce_{}", pass)));
     }
     FUSEDOPT_CU_CHECK(OccupancyMaxActiveBlocksPerMultiprocessor, &step_per_sm_, f_step_, kCudaBlock,
@@ -117,7 +106,7 @@ class CudaModule final : public Module {
     // Factored rules: a block per tensor (its rows and columns across the threads); else a
     // thread per tensor.
     const std::int64_t blocks = std::min<std::int64_t>(
-        body().factored ? L.num_tensors : (L.num_tensors + kCudaBlock - 1) / kCudaBlock, cap());
+        layout().factored ? L.num_tensors : (L.num_tensors + kCudaBlock - 1) / kCudaBlock, cap());
     launch(f_scalars_, params, static_cast<unsigned>(blocks), kCudaBlock, stream);
   }
   void check(const fo_launch& L, double* flag, void* stream) override {
@@ -188,30 +177,20 @@ class CudaModule final : public Module {
 
 }  // namespace
 
-std::unique_ptr<Module> load_cuda_module(
-    const cuda::PrimaryContext& context,
-    const std::function<provider::ProvidedKernel(const Target&)>& provide) {
-  const int sm = cuda::device_sm(context.device());
-  // fusedopt's CUDA emulator runs emulator images of the same source (Target::emu), and
-  // needs no NVRTC.
-  const bool emulated = cuda::driver_is_emulator();
-  const CudaVersions versions = emulated ? CudaVersions{} : cuda_versions();
-  Target target = emulated ? Target::emu() : choose_cuda_target(sm, versions);
-  provider::ProvidedKernel built = provide(target);
+std::unique_ptr<Module> load_cuda_module(const cuda::PrimaryContext& context, KernelImage image,
+                                         std::string* refusal) {
   cuda::ContextScope scope(context);
   CUmodule module = nullptr;
-  CUresult loaded = cuda::driver().ModuleLoadData(&module, built.binary->data());
-  if (loaded != CUDA_SUCCESS && !target.ptx && !emulated) {
+  const CUresult loaded = cuda::driver().ModuleLoadData(&module, image.binary->data());
+  if (loaded != CUDA_SUCCESS && !image.target.ptx && !cuda::driver_is_emulator()) {
     const char* name = nullptr;
     cuda::driver().GetErrorName(loaded, &name);
-    target = ptx_fallback(sm, versions,
-                          fmt::format("cuModuleLoadData: {}", name ? name : "unknown error"));
-    built = provide(target);
-    loaded = cuda::driver().ModuleLoadData(&module, built.binary->data());
+    *refusal = fmt::format("cuModuleLoadData: {}", name ? name : "unknown error");
+    return nullptr;
   }
   cuda::check(loaded, "cuModuleLoadData", __FILE__, __LINE__);
   try {
-    return std::make_unique<CudaModule>(context, module, built.take_info());
+    return std::make_unique<CudaModule>(context, module, std::move(image.info));
   } catch (...) {
     cuda::driver().ModuleUnload(module);
     throw;

@@ -2,11 +2,10 @@
 #pragma once
 
 #include <cstdint>
-#include <functional>
 #include <memory>
+#include <string>
 
 #include "abi.h"
-#include "provider/kernel_provider.hpp"
 #include "runtime/cuda_driver.hpp"
 #include "runtime/module.hpp"
 
@@ -18,13 +17,10 @@ constexpr int kCudaBlock = FO_CUDA_BLOCK;
 /// vector path): 32 iterations of 512 threads x 4 elements.
 constexpr std::int64_t kCudaChunk = 1 << 16;
 
-/// Gets the kernel from `provide(target)` for the context's device: a CUBIN for its sm_XX
-/// when NVRTC knows it, else PTX (device_target.hpp), and once more as PTX when the driver
-/// refuses the CUBIN; an emulator image on fusedopt's CUDA emulator. Loads it into
-/// `context` (which must outlive the module). Throws CudaError, CompileError, Error.
-std::unique_ptr<Module> load_cuda_module(
-    const cuda::PrimaryContext& context,
-    const std::function<provider::ProvidedKernel(const Target&)>& provide);
+/// `image` loaded into `context` (which must outlive the module): Backend::load of a CUDA
+/// backend (null when the driver refuses a CUBIN: `*refusal` says why). Throws CudaError.
+std::unique_ptr<Module> load_cuda_module(const cuda::PrimaryContext& context, KernelImage image,
+                                         std::string* refusal);
 
 /// The grid of a chunk launch of `module` (a CUDA one) over `num_chunks` chunks: one wave
 /// (the entry's occupancy at kCudaBlock threads times the SMs), never more than the chunks.

@@ -1,7 +1,7 @@
 // Which CUDA binary a device can load: a CUBIN for its own architecture when NVRTC knows
 // it, PTX for the driver to finish when the device is newer than NVRTC, and a clear error
 // when the driver is too old for anything NVRTC makes. Pure (no driver calls), so the rules
-// are tested without a GPU; load_cuda_module (cuda_module.cpp) applies them.
+// are tested without a GPU; load_kernel (kernel_loader.cpp) applies them.
 #pragma once
 
 #include <string>

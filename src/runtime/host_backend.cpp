@@ -48,11 +48,9 @@ class HostBackend final : public Backend {
     if (bytes) std::memcpy(dst, host_src, bytes);
   }
 
-  std::unique_ptr<Module> load(std::shared_ptr<const lang::Rule> rule, const DTypeBinding& dtypes,
-                               codegen::Strategy strategy, cache::KernelCache& cache) override {
-    provider::ProvidedKernel built =
-        provider::provide({rule, nullptr, dtypes, Target::host(), strategy}, cache);
-    return load_host_module(*rule, std::move(built));
+  DeviceImageKind image_kind() const override { return {}; }
+  std::unique_ptr<Module> load(KernelImage image, std::string*) override {
+    return load_host_module(std::move(image));
   }
   std::int64_t chunk_elems() const override { return kHostChunkElems; }
   /// A chunk's column sums and column values cost a pass over its columns (written in the

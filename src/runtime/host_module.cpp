@@ -17,9 +17,10 @@ using PassPoint = void (*)(const fo_launch*, int);
 
 class HostModule final : public Module {
  public:
-  HostModule(const std::string& rule_name, provider::ProvidedKernel built)
-      : Module(built.take_info()),
-        lib_(support::load_host_module(built.key.hex(), *built.binary, "fusedopt-" + rule_name)) {
+  explicit HostModule(KernelImage image)
+      : Module(std::move(image.info)),
+        lib_(support::load_host_module(info().key, *image.binary, "fusedopt-" + layout().name)) {
+    const std::string& rule_name = layout().name;
     auto abi = reinterpret_cast<int (*)()>(lib_->symbol("fusedopt_abi_version"));
     step_ = reinterpret_cast<EntryPoint>(lib_->symbol("fusedopt_step_host"));
     init_ = reinterpret_cast<EntryPoint>(lib_->symbol("fusedopt_init_host"));
@@ -69,8 +70,8 @@ class HostModule final : public Module {
 
 }  // namespace
 
-std::unique_ptr<Module> load_host_module(const lang::Rule& rule, provider::ProvidedKernel built) {
-  return std::make_unique<HostModule>(rule.name, std::move(built));
+std::unique_ptr<Module> load_host_module(KernelImage image) {
+  return std::make_unique<HostModule>(std::move(image));
 }
 
 }  // namespace fusedopt::runtime

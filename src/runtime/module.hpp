@@ -10,22 +10,31 @@
 #include <string>
 
 #include "abi.h"
-#include "codegen/codegen.hpp"
-#include "provider/kernel_provider.hpp"
+#include "fusedopt/target.hpp"
+#include "kernel_layout.hpp"
 
 namespace fusedopt::runtime {
 
+/// A compiled kernel as a device loads it: the binary (a shared object for the host, a
+/// CUBIN, PTX or emulator image for CUDA), the target it was compiled for, and what a loaded
+/// kernel keeps (its key, origin and layout).
+struct KernelImage {
+  Target target;
+  std::shared_ptr<const std::string> binary;
+  KernelInfo info;
+};
+
 class Module {
  public:
-  explicit Module(provider::KernelInfo info) : info_(std::move(info)) {}
+  explicit Module(KernelInfo info) : info_(std::move(info)) {}
   virtual ~Module() = default;
   Module(const Module&) = delete;
   Module& operator=(const Module&) = delete;
 
-  /// What codegen said about the kernel (schedule, slots, roles; no code), its cache key,
-  /// where the binary came from and how long it took.
-  const provider::KernelInfo& info() const { return info_; }
-  const codegen::KernelBody& body() const { return info_.body; }
+  /// Its cache key, where the binary came from and how long it took, and its layout (what
+  /// codegen said about it: schedule, slots, roles).
+  const KernelInfo& info() const { return info_; }
+  const KernelLayout& layout() const { return info_.layout; }
 
   /// The update pass over every chunk of `L` (nothing when it has none).
   virtual void step(const fo_launch& L, void* stream) = 0;
@@ -49,7 +58,7 @@ class Module {
   virtual bool counts_by_launch() const = 0;
 
  private:
-  provider::KernelInfo info_;
+  KernelInfo info_;
 };
 
 }  // namespace fusedopt::runtime

@@ -335,18 +335,18 @@ void Optimizer::Impl::call_hook(int pass, int stage, void* stream) {
   }
   if (stage > 0) {  // the shard's matrix sums only
     p.global = static_cast<double*>(global_totals.data());
-    p.num_global = kernels.front()->body().num_global_slots;
+    p.num_global = kernels.front()->layout().num_global_slots;
     extension->combine(p);
     return;
   }
-  const codegen::KernelBody& body = kernels.front()->body();
+  const KernelLayout& body = kernels.front()->layout();
   p.num_global = body.num_global_slots;
   p.global = static_cast<double*>(global_totals.data());
-  for (const codegen::ReductionSlot& s : body.slots) {
+  for (const ReductionSlot& s : body.slots) {
     if (s.pass != pass) continue;
     ReductionSlotInfo info;
     info.name = s.name;
-    info.per_tensor = s.scope == lang::Scope::Tensor;
+    info.per_tensor = s.scope == ReductionScope::Tensor;
     info.slot = s.slot;
     info.pass = s.pass;
     info.max = s.max;

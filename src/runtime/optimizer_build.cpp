@@ -17,6 +17,7 @@
 #include "io/json.hpp"
 #include "provider/kernel_provider.hpp"
 #include "rule_access.hpp"
+#include "runtime/kernel_loader.hpp"
 #include "runtime/optimizer_impl.hpp"
 #include "runtime/pieces.hpp"
 #include "runtime/plan.hpp"
@@ -389,7 +390,9 @@ void Optimizer::Impl::bind_kernels() {
   for (const runtime::BindingTensors& t : tensors) {
     kernels.push_back(std::make_unique<runtime::Binding>(
         *backend,
-        backend->load(RuleAccess::impl(rule), t.dtypes, t.strategy, provider::cache_at({})), t, h));
+        runtime::load_kernel(*backend, RuleAccess::impl(rule), t.dtypes, t.strategy,
+                             provider::cache_at({})),
+        t, h));
   }
   lay_out_shard();
   for (auto& kernel : kernels) kernel->init_states();
@@ -398,7 +401,7 @@ void Optimizer::Impl::bind_kernels() {
   // any norm) unless a pass 0 writes (the Store strategy with one reduction pass): the skip
   // must be known before anything is written.
   fold_check = true;
-  for (const auto& kernel : kernels) fold_check = fold_check && kernel->body().store_pass != 0;
+  for (const auto& kernel : kernels) fold_check = fold_check && kernel->layout().store_pass != 0;
   compile_programs();
 }
 

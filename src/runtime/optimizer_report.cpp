@@ -19,7 +19,7 @@ std::string format_elements(std::int64_t n) {
   return fmt::format("{:.2f} G elements", static_cast<double>(n) / 1e9);
 }
 
-std::string role_list(const codegen::KernelBody& body, const std::vector<int>& roles) {
+std::string role_list(const KernelLayout& body, const std::vector<int>& roles) {
   std::string out;
   for (int r : roles) out += (out.empty() ? "" : " ") + body.roles[static_cast<std::size_t>(r)];
   return out.empty() ? "-" : out;
@@ -31,11 +31,11 @@ std::string describe_schedule(const lang::Rule& r,
                               const std::vector<DTypeBinding>& bindings) {
   std::string out;
   for (std::size_t b = 0; b < backends.size(); ++b) {
-    const codegen::KernelBody& body = backends[b]->body();
+    const KernelLayout& body = backends[b]->layout();
     out += fmt::format("{}{} [{}]:", out.empty() ? "" : "\n", r.name, bindings[b].str());
     for (std::size_t k = 0; k < body.pass_reads.size(); ++k) {
       std::string what;
-      for (const codegen::ReductionSlot& s : body.slots) {
+      for (const ReductionSlot& s : body.slots) {
         if (s.pass == static_cast<int>(k) && s.name != "grad_check") {
           what += (what.empty() ? "" : ", ") + fmt::format("{} (line {})", s.name, s.line);
         }
@@ -112,7 +112,7 @@ OptimizerStats Optimizer::stats() const {
     st.elements += s.param.numel;
     if (s.binding < 0) continue;
     // What each pass of the binding's kernel reads and writes, per element.
-    const codegen::KernelBody& body = m.kernels[static_cast<std::size_t>(s.binding)]->body();
+    const KernelLayout& body = m.kernels[static_cast<std::size_t>(s.binding)]->layout();
     std::int64_t bits = 0;  // per element: a 4-bit state's codes move half a byte
     for (const auto* roles : {&body.pass_reads, &body.pass_writes}) {
       for (const std::vector<int>& pass : *roles) {
@@ -126,7 +126,7 @@ OptimizerStats Optimizer::stats() const {
   for (std::size_t b = 0; b < m.kernels.size(); ++b) {
     std::int64_t elements = 0;
     for (int p : m.binding_params[b]) elements += m.params[static_cast<std::size_t>(p)].param.numel;
-    const codegen::KernelBody& body = m.kernels[b]->body();
+    const KernelLayout& body = m.kernels[b]->layout();
     for (std::size_t k = 0; k < body.pass_reads.size(); ++k) {
       PassTraffic t;
       t.elements = elements;
@@ -147,7 +147,7 @@ OptimizerStats Optimizer::stats() const {
   st.state_bytes += m.rc_states.size();
   st.reduction_passes = m.reduction_passes;
   if (m.reduction_passes > 0 && !m.kernels.empty()) {
-    st.reduction_strategy = m.kernels.front()->body().strategy;
+    st.reduction_strategy = m.kernels.front()->layout().strategy;
   }
   st.schedule_report = m.schedule_report;
   st.step_program = runtime::describe(m.plain_program);

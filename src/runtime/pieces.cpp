@@ -120,8 +120,9 @@ void Optimizer::Impl::lay_out_shard() {
   finalize_stages.assign(static_cast<std::size_t>(reduction_passes), 1);
   for (const lang::Reduction& r : detail::lang_rule(rule).reductions) {
     int& n = finalize_stages.at(static_cast<std::size_t>(r.pass));
-    if (r.scope == lang::Scope::Col) n = std::max(n, 2);
-    if (r.scope == lang::Scope::Matrix) n = std::max(n, r.arg->level == lang::Level::Col ? 2 : 3);
+    if (r.scope == ReductionScope::Col) n = std::max(n, 2);
+    if (r.scope == ReductionScope::Matrix)
+      n = std::max(n, r.arg->level == lang::Level::Col ? 2 : 3);
   }
 }
 

@@ -50,7 +50,7 @@ MatrixShape matrix_shape(const std::vector<std::int64_t>& shape, std::int64_t nu
   return m;
 }
 
-std::size_t vector_align(const codegen::KernelBody& body, int role) {
+std::size_t vector_align(const KernelLayout& body, int role) {
   const auto r = static_cast<std::size_t>(role);
   // The vector path moves 4 elements of each role at once: 16 bytes of an fp32 role, 8 of a
   // 16-bit one (4 x bits / 8). A role codegen knows no size for gets the widest.
@@ -60,7 +60,7 @@ std::size_t vector_align(const codegen::KernelBody& body, int role) {
 }
 
 /// Tensor `t` of `request` (its pointers, size, group and shape checked) into the plan.
-void Plan::take_tensor(const codegen::KernelBody& body, const PlanRequest& request, std::size_t t,
+void Plan::take_tensor(const KernelLayout& body, const PlanRequest& request, std::size_t t,
                        const std::vector<std::int64_t>& shape, int group) {
   const auto& ptrs = *request.ptrs;
   const auto& numel = *request.numel;
@@ -105,7 +105,7 @@ void Plan::take_tensor(const codegen::KernelBody& body, const PlanRequest& reque
   num_aligned_ += all_aligned && numel[t] > 0;
 }
 
-Plan Plan::build(const codegen::KernelBody& body, const PlanRequest& request) {
+Plan Plan::build(const KernelLayout& body, const PlanRequest& request) {
   static const std::vector<int> kNoGroups;
   const auto& ptrs = *request.ptrs;
   const auto& numel = *request.numel;
@@ -156,7 +156,7 @@ Plan Plan::build(const codegen::KernelBody& body, const PlanRequest& request) {
   return p;
 }
 
-void Plan::rebind(const codegen::KernelBody& body, const std::vector<std::vector<void*>>& ptrs) {
+void Plan::rebind(const KernelLayout& body, const std::vector<std::vector<void*>>& ptrs) {
   const int given_roles = num_given_roles_;
   FUSEDOPT_CHECK_USAGE(static_cast<std::int64_t>(ptrs.size()) == num_tensors_,
                        "{}: rebind: {} pointer lists for {} tensors", who_, ptrs.size(),
@@ -185,7 +185,7 @@ void Plan::rebind(const codegen::KernelBody& body, const std::vector<std::vector
   num_aligned_ = num_aligned;
 }
 
-void Plan::lay_out_factored(const codegen::KernelBody& body, const std::vector<std::int64_t>& numel,
+void Plan::lay_out_factored(const KernelLayout& body, const std::vector<std::int64_t>& numel,
                             const std::vector<std::vector<std::int64_t>>& shapes,
                             std::int64_t chunk_elems, std::int64_t min_rows) {
   static const std::vector<std::int64_t> kNoShape;
@@ -224,7 +224,7 @@ void Plan::lay_out_factored(const codegen::KernelBody& body, const std::vector<s
   std::vector<fo_chunk> chunks;
   std::vector<bool> seen(n, false);
   // Per column of each chunk: its sums (doubles), then its column values (floats, two to a
-  // double; codegen::KernelBody::num_col_values).
+  // double; KernelLayout::num_col_values).
   const auto slots =
       static_cast<long long>(std::max(body.num_col_slots, 1)) + (body.num_col_values + 1) / 2;
   for (const fo_chunk& old : chunks_) {
@@ -259,7 +259,7 @@ void Plan::lay_out_factored(const codegen::KernelBody& body, const std::vector<s
   chunks_ = std::move(chunks);
 }
 
-void Plan::lay_out_reductions(const codegen::KernelBody& body) {
+void Plan::lay_out_reductions(const KernelLayout& body) {
   const auto n = static_cast<std::size_t>(num_tensors_);
   num_global_totals_ = static_cast<std::size_t>(body.num_global_slots);
   if (body.reduction_passes == 0) return;

@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "abi.h"
-#include "codegen/codegen.hpp"
+#include "kernel_layout.hpp"
 
 namespace fusedopt::runtime {
 
@@ -29,7 +29,7 @@ MatrixShape matrix_shape(const std::vector<std::int64_t>& shape, std::int64_t nu
 
 /// Bytes role `role`'s pointer must be aligned to for the vector path: 4 elements of it
 /// (16 for fp32, 8 for fp16/bf16).
-std::size_t vector_align(const codegen::KernelBody& body, int role);
+std::size_t vector_align(const KernelLayout& body, int role);
 
 /// What a plan is built from.
 struct PlanRequest {
@@ -67,7 +67,7 @@ class Plan {
  public:
   /// Validates the request against `body` (errors name the tensor, role or group) and
   /// builds every table.
-  static Plan build(const codegen::KernelBody& body, const PlanRequest& request);
+  static Plan build(const KernelLayout& body, const PlanRequest& request);
 
   /// Replaces the hyper table (`hypers[g]`: group g's values).
   void set_hypers(const std::vector<std::vector<double>>& hypers);
@@ -76,7 +76,7 @@ class Plan {
   /// New role pointers for every tensor (`ptrs[t]`, as PlanRequest::ptrs without the
   /// scratch roles), the sizes unchanged: the pointer table and each tensor's alignment
   /// class are redone, the chunks stay. Nothing changes when it throws.
-  void rebind(const codegen::KernelBody& body, const std::vector<std::vector<void*>>& ptrs);
+  void rebind(const KernelLayout& body, const std::vector<std::vector<void*>>& ptrs);
 
   const std::vector<fo_chunk>& chunks() const { return chunks_; }
   /// [tensor * num_roles() + role].
@@ -129,10 +129,10 @@ class Plan {
   std::size_t scratch_bytes() const { return scratch_bytes_; }
 
  private:
-  void take_tensor(const codegen::KernelBody& body, const PlanRequest& request, std::size_t t,
+  void take_tensor(const KernelLayout& body, const PlanRequest& request, std::size_t t,
                    const std::vector<std::int64_t>& shape, int group);
-  void lay_out_reductions(const codegen::KernelBody& body);
-  void lay_out_factored(const codegen::KernelBody& body, const std::vector<std::int64_t>& numel,
+  void lay_out_reductions(const KernelLayout& body);
+  void lay_out_factored(const KernelLayout& body, const std::vector<std::int64_t>& numel,
                         const std::vector<std::vector<std::int64_t>>& shapes,
                         std::int64_t chunk_elems, std::int64_t min_rows);
   void lay_out_scratch(const std::vector<std::int64_t>& numel, std::size_t scratch_align);

@@ -16,6 +16,7 @@
 #include "lang/ast.hpp"
 #include "runtime/backend.hpp"
 #include "runtime/binding.hpp"
+#include "runtime/kernel_loader.hpp"
 #include "runtime/step_args.hpp"
 
 namespace fusedopt::testing {
@@ -30,7 +31,7 @@ class Kernel {
         dtypes_(dtypes),
         strategy_(strategy),
         backend_(runtime::make_backend(device)),
-        module_(backend_->load(rule_, dtypes_, strategy, cache)) {}
+        module_(runtime::load_kernel(*backend_, rule_, dtypes_, strategy, cache)) {}
 
   /// Pointers per tensor a caller gives: param, grad, each state, each output, then the
   /// fp32 master (the Store strategy's scratch tensors are the binding's own).
@@ -38,7 +39,7 @@ class Kernel {
   int reduction_passes() const { return body().reduction_passes; }
   const lang::Rule& rule() const { return *rule_; }
   const DTypeBinding& dtypes() const { return dtypes_; }
-  const codegen::KernelBody& body() const { return module_->body(); }
+  const KernelLayout& body() const { return module_->layout(); }
   const std::string& key() const { return module_->info().key; }
   fusedopt::KernelOrigin origin() const { return module_->info().origin; }
   double seconds() const { return module_->info().seconds; }
