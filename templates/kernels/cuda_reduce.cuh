@@ -45,6 +45,103 @@ __device__ __forceinline__ void fo_reduce_n(const fo_tensor& t, long long i, con
 }
 FO_REDUCE_KERNELS(FO_REDUCE_GROUP)
 
+#if FO_FACTORED
+#if FO_NUM_QUANT > 0
+#define FO_QMAPS_PARAM , float(*fo_qmaps)[FO_QMAP_MAX]
+#define FO_QMAPS_ARG , fo_qmaps
+#else
+#define FO_QMAPS_PARAM
+#define FO_QMAPS_ARG
+#endif
+/// Chunk c of tensor t (whole rows) into the accumulators `a` of pass kPass, and its rows'
+/// means and its columns' partial sums; rowred: FO_BLOCK doubles of shared memory (with
+/// quantized states, fo_qmaps: their maps in shared memory).
+template <int kPass>
+__device__ __forceinline__ void fo_reduce_rows(const fo_launch& L, long long c,
+                                               const fo_chunk& chunk, const fo_tensor& t,
+                                               const fo_uniform& U, const fo_tvals& T, float* a,
+                                               bool check, double* rowred FO_QMAPS_PARAM) {
+  // Whole rows: a warp per row, its 32 lanes over the row's columns (coalesced), their
+  // double sums combined in lane order through shared memory (a row's mean is complete
+  // here); then each thread its columns over the chunk's rows (coalesced too: the
+  // chunk's partials, combined by the finalize in chunk order). The pass writes no role
+  // (the Recompute strategy), so an element read twice gives the same values. The
+  // accumulators take each element once (in the row sweep).
+  const long long R = fo_rows_of(L, chunk.tensor), C = fo_cols_of(L, chunk.tensor);
+  const fo_rcx X0 = fo_rc_base(L, chunk.tensor);
+  const long long r0 = chunk.begin / C, rows = (chunk.end - chunk.begin) / C;
+#if FO_NUM_QUANT > 0
+  // Quantized states: each element through its dequantized values (no state written).
+  const fo_qtensor qt = fo_qbind(L.ptrs + (long long)chunk.tensor * FO_NUM_ROLES,
+                                 (long long)L.tensor_info[4 * (long long)chunk.tensor]);
+  float vals[FO_NUM_QUANT];
+#define FO_RC_AT(i) (fo_q_values(qt, (i), true, fo_qmaps, vals), fo_q_view(t, (i), vals)), 0
+#else
+#define FO_RC_AT(i) t, (i)
+#endif
+  double rr[FO_NUM_ROW_SLOTS], cr[FO_NUM_COL_SLOTS];
+  float rv[FO_NUM_ROWV], cv[FO_NUM_COLV];
+  float dummy[FO_MAX_ACC];
+  for (int j = 0; j < FO_MAX_ACC; ++j) dummy[j] = 0.0f;
+  const int lane = (int)(threadIdx.x & 31u), warps = (int)(blockDim.x >> 5);
+  for (long long q0 = 0; q0 < rows; q0 += warps) {  // the same trip count in every thread
+    const long long q = q0 + (long long)(threadIdx.x >> 5);
+    for (int s = 0; s < FO_NUM_ROW_SLOTS; ++s) rr[s] = 0.0;
+    if (q < rows) {
+      const long long r = r0 + q;
+      for (long long cc = lane; cc < C; cc += 32) {
+        const fo_rcx X = fo_rc_values_at<kPass>(fo_rc_at(X0, r * C + cc, R, C), U, T, rv, cv);
+        fo_reduce_element_rc<kPass>(FO_RC_AT(r * C + cc), U, T, X, X.col, a, 1, check, rr, cr);
+      }
+    }
+    for (int s = 0; s < FO_NUM_ROW_SLOTS; ++s) {
+      rowred[threadIdx.x] = rr[s];
+      __syncthreads();
+      if (lane == 0 && q < rows && fo_row_slot_pass(s) == kPass) {
+        double v = 0.0;
+        for (int l = 0; l < 32; ++l) v += rowred[threadIdx.x + l];
+        L.row_totals[(X0.row + r0 + q) * FO_NUM_ROW_SLOTS + s] = v / C;
+      }
+      __syncthreads();
+    }
+  }
+  double* colp = L.col_partials + L.chunk_cols[c];
+  for (long long cc = threadIdx.x; cc < C; cc += blockDim.x) {
+    for (int s = 0; s < FO_NUM_COL_SLOTS; ++s) cr[s] = 0.0;
+    for (long long q = 0; q < rows; ++q) {
+      const long long i = (r0 + q) * C + cc;
+      const fo_rcx X = fo_rc_values_at<kPass>(fo_rc_at(X0, i, R, C), U, T, rv, cv);
+      fo_reduce_element_rc<kPass>(FO_RC_AT(i), U, T, X, X.col, dummy, 1, false, rr, cr);
+    }
+    for (int s = 0; s < FO_NUM_COL_SLOTS; ++s) colp[s * C + cc] = cr[s];
+  }
+#undef FO_RC_AT
+}
+#endif
+
+/// Chunk c's partials of pass kPass: each of the threads' accumulators `a` combined by a
+/// fixed-shape tree over red (FO_BLOCK floats of shared memory).
+template <int kPass>
+__device__ __forceinline__ void fo_chunk_partials(const fo_launch& L, long long c, const float* a,
+                                                  float* red) {
+#pragma unroll
+  for (int j = 0; j < FO_MAX_ACC; ++j) {
+    if (j >= fo_acc_count(kPass)) break;
+    const bool is_max = fo_acc_max(kPass, j) != 0;
+    red[threadIdx.x] = a[j];
+    __syncthreads();
+    for (unsigned s = blockDim.x / 2; s > 0; s >>= 1) {
+      if (threadIdx.x < s) {
+        const float other = red[threadIdx.x + s];
+        red[threadIdx.x] = is_max ? fo_maxnan(red[threadIdx.x], other) : red[threadIdx.x] + other;
+      }
+      __syncthreads();
+    }
+    if (threadIdx.x == 0) L.partials[c * FO_MAX_ACC + j] = red[0];
+    __syncthreads();
+  }
+}
+
 template <int kPass>
 __device__ __forceinline__ void fo_reduce_run(const fo_launch& L) {
   if (fo_skipped(L)) return;
@@ -81,63 +178,7 @@ __device__ __forceinline__ void fo_reduce_run(const fo_launch& L) {
 #pragma unroll
     for (int j = 0; j < FO_MAX_ACC; ++j) a[j] = 0.0f;
 #if FO_FACTORED
-    {
-      // Whole rows: a warp per row, its 32 lanes over the row's columns (coalesced), their
-      // double sums combined in lane order through shared memory (a row's mean is complete
-      // here); then each thread its columns over the chunk's rows (coalesced too: the
-      // chunk's partials, combined by the finalize in chunk order). The pass writes no role
-      // (the Recompute strategy), so an element read twice gives the same values. The
-      // accumulators take each element once (in the row sweep).
-      const long long R = fo_rows_of(L, chunk.tensor), C = fo_cols_of(L, chunk.tensor);
-      const fo_rcx X0 = fo_rc_base(L, chunk.tensor);
-      const long long r0 = chunk.begin / C, rows = (chunk.end - chunk.begin) / C;
-#if FO_NUM_QUANT > 0
-      // Quantized states: each element through its dequantized values (no state written).
-      const fo_qtensor qt = fo_qbind(L.ptrs + (long long)chunk.tensor * FO_NUM_ROLES,
-                                     (long long)L.tensor_info[4 * (long long)chunk.tensor]);
-      float vals[FO_NUM_QUANT];
-#define FO_RC_AT(i) (fo_q_values(qt, (i), true, fo_qmaps, vals), fo_q_view(t, (i), vals)), 0
-#else
-#define FO_RC_AT(i) t, (i)
-#endif
-      double rr[FO_NUM_ROW_SLOTS], cr[FO_NUM_COL_SLOTS];
-      float rv[FO_NUM_ROWV], cv[FO_NUM_COLV];
-      float dummy[FO_MAX_ACC];
-      for (int j = 0; j < FO_MAX_ACC; ++j) dummy[j] = 0.0f;
-      const int lane = (int)(threadIdx.x & 31u), warps = (int)(blockDim.x >> 5);
-      for (long long q0 = 0; q0 < rows; q0 += warps) {  // the same trip count in every thread
-        const long long q = q0 + (long long)(threadIdx.x >> 5);
-        for (int s = 0; s < FO_NUM_ROW_SLOTS; ++s) rr[s] = 0.0;
-        if (q < rows) {
-          const long long r = r0 + q;
-          for (long long cc = lane; cc < C; cc += 32) {
-            const fo_rcx X = fo_rc_values_at<kPass>(fo_rc_at(X0, r * C + cc, R, C), U, T, rv, cv);
-            fo_reduce_element_rc<kPass>(FO_RC_AT(r * C + cc), U, T, X, X.col, a, 1, check, rr, cr);
-          }
-        }
-        for (int s = 0; s < FO_NUM_ROW_SLOTS; ++s) {
-          rowred[threadIdx.x] = rr[s];
-          __syncthreads();
-          if (lane == 0 && q < rows && fo_row_slot_pass(s) == kPass) {
-            double v = 0.0;
-            for (int l = 0; l < 32; ++l) v += rowred[threadIdx.x + l];
-            L.row_totals[(X0.row + r0 + q) * FO_NUM_ROW_SLOTS + s] = v / C;
-          }
-          __syncthreads();
-        }
-      }
-      double* colp = L.col_partials + L.chunk_cols[c];
-      for (long long cc = threadIdx.x; cc < C; cc += blockDim.x) {
-        for (int s = 0; s < FO_NUM_COL_SLOTS; ++s) cr[s] = 0.0;
-        for (long long q = 0; q < rows; ++q) {
-          const long long i = (r0 + q) * C + cc;
-          const fo_rcx X = fo_rc_values_at<kPass>(fo_rc_at(X0, i, R, C), U, T, rv, cv);
-          fo_reduce_element_rc<kPass>(FO_RC_AT(i), U, T, X, X.col, dummy, 1, false, rr, cr);
-        }
-        for (int s = 0; s < FO_NUM_COL_SLOTS; ++s) colp[s * C + cc] = cr[s];
-      }
-#undef FO_RC_AT
-    }
+    fo_reduce_rows<kPass>(L, c, chunk, t, U, T, a, check, rowred FO_QMAPS_ARG);
 #elif FO_NUM_QUANT > 0
     {  // one element per thread, through its dequantized values (the pass writes no state)
       const fo_qtensor q = fo_qbind(L.ptrs + (long long)chunk.tensor * FO_NUM_ROLES,
@@ -172,22 +213,7 @@ __device__ __forceinline__ void fo_reduce_run(const fo_launch& L) {
       fo_reduce_n<kPass, 1>(t, i, U, T, a, check);
     }
 #endif
-#pragma unroll
-    for (int j = 0; j < FO_MAX_ACC; ++j) {
-      if (j >= fo_acc_count(kPass)) break;
-      const bool is_max = fo_acc_max(kPass, j) != 0;
-      red[threadIdx.x] = a[j];
-      __syncthreads();
-      for (unsigned s = blockDim.x / 2; s > 0; s >>= 1) {
-        if (threadIdx.x < s) {
-          const float other = red[threadIdx.x + s];
-          red[threadIdx.x] = is_max ? fo_maxnan(red[threadIdx.x], other) : red[threadIdx.x] + other;
-        }
-        __syncthreads();
-      }
-      if (threadIdx.x == 0) L.partials[c * FO_MAX_ACC + j] = red[0];
-      __syncthreads();
-    }
+    fo_chunk_partials<kPass>(L, c, a, red);
   }
 }
 
@@ -208,42 +234,10 @@ __device__ __forceinline__ void fo_tree(double* red, bool is_max) {
   }
 }
 
-/// Combines pass `pass`'s chunk partials: per-tensor totals (one block per tensor, its
-/// threads striding over the tensor's chunks) and, in block 0, the global totals.
-extern "C" __global__ void __launch_bounds__(FO_BLOCK) fusedopt_finalize(fo_launch L, int pass) {
-  if (fo_skipped(L)) return;
-  __shared__ double red[FO_BLOCK];
-  const int count = fo_acc_count(pass);
-  for (int j = 0; j < count && L.rc_stage <= 1; ++j) {
-    const bool is_max = fo_acc_max(pass, j) != 0;
-    const int slot = fo_acc_slot(pass, j);
-    if (slot >= 0) {
-      for (long long t = blockIdx.x; t < L.num_tensors; t += gridDim.x) {
-        const long long first = L.tensor_chunks[2 * t];
-        const long long n = L.tensor_chunks[2 * t + 1];
-        double acc = 0.0;
-        for (long long c = first + threadIdx.x; c < first + n; c += blockDim.x)
-          acc = fo_combine(is_max, acc, L.partials[c * FO_MAX_ACC + j]);
-        red[threadIdx.x] = acc;
-        fo_tree(red, is_max);
-        if (threadIdx.x == 0) L.tensor_totals[t * FO_NUM_TENSOR_SLOTS + slot] = red[0];
-        __syncthreads();
-      }
-    } else if (blockIdx.x == 0) {
-      double acc = 0.0;
-      for (long long c = threadIdx.x; c < L.num_chunks; c += blockDim.x) {
-        acc = fo_combine(is_max, acc, L.partials[c * FO_MAX_ACC + j]);
-      }
-      red[threadIdx.x] = acc;
-      fo_tree(red, is_max);
-      if (threadIdx.x == 0) {
-        double* g = L.global_totals + (-1 - slot);
-        *g = L.global_accumulate ? fo_combine(is_max, *g, red[0]) : red[0];
-      }
-      __syncthreads();
-    }
-  }
 #if FO_FACTORED
+/// A factored rule's part of fusedopt_finalize for pass `pass` (red: its FO_BLOCK doubles of
+/// shared memory).
+__device__ __forceinline__ void fo_finalize_rc(const fo_launch& L, int pass, double* red) {
   // After this block's per-tensor totals: the column means of its tensors (a column per
   // thread, coalesced over each chunk's partials), then their matrix means (each thread sums
   // rows and columns threadIdx.x, + blockDim.x, ...; a fixed tree adds the threads' sums;
@@ -293,5 +287,45 @@ extern "C" __global__ void __launch_bounds__(FO_BLOCK) fusedopt_finalize(fo_laun
       }
     }
   }
+}
+#endif
+
+/// Combines pass `pass`'s chunk partials: per-tensor totals (one block per tensor, its
+/// threads striding over the tensor's chunks) and, in block 0, the global totals.
+extern "C" __global__ void __launch_bounds__(FO_BLOCK) fusedopt_finalize(fo_launch L, int pass) {
+  if (fo_skipped(L)) return;
+  __shared__ double red[FO_BLOCK];
+  const int count = fo_acc_count(pass);
+  for (int j = 0; j < count && L.rc_stage <= 1; ++j) {
+    const bool is_max = fo_acc_max(pass, j) != 0;
+    const int slot = fo_acc_slot(pass, j);
+    if (slot >= 0) {
+      for (long long t = blockIdx.x; t < L.num_tensors; t += gridDim.x) {
+        const long long first = L.tensor_chunks[2 * t];
+        const long long n = L.tensor_chunks[2 * t + 1];
+        double acc = 0.0;
+        for (long long c = first + threadIdx.x; c < first + n; c += blockDim.x)
+          acc = fo_combine(is_max, acc, L.partials[c * FO_MAX_ACC + j]);
+        red[threadIdx.x] = acc;
+        fo_tree(red, is_max);
+        if (threadIdx.x == 0) L.tensor_totals[t * FO_NUM_TENSOR_SLOTS + slot] = red[0];
+        __syncthreads();
+      }
+    } else if (blockIdx.x == 0) {
+      double acc = 0.0;
+      for (long long c = threadIdx.x; c < L.num_chunks; c += blockDim.x) {
+        acc = fo_combine(is_max, acc, L.partials[c * FO_MAX_ACC + j]);
+      }
+      red[threadIdx.x] = acc;
+      fo_tree(red, is_max);
+      if (threadIdx.x == 0) {
+        double* g = L.global_totals + (-1 - slot);
+        *g = L.global_accumulate ? fo_combine(is_max, *g, red[0]) : red[0];
+      }
+      __syncthreads();
+    }
+  }
+#if FO_FACTORED
+  fo_finalize_rc(L, pass, red);
 #endif
 }
