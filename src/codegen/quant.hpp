@@ -18,7 +18,7 @@ const std::vector<float>& quant_map(Quant q);
 /// below 2), 128 buckets each (the top 7 mantissa bits).
 inline constexpr int kQuantBuckets = 24 * 128;
 
-/// The host kernels' encoder of map `q` (templates/kernels/host_kernel.hpp, fo_q_encode_block):
+/// The host kernels' encoder of map `q` (templates/kernels/host_quant.hpp, fo_q_encode_block):
 /// the same codes as the kernels' search (the count of fp32 midpoints below y, a tie to the
 /// even code, then q8s's sign fix) from one table word per bucket of y = v / absmax: its sign
 /// and |y|'s exponent and top 7 mantissa bits ([0, kQuantBuckets): y >= 0; then y < 0; |y|

@@ -1,5 +1,6 @@
 // Assembles whole translation units: the prelude, the ABI, the body and the skeleton of
-// the target (templates/kernels/), with the #line markers resolved.
+// the target (templates/kernels/, its parts pasted where it includes them), with the #line
+// markers resolved.
 #include <fmt/format.h>
 
 #include <string_view>
@@ -10,6 +11,36 @@
 #include "fusedopt/error.hpp"
 
 namespace fusedopt::codegen {
+
+namespace {
+
+/// `skeleton` with each line `#include "NAME"` replaced by the embedded kernels/NAME (the
+/// skeleton's parts: cuda_staging.cuh, host_reduce.hpp, ...), so that the translation unit
+/// includes no header: NVRTC, the host compiler and the emulator compile it alike, and the
+/// cache key (which hashes the source) covers the parts. One level: parts include nothing.
+std::string paste_parts(const std::string& skeleton) {
+  const std::string directive = "#include \"";
+  std::string out;
+  out.reserve(skeleton.size() * 2);
+  std::size_t pos = 0;
+  while (pos < skeleton.size()) {
+    std::size_t end = skeleton.find('\n', pos);
+    end = end == std::string::npos ? skeleton.size() : end + 1;
+    const std::string_view line(skeleton.data() + pos, end - pos);
+    const std::size_t close = line.find('"', directive.size());
+    if (line.substr(0, directive.size()) == directive && close != std::string_view::npos) {
+      // embedded_file throws InternalError naming a part that is not embedded.
+      out.append(embedded_file(
+          "kernels/" + std::string(line.substr(directive.size(), close - directive.size()))));
+    } else {
+      out.append(line);
+    }
+    pos = end;
+  }
+  return out;
+}
+
+}  // namespace
 
 std::string source_file_name(const KernelBody& body, const Target& target) {
   return "fusedopt_" + line_file_name(body.name) + (target.cuda_source() ? ".cu" : ".cpp");
@@ -26,6 +57,7 @@ std::string generate_source(const KernelBody& body, const Target& target) {
       throw InternalError("kernel skeleton: unterminated FO_GENERATED block");
     skeleton.erase(a, b + 7 - a);
   }
+  skeleton = paste_parts(skeleton);
   if (body.f64 && target.cuda_source()) {
     // An fp64 binding's staging of double roles, after the skeleton's staging types and
     // before the code that uses them (only fp64 sources hold it).

@@ -75,7 +75,7 @@ std::map<std::string, std::string> sass_by_function(const std::string& cubin) {
 }
 
 /// Elements a thread of a quantized update takes per iteration (FO_QE in
-/// templates/kernels/cuda_kernel.cuh), each with its own instructions.
+/// templates/kernels/cuda_quant.cuh), each with its own instructions.
 constexpr int kSlices = 8;
 
 int count(const std::string& text, const std::regex& re) {
