@@ -45,18 +45,6 @@ void Buffer::reset() {
   bytes_ = 0;
 }
 
-Plan plan_binding(Backend& backend, const KernelLayout& body, PlanRequest request,
-                  std::size_t scratch_align, Buffer* scratch) {
-  request.lay_out_scratch = true;
-  request.scratch_align = scratch_align;
-  Plan plan = Plan::build(body, request);
-  if (plan.scratch_bytes() > 0) {
-    *scratch = backend.allocate(plan.scratch_bytes());
-    plan.bind_scratch(scratch->data());
-  }
-  return plan;
-}
-
 std::string device_name(const Device& d) {
   return d.kind == Device::Kind::Host ? std::string("host") : fmt::format("cuda:{}", d.index);
 }

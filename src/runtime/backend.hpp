@@ -18,8 +18,6 @@
 #include "fusedopt/optimizer.hpp"
 #include "kernel_layout.hpp"
 #include "runtime/module.hpp"
-#include "runtime/plan.hpp"
-#include "runtime/step_args.hpp"
 
 namespace fusedopt::runtime {
 
@@ -49,45 +47,17 @@ class Buffer {
   std::size_t bytes_ = 0;
 };
 
-/// The tensors of one binding, in kernel role order (param, grad, states, outputs, master).
-struct BindingTensors {
-  DTypeBinding dtypes;
-  std::vector<std::vector<void*>> ptrs;
-  std::vector<std::int64_t> numel;
-  std::vector<int> group;                         ///< param group of each tensor
-  std::vector<std::vector<std::int64_t>> shapes;  ///< each tensor's shape (empty: 1-D)
-  /// Each tensor as errors name it ("group 1, param 0 ('w')"); empty: by its index here.
-  std::vector<std::string> names;
-  /// Raw global reduction totals shared by every kernel of one optimizer (memory of the
-  /// backend's device); null: the kernel keeps its own.
-  void* global_totals = nullptr;
-  /// The tensors' per-tensor scalar states, [tensor * scalar count + k] doubles (memory of
-  /// the backend's device, owned by the caller: optimizer state); null: the kernel keeps
-  /// its own (or the rule has none).
-  void* scalars = nullptr;
-  /// Factored rules: the tensors' row and column states, [k * rows of the binding + row]
-  /// and [k * columns + column] floats (caller's memory); null: the kernel keeps its own.
-  void* row_states = nullptr;
-  void* col_states = nullptr;
-  ReductionStrategy strategy = ReductionStrategy::Auto;
-  /// [2 * tensor]: which param each tensor is and the index of its first element there, and
-  /// the seed: the key of the random numbers (stochastic rounding, rand()); empty: tensor t,
-  /// element 0.
-  std::vector<long long> ids;
-  unsigned long long seed = 0;
-  /// [tensor * 4]: the whole tensor's numel, dims, rows, cols of each tensor that is a piece
-  /// (Tensor::whole_shape; a whole one's own): the rule's built-ins; empty: no pieces.
-  std::vector<double> whole_info;
-  /// Per tensor: 1 where a factored rule's column sums and matrix sums over rows span pieces
-  /// (a piece of a 1-D or 2-D tensor): they go through the shard (abi.h); empty: none.
-  std::vector<char> spans;
-};
-
-/// A kernel's per-tensor reduction totals: data[t * stride + slot] (backend memory).
-struct TensorTotalsView {
-  double* data = nullptr;
-  std::int64_t num_tensors = 0;
+/// The pointers a device's kernels will read and write, for Backend::check_pointers:
+/// ptrs[t * stride + r] is role r of tensor t (null: an empty tensor), for the first `roles`
+/// roles; errors name tensor t by tensor_names[t] (else its index) and role r by
+/// role_names[r].
+struct PointerTable {
+  const std::vector<void*>& ptrs;
+  std::int64_t tensors = 0;
   int stride = 0;
+  int roles = 0;
+  const std::vector<std::string>& tensor_names;
+  const std::vector<std::string>& role_names;
 };
 
 /// What binary a device loads: a shared object for the host CPU, an emulator image for
@@ -154,22 +124,14 @@ class Backend {
   virtual std::int64_t factored_min_rows() const { return 1; }
   /// Alignment of the Store strategy's scratch views, in bytes.
   virtual std::size_t scratch_align() const = 0;
-  /// Refuses (UsageError) pointers of `plan` this device's kernels cannot use (CUDA: host
-  /// memory, another device's), naming the tensor (`names[t]`, else its index) and role.
-  virtual void check_pointers(const Plan& plan, const KernelLayout& body,
-                              const std::vector<std::string>& names) const {
-    (void)plan, (void)body, (void)names;
-  }
+  /// Refuses (UsageError) pointers this device's kernels cannot use (CUDA: host memory,
+  /// another device's), naming the tensor and role.
+  virtual void check_pointers(const PointerTable& table) const { (void)table; }
 
  protected:
   friend class Buffer;
   virtual void release(void* data, std::size_t bytes) noexcept = 0;
 };
-
-/// The plan of one binding with the Store strategy's scratch tensors laid out and allocated
-/// from `backend` into `*scratch` (views `scratch_align`-aligned).
-Plan plan_binding(Backend& backend, const KernelLayout& body, PlanRequest request,
-                  std::size_t scratch_align, Buffer* scratch);
 
 /// The backend of `device`. Throws UnavailableError when this build or machine cannot
 /// serve it (fusedopt built without CUDA, no driver, no such device), saying why and how

@@ -18,6 +18,29 @@ T* as(const Buffer& b) {
   return static_cast<T*>(b.data());
 }
 
+/// The plan of one binding with the Store strategy's scratch tensors laid out and allocated
+/// from `backend` into `*scratch` (views `scratch_align`-aligned).
+Plan plan_binding(Backend& backend, const KernelLayout& layout, PlanRequest request,
+                  Buffer* scratch) {
+  request.lay_out_scratch = true;
+  request.scratch_align = backend.scratch_align();
+  Plan plan = Plan::build(layout, request);
+  if (plan.scratch_bytes() > 0) {
+    *scratch = backend.allocate(plan.scratch_bytes());
+    plan.bind_scratch(scratch->data());
+  }
+  return plan;
+}
+
+/// `plan`'s pointers as Backend::check_pointers reads them (the caller's roles: not the
+/// Store strategy's scratch, which the binding allocated).
+void check_pointers(const Backend& backend, const Plan& plan, const KernelLayout& layout,
+                    const std::vector<std::string>& names) {
+  backend.check_pointers({plan.ptrs(), plan.num_tensors(), plan.num_roles(),
+                          plan.num_roles() - static_cast<int>(layout.scratch.size()), names,
+                          layout.roles});
+}
+
 }  // namespace
 
 template <typename T>
@@ -35,8 +58,8 @@ Binding::Binding(Backend& backend, std::shared_ptr<Module> module, const Binding
                       backend.chunk_elems());
   request.shapes = &tensors.shapes;
   request.factored_min_rows = backend.factored_min_rows();
-  plan_ = plan_binding(backend, layout(), request, backend.scratch_align(), &scratch_);
-  backend.check_pointers(plan_, layout(), names_);
+  plan_ = plan_binding(backend, layout(), request, &scratch_);
+  check_pointers(backend, plan_, layout(), names_);
   upload_tables(tensors);
 }
 
@@ -216,7 +239,7 @@ void Binding::set_hypers(const std::vector<std::vector<double>>& hypers, void* s
 void Binding::rebind(const std::vector<std::vector<void*>>& ptrs, void* stream) {
   Plan plan = plan_;
   plan.rebind(layout(), ptrs);
-  backend_.check_pointers(plan, layout(), names_);
+  check_pointers(backend_, plan, layout(), names_);
   // From pageable memory: staged before the call returns.
   backend_.copy_from_host_async(ptrs_.data(), plan.ptrs().data(),
                                 plan.ptrs().size() * sizeof(void*), stream);

@@ -19,6 +19,47 @@
 
 namespace fusedopt::runtime {
 
+/// The tensors of one binding, in kernel role order (param, grad, states, outputs, master).
+struct BindingTensors {
+  DTypeBinding dtypes;
+  std::vector<std::vector<void*>> ptrs;
+  std::vector<std::int64_t> numel;
+  std::vector<int> group;                         ///< param group of each tensor
+  std::vector<std::vector<std::int64_t>> shapes;  ///< each tensor's shape (empty: 1-D)
+  /// Each tensor as errors name it ("group 1, param 0 ('w')"); empty: by its index here.
+  std::vector<std::string> names;
+  /// Raw global reduction totals shared by every kernel of one optimizer (memory of the
+  /// backend's device); null: the kernel keeps its own.
+  void* global_totals = nullptr;
+  /// The tensors' per-tensor scalar states, [tensor * scalar count + k] doubles (memory of
+  /// the backend's device, owned by the caller: optimizer state); null: the kernel keeps
+  /// its own (or the rule has none).
+  void* scalars = nullptr;
+  /// Factored rules: the tensors' row and column states, [k * rows of the binding + row]
+  /// and [k * columns + column] floats (caller's memory); null: the kernel keeps its own.
+  void* row_states = nullptr;
+  void* col_states = nullptr;
+  ReductionStrategy strategy = ReductionStrategy::Auto;
+  /// [2 * tensor]: which param each tensor is and the index of its first element there, and
+  /// the seed: the key of the random numbers (stochastic rounding, rand()); empty: tensor t,
+  /// element 0.
+  std::vector<long long> ids;
+  unsigned long long seed = 0;
+  /// [tensor * 4]: the whole tensor's numel, dims, rows, cols of each tensor that is a piece
+  /// (Tensor::whole_shape; a whole one's own): the rule's built-ins; empty: no pieces.
+  std::vector<double> whole_info;
+  /// Per tensor: 1 where a factored rule's column sums and matrix sums over rows span pieces
+  /// (a piece of a 1-D or 2-D tensor): they go through the shard (abi.h); empty: none.
+  std::vector<char> spans;
+};
+
+/// A kernel's per-tensor reduction totals: data[t * stride + slot] (backend memory).
+struct TensorTotalsView {
+  double* data = nullptr;
+  std::int64_t num_tensors = 0;
+  int stride = 0;
+};
+
 class Binding {
  public:
   /// Plans `module` over `tensors` (memory of `backend`'s device; `hypers[g]` is group g's

@@ -21,20 +21,19 @@ void* host_view(DevicePtr p) { return reinterpret_cast<void*>(static_cast<std::u
 
 /// Refuses host memory and memory of another device in `plan`'s pointer table: the kernel
 /// would fault (an unrecoverable context error).
-void check_device_pointers(int device, const Plan& plan, const KernelLayout& body,
-                           const std::vector<std::string>& names) {
-  const int roles = plan.num_roles() - static_cast<int>(body.scratch.size());
-  for (std::int64_t t = 0; t < plan.num_tensors(); ++t) {
-    for (int r = 0; r < roles; ++r) {
+void check_device_pointers(int device, const PointerTable& table) {
+  for (std::int64_t t = 0; t < table.tensors; ++t) {
+    for (int r = 0; r < table.roles; ++r) {
       const auto p = reinterpret_cast<std::uintptr_t>(
-          plan.ptrs()[static_cast<std::size_t>(t * plan.num_roles() + r)]);
+          table.ptrs[static_cast<std::size_t>(t * table.stride + r)]);
       if (p == 0) continue;  // an empty tensor (Plan::build refused null pointers otherwise)
       // Formatted only for an error: rebind checks every pointer of every step that moves.
       const auto who = [&] {
         const auto ti = static_cast<std::size_t>(t);
-        return ti < names.size() ? fmt::format("{}, role {}", names[ti],
-                                               body.roles.at(static_cast<std::size_t>(r)))
-                                 : fmt::format("tensor {} role {}", t, r);
+        return ti < table.tensor_names.size()
+                   ? fmt::format("{}, role {}", table.tensor_names[ti],
+                                 table.role_names.at(static_cast<std::size_t>(r)))
+                   : fmt::format("tensor {} role {}", t, r);
       };
       unsigned int memory_type = 0;
       CUresult res = cuda::driver().PointerGetAttribute(
@@ -156,10 +155,9 @@ class CudaBackend final : public Backend {
   }
   std::int64_t chunk_elems() const override { return kCudaChunk; }
   std::size_t scratch_align() const override { return 256; }
-  void check_pointers(const Plan& plan, const KernelLayout& body,
-                      const std::vector<std::string>& names) const override {
+  void check_pointers(const PointerTable& table) const override {
     cuda::ContextScope scope(*context_);
-    check_device_pointers(context_->device(), plan, body, names);
+    check_device_pointers(context_->device(), table);
   }
 
  protected:

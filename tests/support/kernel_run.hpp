@@ -64,7 +64,7 @@ class Kernel {
   /// One step: every reduction pass and its finalize, then the update (and the scalar
   /// states), with `args`, on `stream`.
   static void step(runtime::Binding& b, const runtime::StepArgs& args, void* stream = nullptr) {
-    for (int pass = 0; pass < b.body().reduction_passes; ++pass) {
+    for (int pass = 0; pass < b.layout().reduction_passes; ++pass) {
       b.reduce(pass, args, false, stream);
       b.finalize(pass, false, args, stream);
     }
