@@ -10,11 +10,11 @@
 #include <string>
 #include <vector>
 
+#include "compile/compiler.hpp"
+#include "compile/kernel_provider.hpp"
 #include "fusedopt/error.hpp"
-#include "jit/compiler.hpp"
 #include "lang/parse.hpp"
 #include "presets.hpp"
-#include "provider/kernel_provider.hpp"
 #include "rule_access.hpp"
 #include "support/check.hpp"
 

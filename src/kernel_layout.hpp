@@ -57,7 +57,7 @@ struct KernelLayout {
   int num_col_slots = 0;     ///< col_mean results per column
   int num_matrix_slots = 0;  ///< matrix_mean results per matrix
   /// Column values of element code (ExprEmitter::RcValue) per column: the host keeps a
-  /// chunk's after its column sums (runtime/plan.cpp sizes them).
+  /// chunk's after its column sums (exec/plan.cpp sizes them).
   int num_col_values = 0;
   /// Whether a step ends with the call that writes each tensor's scalar, row and column
   /// states (fusedopt_scalars[_host]), which also writes their initial values.

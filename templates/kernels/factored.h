@@ -1,6 +1,6 @@
 // Factored (row/column) state: what the host and CUDA skeletons share, pasted between the
 // generated part and the skeleton (codegen/source.cpp), so both targets run the same code.
-// Each chunk of a factored rule covers whole rows of one matrix (runtime/plan.cpp). One
+// Each chunk of a factored rule covers whole rows of one matrix (exec/plan.cpp). One
 // thread runs each function for one tensor, in a fixed order: deterministic.
 #if FO_FACTORED
 
@@ -83,7 +83,7 @@ FO_FN fo_rcx fo_rc_values_at(fo_rcx X, const fo_uniform& U, const fo_tvals& T, f
 /// chunk: [slot * C + column in its matrix]), in chunk order, over the whole tensor's rows.
 /// This caller takes columns first, first + stride, ... (the host: all; a CUDA block: one
 /// per thread, coalesced over the partials). Each matrix has the same number of chunks, in
-/// matrix order (whole rows of one matrix each: runtime/plan.cpp). The mean over no rows is
+/// matrix order (whole rows of one matrix each: exec/plan.cpp). The mean over no rows is
 /// 0. A tensor with sums that span pieces (fo_rc_shard) takes two stages: 1 writes the sums
 /// into the shard (other slots and the matrix sums 0), the hook combines them across ranks,
 /// and 2 divides them; stage 1 does nothing for other tensors.

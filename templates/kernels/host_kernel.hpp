@@ -58,7 +58,7 @@ static inline fo_tvals fo_chunk_values(const fo_launch* L, int tensor, int group
 #if FO_FACTORED
 /// Tensor t's base X (fo_rc_base) reading chunk c's column values of pass kPass, computed
 /// here once for the chunk (whole rows of one matrix: one set of columns) into the floats
-/// after its column sums (runtime/plan.cpp), and its column sums slot-major there too.
+/// after its column sums (exec/plan.cpp), and its column sums slot-major there too.
 template <int kPass>
 static inline fo_rcx fo_rc_chunk_base(const fo_launch* L, long long c, const fo_chunk& chunk,
                                       const fo_uniform& u, const fo_tvals& tv) {

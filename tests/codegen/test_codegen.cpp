@@ -5,9 +5,9 @@
 
 #include "cache/kernel_cache.hpp"
 #include "codegen/codegen.hpp"
+#include "compile/kernel_provider.hpp"
 #include "fusedopt/error.hpp"
 #include "lang/parse.hpp"
-#include "provider/kernel_provider.hpp"
 
 namespace fusedopt_tests {
 

@@ -20,9 +20,9 @@
 
 #include "comm/backend.hpp"
 #include "comm/comm_requirements.hpp"
+#include "device/cuda_driver.hpp"
 #include "fusedopt/comm.hpp"
 #include "fusedopt/cuda.hpp"
-#include "runtime/cuda_driver.hpp"
 #include "support/half.hpp"
 #include "support/requirements.hpp"
 

@@ -19,10 +19,10 @@
 #include <vector>
 
 #include "comm/comm_requirements.hpp"
+#include "device/cuda_driver.hpp"
 #include "fusedopt/comm.hpp"
 #include "fusedopt/cuda.hpp"
 #include "fusedopt/sharded.hpp"
-#include "runtime/cuda_driver.hpp"
 #include "support/requirements.hpp"
 
 namespace fusedopt_tests {

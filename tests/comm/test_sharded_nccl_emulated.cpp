@@ -25,11 +25,11 @@
 
 #include "comm/comm_requirements.hpp"
 #include "comm/comm_support.hpp"
+#include "device/cuda_driver.hpp"
 #include "fusedopt/comm.hpp"
 #include "fusedopt/cuda.hpp"
 #include "fusedopt/optimizer.hpp"
 #include "fusedopt/sharded.hpp"
-#include "runtime/cuda_driver.hpp"
 #include "support/requirements.hpp"
 
 using fusedopt::CudaBuffer;

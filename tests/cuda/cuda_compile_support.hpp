@@ -10,9 +10,9 @@
 
 #include "cache/kernel_cache.hpp"
 #include "codegen/codegen.hpp"
+#include "compile/kernel_provider.hpp"
 #include "fusedopt/target.hpp"
 #include "presets.hpp"
-#include "provider/kernel_provider.hpp"
 #include "support/kernel_cache.hpp"
 
 namespace fusedopt::testing {

@@ -7,8 +7,8 @@
 #include <map>
 #include <vector>
 
+#include "exec/chunks.hpp"
 #include "fusedopt/error.hpp"
-#include "runtime/chunks.hpp"
 
 namespace fusedopt_tests {
 

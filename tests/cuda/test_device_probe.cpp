@@ -3,7 +3,7 @@
 
 #include <string>
 
-#include "runtime/cuda_driver.hpp"
+#include "device/cuda_driver.hpp"
 
 namespace fusedopt_tests {
 

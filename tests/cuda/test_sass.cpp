@@ -16,8 +16,8 @@
 
 #include "cache/kernel_cache.hpp"
 #include "codegen/codegen.hpp"
+#include "compile/kernel_provider.hpp"
 #include "presets.hpp"
-#include "provider/kernel_provider.hpp"
 #include "support/kernel_cache.hpp"
 #include "support/requirements.hpp"
 #include "support/temp_dir.hpp"

@@ -8,9 +8,9 @@
 #include <string>
 #include <vector>
 
+#include "compile/compiler.hpp"
+#include "device/cuda_driver.hpp"
 #include "fusedopt/target.hpp"
-#include "jit/compiler.hpp"
-#include "runtime/cuda_driver.hpp"
 #include "support/access_report.hpp"
 #include "support/requirements.hpp"
 

@@ -22,10 +22,10 @@
 #include <utility>
 #include <vector>
 
+#include "compile/compiler.hpp"
+#include "device/cuda_driver.hpp"
 #include "fusedopt/cuda.hpp"
 #include "fusedopt/target.hpp"
-#include "jit/compiler.hpp"
-#include "runtime/cuda_driver.hpp"
 #include "support/requirements.hpp"
 
 namespace fusedopt_tests {

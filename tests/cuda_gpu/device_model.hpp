@@ -11,8 +11,8 @@
 #include <string>
 #include <vector>
 
+#include "device/cuda_driver.hpp"
 #include "fusedopt/optimizer.hpp"
-#include "runtime/cuda_driver.hpp"
 
 namespace fusedopt_tests {
 

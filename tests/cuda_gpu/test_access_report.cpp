@@ -11,9 +11,9 @@
 #include <string>
 #include <vector>
 
+#include "device/cuda_driver.hpp"
 #include "device_model.hpp"
 #include "fusedopt/optimizer.hpp"
-#include "runtime/cuda_driver.hpp"
 #include "support/access_report.hpp"
 #include "support/requirements.hpp"
 

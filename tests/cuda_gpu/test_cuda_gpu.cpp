@@ -19,10 +19,10 @@
 #include <vector>
 
 #include "cache/kernel_cache.hpp"
+#include "device/cuda_driver.hpp"
+#include "device/cuda_module.hpp"
 #include "fusedopt/error.hpp"
 #include "presets.hpp"
-#include "runtime/cuda_driver.hpp"
-#include "runtime/cuda_module.hpp"
 #include "support/kernel_run.hpp"
 #include "support/requirements.hpp"
 

@@ -9,10 +9,10 @@
 #include <random>
 #include <vector>
 
+#include "device/cuda_driver.hpp"
 #include "device_model.hpp"
 #include "fusedopt/extension.hpp"
 #include "fusedopt/optimizer.hpp"
-#include "runtime/cuda_driver.hpp"
 #include "support/requirements.hpp"
 #include "support/temp_dir.hpp"
 

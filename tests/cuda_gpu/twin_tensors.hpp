@@ -18,8 +18,8 @@
 #include <vector>
 
 #include "codegen/preset_references.hpp"
+#include "device/cuda_driver.hpp"
 #include "fusedopt/optimizer.hpp"
-#include "runtime/cuda_driver.hpp"
 
 namespace fusedopt_cuda_tests {
 

@@ -14,10 +14,10 @@
 #include <utility>
 #include <vector>
 
+#include "device/cuda_driver.hpp"
 #include "fusedopt/cuda.hpp"
 #include "fusedopt/error.hpp"
 #include "fusedopt/optimizer.hpp"
-#include "runtime/cuda_driver.hpp"
 #include "support/requirements.hpp"
 
 namespace fusedopt_tests {

@@ -12,11 +12,11 @@
 
 #include "cache/kernel_cache.hpp"
 #include "codegen/codegen.hpp"
+#include "compile/compiler.hpp"
+#include "compile/kernel_provider.hpp"
 #include "fusedopt/error.hpp"
-#include "jit/compiler.hpp"
 #include "lang/parse.hpp"
 #include "presets.hpp"
-#include "provider/kernel_provider.hpp"
 #include "support/host_kernel_calls.hpp"
 #include "support/kernel_cache.hpp"
 #include "support/requirements.hpp"

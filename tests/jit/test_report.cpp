@@ -7,8 +7,8 @@
 #include <string>
 #include <vector>
 
+#include "compile/compiler.hpp"
 #include "fusedopt/kernel.hpp"
-#include "jit/compiler.hpp"
 #include "support/requirements.hpp"
 #include "support/run.hpp"
 

@@ -1,4 +1,4 @@
-// What a GPU can load (runtime/device_target.hpp), decided without a GPU: a CUBIN for the
+// What a GPU can load (compile/device_target.hpp), decided without a GPU: a CUBIN for the
 // device's own architecture when NVRTC knows it, PTX when the device is newer than NVRTC, a
 // PTX retry when the driver refuses a CUBIN, and an error naming both versions when the
 // driver is too old for anything NVRTC makes.
@@ -7,8 +7,8 @@
 #include <functional>
 #include <string>
 
+#include "compile/device_target.hpp"
 #include "fusedopt/error.hpp"
-#include "runtime/device_target.hpp"
 
 namespace fusedopt_tests {
 

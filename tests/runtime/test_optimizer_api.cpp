@@ -14,12 +14,12 @@
 #include <thread>
 
 #include "cache/kernel_cache.hpp"
+#include "device/backend.hpp"
+#include "device/host_module.hpp"
 #include "fusedopt/error.hpp"
 #include "fusedopt/extension.hpp"
 #include "io/safetensors.hpp"
 #include "presets.hpp"
-#include "runtime/backend.hpp"
-#include "runtime/host_module.hpp"
 #include "runtime/runtime_support.hpp"
 #include "support/host_kernel_calls.hpp"
 #include "support/kernel_run.hpp"

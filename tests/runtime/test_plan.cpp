@@ -7,8 +7,8 @@
 #include <vector>
 
 #include "codegen/codegen.hpp"
+#include "exec/plan.hpp"
 #include "presets.hpp"
-#include "runtime/plan.hpp"
 
 namespace fusedopt_tests {
 

@@ -2,7 +2,7 @@
 // (reduction passes, scaled or not, the grad check folded into pass 0 or separate).
 #include <doctest/doctest.h>
 
-#include "runtime/step_program.hpp"
+#include "exec/step_program.hpp"
 
 namespace fusedopt_tests {
 namespace {

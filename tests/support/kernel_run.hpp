@@ -11,13 +11,13 @@
 
 #include "cache/kernel_cache.hpp"
 #include "codegen/codegen.hpp"
+#include "compile/kernel_loader.hpp"
+#include "device/backend.hpp"
+#include "exec/binding.hpp"
+#include "exec/step_args.hpp"
 #include "fusedopt/dtype.hpp"
 #include "fusedopt/optimizer.hpp"
 #include "lang/ast.hpp"
-#include "runtime/backend.hpp"
-#include "runtime/binding.hpp"
-#include "runtime/kernel_loader.hpp"
-#include "runtime/step_args.hpp"
 
 namespace fusedopt::testing {
 

@@ -7,10 +7,10 @@
 #include <exception>
 #include <string>
 
+#include "compile/compiler.hpp"
 #include "fusedopt/cuda.hpp"
 #include "fusedopt/error.hpp"
 #include "fusedopt/target.hpp"
-#include "jit/compiler.hpp"
 #include "support/skip.hpp"
 
 namespace fusedopt::testing {

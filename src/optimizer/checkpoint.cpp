@@ -1,0 +1,342 @@
+// Optimizer::save / load: safetensors files with one tensor per (parameter, state) pair and
+// the master copies, plus metadata (rule, step, hypers) that load() checks before copying
+// anything, so a failed load leaves the optimizer as it was.
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <optional>
+#include <set>
+
+#include "fusedopt/checkpoint_format.hpp"
+#include "fusedopt/error.hpp"
+#include "fusedopt/safetensors.hpp"
+#include "fusedopt/version.hpp"
+#include "io/safetensors.hpp"
+#include "optimizer/optimizer_impl.hpp"
+#include "support/check.hpp"
+#include "support/parse_number.hpp"
+
+namespace fusedopt {
+
+using runtime::CheckpointTensor;
+
+namespace {
+
+namespace ck = fusedopt::checkpoint;
+
+}  // namespace
+
+/// Every saved state of every param (StateSpec::saved(): not the per-step outputs), in the
+/// specs' order: what save() writes and load() requires. A master is expected for every
+/// 16-bit param when master_weights is set, empty ones included, so the set does not depend
+/// on sizes.
+std::vector<CheckpointTensor> Optimizer::Impl::checkpoint_tensors() const {
+  std::vector<CheckpointTensor> out;
+  for (std::size_t p = 0; p < params.size(); ++p) {
+    for (const runtime::StateSpec& spec : specs) {
+      if (!spec.saved()) continue;
+      // A master for every 16-bit param (empty ones too), none for an fp32 one.
+      if (spec.kind == runtime::StateSpec::Kind::Master && params[p].param.dtype == DType::F32) {
+        continue;
+      }
+      // An absmax only where the state is quantized (not below quant_min_numel).
+      if (spec.kind == runtime::StateSpec::Kind::Absmax &&
+          quant_of(params[p], spec.index) == Quant::None) {
+        continue;
+      }
+      const Tensor t = state_view(spec, p);
+      out.push_back({t.name, t.dtype, t.numel, t.data});
+    }
+  }
+  return out;
+}
+
+/// ("m=q8s,v=q8u", "256") when some state is quantized, else empty: what the options ask for
+/// (every piece of a ShardedOptimizer writes the same), whichever params are big enough.
+std::pair<std::string, std::string> Optimizer::Impl::storage_text() const {
+  DTypeBinding b;
+  b.quant = quant;
+  b.quant_block = options.quant_block;
+  if (!b.quantized()) return {};
+  std::string storage;
+  for (std::size_t k = 0; k < quant.size(); ++k)
+    storage += fmt::format("{}{}={}", k ? "," : "", state_names[k], to_string(quant[k]));
+  return {storage, std::to_string(b.block())};
+}
+
+/// "group0:lr=0.001,beta1=0.90000000000000002;group1:...", 17 significant digits so every
+/// double reads back exactly.
+std::string Optimizer::Impl::hypers_text() const {
+  std::string out;
+  for (std::size_t g = 0; g < hypers.size(); ++g) {
+    out += fmt::format("{}group{}:", g ? ";" : "", g);
+    for (std::size_t k = 0; k < hyper_names.size(); ++k) {
+      out += fmt::format("{}{}={:.17g}", k ? "," : "", hyper_names[k], hypers[g][k]);
+    }
+  }
+  return out;
+}
+
+void Optimizer::save(const std::filesystem::path& path) const {
+  const Impl& m = live("save");
+  Impl::Exclusive hold(m, "save");
+  std::vector<SafetensorsTensor> tensors;
+  // Memory the host can read is written in place; device memory is staged through host
+  // memory (the backend's copies wait for every queued step first).
+  std::vector<std::vector<std::byte>> staged;
+  m.backend->synchronize();
+  for (const CheckpointTensor& e : m.checkpoint_tensors()) {
+    const auto bytes = static_cast<std::size_t>(e.numel) * dtype_size(e.dtype);
+    const void* data = m.backend->host_address(e.data);
+    if (!data && bytes > 0) {
+      staged.emplace_back(bytes);
+      m.backend->copy_to_host(staged.back().data(), e.data, bytes);
+      data = staged.back().data();
+    }
+    tensors.push_back({e.name, e.dtype, e.numel, data});
+  }
+  std::string keys;
+  for (const auto& kernel : m.kernels) keys += (keys.empty() ? "" : ",") + kernel->key();
+  std::vector<ck::ParamEntry> params;
+  for (const runtime::ParamSlot& s : m.params) {
+    params.push_back({s.name, s.param.numel, s.param.dtype});
+  }
+  std::map<std::string, std::string> metadata = {
+      {ck::kFormatKey, std::to_string(ck::kFormat)},
+      {ck::kVersionKey, FUSEDOPT_VERSION_STRING},
+      {ck::kRuleKey, m.rule.name()},
+      {ck::kRuleTextKey, m.rule.text()},
+      {ck::kKernelKeysKey, keys},
+      {ck::kStepKey, std::to_string(m.current_step_count())},
+      {ck::kHypersKey, m.hypers_text()},
+      {ck::kStateDtypeKey, to_string(m.options.state_dtype)},
+      {ck::kMasterWeightsKey, m.options.master_weights ? "true" : "false"},
+      {ck::kParamsKey, ck::format_params(params)},
+  };
+  if (const auto [storage, block] = m.storage_text(); !storage.empty()) {
+    metadata[ck::kStateStorageKey] = storage;
+    metadata[ck::kQuantBlockKey] = block;
+  }
+  // The same writer as every fusedopt file (fusedopt/safetensors.hpp): atomic (a temp file,
+  // fsync, rename), with the checksum of the whole file.
+  write_safetensors(path, tensors, metadata);
+}
+
+namespace {
+
+using ck::Refusal;
+
+/// Metadata entry `key` of `file`, or malformed.
+const std::string& meta(const io::SafetensorsFile& file, const char* key, const Refusal& r) {
+  auto it = file.metadata.find(key);
+  if (it == file.metadata.end()) r.malformed(fmt::format("metadata '{}' is missing", key));
+  return it->second;
+}
+
+/// The format, the checksum it requires and the rule: is this file for this optimizer?
+void check_header(const io::SafetensorsFile& file, const Rule& rule, const Refusal& r) {
+  const std::optional<std::int64_t> format =
+      support::parse_int_strict(meta(file, ck::kFormatKey, r));
+  if (!format || *format < ck::kOldestFormat || *format > ck::kFormat) {
+    r.malformed(fmt::format("checkpoint format {} is not a format this fusedopt reads ({} to {})",
+                            meta(file, ck::kFormatKey, r), ck::kOldestFormat, ck::kFormat));
+  }
+  if (*format >= 2 && (file.checksum.empty() || !file.data_checked)) {
+    // save() writes it into every file of this format: its entry was removed or damaged.
+    r.malformed(
+        fmt::format("it has no checksum ('{}'), which every checkpoint of format {} "
+                    "carries: the file was changed or damaged after it was written",
+                    io::kChecksumKey, *format));
+  }
+  if (meta(file, ck::kRuleKey, r) != rule.name()) {
+    r.misfit(fmt::format("it was saved by rule '{}', this optimizer runs rule '{}'",
+                         meta(file, ck::kRuleKey, r), rule.name()));
+  }
+  if (meta(file, ck::kRuleTextKey, r) != rule.text()) {
+    r.misfit(fmt::format("rule '{}' was saved with a different text (the rule changed since)",
+                         rule.name()));
+  }
+}
+
+std::int64_t read_step(const io::SafetensorsFile& file, const Refusal& r) {
+  const std::string& text = meta(file, ck::kStepKey, r);
+  const std::optional<std::int64_t> step = support::parse_int_strict(text);
+  if (!step || *step < 0) r.malformed(fmt::format("step '{}' is not a step count", text));
+  if (*step > kMaxSteps) {
+    r.malformed(fmt::format("step {} is above the most steps an optimizer takes (2^53)", text));
+  }
+  return *step;
+}
+
+/// Group `g`'s hypers as hypers_text() writes them ("groupG:name=value,..."), into `out`
+/// (the group's values in `names` order): every hyper once, in the writer's spelling, through
+/// the rule every entry point applies.
+void read_group_hypers(const std::vector<std::string>& names, std::size_t g,
+                       const std::string& text, std::vector<double>& out, const Refusal& r) {
+  const std::string prefix = fmt::format("group{}:", g);
+  if (text.compare(0, prefix.size(), prefix) != 0) {
+    r.malformed(fmt::format("hypers of group {} are malformed: '{}'", g, text));
+  }
+  std::set<std::size_t> seen;
+  for (const std::string& item : ck::fields(text.substr(prefix.size()), ',')) {
+    if (item.empty() && names.empty()) continue;  // a rule without hypers
+    const std::size_t eq = item.find('=');
+    if (eq == std::string::npos) {
+      r.malformed(fmt::format("hyper '{}' of group {} is malformed", item, g));
+    }
+    const std::string name = item.substr(0, eq), value = item.substr(eq + 1);
+    const auto at = std::find(names.begin(), names.end(), name);
+    if (at == names.end()) {  // the rule's text matched: the file is malformed
+      r.malformed(fmt::format("group {} has hyper '{}', which the rule has not", g, name));
+    }
+    const auto k = static_cast<std::size_t>(at - names.begin());
+    const std::optional<double> x = support::parse_double_strict(value);
+    if (!x) {
+      r.malformed(
+          fmt::format("hyper '{}' of group {} has the value '{}', not a finite decimal number",
+                      name, g, value));
+    }
+    try {
+      check_hyper_value("load", name, static_cast<int>(g), *x);
+    } catch (const UsageError& e) {
+      r.misfit(e.what());
+    }
+    out[k] = *x;
+    if (!seen.insert(k).second) {
+      r.malformed(fmt::format("hyper '{}' appears twice in group {}", name, g));
+    }
+  }
+  if (seen.size() != names.size()) {
+    r.malformed(fmt::format("group {} lacks some of the rule's hypers", g));
+  }
+}
+
+/// Every group's hypers of `file`, starting from `current` (the optimizer's).
+std::vector<std::vector<double>> read_hypers(const io::SafetensorsFile& file,
+                                             const std::vector<std::string>& names,
+                                             std::vector<std::vector<double>> current,
+                                             const Refusal& r) {
+  const std::vector<std::string> groups = ck::fields(meta(file, ck::kHypersKey, r), ';');
+  if (groups.size() != current.size()) {
+    r.misfit(fmt::format("it holds hypers for {} param group{}, this optimizer has {}",
+                         groups.size(), groups.size() == 1 ? "" : "s", current.size()));
+  }
+  for (std::size_t g = 0; g < groups.size(); ++g) {
+    read_group_hypers(names, g, groups[g], current[g], r);
+  }
+  return current;
+}
+
+/// A file that records its states' storage (written since 2026-11-27) must have `mine`:
+/// codes of another map would load as wrong values.
+void check_storage(const io::SafetensorsFile& file, const std::pair<std::string, std::string>& mine,
+                   const Refusal& r) {
+  if (!file.metadata.count(ck::kStateStorageKey) && !file.metadata.count(ck::kQuantBlockKey))
+    return;
+  auto theirs = [&](const char* key) {
+    auto it = file.metadata.find(key);
+    return it == file.metadata.end() ? std::string() : it->second;
+  };
+  const std::string storage = theirs(ck::kStateStorageKey), block = theirs(ck::kQuantBlockKey);
+  if (storage != mine.first || block != mine.second) {
+    r.misfit(fmt::format("its states are stored as {} (blocks of {}), this optimizer keeps {}",
+                         storage, block.empty() ? "?" : block,
+                         mine.first.empty()
+                             ? std::string("them unquantized")
+                             : fmt::format("{} (blocks of {})", mine.first, mine.second)));
+  }
+}
+
+/// The file holds exactly the tensors `expected`, each in its dtype and shape.
+void check_tensors(const io::SafetensorsFile& file, const std::vector<CheckpointTensor>& expected,
+                   const Refusal& r) {
+  std::set<std::string> names;
+  for (const CheckpointTensor& e : expected) {
+    names.insert(e.name);
+    auto it = file.tensors.find(e.name);
+    if (it == file.tensors.end()) r.misfit(fmt::format("tensor '{}' is missing", e.name));
+    const io::SafetensorsFile::Entry& entry = it->second;
+    if (entry.dtype != safetensors_name(e.dtype)) {
+      r.misfit(fmt::format("tensor '{}' is {}, this optimizer keeps it as {}", e.name, entry.dtype,
+                           safetensors_name(e.dtype)));
+    }
+    if (entry.shape != std::vector<std::int64_t>{e.numel}) {
+      std::string shape;
+      for (std::int64_t d : entry.shape) shape += (shape.empty() ? "" : ", ") + std::to_string(d);
+      r.misfit(fmt::format("tensor '{}' has shape [{}], this optimizer's has [{}]", e.name, shape,
+                           e.numel));
+    }
+  }
+  for (const auto& [name, entry] : file.tensors) {
+    if (!names.count(name)) {
+      r.misfit(fmt::format("it holds tensor '{}', which this optimizer has no param or state for",
+                           name));
+    }
+  }
+}
+
+}  // namespace
+
+void Optimizer::Impl::load_file(const io::SafetensorsFile& file, const std::string& where) {
+  // Everything is checked first; nothing is touched until all of it passed.
+  const Refusal refusal{fmt::format("cannot load checkpoint {}", where)};
+  check_header(file, rule, refusal);
+  const std::int64_t step = read_step(file, refusal);
+  std::vector<std::vector<double>> new_hypers = read_hypers(file, hyper_names, hypers, refusal);
+  check_storage(file, storage_text(), refusal);
+  const std::vector<CheckpointTensor> expected = checkpoint_tensors();
+  check_tensors(file, expected, refusal);
+
+  // The backend's copies wait for every queued step and land before they return.
+  for (const CheckpointTensor& e : expected) {
+    if (e.numel == 0) continue;
+    backend->copy_from_host(e.data, file.tensor_data(e.name),
+                            static_cast<std::size_t>(e.numel) * dtype_size(e.dtype));
+  }
+  set_steps_taken(step);
+  hypers = std::move(new_hypers);
+  push_hypers();
+}
+
+void Optimizer::load(const std::filesystem::path& path) {
+  Impl& m = live("load");
+  Impl::Exclusive hold(m, "load");
+  io::SafetensorsFile file;
+  try {
+    file = io::read_safetensors(path);
+  } catch (const Error& e) {
+    throw IoError(fmt::format("cannot load checkpoint: {}", e.what()));
+  }
+  m.load_file(file, path.string());
+}
+
+void OptimizerExtension::load_tensors(Optimizer& opt,
+                                      const std::map<std::string, std::string>& metadata,
+                                      const std::vector<SafetensorsTensor>& tensors,
+                                      const std::string& where) {
+  Optimizer::Impl& m = opt.live("load");
+  Optimizer::Impl::Exclusive hold(m, "load");
+  // The tensors as a checked file in memory: the caller read and checked them (a sharded
+  // checkpoint's shards are each checked whole against their checksum).
+  io::SafetensorsFile file;
+  file.metadata = metadata;
+  file.checksum = "in memory";
+  file.data_checked = true;
+  for (const SafetensorsTensor& t : tensors) {
+    FUSEDOPT_CHECK_USAGE(t.numel >= 0 && (t.numel == 0 || t.data != nullptr),
+                         "load_tensors: tensor '{}' has {} elements at {}", t.name, t.numel,
+                         t.data);
+    const auto bytes = static_cast<std::size_t>(t.numel) * dtype_size(t.dtype);
+    io::SafetensorsFile::Entry e;
+    e.dtype = safetensors_name(t.dtype);
+    e.shape = {t.numel};
+    e.begin = file.data.size();
+    file.data.append(static_cast<const char*>(t.data), bytes);
+    e.end = file.data.size();
+    FUSEDOPT_CHECK_USAGE(file.tensors.emplace(t.name, std::move(e)).second,
+                         "load_tensors: tensor '{}' is given twice", t.name);
+  }
+  m.load_file(file, where);
+}
+
+}  // namespace fusedopt

@@ -1,0 +1,51 @@
+// Optimizer::state_values and resolve_state_storage: an element state's values read back as
+// fp32 (dequantized, widened), and what storage each state of a rule gets.
+#include <cstddef>
+#include <vector>
+
+#include "abi.h"
+#include "optimizer/optimizer_impl.hpp"
+#include "optimizer/quant_states.hpp"
+#include "rule_access.hpp"
+#include "support/check.hpp"
+
+namespace fusedopt {
+
+std::vector<Quant> resolve_state_storage(const Rule& rule, const OptimizerOptions& options,
+                                         std::uint64_t* stochastic) {
+  return runtime::resolve_quant(options, detail::lang_rule(rule), stochastic);
+}
+
+std::vector<float> Optimizer::state_values(const std::string& name, int param_index) const {
+  const Impl& m = live("state_values");
+  const runtime::StateSpec& spec = m.state_spec(name);
+  FUSEDOPT_CHECK_USAGE(spec.kind == StateKind::Element || spec.kind == StateKind::Output,
+                       "state_values('{}'): it is a {} state; state_values reads element states "
+                       "and outputs (view the others with state())",
+                       name, to_string(spec.kind));
+  FUSEDOPT_CHECK_USAGE(
+      !(param_index < 0 || static_cast<std::size_t>(param_index) >= m.params.size()),
+      "state_values('{}', {}): there is no param {} (the optimizer has {})", name, param_index,
+      param_index, m.params.size());
+  const auto p = static_cast<std::size_t>(param_index);
+  const runtime::ParamSlot& slot = m.params[p];
+  const Tensor t = m.state_view(spec, p);
+  if (t.numel == 0 || t.data == nullptr) return {};
+  const Quant q = spec.kind == StateKind::Element ? m.quant_of(slot, spec.index) : Quant::None;
+  const std::size_t bytes =
+      q != Quant::None
+          ? static_cast<std::size_t>(
+                fo_q_bytes(slot.param.numel, quant_bits(q),
+                           m.bindings[static_cast<std::size_t>(slot.binding)].block()))
+          : static_cast<std::size_t>(t.numel) * static_cast<std::size_t>(dtype_size(t.dtype));
+  std::vector<std::byte> host(bytes);
+  m.backend->synchronize();
+  m.backend->copy_to_host(host.data(), t.data, bytes);
+  if (q != Quant::None) {
+    return runtime::dequantize(host.data(), slot.param.numel, q,
+                               m.bindings[static_cast<std::size_t>(slot.binding)].block());
+  }
+  return runtime::widen(host.data(), t.numel, t.dtype);
+}
+
+}  // namespace fusedopt
