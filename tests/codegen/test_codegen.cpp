@@ -9,7 +9,7 @@
 #include "lang/parse.hpp"
 #include "provider/kernel_provider.hpp"
 
-namespace fusedopt_tests {
+namespace fusedopt::testing {
 
 using namespace fusedopt;
 
@@ -155,4 +155,4 @@ t = t - U
   }
 }
 
-}  // namespace fusedopt_tests
+}  // namespace fusedopt::testing

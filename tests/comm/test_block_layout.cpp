@@ -9,7 +9,7 @@
 
 #include "comm/backend.hpp"
 
-namespace fusedopt_tests {
+namespace fusedopt::testing {
 namespace {
 
 using fusedopt::DType;
@@ -77,4 +77,4 @@ TEST_CASE("block_layout: apart, this rank's own block, or an overlap") {
 }
 
 }  // namespace
-}  // namespace fusedopt_tests
+}  // namespace fusedopt::testing

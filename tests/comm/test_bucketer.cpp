@@ -12,7 +12,8 @@
 #include <random>
 #include <vector>
 
-#include "comm/comm_support.hpp"
+#include "common/comm_requirements.hpp"
+#include "common/comm_world.hpp"
 #include "fusedopt/comm.hpp"
 #include "fusedopt/optimizer.hpp"
 
@@ -26,7 +27,7 @@ using fusedopt::comm::CommError;
 using fusedopt::comm::Communicator;
 using fusedopt::comm::GradBucketer;
 
-namespace fusedopt_tests {
+namespace fusedopt::testing {
 namespace {
 
 const std::vector<std::int64_t> kSizes = {300, 5000, 17, 0, 2048, 999, 4096, 1};
@@ -290,4 +291,4 @@ TEST_SUITE("comm_mpi") {
   }
 }
 
-}  // namespace fusedopt_tests
+}  // namespace fusedopt::testing

@@ -13,8 +13,9 @@
 #include <thread>
 #include <vector>
 
-#include "comm/comm_support.hpp"
 #include "comm/half.hpp"
+#include "common/comm_requirements.hpp"
+#include "common/comm_world.hpp"
 #include "fusedopt/comm.hpp"
 
 using fusedopt::DType;
@@ -25,7 +26,7 @@ using fusedopt::comm::ReduceOp;
 using fusedopt::comm::Work;
 namespace half = fusedopt::comm::detail;
 
-namespace fusedopt_tests {
+namespace fusedopt::testing {
 namespace {
 
 /// Rank r's `n` values for the seed: normal, with a few exact small integers mixed in.
@@ -307,4 +308,4 @@ TEST_SUITE("comm_mpi") {
   }
 }
 
-}  // namespace fusedopt_tests
+}  // namespace fusedopt::testing

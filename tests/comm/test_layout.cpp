@@ -16,7 +16,7 @@
 #include "fusedopt/comm.hpp"
 #include "fusedopt/error.hpp"
 
-namespace fusedopt_tests {
+namespace fusedopt::testing {
 
 using fusedopt::DType;
 using fusedopt::Tensor;
@@ -220,4 +220,4 @@ TEST_SUITE("comm") {
   }
 }
 
-}  // namespace fusedopt_tests
+}  // namespace fusedopt::testing

@@ -19,14 +19,15 @@
 #include <vector>
 
 #include "comm/backend.hpp"
-#include "comm/comm_requirements.hpp"
 #include "comm/half.hpp"
+#include "common/comm_requirements.hpp"
+#include "common/requirements.hpp"
+#include "common/scoped_env.hpp"
 #include "fusedopt/comm.hpp"
 #include "fusedopt/cuda.hpp"
 #include "runtime/cuda_driver.hpp"
-#include "support/requirements.hpp"
 
-namespace fusedopt_tests {
+namespace fusedopt::testing {
 
 using fusedopt::DType;
 using fusedopt::comm::Communicator;
@@ -53,26 +54,6 @@ class Loopback final : public detail::Backend {
 
  private:
   fusedopt::Device device_;
-};
-
-/// Sets an environment variable for a scope and puts the previous value back.
-class ScopedEnv {
- public:
-  ScopedEnv(const char* name, const std::string& value) : name_(name) {
-    if (const char* old = std::getenv(name)) old_ = old, had_ = true;
-    setenv(name, value.c_str(), 1);
-  }
-  ~ScopedEnv() {
-    if (had_)
-      setenv(name_, old_.c_str(), 1);
-    else
-      unsetenv(name_);
-  }
-
- private:
-  const char* name_;
-  std::string old_;
-  bool had_ = false;
 };
 
 /// Cases that check what happens without a device: skipped (named) where there is one.
@@ -366,4 +347,4 @@ TEST_SUITE("comm_nccl") {
   }
 }
 
-}  // namespace fusedopt_tests
+}  // namespace fusedopt::testing

@@ -14,7 +14,8 @@
 #include <random>
 #include <vector>
 
-#include "comm/comm_support.hpp"
+#include "common/comm_requirements.hpp"
+#include "common/comm_world.hpp"
 #include "fusedopt/comm.hpp"
 #include "fusedopt/optimizer.hpp"
 #include "fusedopt/sharded.hpp"
@@ -31,7 +32,7 @@ using fusedopt::comm::GradBucketer;
 using fusedopt::comm::ShardedOptimizer;
 using fusedopt::comm::ShardOptions;
 
-namespace fusedopt_tests {
+namespace fusedopt::testing {
 namespace {
 
 // 9,478 elements: at 4 ranks a shard is 2,370, so 8,191 spans four shards and every
@@ -55,13 +56,6 @@ void fill_params(FlatArena& a, std::uint32_t seed) {
   std::normal_distribution<float> normal(0.0f, 1.0f);
   for (std::size_t i = 0; i < a.size(); ++i) {
     for (std::int64_t k = 0; k < a.param(i).numel; ++k) data(a.param(i))[k] = normal(init);
-  }
-}
-
-void fill_grads(FlatArena& a, std::uint32_t seed, int rank, int step) {
-  for (std::size_t i = 0; i < a.size(); ++i) {
-    for (std::int64_t k = 0; k < a.grad(i).numel; ++k)
-      data(a.grad(i))[k] = grad_value(seed, rank, step, i, k);
   }
 }
 
@@ -513,4 +507,4 @@ TEST_SUITE("comm_mpi") {
   }
 }
 
-}  // namespace fusedopt_tests
+}  // namespace fusedopt::testing

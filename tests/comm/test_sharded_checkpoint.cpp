@@ -16,7 +16,7 @@
 #include <string>
 #include <vector>
 
-#include "comm/comm_support.hpp"
+#include "common/comm_world.hpp"
 #include "fusedopt/comm.hpp"
 #include "fusedopt/error.hpp"
 #include "fusedopt/optimizer.hpp"
@@ -31,7 +31,7 @@ using fusedopt::comm::ShardedOptimizer;
 
 namespace fs = std::filesystem;
 
-namespace fusedopt_tests {
+namespace fusedopt::testing {
 namespace {
 
 // A short rule keeps the headers, and so the number of bits to flip, small.
@@ -348,4 +348,4 @@ TEST_SUITE("comm_mpi") {
   }
 }
 
-}  // namespace fusedopt_tests
+}  // namespace fusedopt::testing

@@ -16,8 +16,9 @@
 #include <thread>
 #include <vector>
 
-#include "comm/comm_support.hpp"
 #include "comm/half.hpp"
+#include "common/comm_requirements.hpp"
+#include "common/comm_world.hpp"
 #include "fusedopt/comm.hpp"
 
 using fusedopt::DType;
@@ -53,7 +54,7 @@ void operator delete(void* p) noexcept { std::free(p); }
 void operator delete(void* p, std::size_t) noexcept { std::free(p); }
 #endif
 
-namespace fusedopt_tests {
+namespace fusedopt::testing {
 namespace {
 
 // Sizes around the engine's slices and chunks (128 KiB slots: 32768 fp32): tiny, odd,
@@ -475,4 +476,4 @@ TEST_SUITE("comm_mpi") {
   }
 }
 
-}  // namespace fusedopt_tests
+}  // namespace fusedopt::testing

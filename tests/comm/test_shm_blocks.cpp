@@ -16,14 +16,15 @@
 #include <thread>
 #include <vector>
 
-#include "comm/comm_support.hpp"
+#include "common/comm_requirements.hpp"
+#include "common/comm_world.hpp"
 #include "fusedopt/comm.hpp"
 
 using fusedopt::DType;
 using fusedopt::comm::Communicator;
 using fusedopt::comm::Work;
 
-namespace fusedopt_tests {
+namespace fusedopt::testing {
 namespace {
 
 /// Rank r's element k of block j of a reduce_scatter's send buffer.
@@ -210,4 +211,4 @@ TEST_SUITE("comm_mpi") {
 }
 
 }  // namespace
-}  // namespace fusedopt_tests
+}  // namespace fusedopt::testing

@@ -18,28 +18,17 @@
 #include <string>
 
 #include "cache/kernel_cache.hpp"
-#include "support/temp_dir.hpp"
+#include "common/scoped_env.hpp"
+#include "common/temp_dir.hpp"
 
-namespace fusedopt::cache::test {
-
-/// A fresh folder (mode 0700) under the system temp folder, removed with everything in it.
-using TempDir = fusedopt::testing::TempDir;
+namespace fusedopt::testing {
 
 /// A record shaped like the ones codegen builds.
-inline KeyRecord make_record(const std::string& source, const std::string& target = "sm_90") {
-  KeyRecord record;
+inline cache::KeyRecord make_record(const std::string& source,
+                                    const std::string& target = "sm_90") {
+  cache::KeyRecord record;
   record.add("source", source).add("target", target).add("format_version", "1");
   return record;
-}
-
-inline std::string read_raw(const std::filesystem::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
-}
-
-inline void write_raw(const std::filesystem::path& path, const std::string& bytes) {
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
 }
 
 /// A payload with every byte value, zeros included, so that no string truncation hides.
@@ -62,36 +51,4 @@ inline void set_age(const std::filesystem::path& path, long seconds_ago) {
   ::utimensat(AT_FDCWD, path.c_str(), times, 0);
 }
 
-inline mode_t mode_of(const std::filesystem::path& path) {
-  struct stat st {};
-  ::stat(path.c_str(), &st);
-  return st.st_mode & 07777;
-}
-
-/// Sets (or, with nullopt, unsets) an environment variable until the end of the scope.
-class ScopedEnv {
- public:
-  ScopedEnv(const char* name, std::optional<std::string> value) : name_(name) {
-    if (const char* old = std::getenv(name)) old_ = old;
-    if (value) {
-      ::setenv(name, value->c_str(), 1);
-    } else {
-      ::unsetenv(name);
-    }
-  }
-  ~ScopedEnv() {
-    if (old_) {
-      ::setenv(name_, old_->c_str(), 1);
-    } else {
-      ::unsetenv(name_);
-    }
-  }
-  ScopedEnv(const ScopedEnv&) = delete;
-  ScopedEnv& operator=(const ScopedEnv&) = delete;
-
- private:
-  const char* name_;
-  std::optional<std::string> old_;
-};
-
-}  // namespace fusedopt::cache::test
+}  // namespace fusedopt::testing

@@ -3,10 +3,11 @@
 // Decided when the cases are registered, without initialising MPI.
 #pragma once
 
+#include <cstdlib>
 #include <string>
 
+#include "common/skip.hpp"
 #include "fusedopt/comm.hpp"
-#include "support/skip.hpp"
 
 namespace fusedopt::testing {
 

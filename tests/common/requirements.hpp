@@ -7,11 +7,11 @@
 #include <exception>
 #include <string>
 
+#include "common/skip.hpp"
 #include "fusedopt/cuda.hpp"
 #include "fusedopt/error.hpp"
 #include "fusedopt/target.hpp"
 #include "jit/compiler.hpp"
-#include "support/skip.hpp"
 
 namespace fusedopt::testing {
 

@@ -10,7 +10,7 @@
 #include "fusedopt/error.hpp"
 #include "runtime/chunks.hpp"
 
-namespace fusedopt_tests {
+namespace fusedopt::testing {
 
 using fusedopt::Error;
 using fusedopt::runtime::build_chunks;
@@ -112,4 +112,4 @@ TEST_SUITE("cuda") {
   }
 }
 
-}  // namespace fusedopt_tests
+}  // namespace fusedopt::testing

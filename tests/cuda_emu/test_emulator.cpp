@@ -22,13 +22,13 @@
 #include <utility>
 #include <vector>
 
+#include "common/requirements.hpp"
 #include "fusedopt/cuda.hpp"
 #include "fusedopt/target.hpp"
 #include "jit/compiler.hpp"
 #include "runtime/cuda_driver.hpp"
-#include "support/requirements.hpp"
 
-namespace fusedopt_tests {
+namespace fusedopt::testing {
 
 using namespace fusedopt;
 namespace cu = fusedopt::runtime::cuda;
@@ -575,4 +575,4 @@ TEST_SUITE("cuda_emu") {
   }
 }
 
-}  // namespace fusedopt_tests
+}  // namespace fusedopt::testing

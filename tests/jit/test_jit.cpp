@@ -12,24 +12,21 @@
 
 #include "cache/kernel_cache.hpp"
 #include "codegen/codegen.hpp"
+#include "common/host_kernel_calls.hpp"
+#include "common/kernel_cache.hpp"
+#include "common/requirements.hpp"
+#include "common/sized_rule.hpp"
+#include "common/temp_dir.hpp"
 #include "fusedopt/error.hpp"
 #include "jit/compiler.hpp"
 #include "lang/parse.hpp"
 #include "presets.hpp"
 #include "provider/kernel_provider.hpp"
-#include "support/host_kernel_calls.hpp"
-#include "support/kernel_cache.hpp"
-#include "support/requirements.hpp"
-#include "support/sized_rule.hpp"
-#include "support/temp_dir.hpp"
+#include "runtime/backend.hpp"
+#include "runtime/binding.hpp"
+#include "runtime/host_module.hpp"
 
-namespace fusedopt_tests {
-
-using fusedopt::test::default_hypers;
-using fusedopt::test::grads_finite;
-using fusedopt::test::init_states;
-using fusedopt::test::run;
-using fusedopt::test::with_hyper;
+namespace fusedopt::testing {
 
 using namespace fusedopt;
 
@@ -47,7 +44,7 @@ bool is_elf(const std::string& bytes) {
                                            "ELF") == 0;
 }
 
-/// The cache of the cases that are not about caching (support/kernel_cache.hpp).
+/// The cache of the cases that are not about caching (common/kernel_cache.hpp).
 cache::KernelCache& shared_cache() { return testing::test_kernel_cache(); }
 
 codegen::TrustedFunctor functor_sgd() {
@@ -377,9 +374,9 @@ float = float - lr * half / std
     std::vector<float> p = {1.0f, -2.0f, 0.5f}, g = {0.5f, 1.0f, -3.0f};
     std::vector<float> half(3, 0.0f), aut(3, 0.0f);
     std::vector<std::vector<void*>> ptrs = {{p.data(), g.data(), half.data(), aut.data()}};
-    test::init_states(k, ptrs, {3}, {{0.1, 1e-3}});
+    init_states(k, ptrs, {3}, {{0.1, 1e-3}});
     const std::vector<float> p0 = p;
-    test::run(k, ptrs, {3}, {{0.1, 1e-3}}, 1.0f);
+    run(k, ptrs, {3}, {{0.1, 1e-3}}, 1.0f);
     for (int i = 0; i < 3; ++i) {
       const double h = 0.1 * g[i], a = double(g[i]) * g[i], s = std::sqrt(a) + 1e-8;
       CHECK(p[i] == doctest::Approx(p0[i] - 1e-3 * h / s).epsilon(1e-6));
@@ -516,4 +513,4 @@ float = float - lr * half / std
   }
 }
 
-}  // namespace fusedopt_tests
+}  // namespace fusedopt::testing

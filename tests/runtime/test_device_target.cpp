@@ -10,7 +10,7 @@
 #include "fusedopt/error.hpp"
 #include "runtime/device_target.hpp"
 
-namespace fusedopt_tests {
+namespace fusedopt::testing {
 
 using fusedopt::Target;
 using fusedopt::UnavailableError;
@@ -93,4 +93,4 @@ TEST_SUITE("runtime") {
   }
 }
 
-}  // namespace fusedopt_tests
+}  // namespace fusedopt::testing

@@ -10,12 +10,12 @@
 #include <string>
 #include <vector>
 
+#include "common/factored_reference.hpp"
+#include "common/host_tensors.hpp"
+#include "common/temp_dir.hpp"
 #include "fusedopt/optimizer.hpp"
-#include "runtime/factored_reference.hpp"
-#include "runtime/runtime_support.hpp"
-#include "support/temp_dir.hpp"
 
-namespace fusedopt_tests {
+namespace fusedopt::testing {
 namespace {
 
 using fusedopt::DType;
@@ -508,4 +508,4 @@ p = p - lr * g * rsqrt(rv * cv * cv + 1)
   }
 }
 
-}  // namespace fusedopt_tests
+}  // namespace fusedopt::testing

@@ -14,11 +14,11 @@
 #include <vector>
 
 #include "codegen/quant.hpp"
+#include "common/host_tensors.hpp"
+#include "common/quant_reference.hpp"
 #include "fusedopt/error.hpp"
 #include "fusedopt/optimizer.hpp"
 #include "prelude.h"
-#include "quant_reference.hpp"
-#include "runtime_support.hpp"
 
 using fusedopt::DType;
 using fusedopt::DTypeBinding;
@@ -27,11 +27,11 @@ using fusedopt::OptimizerOptions;
 using fusedopt::ParamGroup;
 using fusedopt::Quant;
 using fusedopt::Rule;
-using fusedopt_tests::absmax_of;
-using fusedopt_tests::codes_of;
-using fusedopt_tests::fresh_seed;
-using fusedopt_tests::HostTensor;
-using fusedopt_tests::use_private_cache;
+using fusedopt::testing::absmax_of;
+using fusedopt::testing::codes_of;
+using fusedopt::testing::fresh_seed;
+using fusedopt::testing::HostTensor;
+using fusedopt::testing::use_private_cache;
 
 namespace {
 
@@ -79,7 +79,7 @@ TEST_CASE("stochastically rounded codes are the float64 reference's draws, each 
     const int block = 128;
     const std::int64_t n = 70001;  // a partial last block
     HostTensor p(n, DType::F32), g(n, DType::F32);
-    const std::vector<double> values = fusedopt_tests::block_test_values(rng, n, block, q);
+    const std::vector<double> values = fusedopt::testing::block_test_values(rng, n, block, q);
     for (std::int64_t i = 0; i < n; ++i) g.set(i, values[static_cast<std::size_t>(i)]);
     OptimizerOptions o;
     o.state_storage = {{"s", storage}};

@@ -11,13 +11,13 @@
 #include <string>
 #include <vector>
 
+#include "common/host_tensors.hpp"
+#include "common/temp_dir.hpp"
 #include "fusedopt/error.hpp"
 #include "fusedopt/optimizer.hpp"
 #include "io/safetensors.hpp"
-#include "runtime/runtime_support.hpp"
-#include "support/temp_dir.hpp"
 
-namespace fusedopt_tests {
+namespace fusedopt::testing {
 namespace {
 
 using fusedopt::DType;
@@ -295,4 +295,4 @@ p = p - lr * g / (peak + 1)
   }
 }
 
-}  // namespace fusedopt_tests
+}  // namespace fusedopt::testing
