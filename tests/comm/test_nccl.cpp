@@ -56,19 +56,6 @@ class Loopback final : public detail::Backend {
   fusedopt::Device device_;
 };
 
-/// Cases that check what happens without a device: skipped (named) where there is one.
-const testing::Availability& no_device_availability() {
-  static const testing::Availability a = [] {
-    testing::Availability out;
-    if (fusedopt::cuda_device_available()) {
-      out.present = false;
-      out.why = "this machine has a CUDA device; the case checks what happens without one";
-    }
-    return out;
-  }();
-  return a;
-}
-
 /// The NCCL library, probed by the test itself (dlopen, then dlclose) and only where there
 /// is a device, so that fusedopt's loader is untouched until the cases run.
 const testing::Availability& nccl_library_availability() {
@@ -94,7 +81,6 @@ const testing::Availability& nccl_library_availability() {
   return a;
 }
 
-testing::Requires needs_no_device() { return testing::Requires(no_device_availability()); }
 testing::Requires needs_nccl() { return testing::Requires(nccl_library_availability()); }
 
 /// `n` values of `dtype` in device memory, with their host copy as doubles (exact in it).
@@ -182,7 +168,7 @@ TEST_SUITE("comm_nccl") {
   }
 
   TEST_CASE("without a CUDA device NCCL is unavailable, saying why, and nothing crashes" *
-            needs_no_device()) {
+            testing::needs_no_cuda_device()) {
     std::string why;
     CHECK_FALSE(Communicator::available("nccl", &why));
     INFO("why: " << why);

@@ -534,12 +534,8 @@ TEST_SUITE("runtime") {
 }  // namespace fusedopt::testing
 
 TEST_SUITE("runtime") {
-  TEST_CASE("CUDA tensors without a usable CUDA device are a clear error, not a crash") {
-    std::string why;
-    if (fusedopt::runtime::backend_available(fusedopt::Device::cuda(0), &why)) {
-      MESSAGE("a CUDA device is present: this case is covered by the cuda_gpu suite");
-      return;
-    }
+  TEST_CASE("CUDA tensors without a usable CUDA device are a clear error, not a crash" *
+            fusedopt::testing::needs_no_cuda_device()) {
     std::vector<float> p(4), g(4);
     fusedopt::ParamGroup group;
     group.params = {{p.data(), 4, fusedopt::DType::F32, fusedopt::Device::cuda(0), "w"}};
