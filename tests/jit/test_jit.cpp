@@ -396,7 +396,38 @@ float = float - lr * half / std
     auto body = codegen::generate_functor_body(functor_sgd(), DTypeBinding{});
     provider::ProvidedKernel k =
         provider::provide_body(body, DTypeBinding{}, Target::host(), cache);
-    CHECK(is_elf(*k.binary));
+    REQUIRE(is_elf(*k.binary));
+    // Loaded as the Optimizer loads a host kernel, its states initialised, then two steps
+    // over fresh random data against the functor's formula in float64.
+    auto backend = runtime::make_backend(Device::host());
+    lang::Rule named;
+    named.name = "functor_sgd";
+    std::shared_ptr<runtime::Module> module = runtime::load_host_module(named, std::move(k));
+    const std::int64_t n = 1000;
+    std::mt19937 rng(std::random_device{}());
+    std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+    std::vector<float> p(n), g(n), m(n, -7.0f);
+    for (std::int64_t i = 0; i < n; ++i) p[i] = u(rng), g[i] = u(rng);
+    runtime::BindingTensors t;
+    t.ptrs = {{p.data(), g.data(), m.data()}};  // p, g, then the states (functor roles)
+    t.numel = {n};
+    const double lr = 0.25, mu = 0.5;  // fo_hypers in the functor's order: lr, mu
+    runtime::Binding b(*backend, module, t, {{lr, mu}});
+    b.init_states();
+    std::vector<double> want_p(p.begin(), p.end()), want_m(n, 0.5);  // m's initial value
+    for (int step = 1; step <= 2; ++step) {
+      testing::Kernel::step(b, step);
+      for (std::int64_t i = 0; i < n; ++i) {
+        want_m[i] = mu * want_m[i] + g[i];
+        want_p[i] -= lr * want_m[i];
+      }
+    }
+    std::int64_t wrong = 0;
+    for (std::int64_t i = 0; i < n; ++i) {
+      wrong += std::abs(m[i] - want_m[i]) > 1e-6 * (1 + std::abs(want_m[i])) ||
+               std::abs(p[i] - want_p[i]) > 1e-6 * (1 + std::abs(want_p[i]));
+    }
+    CHECK_MESSAGE(wrong == 0, wrong << " of " << 2 * n << " values differ from the reference");
   }
 
   TEST_CASE("a trusted functor compiles with NVRTC" * testing::needs_nvrtc()) {
