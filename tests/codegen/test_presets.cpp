@@ -657,7 +657,7 @@ void run_adamw_storage(const std::string& binding) {
 
 }  // namespace
 
-TEST_SUITE("presets") {
+TEST_SUITE("codegen") {
   TEST_CASE(
       "the presets are the element-wise optimizers this file checks, plus lamb, lars and "
       "adafactor") {

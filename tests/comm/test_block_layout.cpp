@@ -9,6 +9,8 @@
 
 #include "comm/backend.hpp"
 
+TEST_SUITE_BEGIN("comm");
+
 namespace fusedopt::testing {
 namespace {
 
@@ -78,3 +80,5 @@ TEST_CASE("block_layout: apart, this rank's own block, or an overlap") {
 
 }  // namespace
 }  // namespace fusedopt::testing
+
+TEST_SUITE_END();

@@ -34,7 +34,7 @@ const std::vector<std::int64_t> kSizes = {300, 5000, 17, 0, 2048, 999, 4096, 1};
 
 }  // namespace
 
-TEST_SUITE("comm_mpi") {
+TEST_SUITE("comm") {
   TEST_CASE("buckets start in bucket order whatever order gradients become ready in") {
     Communicator& comm = world();
     const std::uint32_t seed = shared_seed();

@@ -94,7 +94,7 @@ double tolerance(DType d, int n) {
 
 }  // namespace
 
-TEST_SUITE("comm_mpi") {
+TEST_SUITE("comm") {
   TEST_CASE("all_reduce sums and maxes fp32, bf16 and fp16 like a float64 reference") {
     Communicator& comm = world();
     const int n = comm.size();

@@ -131,7 +131,7 @@ struct DeviceValues {
 
 }  // namespace
 
-TEST_SUITE("comm_nccl") {
+TEST_SUITE("comm") {
   TEST_CASE("an NCCL library that cannot be loaded is an UnavailableError naming it") {
     const std::string path = "/nonexistent/fusedopt-test/libnccl.so.2";
     ScopedEnv env("FUSEDOPT_NCCL_LIBRARY", path);

@@ -119,7 +119,7 @@ bool contains(const std::string& text, const std::string& part) {
 
 }  // namespace
 
-TEST_SUITE("comm_nccl_fake") {
+TEST_SUITE("comm") {
   TEST_CASE("an NCCL older than 2.10 is an UnavailableError; the next attempt loads again") {
     FakeNccl nccl;
     FakeCuda cuda;

@@ -68,7 +68,7 @@ std::vector<float> params_of(FlatArena& a) {
 
 }  // namespace
 
-TEST_SUITE("comm_mpi") {
+TEST_SUITE("comm") {
   TEST_CASE("sharded AdamW (ZeRO-1, ZeRO-2) and LAMB with clipping equal the unsharded optimizer") {
     Communicator& comm = world();
     const std::uint32_t seed = shared_seed();

@@ -117,7 +117,7 @@ fs::path fresh_dir(const char* what, std::uint32_t seed) {
 
 }  // namespace
 
-TEST_SUITE("comm_mpi") {
+TEST_SUITE("comm") {
   TEST_CASE("a shard of another save put in a set's place is refused, on every rank") {
     Communicator& comm = world();
     const std::uint32_t seed = shared_seed();

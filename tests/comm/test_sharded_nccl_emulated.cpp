@@ -191,7 +191,7 @@ void require_replicas_agree(const std::vector<float>& mine) {
 
 }  // namespace
 
-TEST_SUITE("comm_nccl_emulated") {
+TEST_SUITE("comm") {
   TEST_CASE("the fake NCCL's collectives move every rank's device memory" * testing::needs_mpi() *
             testing::needs_cuda_device()) {
     Communicator comm = nccl_world();

@@ -198,7 +198,7 @@ void check_layouts(Communicator& comm, Case& c) {
 
 }  // namespace
 
-TEST_SUITE("comm_mpi") {
+TEST_SUITE("comm") {
   TEST_CASE("the transport says which path it takes") {
     Communicator& comm = world();
     const std::string t = comm.transport();

@@ -32,7 +32,7 @@ float block_value(std::uint32_t seed, int r, int j, std::int64_t k) {
   return grad_value(seed, r, 1, static_cast<std::size_t>(j), k);
 }
 
-TEST_SUITE("comm_mpi") {
+TEST_SUITE("comm") {
   TEST_CASE("reduce_scatter and all_gather from shared send buffers run in place, exactly") {
     Communicator& comm = world();
     const int w = comm.size(), me = comm.rank();

@@ -276,7 +276,7 @@ void check_bf16_master(std::size_t offset16) {
 
 }  // namespace
 
-TEST_SUITE("cuda") {
+TEST_SUITE("cuda_gpu") {
   TEST_CASE("AdamW fp32 on the GPU matches a float64 reference over 100 steps" *
             testing::needs_cuda_device()) {
     const std::uint32_t seed = fresh_seed();

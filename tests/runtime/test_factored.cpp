@@ -191,7 +191,7 @@ void run_adafactor(const std::vector<std::vector<std::int64_t>>& shapes,
 
 }  // namespace
 
-TEST_SUITE("factored state") {
+TEST_SUITE("runtime") {
   TEST_CASE("adafactor matches torch.optim.Adafactor on matrices, a batch and 1-D params") {
     // Primes; one matrix of 521 x 263 (five chunks of whole rows: 124 rows of 263 columns
     // fill a 2^15-element host chunk), a batch of 3 matrices, 1-D params of 2^17 + 3 (four

@@ -63,7 +63,7 @@ void count_codes(const Optimizer& opt, int k, const std::vector<double>& want, Q
 
 }  // namespace
 
-TEST_SUITE("factored state") {
+TEST_SUITE("runtime") {
   TEST_CASE("came and adam_mini with quantized m follow their float64 step from their own states") {
     use_private_cache();
     const std::uint32_t seed = fresh_seed();

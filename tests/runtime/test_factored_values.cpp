@@ -15,6 +15,8 @@
 #include "common/host_tensors.hpp"
 #include "fusedopt/optimizer.hpp"
 
+TEST_SUITE_BEGIN("runtime");
+
 namespace fusedopt::testing {
 namespace {
 
@@ -148,3 +150,5 @@ TEST_CASE("row and column values: one text before and after its states' updates,
 
 }  // namespace
 }  // namespace fusedopt::testing
+
+TEST_SUITE_END();

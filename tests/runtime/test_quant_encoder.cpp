@@ -17,6 +17,8 @@
 #include "common/quant_reference.hpp"
 #include "fusedopt/optimizer.hpp"
 
+TEST_SUITE_BEGIN("runtime");
+
 using fusedopt::DType;
 using fusedopt::Optimizer;
 using fusedopt::OptimizerOptions;
@@ -112,3 +114,5 @@ TEST_CASE("quantized codes at every midpoint, beside it, at signed zeros and tin
     CHECK(std::isinf(absmax[absmax.size() - 2]));
   }
 }
+
+TEST_SUITE_END();

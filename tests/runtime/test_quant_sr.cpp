@@ -20,6 +20,8 @@
 #include "fusedopt/optimizer.hpp"
 #include "prelude.h"
 
+TEST_SUITE_BEGIN("runtime");
+
 using fusedopt::DType;
 using fusedopt::DTypeBinding;
 using fusedopt::Optimizer;
@@ -219,3 +221,5 @@ TEST_CASE("+sr storage reads back in bindings, rules and options; bad uses are c
       Rule::parse("param p\ngrad g\nstate m = 0\nstorage m = q8+rs\nm = g\n", "bad.rule"),
       doctest::Contains("bad.rule:4:16: error: expected 'sr' after 'q8+'"), fusedopt::Error);
 }
+
+TEST_SUITE_END();

@@ -18,6 +18,8 @@
 #include "fusedopt/error.hpp"
 #include "fusedopt/optimizer.hpp"
 
+TEST_SUITE_BEGIN("runtime");
+
 using fusedopt::DType;
 using fusedopt::Optimizer;
 using fusedopt::OptimizerOptions;
@@ -549,3 +551,5 @@ TEST_CASE("dtype bindings with quantized states and stochastic rounding read bac
                        doctest::Contains("stochastic rounding (+sr) stores fp16 or bf16 params"),
                        fusedopt::UsageError);
 }
+
+TEST_SUITE_END();

@@ -14,6 +14,8 @@
 #include "fusedopt/error.hpp"
 #include "fusedopt/optimizer.hpp"
 
+TEST_SUITE_BEGIN("runtime");
+
 namespace fusedopt::testing {
 namespace {
 
@@ -193,3 +195,5 @@ TEST_CASE("step_amp: torch's GradScaler protocol on the host (grad_scale, found_
 
 }  // namespace
 }  // namespace fusedopt::testing
+
+TEST_SUITE_END();

@@ -107,7 +107,7 @@ void check_scalars(const Optimizer& opt, const Params& m, int t) {
 
 }  // namespace
 
-TEST_SUITE("scalar state") {
+TEST_SUITE("runtime") {
   TEST_CASE("a scalar state is one double per tensor, updated once per step, empty ones too") {
     use_private_cache();
     Params m;

@@ -17,6 +17,8 @@
 #include "fusedopt/optimizer.hpp"
 #include "prelude.h"
 
+TEST_SUITE_BEGIN("runtime");
+
 using fusedopt::DType;
 using fusedopt::Optimizer;
 using fusedopt::OptimizerOptions;
@@ -225,3 +227,5 @@ TEST_CASE("stochastic rounding: fp32 params are unaffected, and master weights a
                        doctest::Contains("r.rule:3:11: error: rand() in an initial value"),
                        fusedopt::RuleError);
 }
+
+TEST_SUITE_END();

@@ -42,7 +42,7 @@ struct Case {
 
 }  // namespace
 
-TEST_SUITE("tensor values") {
+TEST_SUITE("runtime") {
   TEST_CASE("numel, dims, rows and cols are each tensor's, from its shape") {
     use_private_cache();
     const std::vector<Case> cases = {
