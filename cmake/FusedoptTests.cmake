@@ -2,7 +2,7 @@
 # same rules from a nested project, so keep test properties here and nowhere else.
 #
 # A skip is never read from a test's output (no SKIP_REGULAR_EXPRESSION): a case that needs
-# NVRTC or a device that is absent is skipped by doctest itself (tests/support/skip.hpp), and
+# NVRTC or a device that is absent is skipped by doctest itself (tests/common/skip.hpp), and
 # any failing case fails its suite.
 #
 #   fusedopt_add_test_suite(<name> COMMAND <exe> [<arg>...] [LABELS <label>...]
@@ -22,8 +22,8 @@ set(FUSEDOPT_TEST_SKIP_RETURN_CODE 77)
 # cache itself does is tested with caches of their own. FUSEDOPT_TEST_SHARED_CACHE is the
 # library's own settings (suites whose kernels come from KernelCache::global(): the emulated
 # GPU suite, every rank of the MPI and NCCL-emulated ones, the MPI benchmarks' smoke runs);
-# FUSEDOPT_TEST_KERNEL_CACHE is read by the host suites' fixtures (runtime_support.cpp,
-# support/kernel_cache.hpp).
+# FUSEDOPT_TEST_KERNEL_CACHE is read by the host suites' fixtures (common/host_tensors.cpp,
+# common/kernel_cache.hpp).
 set(FUSEDOPT_TEST_CACHE_DIR "${PROJECT_BINARY_DIR}/tests/shared-kernel-cache")
 set(FUSEDOPT_TEST_SHARED_CACHE FUSEDOPT_CACHE=on "FUSEDOPT_CACHE_DIR=${FUSEDOPT_TEST_CACHE_DIR}")
 set(FUSEDOPT_TEST_KERNEL_CACHE "FUSEDOPT_TEST_KERNEL_CACHE=${FUSEDOPT_TEST_CACHE_DIR}")

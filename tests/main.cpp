@@ -1,5 +1,5 @@
 // doctest's main for every suite executable. A case that needs something absent here
-// (support/skip.hpp) is skipped by doctest and named on stdout as "[SKIP] <case>: <why>";
+// (common/skip.hpp) is skipped by doctest and named on stdout as "[SKIP] <case>: <why>";
 // a failing case always fails the executable (exit 1), whatever it printed. Where
 // FUSEDOPT_TEST_SKIP_RETURN_CODE is set (GPU-only suites, with the same CTest
 // SKIP_RETURN_CODE: cmake/FusedoptTests.cmake) the executable exits with that code instead

@@ -14,13 +14,12 @@
 #include <vector>
 
 #include "cache/kernel_cache.hpp"
-#include "cache_test_support.hpp"
+#include "common/cache_entries.hpp"
 
-namespace fusedopt_tests {
+namespace fusedopt::testing {
 
 using fusedopt::cache::DiskStore;
 using fusedopt::cache::KeyRecord;
-using namespace fusedopt::cache::test;
 using namespace std::chrono_literals;
 
 namespace {
@@ -130,7 +129,7 @@ TEST_SUITE("cache") {
     children.release();
     for (int code : children.wait_all()) CHECK(code == 0);
 
-    std::istringstream lines(read_raw(log));
+    std::istringstream lines(read_file(log));
     std::map<std::string, int> per_key;
     int count = 0;
     for (std::string line; std::getline(lines, line); ++count) per_key[line.substr(0, 5)]++;
@@ -181,4 +180,4 @@ TEST_SUITE("cache") {
 
 }  // TEST_SUITE
 
-}  // namespace fusedopt_tests
+}  // namespace fusedopt::testing

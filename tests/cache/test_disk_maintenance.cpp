@@ -9,15 +9,14 @@
 #include <map>
 
 #include "cache/kernel_cache.hpp"
-#include "cache_test_support.hpp"
+#include "common/cache_entries.hpp"
 
-namespace fusedopt_tests {
+namespace fusedopt::testing {
 
 using fusedopt::cache::BadEntry;
 using fusedopt::cache::DiskStore;
 using fusedopt::cache::EntryInfo;
 using fusedopt::cache::KeyRecord;
-using namespace fusedopt::cache::test;
 
 namespace {
 
@@ -45,7 +44,7 @@ TEST_SUITE("cache") {
     KeyRecord b = make_record("b", "host-avx2");
     store.store(a, "cubin", binary_payload(300));
     store.get_or_compile(b, "so", [] { return binary_payload(500); });  // leaves a .lock file
-    write_raw(store.entry_path(a.key(), "cubin").parent_path() / ".x.1.2.tmp", "partial");
+    write_file(store.entry_path(a.key(), "cubin").parent_path() / ".x.1.2.tmp", "partial");
 
     std::vector<EntryInfo> entries = store.list();
     REQUIRE(entries.size() == 2);
@@ -69,7 +68,7 @@ TEST_SUITE("cache") {
     DiskStore store(tmp.path());
     KeyRecord a = make_record("a");
     store.store(a, "so", "x");
-    write_raw(store.entry_path(a.key(), "so"), "garbage");
+    write_file(store.entry_path(a.key(), "so"), "garbage");
     auto entries = store.list();
     REQUIRE(entries.size() == 1);
     CHECK(entries[0].record.fields().empty());
@@ -106,11 +105,11 @@ TEST_SUITE("cache") {
     auto path = [&](const KeyRecord& r) { return store.entry_path(r.key(), "cubin"); };
 
     std::filesystem::resize_file(path(truncated), entry_bytes(path(truncated)) - (6960 - 812));
-    std::string bytes = read_raw(path(flipped));
+    std::string bytes = read_file(path(flipped));
     bytes[bytes.size() / 2 + 1000] ^= 0x40;
-    write_raw(path(flipped), bytes);
+    write_file(path(flipped), bytes);
     std::filesystem::create_directories(path(foreign).parent_path());
-    write_raw(path(foreign), binary_payload(4000, 3));
+    write_file(path(foreign), binary_payload(4000, 3));
     // A valid entry under another key's name: its header record hashes elsewhere.
     auto wrong_name = path(foreign);
     wrong_name.replace_filename(foreign.key().hex() + ".so");
@@ -118,11 +117,11 @@ TEST_SUITE("cache") {
     auto shard = path(good).parent_path();
     auto stale_temp = shard / ".deadbeef.123.abc.tmp";
     auto fresh_temp = shard / ".deadbeef.124.abd.tmp";
-    write_raw(stale_temp, "half");
+    write_file(stale_temp, "half");
     set_age(stale_temp, 2 * 3600);
-    write_raw(fresh_temp, "in progress");
+    write_file(fresh_temp, "in progress");
     auto stray = shard / "notes.txt";
-    write_raw(stray, "not ours");
+    write_file(stray, "not ours");
 
     auto bad = by_path(store.verify());
     CHECK(bad.size() == 6);
@@ -156,7 +155,7 @@ TEST_SUITE("cache") {
     fusedopt::testing::ScopedTmpdir own_tmpdir;  // verify reports build folders there
     TempDir tmp;
     DiskStore store(tmp.path());
-    write_raw(tmp.path() / "README", "hello");
+    write_file(tmp.path() / "README", "hello");
     std::filesystem::create_directory(tmp.path() / "zz");
     auto bad = by_path(store.verify(true));
     CHECK(bad.size() == 2);
@@ -200,7 +199,7 @@ TEST_SUITE("cache") {
     KeyRecord a = make_record("a");
     store.get_or_compile(a, "so", [] { return binary_payload(1000); });
     auto path = store.entry_path(a.key(), "so");
-    write_raw(path.parent_path() / ".big.1.2.tmp", binary_payload(100000));
+    write_file(path.parent_path() / ".big.1.2.tmp", binary_payload(100000));
     CHECK(store.total_bytes() == entry_bytes(path));
     CHECK(store.prune(entry_bytes(path)).removed_bytes == 0);
     CHECK(std::filesystem::exists(path));
@@ -216,7 +215,7 @@ TEST_SUITE("cache") {
       expected += entry_bytes(store.entry_path(r.key(), "cubin"));
     }
     auto shard = store.entry_path(make_record("k0").key(), "cubin").parent_path();
-    write_raw(shard / ".old.1.2.tmp", "12345");
+    write_file(shard / ".old.1.2.tmp", "12345");
     expected += 5;
 
     CHECK(store.clear().removed_bytes == expected);
@@ -238,8 +237,8 @@ TEST_SUITE("cache") {
     KeyRecord r = make_record("a");
     store.store(r, "so", "x");
     auto shard = store.entry_path(r.key(), "so").parent_path();
-    write_raw(shard / "mine.txt", "keep me");
-    write_raw(tmp.path() / "README", "keep me too");
+    write_file(shard / "mine.txt", "keep me");
+    write_file(tmp.path() / "README", "keep me too");
     CHECK(store.clear().leftovers.empty());  // not the cache's: left alone, not leftovers
     CHECK(std::filesystem::exists(shard / "mine.txt"));
     CHECK(std::filesystem::exists(tmp.path() / "README"));
@@ -249,15 +248,6 @@ TEST_SUITE("cache") {
 }  // TEST_SUITE
 
 namespace {
-
-/// A pid that is gone: a child that exited and was reaped.
-pid_t dead_pid() {
-  const pid_t pid = ::fork();
-  if (pid == 0) ::_exit(0);
-  int status = 0;
-  ::waitpid(pid, &status, 0);
-  return pid;
-}
 
 /// A temp name atomic_write() makes for `pid`.
 std::string temp_name(const std::string& stem, pid_t pid) {
@@ -298,16 +288,16 @@ TEST_SUITE("cache") {
           {builds / ("fusedopt-build-" + std::to_string(dead) + "-file00"), false},
           {builds / "fusedopt-build-x-yyyyyy", false},
       };
-      write_raw(p[0].path, "half an entry");
-      write_raw(p[1].path, "in progress");
-      write_raw(p[2].path, "ours");
+      write_file(p[0].path, "half an entry");
+      write_file(p[1].path, "in progress");
+      write_file(p[2].path, "ours");
       set_age(p[0].path, 120);
       set_age(p[2].path, 120);
       for (std::size_t k : {3u, 4u, 6u}) {
         std::filesystem::create_directories(p[k].path / "sub");
-        write_raw(p[k].path / "sub" / "cc1plus-tmp.s", std::string(1000, 'x'));
+        write_file(p[k].path / "sub" / "cc1plus-tmp.s", std::string(1000, 'x'));
       }
-      write_raw(p[5].path, "a file");
+      write_file(p[5].path, "a file");
       return p;
     };
     auto check_left = [&](const std::vector<Planted>& planted) {
@@ -356,4 +346,4 @@ TEST_SUITE("cache") {
   }
 }
 
-}  // namespace fusedopt_tests
+}  // namespace fusedopt::testing

@@ -8,16 +8,15 @@
 #include <stdexcept>
 
 #include "cache/kernel_cache.hpp"
-#include "cache_test_support.hpp"
+#include "common/cache_entries.hpp"
 #include "fusedopt/error.hpp"
 
-namespace fusedopt_tests {
+namespace fusedopt::testing {
 
 using fusedopt::CacheError;
 using fusedopt::cache::DiskStore;
 using fusedopt::cache::KeyRecord;
 using fusedopt::cache::Origin;
-using namespace fusedopt::cache::test;
 
 namespace {
 
@@ -126,37 +125,37 @@ TEST_SUITE("cache") {
   }
 
   TEST_CASE("an empty entry file is a miss") {
-    check_damage_is_a_miss([](const std::filesystem::path& path) { write_raw(path, ""); });
+    check_damage_is_a_miss([](const std::filesystem::path& path) { write_file(path, ""); });
   }
 
   TEST_CASE("a flipped payload byte is a miss") {
     check_damage_is_a_miss([](const std::filesystem::path& path) {
-      std::string bytes = read_raw(path);
+      std::string bytes = read_file(path);
       if (bytes.empty()) return;
       bytes[bytes.size() - 100] ^= 0x01;
-      write_raw(path, bytes);
+      write_file(path, bytes);
     });
   }
 
   TEST_CASE("a foreign file under an entry's name is a miss") {
     check_damage_is_a_miss(
-        [](const std::filesystem::path& path) { write_raw(path, binary_payload(4096, 7)); });
+        [](const std::filesystem::path& path) { write_file(path, binary_payload(4096, 7)); });
   }
 
   TEST_CASE("an entry of another format version is a miss") {
     check_damage_is_a_miss([](const std::filesystem::path& path) {
-      std::string bytes = read_raw(path);
+      std::string bytes = read_file(path);
       if (bytes.size() < 12) return;
       bytes[8] = 99;  // the u32 version follows the 8-byte magic
-      write_raw(path, bytes);
+      write_file(path, bytes);
     });
   }
 
   TEST_CASE("bytes after the payload make an entry a miss") {
     check_damage_is_a_miss([](const std::filesystem::path& path) {
-      std::string bytes = read_raw(path);
+      std::string bytes = read_file(path);
       if (bytes.empty()) return;
-      write_raw(path, bytes + "x");
+      write_file(path, bytes + "x");
     });
   }
 
@@ -220,7 +219,7 @@ TEST_SUITE("cache") {
     DiskStore store(tmp.path());
     KeyRecord record = make_record("kernel");
     auto path = store.entry_path(record.key(), "so");
-    write_raw(path.parent_path(), "a file where the sub-folder should be");
+    write_file(path.parent_path(), "a file where the sub-folder should be");
     try {
       store.store(record, "so", "payload");
       FAIL("store should have thrown");
@@ -325,11 +324,11 @@ TEST_SUITE("cache") {
 
   TEST_CASE("a cache path that is a file is refused") {
     TempDir tmp;
-    write_raw(tmp.path() / "file", "x");
+    write_file(tmp.path() / "file", "x");
     CHECK_THROWS_AS(DiskStore{tmp.path() / "file"}, CacheError);
     CHECK_THROWS_AS(DiskStore{tmp.path() / "file" / "below"}, CacheError);
   }
 
 }  // TEST_SUITE
 
-}  // namespace fusedopt_tests
+}  // namespace fusedopt::testing

@@ -10,16 +10,15 @@
 #include <vector>
 
 #include "cache/kernel_cache.hpp"
-#include "cache_test_support.hpp"
+#include "common/cache_entries.hpp"
 #include "fusedopt/error.hpp"
 
-namespace fusedopt_tests {
+namespace fusedopt::testing {
 
 using fusedopt::CacheError;
 using fusedopt::cache::KernelCache;
 using fusedopt::cache::KeyRecord;
 using fusedopt::cache::Origin;
-using namespace fusedopt::cache::test;
 using namespace std::chrono_literals;
 
 namespace {
@@ -236,7 +235,7 @@ TEST_SUITE("cache") {
     KernelCache cache(disk_options(tmp.path()));
     KeyRecord record = make_record("k");
     auto shard = cache.disk()->entry_path(record.key(), "so").parent_path();
-    write_raw(shard, "a file where the sub-folder should be");
+    write_file(shard, "a file where the sub-folder should be");
     auto result = cache.get_or_compile(record, "so", [] { return std::string("compiled anyway"); });
     CHECK(result.origin == Origin::Compiled);
     CHECK(*result.payload == "compiled anyway");
@@ -345,4 +344,4 @@ TEST_SUITE("cache") {
 
 }  // TEST_SUITE
 
-}  // namespace fusedopt_tests
+}  // namespace fusedopt::testing

@@ -5,7 +5,7 @@
 
 #include "cache/kernel_cache.hpp"
 
-namespace fusedopt_tests {
+namespace fusedopt::testing {
 
 using fusedopt::cache::Key;
 using fusedopt::cache::KeyRecord;
@@ -144,4 +144,4 @@ TEST_SUITE("cache") {
 
 }  // TEST_SUITE
 
-}  // namespace fusedopt_tests
+}  // namespace fusedopt::testing

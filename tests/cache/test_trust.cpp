@@ -9,11 +9,11 @@
 #include <string>
 
 #include "cache/kernel_cache.hpp"
-#include "cache_test_support.hpp"
+#include "common/cache_entries.hpp"
+#include "common/skip.hpp"
 #include "fusedopt/error.hpp"
-#include "support/skip.hpp"
 
-namespace fusedopt_tests {
+namespace fusedopt::testing {
 
 using fusedopt::CacheError;
 using fusedopt::cache::BadEntry;
@@ -21,9 +21,6 @@ using fusedopt::cache::DiskStore;
 using fusedopt::cache::KernelCache;
 using fusedopt::cache::KeyRecord;
 using fusedopt::cache::Origin;
-using fusedopt::testing::Availability;
-using fusedopt::testing::Requires;
-using namespace fusedopt::cache::test;
 namespace fs = std::filesystem;
 
 namespace {
@@ -47,7 +44,7 @@ std::string forged_entry(const KeyRecord& record, const std::string& ext) {
   TempDir theirs;
   DiskStore forge(theirs.path());
   forge.store(record, ext, "PLANTED payload");
-  return read_raw(forge.entry_path(record.key(), ext));
+  return read_file(forge.entry_path(record.key(), ext));
 }
 
 std::string sub_folder_message(const fs::path& shard, const std::string& why) {
@@ -83,7 +80,7 @@ fs::path plant_sub_folder(const DiskStore& store, const KeyRecord& record,
                           const std::string& bytes) {
   fs::path entry = store.entry_path(record.key(), "so");
   fs::create_directory(entry.parent_path());
-  write_raw(entry, bytes);
+  write_file(entry, bytes);
   ::chmod(entry.parent_path().c_str(), 0777);
   if (::geteuid() == 0) {
     REQUIRE(::chown(entry.parent_path().c_str(), kOtherUid, kOtherUid) == 0);
@@ -115,7 +112,7 @@ TEST_SUITE("cache") {
     CHECK_THROWS_WITH_AS(store.get_or_compile(record, "so", [] { return std::string("OURS"); }),
                          sub_folder_message(shard, why).c_str(), CacheError);
     CHECK_THROWS_AS(store.store(record, "so", "OURS"), CacheError);
-    CHECK(read_raw(entry) == planted);  // nothing of ours went into their folder
+    CHECK(read_file(entry) == planted);  // nothing of ours went into their folder
 
     // The kernel cache works around the refusal: its own binary, never theirs.
     check_compiles_its_own(dir, record);
@@ -147,14 +144,14 @@ TEST_SUITE("cache") {
     fs::path elsewhere = tmp.path() / "theirs";
     fs::create_directory(elsewhere);
     ::chmod(elsewhere.c_str(), 0700);  // private and ours: the link alone is the problem
-    write_raw(elsewhere / entry.filename(), forged_entry(record, "so"));
+    write_file(elsewhere / entry.filename(), forged_entry(record, "so"));
     ::chmod((elsewhere / entry.filename()).c_str(), 0600);
     fs::create_directory_symlink(elsewhere, entry.parent_path());
 
     std::string message = sub_folder_message(entry.parent_path(), "a symbolic link, not a folder");
     CHECK_THROWS_WITH_AS(store.load(record, "so"), message.c_str(), CacheError);
     CHECK_THROWS_AS(store.store(record, "so", "OURS"), CacheError);
-    CHECK(read_raw(elsewhere / entry.filename()) == forged_entry(record, "so"));
+    CHECK(read_file(elsewhere / entry.filename()) == forged_entry(record, "so"));
     check_compiles_its_own(store.dir(), record);
     CHECK(verify_reason(store, entry.parent_path()) ==
           message + " (left in place; its contents were not examined)");
@@ -172,7 +169,7 @@ TEST_SUITE("cache") {
     KeyRecord record = make_record("kernel");
     store.store(record, "so", "OURS");  // creates our private sub-folder
     fs::path entry = store.entry_path(record.key(), "so");
-    write_raw(entry, forged_entry(record, "so"));
+    write_file(entry, forged_entry(record, "so"));
     ::chmod(entry.c_str(), 0600);
     REQUIRE(::chown(entry.c_str(), kOtherUid, kOtherUid) == 0);
 
@@ -196,7 +193,7 @@ TEST_SUITE("cache") {
       KeyRecord record = make_record("kernel");
       store.store(record, "so", "OURS");
       fs::path entry = store.entry_path(record.key(), "so");
-      write_raw(entry, forged_entry(record, "so"));
+      write_file(entry, forged_entry(record, "so"));
       ::chmod(entry.c_str(), mode);
       char octal[8];
       std::snprintf(octal, sizeof octal, "%04o", static_cast<unsigned>(mode));
@@ -210,7 +207,7 @@ TEST_SUITE("cache") {
       CHECK(removed[0].removed);
       CHECK_FALSE(fs::exists(entry));
 
-      write_raw(entry, forged_entry(record, "so"));
+      write_file(entry, forged_entry(record, "so"));
       ::chmod(entry.c_str(), mode);
       CHECK_FALSE(store.load(record, "so").has_value());
       CHECK_FALSE(fs::exists(entry));
@@ -257,4 +254,4 @@ TEST_SUITE("cache") {
   }
 }  // TEST_SUITE
 
-}  // namespace fusedopt_tests
+}  // namespace fusedopt::testing

@@ -13,13 +13,12 @@
 #include <string>
 #include <vector>
 
+#include "common/run.hpp"
 #include "fusedopt/optimizer.hpp"
 #include "fusedopt/safetensors.hpp"
-#include "support/run.hpp"
 
-namespace fusedopt_tests {
+namespace fusedopt::testing {
 
-using namespace fusedopt::testing;
 namespace fs = std::filesystem;
 
 namespace {
@@ -181,4 +180,4 @@ TEST_SUITE("cli") {
   }
 }
 
-}  // namespace fusedopt_tests
+}  // namespace fusedopt::testing

@@ -13,14 +13,13 @@
 #include <sstream>
 #include <thread>
 
+#include "common/requirements.hpp"
+#include "common/run.hpp"
 #include "fusedopt/kernel.hpp"
 #include "support/build_dirs.hpp"
-#include "support/requirements.hpp"
-#include "support/run.hpp"
 
-namespace fusedopt_tests {
+namespace fusedopt::testing {
 
-using namespace fusedopt::testing;
 namespace fs = std::filesystem;
 
 namespace {
@@ -609,4 +608,4 @@ TEST_SUITE("cli") {
   }
 }
 
-}  // namespace fusedopt_tests
+}  // namespace fusedopt::testing

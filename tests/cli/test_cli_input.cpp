@@ -12,11 +12,10 @@
 #include <string>
 #include <vector>
 
-#include "support/run.hpp"
+#include "common/run.hpp"
 
-namespace fusedopt_tests {
+namespace fusedopt::testing {
 
-using namespace fusedopt::testing;
 namespace fs = std::filesystem;
 
 namespace {
@@ -204,4 +203,4 @@ TEST_SUITE("cli") {
   }
 }
 
-}  // namespace fusedopt_tests
+}  // namespace fusedopt::testing

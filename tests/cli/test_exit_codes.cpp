@@ -13,11 +13,10 @@
 #include <utility>
 #include <vector>
 
-#include "support/run.hpp"
+#include "common/run.hpp"
 
-namespace fusedopt_tests {
+namespace fusedopt::testing {
 
-using namespace fusedopt::testing;
 namespace fs = std::filesystem;
 
 namespace {
@@ -245,4 +244,4 @@ TEST_SUITE("cli") {
   }
 }
 
-}  // namespace fusedopt_tests
+}  // namespace fusedopt::testing

@@ -9,7 +9,7 @@
 #include "fusedopt/error.hpp"
 #include "lang/parse.hpp"
 
-namespace fusedopt_tests {
+namespace fusedopt::testing {
 
 using namespace fusedopt;
 
@@ -155,4 +155,4 @@ t = t - U
   }
 }
 
-}  // namespace fusedopt_tests
+}  // namespace fusedopt::testing

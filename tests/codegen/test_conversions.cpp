@@ -9,7 +9,7 @@
 
 #include "prelude.h"
 
-namespace fusedopt_tests {
+namespace fusedopt::testing {
 
 namespace {
 
@@ -106,4 +106,4 @@ TEST_SUITE("codegen") {
   }
 }
 
-}  // namespace fusedopt_tests
+}  // namespace fusedopt::testing

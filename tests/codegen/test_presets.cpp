@@ -21,30 +21,27 @@
 #include <vector>
 
 #include "cache/kernel_cache.hpp"
-#include "codegen/preset_references.hpp"
+#include "common/host_kernel_calls.hpp"
+#include "common/kernel_cache.hpp"
+#include "common/preset_references.hpp"
+#include "common/temp_dir.hpp"
 #include "fusedopt/dtype.hpp"
 #include "lang/ast.hpp"
 #include "presets.hpp"
-#include "support/host_kernel_calls.hpp"
-#include "support/kernel_cache.hpp"
-#include "support/temp_dir.hpp"
 
-using fusedopt::test::default_hypers;
-using fusedopt::test::grads_finite;
-using fusedopt::test::init_states;
-using fusedopt::test::run;
-using fusedopt::test::with_hyper;
+using fusedopt::testing::default_hypers;
+using fusedopt::testing::grads_finite;
+using fusedopt::testing::init_states;
+using fusedopt::testing::run;
+using fusedopt::testing::with_hyper;
 
-namespace fusedopt_tests {
+namespace fusedopt::testing {
 namespace {
 
 using fusedopt::DTypeBinding;
-using fusedopt::testing::Kernel;
 
 // ---------------------------------------------------------------------------------------
 // Fixtures: a private kernel cache, seeds.
-
-using fusedopt::testing::TempDir;
 
 fusedopt::cache::KernelCache& test_cache() { return fusedopt::testing::test_kernel_cache(); }
 
@@ -660,7 +657,7 @@ void run_adamw_storage(const std::string& binding) {
 
 }  // namespace
 
-TEST_SUITE("presets") {
+TEST_SUITE("codegen") {
   TEST_CASE(
       "the presets are the element-wise optimizers this file checks, plus lamb, lars and "
       "adafactor") {
@@ -962,4 +959,4 @@ TEST_SUITE("presets") {
   }
 }
 
-}  // namespace fusedopt_tests
+}  // namespace fusedopt::testing

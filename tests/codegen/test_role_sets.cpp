@@ -12,7 +12,7 @@
 #include "codegen/codegen.hpp"
 #include "presets.hpp"
 
-namespace fusedopt_tests {
+namespace fusedopt::testing {
 
 using namespace fusedopt;
 using fusedopt::codegen::Strategy;
@@ -100,4 +100,4 @@ TEST_SUITE("codegen") {
   }
 }
 
-}  // namespace fusedopt_tests
+}  // namespace fusedopt::testing

@@ -9,7 +9,9 @@
 
 #include "comm/backend.hpp"
 
-namespace fusedopt_tests {
+TEST_SUITE_BEGIN("comm");
+
+namespace fusedopt::testing {
 namespace {
 
 using fusedopt::DType;
@@ -77,4 +79,6 @@ TEST_CASE("block_layout: apart, this rank's own block, or an overlap") {
 }
 
 }  // namespace
-}  // namespace fusedopt_tests
+}  // namespace fusedopt::testing
+
+TEST_SUITE_END();

@@ -16,7 +16,7 @@
 #include "fusedopt/error.hpp"
 #include "support/half.hpp"
 
-namespace fusedopt_tests {
+namespace fusedopt::testing {
 
 using fusedopt::DType;
 using fusedopt::Tensor;
@@ -220,4 +220,4 @@ TEST_SUITE("comm") {
   }
 }
 
-}  // namespace fusedopt_tests
+}  // namespace fusedopt::testing

@@ -19,14 +19,15 @@
 #include <vector>
 
 #include "comm/backend.hpp"
-#include "comm/comm_requirements.hpp"
+#include "common/comm_requirements.hpp"
+#include "common/requirements.hpp"
+#include "common/scoped_env.hpp"
 #include "device/cuda_driver.hpp"
 #include "fusedopt/comm.hpp"
 #include "fusedopt/cuda.hpp"
 #include "support/half.hpp"
-#include "support/requirements.hpp"
 
-namespace fusedopt_tests {
+namespace fusedopt::testing {
 
 using fusedopt::DType;
 using fusedopt::comm::Backend;
@@ -58,39 +59,6 @@ class Loopback final : public Backend {
   fusedopt::Device device_;
 };
 
-/// Sets an environment variable for a scope and puts the previous value back.
-class ScopedEnv {
- public:
-  ScopedEnv(const char* name, const std::string& value) : name_(name) {
-    if (const char* old = std::getenv(name)) old_ = old, had_ = true;
-    setenv(name, value.c_str(), 1);
-  }
-  ~ScopedEnv() {
-    if (had_)
-      setenv(name_, old_.c_str(), 1);
-    else
-      unsetenv(name_);
-  }
-
- private:
-  const char* name_;
-  std::string old_;
-  bool had_ = false;
-};
-
-/// Cases that check what happens without a device: skipped (named) where there is one.
-const testing::Availability& no_device_availability() {
-  static const testing::Availability a = [] {
-    testing::Availability out;
-    if (fusedopt::cuda_device_available()) {
-      out.present = false;
-      out.why = "this machine has a CUDA device; the case checks what happens without one";
-    }
-    return out;
-  }();
-  return a;
-}
-
 /// The NCCL library, probed by the test itself (dlopen, then dlclose) and only where there
 /// is a device, so that fusedopt's loader is untouched until the cases run.
 const testing::Availability& nccl_library_availability() {
@@ -116,7 +84,6 @@ const testing::Availability& nccl_library_availability() {
   return a;
 }
 
-testing::Requires needs_no_device() { return testing::Requires(no_device_availability()); }
 testing::Requires needs_nccl() { return testing::Requires(nccl_library_availability()); }
 
 /// `n` values of `dtype` in device memory, with their host copy as doubles (exact in it).
@@ -166,7 +133,7 @@ struct DeviceValues {
 
 }  // namespace
 
-TEST_SUITE("comm_nccl") {
+TEST_SUITE("comm") {
   TEST_CASE("an NCCL library that cannot be loaded is an UnavailableError naming it") {
     const std::string path = "/nonexistent/fusedopt-test/libnccl.so.2";
     ScopedEnv env("FUSEDOPT_NCCL_LIBRARY", path);
@@ -203,7 +170,7 @@ TEST_SUITE("comm_nccl") {
   }
 
   TEST_CASE("without a CUDA device NCCL is unavailable, saying why, and nothing crashes" *
-            needs_no_device()) {
+            testing::needs_no_cuda_device()) {
     std::string why;
     CHECK_FALSE(Communicator::available("nccl", &why));
     INFO("why: " << why);
@@ -368,4 +335,4 @@ TEST_SUITE("comm_nccl") {
   }
 }
 
-}  // namespace fusedopt_tests
+}  // namespace fusedopt::testing

@@ -1,5 +1,5 @@
 // The host side of the NCCL transport on the fake driver and the fake NCCL
-// (tests/fake_cuda/fake_libcuda.cpp and fake_libnccl.cpp, loaded through
+// (tests/cuda_fake/fake_libcuda.cpp and fake_libnccl.cpp, loaded through
 // FUSEDOPT_CUDA_DRIVER_LIBRARY and FUSEDOPT_NCCL_LIBRARY), so it is exercised on machines
 // without a GPU: rank 0's unique id reaching ncclCommInitRank whole over an MPI singleton,
 // what each collective launches (type, op, stream), one event per operation recorded on its
@@ -18,14 +18,14 @@
 #include <string>
 #include <vector>
 
-#include "comm/comm_requirements.hpp"
+#include "common/comm_requirements.hpp"
+#include "common/requirements.hpp"
 #include "device/cuda_driver.hpp"
 #include "fusedopt/comm.hpp"
 #include "fusedopt/cuda.hpp"
 #include "fusedopt/sharded.hpp"
-#include "support/requirements.hpp"
 
-namespace fusedopt_tests {
+namespace fusedopt::testing {
 
 using fusedopt::DType;
 using fusedopt::comm::CommError;
@@ -119,7 +119,7 @@ bool contains(const std::string& text, const std::string& part) {
 
 }  // namespace
 
-TEST_SUITE("comm_nccl_fake") {
+TEST_SUITE("comm") {
   TEST_CASE("an NCCL older than 2.10 is an UnavailableError; the next attempt loads again") {
     FakeNccl nccl;
     FakeCuda cuda;
@@ -475,4 +475,4 @@ TEST_SUITE("comm_nccl_fake") {
   }
 }
 
-}  // namespace fusedopt_tests
+}  // namespace fusedopt::testing

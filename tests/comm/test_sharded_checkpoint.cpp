@@ -16,7 +16,7 @@
 #include <string>
 #include <vector>
 
-#include "comm/comm_support.hpp"
+#include "common/comm_world.hpp"
 #include "fusedopt/comm.hpp"
 #include "fusedopt/error.hpp"
 #include "fusedopt/optimizer.hpp"
@@ -31,7 +31,7 @@ using fusedopt::comm::ShardedOptimizer;
 
 namespace fs = std::filesystem;
 
-namespace fusedopt_tests {
+namespace fusedopt::testing {
 namespace {
 
 // A short rule keeps the headers, and so the number of bits to flip, small.
@@ -117,7 +117,7 @@ fs::path fresh_dir(const char* what, std::uint32_t seed) {
 
 }  // namespace
 
-TEST_SUITE("comm_mpi") {
+TEST_SUITE("comm") {
   TEST_CASE("a shard of another save put in a set's place is refused, on every rank") {
     Communicator& comm = world();
     const std::uint32_t seed = shared_seed();
@@ -348,4 +348,4 @@ TEST_SUITE("comm_mpi") {
   }
 }
 
-}  // namespace fusedopt_tests
+}  // namespace fusedopt::testing

@@ -1,6 +1,6 @@
 // ShardedOptimizer over NCCL with CUDA tensors, end to end without a GPU: under mpiexec (2
 // to 4 ranks) every rank's device is fusedopt's CUDA emulator (FUSEDOPT_CUDA_DRIVER_LIBRARY)
-// and NCCL is the fake one (FUSEDOPT_NCCL_LIBRARY, tests/fake_cuda/fake_libnccl.cpp), whose
+// and NCCL is the fake one (FUSEDOPT_NCCL_LIBRARY, tests/cuda_fake/fake_libnccl.cpp), whose
 // collectives move the ranks' device memory (host memory here) over MPI. The kernels run,
 // the collectives carry real data, and the results are checked against an unsharded
 // Optimizer on the same emulated device, fed the whole batch's gradient.
@@ -23,14 +23,14 @@
 #include <string>
 #include <vector>
 
-#include "comm/comm_requirements.hpp"
-#include "comm/comm_support.hpp"
+#include "common/comm_requirements.hpp"
+#include "common/comm_world.hpp"
+#include "common/requirements.hpp"
 #include "device/cuda_driver.hpp"
 #include "fusedopt/comm.hpp"
 #include "fusedopt/cuda.hpp"
 #include "fusedopt/optimizer.hpp"
 #include "fusedopt/sharded.hpp"
-#include "support/requirements.hpp"
 
 using fusedopt::CudaBuffer;
 using fusedopt::Device;
@@ -44,7 +44,7 @@ using fusedopt::comm::ShardedOptimizer;
 using fusedopt::comm::ShardOptions;
 namespace testing = fusedopt::testing;
 
-namespace fusedopt_tests {
+namespace fusedopt::testing {
 namespace {
 
 // 3,362 elements (every kernel launch on the emulator runs each CUDA thread as a fiber, so
@@ -191,7 +191,7 @@ void require_replicas_agree(const std::vector<float>& mine) {
 
 }  // namespace
 
-TEST_SUITE("comm_nccl_emulated") {
+TEST_SUITE("comm") {
   TEST_CASE("the fake NCCL's collectives move every rank's device memory" * testing::needs_mpi() *
             testing::needs_cuda_device()) {
     Communicator comm = nccl_world();
@@ -600,4 +600,4 @@ TEST_SUITE("comm_nccl_emulated") {
   }
 }
 
-}  // namespace fusedopt_tests
+}  // namespace fusedopt::testing

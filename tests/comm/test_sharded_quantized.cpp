@@ -14,7 +14,7 @@
 #include <utility>
 #include <vector>
 
-#include "comm/comm_support.hpp"
+#include "common/comm_world.hpp"
 #include "fusedopt/comm.hpp"
 #include "fusedopt/error.hpp"
 #include "fusedopt/optimizer.hpp"
@@ -31,7 +31,7 @@ using fusedopt::comm::GradBucketer;
 using fusedopt::comm::ShardedOptimizer;
 using fusedopt::comm::ShardOptions;
 
-namespace fusedopt_tests {
+namespace fusedopt::testing {
 namespace {
 
 // 9,478 elements; with quant_min_numel 3000 only w3 (8,191) is quantized, every shard
@@ -68,13 +68,6 @@ FlatArena filled_arena(std::uint32_t seed) {
     for (std::int64_t k = 0; k < kSizes[i]; ++k) data(a.param(i))[k] = normal(init);
   }
   return a;
-}
-
-void fill_grads(FlatArena& a, std::uint32_t seed, int rank, int step) {
-  for (std::size_t i = 0; i < a.size(); ++i) {
-    for (std::int64_t k = 0; k < kSizes[i]; ++k)
-      data(a.grad(i))[k] = grad_value(seed, rank, step, i, k);
-  }
 }
 
 /// Plain data parallel over its own arena: all-reduced gradients, the whole params.
@@ -250,4 +243,4 @@ TEST_SUITE("comm") {
   }
 }
 
-}  // namespace fusedopt_tests
+}  // namespace fusedopt::testing

@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "comm/comm_support.hpp"
+#include "common/comm_world.hpp"
 #include "fusedopt/comm.hpp"
 #include "fusedopt/optimizer.hpp"
 #include "fusedopt/sharded.hpp"
@@ -28,7 +28,7 @@ using fusedopt::comm::GradBucketer;
 using fusedopt::comm::ShardedOptimizer;
 using fusedopt::comm::ShardOptions;
 
-namespace fusedopt_tests {
+namespace fusedopt::testing {
 namespace {
 
 // Pieces cut inside params at 2 to 4 ranks (the shards of 9,478 elements).
@@ -175,4 +175,4 @@ TEST_SUITE("comm") {
   }
 }
 
-}  // namespace fusedopt_tests
+}  // namespace fusedopt::testing

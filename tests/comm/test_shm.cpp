@@ -16,7 +16,8 @@
 #include <thread>
 #include <vector>
 
-#include "comm/comm_support.hpp"
+#include "common/comm_requirements.hpp"
+#include "common/comm_world.hpp"
 #include "fusedopt/comm.hpp"
 #include "support/half.hpp"
 
@@ -53,7 +54,7 @@ void operator delete(void* p) noexcept { std::free(p); }
 void operator delete(void* p, std::size_t) noexcept { std::free(p); }
 #endif
 
-namespace fusedopt_tests {
+namespace fusedopt::testing {
 namespace {
 
 // Sizes around the engine's slices and chunks (128 KiB slots: 32768 fp32): tiny, odd,
@@ -197,7 +198,7 @@ void check_layouts(Communicator& comm, Case& c) {
 
 }  // namespace
 
-TEST_SUITE("comm_mpi") {
+TEST_SUITE("comm") {
   TEST_CASE("the transport says which path it takes") {
     Communicator& comm = world();
     const std::string t = comm.transport();
@@ -287,14 +288,12 @@ TEST_SUITE("comm_mpi") {
     CHECK(wrong_b == 0);
   }
 
-  TEST_CASE("ranks that reduce different ranges of a shared buffer get an error, not a hang") {
+  TEST_CASE("ranks that reduce different ranges of a shared buffer get an error, not a hang" *
+            fusedopt::testing::needs_in_place_collectives()) {
     Communicator comm = Communicator::mpi();
     comm.set_timeout(std::chrono::seconds(20));
     auto* buf = static_cast<float*>(comm.allocate_shared(4096));
-    if (!runs_in_place(comm)) {
-      MESSAGE("skipped: collectives do not run in place here (" << comm.transport() << ")");
-      return;
-    }
+    REQUIRE_MESSAGE(runs_in_place(comm), comm.transport());
     // Rank 0 reduces bytes [0, 64), the others [64, 128): they would read each other's wrong
     // range. Every rank of the node is told, naming both.
     float* mine = buf + (comm.rank() == 0 ? 0 : 16);
@@ -310,20 +309,22 @@ TEST_SUITE("comm_mpi") {
     }
   }
 
-  TEST_CASE("in a shared buffer, a stalled rank gives the others a CommError within the deadline") {
+  TEST_CASE("in a shared buffer, a stalled rank gives the others a CommError within the deadline" *
+            fusedopt::testing::needs_several_ranks()) {
     Communicator comm = Communicator::mpi();
     comm.set_timeout(std::chrono::seconds(20));
     auto* x = static_cast<float*>(comm.allocate_shared(4000));
-    if (comm.size() == 1) return;
+    REQUIRE(comm.size() > 1);
     MESSAGE(comm.transport());
     for (int k = 0; k < 1000; ++k) x[k] = 1.0f;
     expect_stalled_rank_error(comm, [&] { return comm.all_reduce(x, 1000, DType::F32); });
     if (comm.rank() == 1) CHECK(x[0] == static_cast<float>(comm.size()));
   }
 
-  TEST_CASE("ranks that ask for shared buffers of different sizes get a usage error, all of them") {
+  TEST_CASE("ranks that ask for shared buffers of different sizes get a usage error, all of them" *
+            fusedopt::testing::needs_several_ranks()) {
     Communicator comm = Communicator::mpi();
-    if (comm.size() == 1) return;  // nobody to differ from
+    REQUIRE(comm.size() > 1);
     CHECK_THROWS_WITH_AS(comm.allocate_shared(comm.rank() == 0 ? 128 : 256),
                          doctest::Contains("asked for different sizes"), fusedopt::UsageError);
     // The communicator still works.
@@ -475,4 +476,4 @@ TEST_SUITE("comm_mpi") {
   }
 }
 
-}  // namespace fusedopt_tests
+}  // namespace fusedopt::testing

@@ -16,14 +16,15 @@
 #include <thread>
 #include <vector>
 
-#include "comm/comm_support.hpp"
+#include "common/comm_requirements.hpp"
+#include "common/comm_world.hpp"
 #include "fusedopt/comm.hpp"
 
 using fusedopt::DType;
 using fusedopt::comm::Communicator;
 using fusedopt::comm::Work;
 
-namespace fusedopt_tests {
+namespace fusedopt::testing {
 namespace {
 
 /// Rank r's element k of block j of a reduce_scatter's send buffer.
@@ -31,7 +32,7 @@ float block_value(std::uint32_t seed, int r, int j, std::int64_t k) {
   return grad_value(seed, r, 1, static_cast<std::size_t>(j), k);
 }
 
-TEST_SUITE("comm_mpi") {
+TEST_SUITE("comm") {
   TEST_CASE("reduce_scatter and all_gather from shared send buffers run in place, exactly") {
     Communicator& comm = world();
     const int w = comm.size(), me = comm.rank();
@@ -159,7 +160,8 @@ TEST_SUITE("comm_mpi") {
     CHECK(wrong == 0);
   }
 
-  TEST_CASE("reduce_scatter and all_gather in place: a stalled rank gives the others a CommError") {
+  TEST_CASE("reduce_scatter and all_gather in place: a stalled rank gives the others a CommError" *
+            fusedopt::testing::needs_in_place_collectives()) {
     for (const bool gather : {false, true}) {
       CAPTURE(gather);
       // Before the communicator, so it outlives it: the abandoned call below writes it when
@@ -171,10 +173,7 @@ TEST_SUITE("comm_mpi") {
       const std::int64_t block = 1000;
       const auto n = static_cast<std::size_t>(block) * static_cast<std::size_t>(w);
       auto* shared = static_cast<float*>(comm.allocate_shared(n * 4));
-      if (w == 1 || !runs_in_place(comm)) {
-        MESSAGE("skipped: collectives do not run in place here (" << comm.transport() << ")");
-        return;
-      }
+      REQUIRE_MESSAGE(runs_in_place(comm), comm.transport());
       for (std::size_t i = 0; i < n; ++i) shared[i] = 1.0f;
       out.resize(gather ? n : static_cast<std::size_t>(block));
       expect_stalled_rank_error(comm, [&] {
@@ -185,15 +184,13 @@ TEST_SUITE("comm_mpi") {
     }
   }
 
-  TEST_CASE("a reduce_scatter from shared memory on one rank and not another is an error") {
+  TEST_CASE("a reduce_scatter from shared memory on one rank and not another is an error" *
+            fusedopt::testing::needs_in_place_collectives()) {
     Communicator comm = Communicator::mpi();
     comm.set_timeout(std::chrono::seconds(20));
     const int w = comm.size();
     auto* shared = static_cast<float*>(comm.allocate_shared(static_cast<std::size_t>(w) * 64));
-    if (!runs_in_place(comm)) {
-      MESSAGE("skipped: collectives do not run in place here (" << comm.transport() << ")");
-      return;
-    }
+    REQUIRE_MESSAGE(runs_in_place(comm), comm.transport());
     std::vector<float> plain(static_cast<std::size_t>(w) * 16, 1.0f), out(16);
     const float* send = comm.rank() == 0 ? shared : plain.data();
     try {
@@ -210,4 +207,4 @@ TEST_SUITE("comm_mpi") {
 }
 
 }  // namespace
-}  // namespace fusedopt_tests
+}  // namespace fusedopt::testing

@@ -10,7 +10,7 @@
 #include "exec/chunks.hpp"
 #include "fusedopt/error.hpp"
 
-namespace fusedopt_tests {
+namespace fusedopt::testing {
 
 using fusedopt::Error;
 using fusedopt::runtime::build_chunks;
@@ -112,4 +112,4 @@ TEST_SUITE("cuda") {
   }
 }
 
-}  // namespace fusedopt_tests
+}  // namespace fusedopt::testing

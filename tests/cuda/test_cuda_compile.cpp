@@ -7,21 +7,17 @@
 
 #include "cache/kernel_cache.hpp"
 #include "codegen/codegen.hpp"
-#include "compile/compiler.hpp"
-#include "compile/kernel_provider.hpp"
-#include "cuda/cuda_compile_support.hpp"
+#include "common/cuda_compile.hpp"
+#include "common/kernel_cache.hpp"
+#include "common/requirements.hpp"
 #include "fusedopt/error.hpp"
 #include "fusedopt/kernel.hpp"
 #include "presets.hpp"
 #include "rule_access.hpp"
-#include "support/kernel_cache.hpp"
-#include "support/requirements.hpp"
 
-namespace fusedopt_tests {
+namespace fusedopt::testing {
 
 using namespace fusedopt;
-using fusedopt::testing::has_symbol;
-using fusedopt::testing::kEntryPoints;
 
 namespace {
 
@@ -82,4 +78,4 @@ TEST_SUITE("cuda") {
   }
 }
 
-}  // namespace fusedopt_tests
+}  // namespace fusedopt::testing

@@ -5,7 +5,7 @@
 
 #include "device/cuda_driver.hpp"
 
-namespace fusedopt_tests {
+namespace fusedopt::testing {
 
 TEST_SUITE("cuda") {
   TEST_CASE("cuda_device_available gives a reason whenever it finds no device") {
@@ -16,4 +16,4 @@ TEST_SUITE("cuda") {
   }
 }
 
-}  // namespace fusedopt_tests
+}  // namespace fusedopt::testing

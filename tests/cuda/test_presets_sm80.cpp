@@ -1,15 +1,15 @@
 // Every preset through NVRTC for sm_80, no GPU needed (its own executable: see
-// cuda_compile_support.hpp). The generated source has no architecture-dependent code (no
+// common/cuda_compile.hpp). The generated source has no architecture-dependent code (no
 // __CUDA_ARCH__ branch: one text for every sm_XX), so the full matrix of presets and dtype
 // bindings is compiled for sm_90 (test_presets_sm90.cpp), and sm_80 compiles every preset
 // in the two bindings an A100 runs, fp32 and bf16 with an fp32 master: what differs there
 // is the instruction selection of NVRTC's back end.
 #include <doctest/doctest.h>
 
-#include "cuda/cuda_compile_support.hpp"
-#include "support/requirements.hpp"
+#include "common/cuda_compile.hpp"
+#include "common/requirements.hpp"
 
-namespace fusedopt_tests {
+namespace fusedopt::testing {
 
 TEST_SUITE("cuda") {
   TEST_CASE("every preset compiles for sm_80 in fp32 and in bf16 with an fp32 master" *
@@ -18,4 +18,4 @@ TEST_SUITE("cuda") {
   }
 }
 
-}  // namespace fusedopt_tests
+}  // namespace fusedopt::testing

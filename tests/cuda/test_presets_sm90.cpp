@@ -1,11 +1,11 @@
 // Every preset and dtype binding through NVRTC for sm_90, no GPU needed (its own
-// executable: see cuda_compile_support.hpp).
+// executable: see common/cuda_compile.hpp).
 #include <doctest/doctest.h>
 
-#include "cuda/cuda_compile_support.hpp"
-#include "support/requirements.hpp"
+#include "common/cuda_compile.hpp"
+#include "common/requirements.hpp"
 
-namespace fusedopt_tests {
+namespace fusedopt::testing {
 
 TEST_SUITE("cuda") {
   TEST_CASE("every preset and dtype binding compiles for sm_90 with all CUDA entry points" *
@@ -14,4 +14,4 @@ TEST_SUITE("cuda") {
   }
 }
 
-}  // namespace fusedopt_tests
+}  // namespace fusedopt::testing

@@ -16,13 +16,13 @@
 
 #include "cache/kernel_cache.hpp"
 #include "codegen/codegen.hpp"
+#include "common/kernel_cache.hpp"
+#include "common/requirements.hpp"
+#include "common/temp_dir.hpp"
 #include "compile/kernel_provider.hpp"
 #include "presets.hpp"
-#include "support/kernel_cache.hpp"
-#include "support/requirements.hpp"
-#include "support/temp_dir.hpp"
 
-namespace fusedopt_tests {
+namespace fusedopt::testing {
 
 using namespace fusedopt;
 
@@ -219,4 +219,4 @@ TEST_SUITE("cuda") {
   }
 }
 
-}  // namespace fusedopt_tests
+}  // namespace fusedopt::testing

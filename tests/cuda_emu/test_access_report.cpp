@@ -8,13 +8,13 @@
 #include <string>
 #include <vector>
 
+#include "common/access_report.hpp"
+#include "common/requirements.hpp"
 #include "compile/compiler.hpp"
 #include "device/cuda_driver.hpp"
 #include "fusedopt/target.hpp"
-#include "support/access_report.hpp"
-#include "support/requirements.hpp"
 
-namespace fusedopt_tests {
+namespace fusedopt::testing {
 
 using namespace fusedopt;
 namespace cu = fusedopt::runtime::cuda;
@@ -74,4 +74,4 @@ TEST_SUITE("cuda_emu") {
   }
 }
 
-}  // namespace fusedopt_tests
+}  // namespace fusedopt::testing

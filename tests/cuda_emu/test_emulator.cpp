@@ -22,13 +22,13 @@
 #include <utility>
 #include <vector>
 
+#include "common/requirements.hpp"
 #include "compile/compiler.hpp"
 #include "device/cuda_driver.hpp"
 #include "fusedopt/cuda.hpp"
 #include "fusedopt/target.hpp"
-#include "support/requirements.hpp"
 
-namespace fusedopt_tests {
+namespace fusedopt::testing {
 
 using namespace fusedopt;
 namespace cu = fusedopt::runtime::cuda;
@@ -575,4 +575,4 @@ TEST_SUITE("cuda_emu") {
   }
 }
 
-}  // namespace fusedopt_tests
+}  // namespace fusedopt::testing

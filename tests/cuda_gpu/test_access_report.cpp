@@ -1,5 +1,5 @@
 // How fusedopt's CUDA kernels touch device memory, from the CUDA emulator's access report
-// (tests/support/access_report.hpp; tests/cuda_emu/test_access_report.cpp checks the report
+// (tests/common/access_report.hpp; tests/cuda_emu/test_access_report.cpp checks the report
 // itself): AdamW's, Adafactor's and adamw8bit's kernels (Adafactor: row sums by a warp per
 // row, column means by a thread per column, matrix means by a block per tensor; adamw8bit: 8
 // slices of 512 elements a block per iteration, 1-byte codes), every kernel within 1.5x of
@@ -11,13 +11,13 @@
 #include <string>
 #include <vector>
 
+#include "common/access_report.hpp"
+#include "common/device_model.hpp"
+#include "common/requirements.hpp"
 #include "device/cuda_driver.hpp"
-#include "device_model.hpp"
 #include "fusedopt/optimizer.hpp"
-#include "support/access_report.hpp"
-#include "support/requirements.hpp"
 
-namespace fusedopt_tests {
+namespace fusedopt::testing {
 
 using namespace fusedopt;
 namespace cu = fusedopt::runtime::cuda;
@@ -56,4 +56,4 @@ TEST_SUITE("cuda_gpu") {
   }
 }
 
-}  // namespace fusedopt_tests
+}  // namespace fusedopt::testing

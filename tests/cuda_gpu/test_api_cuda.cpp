@@ -4,7 +4,7 @@
 // moved to new device memory, the plan kept), set_hyper ordered on a stream (an lr schedule
 // with no synchronisation), step_scaled's StepResult read back when asked, and checkpoints
 // of device tensors (a device optimizer loaded from one takes the saver's next step bit for
-// bit; host and device load each other's). The model (twin_tensors.hpp) has odd tensors, an
+// bit; host and device load each other's). The model (common/twin_tensors.hpp) has odd tensors, an
 // empty one, a vector body with a tail and a misaligned view.
 #include <doctest/doctest.h>
 
@@ -14,15 +14,14 @@
 #include <utility>
 #include <vector>
 
-#include "cuda_gpu/twin_tensors.hpp"
+#include "common/requirements.hpp"
+#include "common/temp_dir.hpp"
+#include "common/twin_tensors.hpp"
 #include "fusedopt/error.hpp"
-#include "support/requirements.hpp"
-#include "support/temp_dir.hpp"
 
-namespace fusedopt_tests {
+namespace fusedopt::testing {
 
 using namespace fusedopt;
-using namespace fusedopt_cuda_tests;
 
 namespace {
 
@@ -445,4 +444,4 @@ TEST_SUITE("cuda_gpu") {
   }
 }
 
-}  // namespace fusedopt_tests
+}  // namespace fusedopt::testing

@@ -19,14 +19,15 @@
 #include <vector>
 
 #include "cache/kernel_cache.hpp"
+#include "common/close.hpp"
+#include "common/kernel_run.hpp"
+#include "common/requirements.hpp"
 #include "device/cuda_driver.hpp"
 #include "device/cuda_module.hpp"
 #include "fusedopt/error.hpp"
 #include "presets.hpp"
-#include "support/kernel_run.hpp"
-#include "support/requirements.hpp"
 
-namespace fusedopt_tests {
+namespace fusedopt::testing {
 
 using namespace fusedopt;
 using testing::Kernel;
@@ -85,30 +86,6 @@ struct AdamW {
     }
   }
 };
-
-/// |got - want| <= tol * (|want| + max |want| over the role), the preset tests' criterion.
-void check_close(const std::vector<float>& got, const std::vector<double>& want, double tol,
-                 const char* what, double scale) {
-  REQUIRE(got.size() == want.size());
-  int reported = 0;
-  for (std::size_t i = 0; i < got.size(); ++i) {
-    const double err = std::abs(static_cast<double>(got[i]) - want[i]);
-    if (!(err <= tol * (std::abs(want[i]) + scale))) {
-      if (reported++ < 5) {
-        FAIL_CHECK(what << "[" << i << "]: got " << got[i] << ", want " << want[i] << " (err "
-                        << err << ")");
-      }
-    }
-  }
-  CHECK_MESSAGE(reported == 0, what << ": " << reported << " elements out of tolerance");
-}
-
-double max_abs(const std::vector<std::vector<double>>& xs) {
-  double m = 0;
-  for (const auto& x : xs)
-    for (double v : x) m = std::max(m, std::abs(v));
-  return m;
-}
 
 /// One role of a tensor list in device memory. Each tensor's buffer is its own allocation
 /// (256-byte aligned), or, with `misalign`, starts 4 bytes into it.
@@ -219,9 +196,9 @@ struct Fp32AdamWRun {
     for (std::size_t t = 0; t < numel.size(); ++t) {
       INFO("tensor " << t << " of " << numel[t] << " elements");
       const std::size_t n = static_cast<std::size_t>(numel[t]);
-      check_close(p.download<float>(t, n), rp[t], tol, "p", sp);
-      check_close(m.download<float>(t, n), rm[t], tol, "m", sm);
-      check_close(v.download<float>(t, n), rv[t], tol, "v", sv);
+      check_close("p", p.download<float>(t, n), rp[t], tol, sp);
+      check_close("m", m.download<float>(t, n), rm[t], tol, sm);
+      check_close("v", v.download<float>(t, n), rv[t], tol, sv);
     }
   }
 };
@@ -289,9 +266,9 @@ void check_bf16_master(std::size_t offset16) {
     INFO("tensor " << t);
     const std::size_t n = static_cast<std::size_t>(numel[t]);
     std::vector<float> mf = master.download<float>(t, n);
-    check_close(mf, rp[t], 1e-4, "master", sp);
-    check_close(m.download<float>(t, n), rm[t], 1e-4, "m", sm);
-    check_close(v.download<float>(t, n), rv[t], 1e-4, "v", sv);
+    check_close("master", mf, rp[t], 1e-4, sp);
+    check_close("m", m.download<float>(t, n), rm[t], 1e-4, sm);
+    check_close("v", v.download<float>(t, n), rv[t], 1e-4, sv);
     std::vector<std::uint16_t> pb = p.download<std::uint16_t>(t, n);
     for (std::size_t i = 0; i < n; ++i) CHECK(pb[i] == to_bf16(mf[i]));  // p = bf16(master)
   }
@@ -299,7 +276,7 @@ void check_bf16_master(std::size_t offset16) {
 
 }  // namespace
 
-TEST_SUITE("cuda") {
+TEST_SUITE("cuda_gpu") {
   TEST_CASE("AdamW fp32 on the GPU matches a float64 reference over 100 steps" *
             testing::needs_cuda_device()) {
     const std::uint32_t seed = fresh_seed();
@@ -410,7 +387,7 @@ TEST_SUITE("cuda") {
       Kernel::step(*b, t);
     }
     for (std::size_t t = 0; t < 2; ++t)
-      check_close(p.download<float>(t, 4096), rp[t], 1e-4, "p", max_abs(rp));
+      check_close("p", p.download<float>(t, 4096), rp[t], 1e-4, max_abs(rp));
   }
 
   TEST_CASE("bf16 params with an fp32 master on the GPU match a float64 reference" *
@@ -600,4 +577,4 @@ TEST_SUITE("cuda") {
   }
 }
 
-}  // namespace fusedopt_tests
+}  // namespace fusedopt::testing

@@ -9,14 +9,14 @@
 #include <random>
 #include <vector>
 
+#include "common/device_model.hpp"
+#include "common/requirements.hpp"
+#include "common/temp_dir.hpp"
 #include "device/cuda_driver.hpp"
-#include "device_model.hpp"
 #include "fusedopt/extension.hpp"
 #include "fusedopt/optimizer.hpp"
-#include "support/requirements.hpp"
-#include "support/temp_dir.hpp"
 
-namespace fusedopt_tests {
+namespace fusedopt::testing {
 
 using namespace fusedopt;
 namespace cu = fusedopt::runtime::cuda;
@@ -532,4 +532,4 @@ TEST_SUITE("cuda_gpu") {
   }
 }
 
-}  // namespace fusedopt_tests
+}  // namespace fusedopt::testing

@@ -23,15 +23,14 @@
 #include <utility>
 #include <vector>
 
-#include "cuda_gpu/twin_tensors.hpp"
+#include "common/requirements.hpp"
+#include "common/twin_tensors.hpp"
 #include "fusedopt/cuda.hpp"
 #include "fusedopt/kernel.hpp"
-#include "support/requirements.hpp"
 
-namespace fusedopt_tests {
+namespace fusedopt::testing {
 
 using namespace fusedopt;
-using namespace fusedopt_cuda_tests;
 
 namespace {
 
@@ -145,7 +144,7 @@ std::vector<double> values_of(DType dtype, std::mt19937& rng, std::int64_t n, do
   std::vector<double> out = random_values(rng, n, sd);
   for (double& x : out) {
     x = dtype == DType::F32 ? static_cast<double>(static_cast<float>(x))
-                            : fusedopt_tests::round_to(dtype, x);
+                            : fusedopt::testing::round_to(dtype, x);
   }
   return out;
 }
@@ -208,7 +207,7 @@ void compare_run(const Rule& rule, DeviceRun& run) {
     const bool sign_update = rule.name() == "lion" || rule.name() == "lion8bit";
     if (!master) {
       if (sign_update) forgive_sign_jumps(what, dp, hp[k], lr_of(rule, k), p_scale);
-      check_role(what, dp, hp[k], kTol, p_scale);
+      check_close(what, dp, hp[k], kTol, p_scale);
       continue;
     }
     // A 16-bit param with a master: exactly its master rounded to nearest even; the
@@ -216,15 +215,15 @@ void compare_run(const Rule& rule, DeviceRun& run) {
     const std::vector<double> m = read_view(run.gpu->state("master", static_cast<int>(k)), true);
     std::vector<double> rounded(m.size());
     for (std::size_t i = 0; i < m.size(); ++i) {
-      rounded[i] = fusedopt_tests::round_to(b.param, m[i]);
+      rounded[i] = fusedopt::testing::round_to(b.param, m[i]);
     }
-    check_role(what + " against its master rounded", dp, rounded, 0.0, 0.0);
+    check_close(what + " against its master rounded", dp, rounded, 0.0, 0.0);
     std::vector<double> master_values = m;
     if (sign_update) {
       forgive_sign_jumps("master of t" + std::to_string(k), master_values, hp[k], lr_of(rule, k),
                          p_scale);
     }
-    check_role("master of t" + std::to_string(k), master_values, hp[k], kTol, p_scale);
+    check_close("master of t" + std::to_string(k), master_values, hp[k], kTol, p_scale);
   }
   const std::vector<std::string> scalars = rule.scalars();
   for (const std::string& name : state_names(rule)) {
@@ -239,9 +238,9 @@ void compare_run(const Rule& rule, DeviceRun& run) {
     for (std::size_t k = 0; k < nt; ++k) {
       const std::string what = name + " of t" + std::to_string(k);
       if (scalar) {
-        check_role(what, got[k], want[k], kScalarTol, 0.0);
+        check_close(what, got[k], want[k], kScalarTol, 0.0);
       } else {
-        check_role(what, got[k], want[k], kTol, scale);
+        check_close(what, got[k], want[k], kTol, scale);
       }
     }
   }
@@ -493,4 +492,4 @@ TEST_SUITE("cuda_gpu") {
   }
 }
 
-}  // namespace fusedopt_tests
+}  // namespace fusedopt::testing

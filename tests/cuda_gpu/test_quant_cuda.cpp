@@ -11,12 +11,12 @@
 #include <string>
 #include <vector>
 
+#include "common/device_model.hpp"
+#include "common/requirements.hpp"
 #include "device/cuda_driver.hpp"
-#include "device_model.hpp"
 #include "fusedopt/optimizer.hpp"
-#include "support/requirements.hpp"
 
-namespace fusedopt_tests {
+namespace fusedopt::testing {
 
 using namespace fusedopt;
 
@@ -254,4 +254,4 @@ TEST_SUITE("cuda_gpu") {
   }
 }
 
-}  // namespace fusedopt_tests
+}  // namespace fusedopt::testing

@@ -13,7 +13,7 @@
 
 #include "support/parse_number.hpp"
 
-namespace fusedopt_tests {
+namespace fusedopt::testing {
 
 using fusedopt::support::parse_double_strict;
 using fusedopt::support::parse_int_strict;
@@ -66,4 +66,4 @@ TEST_SUITE("io") {
   }
 }
 
-}  // namespace fusedopt_tests
+}  // namespace fusedopt::testing

@@ -7,12 +7,12 @@
 #include <cstring>
 #include <random>
 
+#include "common/safetensors_files.hpp"
+#include "common/temp_dir.hpp"
 #include "fusedopt/error.hpp"
 #include "io/safetensors.hpp"
-#include "io/st_test_support.hpp"
-#include "support/temp_dir.hpp"
 
-namespace fusedopt_tests {
+namespace fusedopt::testing {
 
 namespace fs = std::filesystem;
 using fusedopt::Error;
@@ -21,11 +21,6 @@ using fusedopt::io::kDataChecksumKey;
 using fusedopt::io::read_safetensors;
 using fusedopt::io::TensorView;
 using fusedopt::io::write_safetensors;
-using fusedopt::testing::random_bytes;
-using fusedopt::testing::raw_safetensors;
-using fusedopt::testing::read_file;
-using fusedopt::testing::TempDir;
-using fusedopt::testing::write_file;
 
 namespace {
 
@@ -178,4 +173,4 @@ TEST_SUITE("io") {
   }
 }
 
-}  // namespace fusedopt_tests
+}  // namespace fusedopt::testing

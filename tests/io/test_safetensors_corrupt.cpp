@@ -4,19 +4,16 @@
 
 #include <random>
 
+#include "common/safetensors_files.hpp"
+#include "common/temp_dir.hpp"
 #include "fusedopt/error.hpp"
 #include "io/safetensors.hpp"
-#include "io/st_test_support.hpp"
-#include "support/temp_dir.hpp"
 
-namespace fusedopt_tests {
+namespace fusedopt::testing {
 
 namespace fs = std::filesystem;
 using fusedopt::Error;
 using fusedopt::io::read_safetensors;
-using fusedopt::testing::raw_safetensors;
-using fusedopt::testing::TempDir;
-using fusedopt::testing::write_file;
 
 namespace {
 
@@ -170,4 +167,4 @@ TEST_SUITE("io") {
   }
 }
 
-}  // namespace fusedopt_tests
+}  // namespace fusedopt::testing

@@ -20,22 +20,19 @@
 #include <thread>
 #include <vector>
 
+#include "common/safetensors_files.hpp"
+#include "common/temp_dir.hpp"
 #include "fusedopt/error.hpp"
 #include "io/safetensors.hpp"
-#include "io/st_test_support.hpp"
 #include "support/atomic_write.hpp"
-#include "support/temp_dir.hpp"
 
-namespace fusedopt_tests {
+namespace fusedopt::testing {
 
 namespace fs = std::filesystem;
 using fusedopt::IoError;
 using fusedopt::io::read_safetensors;
 using fusedopt::io::TensorView;
 using fusedopt::io::write_safetensors;
-using fusedopt::testing::raw_safetensors;
-using fusedopt::testing::TempDir;
-using fusedopt::testing::write_file;
 
 namespace {
 
@@ -73,22 +70,6 @@ double read_seconds(const fs::path& path, int runs) {
     CHECK(!file.tensors.empty());
   }
   return best;
-}
-
-mode_t mode_of(const fs::path& p) {
-  struct stat st {};
-  REQUIRE(::stat(p.c_str(), &st) == 0);
-  return st.st_mode & 07777;
-}
-
-/// A pid that is certainly not alive: a child that exited and was reaped.
-pid_t dead_pid() {
-  const pid_t child = ::fork();
-  REQUIRE(child >= 0);
-  if (child == 0) ::_exit(0);
-  int status = 0;
-  REQUIRE(::waitpid(child, &status, 0) == child);
-  return child;
 }
 
 std::string error_of(const fs::path& p) {
@@ -325,4 +306,4 @@ TEST_SUITE("io") {
   }
 }
 
-}  // namespace fusedopt_tests
+}  // namespace fusedopt::testing

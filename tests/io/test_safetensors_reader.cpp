@@ -11,11 +11,11 @@
 #include <random>
 #include <vector>
 
+#include "common/safetensors_files.hpp"
 #include "fusedopt/error.hpp"
 #include "fusedopt/safetensors.hpp"
-#include "io/st_test_support.hpp"
 
-namespace fusedopt_tests {
+namespace fusedopt::testing {
 
 namespace {
 
@@ -124,4 +124,4 @@ TEST_SUITE("io") {
   }
 }
 
-}  // namespace fusedopt_tests
+}  // namespace fusedopt::testing

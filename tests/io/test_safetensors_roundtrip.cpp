@@ -9,14 +9,13 @@
 #include <cstring>
 #include <random>
 
-#include "fusedopt/dtype.hpp"
+#include "common/safetensors_files.hpp"
+#include "common/temp_dir.hpp"
 #include "fusedopt/error.hpp"
 #include "io/json.hpp"
 #include "io/safetensors.hpp"
-#include "io/st_test_support.hpp"
-#include "support/temp_dir.hpp"
 
-namespace fusedopt_tests {
+namespace fusedopt::testing {
 
 namespace fs = std::filesystem;
 using fusedopt::Error;
@@ -24,10 +23,6 @@ using fusedopt::io::dtype_bytes;
 using fusedopt::io::read_safetensors;
 using fusedopt::io::TensorView;
 using fusedopt::io::write_safetensors;
-using fusedopt::testing::raw_safetensors;
-using fusedopt::testing::read_file;
-using fusedopt::testing::TempDir;
-using fusedopt::testing::write_file;
 
 namespace {
 
@@ -283,4 +278,4 @@ TEST_SUITE("io") {
   }
 }
 
-}  // namespace fusedopt_tests
+}  // namespace fusedopt::testing

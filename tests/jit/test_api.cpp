@@ -4,10 +4,10 @@
 
 #include <cstdlib>
 
+#include "common/temp_dir.hpp"
 #include "fusedopt/kernel.hpp"
-#include "support/temp_dir.hpp"
 
-namespace fusedopt_tests {
+namespace fusedopt::testing {
 
 using namespace fusedopt;
 
@@ -44,4 +44,4 @@ TEST_SUITE("jit") {
   }
 }
 
-}  // namespace fusedopt_tests
+}  // namespace fusedopt::testing

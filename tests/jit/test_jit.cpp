@@ -12,24 +12,20 @@
 
 #include "cache/kernel_cache.hpp"
 #include "codegen/codegen.hpp"
-#include "compile/compiler.hpp"
+#include "common/host_kernel_calls.hpp"
+#include "common/kernel_cache.hpp"
+#include "common/requirements.hpp"
+#include "common/sized_rule.hpp"
+#include "common/temp_dir.hpp"
 #include "compile/kernel_provider.hpp"
+#include "device/backend.hpp"
+#include "device/host_module.hpp"
+#include "exec/binding.hpp"
 #include "fusedopt/error.hpp"
 #include "lang/parse.hpp"
 #include "presets.hpp"
-#include "support/host_kernel_calls.hpp"
-#include "support/kernel_cache.hpp"
-#include "support/requirements.hpp"
-#include "support/sized_rule.hpp"
-#include "support/temp_dir.hpp"
 
-namespace fusedopt_tests {
-
-using fusedopt::test::default_hypers;
-using fusedopt::test::grads_finite;
-using fusedopt::test::init_states;
-using fusedopt::test::run;
-using fusedopt::test::with_hyper;
+namespace fusedopt::testing {
 
 using namespace fusedopt;
 
@@ -47,7 +43,7 @@ bool is_elf(const std::string& bytes) {
                                            "ELF") == 0;
 }
 
-/// The cache of the cases that are not about caching (support/kernel_cache.hpp).
+/// The cache of the cases that are not about caching (common/kernel_cache.hpp).
 cache::KernelCache& shared_cache() { return testing::test_kernel_cache(); }
 
 codegen::TrustedFunctor functor_sgd() {
@@ -377,9 +373,9 @@ float = float - lr * half / std
     std::vector<float> p = {1.0f, -2.0f, 0.5f}, g = {0.5f, 1.0f, -3.0f};
     std::vector<float> half(3, 0.0f), aut(3, 0.0f);
     std::vector<std::vector<void*>> ptrs = {{p.data(), g.data(), half.data(), aut.data()}};
-    test::init_states(k, ptrs, {3}, {{0.1, 1e-3}});
+    init_states(k, ptrs, {3}, {{0.1, 1e-3}});
     const std::vector<float> p0 = p;
-    test::run(k, ptrs, {3}, {{0.1, 1e-3}}, 1.0f);
+    run(k, ptrs, {3}, {{0.1, 1e-3}}, 1.0f);
     for (int i = 0; i < 3; ++i) {
       const double h = 0.1 * g[i], a = double(g[i]) * g[i], s = std::sqrt(a) + 1e-8;
       CHECK(p[i] == doctest::Approx(p0[i] - 1e-3 * h / s).epsilon(1e-6));
@@ -399,7 +395,39 @@ float = float - lr * half / std
     auto body = codegen::generate_functor_body(functor_sgd(), DTypeBinding{});
     provider::ProvidedKernel k =
         provider::provide_body(body, DTypeBinding{}, Target::host(), cache);
-    CHECK(is_elf(*k.binary));
+    REQUIRE(is_elf(*k.binary));
+    // Loaded as the Optimizer loads a host kernel, its states initialised, then two steps
+    // over fresh random data against the functor's formula in float64.
+    auto backend = runtime::make_backend(Device::host());
+    std::shared_ptr<const std::string> binary = k.binary;
+    std::shared_ptr<runtime::Module> module = backend->load(
+        runtime::KernelImage{Target::host(), std::move(binary), k.take_info()}, nullptr);
+    REQUIRE(module != nullptr);
+    const std::int64_t n = 1000;
+    std::mt19937 rng(std::random_device{}());
+    std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+    std::vector<float> p(n), g(n), m(n, -7.0f);
+    for (std::int64_t i = 0; i < n; ++i) p[i] = u(rng), g[i] = u(rng);
+    runtime::BindingTensors t;
+    t.ptrs = {{p.data(), g.data(), m.data()}};  // p, g, then the states (functor roles)
+    t.numel = {n};
+    const double lr = 0.25, mu = 0.5;  // fo_hypers in the functor's order: lr, mu
+    runtime::Binding b(*backend, module, t, {{lr, mu}});
+    b.init_states();
+    std::vector<double> want_p(p.begin(), p.end()), want_m(n, 0.5);  // m's initial value
+    for (int step = 1; step <= 2; ++step) {
+      testing::Kernel::step(b, step);
+      for (std::int64_t i = 0; i < n; ++i) {
+        want_m[i] = mu * want_m[i] + g[i];
+        want_p[i] -= lr * want_m[i];
+      }
+    }
+    std::int64_t wrong = 0;
+    for (std::int64_t i = 0; i < n; ++i) {
+      wrong += std::abs(m[i] - want_m[i]) > 1e-6 * (1 + std::abs(want_m[i])) ||
+               std::abs(p[i] - want_p[i]) > 1e-6 * (1 + std::abs(want_p[i]));
+    }
+    CHECK_MESSAGE(wrong == 0, wrong << " of " << 2 * n << " values differ from the reference");
   }
 
   TEST_CASE("a trusted functor compiles with NVRTC" * testing::needs_nvrtc()) {
@@ -516,4 +544,4 @@ float = float - lr * half / std
   }
 }
 
-}  // namespace fusedopt_tests
+}  // namespace fusedopt::testing

@@ -7,12 +7,12 @@
 #include <string>
 #include <vector>
 
+#include "common/requirements.hpp"
+#include "common/run.hpp"
 #include "compile/compiler.hpp"
 #include "fusedopt/kernel.hpp"
-#include "support/requirements.hpp"
-#include "support/run.hpp"
 
-namespace fusedopt_tests {
+namespace fusedopt::testing {
 
 using namespace fusedopt;
 
@@ -120,4 +120,4 @@ TEST_SUITE("jit") {
   }
 }
 
-}  // namespace fusedopt_tests
+}  // namespace fusedopt::testing

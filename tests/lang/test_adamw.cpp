@@ -3,9 +3,9 @@
 
 #include <string>
 
-#include "lang_test_util.hpp"
+#include "common/rule_errors.hpp"
 
-namespace fusedopt_tests {
+namespace fusedopt::testing {
 
 using fusedopt::lang::dump;
 using fusedopt::lang::Op;
@@ -104,4 +104,4 @@ TEST_SUITE("lang") {
   }
 }
 
-}  // namespace fusedopt_tests
+}  // namespace fusedopt::testing

@@ -5,20 +5,17 @@
 #include <string>
 #include <vector>
 
+#include "common/rule_errors.hpp"
 #include "fusedopt/dtype.hpp"
 #include "fusedopt/kernel.hpp"
 #include "fusedopt/optimizer.hpp"
-#include "lang_test_util.hpp"
 
-namespace fusedopt_tests {
+namespace fusedopt::testing {
 
 using fusedopt::RuleError;
 using fusedopt::lang::Op;
 using fusedopt::lang::parse_rule;
 using fusedopt::lang::SymKind;
-using fusedopt::lang::test::contains;
-using fusedopt::lang::test::kHeader;
-using fusedopt::lang::test::parse_error;
 
 namespace {
 
@@ -390,4 +387,4 @@ TEST_SUITE("lang") {
   }
 }
 
-}  // namespace fusedopt_tests
+}  // namespace fusedopt::testing

@@ -8,13 +8,14 @@
 #include <sstream>
 #include <string>
 
-#include "lang_test_util.hpp"
+#include "common/rule_errors.hpp"
+#include "common/temp_dir.hpp"
 
 #ifndef FUSEDOPT_TEST_DATA
 #error "FUSEDOPT_TEST_DATA must name the tests/data folder"
 #endif
 
-namespace fusedopt_tests {
+namespace fusedopt::testing {
 
 using fusedopt::RuleError;
 using fusedopt::lang::parse_rule;
@@ -22,13 +23,6 @@ using fusedopt::lang::parse_rule;
 namespace fs = std::filesystem;
 
 namespace {
-
-std::string read_file(const fs::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::ostringstream out;
-  out << in.rdbuf();
-  return out.str();
-}
 
 struct Expected {
   int line = 0;
@@ -101,4 +95,4 @@ TEST_SUITE("lang") {
   }
 }
 
-}  // namespace fusedopt_tests
+}  // namespace fusedopt::testing

@@ -5,16 +5,13 @@
 #include <string>
 
 #include "codegen/codegen.hpp"
-#include "lang_test_util.hpp"
+#include "common/rule_errors.hpp"
 
-namespace fusedopt_tests {
+namespace fusedopt::testing {
 
 using fusedopt::RuleError;
 using fusedopt::lang::dump;
 using fusedopt::lang::parse_rule;
-using fusedopt::lang::test::contains;
-using fusedopt::lang::test::kHeader;
-using fusedopt::lang::test::parse_error;
 
 TEST_SUITE("lang") {
   TEST_CASE("injection: a statement closing the kernel is refused at the ';'") {
@@ -84,4 +81,4 @@ TEST_SUITE("lang") {
   }
 }
 
-}  // namespace fusedopt_tests
+}  // namespace fusedopt::testing

@@ -3,15 +3,13 @@
 
 #include <string>
 
-#include "lang_test_util.hpp"
+#include "common/rule_errors.hpp"
 
-namespace fusedopt_tests {
+namespace fusedopt::testing {
 
 using fusedopt::RuleError;
 using fusedopt::lang::dump;
 using fusedopt::lang::parse_rule;
-using fusedopt::lang::test::kHeader;
-using fusedopt::lang::test::parse_error;
 
 namespace {
 
@@ -45,8 +43,8 @@ TEST_SUITE("lang") {
     REQUIRE(e);
     CHECK(e->column() == 5);
     CHECK(e->message() == "malformed number '0x1F'");
-    CHECK(fusedopt::lang::test::contains(e->hint(), "hexadecimal"));
-    CHECK(fusedopt::lang::test::contains(e->what(), "^~~~"));
+    CHECK(fusedopt::testing::contains(e->hint(), "hexadecimal"));
+    CHECK(fusedopt::testing::contains(e->what(), "^~~~"));
   }
 
   TEST_CASE("lexer rejects numbers beyond the fp32 range") {
@@ -154,7 +152,7 @@ TEST_SUITE("lang") {
     REQUIRE(e);
     CHECK(e->column() == 7);
     CHECK(e->message() == "'**' is not an operator");
-    CHECK(fusedopt::lang::test::contains(e->hint(), "'^'"));
+    CHECK(fusedopt::testing::contains(e->hint(), "'^'"));
   }
 
   TEST_CASE("lexer rejects names with a leading underscore") {
@@ -162,4 +160,4 @@ TEST_SUITE("lang") {
   }
 }
 
-}  // namespace fusedopt_tests
+}  // namespace fusedopt::testing

@@ -7,9 +7,9 @@
 #include <string>
 #include <tuple>
 
-#include "lang_test_util.hpp"
+#include "common/rule_errors.hpp"
 
-namespace fusedopt_tests {
+namespace fusedopt::testing {
 
 using fusedopt::RuleError;
 using fusedopt::lang::kMaxExprDepth;
@@ -17,7 +17,6 @@ using fusedopt::lang::kMaxRuleBytes;
 using fusedopt::lang::kMaxStatements;
 using fusedopt::lang::kMaxTemporaries;
 using fusedopt::lang::parse_rule;
-using fusedopt::lang::test::parse_error;
 
 namespace {
 
@@ -199,4 +198,4 @@ TEST_SUITE("lang") {
   }
 }
 
-}  // namespace fusedopt_tests
+}  // namespace fusedopt::testing

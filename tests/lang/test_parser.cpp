@@ -4,16 +4,13 @@
 #include <string>
 #include <utility>
 
-#include "lang_test_util.hpp"
+#include "common/rule_errors.hpp"
 
-namespace fusedopt_tests {
+namespace fusedopt::testing {
 
 using fusedopt::RuleError;
 using fusedopt::lang::dump;
 using fusedopt::lang::parse_rule;
-using fusedopt::lang::test::contains;
-using fusedopt::lang::test::kHeader;
-using fusedopt::lang::test::parse_error;
 
 namespace {
 
@@ -218,4 +215,4 @@ TEST_SUITE("lang") {
   }
 }
 
-}  // namespace fusedopt_tests
+}  // namespace fusedopt::testing

@@ -6,20 +6,17 @@
 
 #include <string>
 
+#include "common/rule_errors.hpp"
 #include "fusedopt/kernel.hpp"
-#include "lang_test_util.hpp"
 #include "presets.hpp"
 
-namespace fusedopt_tests {
+namespace fusedopt::testing {
 
 using fusedopt::RuleError;
 using fusedopt::lang::kMaxReductionPasses;
 using fusedopt::lang::parse_rule;
 using fusedopt::lang::ReduceKind;
 using fusedopt::lang::Scope;
-using fusedopt::lang::test::contains;
-using fusedopt::lang::test::kHeader;
-using fusedopt::lang::test::parse_error;
 
 namespace {
 
@@ -227,4 +224,4 @@ TEST_SUITE("lang") {
   }
 }
 
-}  // namespace fusedopt_tests
+}  // namespace fusedopt::testing

@@ -4,10 +4,10 @@
 
 #include <string>
 
-#include "lang_test_util.hpp"
-#include "support/sized_rule.hpp"
+#include "common/rule_errors.hpp"
+#include "common/sized_rule.hpp"
 
-namespace fusedopt_tests {
+namespace fusedopt::testing {
 
 namespace {
 
@@ -16,10 +16,6 @@ using fusedopt::lang::Op;
 using fusedopt::lang::parse_rule;
 using fusedopt::lang::Rule;
 using fusedopt::lang::SymKind;
-using fusedopt::lang::test::contains;
-using fusedopt::lang::test::parse_error;
-using fusedopt::testing::RuleSize;
-using fusedopt::testing::sized_rule;
 
 struct Counts {
   int statements = 0;
@@ -142,4 +138,4 @@ TEST_SUITE("lang") {
   }
 }
 
-}  // namespace fusedopt_tests
+}  // namespace fusedopt::testing

@@ -8,10 +8,10 @@
 #include <random>
 #include <vector>
 
+#include "common/host_tensors.hpp"
 #include "fusedopt/error.hpp"
-#include "runtime/runtime_support.hpp"
 
-namespace fusedopt_tests {
+namespace fusedopt::testing {
 namespace {
 
 using fusedopt::Device;
@@ -133,4 +133,4 @@ TEST_SUITE("runtime") {
   }
 }
 
-}  // namespace fusedopt_tests
+}  // namespace fusedopt::testing

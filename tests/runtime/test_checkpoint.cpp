@@ -8,13 +8,13 @@
 #include <fstream>
 #include <iterator>
 
+#include "common/host_tensors.hpp"
+#include "common/temp_dir.hpp"
 #include "fusedopt/error.hpp"
 #include "io/safetensors.hpp"
 #include "presets.hpp"
-#include "runtime/runtime_support.hpp"
-#include "support/temp_dir.hpp"
 
-namespace fusedopt_tests {
+namespace fusedopt::testing {
 namespace {
 
 using fusedopt::DType;
@@ -493,4 +493,4 @@ TEST_SUITE("runtime") {
   }
 }
 
-}  // namespace fusedopt_tests
+}  // namespace fusedopt::testing

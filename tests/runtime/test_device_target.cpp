@@ -10,7 +10,7 @@
 #include "compile/device_target.hpp"
 #include "fusedopt/error.hpp"
 
-namespace fusedopt_tests {
+namespace fusedopt::testing {
 
 using fusedopt::Target;
 using fusedopt::UnavailableError;
@@ -93,4 +93,4 @@ TEST_SUITE("runtime") {
   }
 }
 
-}  // namespace fusedopt_tests
+}  // namespace fusedopt::testing

@@ -8,13 +8,13 @@
 #include <filesystem>
 
 #include "codegen/codegen.hpp"
+#include "common/host_tensors.hpp"
+#include "common/requirements.hpp"
+#include "common/temp_dir.hpp"
 #include "fusedopt/error.hpp"
 #include "presets.hpp"
-#include "runtime/runtime_support.hpp"
-#include "support/requirements.hpp"
-#include "support/temp_dir.hpp"
 
-namespace fusedopt_tests {
+namespace fusedopt::testing {
 namespace {
 
 using fusedopt::DType;
@@ -406,4 +406,4 @@ TEST_SUITE("runtime") {
   }
 }
 
-}  // namespace fusedopt_tests
+}  // namespace fusedopt::testing

@@ -10,12 +10,12 @@
 #include <string>
 #include <vector>
 
+#include "common/factored_reference.hpp"
+#include "common/host_tensors.hpp"
+#include "common/temp_dir.hpp"
 #include "fusedopt/optimizer.hpp"
-#include "runtime/factored_reference.hpp"
-#include "runtime/runtime_support.hpp"
-#include "support/temp_dir.hpp"
 
-namespace fusedopt_tests {
+namespace fusedopt::testing {
 namespace {
 
 using fusedopt::DType;
@@ -191,7 +191,7 @@ void run_adafactor(const std::vector<std::vector<std::int64_t>>& shapes,
 
 }  // namespace
 
-TEST_SUITE("factored state") {
+TEST_SUITE("runtime") {
   TEST_CASE("adafactor matches torch.optim.Adafactor on matrices, a batch and 1-D params") {
     // Primes; one matrix of 521 x 263 (five chunks of whole rows: 124 rows of 263 columns
     // fill a 2^15-element host chunk), a batch of 3 matrices, 1-D params of 2^17 + 3 (four
@@ -508,4 +508,4 @@ p = p - lr * g * rsqrt(rv * cv * cv + 1)
   }
 }
 
-}  // namespace fusedopt_tests
+}  // namespace fusedopt::testing

@@ -11,12 +11,13 @@
 #include <string>
 #include <vector>
 
+#include "common/close.hpp"
+#include "common/factored_reference.hpp"
+#include "common/host_tensors.hpp"
+#include "common/quant_reference.hpp"
 #include "fusedopt/optimizer.hpp"
-#include "runtime/factored_reference.hpp"
-#include "runtime/quant_reference.hpp"
-#include "runtime/runtime_support.hpp"
 
-namespace fusedopt_tests {
+namespace fusedopt::testing {
 namespace {
 
 using fusedopt::DType;
@@ -44,19 +45,6 @@ std::vector<double> fp32_of(const fusedopt::Tensor& t) {
   return out;
 }
 
-/// |got - want| within 1e-5 of the larger of |want| and the largest |want|, element by
-/// element.
-void check_close(const char* what, const std::vector<double>& got,
-                 const std::vector<double>& want) {
-  INFO(what);
-  REQUIRE(got.size() == want.size());
-  double scale = 0;
-  for (double x : want) scale = std::max(scale, std::abs(x));
-  for (std::size_t i = 0; i < want.size(); ++i) {
-    REQUIRE(std::abs(got[i] - want[i]) <= 1e-5 * (std::abs(want[i]) + scale));
-  }
-}
-
 /// Counts m's codes that differ from the nearest codes of the float64 values `want`
 /// (block `block`), and checks the absmax to fp32 accuracy.
 void count_codes(const Optimizer& opt, int k, const std::vector<double>& want, Quant q, int block,
@@ -75,7 +63,7 @@ void count_codes(const Optimizer& opt, int k, const std::vector<double>& want, Q
 
 }  // namespace
 
-TEST_SUITE("factored state") {
+TEST_SUITE("runtime") {
   TEST_CASE("came and adam_mini with quantized m follow their float64 step from their own states") {
     use_private_cache();
     const std::uint32_t seed = fresh_seed();
@@ -143,19 +131,19 @@ TEST_SUITE("factored state") {
             const int ki = static_cast<int>(k);
             INFO("step " << t << ", param " << k);
             const std::vector<double>& m = came ? cref[k].m : mref[k].m;
-            check_close("param", model.values(k), came ? cref[k].p : mref[k].p);
+            check_close("param", model.values(k), came ? cref[k].p : mref[k].p, 1e-5);
             if (came) {
-              check_close("r", fp32_of(opt.state("r", ki)), cref[k].r);
+              check_close("r", fp32_of(opt.state("r", ki)), cref[k].r, 1e-5);
               if (cref[k].factored) {
-                check_close("c", fp32_of(opt.state("c", ki)), cref[k].c);
-                check_close("rr", fp32_of(opt.state("rr", ki)), cref[k].rr);
-                check_close("cc", fp32_of(opt.state("cc", ki)), cref[k].cc);
+                check_close("c", fp32_of(opt.state("c", ki)), cref[k].c, 1e-5);
+                check_close("rr", fp32_of(opt.state("rr", ki)), cref[k].rr, 1e-5);
+                check_close("cc", fp32_of(opt.state("cc", ki)), cref[k].cc, 1e-5);
               }
             } else {
-              check_close("v", fp32_of(opt.state("v", ki)), mref[k].v);
+              check_close("v", fp32_of(opt.state("v", ki)), mref[k].v, 1e-5);
             }
             if (k == 2) {
-              check_close("m (unquantized)", values_of(opt, "m", ki), m);
+              check_close("m (unquantized)", values_of(opt, "m", ki), m, 1e-5);
             } else {
               count_codes(opt, ki, m, q, block, differ, total);
             }
@@ -169,4 +157,4 @@ TEST_SUITE("factored state") {
   }
 }
 
-}  // namespace fusedopt_tests
+}  // namespace fusedopt::testing

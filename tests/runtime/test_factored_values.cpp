@@ -12,10 +12,12 @@
 #include <string>
 #include <vector>
 
+#include "common/host_tensors.hpp"
 #include "fusedopt/optimizer.hpp"
-#include "runtime/runtime_support.hpp"
 
-namespace fusedopt_tests {
+TEST_SUITE_BEGIN("runtime");
+
+namespace fusedopt::testing {
 namespace {
 
 using fusedopt::DType;
@@ -147,4 +149,6 @@ TEST_CASE("row and column values: one text before and after its states' updates,
 }
 
 }  // namespace
-}  // namespace fusedopt_tests
+}  // namespace fusedopt::testing
+
+TEST_SUITE_END();

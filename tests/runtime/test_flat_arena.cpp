@@ -7,10 +7,10 @@
 #include <iterator>
 #include <vector>
 
+#include "common/host_tensors.hpp"
 #include "fusedopt/error.hpp"
-#include "runtime/runtime_support.hpp"
 
-namespace fusedopt_tests {
+namespace fusedopt::testing {
 
 TEST_SUITE("runtime") {
   TEST_CASE("FlatArena lays each dtype's params out contiguously, 64-byte aligned, zeroed") {
@@ -171,4 +171,4 @@ TEST_SUITE("runtime") {
   }
 }
 
-}  // namespace fusedopt_tests
+}  // namespace fusedopt::testing

@@ -9,6 +9,8 @@
 
 #include "floor.hpp"
 
+TEST_SUITE_BEGIN("runtime");
+
 using fusedopt::PassTraffic;
 using fusedopt::bench::InPlaceFloor;
 
@@ -69,3 +71,5 @@ TEST_CASE("the in-place floor touches every word of every role, as many bytes as
   d.seconds();
   for (std::uint32_t w : d.slot(1, 0)) REQUIRE(w == 2u);
 }
+
+TEST_SUITE_END();

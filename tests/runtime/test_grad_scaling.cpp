@@ -7,10 +7,10 @@
 #include <cstring>
 #include <limits>
 
+#include "common/host_tensors.hpp"
 #include "fusedopt/error.hpp"
-#include "runtime/runtime_support.hpp"
 
-namespace fusedopt_tests {
+namespace fusedopt::testing {
 namespace {
 
 using fusedopt::DType;
@@ -272,4 +272,4 @@ TEST_SUITE("runtime") {
   }
 }
 
-}  // namespace fusedopt_tests
+}  // namespace fusedopt::testing

@@ -9,16 +9,15 @@
 #include <vector>
 
 #include "cache/kernel_cache.hpp"
+#include "common/host_kernel_calls.hpp"
+#include "common/host_tensors.hpp"
+#include "common/kernel_run.hpp"
 #include "presets.hpp"
-#include "runtime/runtime_support.hpp"
-#include "support/host_kernel_calls.hpp"
-#include "support/kernel_run.hpp"
 
-namespace fusedopt_tests {
+namespace fusedopt::testing {
 namespace {
 
 using fusedopt::runtime::StepArgs;
-using fusedopt::testing::Kernel;
 
 /// One tensor's roles (param, grad, states) as fresh normal values, and their bits.
 struct Roles {
@@ -48,7 +47,7 @@ Roles make_roles(int roles, std::size_t n, std::mt19937& rng) {
 /// scalar states.
 void step(const Kernel& kernel, Roles& roles, const StepArgs& args) {
   const std::vector<std::int64_t> numel = {static_cast<std::int64_t>(roles.v[0].size())};
-  Kernel::step(*kernel.prepare(roles.ptrs(), numel, {fusedopt::test::default_hypers(kernel)}),
+  Kernel::step(*kernel.prepare(roles.ptrs(), numel, {fusedopt::testing::default_hypers(kernel)}),
                args);
 }
 
@@ -87,4 +86,4 @@ TEST_SUITE("runtime") {
   }
 }
 
-}  // namespace fusedopt_tests
+}  // namespace fusedopt::testing

@@ -8,11 +8,11 @@
 #include <random>
 #include <utility>
 
+#include "common/host_tensors.hpp"
 #include "fusedopt/error.hpp"
 #include "fusedopt/extension.hpp"
-#include "runtime/runtime_support.hpp"
 
-namespace fusedopt_tests {
+namespace fusedopt::testing {
 namespace {
 
 using fusedopt::DType;
@@ -187,4 +187,4 @@ TEST_SUITE("runtime") {
   }
 }
 
-}  // namespace fusedopt_tests
+}  // namespace fusedopt::testing

@@ -14,19 +14,20 @@
 #include <thread>
 
 #include "cache/kernel_cache.hpp"
+#include "common/host_kernel_calls.hpp"
+#include "common/host_tensors.hpp"
+#include "common/kernel_run.hpp"
+#include "common/requirements.hpp"
+#include "common/temp_dir.hpp"
 #include "device/backend.hpp"
 #include "device/host_module.hpp"
 #include "fusedopt/error.hpp"
 #include "fusedopt/extension.hpp"
 #include "io/safetensors.hpp"
 #include "presets.hpp"
-#include "runtime/runtime_support.hpp"
-#include "support/host_kernel_calls.hpp"
-#include "support/kernel_run.hpp"
 #include "support/log.hpp"
-#include "support/temp_dir.hpp"
 
-namespace fusedopt_tests {
+namespace fusedopt::testing {
 namespace {
 
 using fusedopt::DType;
@@ -505,7 +506,7 @@ TEST_SUITE("runtime") {
                                 fusedopt::cache::KernelCache::global());
     static float dummy[3];
     std::vector<std::vector<void*>> ptrs(4, {dummy, dummy + 1, dummy + 2});
-    const std::vector<double> defaults = fusedopt::test::default_hypers(k);
+    const std::vector<double> defaults = fusedopt::testing::default_hypers(k);
     const auto prepared = k.prepare(ptrs, numel, {defaults, defaults}, group);
     REQUIRE(prepared->plan().num_chunks() == expect);
     const std::vector<fo_chunk>& chunks = prepared->plan().chunks();
@@ -528,15 +529,11 @@ TEST_SUITE("runtime") {
   }
 }
 
-}  // namespace fusedopt_tests
+}  // namespace fusedopt::testing
 
 TEST_SUITE("runtime") {
-  TEST_CASE("CUDA tensors without a usable CUDA device are a clear error, not a crash") {
-    std::string why;
-    if (fusedopt::runtime::backend_available(fusedopt::Device::cuda(0), &why)) {
-      MESSAGE("a CUDA device is present: this case is covered by the cuda_gpu suite");
-      return;
-    }
+  TEST_CASE("CUDA tensors without a usable CUDA device are a clear error, not a crash" *
+            fusedopt::testing::needs_no_cuda_device()) {
     std::vector<float> p(4), g(4);
     fusedopt::ParamGroup group;
     group.params = {{p.data(), 4, fusedopt::DType::F32, fusedopt::Device::cuda(0), "w"}};
@@ -565,7 +562,7 @@ TEST_SUITE("runtime") {
   }
 
   TEST_CASE("a request of 2^62 elements is a fusedopt::Error, not an allocation failure") {
-    fusedopt_tests::use_private_cache();
+    fusedopt::testing::use_private_cache();
     // Addresses that are never touched: the request is refused while it is laid out.
     auto* p = reinterpret_cast<void*>(std::uintptr_t{1} << 12);
     auto* g = reinterpret_cast<void*>(std::uintptr_t{1} << 40);
@@ -590,7 +587,7 @@ TEST_SUITE("runtime") {
   }
 
   TEST_CASE("a hyper given twice, or a clipping norm that is not positive and finite, is refused") {
-    fusedopt_tests::use_private_cache();
+    fusedopt::testing::use_private_cache();
     std::vector<float> p(4, 1.0f), g(4, 0.5f);
     fusedopt::ParamGroup group;
     group.params = {{p.data(), 4, fusedopt::DType::F32, fusedopt::Device::host(), "w"}};

@@ -6,9 +6,9 @@
 #include <algorithm>
 #include <cmath>
 
-#include "runtime/runtime_support.hpp"
+#include "common/host_tensors.hpp"
 
-namespace fusedopt_tests {
+namespace fusedopt::testing {
 namespace {
 
 using fusedopt::DType;
@@ -179,4 +179,4 @@ TEST_SUITE("runtime") {
   }
 }
 
-}  // namespace fusedopt_tests
+}  // namespace fusedopt::testing

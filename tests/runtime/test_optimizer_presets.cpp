@@ -5,9 +5,9 @@
 
 #include <random>
 
-#include "runtime/runtime_support.hpp"
+#include "common/host_tensors.hpp"
 
-namespace fusedopt_tests {
+namespace fusedopt::testing {
 namespace {
 
 /// Group 1 trains more slowly than group 0 (and, where the preset has it, decays less).
@@ -60,4 +60,4 @@ TEST_SUITE("runtime") {
   }
 }
 
-}  // namespace fusedopt_tests
+}  // namespace fusedopt::testing

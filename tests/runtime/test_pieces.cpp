@@ -15,10 +15,10 @@
 #include <thread>
 #include <vector>
 
+#include "common/host_tensors.hpp"
 #include "fusedopt/error.hpp"
 #include "fusedopt/extension.hpp"
 #include "fusedopt/optimizer.hpp"
-#include "runtime_support.hpp"
 
 using fusedopt::DType;
 using fusedopt::Optimizer;
@@ -28,9 +28,9 @@ using fusedopt::ReductionPartials;
 using fusedopt::Rule;
 using fusedopt::Tensor;
 using fusedopt::UsageError;
-using fusedopt_tests::fresh_seed;
-using fusedopt_tests::HostTensor;
-using fusedopt_tests::use_private_cache;
+using fusedopt::testing::fresh_seed;
+using fusedopt::testing::HostTensor;
+using fusedopt::testing::use_private_cache;
 
 namespace {
 
@@ -291,9 +291,9 @@ Outcome run_sharded(const Rule& rule, const OptimizerOptions& options,
   out.failure = combiner.layout_error_;
   // A per-tensor scalar state: the whole tensor's on every rank, the empty piece's too.
   for (std::size_t k = 0; k < params.size() && scalar; ++k) {
-    const double want = fusedopt_tests::at(whole.state(scalar, static_cast<int>(k)), 0);
+    const double want = fusedopt::testing::at(whole.state(scalar, static_cast<int>(k)), 0);
     for (const auto& opt : opts) {
-      const double got = fusedopt_tests::at(opt->state(scalar, static_cast<int>(k)), 0);
+      const double got = fusedopt::testing::at(opt->state(scalar, static_cast<int>(k)), 0);
       out.max_error =
           std::max(out.max_error, std::fabs(got - want) / std::max(1.0, std::fabs(want)));
     }

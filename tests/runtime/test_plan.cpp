@@ -10,7 +10,7 @@
 #include "exec/plan.hpp"
 #include "presets.hpp"
 
-namespace fusedopt_tests {
+namespace fusedopt::testing {
 
 using namespace fusedopt;
 
@@ -54,4 +54,4 @@ TEST_SUITE("runtime") {
   }
 }
 
-}  // namespace fusedopt_tests
+}  // namespace fusedopt::testing

@@ -13,9 +13,11 @@
 #include <vector>
 
 #include "codegen/quant.hpp"
+#include "common/host_tensors.hpp"
+#include "common/quant_reference.hpp"
 #include "fusedopt/optimizer.hpp"
-#include "quant_reference.hpp"
-#include "runtime_support.hpp"
+
+TEST_SUITE_BEGIN("runtime");
 
 using fusedopt::DType;
 using fusedopt::Optimizer;
@@ -23,10 +25,10 @@ using fusedopt::OptimizerOptions;
 using fusedopt::ParamGroup;
 using fusedopt::Quant;
 using fusedopt::Rule;
-using fusedopt_tests::absmax_of;
-using fusedopt_tests::codes_of;
-using fusedopt_tests::HostTensor;
-using fusedopt_tests::nearest_f32;
+using fusedopt::testing::absmax_of;
+using fusedopt::testing::codes_of;
+using fusedopt::testing::HostTensor;
+using fusedopt::testing::nearest_f32;
 
 namespace {
 
@@ -53,7 +55,7 @@ std::vector<float> boundary_values(const std::vector<float>& map) {
 }  // namespace
 
 TEST_CASE("quantized codes at every midpoint, beside it, at signed zeros and tiny values") {
-  fusedopt_tests::use_private_cache();
+  fusedopt::testing::use_private_cache();
   const Rule copy = Rule::parse("param p\ngrad g\nstate s = 0\ns = g\n", "copy.rule");
   const std::size_t block = 256;
   for (Quant q : {Quant::Q8S, Quant::Q8U, Quant::Q4S, Quant::Q4U}) {
@@ -112,3 +114,5 @@ TEST_CASE("quantized codes at every midpoint, beside it, at signed zeros and tin
     CHECK(std::isinf(absmax[absmax.size() - 2]));
   }
 }
+
+TEST_SUITE_END();

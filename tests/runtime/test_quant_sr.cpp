@@ -14,11 +14,13 @@
 #include <vector>
 
 #include "codegen/quant.hpp"
+#include "common/host_tensors.hpp"
+#include "common/quant_reference.hpp"
 #include "fusedopt/error.hpp"
 #include "fusedopt/optimizer.hpp"
 #include "prelude.h"
-#include "quant_reference.hpp"
-#include "runtime_support.hpp"
+
+TEST_SUITE_BEGIN("runtime");
 
 using fusedopt::DType;
 using fusedopt::DTypeBinding;
@@ -27,11 +29,11 @@ using fusedopt::OptimizerOptions;
 using fusedopt::ParamGroup;
 using fusedopt::Quant;
 using fusedopt::Rule;
-using fusedopt_tests::absmax_of;
-using fusedopt_tests::codes_of;
-using fusedopt_tests::fresh_seed;
-using fusedopt_tests::HostTensor;
-using fusedopt_tests::use_private_cache;
+using fusedopt::testing::absmax_of;
+using fusedopt::testing::codes_of;
+using fusedopt::testing::fresh_seed;
+using fusedopt::testing::HostTensor;
+using fusedopt::testing::use_private_cache;
 
 namespace {
 
@@ -79,7 +81,7 @@ TEST_CASE("stochastically rounded codes are the float64 reference's draws, each 
     const int block = 128;
     const std::int64_t n = 70001;  // a partial last block
     HostTensor p(n, DType::F32), g(n, DType::F32);
-    const std::vector<double> values = fusedopt_tests::block_test_values(rng, n, block, q);
+    const std::vector<double> values = fusedopt::testing::block_test_values(rng, n, block, q);
     for (std::int64_t i = 0; i < n; ++i) g.set(i, values[static_cast<std::size_t>(i)]);
     OptimizerOptions o;
     o.state_storage = {{"s", storage}};
@@ -219,3 +221,5 @@ TEST_CASE("+sr storage reads back in bindings, rules and options; bad uses are c
       Rule::parse("param p\ngrad g\nstate m = 0\nstorage m = q8+rs\nm = g\n", "bad.rule"),
       doctest::Contains("bad.rule:4:16: error: expected 'sr' after 'q8+'"), fusedopt::Error);
 }
+
+TEST_SUITE_END();

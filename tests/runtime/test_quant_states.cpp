@@ -12,11 +12,13 @@
 #include <vector>
 
 #include "codegen/quant.hpp"
+#include "common/host_tensors.hpp"
+#include "common/quant_reference.hpp"
+#include "common/temp_dir.hpp"
 #include "fusedopt/error.hpp"
 #include "fusedopt/optimizer.hpp"
-#include "quant_reference.hpp"
-#include "runtime_support.hpp"
-#include "support/temp_dir.hpp"
+
+TEST_SUITE_BEGIN("runtime");
 
 using fusedopt::DType;
 using fusedopt::Optimizer;
@@ -25,14 +27,14 @@ using fusedopt::ParamGroup;
 using fusedopt::Quant;
 using fusedopt::Rule;
 using fusedopt::Tensor;
-using fusedopt_tests::absmax_of;
-using fusedopt_tests::codes_of;
-using fusedopt_tests::fresh_seed;
-using fusedopt_tests::HostTensor;
-using fusedopt_tests::nearest_f64;
-using fusedopt_tests::quantize_f64;
-using fusedopt_tests::RefQuant;
-using fusedopt_tests::use_private_cache;
+using fusedopt::testing::absmax_of;
+using fusedopt::testing::codes_of;
+using fusedopt::testing::fresh_seed;
+using fusedopt::testing::HostTensor;
+using fusedopt::testing::nearest_f64;
+using fusedopt::testing::quantize_f64;
+using fusedopt::testing::RefQuant;
+using fusedopt::testing::use_private_cache;
 
 namespace {
 
@@ -125,7 +127,7 @@ TEST_CASE("a quantized state stores the nearest codes of its values and each blo
       CAPTURE(block);
       const std::int64_t n = 70001;  // a partial last block
       HostTensor p(n, DType::F32), g(n, DType::F32);
-      const std::vector<double> values = fusedopt_tests::block_test_values(rng, n, block, q);
+      const std::vector<double> values = fusedopt::testing::block_test_values(rng, n, block, q);
       for (std::int64_t i = 0; i < n; ++i) g.set(i, values[static_cast<std::size_t>(i)]);
       OptimizerOptions o;
       o.state_storage = {{"s", fusedopt::to_string(q)}};
@@ -146,7 +148,7 @@ TEST_CASE("a quantized state stores the nearest codes of its values and each blo
       std::int64_t off_f32 = 0;
       for (std::int64_t i = 0; i < n; ++i) {
         const auto at = static_cast<std::size_t>(i);
-        const int want = fusedopt_tests::nearest_f32(
+        const int want = fusedopt::testing::nearest_f32(
             fusedopt::codegen::quant_map(q), static_cast<float>(values[at]),
             absmax[at / static_cast<std::size_t>(block)], q == Quant::Q8S);
         off_f32 += got[at] != want ? 1 : 0;
@@ -200,7 +202,7 @@ TEST_CASE("any rule runs with quantized states: AdaBelief, step by step against 
     for (std::int64_t n : sizes) {
       p.emplace_back(n, DType::F32);
       g.emplace_back(n, DType::F32);
-      fusedopt_tests::fill_normal(p.back(), rng);
+      fusedopt::testing::fill_normal(p.back(), rng);
     }
     ParamGroup group;
     for (std::size_t k = 0; k < sizes.size(); ++k) {
@@ -337,7 +339,7 @@ TEST_CASE("quantized states round-trip through a checkpoint bit for bit") {
     pa.emplace_back(n, DType::F32);
     pb.emplace_back(n, DType::F32);
     g.emplace_back(n, DType::F32);
-    fusedopt_tests::fill_normal(pa.back(), rng);
+    fusedopt::testing::fill_normal(pa.back(), rng);
     for (std::int64_t i = 0; i < n; ++i) pb.back().set(i, pa.back().get(i));
   }
   auto group = [&](std::vector<HostTensor>& p) {
@@ -353,7 +355,7 @@ TEST_CASE("quantized states round-trip through a checkpoint bit for bit") {
   Optimizer a(Rule::preset("adamw"), {group(pa)}, o);
   Optimizer b(Rule::preset("adamw"), {group(pb)}, o);
   auto fresh_grads = [&] {
-    for (HostTensor& t : g) fusedopt_tests::fill_normal(t, rng);
+    for (HostTensor& t : g) fusedopt::testing::fill_normal(t, rng);
   };
   for (int t = 0; t < 3; ++t) {
     fresh_grads();
@@ -429,9 +431,9 @@ TEST_CASE("adamw8bit over 200 steps follows bitsandbytes' algorithm in float64, 
   std::normal_distribution<double> normal(0.0, 1.0);
   const std::vector<std::int64_t> sizes = {70001, 4096, 1000};  // the last keeps fp32 states
   const Quant storage[2] = {Quant::Q8S, Quant::Q8U};
-  const fusedopt_tests::Hypers h = {
+  const fusedopt::testing::Hypers h = {
       {"lr", 1e-3}, {"beta1", 0.9}, {"beta2", 0.999}, {"eps", 1e-8}, {"weight_decay", 1e-2}};
-  const fusedopt_tests::RefStep ref = fusedopt_tests::bnb_adam_reference(h);
+  const fusedopt::testing::RefStep ref = fusedopt::testing::bnb_adam_reference(h);
   std::vector<HostTensor> p, g;
   std::vector<std::vector<double>> pr;
   std::vector<RefState> sr(sizes.size());
@@ -439,7 +441,7 @@ TEST_CASE("adamw8bit over 200 steps follows bitsandbytes' algorithm in float64, 
   for (std::size_t k = 0; k < sizes.size(); ++k) {
     p.emplace_back(sizes[k], DType::F32);
     g.emplace_back(sizes[k], DType::F32);
-    fusedopt_tests::fill_normal(p.back(), rng);
+    fusedopt::testing::fill_normal(p.back(), rng);
     pr.emplace_back();
     for (std::int64_t i = 0; i < sizes[k]; ++i) pr.back().push_back(p.back().get(i));
     sr[k].quantized = sizes[k] >= 4096;
@@ -549,3 +551,5 @@ TEST_CASE("dtype bindings with quantized states and stochastic rounding read bac
                        doctest::Contains("stochastic rounding (+sr) stores fp16 or bf16 params"),
                        fusedopt::UsageError);
 }
+
+TEST_SUITE_END();

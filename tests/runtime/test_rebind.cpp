@@ -9,11 +9,14 @@
 #include <string>
 #include <vector>
 
+#include "common/close.hpp"
+#include "common/host_tensors.hpp"
 #include "fusedopt/error.hpp"
 #include "fusedopt/optimizer.hpp"
-#include "runtime/runtime_support.hpp"
 
-namespace fusedopt_tests {
+TEST_SUITE_BEGIN("runtime");
+
+namespace fusedopt::testing {
 namespace {
 
 using fusedopt::DType;
@@ -40,16 +43,6 @@ struct Reference {
     }
   }
 };
-
-void check_close(const HostTensor& got, const std::vector<double>& want, const char* what) {
-  double scale = 0;
-  for (double w : want) scale = std::max(scale, std::abs(w));
-  for (std::int64_t i = 0; i < got.numel(); ++i) {
-    const double w = want[static_cast<std::size_t>(i)];
-    INFO(what << "[" << i << "]");
-    REQUIRE(std::abs(got.get(i) - w) <= 1e-5 * (std::abs(w) + scale));
-  }
-}
 
 /// Sizes that take the vector and the scalar paths, and an empty tensor.
 const std::vector<std::int64_t> kSizes = {1031, 0, 64, 5};
@@ -111,7 +104,8 @@ TEST_CASE("rebind points the grads (and params) at new memory between steps") {
     opt.rebind({}, ptrs);
     opt.step();
     for (std::size_t i = 0; i < kSizes.size(); ++i) s.ref[i].step(gv[i], t);
-    for (std::size_t i = 0; i < kSizes.size(); ++i) check_close(s.p[i], s.ref[i].p, "p");
+    for (std::size_t i = 0; i < kSizes.size(); ++i)
+      check_close("p", s.p[i].values(), s.ref[i].p, 1e-5);
   }
   // The params move too: copied into new memory, rebound, stepped there.
   std::vector<HostTensor> moved;
@@ -126,7 +120,8 @@ TEST_CASE("rebind points the grads (and params) at new memory between steps") {
   opt.rebind(pptrs, gptrs);
   opt.step();
   for (std::size_t i = 0; i < kSizes.size(); ++i) s.ref[i].step(gv[i], 7);
-  for (std::size_t i = 0; i < kSizes.size(); ++i) check_close(moved[i], s.ref[i].p, "moved p");
+  for (std::size_t i = 0; i < kSizes.size(); ++i)
+    check_close("moved p", moved[i].values(), s.ref[i].p, 1e-5);
 }
 
 TEST_CASE("rebind refuses overlaps and wrong lists, and changes nothing then") {
@@ -143,7 +138,8 @@ TEST_CASE("rebind refuses overlaps and wrong lists, and changes nothing then") {
   const auto gv = s.fill(s.g);
   opt.step();
   for (std::size_t i = 0; i < kSizes.size(); ++i) s.ref[i].step(gv[i], 1);
-  for (std::size_t i = 0; i < kSizes.size(); ++i) check_close(s.p[i], s.ref[i].p, "p");
+  for (std::size_t i = 0; i < kSizes.size(); ++i)
+    check_close("p", s.p[i].values(), s.ref[i].p, 1e-5);
 }
 
 TEST_CASE("set_step_count: the next step's step is the count plus one") {
@@ -156,7 +152,8 @@ TEST_CASE("set_step_count: the next step's step is the count plus one") {
   opt.step();
   CHECK(opt.step_count() == 42);
   for (std::size_t i = 0; i < kSizes.size(); ++i) s.ref[i].step(gv[i], 42);
-  for (std::size_t i = 0; i < kSizes.size(); ++i) check_close(s.p[i], s.ref[i].p, "p");
+  for (std::size_t i = 0; i < kSizes.size(); ++i)
+    check_close("p", s.p[i].values(), s.ref[i].p, 1e-5);
   CHECK_THROWS_AS(opt.set_step_count(-1), fusedopt::UsageError);
   CHECK_THROWS_AS(opt.set_step_count((std::int64_t{1} << 53) + 1), fusedopt::UsageError);
   CHECK(opt.step_count() == 42);
@@ -174,7 +171,8 @@ TEST_CASE("step_amp: torch's GradScaler protocol on the host (grad_scale, found_
   }
   CHECK(opt.step_amp(&scale, &no_inf).taken());
   for (std::size_t i = 0; i < kSizes.size(); ++i) s.ref[i].step(gv[i], 1);
-  for (std::size_t i = 0; i < kSizes.size(); ++i) check_close(s.p[i], s.ref[i].p, "p");
+  for (std::size_t i = 0; i < kSizes.size(); ++i)
+    check_close("p", s.p[i].values(), s.ref[i].p, 1e-5);
   // found_inf set: nothing changes, not even the count.
   s.fill(s.g);
   std::vector<std::vector<double>> before;
@@ -191,8 +189,11 @@ TEST_CASE("step_amp: torch's GradScaler protocol on the host (grad_scale, found_
   gv = s.fill(s.g);
   CHECK(opt.step_amp(nullptr, nullptr).taken());
   for (std::size_t i = 0; i < kSizes.size(); ++i) s.ref[i].step(gv[i], 2);
-  for (std::size_t i = 0; i < kSizes.size(); ++i) check_close(s.p[i], s.ref[i].p, "p");
+  for (std::size_t i = 0; i < kSizes.size(); ++i)
+    check_close("p", s.p[i].values(), s.ref[i].p, 1e-5);
 }
 
 }  // namespace
-}  // namespace fusedopt_tests
+}  // namespace fusedopt::testing
+
+TEST_SUITE_END();

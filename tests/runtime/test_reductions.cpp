@@ -37,11 +37,12 @@
 #include <mutex>
 #include <thread>
 
+#include "common/close.hpp"
+#include "common/host_tensors.hpp"
 #include "fusedopt/error.hpp"
 #include "fusedopt/extension.hpp"
-#include "runtime/runtime_support.hpp"
 
-namespace fusedopt_tests {
+namespace fusedopt::testing {
 namespace {
 
 using fusedopt::DType;
@@ -95,14 +96,6 @@ Vecs values(const std::vector<HostTensor>& ts) {
   Vecs out;
   for (const HostTensor& t : ts) out.push_back(values(t));
   return out;
-}
-
-double max_abs(const Vecs& x) {
-  double m = 0;
-  for (const Vec& v : x) {
-    for (double e : v) m = std::max(m, std::abs(e));
-  }
-  return m;
 }
 
 double norm_sq(const Vec& x) {
@@ -1198,4 +1191,4 @@ TEST_SUITE("runtime") {
   }
 }
 
-}  // namespace fusedopt_tests
+}  // namespace fusedopt::testing

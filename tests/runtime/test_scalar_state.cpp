@@ -11,13 +11,13 @@
 #include <string>
 #include <vector>
 
+#include "common/host_tensors.hpp"
+#include "common/temp_dir.hpp"
 #include "fusedopt/error.hpp"
 #include "fusedopt/optimizer.hpp"
 #include "io/safetensors.hpp"
-#include "runtime/runtime_support.hpp"
-#include "support/temp_dir.hpp"
 
-namespace fusedopt_tests {
+namespace fusedopt::testing {
 namespace {
 
 using fusedopt::DType;
@@ -107,7 +107,7 @@ void check_scalars(const Optimizer& opt, const Params& m, int t) {
 
 }  // namespace
 
-TEST_SUITE("scalar state") {
+TEST_SUITE("runtime") {
   TEST_CASE("a scalar state is one double per tensor, updated once per step, empty ones too") {
     use_private_cache();
     Params m;
@@ -295,4 +295,4 @@ p = p - lr * g / (peak + 1)
   }
 }
 
-}  // namespace fusedopt_tests
+}  // namespace fusedopt::testing

@@ -4,7 +4,7 @@
 
 #include "exec/step_program.hpp"
 
-namespace fusedopt_tests {
+namespace fusedopt::testing {
 namespace {
 
 using fusedopt::runtime::compile_step;
@@ -55,4 +55,4 @@ TEST_SUITE("runtime") {
   }
 }
 
-}  // namespace fusedopt_tests
+}  // namespace fusedopt::testing

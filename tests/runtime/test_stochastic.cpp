@@ -12,19 +12,21 @@
 #include <string>
 #include <vector>
 
+#include "common/host_tensors.hpp"
 #include "fusedopt/error.hpp"
 #include "fusedopt/optimizer.hpp"
 #include "prelude.h"
-#include "runtime_support.hpp"
+
+TEST_SUITE_BEGIN("runtime");
 
 using fusedopt::DType;
 using fusedopt::Optimizer;
 using fusedopt::OptimizerOptions;
 using fusedopt::ParamGroup;
 using fusedopt::Rule;
-using fusedopt_tests::fresh_seed;
-using fusedopt_tests::HostTensor;
-using fusedopt_tests::use_private_cache;
+using fusedopt::testing::fresh_seed;
+using fusedopt::testing::HostTensor;
+using fusedopt::testing::use_private_cache;
 
 namespace {
 
@@ -225,3 +227,5 @@ TEST_CASE("stochastic rounding: fp32 params are unaffected, and master weights a
                        doctest::Contains("r.rule:3:11: error: rand() in an initial value"),
                        fusedopt::RuleError);
 }
+
+TEST_SUITE_END();

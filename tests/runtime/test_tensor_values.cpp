@@ -8,13 +8,13 @@
 #include <string>
 #include <vector>
 
+#include "common/host_tensors.hpp"
+#include "common/requirements.hpp"
 #include "fusedopt/error.hpp"
 #include "fusedopt/kernel.hpp"
 #include "fusedopt/optimizer.hpp"
-#include "runtime/runtime_support.hpp"
-#include "support/requirements.hpp"
 
-namespace fusedopt_tests {
+namespace fusedopt::testing {
 namespace {
 
 using fusedopt::DType;
@@ -42,7 +42,7 @@ struct Case {
 
 }  // namespace
 
-TEST_SUITE("tensor values") {
+TEST_SUITE("runtime") {
   TEST_CASE("numel, dims, rows and cols are each tensor's, from its shape") {
     use_private_cache();
     const std::vector<Case> cases = {
@@ -138,4 +138,4 @@ TEST_SUITE("tensor values") {
   }
 }
 
-}  // namespace fusedopt_tests
+}  // namespace fusedopt::testing

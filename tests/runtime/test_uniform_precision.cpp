@@ -13,10 +13,10 @@
 #include <utility>
 #include <vector>
 
+#include "common/host_tensors.hpp"
 #include "fusedopt/optimizer.hpp"
-#include "runtime/runtime_support.hpp"
 
-namespace fusedopt_tests {
+namespace fusedopt::testing {
 namespace {
 
 constexpr int kSteps = 100;
@@ -237,4 +237,4 @@ p = p - where(rho_t > 5, m / bc1 * lr * adaptive * rect, m / bc1 * lr)
   }
 }
 
-}  // namespace fusedopt_tests
+}  // namespace fusedopt::testing

@@ -2,7 +2,7 @@
 // tests/skip_honesty/check.cmake asserts that CTest reports it skipped, not passed.
 #include <doctest/doctest.h>
 
-#include "support/skip.hpp"
+#include "common/skip.hpp"
 
 namespace {
 

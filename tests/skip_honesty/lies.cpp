@@ -5,7 +5,7 @@
 
 #include <cstdio>
 
-#include "support/skip.hpp"
+#include "common/skip.hpp"
 
 namespace {
 

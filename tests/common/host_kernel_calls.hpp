@@ -7,10 +7,10 @@
 #include <string>
 #include <vector>
 
+#include "common/kernel_run.hpp"
 #include "fusedopt/error.hpp"
-#include "support/kernel_run.hpp"
 
-namespace fusedopt::test {
+namespace fusedopt::testing {
 
 /// The hyper values of the rule's defaults, in Rule::hypers order.
 inline std::vector<double> default_hypers(const testing::Kernel& k) {
@@ -60,4 +60,4 @@ inline bool grads_finite(const testing::Kernel& k, const std::vector<std::vector
   return k.grads_finite(*k.prepare(ptrs, numel, hypers, group), inv_grad_scale);
 }
 
-}  // namespace fusedopt::test
+}  // namespace fusedopt::testing

@@ -8,7 +8,7 @@
 
 #include "support/parse_size.hpp"
 
-namespace fusedopt_tests {
+namespace fusedopt::testing {
 
 using fusedopt::support::parse_size;
 
@@ -63,4 +63,4 @@ TEST_SUITE("support") {
 
 }  // TEST_SUITE
 
-}  // namespace fusedopt_tests
+}  // namespace fusedopt::testing

@@ -8,7 +8,7 @@
 #include <cstdlib>
 
 #include "cache/kernel_cache.hpp"
-#include "support/temp_dir.hpp"
+#include "common/temp_dir.hpp"
 
 namespace fusedopt::testing {
 

@@ -2,7 +2,7 @@
 // Optimizer and the host Optimizer can step the same data and be compared: any storage
 // dtype, optionally one element past an aligned start (the CUDA kernel must then refuse its
 // vector path for that tensor), values written and read as doubles (16-bit formats through
-// the tests' own encoder, tests/codegen/preset_references.hpp, not the library's).
+// the tests' own encoder, tests/common/preset_references.hpp, not the library's).
 #pragma once
 
 #include <doctest/doctest.h>
@@ -17,11 +17,11 @@
 #include <utility>
 #include <vector>
 
-#include "codegen/preset_references.hpp"
-#include "device/cuda_driver.hpp"
+#include "common/close.hpp"
+#include "common/preset_references.hpp"
 #include "fusedopt/optimizer.hpp"
 
-namespace fusedopt_cuda_tests {
+namespace fusedopt::testing {
 
 using fusedopt::DType;
 namespace cu = fusedopt::runtime::cuda;
@@ -56,7 +56,7 @@ inline double read_value(DType dtype, const unsigned char* bytes, std::int64_t i
   }
   std::uint16_t bits = 0;
   std::memcpy(&bits, p, 2);
-  return fusedopt_tests::decode(dtype, bits);
+  return fusedopt::testing::decode(dtype, bits);
 }
 
 /// `x` stored as `dtype` (16-bit formats rounded to nearest even) at element `i`.
@@ -67,7 +67,7 @@ inline void write_value(DType dtype, unsigned char* bytes, std::int64_t i, doubl
     std::memcpy(p, &f, 4);
     return;
   }
-  const std::uint16_t bits = fusedopt_tests::encode(dtype, x);
+  const std::uint16_t bits = fusedopt::testing::encode(dtype, x);
   std::memcpy(p, &bits, 2);
 }
 
@@ -225,30 +225,6 @@ inline std::vector<double> random_values(std::mt19937& rng, std::int64_t n, doub
   return out;
 }
 
-/// Counts the elements of `got` farther than tol * (|want| + scale) from `want` (scale: the
-/// largest |want| of the role, so values near zero are judged against the role's size),
-/// failing the case with the first few.
-inline int check_role(const std::string& what, const std::vector<double>& got,
-                      const std::vector<double>& want, double tol, double scale) {
-  if (got.size() != want.size()) {
-    FAIL_CHECK(what << ": " << got.size() << " values, want " << want.size());
-    return 1;
-  }
-  int bad = 0;
-  for (std::size_t i = 0; i < got.size(); ++i) {
-    const double err = std::abs(got[i] - want[i]);
-    if (!(err <= tol * (std::abs(want[i]) + scale))) {
-      if (bad++ < 3) {
-        FAIL_CHECK(what << "[" << i << "]: device " << fusedopt_tests::fmt_double(got[i])
-                        << ", host " << fusedopt_tests::fmt_double(want[i]) << " (error " << err
-                        << ", allowed " << tol * (std::abs(want[i]) + scale) << ")");
-      }
-    }
-  }
-  if (bad > 3) FAIL_CHECK(what << ": " << bad << " values out of tolerance in all");
-  return bad;
-}
-
 /// Every state `rule` keeps per param, as Optimizer::state() names them: the state tensors,
 /// the row and column states, then the per-tensor scalars.
 inline std::vector<std::string> state_names(const fusedopt::Rule& rule) {
@@ -257,12 +233,6 @@ inline std::vector<std::string> state_names(const fusedopt::Rule& rule) {
   for (const auto& s : rule.col_states()) out.push_back(s);
   for (const auto& s : rule.scalars()) out.push_back(s);
   return out;
-}
-
-inline double max_abs(const std::vector<double>& xs, double start = 0.0) {
-  double m = start;
-  for (double x : xs) m = std::max(m, std::abs(x));
-  return m;
 }
 
 inline TwinModel::TwinModel(std::mt19937& rng, DType param, DType grad) {
@@ -314,16 +284,4 @@ inline std::vector<std::vector<double>> TwinModel::host_params() {
   return out;
 }
 
-/// Fails unless every device value is within tol * (|host| + the largest |host|) of the
-/// host's (see check_role).
-inline void check_close(const std::string& what, const std::vector<std::vector<double>>& got,
-                        const std::vector<std::vector<double>>& want, double tol) {
-  REQUIRE(got.size() == want.size());
-  double scale = 0;
-  for (const auto& w : want) scale = max_abs(w, scale);
-  for (std::size_t k = 0; k < got.size(); ++k) {
-    check_role(what + " t" + std::to_string(k), got[k], want[k], tol, scale);
-  }
-}
-
-}  // namespace fusedopt_cuda_tests
+}  // namespace fusedopt::testing

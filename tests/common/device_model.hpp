@@ -14,7 +14,7 @@
 #include "device/cuda_driver.hpp"
 #include "fusedopt/optimizer.hpp"
 
-namespace fusedopt_tests {
+namespace fusedopt::testing {
 
 namespace cu = fusedopt::runtime::cuda;
 
@@ -101,4 +101,4 @@ inline DeviceModel make_model(std::mt19937& rng,
   return m;
 }
 
-}  // namespace fusedopt_tests
+}  // namespace fusedopt::testing

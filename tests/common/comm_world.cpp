@@ -1,4 +1,4 @@
-#include "comm/comm_support.hpp"
+#include "common/comm_world.hpp"
 
 #include <doctest/doctest.h>
 
@@ -8,7 +8,7 @@
 #include <thread>
 #include <vector>
 
-namespace fusedopt_tests {
+namespace fusedopt::testing {
 
 fusedopt::comm::Communicator& world() {
   static fusedopt::comm::Communicator comm = [] {
@@ -103,4 +103,11 @@ float grad_value(std::uint32_t seed, int r, int step, std::size_t i, std::int64_
   return (static_cast<float>(h & 0xffffff) / 16777216.0f - 0.5f) * 0.2f;
 }
 
-}  // namespace fusedopt_tests
+void fill_grads(fusedopt::FlatArena& a, std::uint32_t seed, int rank, int step) {
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    for (std::int64_t k = 0; k < a.grad(i).numel; ++k)
+      data(a.grad(i))[k] = grad_value(seed, rank, step, i, k);
+  }
+}
+
+}  // namespace fusedopt::testing

@@ -11,9 +11,9 @@
 #include <string>
 #include <vector>
 
-#include "support/temp_dir.hpp"
+#include "common/temp_dir.hpp"
 
-namespace fusedopt_tests {
+namespace fusedopt::testing {
 
 /// One line of the report: a launch.
 struct Launch {
@@ -61,4 +61,4 @@ inline void check_coalesced(const std::vector<Launch>& launches, double bound) {
   }
 }
 
-}  // namespace fusedopt_tests
+}  // namespace fusedopt::testing

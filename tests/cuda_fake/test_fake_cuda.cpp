@@ -1,4 +1,4 @@
-// The host side of the CUDA runtime on the fake driver (tests/fake_cuda/fake_libcuda.cpp,
+// The host side of the CUDA runtime on the fake driver (tests/cuda_fake/fake_libcuda.cpp,
 // loaded through FUSEDOPT_CUDA_DRIVER_LIBRARY), so it is exercised on machines without a
 // GPU: what an Optimizer loads (a CUBIN for the device, PTX when the driver refuses it, a
 // clear error for an old driver), the launches of a step (one kernel per reduction pass,
@@ -14,13 +14,13 @@
 #include <utility>
 #include <vector>
 
+#include "common/requirements.hpp"
 #include "device/cuda_driver.hpp"
 #include "fusedopt/cuda.hpp"
 #include "fusedopt/error.hpp"
 #include "fusedopt/optimizer.hpp"
-#include "support/requirements.hpp"
 
-namespace fusedopt_tests {
+namespace fusedopt::testing {
 
 using namespace fusedopt;
 namespace cu = fusedopt::runtime::cuda;
@@ -547,4 +547,4 @@ TEST_SUITE("cuda_fake") {
   }
 }
 
-}  // namespace fusedopt_tests
+}  // namespace fusedopt::testing

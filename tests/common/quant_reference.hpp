@@ -14,7 +14,7 @@
 #include "fusedopt/dtype.hpp"
 #include "fusedopt/optimizer.hpp"
 
-namespace fusedopt_tests {
+namespace fusedopt::testing {
 
 /// The nearest code of x (float64) among the fp32 map's values; a tie goes to the even
 /// code; with `fix`, a value whose sign bit is set (`negative`) on the code of 0 takes the one
@@ -103,4 +103,4 @@ inline std::vector<float> absmax_of(const fusedopt::Tensor& t) {
   return out;
 }
 
-}  // namespace fusedopt_tests
+}  // namespace fusedopt::testing

@@ -13,7 +13,7 @@
 #include "fusedopt/comm.hpp"
 #include "fusedopt/optimizer.hpp"
 
-namespace fusedopt_tests {
+namespace fusedopt::testing {
 
 /// The job's communicator, with a short test deadline (20 s).
 fusedopt::comm::Communicator& world();
@@ -50,5 +50,7 @@ std::optional<fusedopt::comm::CommError> expect_stalled_rank_error(
 /// Rank r's gradient of element k of tensor i at step `step`, in [-0.1, 0.1): any rank can
 /// compute every rank's, for float64 references.
 float grad_value(std::uint32_t seed, int r, int step, std::size_t i, std::int64_t k);
+/// Every grad of `a` (fp32) set to rank `rank`'s grad_value at `step`.
+void fill_grads(fusedopt::FlatArena& a, std::uint32_t seed, int rank, int step);
 
-}  // namespace fusedopt_tests
+}  // namespace fusedopt::testing

@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "support/temp_dir.hpp"
+#include "common/temp_dir.hpp"
 
 namespace fusedopt::testing {
 

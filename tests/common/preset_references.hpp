@@ -13,18 +13,12 @@
 #include <stdexcept>
 #include <string>
 
+#include "common/close.hpp"
 #include "fusedopt/dtype.hpp"
 
-namespace fusedopt_tests {
+namespace fusedopt::testing {
 
 using fusedopt::DType;
-
-inline std::string fmt_double(double x) {
-  std::ostringstream os;
-  os.precision(9);
-  os << x;
-  return os.str();
-}
 
 // ---------------------------------------------------------------------------------------
 // Hypers: the reference's defaults, written out here (not read from the rules).
@@ -554,4 +548,4 @@ inline double decode(DType d, std::uint16_t bits) {
   return sign * std::ldexp(1024 + mantissa, exponent - 25);
 }
 
-}  // namespace fusedopt_tests
+}  // namespace fusedopt::testing

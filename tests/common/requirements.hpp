@@ -7,11 +7,11 @@
 #include <exception>
 #include <string>
 
+#include "common/skip.hpp"
 #include "compile/compiler.hpp"
 #include "fusedopt/cuda.hpp"
 #include "fusedopt/error.hpp"
 #include "fusedopt/target.hpp"
-#include "support/skip.hpp"
 
 namespace fusedopt::testing {
 
@@ -57,6 +57,20 @@ inline Requires needs_nvrtc() { return Requires(nvrtc_availability()); }
 /// Decorator for a case that runs on a CUDA device (and so also needs NVRTC, unless the
 /// device is fusedopt's CUDA emulator).
 inline Requires needs_cuda_device() { return Requires(cuda_device_availability()); }
+
+/// Decorator for a case about what happens without a usable CUDA device: a present one, real
+/// or emulated, skips it, saying so.
+inline Requires needs_no_cuda_device() {
+  static const Availability a = [] {
+    Availability out;
+    if (fusedopt::cuda_device_available()) {
+      out.present = false;
+      out.why = "this machine has a CUDA device; the case checks what happens without one";
+    }
+    return out;
+  }();
+  return Requires(a);
+}
 
 /// Decorator for a case that needs fusedopt's CUDA emulator as the device (what only it
 /// reports: the access pattern of a launch). A real GPU skips it, saying so.

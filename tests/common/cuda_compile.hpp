@@ -10,10 +10,10 @@
 
 #include "cache/kernel_cache.hpp"
 #include "codegen/codegen.hpp"
+#include "common/kernel_cache.hpp"
 #include "compile/kernel_provider.hpp"
 #include "fusedopt/target.hpp"
 #include "presets.hpp"
-#include "support/kernel_cache.hpp"
 
 namespace fusedopt::testing {
 

@@ -1,6 +1,6 @@
 // Shared pieces of the runtime tests: a private kernel cache for the whole suite, fresh
 // seeds, host tensors of any storage dtype, and the float64 references of every preset
-// (from tests/codegen/preset_references.hpp) keyed by preset name.
+// (from tests/common/preset_references.hpp) keyed by preset name.
 #pragma once
 
 #include <cstdint>
@@ -11,10 +11,10 @@
 #include <utility>
 #include <vector>
 
-#include "codegen/preset_references.hpp"
+#include "common/preset_references.hpp"
 #include "fusedopt/optimizer.hpp"
 
-namespace fusedopt_tests {
+namespace fusedopt::testing {
 
 /// Points FUSEDOPT_CACHE_DIR at a fresh 0700 folder (removed at exit), or under CTest at the
 /// build folder's kernel cache for tests (FUSEDOPT_TEST_KERNEL_CACHE), before the first
@@ -38,6 +38,12 @@ class HostTensor {
   std::int64_t numel() const { return numel_; }
   fusedopt::DType dtype() const { return dtype_; }
   double get(std::int64_t i) const { return read(dtype_, ptr(i)); }
+  /// Every value, as get() reads it.
+  std::vector<double> values() const {
+    std::vector<double> out(static_cast<std::size_t>(numel()));
+    for (std::int64_t i = 0; i < numel(); ++i) out[static_cast<std::size_t>(i)] = get(i);
+    return out;
+  }
   void set(std::int64_t i, double x) { write(dtype_, const_cast<unsigned char*>(ptr(i)), x); }
   fusedopt::Tensor tensor(const std::string& name = "") {
     fusedopt::Tensor t;
@@ -137,4 +143,4 @@ inline void fill_normal(HostTensor& t, std::mt19937& rng) {
   for (std::int64_t i = 0; i < t.numel(); ++i) t.set(i, normal(rng));
 }
 
-}  // namespace fusedopt_tests
+}  // namespace fusedopt::testing

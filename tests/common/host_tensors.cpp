@@ -1,5 +1,5 @@
-// The runtime tests' shared fixtures and the preset runner (see runtime_support.hpp).
-#include "runtime/runtime_support.hpp"
+// The runtime tests' shared fixtures and the preset runner (see host_tensors.hpp).
+#include "common/host_tensors.hpp"
 
 #include <doctest/doctest.h>
 #include <stdlib.h>  // setenv
@@ -11,9 +11,9 @@
 #include <mutex>
 #include <stdexcept>
 
-#include "support/temp_dir.hpp"
+#include "common/temp_dir.hpp"
 
-namespace fusedopt_tests {
+namespace fusedopt::testing {
 
 namespace {
 
@@ -223,4 +223,4 @@ fusedopt::OptimizerStats run_preset_through_optimizer(const std::string& name,
   return opt.stats();
 }
 
-}  // namespace fusedopt_tests
+}  // namespace fusedopt::testing

@@ -10,19 +10,16 @@
 #include <string>
 #include <vector>
 
+#include "common/temp_dir.hpp"
 #include "support/atomic_write.hpp"
 #include "support/file_io.hpp"
-#include "support/temp_dir.hpp"
 
-namespace fusedopt_tests {
+namespace fusedopt::testing {
 
 namespace fs = std::filesystem;
 using fusedopt::support::atomic_write;
 using fusedopt::support::AtomicWriteOptions;
 using fusedopt::support::AtomicWriteResult;
-using fusedopt::testing::read_file;
-using fusedopt::testing::TempDir;
-using fusedopt::testing::write_file;
 
 namespace {
 
@@ -30,12 +27,6 @@ std::vector<std::string> names_in(const fs::path& dir) {
   std::vector<std::string> names;
   for (const auto& e : fs::directory_iterator(dir)) names.push_back(e.path().filename().string());
   return names;
-}
-
-unsigned mode_of(const fs::path& path) {
-  struct stat st {};
-  REQUIRE(::stat(path.c_str(), &st) == 0);
-  return st.st_mode & 07777;
 }
 
 }  // namespace
@@ -131,4 +122,4 @@ TEST_SUITE("support") {
 
 }  // TEST_SUITE
 
-}  // namespace fusedopt_tests
+}  // namespace fusedopt::testing

@@ -12,7 +12,7 @@
 #include "lang/dump.hpp"
 #include "lang/parse.hpp"
 
-namespace fusedopt::lang::test {
+namespace fusedopt::testing {
 
 /// The declarations most tests start from.
 inline const std::string kHeader = "param p\ngrad g\nhyper lr = 0.1\n";
@@ -21,7 +21,7 @@ inline const std::string kHeader = "param p\ngrad g\nhyper lr = 0.1\n";
 inline std::optional<RuleError> parse_error(std::string_view text,
                                             const std::string& file = "test.rule") {
   try {
-    parse_rule(text, file);
+    lang::parse_rule(text, file);
   } catch (const RuleError& e) {
     return e;
   }
@@ -34,16 +34,15 @@ inline bool contains(const std::string& haystack, const std::string& needle) {
   return haystack.find(needle) != std::string::npos;
 }
 
-}  // namespace fusedopt::lang::test
+}  // namespace fusedopt::testing
 
 /// Checks that parsing `text` fails at LINE:COL with a message containing `substr`.
-#define FUSEDOPT_CHECK_RULE_ERROR(text, line_, col_, substr)                      \
-  do {                                                                            \
-    auto fo_err_ = ::fusedopt::lang::test::parse_error(text);                     \
-    if (fo_err_) {                                                                \
-      CHECK(fo_err_->line() == (line_));                                          \
-      CHECK(fo_err_->column() == (col_));                                         \
-      CHECK_MESSAGE(::fusedopt::lang::test::contains(fo_err_->message(), substr), \
-                    fo_err_->what());                                             \
-    }                                                                             \
+#define FUSEDOPT_CHECK_RULE_ERROR(text, line_, col_, substr)                                     \
+  do {                                                                                           \
+    auto fo_err_ = ::fusedopt::testing::parse_error(text);                                       \
+    if (fo_err_) {                                                                               \
+      CHECK(fo_err_->line() == (line_));                                                         \
+      CHECK(fo_err_->column() == (col_));                                                        \
+      CHECK_MESSAGE(::fusedopt::testing::contains(fo_err_->message(), substr), fo_err_->what()); \
+    }                                                                                            \
   } while (0)

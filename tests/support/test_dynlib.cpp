@@ -7,7 +7,7 @@
 
 #include "support/dynlib.hpp"
 
-namespace fusedopt_tests {
+namespace fusedopt::testing {
 
 using fusedopt::support::DynLib;
 
@@ -44,4 +44,4 @@ TEST_SUITE("support") {
   }
 }
 
-}  // namespace fusedopt_tests
+}  // namespace fusedopt::testing

@@ -1,8 +1,14 @@
 // A private (mode 0700, as the kernel cache demands) temporary folder for one test, removed
-// at the end. Every suite uses this one.
+// at the end, and the file helpers every suite shares: whole-file reads and writes, a file's
+// mode bits, a pid that is gone (whose temp files count as stale).
 #pragma once
 
+#include <doctest/doctest.h>
 #include <stdlib.h>
+#include <sys/stat.h>
+#include <sys/types.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <cstdlib>
 #include <filesystem>
@@ -73,6 +79,23 @@ inline std::string read_file(const std::filesystem::path& p) {
 inline void write_file(const std::filesystem::path& p, const std::string& text) {
   std::ofstream out(p, std::ios::binary);
   out << text;
+}
+
+/// The permission bits of `p` (07777); fails the test when it cannot be stat'ed.
+inline mode_t mode_of(const std::filesystem::path& p) {
+  struct stat st {};
+  REQUIRE(::stat(p.c_str(), &st) == 0);
+  return st.st_mode & 07777;
+}
+
+/// A pid that is certainly not alive: a child that exited and was reaped.
+inline pid_t dead_pid() {
+  const pid_t child = ::fork();
+  REQUIRE(child >= 0);
+  if (child == 0) ::_exit(0);
+  int status = 0;
+  REQUIRE(::waitpid(child, &status, 0) == child);
+  return child;
 }
 
 }  // namespace fusedopt::testing

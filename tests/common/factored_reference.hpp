@@ -11,10 +11,10 @@
 #include <utility>
 #include <vector>
 
+#include "common/host_tensors.hpp"
 #include "fusedopt/optimizer.hpp"
-#include "runtime/runtime_support.hpp"
 
-namespace fusedopt_tests {
+namespace fusedopt::testing {
 
 /// Params of `shapes` (normal(0, 1)), their grads and one group with `hypers`: the models of
 /// the adam_mini and came cases.
@@ -149,4 +149,4 @@ struct CameRef {
   }
 };
 
-}  // namespace fusedopt_tests
+}  // namespace fusedopt::testing
