@@ -19,6 +19,7 @@
 
 #include "common/close.hpp"
 #include "common/preset_references.hpp"
+#include "device/cuda_driver.hpp"
 #include "fusedopt/optimizer.hpp"
 
 namespace fusedopt::testing {

@@ -10,6 +10,8 @@
 #include "common/cuda_compile.hpp"
 #include "common/kernel_cache.hpp"
 #include "common/requirements.hpp"
+#include "compile/compiler.hpp"
+#include "compile/kernel_provider.hpp"
 #include "fusedopt/error.hpp"
 #include "fusedopt/kernel.hpp"
 #include "presets.hpp"

@@ -17,6 +17,7 @@
 #include "common/requirements.hpp"
 #include "common/sized_rule.hpp"
 #include "common/temp_dir.hpp"
+#include "compile/compiler.hpp"
 #include "compile/kernel_provider.hpp"
 #include "device/backend.hpp"
 #include "device/host_module.hpp"
