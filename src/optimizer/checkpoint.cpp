@@ -1,6 +1,7 @@
 // Optimizer::save / load: safetensors files with one tensor per (parameter, state) pair and
 // the master copies, plus metadata (rule, step, hypers) that load() checks before copying
-// anything, so a failed load leaves the optimizer as it was.
+// anything, so a failed load leaves the optimizer as it was. The pieces say what: the state
+// store its tensors and storage, the hypers their text, the runner its step and kernels.
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -26,57 +27,6 @@ namespace ck = fusedopt::checkpoint;
 
 }  // namespace
 
-/// Every saved state of every param (StateSpec::saved(): not the per-step outputs), in the
-/// specs' order: what save() writes and load() requires. A master is expected for every
-/// 16-bit param when master_weights is set, empty ones included, so the set does not depend
-/// on sizes.
-std::vector<CheckpointTensor> Optimizer::Impl::checkpoint_tensors() const {
-  std::vector<CheckpointTensor> out;
-  for (std::size_t p = 0; p < params.size(); ++p) {
-    for (const runtime::StateSpec& spec : specs) {
-      if (!spec.saved()) continue;
-      // A master for every 16-bit param (empty ones too), none for an fp32 one.
-      if (spec.kind == runtime::StateSpec::Kind::Master && params[p].param.dtype == DType::F32) {
-        continue;
-      }
-      // An absmax only where the state is quantized (not below quant_min_numel).
-      if (spec.kind == runtime::StateSpec::Kind::Absmax &&
-          quant_of(params[p], spec.index) == Quant::None) {
-        continue;
-      }
-      const Tensor t = state_view(spec, p);
-      out.push_back({t.name, t.dtype, t.numel, t.data});
-    }
-  }
-  return out;
-}
-
-/// ("m=q8s,v=q8u", "256") when some state is quantized, else empty: what the options ask for
-/// (every piece of a ShardedOptimizer writes the same), whichever params are big enough.
-std::pair<std::string, std::string> Optimizer::Impl::storage_text() const {
-  DTypeBinding b;
-  b.quant = quant;
-  b.quant_block = options.quant_block;
-  if (!b.quantized()) return {};
-  std::string storage;
-  for (std::size_t k = 0; k < quant.size(); ++k)
-    storage += fmt::format("{}{}={}", k ? "," : "", state_names[k], to_string(quant[k]));
-  return {storage, std::to_string(b.block())};
-}
-
-/// "group0:lr=0.001,beta1=0.90000000000000002;group1:...", 17 significant digits so every
-/// double reads back exactly.
-std::string Optimizer::Impl::hypers_text() const {
-  std::string out;
-  for (std::size_t g = 0; g < hypers.size(); ++g) {
-    out += fmt::format("{}group{}:", g ? ";" : "", g);
-    for (std::size_t k = 0; k < hyper_names.size(); ++k) {
-      out += fmt::format("{}{}={:.17g}", k ? "," : "", hyper_names[k], hypers[g][k]);
-    }
-  }
-  return out;
-}
-
 void Optimizer::save(const std::filesystem::path& path) const {
   const Impl& m = live("save");
   Impl::Exclusive hold(m, "save");
@@ -85,7 +35,7 @@ void Optimizer::save(const std::filesystem::path& path) const {
   // memory (the backend's copies wait for every queued step first).
   std::vector<std::vector<std::byte>> staged;
   m.backend->synchronize();
-  for (const CheckpointTensor& e : m.checkpoint_tensors()) {
+  for (const CheckpointTensor& e : m.store.checkpoint_tensors()) {
     const auto bytes = static_cast<std::size_t>(e.numel) * dtype_size(e.dtype);
     const void* data = m.backend->host_address(e.data);
     if (!data && bytes > 0) {
@@ -96,9 +46,9 @@ void Optimizer::save(const std::filesystem::path& path) const {
     tensors.push_back({e.name, e.dtype, e.numel, data});
   }
   std::string keys;
-  for (const auto& kernel : m.kernels) keys += (keys.empty() ? "" : ",") + kernel->key();
+  for (const auto& kernel : m.runner.kernels()) keys += (keys.empty() ? "" : ",") + kernel->key();
   std::vector<ck::ParamEntry> params;
-  for (const runtime::ParamSlot& s : m.params) {
+  for (const runtime::ParamSlot& s : m.store.params()) {
     params.push_back({s.name, s.param.numel, s.param.dtype});
   }
   std::map<std::string, std::string> metadata = {
@@ -107,13 +57,13 @@ void Optimizer::save(const std::filesystem::path& path) const {
       {ck::kRuleKey, m.rule.name()},
       {ck::kRuleTextKey, m.rule.text()},
       {ck::kKernelKeysKey, keys},
-      {ck::kStepKey, std::to_string(m.current_step_count())},
-      {ck::kHypersKey, m.hypers_text()},
+      {ck::kStepKey, std::to_string(m.runner.steps_taken())},
+      {ck::kHypersKey, m.hypers.text()},
       {ck::kStateDtypeKey, to_string(m.options.state_dtype)},
       {ck::kMasterWeightsKey, m.options.master_weights ? "true" : "false"},
       {ck::kParamsKey, ck::format_params(params)},
   };
-  if (const auto [storage, block] = m.storage_text(); !storage.empty()) {
+  if (const auto [storage, block] = m.store.storage_text(); !storage.empty()) {
     metadata[ck::kStateStorageKey] = storage;
     metadata[ck::kQuantBlockKey] = block;
   }
@@ -282,9 +232,10 @@ void Optimizer::Impl::load_file(const io::SafetensorsFile& file, const std::stri
   const Refusal refusal{fmt::format("cannot load checkpoint {}", where)};
   check_header(file, rule, refusal);
   const std::int64_t step = read_step(file, refusal);
-  std::vector<std::vector<double>> new_hypers = read_hypers(file, hyper_names, hypers, refusal);
-  check_storage(file, storage_text(), refusal);
-  const std::vector<CheckpointTensor> expected = checkpoint_tensors();
+  std::vector<std::vector<double>> new_hypers =
+      read_hypers(file, hypers.names(), hypers.values(), refusal);
+  check_storage(file, store.storage_text(), refusal);
+  const std::vector<CheckpointTensor> expected = store.checkpoint_tensors();
   check_tensors(file, expected, refusal);
 
   // The backend's copies wait for every queued step and land before they return.
@@ -293,9 +244,9 @@ void Optimizer::Impl::load_file(const io::SafetensorsFile& file, const std::stri
     backend->copy_from_host(e.data, file.tensor_data(e.name),
                             static_cast<std::size_t>(e.numel) * dtype_size(e.dtype));
   }
-  set_steps_taken(step);
-  hypers = std::move(new_hypers);
-  push_hypers();
+  runner.set_steps_taken(step);
+  hypers.replace(std::move(new_hypers));
+  runner.set_hypers(hypers.values());
 }
 
 void Optimizer::load(const std::filesystem::path& path) {

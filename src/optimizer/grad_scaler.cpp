@@ -73,7 +73,7 @@ GradScaler GradScaler::on_device(const Optimizer& opt, Options options) {
                        "GradScaler::on_device: the optimizer must be a CUDA one (its scale "
                        "lives in device memory); this one runs on {}",
                        m.backend->name());
-  FUSEDOPT_CHECK_USAGE(!m.kernels.empty(),
+  FUSEDOPT_CHECK_USAGE(!m.runner.kernels().empty(),
                        "GradScaler::on_device: the optimizer has no elements to step (every "
                        "tensor is empty)");
   auto state = std::make_shared<DeviceState>();
@@ -109,13 +109,19 @@ StepResult GradScaler::step(Optimizer& opt, void* stream, float grad_factor) {
   const auto backoff = static_cast<float>(options_.backoff_factor);
   if (device_) {
     Optimizer::Impl& m = opt.live("GradScaler::step");
-    FUSEDOPT_CHECK_USAGE(m.device == device_->device && !m.kernels.empty(),
+    Optimizer::Impl::Exclusive hold(m, "step");
+    FUSEDOPT_CHECK_USAGE(m.device == device_->device && !m.runner.kernels().empty(),
                          "GradScaler::step: this device GradScaler lives on {} and steps only "
                          "optimizers there with at least one element; this optimizer runs on {}",
                          device_->backend->name(), m.backend->name());
-    const Optimizer::Impl::DeviceScaler launch{device_->block.data(), growth, backoff,
-                                               options_.growth_interval};
-    return m.run_step(grad_factor, true, stream, &launch);
+    const runtime::DeviceScaler launch{device_->block.data(), growth, backoff,
+                                       options_.growth_interval};
+    runtime::StepRequest request;
+    request.inv_grad_scale = grad_factor;
+    request.scaled = true;
+    request.stream = stream;
+    request.scaler = &launch;
+    return m.runner.run(request);
   }
   // torch computes the inverse in double and hands the kernel an fp32 value; the device
   // GradScaler's launches compute the same (abi.h's fo_unscale_factor).

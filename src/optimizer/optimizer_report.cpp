@@ -66,53 +66,65 @@ std::string describe_schedule(const lang::Rule& r,
 
 }  // namespace
 
-void Optimizer::Impl::report() {
+namespace runtime {
+
+Reports make_reports(const Rule& rule, const StateStore& store, const StepRunner& runner,
+                     const Backend& backend) {
+  const std::vector<ParamSlot>& params = store.params();
+  const std::vector<DTypeBinding>& bindings = store.bindings();
+  const std::vector<std::unique_ptr<Binding>>& kernels = runner.kernels();
+  Reports out;
   // What fusing bought: the launches a per-tensor loop would make against ours.
   std::int64_t elements = 0, nonempty = 0, launches = 0;
-  for (const runtime::ParamSlot& s : params) {
+  for (const ParamSlot& s : params) {
     elements += s.param.numel;
     nonempty += s.param.numel > 0 ? 1 : 0;
   }
   for (std::size_t b = 0; b < kernels.size(); ++b) {
     launches += kernels[b]->launches_per_step(b == 0);  // the step's count: one per step
   }
-  fusion_report =
+  out.fusion =
       fmt::format("{} over {} tensor{} ({}): {} launch{} per step instead of {}", rule.name(),
                   params.size(), params.size() == 1 ? "" : "s", format_elements(elements), launches,
                   launches == 1 ? "" : "es", nonempty);
   if (bindings.size() > 1) {
     std::string list;
     for (const DTypeBinding& b : bindings) list += (list.empty() ? "" : ", ") + b.str();
-    fusion_report += fmt::format(" (one per dtype binding: {})", list);
+    out.fusion += fmt::format(" (one per dtype binding: {})", list);
   }
-  if (reduction_passes > 0) {
-    fusion_report +=
-        fmt::format(" ({} reduction pass{} + update{})", reduction_passes,
-                    reduction_passes == 1 ? "" : "es", bindings.size() > 1 ? " per binding" : "");
-    schedule_report = describe_schedule(detail::lang_rule(rule), kernels, bindings);
+  const int passes = runner.reduction_passes();
+  if (passes > 0) {
+    out.fusion += fmt::format(" ({} reduction pass{} + update{})", passes, passes == 1 ? "" : "es",
+                              bindings.size() > 1 ? " per binding" : "");
+    out.schedule = describe_schedule(detail::lang_rule(rule), kernels, bindings);
   }
-  support::log(support::LogLevel::Info, fusion_report);
-  if (!schedule_report.empty()) support::log(support::LogLevel::Info, schedule_report);
+  support::log(support::LogLevel::Info, out.fusion);
+  if (!out.schedule.empty()) support::log(support::LogLevel::Info, out.schedule);
   if (support::log_enabled(support::LogLevel::Debug)) {
     for (std::size_t b = 0; b < kernels.size(); ++b) {
       support::log(
           support::LogLevel::Debug,
           fmt::format("kernel {} ({}) on {}: {} tensors, {} from {} in {:.3f} s", bindings[b].str(),
-                      rule.name(), backend->name(), binding_params[b].size(), kernels[b]->key(),
-                      to_string(kernels[b]->origin()), kernels[b]->seconds()));
+                      rule.name(), backend.name(), store.binding_params()[b].size(),
+                      kernels[b]->key(), to_string(kernels[b]->origin()), kernels[b]->seconds()));
     }
   }
+  return out;
 }
+
+}  // namespace runtime
 
 OptimizerStats Optimizer::stats() const {
   const Impl& m = live("stats");
+  const std::vector<runtime::ParamSlot>& params = m.store.params();
+  const std::vector<std::unique_ptr<runtime::Binding>>& kernels = m.runner.kernels();
   OptimizerStats st;
-  st.tensors = static_cast<std::int64_t>(m.params.size());
-  for (const runtime::ParamSlot& s : m.params) {
+  st.tensors = static_cast<std::int64_t>(params.size());
+  for (const runtime::ParamSlot& s : params) {
     st.elements += s.param.numel;
     if (s.binding < 0) continue;
     // What each pass of the binding's kernel reads and writes, per element.
-    const KernelLayout& body = m.kernels[static_cast<std::size_t>(s.binding)]->layout();
+    const KernelLayout& body = kernels[static_cast<std::size_t>(s.binding)]->layout();
     std::int64_t bits = 0;  // per element: a 4-bit state's codes move half a byte
     for (const auto* roles : {&body.pass_reads, &body.pass_writes}) {
       for (const std::vector<int>& pass : *roles) {
@@ -123,10 +135,12 @@ OptimizerStats Optimizer::stats() const {
     st.bytes_recompute += body.bits_recompute * s.param.numel / 8;
     st.bytes_store += body.bits_store * s.param.numel / 8;
   }
-  for (std::size_t b = 0; b < m.kernels.size(); ++b) {
+  for (std::size_t b = 0; b < kernels.size(); ++b) {
     std::int64_t elements = 0;
-    for (int p : m.binding_params[b]) elements += m.params[static_cast<std::size_t>(p)].param.numel;
-    const KernelLayout& body = m.kernels[b]->layout();
+    for (int p : m.store.binding_params()[b]) {
+      elements += params[static_cast<std::size_t>(p)].param.numel;
+    }
+    const KernelLayout& body = kernels[b]->layout();
     for (std::size_t k = 0; k < body.pass_reads.size(); ++k) {
       PassTraffic t;
       t.elements = elements;
@@ -142,20 +156,18 @@ OptimizerStats Optimizer::stats() const {
       st.traffic.push_back(std::move(t));
     }
   }
-  for (const runtime::Arena& a : m.arenas) st.state_bytes += a.bytes;
-  st.state_bytes += m.scalars.size();
-  st.state_bytes += m.rc_states.size();
-  st.reduction_passes = m.reduction_passes;
-  if (m.reduction_passes > 0 && !m.kernels.empty()) {
-    st.reduction_strategy = m.kernels.front()->layout().strategy;
+  st.state_bytes = m.store.bytes();
+  st.reduction_passes = m.runner.reduction_passes();
+  if (st.reduction_passes > 0 && !kernels.empty()) {
+    st.reduction_strategy = kernels.front()->layout().strategy;
   }
-  st.schedule_report = m.schedule_report;
-  st.step_program = runtime::describe(m.plain_program);
-  st.scaled_step_program = runtime::describe(m.scaled_program);
+  st.schedule_report = m.reports.schedule;
+  st.step_program = runtime::describe(m.runner.plain_program());
+  st.scaled_step_program = runtime::describe(m.runner.scaled_program());
   int staged = 0;  // pieces of a factored rule: the finalizes' further stages
-  for (int n : m.finalize_stages) staged += n - 1;
-  for (std::size_t b = 0; b < m.kernels.size(); ++b) {
-    const auto& kernel = m.kernels[b];
+  for (int n : m.runner.finalize_stages()) staged += n - 1;
+  for (std::size_t b = 0; b < kernels.size(); ++b) {
+    const auto& kernel = kernels[b];
     st.launches_per_step += kernel->launches_per_step(b == 0);  // the count: one per step
     if (!kernel->plan().empty()) st.launches_per_step += staged;
     st.kernel_keys.push_back(kernel->key());
@@ -164,7 +176,7 @@ OptimizerStats Optimizer::stats() const {
     if (!st.kernel_origin || kernel->origin() > *st.kernel_origin)
       st.kernel_origin = kernel->origin();
   }
-  st.fusion_report = m.fusion_report;
+  st.fusion_report = m.reports.fusion;
   return st;
 }
 

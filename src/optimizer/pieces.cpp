@@ -1,5 +1,4 @@
-// The checks and derived values of dim-0 pieces (pieces.hpp), and the optimizer's shard of
-// the sums that span them (Optimizer::Impl::lay_out_shard).
+// The checks and derived values of dim-0 pieces (pieces.hpp).
 #include "optimizer/pieces.hpp"
 
 #include <fmt/format.h>
@@ -9,8 +8,6 @@
 
 #include "exec/plan.hpp"
 #include "fusedopt/error.hpp"
-#include "optimizer/optimizer_impl.hpp"
-#include "rule_access.hpp"
 #include "support/check.hpp"
 #include "support/checked_math.hpp"
 
@@ -103,27 +100,3 @@ void append_whole_info(const Tensor& t, std::vector<double>& info) {
 bool spans_pieces(const Tensor& t) { return !t.whole_shape.empty() && t.whole_shape.size() <= 2; }
 
 }  // namespace fusedopt::runtime
-
-namespace fusedopt {
-
-void Optimizer::Impl::lay_out_shard() {
-  // Pieces of a factored rule: the sums that span pieces, every binding's in one buffer,
-  // and the stages of each pass's finalize that reads them (abi.h's rc_stage).
-  for (const auto& kernel : kernels) num_shard += kernel->shard_size();
-  if (num_shard == 0) return;
-  shard = backend->allocate(static_cast<std::size_t>(num_shard) * sizeof(double));
-  auto* at = static_cast<double*>(shard.data());
-  for (auto& kernel : kernels) {
-    kernel->set_shard(at);
-    at += kernel->shard_size();
-  }
-  finalize_stages.assign(static_cast<std::size_t>(reduction_passes), 1);
-  for (const lang::Reduction& r : detail::lang_rule(rule).reductions) {
-    int& n = finalize_stages.at(static_cast<std::size_t>(r.pass));
-    if (r.scope == ReductionScope::Col) n = std::max(n, 2);
-    if (r.scope == ReductionScope::Matrix)
-      n = std::max(n, r.arg->level == lang::Level::Col ? 2 : 3);
-  }
-}
-
-}  // namespace fusedopt

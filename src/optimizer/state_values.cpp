@@ -3,7 +3,6 @@
 #include <cstddef>
 #include <vector>
 
-#include "abi.h"
 #include "optimizer/optimizer_impl.hpp"
 #include "optimizer/quant_states.hpp"
 #include "rule_access.hpp"
@@ -18,32 +17,28 @@ std::vector<Quant> resolve_state_storage(const Rule& rule, const OptimizerOption
 
 std::vector<float> Optimizer::state_values(const std::string& name, int param_index) const {
   const Impl& m = live("state_values");
-  const runtime::StateSpec& spec = m.state_spec(name);
+  const runtime::StateSpec& spec = m.store.spec(name);
   FUSEDOPT_CHECK_USAGE(spec.kind == StateKind::Element || spec.kind == StateKind::Output,
                        "state_values('{}'): it is a {} state; state_values reads element states "
                        "and outputs (view the others with state())",
                        name, to_string(spec.kind));
-  FUSEDOPT_CHECK_USAGE(
-      !(param_index < 0 || static_cast<std::size_t>(param_index) >= m.params.size()),
-      "state_values('{}', {}): there is no param {} (the optimizer has {})", name, param_index,
-      param_index, m.params.size());
+  const std::size_t n = m.store.params().size();
+  FUSEDOPT_CHECK_USAGE(!(param_index < 0 || static_cast<std::size_t>(param_index) >= n),
+                       "state_values('{}', {}): there is no param {} (the optimizer has {})", name,
+                       param_index, param_index, n);
   const auto p = static_cast<std::size_t>(param_index);
-  const runtime::ParamSlot& slot = m.params[p];
-  const Tensor t = m.state_view(spec, p);
+  const runtime::ParamSlot& slot = m.store.params()[p];
+  const Tensor t = m.store.view(spec, p);
   if (t.numel == 0 || t.data == nullptr) return {};
-  const Quant q = spec.kind == StateKind::Element ? m.quant_of(slot, spec.index) : Quant::None;
-  const std::size_t bytes =
-      q != Quant::None
-          ? static_cast<std::size_t>(
-                fo_q_bytes(slot.param.numel, quant_bits(q),
-                           m.bindings[static_cast<std::size_t>(slot.binding)].block()))
-          : static_cast<std::size_t>(t.numel) * static_cast<std::size_t>(dtype_size(t.dtype));
+  const std::size_t bytes = m.store.stored_bytes(spec, p);
   std::vector<std::byte> host(bytes);
   m.backend->synchronize();
   m.backend->copy_to_host(host.data(), t.data, bytes);
+  const Quant q =
+      spec.kind == StateKind::Element ? m.store.quant_of(slot, spec.index) : Quant::None;
   if (q != Quant::None) {
     return runtime::dequantize(host.data(), slot.param.numel, q,
-                               m.bindings[static_cast<std::size_t>(slot.binding)].block());
+                               m.store.bindings()[static_cast<std::size_t>(slot.binding)].block());
   }
   return runtime::widen(host.data(), t.numel, t.dtype);
 }
