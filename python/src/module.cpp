@@ -20,6 +20,7 @@
 #include "fusedopt/kernel.hpp"
 #include "fusedopt/optimizer.hpp"
 #include "fusedopt/version.hpp"
+#include "watch.hpp"
 
 namespace nb = nanobind;
 namespace fo = fusedopt;
@@ -528,4 +529,5 @@ NB_MODULE(_fusedopt, m) {
   bind_options(m);
   bind_engine(m);
   bind_functions(m);
+  fusedopt::python::bind_watch(m);
 }

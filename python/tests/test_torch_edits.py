@@ -59,6 +59,45 @@ def test_grads_given_new_memory_in_place_are_followed():
             assert close(p, q), k
 
 
+def test_moves_among_50000_tensors_are_followed():
+    # The steady step's check runs in one call over every param (fusedopt._fusedopt._Watch):
+    # each kind of move, made to one tensor among 50,000, must still be seen.
+    n = 50000
+    ours, theirs = twins([(3,)] * n)
+    opt = ft.Optimizer(ours, rule="sgd", lr=0.1, momentum=0.9)
+    ref = torch.optim.SGD(theirs, lr=0.1, momentum=0.9)
+    grads = [torch.randn(3) for _ in range(n)]
+    for p, q, g in zip(ours, theirs, grads):
+        p.grad, q.grad = g.clone(), g.clone()
+    opt.step()
+    ref.step()
+    gen = torch.Generator().manual_seed(5)
+    for k, move in enumerate(["steady", "grad data", "grad set_", "new grad", "param data",
+                              "grad dropped", "grad back", "last grad data"]):
+        i = n - 1 if move == "last grad data" else int(torch.randint(n, (1,), generator=gen))
+        g = torch.randn(3)
+        p, q = ours[i], theirs[i]
+        if move in ("grad data", "last grad data"):
+            p.grad.data, q.grad.data = g.clone(), g.clone()
+        elif move == "grad set_":
+            p.grad.set_(g.clone())
+            q.grad.set_(g.clone())
+        elif move == "new grad":
+            p.grad, q.grad = g.clone(), g.clone()
+        elif move == "param data":
+            p.data, q.data = p.data.clone(), q.data.clone()
+        elif move == "grad dropped":  # torch skips a param without a grad
+            dropped = i
+            p.grad = q.grad = None
+        elif move == "grad back":
+            p, q = ours[dropped], theirs[dropped]
+            p.grad, q.grad = g.clone(), g.clone()
+        opt.step()
+        ref.step()
+        assert close(torch.cat([x.detach() for x in ours]),
+                     torch.cat([x.detach() for x in theirs])), move
+
+
 def test_module_share_memory_with_kept_grads():
     m = torch.nn.Linear(6, 3)
     m2 = copy.deepcopy(m)

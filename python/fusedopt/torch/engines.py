@@ -14,23 +14,13 @@ from . import distributed
 from .distributed import local, local_ptr
 from .state_table import StateEntry
 
-__all__ = ["EnginesMixin", "none_ref", "grad_ptr", "dtype_code"]
+__all__ = ["EnginesMixin", "none_ref", "dtype_code"]
 
 GRAD = operator.attrgetter("grad")
-DATA_PTR = torch.Tensor.data_ptr
 
 
 def none_ref():  # the last step's "weak reference" to a grad that was None
     return None
-
-
-def grad_ptr(grad):
-    if grad is None:
-        return 0
-    try:
-        return grad.data_ptr()
-    except RuntimeError:  # no storage (a sparse grad): the step's check refuses it
-        return -1
 
 
 _DTYPES = _dtypes.torch_dtypes()
@@ -364,22 +354,30 @@ class EnginesMixin:
         bound.gptrs = gptrs
         return True
 
-    def _unmoved(self, flat, grads):
+    def _unmoved(self):
         """True when every param and grad is the object, and at the address, it was at the
         end of the last step (so the engines point at them all): the per-tensor work of a
-        steady step is this one check."""
+        steady step is this one check, in C++ (_C._Watch) for local tensors."""
         last = self._last
-        return (self._key is not None and last is not None and len(flat) == len(last[0])
-                and all(map(operator.is_, flat, last[0]))
-                and all(map(operator.is_, grads, [ref() for ref in last[1]]))
-                and list(map(self._pointers[0], flat)) == last[2]
-                and list(map(self._pointers[1], grads)) == last[3])
+        if self._key is None or last is None:
+            return False
+        if isinstance(last, _C._Watch):
+            return last.unmoved(self.param_groups)
+        flat = [p for group in self.param_groups for p in group["params"]]
+        return (len(flat) == len(last[0]) and all(map(operator.is_, flat, last[0]))
+                and all(map(operator.is_, map(GRAD, flat), [ref() for ref in last[1]]))
+                and list(map(local_ptr, flat)) == last[2]
+                and list(map(local_ptr, map(GRAD, flat))) == last[3])
 
     def _remember(self, flat, grads):
-        """Every param, its grad (weakly) and their addresses as this step leaves them."""
-        self._pointers = (DATA_PTR, grad_ptr) if self._shards is None else (local_ptr, local_ptr)
+        """Every param, its grad (weakly) and their addresses as this step leaves them: in a
+        _C._Watch, or (DTensors: their local shards' addresses) in Python."""
+        if self._shards is None:
+            self._last = _C._Watch()
+            self._last.remember(self.param_groups)
+            return
         self._last = (flat, [none_ref if g is None else weakref.ref(g) for g in grads],
-                      list(map(self._pointers[0], flat)), list(map(self._pointers[1], grads)))
+                      list(map(local_ptr, flat)), list(map(local_ptr, grads)))
 
     def _follow(self, with_grad, stream):
         """Plans again when the params with grads changed; else re-points each engine at

@@ -140,11 +140,11 @@ class Optimizer(HypersMixin, EnginesMixin, StateMixin, StateDictMixin, torch.opt
         if self._edits.changed or self.state is not self._table or \
                 self._steps_edited_in_place():
             self._adopt_state()
-        flat = [p for group in self.param_groups for p in group["params"]]
-        grads = list(map(GRAD, flat))
-        if self._unmoved(flat, grads):  # the steady state: one pass, nothing to re-point
+        if self._unmoved():  # the steady state: one pass, nothing to re-point
             stream = self._stream(self._engines[0].device)
         else:
+            flat = [p for group in self.param_groups for p in group["params"]]
+            grads = list(map(GRAD, flat))
             with_grad = [p for p, g in zip(flat, grads) if g is not None]
             if not with_grad:
                 return loss
@@ -215,7 +215,6 @@ class Optimizer(HypersMixin, EnginesMixin, StateMixin, StateDictMixin, torch.opt
         d = dict(self.__dict__)
         d["_engines"], d["_pushed"], d["_key"], d["_last"] = [], [], None, None
         d["_shards"] = None  # planned again (a mesh does not pickle)
-        d.pop("_pointers", None)  # set again with _last
         d["_counters"] = {}
         d["_installed"] = {}
         for key in ("_edits", "_table"):  # made again by __setstate__
