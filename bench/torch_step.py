@@ -19,6 +19,11 @@ Cases (``--cases``, comma-separated):
              the same algorithm in torch foreach operations.
   compile    the first step of a fresh optimizer: a cold compile (empty cache), a disk
              hit in a fresh process, a memory hit.
+  overhead   the Python front end's cost per tensor: AdamW over 100, 1,000, 10,000 and
+             50,000 tensors of 16 elements, the step from Python against the C++ step over
+             the same tensors (fusedopt.torch's engine, called directly) in the same run: the
+             difference divided by the tensors; torch's AdamW foreach=True (and fused=True
+             where torch has it) beside. No floor: it measures overhead, not bandwidth.
 The floor is an in-place stream of the bytes fusedopt's step moves (its stats()' traffic: per
 pass, each role it only reads summed, each it updates incremented in place, each it only
 writes filled), its best time: on the CPU fusedopt-bench's floor (bench/floor.hpp, one
@@ -373,6 +378,30 @@ def case_compile(args, results):
                     "seconds": time.perf_counter() - t0})
 
 
+def case_overhead(args, results):
+    device = args.device
+    for n in (100, 1000, 10000, 50000):
+        ps = params_of([(16,)] * n, device)
+        opt = ft.Optimizer(ps, rule="adamw", lr=1e-3)
+        opt.step()  # plans and binds: the timed steps are steady
+        engine = opt._engines[0].engine  # the C++ optimizer the step drives (private)
+        stream = torch.cuda.current_stream().cuda_stream if device == "cuda" else 0
+        py = seconds(opt.step, device, args.steps, args.warmup)
+        cpp = seconds(lambda: engine.step(stream), device, args.steps, args.warmup)
+        line = {"case": "overhead", "tensors": n, "elements": 16 * n}
+        results.append(dict(line, what=f"fusedopt.torch adamw, {n} tensors", seconds=py,
+                            cpp_seconds=cpp))
+        del opt, engine
+        fused = device == "cuda" or tuple(map(int, torch.__version__.split(".")[:2])) >= (2, 4)
+        for label, kw in [("foreach=True", {"foreach": True})] + \
+                [("fused=True", {"fused": True})] * fused:
+            ref = torch.optim.AdamW(ps, lr=1e-3, **kw)
+            results.append(dict(line, what=f"torch AdamW {label}, {n} tensors",
+                                seconds=seconds(ref.step, device, args.steps, args.warmup)))
+            del ref
+        del ps
+
+
 def plot(json_path, png_path):
     import matplotlib
     matplotlib.use("Agg")
@@ -397,7 +426,7 @@ def plot(json_path, png_path):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--device", default="cpu")
-    ap.add_argument("--cases", default="adamw,small,amp,lamb,compile")
+    ap.add_argument("--cases", default="adamw,small,amp,lamb,compile,overhead")
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--json", help="also write the results here")
@@ -435,7 +464,8 @@ def main():
             "small": lambda res: case_adamw("small", small_shapes(), args, res),
             "amp": lambda res: case_amp(args, res),
             "lamb": lambda res: case_lamb(args, res),
-            "compile": lambda res: case_compile(args, res)}
+            "compile": lambda res: case_compile(args, res),
+            "overhead": lambda res: case_overhead(args, res)}
     results = []
     # Each case's lines as it ends, and the JSON rewritten after each: a run cut short (the
     # device tool's time limit) keeps what it measured.
@@ -452,6 +482,11 @@ def main():
                       f"{floor / r['seconds']:.2f} of the floor ({floor * 1e3:.2f} ms, "
                       f"{r['bytes'] / floor / 1e9:.0f} GB/s; copy {r['copy_seconds'] * 1e3:.2f} "
                       f"ms; {r['tensors']} tensors)", flush=True)
+            elif "cpp_seconds" in r:
+                extra = (r["seconds"] - r["cpp_seconds"]) / r["tensors"]
+                print(f"  {r['case']:7s} {r['what']:52s} {r['seconds'] * 1e3:9.2f} ms  "
+                      f"(C++ step {r['cpp_seconds'] * 1e3:.2f} ms: {extra * 1e9:.0f} ns per "
+                      "tensor from Python)", flush=True)
             else:
                 print(f"  {r['case']:7s} {r['what']:52s} {r['seconds'] * 1e3:9.2f} ms",
                       flush=True)
