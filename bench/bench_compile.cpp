@@ -14,6 +14,7 @@
 #include "cache/kernel_cache.hpp"
 #include "fusedopt/error.hpp"
 #include "fusedopt/kernel.hpp"
+#include "harness.hpp"
 
 using namespace fusedopt;
 namespace fs = std::filesystem;
@@ -210,15 +211,17 @@ int register_all() {
 
 }  // namespace
 
-int main(int argc, char** argv) {
-  if (argc == 4 && std::string(argv[1]) == "--probe-disk-hit")
-    return probe_disk_hit(argv[2], argv[3]);
-  register_all();
-  benchmark::Initialize(&argc, argv);
-  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 2;
-  benchmark::RunSpecifiedBenchmarks();
-  benchmark::Shutdown();
+namespace fusedopt::bench {
+
+void register_compile_benchmarks() { register_all(); }
+
+int probe_compile_disk_hit(const std::string& target, const std::string& dir) {
+  return probe_disk_hit(target, dir);
+}
+
+void remove_compile_dir() {
   std::error_code ec;
   fs::remove_all(bench_dir(), ec);
-  return 0;
 }
+
+}  // namespace fusedopt::bench

@@ -3,9 +3,9 @@
 // BERT-base. Each declares the bytes a step must move (stats().bytes_per_step) and reports
 // floor_fraction: the time of an in-place stream of the same bytes (bench/floor.hpp; run
 // before every timed step, untimed, its median) over the step's time; at most 1 up to noise
-// (this VM's memory bandwidth drifts by 2x over minutes, so the two take turns). The
-// old copy_fraction (a memcpy of the same bytes) stays as a second column: the fused AdamW
-// beats a copy, which pays for write-allocate, so it is no floor.
+// (this VM's memory bandwidth drifts by 2x over minutes, so the two take turns).
+// copy_fraction (a memcpy of the same bytes over the step's time) stays as a second column:
+// the fused AdamW beats a copy, which pays for write-allocate, so it is no floor.
 #include <benchmark/benchmark.h>
 
 #include <algorithm>
@@ -18,83 +18,23 @@
 #include "floor.hpp"
 #include "fusedopt/cuda.hpp"
 #include "fusedopt/optimizer.hpp"
+#include "step_timing.hpp"
 #include "workloads.hpp"
 
 using namespace fusedopt;
 
 namespace {
 
-/// Host params and grads for a workload (grads random-ish, params non-zero).
-struct HostModel {
-  std::vector<std::vector<float>> p, g;
-  explicit HostModel(const bench::Workload& w) {
-    for (std::int64_t n : w.sizes) {
-      p.emplace_back(static_cast<std::size_t>(n), 0.5f);
-      g.emplace_back(static_cast<std::size_t>(n), 0.01f);
-    }
-  }
-  ParamGroup group(std::size_t first, std::size_t last) {
-    ParamGroup pg;
-    for (std::size_t i = first; i < last; ++i) {
-      pg.params.push_back({p[i].data(), static_cast<std::int64_t>(p[i].size()), DType::F32,
-                           Device::host(), "p" + std::to_string(i)});
-      pg.grads.push_back({g[i].data(), static_cast<std::int64_t>(g[i].size()), DType::F32,
-                          Device::host(), "g" + std::to_string(i)});
-    }
-    return pg;
-  }
-};
+using bench::DeviceModel;
+using bench::Floors;
+using bench::HostModel;
+using bench::report;
+using bench::skipped_without_gpu;
+using bench::time_device_steps;
+using bench::timed_with_floor;
 
 bench::Workload workload(int64_t which) {
   return which == 0 ? bench::bert_base() : bench::small_tensors();
-}
-
-/// The floors of a step of `s`: the fraction of the in-place stream's time the step takes,
-/// and the copy bandwidth.
-struct Floors {
-  double fraction = 0, copy_bytes_per_second = 0;
-  double step_seconds = 0;  ///< the median step
-};
-
-/// Runs `step` under `state`'s timer, the in-place floor of `s` (untimed) just before each
-/// step. The fraction of the floor is the median over the iterations of floor / step, each
-/// pair measured a moment apart: this VM's memory bandwidth drifts by up to 2x within
-/// seconds, and a ratio of two medians taken over the whole run read from 0.66 to 0.85 for
-/// the same step (adafactor), 1.24 for rmsprop. The copy bandwidth is measured before.
-template <typename Step>
-Floors timed_with_floor(benchmark::State& state, const OptimizerStats& s, Step step) {
-  Floors f;
-  f.copy_bytes_per_second = bench::copy_bandwidth(static_cast<std::size_t>(s.bytes_per_step));
-  bench::InPlaceFloor floor(s.traffic);
-  floor.seconds();  // warm
-  std::vector<double> ratios, steps;
-  for (auto _ : state) {
-    state.PauseTiming();
-    const double floor_seconds = floor.seconds();
-    state.ResumeTiming();
-    const auto t0 = std::chrono::steady_clock::now();
-    step();
-    const double seconds =
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    ratios.push_back(floor_seconds / std::max(seconds, 1e-12));
-    steps.push_back(seconds);
-  }
-  std::sort(ratios.begin(), ratios.end());
-  std::sort(steps.begin(), steps.end());
-  f.fraction = ratios.empty() ? 0.0 : ratios[ratios.size() / 2];
-  f.step_seconds = steps.empty() ? 0.0 : steps[steps.size() / 2];
-  return f;
-}
-
-void report(benchmark::State& state, const OptimizerStats& s, std::int64_t launches,
-            const Floors& floors) {
-  const double bytes = static_cast<double>(s.bytes_per_step);
-  state.SetBytesProcessed(static_cast<int64_t>(bytes) * state.iterations());
-  state.counters["floor_fraction"] = floors.fraction;
-  state.counters["copy_fraction"] = benchmark::Counter(
-      bytes / floors.copy_bytes_per_second, benchmark::Counter::kIsIterationInvariantRate);
-  state.counters["launches"] = static_cast<double>(launches);
-  state.counters["tensors"] = static_cast<double>(s.tensors);
 }
 
 void BM_HostStepFused(benchmark::State& state) {
@@ -103,8 +43,8 @@ void BM_HostStepFused(benchmark::State& state) {
   Optimizer opt(Rule::preset("adamw"), {model.group(0, w.sizes.size())});
   opt.step();  // warm: first touch of the state pages
   const Floors floors = timed_with_floor(state, opt.stats(), [&] { opt.step(); });
-  report(state, opt.stats(), opt.stats().launches_per_step, floors);
-  state.SetLabel("adamw fp32 " + w.name + " fused");
+  report(state, opt.stats(), opt.stats().launches_per_step, floors, w.name,
+         "adamw fp32 " + w.name + " fused");
 }
 
 void BM_HostStepPerTensor(benchmark::State& state) {
@@ -117,6 +57,7 @@ void BM_HostStepPerTensor(benchmark::State& state) {
     OptimizerStats s = per_tensor.back().stats();
     total.bytes_per_step += s.bytes_per_step;
     total.tensors += s.tensors;
+    total.elements += s.elements;
   }
   for (auto& o : per_tensor) o.step();
   // The floor of the same bytes as one fused stream (the fused step's traffic).
@@ -125,8 +66,8 @@ void BM_HostStepPerTensor(benchmark::State& state) {
   const Floors floors = timed_with_floor(state, total, [&] {
     for (auto& o : per_tensor) o.step();
   });
-  report(state, total, static_cast<std::int64_t>(per_tensor.size()), floors);
-  state.SetLabel("adamw fp32 " + w.name + " one launch per tensor");
+  report(state, total, static_cast<std::int64_t>(per_tensor.size()), floors, w.name,
+         "adamw fp32 " + w.name + " one launch per tensor");
 }
 
 /// Seconds per element of preset `name`'s step over a model small enough for its arrays to
@@ -137,7 +78,8 @@ void BM_HostStepPerTensor(benchmark::State& state) {
 /// 32 MB L3. A step over BERT-base should not beat it per element; its launch's fixed cost
 /// makes it err high. Where a step is bound by arithmetic, not memory, this is its floor.
 std::pair<double, std::int64_t> resident_seconds_per_element(const std::string& name, int runs) {
-  bench::Workload w{"resident", {}, {}};
+  bench::Workload w;
+  w.name = "resident";
   for (int i = 0; i < std::max(4, 2 * omp_get_max_threads()); ++i) {
     w.sizes.push_back(256 * 256);
     w.shapes.push_back({256, 256});
@@ -172,7 +114,8 @@ void BM_HostPresetStep(benchmark::State& state, const std::string& name) {
   Optimizer opt(Rule::preset(name), {group});
   opt.step();
   const Floors floors = timed_with_floor(state, opt.stats(), [&] { opt.step(); });
-  report(state, opt.stats(), opt.stats().launches_per_step, floors);
+  report(state, opt.stats(), opt.stats().launches_per_step, floors, "preset",
+         name + " fp32 " + w.name + " fused");
   const auto [per_element, resident_elements] = resident_seconds_per_element(name, 20);
   const double resident = per_element * static_cast<double>(opt.stats().elements);
   state.counters["resident_ms"] = resident * 1e3;
@@ -184,7 +127,6 @@ void BM_HostPresetStep(benchmark::State& state, const std::string& name) {
   // Optimizer state per parameter element (the quantized presets: codes and absmax).
   state.counters["state_bytes_per_element"] =
       static_cast<double>(opt.stats().state_bytes) / static_cast<double>(opt.stats().elements);
-  state.SetLabel(name + " fp32 " + w.name + " fused");
 }
 
 /// The optimizer state of preset `name` over BERT-base (torch's shapes) with `storage` for
@@ -261,61 +203,6 @@ BENCHMARK(BM_HostStepPerTensor)
 // CUDA: the same two workloads on device 0, fused vs one launch per tensor; each step is
 // timed to completion (manual time). Skipped where there is no CUDA device.
 namespace {
-
-struct DeviceModel {
-  std::vector<CudaBuffer> p, g;
-  std::vector<std::int64_t> sizes;
-  explicit DeviceModel(const bench::Workload& w) : sizes(w.sizes) {
-    std::vector<float> host;
-    for (std::int64_t n : w.sizes) {
-      const std::size_t bytes = static_cast<std::size_t>(n) * 4;
-      host.assign(static_cast<std::size_t>(n), 0.5f);
-      p.emplace_back(bytes);
-      p.back().copy_from_host(host.data(), bytes);
-      std::fill(host.begin(), host.end(), 0.01f);
-      g.emplace_back(bytes);
-      g.back().copy_from_host(host.data(), bytes);
-    }
-  }
-  ParamGroup group(std::size_t first, std::size_t last) const {
-    auto ptr = [](const CudaBuffer& b) { return b.data(); };
-    ParamGroup pg;
-    for (std::size_t i = first; i < last; ++i) {
-      pg.params.push_back(
-          {ptr(p[i]), sizes[i], DType::F32, Device::cuda(0), "p" + std::to_string(i)});
-      pg.grads.push_back(
-          {ptr(g[i]), sizes[i], DType::F32, Device::cuda(0), "g" + std::to_string(i)});
-    }
-    return pg;
-  }
-};
-
-template <typename Step>
-void time_device_steps(benchmark::State& state, Step step) {
-  step();
-  cuda_synchronize();
-  for (auto _ : state) {
-    auto t0 = std::chrono::steady_clock::now();
-    step();
-    cuda_synchronize();
-    state.SetIterationTime(
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
-  }
-}
-
-/// Skips `state`, saying why, where there is no real CUDA device (none, or the emulator).
-bool skipped_without_gpu(benchmark::State& state) {
-  std::string why;
-  if (!cuda_device_available(&why)) {
-    state.SkipWithError(("no CUDA device: " + why.substr(0, why.find('\n'))).c_str());
-    return true;
-  }
-  if (cuda_device_emulated()) {
-    state.SkipWithError("the CUDA device is fusedopt's emulator: it has no speed to measure");
-    return true;
-  }
-  return false;
-}
 
 void BM_CudaStep(benchmark::State& state) {
   if (skipped_without_gpu(state)) return;

@@ -1,16 +1,20 @@
-// Parameter shapes the step benchmarks and the demo run on: BERT-base (201 tensors,
-// 109.5 M elements, the model of Bagua's published benchmark) and 5,000 small tensors, plus
-// the copy floor every step is measured against.
+// Parameter shapes the step benchmarks and the demo run on, by name (fusedopt-bench
+// --workload): BERT-base (201 tensors, 109.5 M elements, the model of Bagua's published
+// benchmark), GPT-2 small (148 tensors, 124.4 M elements) and 5,000 small tensors; plus the
+// copy floor every step is measured against.
 #pragma once
 
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <cstring>
+#include <optional>
 #include <random>
 #include <string>
 #include <thread>
 #include <vector>
+
+#include "fusedopt/dtype.hpp"
 
 namespace fusedopt::bench {
 
@@ -19,6 +23,10 @@ struct Workload {
   std::vector<std::int64_t> sizes;
   /// Each tensor's shape as torch has it (empty: 1-D, or not known).
   std::vector<std::vector<std::int64_t>> shapes;
+  /// Each tensor's dtype (empty: every one fp32) and name (empty: p0, p1, ...).
+  std::vector<DType> dtypes;
+  std::vector<std::string> names;
+  DType dtype(std::size_t i) const { return i < dtypes.size() ? dtypes[i] : DType::F32; }
   std::int64_t elements() const {
     std::int64_t n = 0;
     for (std::int64_t s : sizes) n += s;
@@ -30,7 +38,8 @@ struct Workload {
 /// classifier = 201 tensors, 109,483,778 elements.
 inline Workload bert_base() {
   const std::int64_t h = 768, ffn = 3072;
-  Workload w{"bert_base", {}, {}};
+  Workload w;
+  w.name = "bert_base";
   auto add = [&](std::vector<std::int64_t> shape) {  // torch's shapes: Linear is [out, in]
     std::int64_t n = 1;
     for (std::int64_t d : shape) n *= d;
@@ -65,11 +74,57 @@ inline Workload bert_base() {
 
 /// 5,000 tensors of 1 K to 64 K elements (a fixed seed: the same list every run).
 inline Workload small_tensors() {
-  Workload w{"small_5000", {}, {}};
+  Workload w;
+  w.name = "small_5000";
   std::mt19937 rng(5000);
   std::uniform_int_distribution<std::int64_t> size(1024, 65536);
   for (int i = 0; i < 5000; ++i) w.sizes.push_back(size(rng));
   return w;
+}
+
+/// GPT-2 small (Hugging Face's GPT2LMHeadModel; the head shares wte): 148 tensors,
+/// 124,439,808 elements. Its Conv1D weights are [in, out].
+inline Workload gpt2_small() {
+  const std::int64_t h = 768;
+  Workload w;
+  w.name = "gpt2_small";
+  auto add = [&](std::vector<std::int64_t> shape) {
+    std::int64_t n = 1;
+    for (std::int64_t d : shape) n *= d;
+    w.sizes.push_back(n);
+    w.shapes.push_back(std::move(shape));
+  };
+  add({50257, h});  // wte
+  add({1024, h});   // wpe
+  for (int layer = 0; layer < 12; ++layer) {
+    add({h});  // ln_1
+    add({h});
+    add({h, 3 * h});  // attn.c_attn
+    add({3 * h});
+    add({h, h});  // attn.c_proj
+    add({h});
+    add({h});  // ln_2
+    add({h});
+    add({h, 4 * h});  // mlp.c_fc
+    add({4 * h});
+    add({4 * h, h});  // mlp.c_proj
+    add({h});
+  }
+  add({h});  // ln_f
+  add({h});
+  return w;
+}
+
+/// The workloads by name ("bert-base", "gpt2-small", "small-5000"; '_' for '-' too).
+inline std::vector<std::string> workload_names() {
+  return {"bert-base", "gpt2-small", "small-5000"};
+}
+inline std::optional<Workload> named_workload(std::string name) {
+  std::replace(name.begin(), name.end(), '_', '-');
+  if (name == "bert-base") return bert_base();
+  if (name == "gpt2-small") return gpt2_small();
+  if (name == "small-5000") return small_tensors();
+  return std::nullopt;
 }
 
 /// Seconds of one plain copy of `n` bytes from `src` to `dst`: the faster of memcpy on
