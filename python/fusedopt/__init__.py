@@ -42,15 +42,34 @@ def presets():
     return list(Rule.presets())
 
 
-def rule(spec):
-    """A Rule from a preset name, a rule's text, or a Rule (returned as is)."""
+def _check_rule_name(name):
+    if not isinstance(name, str) or not name or any(c in name for c in "/\\.") or \
+            not name.isprintable() or name != name.strip():
+        raise UsageError(f"name={name!r}: a rule's name is a non-empty word without '/', "
+                         "'\\', '.' or surrounding spaces (it names the rule in reports, errors "
+                         "and the kernel cache)")
+
+
+def rule(spec, name=None):
+    """A Rule from a preset name, a rule's text, or a Rule (returned as is). A rule given as
+    text is named ``name`` (in reports, errors as NAME.rule:LINE:COL, the kernel cache's list),
+    else ``<rule>``; a preset or a Rule keeps its own name."""
+    if name is not None:
+        _check_rule_name(name)
     if isinstance(spec, Rule):
+        if name is not None and name != spec.name:
+            raise UsageError(f"name={name!r}: the Rule given is named {spec.name!r} already "
+                             "(name a rule when parsing it: fusedopt.Rule.parse(text, "
+                             "'NAME.rule'))")
         return spec
     if not isinstance(spec, str):
         raise UsageError(f"a rule is a preset name, a rule's text or a fusedopt.Rule, "
                          f"not {type(spec).__name__}")
     if "\n" in spec or "=" in spec:
-        return Rule.parse(spec, "<rule>")
+        return Rule.parse(spec, "<rule>" if name is None else name + ".rule")
+    if name is not None and name != spec:
+        raise UsageError(f"name={name!r}: a preset keeps its own name ({spec!r}); name= is "
+                         "for rules given as text")
     return Rule.preset(spec)
 
 

@@ -98,6 +98,38 @@ def test_moves_among_50000_tensors_are_followed():
                      torch.cat([x.detach() for x in theirs])), move
 
 
+HEAVY_BALL = "param p\ngrad g\nstate m = 0\nhyper lr = 0.1, momentum = 0.9\n" \
+             "m = momentum * m + g\np = p - lr * m\n"
+
+
+def test_a_rule_given_as_text_takes_its_name():
+    ours, theirs = twins([(4, 3), (5,)])
+    opt = ft.Optimizer(ours, rule=HEAVY_BALL, name="heavy_ball")
+    ref = torch.optim.SGD(theirs, lr=0.1, momentum=0.9)
+    for _ in range(3):
+        step_both(ours, theirs, opt, ref)
+    assert all(close(p, q) for p, q in zip(ours, theirs))
+    assert opt.rule.name == "heavy_ball"
+    assert opt.stats()[0]["fusion_report"].startswith("heavy_ball over 2 tensors")
+    assert pickle.loads(pickle.dumps(opt)).rule.name == "heavy_ball"
+    assert ft.Optimizer(twins([(3,)])[0], rule=HEAVY_BALL).rule.name == "<rule>"
+    with pytest.raises(fusedopt.RuleError) as e:
+        ft.Optimizer(twins([(3,)])[0], rule=HEAVY_BALL.replace("m = momentum", "m = momentm"),
+                     name="heavy_ball")
+    assert e.value.file == "heavy_ball.rule" and e.value.line == 5, str(e.value)
+
+
+@pytest.mark.parametrize("rule, name, message", [
+    (HEAVY_BALL, "a/b", "a rule's name is a non-empty word"),
+    (HEAVY_BALL, "", "a rule's name is a non-empty word"),
+    (HEAVY_BALL, "v1.2", "a rule's name is a non-empty word"),
+    ("adamw", "mine", "a preset keeps its own name"),
+])
+def test_bad_rule_names_are_refused(rule, name, message):
+    with pytest.raises(fusedopt.UsageError, match=message):
+        ft.Optimizer(twins([(3,)])[0], rule=rule, name=name)
+
+
 def test_module_share_memory_with_kept_grads():
     m = torch.nn.Linear(6, 3)
     m2 = copy.deepcopy(m)

@@ -420,6 +420,34 @@ TEST_SUITE("cli") {
     CHECK(entries(dir, ".so").empty());
   }
 
+  TEST_CASE("list shows a long rule name and a quantized binding whole, its columns aligned") {
+    TempDir d;
+    const std::string dir = (d.path() / "cache").string();
+    const std::string rule = (d.path() / "heavy_ball_with_a_rather_long_name.rule").string();
+    std::ofstream(rule) << "param p\ngrad g\nstate m = 0\nhyper lr = 0.1\nm = 0.9 * m + g\n"
+                           "p = p - lr * m\n";
+    REQUIRE(run_cli({"warmup", rule, "--preset", "sgd", "--dtypes", "fp32,fp32+q=q8s@256",
+                     "--cache-dir", dir})
+                .code == 0);
+    CliResult table = run_cli({"list", "--cache-dir", dir});
+    REQUIRE(table.code == 0);
+    CHECK(table.out.find("heavy_ball_with_a_rather_long_name ") != std::string::npos);
+    CHECK(table.out.find("fp32:fp32:fp32+q=q8s@256 ") != std::string::npos);
+    // Every line of the table (header, entries) has its SIZE column's right edge, then two
+    // spaces and the date, at one offset: the header's "SIZE  LAST USED".
+    std::istringstream lines(table.out);
+    std::string line, header;
+    std::getline(lines, header);
+    const std::size_t edge = header.find("SIZE") + 4;
+    int rows = 0;
+    while (std::getline(lines, line) && line.find(" entries, ") == std::string::npos) {
+      CHECK(line.substr(edge, 2) == "  ");
+      CHECK(line[edge - 1] == 'B');  // "116.4 KiB"
+      ++rows;
+    }
+    CHECK(rows == 4);
+  }
+
   TEST_CASE("a folder is not a rule file, and --json prints JSON even when the input is bad") {
     TempDir d;
     const std::string dir = (d.path() / "c").string();

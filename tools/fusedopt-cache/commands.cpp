@@ -1,6 +1,7 @@
 // fusedopt-cache list, verify, prune, clear, check and presets.
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <ctime>
 #include <fstream>
 #include <sstream>
@@ -90,13 +91,23 @@ Show every entry: key, rule, target, dtypes, size and when it was last used.
       fmt::print("{}", out);
       return kExitOk;
     }
-    fmt::print("{:<14} {:<6} {:<16} {:<8} {:<22} {:>10}  {}\n", "KEY", "TYPE", "RULE", "TARGET",
-               "DTYPES", "SIZE", "LAST USED");
+    // Columns as wide as their longest value: a rule's name and a quantized binding
+    // ("fp32:fp32:fp32+q=q8s/q8u@256") are shown whole.
+    auto name_of = [](const cache::EntryInfo& e) {
+      const std::string name = e.record.get("name");
+      return name.empty() ? std::string("(unreadable)") : name;
+    };
+    std::size_t rule_w = 16, dtypes_w = 22;
     for (const auto& e : entries) {
-      std::string name = e.record.get("name");
-      fmt::print("{:<14} {:<6} {:<16.16} {:<8} {:<22} {:>10}  {}\n", e.key.hex().substr(0, 12),
-                 e.ext, name.empty() ? "(unreadable)" : name, e.record.get("target"),
-                 e.record.get("dtypes"), human_bytes(e.file_bytes), format_time(e.last_used));
+      rule_w = std::max(rule_w, name_of(e).size());
+      dtypes_w = std::max(dtypes_w, e.record.get("dtypes").size());
+    }
+    fmt::print("{:<14} {:<6} {:<{}} {:<8} {:<{}} {:>10}  {}\n", "KEY", "TYPE", "RULE", rule_w,
+               "TARGET", "DTYPES", dtypes_w, "SIZE", "LAST USED");
+    for (const auto& e : entries) {
+      fmt::print("{:<14} {:<6} {:<{}} {:<8} {:<{}} {:>10}  {}\n", e.key.hex().substr(0, 12), e.ext,
+                 name_of(e), rule_w, e.record.get("target"), e.record.get("dtypes"), dtypes_w,
+                 human_bytes(e.file_bytes), format_time(e.last_used));
     }
     fmt::print("{} entries, {} in {}\n", entries.size(), human_bytes(total), store.dir().string());
     return kExitOk;

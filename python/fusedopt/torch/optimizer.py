@@ -26,7 +26,8 @@ class Optimizer(HypersMixin, EnginesMixin, StateMixin, StateDictMixin, torch.opt
     """A ``torch.optim.Optimizer`` running ``rule`` as one fused kernel per step.
 
     ``rule``: a preset name ('adamw', 'sgd', 'adamw+amsgrad', ...), a rule's text, or a
-    ``fusedopt.Rule``. Keyword hypers use the rule's names or torch's (``betas=(0.9, 0.999)``
+    ``fusedopt.Rule``; ``name`` names a rule given as text (its fusion report, errors as
+    NAME.rule:LINE:COL and the kernel cache's list show it; else ``<rule>``). Keyword hypers use the rule's names or torch's (``betas=(0.9, 0.999)``
     for ``beta1``/``beta2``, ``etas``, ``step_sizes``; booleans as 0/1; ``amsgrad=True``
     picks the preset option). ``state_dtype`` (torch.float32, torch.bfloat16 or
     torch.float16) stores the states; ``master_weights`` keeps an fp32 copy of 16-bit params;
@@ -53,7 +54,7 @@ class Optimizer(HypersMixin, EnginesMixin, StateMixin, StateDictMixin, torch.opt
 
     _step_supports_amp_scaling = True
 
-    def __init__(self, params, rule="adamw", **kwargs):
+    def __init__(self, params, rule="adamw", name=None, **kwargs):
         given = {name: kwargs.pop(name, default) for name, default in OPTIONS.items()}
         hypers = kwargs
         given["rule"] = rule
@@ -72,7 +73,7 @@ class Optimizer(HypersMixin, EnginesMixin, StateMixin, StateDictMixin, torch.opt
                 if option in hypers:
                     (chosen.add if bool(hypers.pop(option)) else chosen.discard)(option)
             rule = "+".join([preset_base] + sorted(chosen))
-        self._rule = _rule(rule)
+        self._rule = _rule(rule, name)
         self._preset = preset_base
         self._check_rule_options("Optimizer", hypers)
         self._names = dict(STATE_NAMES.get(self._preset, {}))
