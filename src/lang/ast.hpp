@@ -112,6 +112,7 @@ enum class Op {
   Log1p,
   Expm1,
   Floor,
+  Mod,     ///< mod(a, b), same as a % b: a - b * floor(a / b) (the sign of b, as torch.remainder)
   Lerp,    ///< lerp(a, b, w), torch's two-branch formula
   Fma,     ///< fma(a, b, c): a * b + c rounded once
   Rand,    ///< rand(): a uniform value in [0, 1) per element and step (counter-based)

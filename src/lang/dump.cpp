@@ -52,6 +52,7 @@ int binding(Op op) {
       return 5;
     case Op::Mul:
     case Op::Div:
+    case Op::Mod:
       return 6;
     case Op::Neg:
       return 7;

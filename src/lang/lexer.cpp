@@ -154,6 +154,8 @@ Token Lexer::next() {
         return make(Tok::Minus, 1);
       case '/':
         return make(Tok::Slash, 1);
+      case '%':
+        return make(Tok::Percent, 1);
       case '^':
         return make(Tok::Caret, 1);
       case '*':

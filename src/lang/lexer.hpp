@@ -23,6 +23,7 @@ enum class Tok {
   Minus,
   Star,
   Slash,
+  Percent,
   Caret,
   Lt,
   Le,

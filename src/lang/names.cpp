@@ -41,6 +41,7 @@ const std::vector<FunctionInfo>& functions() {
       {"log1p", Op::Log1p, 1, "log1p(x)", "fo_log1p", false, false},
       {"expm1", Op::Expm1, 1, "expm1(x)", "fo_expm1", false, false},
       {"floor", Op::Floor, 1, "floor(x)", "fo_floor", false, false},
+      {"mod", Op::Mod, 2, "mod(a, b)", "fo_mod", false, false},
       {"lerp", Op::Lerp, 3, "lerp(a, b, w)", "fo_lerp", false, false},
       {"fma", Op::Fma, 3, "fma(a, b, c)", "fo_fma", false, false},
       {"rand", Op::Rand, 0, "rand()", nullptr, false, false},
@@ -75,6 +76,7 @@ const std::vector<OperatorInfo>& operators() {
       {Op::Sub,   "-",   "-"},
       {Op::Mul,   "*",   "*"},
       {Op::Div,   "/",   "/"},
+      {Op::Mod,   "%",   nullptr},  // emitted as fo_mod (its function's row)
       {Op::Pow,   "^",   nullptr},
       {Op::Lt,    "<",   "<"},
       {Op::Le,    "<=",  "<="},

@@ -57,6 +57,8 @@ BinaryOp binary_op(Tok kind) {
       return {Op::Mul, kPrecMul};
     case Tok::Slash:
       return {Op::Div, kPrecMul};
+    case Tok::Percent:
+      return {Op::Mod, kPrecMul};
     default:
       return {Op::Number, 0};
   }

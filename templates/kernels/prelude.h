@@ -21,6 +21,8 @@ FO_FN float fo_tanh(float x) { return tanhf(x); }
 FO_FN float fo_log1p(float x) { return log1pf(x); }
 FO_FN float fo_expm1(float x) { return expm1f(x); }
 FO_FN float fo_floor(float x) { return floorf(x); }
+// a % b as torch.remainder and Python: the sign of b (a NaN for b == 0).
+FO_FN float fo_mod(float a, float b) { return a - b * floorf(a / b); }
 FO_FN float fo_fma(float a, float b, float c) { return fmaf(a, b, c); }
 FO_FN float fo_abs(float x) { return fabsf(x); }
 FO_FN float fo_min(float a, float b) { return fminf(a, b); }
@@ -39,6 +41,7 @@ FO_FN double fo_tanh(double x) { return tanh(x); }
 FO_FN double fo_log1p(double x) { return log1p(x); }
 FO_FN double fo_expm1(double x) { return expm1(x); }
 FO_FN double fo_floor(double x) { return floor(x); }
+FO_FN double fo_mod(double a, double b) { return a - b * floor(a / b); }
 FO_FN double fo_fma(double a, double b, double c) { return fma(a, b, c); }
 FO_FN double fo_abs(double x) { return fabs(x); }
 FO_FN double fo_min(double a, double b) { return fmin(a, b); }
@@ -62,6 +65,8 @@ FO_FN float fo_tanh(float x) { return __builtin_tanhf(x); }
 FO_FN float fo_log1p(float x) { return __builtin_log1pf(x); }
 FO_FN float fo_expm1(float x) { return __builtin_expm1f(x); }
 FO_FN float fo_floor(float x) { return __builtin_floorf(x); }
+// a % b as torch.remainder and Python: the sign of b (a NaN for b == 0).
+FO_FN float fo_mod(float a, float b) { return a - b * __builtin_floorf(a / b); }
 FO_FN float fo_fma(float a, float b, float c) { return __builtin_fmaf(a, b, c); }
 FO_FN float fo_abs(float x) { return __builtin_fabsf(x); }
 // fminf/fmaxf as selects (a NaN operand yields the other one, as fminf/fmaxf): g++
@@ -89,6 +94,7 @@ FO_FN double fo_tanh(double x) { return __builtin_tanh(x); }
 FO_FN double fo_log1p(double x) { return __builtin_log1p(x); }
 FO_FN double fo_expm1(double x) { return __builtin_expm1(x); }
 FO_FN double fo_floor(double x) { return __builtin_floor(x); }
+FO_FN double fo_mod(double a, double b) { return a - b * __builtin_floor(a / b); }
 FO_FN double fo_fma(double a, double b, double c) { return __builtin_fma(a, b, c); }
 FO_FN double fo_abs(double x) { return __builtin_fabs(x); }
 FO_FN double fo_min(double a, double b) { return __builtin_fmin(a, b); }

@@ -59,7 +59,8 @@ TEST_SUITE("lang") {
     FUSEDOPT_CHECK_RULE_ERROR(kHeader + "p = p && g\n", 4, 7, "'&' is not an operator");
     FUSEDOPT_CHECK_RULE_ERROR(kHeader + "p = p || g\n", 4, 7, "'|' is not an operator");
     FUSEDOPT_CHECK_RULE_ERROR(kHeader + "p = !p\n", 4, 5, "'!' is not an operator");
-    FUSEDOPT_CHECK_RULE_ERROR(kHeader + "p = p % g\n", 4, 7, "'%' is not an operator");
+    // '%' is mod (emitted as fo_mod, never as itself); a second one is no operand.
+    FUSEDOPT_CHECK_RULE_ERROR(kHeader + "p = p % % g\n", 4, 9, "expected an expression, got '%'");
     FUSEDOPT_CHECK_RULE_ERROR(kHeader + "p = p ? g : 0\n", 4, 7, "unexpected character '?'");
     FUSEDOPT_CHECK_RULE_ERROR(kHeader + "p = p - g.\n", 4, 10, "unexpected character '.'");
     FUSEDOPT_CHECK_RULE_ERROR(kHeader + "p = (float)p\n", 4, 12, "expected an operator");

@@ -76,6 +76,14 @@ TEST_SUITE("lang") {
     CHECK(expr_dump("pow(a, tanh(b))") == "(pow a (tanh b))");
     CHECK(expr_dump("isfinite(a) or B") == "(or (isfinite a) B)");
     CHECK(expr_dump("log1p(expm1(floor(a)))") == "(log1p (expm1 (floor a)))");
+    CHECK(expr_dump("mod(a, b)") == "(% a b)");
+  }
+
+  TEST_CASE("parser reads '%' as mod, at the precedence of '*' and '/', left to right") {
+    CHECK(expr_dump("a + b % c") == "(+ a (% b c))");
+    CHECK(expr_dump("a % b * c") == "(* (% a b) c)");
+    CHECK(expr_dump("a / b % c") == "(% (/ a b) c)");
+    CHECK(expr_dump("-a % b ^ 2") == "(% (neg a) (^ b 2))");
   }
 
   TEST_CASE("parser reports the '(' that is never closed") {

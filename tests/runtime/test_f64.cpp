@@ -68,11 +68,15 @@ a = lerp(a, g, 0.2)
 b = max(b * 0.9, abs(g))
 u = a * rsqrt(b + 1e-3) + clamp(sign(g) * exp(-abs(p)), -0.5, 0.5)
 u = where(p > 0, u, min(u, (abs(u) + 0.1) ^ 1.5))
+u = u + mod(g, 0.7) * 0.01 + (p % -1.5) * 0.001 + where(step % 3 == 0, 0.002, 0)
 p = p - lr * c * (u + tanh(p) * 0.01 + log1p(abs(g)) * 0.001)
 )";
 
+/// a % b as the rules define it (torch.remainder, Python): the sign of b.
+double remainder(double a, double b) { return a - b * std::floor(a / b); }
+
 ElementStep user_step(double lr, double k) {
-  return [=](double& p, double g, std::vector<double>& s, int) {
+  return [=](double& p, double g, std::vector<double>& s, int step) {
     const double c = s[2] * (1 - 0.1 * k);  // the step's scalar (the caller stores it)
     s[0] = lerp(s[0], g, 0.2);
     s[1] = std::max(s[1] * 0.9, std::abs(g));
@@ -80,6 +84,7 @@ ElementStep user_step(double lr, double k) {
     double u = s[0] * (1.0 / std::sqrt(s[1] + 1e-3)) +
                std::min(std::max(sign * std::exp(-std::abs(p)), -0.5), 0.5);
     u = p > 0 ? u : std::min(u, std::pow(std::abs(u) + 0.1, 1.5));
+    u = u + remainder(g, 0.7) * 0.01 + remainder(p, -1.5) * 0.001 + (step % 3 == 0 ? 0.002 : 0);
     p = p - lr * c * (u + std::tanh(p) * 0.01 + std::log1p(std::abs(g)) * 0.001);
   };
 }
