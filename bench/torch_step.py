@@ -38,7 +38,8 @@ fraction of the floor.
 
   python3 bench/torch_step.py [--device cpu|cuda] [--cases adamw,small,...] [--steps N]
                               [--threads N] [--floor-bin PATH] [--json FILE]
-  python3 bench/torch_step.py --plot FILE.json FILE.png
+  python3 bench/torch_step.py --plot FILE.json FILE.png   (this script's --json, or
+                                                          fusedopt-bench's)
 """
 import argparse
 import json
@@ -408,7 +409,8 @@ def plot(json_path, png_path):
     import matplotlib.pyplot as plt
     with open(json_path) as f:
         data = json.load(f)
-    rows = [r for r in data["results"] if "floor_seconds" in r]
+    # fusedopt-bench --json writes the same schema (no torch; 0 where no floor was measured).
+    rows = [r for r in data["results"] if r.get("floor_seconds") and r.get("seconds")]
     fig, ax = plt.subplots(figsize=(10, 0.45 * len(rows) + 1.5))
     labels = [f"{r['case']}: {r['what']}" for r in rows]
     ax.barh(labels, [r["seconds"] * 1e3 for r in rows])
@@ -418,7 +420,8 @@ def plot(json_path, png_path):
     ax.invert_yaxis()
     ax.set_xlabel("ms per step (median)")
     m = data["machine"]
-    ax.set_title(f"{m['device']}, torch {m['torch']}, fusedopt {m['fusedopt']}, {m['date']}")
+    torch_part = f", torch {m['torch']}" if m.get("torch") else ""
+    ax.set_title(f"{m['device']}{torch_part}, fusedopt {m['fusedopt']}, {m['date']}")
     fig.tight_layout()
     fig.savefig(png_path, dpi=100)
 
