@@ -1,8 +1,9 @@
 # Sourced by scripts/test and scripts/demo: installs what is missing from Debian's packages.
 # The CUDA toolkit is expected at /usr/local/cuda (headers only at build time; NVRTC is
 # loaded at run time); without it fusedopt builds without CUDA.
+# libopenblas0: the host BLAS the matrix stage's GEMMs load at run time (dlopen, as NVRTC).
 fusedopt_deps=(cmake ninja-build g++ pkg-config libfmt-dev libxxhash-dev doctest-dev
-               libbenchmark-dev clang-format libopenmpi-dev openmpi-bin)
+               libbenchmark-dev clang-format libopenmpi-dev openmpi-bin libopenblas0)
 
 # Installs those of the Debian packages "$@" that are not installed (apt-get update first).
 apt_ensure() {
