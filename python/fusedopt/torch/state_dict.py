@@ -32,7 +32,8 @@ class StateDictMixin:
 
     def state_dict(self):
         """torch's layout: {'state': {index: {name: tensor, 'step': tensor}},
-        'param_groups': [...]}, with torch's state names. torch's state-dict hooks
+        'param_groups': [...]}, with torch's state names (a quantized state: one record,
+        _pack_quantized). torch's state-dict hooks
         (register_state_dict_pre_hook / post_hook) run as torch runs them."""
         for hook in _hooks(self, "_optimizer_state_dict_pre_hooks"):
             hook(self)
@@ -118,7 +119,8 @@ class StateDictMixin:
         """Loads torch's layout (from this class or from the torch.optim class of the same
         rule): hypers per group, states by torch's names, the step. All or nothing: the whole
         state dict is checked first (groups, hypers, every state's presence, shape and dtype,
-        every step), then taken; a refused one raises UsageError (a ValueError) naming the
+        a quantized state's record, codes and absmax by the C++ check_loaded_state, every
+        step), then taken; a refused one raises UsageError (a ValueError) naming the
         group or parameter, the state and the problem, and leaves the optimizer as it was."""
         if isinstance(state_dict, collections.abc.Mapping):
             state_dict = dict(state_dict)  # shallow, as torch: a hook may change it
