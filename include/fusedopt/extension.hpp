@@ -153,6 +153,13 @@ class FUSEDOPT_API OptimizerExtension {
   /// same checks, all before anything changes. `where` names it in errors.
   static void load_tensors(Optimizer& opt, const std::map<std::string, std::string>& metadata,
                            const std::vector<SafetensorsTensor>& tensors, const std::string& where);
+  /// load_tensors' checks alone (the same, in the same order), changing nothing: a library
+  /// that loads on several processes (the sharded checkpoints) runs them on every process
+  /// before any loads, so that all load or none (a state's values, e.g. a bad absmax in one
+  /// rank's pieces, fail on that rank alone).
+  static void check_tensors(Optimizer& opt, const std::map<std::string, std::string>& metadata,
+                            const std::vector<SafetensorsTensor>& tensors,
+                            const std::string& where);
 };
 
 }  // namespace fusedopt

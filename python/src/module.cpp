@@ -19,6 +19,7 @@
 #include "fusedopt/extension.hpp"
 #include "fusedopt/kernel.hpp"
 #include "fusedopt/optimizer.hpp"
+#include "fusedopt/state_check.hpp"
 #include "fusedopt/version.hpp"
 #include "watch.hpp"
 
@@ -467,6 +468,53 @@ void bind_engine(nb::module_& m) {
       .def_prop_ro("device", &Engine::device);
 }
 
+/// check_loaded_state: the one check of a quantized state before it is loaded, for
+/// fusedopt.torch's load_state_dict and edits of opt.state.
+void bind_state_check(nb::module_& m) {
+  m.def(
+      "check_loaded_state",
+      [](const std::string& who, const std::string& storage, int block, std::int64_t numel,
+         const std::string& saved_storage, std::int64_t saved_block, const std::string& codes_dtype,
+         std::int64_t codes_numel, const Array& codes, const std::string& absmax_dtype,
+         std::int64_t absmax_numel, const Array& absmax) {
+        fo::KeptState kept;
+        kept.block = block;
+        kept.numel = numel;
+        for (fo::Quant q : {fo::Quant::Q8S, fo::Quant::Q8U, fo::Quant::Q4S, fo::Quant::Q4U}) {
+          if (storage == fo::to_string(q)) kept.storage = q;
+        }
+        // The check reads the data only where the dtype is the expected one: then it must be
+        // contiguous host memory of that many elements.
+        auto data = [&](const Array& a, const std::string& dtype, std::int64_t n, const char* want,
+                        std::size_t size) -> const void* {
+          if (dtype != want) return nullptr;
+          if (a.device_type() != nb::device::cpu::value ||
+              a.nbytes() != static_cast<std::size_t>(n) * size) {
+            throw fo::UsageError(who + ": check_loaded_state takes contiguous host tensors");
+          }
+          return a.data();
+        };
+        fo::LoadedState in{saved_storage,
+                           saved_block,
+                           codes_dtype,
+                           codes_numel,
+                           data(codes, codes_dtype, codes_numel, "U8", 1),
+                           absmax_dtype,
+                           absmax_numel,
+                           data(absmax, absmax_dtype, absmax_numel, "F32", 4)};
+        fo::check_loaded_state(who, kept, in);
+      },
+      nb::arg("who"), nb::arg("storage"), nb::arg("block"), nb::arg("numel"),
+      nb::arg("saved_storage"), nb::arg("saved_block"), nb::arg("codes_dtype"),
+      nb::arg("codes_numel"), nb::arg("codes"), nb::arg("absmax_dtype"), nb::arg("absmax_numel"),
+      nb::arg("absmax"),
+      "The one check of a quantized state before it is loaded (fusedopt/state_check.hpp): kept "
+      "as `storage` ('q8s', ...) in blocks of `block` for `numel` elements, saved as "
+      "`saved_storage` in blocks of `saved_block` ('' and 0: not recorded); its codes and "
+      "absmax as their dtypes' safetensors names ('U8', 'F32', 'I64', ...), element counts "
+      "and, where the dtype is right, contiguous host tensors. UsageError otherwise.");
+}
+
 /// Module functions: check_hyper_value, compile.
 void bind_functions(nb::module_& m) {
   m.def(
@@ -530,4 +578,5 @@ NB_MODULE(_fusedopt, m) {
   bind_engine(m);
   bind_functions(m);
   fusedopt::python::bind_watch(m);
+  bind_state_check(m);
 }

@@ -238,6 +238,9 @@ void ShardedOptimizer::load(const std::filesystem::path& dir) {
                        refusal);
       }
     }
+    // The checks of the load below, each state's values included (this rank's pieces
+    // alone may hold a bad absmax), on every rank before any rank loads.
+    fusedopt::OptimizerExtension::check_tensors(*m.local, metadata, mine.tensors, dir.string());
   } catch (...) {
     error = std::current_exception();
   }

@@ -11,6 +11,7 @@
 #include "fusedopt/checkpoint_format.hpp"
 #include "fusedopt/error.hpp"
 #include "fusedopt/safetensors.hpp"
+#include "fusedopt/state_check.hpp"
 #include "fusedopt/version.hpp"
 #include "io/safetensors.hpp"
 #include "optimizer/optimizer_impl.hpp"
@@ -225,9 +226,61 @@ void check_tensors(const io::SafetensorsFile& file, const std::vector<Checkpoint
   }
 }
 
+/// The storage the file records per rule state ("m=q8s,v=q8u" -> m: q8s, ...) and its block;
+/// empty and 0 where it records none (files written before 2026-11-27).
+std::pair<std::map<std::string, std::string>, std::int64_t> recorded_storage(
+    const io::SafetensorsFile& file, const Refusal& r) {
+  std::map<std::string, std::string> kinds;
+  auto it = file.metadata.find(ck::kStateStorageKey);
+  if (it == file.metadata.end()) return {};
+  for (const std::string& item : ck::fields(it->second, ',')) {
+    const std::size_t eq = item.find('=');
+    if (eq == std::string::npos || !kinds.emplace(item.substr(0, eq), item.substr(eq + 1)).second) {
+      r.malformed(fmt::format("its state storage '{}' is malformed", it->second));
+    }
+  }
+  const std::optional<std::int64_t> block =
+      support::parse_int_strict(meta(file, ck::kQuantBlockKey, r));
+  if (!block || *block <= 0) r.malformed("its quant_block is not a block size");
+  return {kinds, *block};
+}
+
+/// Each quantized state's codes and absmax as the file holds them, through the one check of a
+/// loaded state (fusedopt/state_check.hpp): its storage and block, codes, absmax values.
+void check_quant_states(const io::SafetensorsFile& file, const runtime::StateStore& store,
+                        const Refusal& r) {
+  const auto [kinds, block] = recorded_storage(file, r);
+  for (std::size_t p = 0; p < store.params().size(); ++p) {
+    const std::string& param = store.params()[p].name;
+    for (const runtime::StateSpec& spec : store.specs()) {
+      if (spec.kind != StateKind::Element) continue;
+      const KeptState kept = store.kept_state(p, spec.index);
+      if (kept.storage == Quant::None) continue;  // values: their dtype and shape suffice
+      LoadedState in;
+      if (auto at = kinds.find(spec.name); at != kinds.end()) in.storage = at->second;
+      in.block = block;
+      const std::string codes = ck::tensor_name(param, spec.name), absmax = codes + ".absmax";
+      const io::SafetensorsFile::Entry& c = file.tensors.at(codes);
+      const io::SafetensorsFile::Entry& a = file.tensors.at(absmax);
+      in.codes_dtype = c.dtype;
+      in.codes_numel = c.shape.empty() ? 1 : c.shape[0];
+      in.codes = file.tensor_data(codes);
+      in.absmax_dtype = a.dtype;
+      in.absmax_numel = a.shape.empty() ? 1 : a.shape[0];
+      in.absmax = file.tensor_data(absmax);
+      try {
+        check_loaded_state(fmt::format("state '{}' of param '{}'", spec.name, param), kept, in);
+      } catch (const UsageError& e) {
+        r.misfit(e.what());
+      }
+    }
+  }
+}
+
 }  // namespace
 
-void Optimizer::Impl::load_file(const io::SafetensorsFile& file, const std::string& where) {
+void Optimizer::Impl::load_file(const io::SafetensorsFile& file, const std::string& where,
+                                bool check_only) {
   // Everything is checked first; nothing is touched until all of it passed.
   const Refusal refusal{fmt::format("cannot load checkpoint {}", where)};
   check_header(file, rule, refusal);
@@ -237,6 +290,8 @@ void Optimizer::Impl::load_file(const io::SafetensorsFile& file, const std::stri
   check_storage(file, store.storage_text(), refusal);
   const std::vector<CheckpointTensor> expected = store.checkpoint_tensors();
   check_tensors(file, expected, refusal);
+  check_quant_states(file, store, refusal);
+  if (check_only) return;
 
   // The backend's copies wait for every queued step and land before they return.
   for (const CheckpointTensor& e : expected) {
@@ -261,14 +316,12 @@ void Optimizer::load(const std::filesystem::path& path) {
   m.load_file(file, path.string());
 }
 
-void OptimizerExtension::load_tensors(Optimizer& opt,
-                                      const std::map<std::string, std::string>& metadata,
-                                      const std::vector<SafetensorsTensor>& tensors,
-                                      const std::string& where) {
-  Optimizer::Impl& m = opt.live("load");
-  Optimizer::Impl::Exclusive hold(m, "load");
-  // The tensors as a checked file in memory: the caller read and checked them (a sharded
-  // checkpoint's shards are each checked whole against their checksum).
+namespace {
+
+/// The tensors as a checked file in memory: the caller read and checked them (a sharded
+/// checkpoint's shards are each checked whole against their checksum).
+io::SafetensorsFile file_in_memory(const std::map<std::string, std::string>& metadata,
+                                   const std::vector<SafetensorsTensor>& tensors) {
   io::SafetensorsFile file;
   file.metadata = metadata;
   file.checksum = "in memory";
@@ -287,7 +340,27 @@ void OptimizerExtension::load_tensors(Optimizer& opt,
     FUSEDOPT_CHECK_USAGE(file.tensors.emplace(t.name, std::move(e)).second,
                          "load_tensors: tensor '{}' is given twice", t.name);
   }
-  m.load_file(file, where);
+  return file;
+}
+
+}  // namespace
+
+void OptimizerExtension::load_tensors(Optimizer& opt,
+                                      const std::map<std::string, std::string>& metadata,
+                                      const std::vector<SafetensorsTensor>& tensors,
+                                      const std::string& where) {
+  Optimizer::Impl& m = opt.live("load");
+  Optimizer::Impl::Exclusive hold(m, "load");
+  m.load_file(file_in_memory(metadata, tensors), where);
+}
+
+void OptimizerExtension::check_tensors(Optimizer& opt,
+                                       const std::map<std::string, std::string>& metadata,
+                                       const std::vector<SafetensorsTensor>& tensors,
+                                       const std::string& where) {
+  Optimizer::Impl& m = opt.live("load");
+  Optimizer::Impl::Exclusive hold(m, "load");
+  m.load_file(file_in_memory(metadata, tensors), where, true);
 }
 
 }  // namespace fusedopt

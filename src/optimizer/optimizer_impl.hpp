@@ -85,7 +85,9 @@ struct FUSEDOPT_NO_EXPORT Optimizer::Impl {
 
   /// Loads a checkpoint read into memory (Optimizer::load's checks and copies; `where`
   /// names it in errors; checkpoint.cpp).
-  void load_file(const io::SafetensorsFile& file, const std::string& where);
+  /// Checks `file` against this optimizer and loads it, or (check_only) only checks it.
+  void load_file(const io::SafetensorsFile& file, const std::string& where,
+                 bool check_only = false);
 };
 
 }  // namespace fusedopt

@@ -13,6 +13,7 @@
 #include "exec/binding.hpp"
 #include "fusedopt/extension.hpp"
 #include "fusedopt/optimizer.hpp"
+#include "fusedopt/state_check.hpp"
 #include "optimizer/params.hpp"
 
 namespace fusedopt::runtime {
@@ -82,6 +83,9 @@ class StateStore {
   const StateSpec& spec(const std::string& name) const;
   /// State k's storage for `slot` (its binding's: small params keep theirs unquantized).
   Quant quant_of(const ParamSlot& slot, std::size_t k) const;
+  /// How param `p` keeps rule state k (its storage, block and elements): what a loaded state
+  /// is checked against (check_loaded_state).
+  KeptState kept_state(std::size_t p, std::size_t k) const;
   /// The view of state `spec` of param `p` (its numel is 0 where the param has none: an
   /// fp32 param's master, the absmax of a state kept unquantized).
   Tensor view(const StateSpec& spec, std::size_t p) const;

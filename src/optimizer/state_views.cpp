@@ -25,6 +25,17 @@ Quant StateStore::quant_of(const ParamSlot& slot, std::size_t k) const {
   return k < b.quant.size() ? b.quant[k] : Quant::None;
 }
 
+KeptState StateStore::kept_state(std::size_t p, std::size_t k) const {
+  const ParamSlot& slot = params_[p];
+  KeptState kept;
+  kept.storage = quant_of(slot, k);
+  kept.numel = slot.param.numel;
+  if (kept.storage != Quant::None) {
+    kept.block = bindings_[static_cast<std::size_t>(slot.binding)].block();
+  }
+  return kept;
+}
+
 DType StateStore::element_dtype(const ParamSlot& slot) const {
   return slot.param.dtype == DType::F64 ? DType::F64 : options_.state_dtype;
 }

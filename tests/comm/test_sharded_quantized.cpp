@@ -6,9 +6,11 @@
 #include <doctest/doctest.h>
 #include <mpi.h>
 
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <filesystem>
+#include <map>
 #include <random>
 #include <string>
 #include <utility>
@@ -18,6 +20,7 @@
 #include "fusedopt/comm.hpp"
 #include "fusedopt/error.hpp"
 #include "fusedopt/optimizer.hpp"
+#include "fusedopt/safetensors.hpp"
 #include "fusedopt/sharded.hpp"
 
 using fusedopt::FlatArena;
@@ -125,6 +128,45 @@ void check_pieces(const ShardedOptimizer& sharded, const Optimizer& whole, const
             bytes(b, begin / s.block * 4, (begin / s.block + a.numel) * 4));
     }
   }
+}
+
+/// `path` rewritten in place after `edit(tensor, bytes)` saw each tensor and `meta(metadata)`
+/// the metadata (the writer recomputes the checksum); returns the new checksum.
+template <class Edit, class Meta>
+std::string rewrite(const std::filesystem::path& path, Edit edit, Meta meta) {
+  std::vector<std::vector<unsigned char>> data;
+  std::vector<SafetensorsTensor> tensors;
+  std::map<std::string, std::string> metadata;
+  {
+    const SafetensorsReader r(path);
+    metadata = r.metadata();
+    for (const std::string& n : r.names()) {
+      const auto e = r.entry(n);
+      data.emplace_back(e.bytes);
+      if (e.bytes > 0) r.read(n, 0, e.bytes, data.back().data());
+      tensors.push_back({n, *dtype_of_safetensors_name(e.dtype), e.shape.empty() ? 1 : e.shape[0],
+                         data.back().data()});
+    }
+  }
+  for (std::size_t k = 0; k < tensors.size(); ++k) edit(tensors[k], data[k]);
+  meta(metadata);
+  write_safetensors(path, tensors, metadata);
+  return SafetensorsReader(path).checksum();
+}
+
+/// Every byte of every state `sharded` keeps, to tell that a refused load changed nothing.
+std::vector<unsigned char> all_states(const ShardedOptimizer& sharded) {
+  std::vector<unsigned char> out;
+  for (int i = 0; i < static_cast<int>(kSizes.size()); ++i) {
+    for (const char* state : {"m", "v", "m.absmax", "v.absmax"}) {
+      if (kSizes[static_cast<std::size_t>(i)] < 3000 && std::strchr(state, '.')) continue;
+      const Tensor t = sharded.state(state, i);
+      const std::vector<unsigned char> b =
+          bytes(t, 0, t.numel * static_cast<std::int64_t>(dtype_size(t.dtype)));
+      out.insert(out.end(), b.begin(), b.end());
+    }
+  }
+  return out;
 }
 
 std::vector<float> params_of(FlatArena& a) {
@@ -240,6 +282,68 @@ TEST_SUITE("comm") {
       comm.barrier().wait();
       if (comm.rank() == 0) std::filesystem::remove_all(dir);
     }
+  }
+
+  TEST_CASE("an absmax made NaN in one rank's pieces is refused on every rank, none loading") {
+    Communicator& comm = world();
+    const Storage& s = kStorages[0];
+    const std::uint32_t seed = shared_seed();
+    const std::filesystem::path dir = std::filesystem::temp_directory_path() /
+                                      ("fusedopt-sharded-absmax-" + std::to_string(seed));
+    ShardOptions options;
+    options.optimizer = options_of(s);
+    FlatArena arena = filled_arena(seed);
+    ShardedOptimizer sharded(comm, Rule::preset(s.rule), group_of(arena), options);
+    for (int step = 0; step < 3; ++step) {
+      fill_grads(arena, seed, comm.rank(), step);
+      REQUIRE(sharded.step());
+    }
+    sharded.save(dir);
+    // The last rank's shard gets a NaN absmax, its checksum and the index's record of it
+    // recomputed: every file is as a writer made it.
+    if (comm.rank() == 0) {
+      std::string last, digest;
+      auto keep = [](const SafetensorsTensor&, std::vector<unsigned char>&) {};
+      auto same_meta = [](std::map<std::string, std::string>&) {};
+      rewrite(dir / "index.safetensors", keep, [&](std::map<std::string, std::string>& meta) {
+        const std::string files = meta.at("files");
+        const std::size_t begin = files.size() < 2 ? 0 : files.rfind('\n', files.size() - 2) + 1;
+        last = files.substr(begin, files.find('\t', begin) - begin);
+      });
+      digest = rewrite(
+          dir / last,
+          [](const SafetensorsTensor& t, std::vector<unsigned char>& b) {
+            const std::string tail = "/m.absmax";
+            if (t.name.size() > tail.size() &&
+                t.name.compare(t.name.size() - tail.size(), tail.size(), tail) == 0 &&
+                t.numel > 0) {
+              const float nan = std::nanf("");
+              std::memcpy(b.data(), &nan, 4);
+            }
+          },
+          same_meta);
+      rewrite(dir / "index.safetensors", keep, [&](std::map<std::string, std::string>& meta) {
+        std::string& files = meta.at("files");
+        const std::size_t at = files.find(last + "\t") + last.size() + 1;
+        files.replace(at, digest.size(), digest);
+      });
+    }
+    comm.barrier().wait();
+    FlatArena fresh = filled_arena(seed);
+    ShardedOptimizer loaded(comm, Rule::preset(s.rule), group_of(fresh), options);
+    fill_grads(fresh, seed + 1, comm.rank(), 0);
+    REQUIRE(loaded.step());
+    const std::vector<unsigned char> before = all_states(loaded);
+    const bool holder = comm.rank() == comm.size() - 1;
+    const std::string expected =
+        holder ? "state 'm' of param 'w3': the absmax of block 0 (elements 0 to 255) is nan"
+               : "1 of " + std::to_string(comm.size()) + " ranks failed";
+    CHECK_THROWS_WITH_AS(loaded.load(dir), doctest::Contains(expected.c_str()),
+                         fusedopt::UsageError);
+    CHECK(all_states(loaded) == before);
+    CHECK(loaded.step_count() == 1);
+    comm.barrier().wait();
+    if (comm.rank() == 0) std::filesystem::remove_all(dir);
   }
 }
 

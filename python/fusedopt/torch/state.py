@@ -20,6 +20,10 @@ MAX_STEPS = 2**53  # the C++ Optimizer's bound on a step count
 _TORCH_DTYPES = {code: dtype for dtype, code in _dtypes.torch_dtypes().items()}
 _COMPLEX = {torch.float32: torch.complex64, torch.float64: torch.complex128}
 _INT_DTYPES = {torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64}
+# A dtype's safetensors name, as the C++ check of a loaded state (check_loaded_state) reads it.
+_SAFETENSORS = {torch.uint8: "U8", torch.int8: "I8", torch.int16: "I16", torch.int32: "I32",
+                torch.int64: "I64", torch.float16: "F16", torch.bfloat16: "BF16",
+                torch.float32: "F32", torch.float64: "F64", torch.bool: "BOOL"}
 
 
 class StateMixin:
@@ -66,6 +70,11 @@ class StateMixin:
             hypers = dict(zip(self._hyper_names, self._group_hypers(self.param_groups[g])))
             expected = self._expected_states(p, hypers, set())
             step, new = None, {}
+            for key in expected:  # a quantized state's codes and absmax, checked together
+                codes, absmax = now.get(key), now.get(f"{key}.absmax")
+                if f"{key}.absmax" in expected and codes is not None and absmax is not None and \
+                        (codes is not views.get(key) or absmax is not views.get(f"{key}.absmax")):
+                    self._check_quantized(f"{who}: state '{key}'", p, key, codes, absmax)
             for key, value in now.items():
                 if key == "step":
                     if value is not views.get("step") or step_written:
@@ -214,6 +223,32 @@ class StateMixin:
                                          run_check=False, shape=whole.shape,
                                          stride=whole.stride())
         return out
+
+    def _check_quantized(self, what, p, key, codes, absmax, saved="", block=0):
+        """The one check of a quantized state before it is loaded (the C++ library's
+        check_loaded_state, which Optimizer::load runs too): state `key` (torch's name) of
+        param p as `codes` and `absmax`, saved as storage `saved` in blocks of `block` ('' and
+        0: not recorded, an edit of opt.state). Its storage, block, code dtype and count,
+        absmax dtype, count and values (finite, >= 0; a block of absmax 0 holds the codes of
+        0); UsageError starting with `what`. What is not a dense tensor with data is left to
+        _loaded_state, which refuses it."""
+        rule_name = {self._names.get(n, n): n for n in self._rule.states}.get(key, key)
+        lp = local(p)
+        n = lp.numel() * (2 if lp.is_complex() else 1)
+        kind = self._opts.storage.get(rule_name, "-")
+        if kind == "-" or not 0 < n or n < self._opts.quant_min_numel:
+            kind = "-"
+        tensors = []
+        for t in (codes, absmax):
+            if is_dtensor(t):
+                t = t.to_local()
+            if not isinstance(t, torch.Tensor) or t.layout != torch.strided or t.is_meta:
+                return
+            name = _SAFETENSORS.get(t.dtype, str(t.dtype).replace("torch.", ""))
+            data = t.detach().to("cpu").contiguous().reshape(-1) if name in ("U8", "F32") \
+                else torch.empty(0, dtype=torch.uint8)
+            tensors += [name, t.numel(), data]
+        _C.check_loaded_state(what, kind, self._opts.quant_block(), n, saved, block, *tensors)
 
     def _state_names(self):
         r = self._rule

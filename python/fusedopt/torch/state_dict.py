@@ -32,7 +32,8 @@ class StateDictMixin:
 
     def state_dict(self):
         """torch's layout: {'state': {index: {name: tensor, 'step': tensor}},
-        'param_groups': [...]}, with torch's state names. torch's state-dict hooks
+        'param_groups': [...]}, with torch's state names (a quantized state: one record,
+        _pack_quantized). torch's state-dict hooks
         (register_state_dict_pre_hook / post_hook) run as torch runs them."""
         for hook in _hooks(self, "_optimizer_state_dict_pre_hooks"):
             hook(self)
@@ -61,7 +62,7 @@ class StateDictMixin:
                 count = self._step_of(p) if shown is None else \
                     self._loaded_step(mapping[id(p)], shown, "opt.state")
                 entry["step"] = torch.tensor(float(count))
-                state[mapping[id(p)]] = entry
+                state[mapping[id(p)]] = self._pack_quantized(entry)
         state_dict = {"state": state, "param_groups": groups}
         for hook in _hooks(self, "_optimizer_state_dict_post_hooks"):
             result = hook(self, state_dict)
@@ -69,11 +70,57 @@ class StateDictMixin:
                 state_dict = result
         return state_dict
 
+    def _pack_quantized(self, entry):
+        """A quantized state in a state dict: one dict under torch's name, {'storage': 'q8s',
+        'block': 256, 'codes': uint8 tensor, 'absmax': float32 tensor}, so that its codes are
+        never read as values: load_state_dict checks the record against this optimizer's
+        storage, and a torch.optim optimizer given it fails at its first step (a dict has no
+        tensor methods) instead of stepping on codes."""
+        for key in [k for k in entry if f"{k}.absmax" in entry]:
+            rule_name = {self._names.get(n, n): n for n in self._rule.states}.get(key, key)
+            entry[key] = {"storage": self._opts.storage.get(rule_name, "-"),
+                          "block": self._opts.quant_block(), "codes": entry[key],
+                          "absmax": entry.pop(f"{key}.absmax")}
+        return entry
+
+    def _unpack_quantized(self, i, key, value, entry, p, expected):
+        """State `key` of parameter i as its codes and absmax (opt.state's `key` and
+        `key.absmax`), checked by the one check of a loaded state: a quantized record
+        (_pack_quantized) against this optimizer's storage, a tensor where this optimizer keeps
+        codes refused (values, or codes without their record)."""
+        who = f"load_state_dict: state '{key}' of parameter {i}"
+        if isinstance(value, collections.abc.Mapping):
+            storage, block = value.get("storage"), value.get("block")
+            if not isinstance(storage, str) or isinstance(block, bool) or \
+                    not isinstance(block, numbers.Integral) or \
+                    set(value) != {"storage", "block", "codes", "absmax"}:
+                raise UsageError(f"{who} is a dict with keys {sorted(map(str, value))}; a "
+                                 "quantized state is {'storage': str, 'block': int, 'codes': "
+                                 "tensor, 'absmax': tensor}, as state_dict() writes it")
+            codes, absmax = value["codes"], value["absmax"]
+        elif f"{key}.absmax" in entry:
+            raise UsageError(
+                f"{who} is codes with '{key}.absmax' beside them but no record of their "
+                "storage (a state dict of fusedopt before 2026-11-28): write them as "
+                f"'{key}': {{'storage': KIND, 'block': BLOCK, 'codes': ..., 'absmax': ...}} "
+                "with the storage and block they were saved with")
+        elif f"{key}.absmax" in expected:
+            storage, block, codes, absmax = "-", 0, value, value
+        else:
+            return {key: self._loaded_state(i, key, value, p, expected[key])}
+        self._check_quantized(who, p, key, codes, absmax, storage, int(block))
+        if f"{key}.absmax" not in expected:  # a record that says '-': not a quantized state
+            raise UsageError(f"{who} is a quantized state's record of storage {storage!r}; "
+                             "this optimizer keeps its values")
+        return {k: self._loaded_state(i, k, v, p, expected[k])
+                for k, v in ((key, codes), (f"{key}.absmax", absmax))}
+
     def load_state_dict(self, state_dict):
         """Loads torch's layout (from this class or from the torch.optim class of the same
         rule): hypers per group, states by torch's names, the step. All or nothing: the whole
         state dict is checked first (groups, hypers, every state's presence, shape and dtype,
-        every step), then taken; a refused one raises UsageError (a ValueError) naming the
+        a quantized state's record, codes and absmax by the C++ check_loaded_state, every
+        step), then taken; a refused one raises UsageError (a ValueError) naming the
         group or parameter, the state and the problem, and leaves the optimizer as it was."""
         if isinstance(state_dict, collections.abc.Mapping):
             state_dict = dict(state_dict)  # shallow, as torch: a hook may change it
@@ -183,8 +230,10 @@ class StateDictMixin:
                     steps[p] = self._loaded_step(i, value)
                 elif value is None:
                     continue  # torch's SGD keeps momentum_buffer None without momentum
+                elif key.endswith(".absmax") and key in expected:
+                    continue  # the codes' record holds it (_unpack_quantized)
                 elif key in expected:
-                    state[key] = self._loaded_state(i, key, value, p, expected[key])
+                    state.update(self._unpack_quantized(i, key, value, entry, p, expected))
                 # else: a state the rule does not keep (e.g. torch's unused ones)
             if "step" not in entry and state:
                 # torch's SGD counts no steps: a param with a momentum buffer has stepped.
