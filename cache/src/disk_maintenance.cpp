@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <ctime>
+#include <optional>
 
 #include "cache/disk_store.hpp"
 #include "disk_layout.hpp"
@@ -105,6 +106,42 @@ void remove_bad(int dir_fd, const std::string& name, const struct stat& st, BadE
   if (!b.removed) b.reason += "; could not remove it: " + support::errno_text(err ? err : EPERM);
 }
 
+/// verify()'s judgement of entry `file`: nullopt when it is good (or gone meanwhile).
+std::optional<BadEntry> verify_entry(int top_fd, const std::filesystem::path& dir,
+                                     const detail::ScannedFile& file, bool remove,
+                                     const PayloadCheck& payload_check) {
+  ReopenedEntry opened = reopen(top_fd, dir, file.path);
+  detail::OpenedEntry& entry = opened.entry;
+  if (entry.err == ENOENT) return std::nullopt;  // removed meanwhile
+  if (!entry.problem.empty()) {
+    // Not ours, writable by others, a link, not a regular file: never read.
+    BadEntry b{file.path, entry.problem};
+    if (remove && opened.shard && entry.err != ENOENT) {
+      if (entry.fd) {
+        detail::unlink_at_if_same(opened.shard.get(), opened.name, entry.st);
+      } else if (entry.err == ELOOP) {
+        ::unlinkat(opened.shard.get(), opened.name.c_str(), 0);
+      }
+      struct stat left {};
+      b.removed =
+          ::fstatat(opened.shard.get(), opened.name.c_str(), &left, AT_SYMLINK_NOFOLLOW) != 0;
+    }
+    return b;
+  }
+  detail::EntryCheck check =
+      detail::read_entry(entry.fd.get(), static_cast<std::uint64_t>(entry.st.st_size), file.key,
+                         detail::ReadDepth::Full);
+  std::string problem = check.problem;
+  if (problem.empty() && payload_check) {
+    // Whole, but not a binary anyone can load (a compiler that exited 0 with bad output).
+    problem = payload_check(file.ext, check.payload);
+  }
+  if (problem.empty()) return std::nullopt;
+  BadEntry b{file.path, problem};
+  if (remove) remove_bad(opened.shard.get(), opened.name, entry.st, b);
+  return b;
+}
+
 }  // namespace
 
 std::vector<EntryInfo> DiskStore::list() const {
@@ -138,7 +175,7 @@ std::vector<EntryInfo> DiskStore::list() const {
   return entries;
 }
 
-std::vector<BadEntry> DiskStore::verify(bool remove) const {
+std::vector<BadEntry> DiskStore::verify(bool remove, const PayloadCheck& check) const {
   std::vector<BadEntry> bad;
   std::time_t now = std::time(nullptr);
   support::UniqueFd top = detail::open_cache_folder(dir_);
@@ -146,36 +183,10 @@ std::vector<BadEntry> DiskStore::verify(bool remove) const {
     switch (file.kind) {
       case detail::FileKind::Lock:
         break;
-      case detail::FileKind::Entry: {
-        ReopenedEntry opened = reopen(top.get(), dir_, file.path);
-        detail::OpenedEntry& entry = opened.entry;
-        if (entry.err == ENOENT) break;  // removed meanwhile
-        if (!entry.problem.empty()) {
-          // Not ours, writable by others, a link, not a regular file: never read.
-          BadEntry b{file.path, entry.problem};
-          if (remove && opened.shard && entry.err != ENOENT) {
-            if (entry.fd) {
-              detail::unlink_at_if_same(opened.shard.get(), opened.name, entry.st);
-            } else if (entry.err == ELOOP) {
-              ::unlinkat(opened.shard.get(), opened.name.c_str(), 0);
-            }
-            struct stat left {};
-            b.removed =
-                ::fstatat(opened.shard.get(), opened.name.c_str(), &left, AT_SYMLINK_NOFOLLOW) != 0;
-          }
-          bad.push_back(std::move(b));
-          break;
-        }
-        detail::EntryCheck check =
-            detail::read_entry(entry.fd.get(), static_cast<std::uint64_t>(entry.st.st_size),
-                               file.key, detail::ReadDepth::Full);
-        if (!check.problem.empty()) {
-          BadEntry b{file.path, check.problem};
-          if (remove) remove_bad(opened.shard.get(), opened.name, entry.st, b);
-          bad.push_back(std::move(b));
-        }
+      case detail::FileKind::Entry:
+        if (auto b = verify_entry(top.get(), dir_, file, remove, check))
+          bad.push_back(std::move(*b));
         break;
-      }
       case detail::FileKind::Unsafe:
         // Left in place: it may hold another user's files, and only a person should decide.
         bad.push_back({file.path, detail::unsafe_sub_folder_message(file.path, file.reason) +
