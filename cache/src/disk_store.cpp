@@ -87,6 +87,13 @@ std::optional<std::string> DiskStore::load(const KeyRecord& record, std::string_
     if (entry.err == ELOOP) ::unlinkat(shard.get(), name.c_str(), 0);
     return std::nullopt;
   }
+  if (!S_ISREG(entry.st.st_mode)) {
+    // A folder, FIFO or socket at the entry's name would fail every store's rename, and the
+    // key would never be cached: ours to remove (a folder with what is in it).
+    entry.fd.reset();
+    (void)detail::remove_stray(shard.get(), name, entry_path(key, ext));
+    return std::nullopt;
+  }
   if (!entry.problem.empty()) {
     // Not ours or writable by others: never read. The sub-folder is ours and private, so
     // deleting what someone else left in it is ours to do; the caller stores a good entry.

@@ -307,7 +307,7 @@ int cmd_warmup(Args& args) {
     std::vector<Item> items = expand_items(w);
     CompileOptions options;
     // On disk, whatever FUSEDOPT_CACHE says; an unusable folder is refused before compiling.
-    const cache::DiskStore store = open_store(w.cache_dir);
+    const cache::DiskStore store = open_store(w.cache_dir, true);
     options.cache_dir = store.dir();
     const auto start = std::chrono::steady_clock::now();
     warm_all(items, options, w.jobs, w.json);
