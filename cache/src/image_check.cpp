@@ -3,7 +3,6 @@
 
 #include <fmt/format.h>
 
-#include <algorithm>
 #include <cstdint>
 #include <cstring>
 
@@ -52,16 +51,20 @@ std::string elf_problem(std::string_view bytes) {
     return fmt::format("a truncated ELF file: {} bytes, less than its header", bytes.size());
   }
   if (bytes[4] != 2 || bytes[5] != 1) return "not a 64-bit little-endian ELF file";
-  auto table_end = [&](std::size_t off, std::size_t entsize, std::size_t num) {
-    const auto start = little_endian<std::uint64_t>(bytes, off);
-    const auto size = little_endian<std::uint16_t>(bytes, entsize);
-    const auto count = little_endian<std::uint16_t>(bytes, num);
-    return count == 0 ? 0 : start + static_cast<std::uint64_t>(size) * count;
+  // Each header table (program headers, section headers: where their offset, entry size and
+  // count are) inside the file, without overflow whatever the header says.
+  struct Table {
+    std::size_t offset, entry_size, count;
   };
-  const std::uint64_t end = std::max(table_end(32, 54, 56), table_end(40, 58, 60));
-  if (end > bytes.size()) {
-    return fmt::format("a truncated ELF file: {} bytes, its header tables end at byte {}",
-                       bytes.size(), end);
+  for (const Table& t : {Table{32, 54, 56}, Table{40, 58, 60}}) {
+    const auto start = little_endian<std::uint64_t>(bytes, t.offset);
+    const std::uint64_t size =
+        static_cast<std::uint64_t>(little_endian<std::uint16_t>(bytes, t.entry_size)) *
+        little_endian<std::uint16_t>(bytes, t.count);
+    if (size != 0 && (start > bytes.size() || bytes.size() - start < size)) {
+      return fmt::format("a truncated ELF file: {} bytes, its header tables end at byte {}",
+                         bytes.size(), start > ~size ? start : start + size);
+    }
   }
   return "";
 }
