@@ -24,9 +24,10 @@ constexpr std::time_t kOldNameStaleSeconds = 24 * 3600;
 
 std::filesystem::path temp_base() {
   std::error_code ec;
-  std::filesystem::path base = std::filesystem::temp_directory_path(ec);
+  std::filesystem::path base = temp_folder(ec);
   if (ec) {
-    throw IoError("no temporary folder for the compiler (check TMPDIR): " + ec.message());
+    throw IoError("no temporary folder for the compiler (check TMPDIR=" + base.string() +
+                  "): " + ec.message());
   }
   return base;
 }
@@ -69,6 +70,24 @@ std::uint64_t tree_bytes(const std::filesystem::path& dir) {
 
 }  // namespace
 
+std::filesystem::path temp_folder(std::error_code& ec) {
+  ec.clear();
+  std::filesystem::path folder = "/tmp";
+  // std::filesystem::temp_directory_path's variables, but an empty one is unset (POSIX's
+  // convention: an empty TMPDIR means /tmp), where it refuses the empty path.
+  for (const char* name : {"TMPDIR", "TMP", "TEMP", "TEMPDIR"}) {
+    const char* value = std::getenv(name);
+    if (value != nullptr && *value != '\0') {
+      folder = value;
+      break;
+    }
+  }
+  if (!std::filesystem::is_directory(folder, ec) && !ec) {
+    ec = std::make_error_code(std::errc::not_a_directory);
+  }
+  return folder;
+}
+
 bool process_alive(pid_t pid) {
   if (pid <= 0) return false;
   if (::kill(pid, 0) != 0 && errno == ESRCH) return false;
@@ -101,7 +120,7 @@ std::vector<StaleBuildDir> stale_build_dirs(const std::filesystem::path& base) {
   std::filesystem::path folder = base;
   if (folder.empty()) {
     std::error_code ec;
-    folder = std::filesystem::temp_directory_path(ec);
+    folder = temp_folder(ec);
     if (ec) return out;
   }
   const std::time_t now = std::time(nullptr);

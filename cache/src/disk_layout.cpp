@@ -101,6 +101,14 @@ std::vector<std::filesystem::path> shard_dirs(const std::filesystem::path& dir) 
   return shards;
 }
 
+std::string not_a_file(const struct stat& st) {
+  if (S_ISLNK(st.st_mode)) return "a symbolic link";
+  if (S_ISDIR(st.st_mode)) return "a folder";
+  if (S_ISFIFO(st.st_mode)) return "a FIFO";
+  if (S_ISSOCK(st.st_mode)) return "a socket";
+  return S_ISREG(st.st_mode) ? "a regular file" : "a device file";
+}
+
 std::vector<ScannedFile> scan(const std::filesystem::path& dir) {
   std::vector<ScannedFile> files;
   support::UniqueFd top(support::open_retry(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
@@ -141,7 +149,11 @@ std::vector<ScannedFile> scan(const std::filesystem::path& dir) {
       f.path = file.path / inner;
       if (::fstatat(shard.get(), inner.c_str(), &f.st, AT_SYMLINK_NOFOLLOW) != 0) continue;
       f.is_dir = S_ISDIR(f.st.st_mode);
-      if (S_ISREG(f.st.st_mode)) classify(name, inner, f);
+      classify(name, inner, f);
+      if (!S_ISREG(f.st.st_mode) && f.kind != FileKind::Unexpected) {
+        f.kind = FileKind::Stray;  // one of our names, but not a file we wrote
+        f.reason = not_a_file(f.st);
+      }
       files.push_back(std::move(f));
     }
   }

@@ -23,6 +23,8 @@ enum class FileKind {
   Entry,       ///< `<2 hex>/<32 hex>.<ext>` in the right sub-folder
   Lock,        ///< `<2 hex>/<32 hex>.<ext>.lock`
   Temp,        ///< `<2 hex>/.<...>.tmp`, a store in progress or an interrupted one
+  Stray,       ///< an entry's, lock's or temp's name held by no regular file: a link, a
+               ///< folder, a FIFO... (`reason` says which); ours to remove, never followed
   Unexpected,  ///< anything else (never deleted by the cache)
   Unsafe,      ///< a `<2 hex>` sub-folder we must not trust (`reason` says why); not entered
 };
@@ -34,8 +36,12 @@ struct ScannedFile {
   std::string ext;  ///< Entry only
   struct stat st {};
   bool is_dir = false;
-  std::string reason;  ///< Unsafe only: "a symbolic link, not a folder", "owned by uid ..."
+  std::string reason;  ///< Unsafe: "a symbolic link, not a folder", "owned by uid ..."; Stray:
+                       ///< "a symbolic link", "a folder", "a FIFO"...
 };
+
+/// What a file that is not a regular file is: "a symbolic link", "a folder", "a FIFO"...
+std::string not_a_file(const struct stat& st);
 
 /// Every file in the cache folder's sub-folders, plus anything unexpected at the top.
 /// Files that vanish during the scan (concurrent prune, store) are skipped. Sub-folders are

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <ctime>
+#include <optional>
 
 #include "cache/disk_store.hpp"
 #include "disk_layout.hpp"
@@ -105,6 +106,57 @@ void remove_bad(int dir_fd, const std::string& name, const struct stat& st, BadE
   if (!b.removed) b.reason += "; could not remove it: " + support::errno_text(err ? err : EPERM);
 }
 
+/// Removes stray `file` (FileKind::Stray); "" when it is gone, else why it is not.
+std::string remove_stray_file(const detail::ScannedFile& file) {
+  const int err = detail::remove_stray(AT_FDCWD, file.path.string(), file.path);
+  return err == 0 ? "" : support::errno_text(err);
+}
+
+/// Whether temp file `file` belongs to a store in progress in a live process of this host
+/// (its name's pid), which clear() must leave for the store to publish.
+bool store_in_progress(const detail::ScannedFile& file, std::time_t now) {
+  pid_t pid = 0;
+  return now - file.st.st_mtim.tv_sec < kStaleTempSeconds &&
+         support::parse_temp_name(file.path.filename().string(), &pid) &&
+         support::process_alive(pid);
+}
+
+/// verify()'s judgement of entry `file`: nullopt when it is good (or gone meanwhile).
+std::optional<BadEntry> verify_entry(int top_fd, const std::filesystem::path& dir,
+                                     const detail::ScannedFile& file, bool remove,
+                                     const PayloadCheck& payload_check) {
+  ReopenedEntry opened = reopen(top_fd, dir, file.path);
+  detail::OpenedEntry& entry = opened.entry;
+  if (entry.err == ENOENT) return std::nullopt;  // removed meanwhile
+  if (!entry.problem.empty()) {
+    // Not ours, writable by others, a link, not a regular file: never read.
+    BadEntry b{file.path, entry.problem};
+    if (remove && opened.shard && entry.err != ENOENT) {
+      if (entry.fd) {
+        detail::unlink_at_if_same(opened.shard.get(), opened.name, entry.st);
+      } else if (entry.err == ELOOP) {
+        ::unlinkat(opened.shard.get(), opened.name.c_str(), 0);
+      }
+      struct stat left {};
+      b.removed =
+          ::fstatat(opened.shard.get(), opened.name.c_str(), &left, AT_SYMLINK_NOFOLLOW) != 0;
+    }
+    return b;
+  }
+  detail::EntryCheck check =
+      detail::read_entry(entry.fd.get(), static_cast<std::uint64_t>(entry.st.st_size), file.key,
+                         detail::ReadDepth::Full);
+  std::string problem = check.problem;
+  if (problem.empty() && payload_check) {
+    // Whole, but not a binary anyone can load (a compiler that exited 0 with bad output).
+    problem = payload_check(file.ext, check.payload);
+  }
+  if (problem.empty()) return std::nullopt;
+  BadEntry b{file.path, problem};
+  if (remove) remove_bad(opened.shard.get(), opened.name, entry.st, b);
+  return b;
+}
+
 }  // namespace
 
 std::vector<EntryInfo> DiskStore::list() const {
@@ -138,7 +190,7 @@ std::vector<EntryInfo> DiskStore::list() const {
   return entries;
 }
 
-std::vector<BadEntry> DiskStore::verify(bool remove) const {
+std::vector<BadEntry> DiskStore::verify(bool remove, const PayloadCheck& check) const {
   std::vector<BadEntry> bad;
   std::time_t now = std::time(nullptr);
   support::UniqueFd top = detail::open_cache_folder(dir_);
@@ -146,34 +198,20 @@ std::vector<BadEntry> DiskStore::verify(bool remove) const {
     switch (file.kind) {
       case detail::FileKind::Lock:
         break;
-      case detail::FileKind::Entry: {
-        ReopenedEntry opened = reopen(top.get(), dir_, file.path);
-        detail::OpenedEntry& entry = opened.entry;
-        if (entry.err == ENOENT) break;  // removed meanwhile
-        if (!entry.problem.empty()) {
-          // Not ours, writable by others, a link, not a regular file: never read.
-          BadEntry b{file.path, entry.problem};
-          if (remove && opened.shard && entry.err != ENOENT) {
-            if (entry.fd) {
-              detail::unlink_at_if_same(opened.shard.get(), opened.name, entry.st);
-            } else if (entry.err == ELOOP) {
-              ::unlinkat(opened.shard.get(), opened.name.c_str(), 0);
-            }
-            struct stat left {};
-            b.removed =
-                ::fstatat(opened.shard.get(), opened.name.c_str(), &left, AT_SYMLINK_NOFOLLOW) != 0;
-          }
-          bad.push_back(std::move(b));
-          break;
+      case detail::FileKind::Entry:
+        if (auto b = verify_entry(top.get(), dir_, file, remove, check))
+          bad.push_back(std::move(*b));
+        break;
+      case detail::FileKind::Stray: {
+        BadEntry b{file.path, file.reason +
+                                  " at a cache file's name, not a cache file (never "
+                                  "followed)"};
+        if (remove) {
+          const std::string left = remove_stray_file(file);
+          b.removed = left.empty();
+          if (!b.removed) b.reason += "; could not remove it: " + left;
         }
-        detail::EntryCheck check =
-            detail::read_entry(entry.fd.get(), static_cast<std::uint64_t>(entry.st.st_size),
-                               file.key, detail::ReadDepth::Full);
-        if (!check.problem.empty()) {
-          BadEntry b{file.path, check.problem};
-          if (remove) remove_bad(opened.shard.get(), opened.name, entry.st, b);
-          bad.push_back(std::move(b));
-        }
+        bad.push_back(std::move(b));
         break;
       }
       case detail::FileKind::Unsafe:
@@ -215,6 +253,13 @@ Removal DiskStore::remove_stale() const {
   Removal out;
   const std::time_t now = std::time(nullptr);
   for (const detail::ScannedFile& file : detail::scan(dir_)) {
+    if (file.kind == detail::FileKind::Stray) {
+      // A link, folder or FIFO at a cache file's name: it would make its key uncacheable.
+      if (std::string left = remove_stray_file(file); !left.empty()) {
+        out.leftovers.push_back({file.path, std::move(left)});
+      }
+      continue;
+    }
     if (file.kind != detail::FileKind::Temp || stale_temp_reason(file, now).empty()) continue;
     if (::unlink(file.path.c_str()) == 0) {
       out.removed_bytes += static_cast<std::uint64_t>(file.st.st_size);
@@ -263,10 +308,19 @@ Removal DiskStore::prune(std::uint64_t max_bytes) const {
 
 Removal DiskStore::clear() const {
   Removal out;
+  const std::time_t now = std::time(nullptr);
   for (const detail::ScannedFile& file : detail::scan(dir_)) {
     switch (file.kind) {
-      case detail::FileKind::Entry:
+      case detail::FileKind::Stray:
+        if (std::string left = remove_stray_file(file); !left.empty()) {
+          out.leftovers.push_back({file.path, std::move(left)});
+        }
+        break;
       case detail::FileKind::Temp:
+        // A store in progress publishes its entry after the clear: left for it.
+        if (store_in_progress(file, now)) break;
+        [[fallthrough]];
+      case detail::FileKind::Entry:
         if (::unlink(file.path.c_str()) == 0) {
           out.removed_bytes += static_cast<std::uint64_t>(file.st.st_size);
         } else if (errno != ENOENT) {

@@ -16,6 +16,7 @@
 #include "fusedopt/error.hpp"
 #include "support/atomic_write.hpp"
 #include "support/file_io.hpp"
+#include "support/log.hpp"
 #include "trusted_open.hpp"
 
 namespace fusedopt::cache {
@@ -67,7 +68,8 @@ std::filesystem::path DiskStore::entry_path(const Key& key, std::string_view ext
   return dir_ / hex.substr(0, 2) / (hex + "." + std::string(ext));
 }
 
-std::optional<std::string> DiskStore::load(const KeyRecord& record, std::string_view ext) const {
+std::optional<std::string> DiskStore::load(const KeyRecord& record, std::string_view ext,
+                                           const PayloadCheck& payload_check) const {
   detail::check_ext(ext);
   std::string record_bytes = record.serialize();
   Key key = detail::hash128(record_bytes);
@@ -85,6 +87,13 @@ std::optional<std::string> DiskStore::load(const KeyRecord& record, std::string_
     if (entry.err == ELOOP) ::unlinkat(shard.get(), name.c_str(), 0);
     return std::nullopt;
   }
+  if (!S_ISREG(entry.st.st_mode)) {
+    // A folder, FIFO or socket at the entry's name would fail every store's rename, and the
+    // key would never be cached: ours to remove (a folder with what is in it).
+    entry.fd.reset();
+    (void)detail::remove_stray(shard.get(), name, entry_path(key, ext));
+    return std::nullopt;
+  }
   if (!entry.problem.empty()) {
     // Not ours or writable by others: never read. The sub-folder is ours and private, so
     // deleting what someone else left in it is ours to do; the caller stores a good entry.
@@ -99,6 +108,17 @@ std::optional<std::string> DiskStore::load(const KeyRecord& record, std::string_
   if (!check.problem.empty() || check.record_bytes != record_bytes) {
     detail::unlink_at_if_same(shard.get(), name, entry.st);
     return std::nullopt;
+  }
+  if (payload_check) {
+    if (const std::string why = payload_check(ext, check.payload); !why.empty()) {
+      // Stored whole, but not a binary anyone can load: what a compiler that exited 0 with
+      // bad output left, before stores were checked. Dropped, so the caller compiles again.
+      support::log(support::LogLevel::Warn,
+                   "dropped cache entry " + entry_path(key, ext).string() + ": " + why +
+                       " (a compiler that reported success wrote it); compiling it again");
+      detail::unlink_at_if_same(shard.get(), name, entry.st);
+      return std::nullopt;
+    }
   }
   ::futimens(entry.fd.get(), nullptr);  // LRU clock; failure (read-only cache) is harmless
   return std::move(check.payload);
@@ -127,12 +147,17 @@ std::string DiskStore::entry_problem(const Key& key, std::string_view ext) const
   }
 }
 
-void DiskStore::store(const KeyRecord& record, std::string_view ext,
-                      std::string_view payload) const {
+void DiskStore::store(const KeyRecord& record, std::string_view ext, std::string_view payload,
+                      const PayloadCheck& check) const {
   detail::check_ext(ext);
   std::string record_bytes = record.serialize();
   Key key = detail::hash128(record_bytes);
   std::filesystem::path final_path = entry_path(key, ext);
+  if (check) {
+    if (const std::string why = check(ext, payload); !why.empty()) {
+      throw CacheError("refusing to store cache entry " + final_path.string() + ": " + why);
+    }
+  }
 
   {
     // Creates the sub-folder (0700) if needed and refuses one that is not ours and private.
@@ -166,9 +191,9 @@ void DiskStore::store(const KeyRecord& record, std::string_view ext,
 }
 
 std::pair<std::string, Origin> DiskStore::get_or_compile(
-    const KeyRecord& record, std::string_view ext,
-    const std::function<std::string()>& compile) const {
-  if (auto hit = load(record, ext)) return {std::move(*hit), Origin::Disk};
+    const KeyRecord& record, std::string_view ext, const std::function<std::string()>& compile,
+    const PayloadCheck& check) const {
+  if (auto hit = load(record, ext, check)) return {std::move(*hit), Origin::Disk};
 
   std::filesystem::path path = entry_path(record.key(), ext);
   {
@@ -177,9 +202,9 @@ std::pair<std::string, Origin> DiskStore::get_or_compile(
   }
   detail::FileLock lock(detail::lock_path_for(path));
   // Whoever held the lock before us may have stored the entry while we waited.
-  if (auto hit = load(record, ext)) return {std::move(*hit), Origin::Disk};
+  if (auto hit = load(record, ext, check)) return {std::move(*hit), Origin::Disk};
   std::string payload = compile();
-  store(record, ext, payload);
+  store(record, ext, payload, check);
   return {std::move(payload), Origin::Compiled};
 }
 

@@ -12,6 +12,7 @@
 
 #include "fusedopt/error.hpp"
 #include "support/file_io.hpp"
+#include "trusted_open.hpp"
 
 namespace fusedopt::cache::detail {
 
@@ -46,6 +47,15 @@ FileLock::FileLock(const std::filesystem::path& path) : path_(path) {
     UniqueFd fd(open_retry(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600));
     // clear() may remove an empty sub-folder between our mkdir and this open.
     if (!fd && errno == ENOENT && attempts++ < 3 && make_dir(path.parent_path(), 0700)) continue;
+    // A folder or a link at the lock's name (in our private sub-folder): removed, never
+    // followed, so that the key is not compiled uncached by every process from now on.
+    if (!fd && (errno == EISDIR || errno == ELOOP) && attempts++ < 3) {
+      const int err = errno;
+      const int left = remove_stray(AT_FDCWD, path.string(), path);
+      if (left == 0) continue;
+      throw CacheError("cannot open cache lock file " + path.string() + ": " + errno_text(err) +
+                       ", and it could not be removed: " + errno_text(left) + "; remove it");
+    }
     if (!fd) {
       int err = errno;
       throw CacheError("cannot open cache lock file " + path.string() + ": " + errno_text(err));

@@ -54,7 +54,7 @@ struct KernelCache::Impl {
   std::pair<std::string, Origin> from_disk(const DiskStore& disk, const KeyRecord& record,
                                            std::string_view ext,
                                            const std::function<std::string()>& compile,
-                                           std::uint64_t max_disk_bytes);
+                                           const PayloadCheck& check, std::uint64_t max_disk_bytes);
 
   void note_disk_error(const std::string& what) {
     std::lock_guard<std::mutex> lock(mutex);
@@ -67,7 +67,8 @@ struct KernelCache::Impl {
 /// optimisation. Exceptions from `compile` itself propagate untouched.
 std::pair<std::string, Origin> KernelCache::Impl::from_disk(
     const DiskStore& disk, const KeyRecord& record, std::string_view ext,
-    const std::function<std::string()>& compile, std::uint64_t max_disk_bytes) {
+    const std::function<std::string()>& compile, const PayloadCheck& check,
+    std::uint64_t max_disk_bytes) {
   std::optional<std::string> compiled;  // kept in case storing it fails
   bool in_compile = false;
   auto tracked = [&]() -> std::string {
@@ -78,7 +79,7 @@ std::pair<std::string, Origin> KernelCache::Impl::from_disk(
     return payload;
   };
   try {
-    auto got = disk.get_or_compile(record, ext, tracked);
+    auto got = disk.get_or_compile(record, ext, tracked, check);
     // What prune cannot remove (a read-only folder) only leaves the cache over its bound.
     if (got.second == Origin::Compiled) (void)disk.prune(max_disk_bytes);
     return got;
@@ -110,20 +111,42 @@ KernelCache& KernelCache::global() {
   return cache;
 }
 
+namespace {
+
+/// `compile`, its result refused (a CacheError) when `check` refuses it: what the check
+/// refuses is never stored nor handed out, an error of the compile, so that every waiter
+/// gets it and the next call compiles again.
+std::function<std::string()> checked_compile(const std::function<std::string()>& compile,
+                                             const PayloadCheck& check, std::string_view ext,
+                                             const Key& key) {
+  if (!check) return compile;
+  return [&compile, &check, ext = std::string(ext), key]() -> std::string {
+    std::string payload = compile();
+    if (const std::string why = check(ext, payload); !why.empty()) {
+      throw CacheError("refusing to cache the compiled " + ext + " for key " + key.hex() + ": " +
+                       why);
+    }
+    return payload;
+  };
+}
+
+}  // namespace
+
 KernelCache::Result KernelCache::get_or_compile(const KeyRecord& record, std::string_view ext,
-                                                const std::function<std::string()>& compile) {
+                                                const std::function<std::string()>& compile,
+                                                const PayloadCheck& check) {
   detail::check_ext(ext);
   std::string record_bytes = record.serialize();
   Key key = detail::hash128(record_bytes);
-
+  const std::function<std::string()> checked = checked_compile(compile, check, ext, key);
   auto below_memory = [&]() -> std::pair<std::string, Origin> {
     if (disk_) {
-      return impl_->from_disk(*disk_, record, ext, compile, options_.max_disk_bytes);
+      return impl_->from_disk(*disk_, record, ext, checked, check, options_.max_disk_bytes);
     }
-    return {compile(), Origin::Compiled};
+    return {checked(), Origin::Compiled};
   };
   if (options_.mode == Mode::Off) {
-    return {std::make_shared<const std::string>(compile()), Origin::Compiled, key};
+    return {std::make_shared<const std::string>(checked()), Origin::Compiled, key};
   }
 
   Impl& impl = *impl_;

@@ -160,6 +160,20 @@ OpenedEntry open_entry(int dir_fd, const std::string& name) {
   return entry;
 }
 
+int remove_stray(int dir_fd, const std::string& name, const std::filesystem::path& path) {
+  struct stat st {};
+  if (::fstatat(dir_fd, name.c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0) {
+    return errno == ENOENT ? 0 : errno;
+  }
+  if (S_ISREG(st.st_mode)) return EEXIST;  // a file: its owner's checks decide, not this
+  if (S_ISDIR(st.st_mode)) {
+    std::error_code ec;
+    std::filesystem::remove_all(path, ec);  // removes links, does not follow them
+    return ec ? ec.value() : 0;
+  }
+  return ::unlinkat(dir_fd, name.c_str(), 0) == 0 || errno == ENOENT ? 0 : errno;
+}
+
 void unlink_at_if_same(int dir_fd, const std::string& name, const struct stat& opened) {
   struct stat now {};
   if (::fstatat(dir_fd, name.c_str(), &now, AT_SYMLINK_NOFOLLOW) != 0) return;

@@ -46,6 +46,12 @@ struct OpenedEntry {
 /// never read, only reported (verify) or deleted (a miss).
 OpenedEntry open_entry(int dir_fd, const std::string& name);
 
+/// Removes what sits at `name` in the sub-folder open on `dir_fd` (`path` names it too)
+/// when it is not a regular file: a link (itself, never what it points to), a FIFO, a
+/// socket, or a folder with everything in it (links in it removed, not followed). Only for
+/// a name the cache produces, in a sub-folder of ours. Returns errno, or 0 when it is gone.
+int remove_stray(int dir_fd, const std::string& name, const std::filesystem::path& path);
+
 /// unlinkat(dir_fd, name) only if `name` still names the file described by `opened`.
 void unlink_at_if_same(int dir_fd, const std::string& name, const struct stat& opened);
 

@@ -4,7 +4,8 @@ the same on the same fresh random data: grads given new memory in place (``.data
 state replaced or deleted, a step set), a param that changes shape; and what it gives the
 constructor and its groups: options checked when given, malformed hypers set later, torch's
 ``amsgrad`` on a rule without that option, empty matrices, a ``fusedopt.Rule`` in an
-optimizer that is copied or pickled, 4-bit states of a one-element param.
+optimizer that is copied or pickled, 4-bit states of a one-element param; a meta tensor put
+in ``opt.state`` (a UsageError).
 
 Tolerance as test_torch_optimizer.py: both sides compute in fp32, |fusedopt - torch| <= 1e-5
 * (|torch| + max|torch|) per tensor.
@@ -209,6 +210,24 @@ def test_a_bad_state_edit_is_refused_and_changes_nothing():
                        r"\[0\].*'exp_avg' has shape \(4, 6\)"):
         opt.step()
     opt.state[ours[0]]["exp_avg"] = kept  # put back: the optimizer goes on as before
+    step_both(ours, theirs, opt, ref)
+    assert close(ours[0], theirs[0])
+
+
+@pytest.mark.parametrize("key", ["exp_avg", "step"])
+def test_a_meta_tensor_in_opt_state_is_a_usage_error(key):
+    # A meta tensor holds no values: torch raised its NotImplementedError copying one.
+    ours, theirs = twins([(6, 4)])
+    opt = ft.Optimizer(ours, rule="adam", lr=0.05)
+    ref = torch.optim.Adam(theirs, lr=0.05)
+    step_both(ours, theirs, opt, ref)
+    kept = opt.state[ours[0]][key]
+    opt.state[ours[0]][key] = torch.empty(kept.shape, device="meta")
+    ours[0].grad = torch.randn(6, 4)
+    with pytest.raises(fusedopt.UsageError, match=r"opt.state of param_groups\[0\]\['params'\]"
+                       r"\[0\].*a tensor on the meta device"):
+        opt.step()
+    opt.state[ours[0]][key] = kept  # put back: nothing changed
     step_both(ours, theirs, opt, ref)
     assert close(ours[0], theirs[0])
 

@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <filesystem>
 
+#include "cache/image_check.hpp"
 #include "compile/compiler.hpp"
 #include "fusedopt/error.hpp"
 #include "fusedopt/version.hpp"
@@ -68,8 +69,20 @@ BuiltKernel build(const KernelSource& source, const Target& target, cache::Kerne
     dump_source(dir, fmt::format("{}-{}-{}{}", stem, target.str(), k.key.hex().substr(0, 16), ext),
                 source.text);
   }
-  cache::KernelCache::Result r = cache.get_or_compile(
-      record, k.ext, [&] { return compiler.compile(source.text, file, target); });
+  // A compiler that exits 0 must still have written a binary the device can load: what is
+  // not one is an error here, and never reaches the cache (whose loads drop such entries
+  // that an older fusedopt stored).
+  auto compile = [&] {
+    std::string binary = compiler.compile(source.text, file, target);
+    if (std::string why = cache::image_problem(k.ext, binary); !why.empty()) {
+      throw CompileError(fmt::format("the compiler ({}) reported success for {}, but its output "
+                                     "is {}; nothing was cached",
+                                     compiler.identity(), file, why),
+                         "", compiler.options(target), source.text);
+    }
+    return binary;
+  };
+  cache::KernelCache::Result r = cache.get_or_compile(record, k.ext, compile, cache::image_problem);
   k.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   k.binary = r.payload;
   k.origin = r.origin;

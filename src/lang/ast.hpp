@@ -157,7 +157,8 @@ struct Symbol {
   ExprPtr init;              ///< State: the initial value (constants, hypers and the param only);
                              ///< Scalar: constants and hypers
   bool written = false;      ///< Param/State/Output/Temp: some statement assigns it
-  /// State: never negative, whatever the hypers and the data (lang/storage.cpp proves it),
+  /// State: never negative (NaN aside), whatever the hypers and the data, NaN and infinities
+  /// included (lang/storage.cpp proves it from what the generated code computes),
   /// so a quantized storage "q8"/"q4" takes the unsigned map.
   bool nonnegative = false;
 };

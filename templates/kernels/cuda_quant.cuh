@@ -266,6 +266,14 @@ __device__ __forceinline__ void fo_q_chunk(const fo_launch& L, const fo_chunk& c
 #endif
       fo_q_element<kInit>(t, i, U, T, vals[j] FO_QRC_ARG);
     }
+    // An element with a lost quantized value restarts: all its quantized states become 0
+    // (quant.h: fo_q_lost), so its block's absmax stays finite.
+#pragma unroll
+    for (int j = 0; j < FO_QE; ++j) {
+      unsigned int lost = 0;
+      for (int k = 0; k < FO_NUM_QUANT; ++k) lost |= fo_q_lost(vals[j][k]);
+      for (int k = 0; k < FO_NUM_QUANT; ++k) vals[j][k] = lost ? 0.0f : vals[j][k];
+    }
     const fo_qkey key = {U.seed, U.rstep, t.pid, t.e0 + i0};
 #define FO_QCOMMIT(k, role, bits, map, fix, enc, tiny, zero, sr)                                   \
   {                                                                                                \

@@ -156,9 +156,23 @@ static inline void fo_q_encode_host(const float* map, const unsigned int* enc, i
 }
 #endif
 
-/// The block's new absmax, then each element's code (key: the random numbers' of element b).
+/// Each element of the block with a lost quantized value (fo_q_lost) restarts: all its
+/// quantized states become 0 (one of them alone would leave, say, AdamW's m of a g of 1e38
+/// beside a v of 0). The other elements are as they were.
+static inline void fo_q_restart(float (*stage)[FO_QUANT_BLOCK], int n) {
+#pragma omp simd
+  for (int j = 0; j < n; ++j) {
+    unsigned int lost = 0;
+    for (int k = 0; k < FO_NUM_QUANT; ++k) lost |= fo_q_lost(stage[k][j]);
+    for (int k = 0; k < FO_NUM_QUANT; ++k) stage[k][j] = lost ? 0.0f : stage[k][j];
+  }
+}
+
+/// The block's new absmax, then each element's code (key: the random numbers' of element b),
+/// after the elements whose values are lost restart.
 static inline void fo_q_stage_out(const fo_qtensor& q, long long b, int n,
                                   float (*stage)[FO_QUANT_BLOCK], const fo_qkey& key) {
+  fo_q_restart(stage, n);
 #ifdef FO_QUANT_AVX512
 #define FO_QOUT(k, role, bits, map, fix, enc, tiny, zero, sr)                      \
   {                                                                                \

@@ -45,6 +45,15 @@ FO_FN int fo_q_code(const unsigned char* codes, int bits, long long i) {
   return bits == 8 ? (int)codes[i] : (int)((codes[i >> 1] >> ((~i & 1) * 4)) & 15);
 }
 
+/// Whether an element's new value of a quantized state is lost: a NaN or an infinity (a
+/// finite g whose g * g overflows). Such an element restarts (fo_q_restart on the host,
+/// fo_q_chunk on CUDA): each of its quantized states is stored as 0, so that its block's
+/// absmax, and with it every other element of the block, stays finite; a non-finite absmax
+/// turned the whole block NaN, for good (docs/rules.md, "Quantized states").
+FO_FN unsigned int fo_q_lost(float x) {
+  return (fo_as_uint(x) & 0x7f800000u) == 0x7f800000u ? 1u : 0u;
+}
+
 /// The index of the value of `map` (sorted, n a power of two) nearest to x, against the fp32
 /// midpoints (map[j] + map[j+1]) * 0.5: the count of midpoints below x, found by halving; x
 /// exactly on a midpoint takes the even one of its two neighbours (bitsandbytes' rule). NaN

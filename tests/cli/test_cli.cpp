@@ -378,6 +378,8 @@ TEST_SUITE("cli") {
   TEST_CASE("prune --max-bytes takes the sizes FUSEDOPT_CACHE_MAX_BYTES takes") {
     TempDir d;
     std::string dir = (d.path() / "c").string();
+    fs::create_directory(dir);  // prune never creates it
+    fs::permissions(dir, fs::perms::owner_all);
     for (const char* size : {"1048576", "512m", "512M", "512MB", "2GiB", "64k"}) {
       CliResult r = run_cli({"prune", "--max-bytes", size, "--cache-dir", dir});
       INFO(size << " -> " << r.err);

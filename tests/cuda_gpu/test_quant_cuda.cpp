@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "common/device_model.hpp"
+#include "common/quant_overflow.hpp"
 #include "common/requirements.hpp"
 #include "device/cuda_driver.hpp"
 #include "fusedopt/optimizer.hpp"
@@ -251,6 +252,32 @@ TEST_SUITE("cuda_gpu") {
     // ulp apart on the two sides, from their libm, may round differently: rare).
     MESSAGE(differ, " of ", total, " bf16 params differ between the device and the host");
     CHECK(differ * 10000 <= total);
+  }
+}
+
+TEST_SUITE("cuda_gpu") {
+  TEST_CASE("a finite gradient whose square overflows loses one element on the device too" *
+            testing::needs_cuda_device()) {
+    // The skeleton's own restart (cuda_quant.cuh), against the fp32 twin on the host.
+    cu::PrimaryContext ctx(0);
+    std::mt19937 rng(std::random_device{}());
+    std::normal_distribution<float> normal(0.0f, 0.1f);
+    for (const QuantTwin& twin : {kQuantTwins[0], kQuantTwins[2]}) {  // adamw8bit, adamw4bit
+      CAPTURE(std::string(twin.quantized));
+      DeviceModel m = make_model(rng, {4096});
+      Optimizer gpu(Rule::preset(twin.quantized), {m.device_group()});
+      Optimizer cpu(Rule::preset(twin.fp32), {m.host_group()});
+      for (int t = 1; t <= kOverflowSteps; ++t) {
+        for (auto& x : m.hg[0]) x = normal(rng);
+        if (t == kOverflowStep) m.hg[0][kOverflowElement] = static_cast<float>(kOverflowGrad);
+        m.upload_grads();
+        gpu.step();
+        cpu.step();
+      }
+      cu::synchronize(nullptr);
+      const int block = fusedopt::quant_bits(gpu.states().front().quant) == 8 ? 256 : 128;
+      check_overflow_like_fp32(m.download_param(0), m.hp[0], block, gpu.hyper("lr"));
+    }
   }
 }
 

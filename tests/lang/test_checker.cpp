@@ -378,12 +378,44 @@ TEST_SUITE("lang") {
       return proven_nonnegative(*parse_rule(head + value + "\np = p - v\n", "c.rule"), "v");
     };
     CHECK(proven("clamp(g, 0, 1)"));
-    CHECK(proven("clamp(abs(g), lo, 1)"));  // max(x, lo) >= 0 through x
-    CHECK(proven("clamp(g, abs(lo), g * g)"));
+    CHECK(proven("clamp(g, 1e-8, g * g)"));
+    // fo_max(NaN, lo) is lo: abs(g) is NaN for a NaN g, abs(lo) for a NaN lo.
+    CHECK_FALSE(proven("clamp(abs(g), lo, 1)"));
+    CHECK_FALSE(proven("clamp(g, abs(lo), g * g)"));
     CHECK_FALSE(proven("clamp(g, 0, hi)"));
     CHECK_FALSE(proven("clamp(g, 0, -1)"));
     CHECK_FALSE(proven("clamp(g, lo, 1)"));  // lo may be negative, and g
     CHECK_FALSE(proven("clamp(abs(g), 0, g)"));
+  }
+
+  TEST_CASE("the sign proof follows NaN through max and min, and -0 through sqrt and division") {
+    using fusedopt::Quant;
+    // fmaxf(NaN, -1) is -1: sqrt(g) is NaN for g < 0, so v goes negative.
+    const std::string text =
+        "param p\ngrad g\nstate v = 0\nstorage v = q8\n"
+        "v = max(sqrt(g), 0 - 1) + 0.5 * v\np = p - 0.01 * v\n";
+    CHECK_FALSE(proven_nonnegative(*parse_rule(text, "maxnan.rule"), "v"));
+    CHECK(fusedopt::resolve_state_storage(fusedopt::Rule::parse(text, "maxnan.rule"),
+                                          fusedopt::OptimizerOptions{}) ==
+          std::vector<Quant>{Quant::Q8S});
+    const std::string head = "param p\ngrad g\nstate v = 0\nhyper h = 1\nv = ";
+    auto proven = [&](const std::string& value) {
+      return proven_nonnegative(*parse_rule(head + value + "\np = p - v\n", "s.rule"), "v");
+    };
+    CHECK(proven("max(g, 0)"));  // a bound that is never NaN
+    CHECK(proven("max(v, g * g)"));
+    CHECK(proven("min(v, abs(g)) + sqrt(g)"));
+    CHECK(proven("v + where(g > h, 1, v)"));
+    CHECK_FALSE(proven("max(g, abs(h))"));   // abs(h) is NaN for a NaN h
+    CHECK_FALSE(proven("max(sqrt(g), g)"));  // so is sqrt(g) for g < 0
+    CHECK_FALSE(proven("min(abs(g), g)"));
+    CHECK_FALSE(proven("1 / sqrt(g)"));        // sqrt(-0) is -0, and 1 / -0 is -inf
+    CHECK_FALSE(proven("rsqrt(sqrt(g))"));     // rsqrt(-0) is -inf
+    CHECK_FALSE(proven("sqrt(g) ^ (0 - 1)"));  // powf(-0, -1) is -inf
+    CHECK(proven("1 / sqrt(g * g)"));
+    CHECK(proven("rsqrt(abs(g)) + g ^ 2 + g ^ 4 + sqrt(g) ^ 3"));
+    CHECK(proven("g ^ 1e20"));  // an even integer (no cast of 1e20 to an integer)
+    CHECK_FALSE(proven("g ^ 3"));
   }
 }
 

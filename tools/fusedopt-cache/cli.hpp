@@ -72,7 +72,9 @@ std::string json_string(const std::string& s);
 cache::KernelCache::Options cache_options(const std::optional<std::string>& cache_dir);
 /// The disk store of cache_options(cache_dir). A folder that cannot be used (unsafe
 /// permissions, not a folder) is bad input: UsageError. Failures after that are not.
-cache::DiskStore open_store(const std::optional<std::string>& cache_dir);
+/// The cache folder's store; `create` (warmup) makes the folder, the other commands never
+/// do: a folder that does not exist is a UsageError (a mistyped --cache-dir).
+cache::DiskStore open_store(const std::optional<std::string>& cache_dir, bool create = false);
 
 int cmd_warmup(Args& args);
 int cmd_list(Args& args);

@@ -6,6 +6,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "cache/image_check.hpp"
 #include "cli.hpp"
 #include "fusedopt/error.hpp"
 #include "fusedopt/kernel.hpp"
@@ -137,7 +138,8 @@ namespace {
 
 int verify_store(const std::optional<std::string>& dir, bool remove, bool json) {
   cache::DiskStore store = open_store(dir);
-  std::vector<cache::BadEntry> bad = store.verify(remove);
+  // Every entry must also be a binary its device can load (cache/image_check.hpp).
+  std::vector<cache::BadEntry> bad = store.verify(remove, cache::image_problem);
   std::size_t total = store.list().size();
   if (json) {
     std::string list;

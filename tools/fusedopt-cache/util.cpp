@@ -139,8 +139,14 @@ cache::KernelCache::Options cache_options(const std::optional<std::string>& cach
   return o;
 }
 
-cache::DiskStore open_store(const std::optional<std::string>& cache_dir) {
+cache::DiskStore open_store(const std::optional<std::string>& cache_dir, bool create) {
   const std::filesystem::path dir = cache_options(cache_dir).dir;
+  std::error_code ec;
+  if (!create && !std::filesystem::exists(std::filesystem::symlink_status(dir, ec))) {
+    throw UsageError{"cache folder " + dir.string() +
+                     " does not exist: nothing was ever cached there (check --cache-dir or "
+                     "FUSEDOPT_CACHE_DIR; `fusedopt-cache warmup` creates it)"};
+  }
   try {
     return cache::DiskStore(dir);
   } catch (const CacheError& e) {

@@ -14,6 +14,7 @@
 #include "cli.hpp"
 #include "fusedopt/error.hpp"
 #include "fusedopt/kernel.hpp"
+#include "fusedopt/optimizer.hpp"
 
 namespace fusedopt::cli {
 namespace {
@@ -33,7 +34,10 @@ options:
                     e.g. fp32, bf16:bf16:fp32+master, bf16+sr (stochastic rounding),
                     fp32+q=q8s/q8u@256 (each state's storage: -, q8s, q8u, q4s, q4u),
                     fp64 (float64 params, grads and states; element-wise rules only)
-                    (repeatable or comma-separated; default: fp32)
+                    (repeatable or comma-separated; default: fp32); a rule with
+                    `storage` declarations (adamw8bit, adamw4bit, ...) is warmed with
+                    its quantized binding too, as its params of quant_min_numel
+                    elements or more step
   --jobs N          compile N kernels at once (default: the number of cores)
   --json            print the results as JSON
   --cache-dir DIR   the cache folder (default: $FUSEDOPT_CACHE_DIR)
@@ -132,6 +136,18 @@ WarmupArgs parse_warmup_args(Args& args) {
   return w;
 }
 
+/// The binding a rule with `storage` declarations (adamw8bit, adamw4bit, ...) steps a param
+/// of at least quant_min_numel elements with, beside `plain` (what smaller params use): the
+/// rule's storage under default options, as the Optimizer resolves it. None when `plain`
+/// already names its storage, is float64 (never quantized) or the rule declares none.
+std::optional<DTypeBinding> quantized_binding(const Rule& rule, const DTypeBinding& plain) {
+  if (!plain.quant.empty() || plain.param == DType::F64) return std::nullopt;
+  DTypeBinding q = plain;
+  q.quant = resolve_state_storage(rule, OptimizerOptions{}, &q.quant_sr);
+  if (!q.quantized()) return std::nullopt;
+  return q;
+}
+
 /// Every rule x target x dtype binding, parsed and checked before anything compiles: bad
 /// input exits 2 early.
 std::vector<Item> expand_items(const WarmupArgs& w) {
@@ -159,7 +175,11 @@ std::vector<Item> expand_items(const WarmupArgs& w) {
   std::vector<Item> items;
   for (const auto& rule : rules) {
     for (const Target& t : targets) {
-      for (const DTypeBinding& d : dtypes) items.push_back({rule, t, d, "", 0, "", "", {}, false});
+      for (const DTypeBinding& d : dtypes) {
+        items.push_back({rule, t, d, "", 0, "", "", {}, false});
+        if (auto q = quantized_binding(rule, d))
+          items.push_back({rule, t, *q, "", 0, "", "", {}, false});
+      }
     }
   }
   return items;
@@ -307,7 +327,7 @@ int cmd_warmup(Args& args) {
     std::vector<Item> items = expand_items(w);
     CompileOptions options;
     // On disk, whatever FUSEDOPT_CACHE says; an unusable folder is refused before compiling.
-    const cache::DiskStore store = open_store(w.cache_dir);
+    const cache::DiskStore store = open_store(w.cache_dir, true);
     options.cache_dir = store.dir();
     const auto start = std::chrono::steady_clock::now();
     warm_all(items, options, w.jobs, w.json);

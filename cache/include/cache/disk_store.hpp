@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "cache/entry_report.hpp"
+#include "cache/image_check.hpp"
 #include "cache/key.hpp"
 #include "cache/origin.hpp"
 
@@ -29,16 +30,22 @@ class DiskStore {
   std::filesystem::path entry_path(const Key& key, std::string_view ext) const;
 
   /// The payload stored for `record`, or nullopt. A corrupt, truncated or foreign file is
-  /// deleted and reported as a miss. A hit refreshes the file's mtime (for LRU eviction).
-  std::optional<std::string> load(const KeyRecord& record, std::string_view ext) const;
+  /// deleted and reported as a miss, and so is one whose payload `check` refuses (with a
+  /// warning: an older fusedopt stored what a broken compiler wrote). A hit refreshes the
+  /// file's mtime (for LRU eviction).
+  std::optional<std::string> load(const KeyRecord& record, std::string_view ext,
+                                  const PayloadCheck& check = {}) const;
 
   /// Publishes atomically: temp file in the same folder, fsync, rename, fsync the folder.
-  void store(const KeyRecord& record, std::string_view ext, std::string_view payload) const;
+  /// Throws CacheError, storing nothing, for a payload `check` refuses.
+  void store(const KeyRecord& record, std::string_view ext, std::string_view payload,
+             const PayloadCheck& check = {}) const;
 
   /// load(); on a miss, takes the per-key file lock, re-checks, and only then calls
   /// `compile` and stores its result. Exactly one process compiles a given key.
   std::pair<std::string, Origin> get_or_compile(const KeyRecord& record, std::string_view ext,
-                                                const std::function<std::string()>& compile) const;
+                                                const std::function<std::string()>& compile,
+                                                const PayloadCheck& check = {}) const;
 
   /// Why the entry file for `key` is not one load() would return ("" when it is): missing
   /// (never stored, or removed by a prune or another process), in a sub-folder we do not
@@ -47,8 +54,9 @@ class DiskStore {
 
   std::vector<EntryInfo> list() const;
   /// Re-hashes every entry; returns the bad ones (and deletes them when `remove`), stale
-  /// temp files and stale compiler build folders (remove_stale()) among them.
-  std::vector<BadEntry> verify(bool remove = false) const;
+  /// temp files and stale compiler build folders (remove_stale()) among them, and entries
+  /// whose payload `check` refuses.
+  std::vector<BadEntry> verify(bool remove = false, const PayloadCheck& check = {}) const;
   /// Removes what processes that died left: temp files of stores whose process is gone from
   /// this host (after a minute's grace, for hosts sharing the folder) or older than an hour,
   /// and this user's compiler build folders in the temporary folder whose process is gone

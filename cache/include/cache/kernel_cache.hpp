@@ -45,8 +45,11 @@ class KernelCache {
   /// store, the disk tier is pruned to max_disk_bytes. Callers that waited for another
   /// thread's compile get Origin::Memory. `compile` must not ask for its own key (it would
   /// wait for itself).
+  /// `check` (when given) is the disk tier's: what it refuses is never stored, and an entry
+  /// it refuses on load is dropped and compiled again (DiskStore::load).
   Result get_or_compile(const KeyRecord& record, std::string_view ext,
-                        const std::function<std::string()>& compile);
+                        const std::function<std::string()>& compile,
+                        const PayloadCheck& check = {});
 
   const Options& options() const { return options_; }
   /// The disk tier, or nullptr when the mode is not On.

@@ -174,7 +174,9 @@ class StateMixin:
         or a tensor of one element (torch's). `who` names it in an error (else: parameter i
         of load_state_dict)."""
         x = value
-        if isinstance(x, torch.Tensor) and x.numel() == 1:
+        if isinstance(x, torch.Tensor) and x.device.type == "meta":
+            x = None  # no value to read (item() would raise torch's NotImplementedError)
+        elif isinstance(x, torch.Tensor) and x.numel() == 1:
             x = x.item()
         if isinstance(x, numbers.Real) and not isinstance(x, bool):
             if isinstance(x, numbers.Integral):
@@ -187,6 +189,8 @@ class StateMixin:
                 return n
         shown = f"a tensor of {value.numel()} elements" if isinstance(value, torch.Tensor) and \
             value.numel() != 1 else repr(value)
+        if isinstance(value, torch.Tensor) and value.device.type == "meta":
+            shown = "a tensor on the meta device, which holds no value"
         what = f"{who}: its step" if who else f"load_state_dict: the step of parameter {i}"
         raise UsageError(f"{what} is {shown}; a step count is a whole number from 0 to 2^53 (an "
                          "int, a float or a tensor of one element)")
@@ -208,6 +212,9 @@ class StateMixin:
             raise UsageError(f"{what} must be a tensor, not {type(value).__name__}")
         if value.layout != torch.strided:
             raise UsageError(f"{what} is a {value.layout} tensor; a state is a dense tensor")
+        if value.device.type == "meta":  # no values to copy: torch's NotImplementedError
+            raise UsageError(f"{what} is a tensor on the meta device, which holds no values; a "
+                             "state is a tensor of values (on any other device)")
         if value.is_complex() and p.is_complex() and not (dtype is not None and dtype.is_complex):
             value = torch.view_as_real(value)  # kept as real pairs (16-bit states)
         if value.is_complex() and p.is_complex():

@@ -14,6 +14,11 @@
 
 namespace fusedopt::support {
 
+/// The temporary folder: the first of TMPDIR, TMP, TEMP and TEMPDIR that is set and not
+/// empty (an empty TMPDIR means /tmp, by convention), else /tmp. `ec` is set when it is not
+/// a folder.
+std::filesystem::path temp_folder(std::error_code& ec);
+
 /// A private (0700) build folder for this process in `base` (default: the temporary folder).
 /// Throws fusedopt::IoError naming the folder and the reason.
 std::filesystem::path make_build_dir(const std::filesystem::path& base = {});
