@@ -147,7 +147,7 @@ class SignProof {
           default:  // a sum or a mean of the values
             return {a.level >= kNotNeg ? kNotNeg : kAny, false};
         }
-      default:  // Neg, Sub, Log, Lerp
+      default:  // Neg, Sub, Log, Lerp, Mod (the sign of b, but a - b * floor(a / b) may round)
         return kAnything;
     }
   }
