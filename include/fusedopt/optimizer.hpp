@@ -224,6 +224,15 @@ FUSEDOPT_API std::vector<Quant> resolve_state_storage(const Rule& rule,
                                                       const OptimizerOptions& options,
                                                       std::uint64_t* stochastic = nullptr);
 
+/// The binding a param of at least options.quant_min_numel elements steps in where `plain`
+/// is what smaller params of its dtypes use: `plain` with the states' storage of
+/// resolve_state_storage (and options.quant_block), or nullopt where no state is quantized,
+/// `plain` names its storage already, or its params are float64 (never quantized). What a
+/// warmup compiles besides `plain` (fusedopt-cache warmup, fusedopt.warmup).
+FUSEDOPT_API std::optional<DTypeBinding> quantized_binding(const Rule& rule,
+                                                           const DTypeBinding& plain,
+                                                           const OptimizerOptions& options = {});
+
 /// The checks of `options` that need no param, which the Optimizer's constructor makes first
 /// (a front end calls it to refuse bad options when they are given): UsageError naming the
 /// first bad one.

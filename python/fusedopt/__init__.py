@@ -12,6 +12,7 @@ from .errors import (CacheError, CompileError, CudaError, Error, InternalError, 
                      RuleError, UnavailableError, UsageError)
 from ._fusedopt import Rule, __version__
 from ._fusedopt import compile as _compile
+from ._fusedopt import quantized_binding as _quantized_binding
 
 __all__ = [
     "Rule", "Error", "UsageError", "RuleError", "UnavailableError", "IoError", "CompileError",
@@ -81,13 +82,15 @@ def _dtype_name(dtype):
 
 
 def warmup(rule_spec="adamw", *, params=None, targets=None, dtypes=None, state_dtype="fp32",
-           master_weights=False, max_grad_norm=0.0):
+           master_weights=False, max_grad_norm=0.0, quant_min_numel=4096):
     """Compiles kernels into the kernel cache ahead of training, so that the first step does
     not wait for a compile; ``fusedopt-cache warmup`` fills the same cache.
 
     Either ``params`` (the tensors an Optimizer will get: their devices and dtypes give the
     targets and dtype bindings) or ``targets`` ('host', 'sm_90', ...) and ``dtypes`` (a
     param dtype per binding: 'fp32', 'bf16', or a full binding 'bf16:bf16:fp32+master').
+    A rule with ``storage`` declarations (adamw8bit, ...) also gets the quantized binding its
+    params of ``quant_min_numel`` elements or more step in (with ``targets``: always).
     Returns one dict per kernel: key, origin ('compiled', 'disk', 'memory'), seconds.
     """
     r = rule(rule_spec)
@@ -95,18 +98,22 @@ def warmup(rule_spec="adamw", *, params=None, targets=None, dtypes=None, state_d
         r = r.with_grad_clipping(max_grad_norm)
     state = _dtype_name(state_dtype)
     jobs = set()
+
+    def add(target, binding, quantized):
+        jobs.add((target, binding))
+        q = _quantized_binding(r, binding) if quantized else None
+        if q is not None:
+            jobs.add((target, q))
+
     if params is not None:
         for p in params:
-            if isinstance(p, dict):
-                for q in p["params"]:
-                    jobs.add(_job_of(q, state, master_weights))
-            else:
-                jobs.add(_job_of(p, state, master_weights))
+            for q in p["params"] if isinstance(p, dict) else [p]:
+                add(*_job_of(q, state, master_weights), q.numel() >= quant_min_numel)
     else:
         for target in targets or ["host"]:
             for d in dtypes or ["fp32"]:
                 binding = d if ":" in d else _binding(_dtype_name(d), state, master_weights)
-                jobs.add((target, binding))
+                add(target, binding, True)
     return [_compile(r, target, binding) for target, binding in sorted(jobs)]
 
 

@@ -530,6 +530,17 @@ void bind_functions(nb::module_& m) {
       "The storage of each of the rule's states ('-', 'q8s', 'q8u', 'q4s', 'q4u') under the "
       "rule's declarations and `state_storage` (pairs of state name or '*' and kind).");
   m.def(
+      "quantized_binding",
+      [](const fo::Rule& rule, const std::string& plain) -> std::optional<std::string> {
+        const std::optional<fo::DTypeBinding> q =
+            fo::quantized_binding(rule, fo::DTypeBinding::parse(plain));
+        if (!q) return std::nullopt;
+        return q->str();
+      },
+      nb::arg("rule"), nb::arg("binding"),
+      "The binding (text) params of at least quant_min_numel elements step in where `binding` "
+      "is the smaller ones' (fusedopt::quantized_binding under default options), or None.");
+  m.def(
       "check_options",
       [](const fo::Rule& rule, const fo::OptimizerOptions& o) {
         fo::check_options(o);

@@ -26,6 +26,21 @@ def test_warmup_fills_the_cache_the_first_step_uses(cache_dir):
     assert opt.stats()[0]["kernel_keys"] == [first[0]["key"]]
 
 
+@pytest.mark.parametrize("preset", ["adamw8bit", "adamw4bit+sr", "lion8bit", "adamw"])
+def test_warmup_compiles_every_kernel_the_first_step_loads(cache_dir, preset):
+    # A big param steps in the preset's quantized binding, a small one (below
+    # quant_min_numel) in the plain one: warmup must compile both.
+    params = [torch.randn(64, 128, requires_grad=True), torch.randn(10, requires_grad=True)]
+    warmed = {k["key"] for k in fusedopt.warmup(preset, params=params)}
+    opt = ft.Optimizer(params, rule=preset)
+    for p in params:
+        p.grad = torch.randn_like(p)
+    opt.step()
+    loaded = {key for engine in opt.stats() for key in engine["kernel_keys"]}
+    assert loaded <= warmed, f"{preset}: the step loaded {loaded - warmed}, never warmed"
+    assert len(warmed) == (1 if preset == "adamw" else 2)
+
+
 CLI = os.environ.get("FUSEDOPT_CACHE_CLI", "")
 
 

@@ -15,6 +15,16 @@ std::vector<Quant> resolve_state_storage(const Rule& rule, const OptimizerOption
   return runtime::resolve_quant(options, detail::lang_rule(rule), stochastic);
 }
 
+std::optional<DTypeBinding> quantized_binding(const Rule& rule, const DTypeBinding& plain,
+                                              const OptimizerOptions& options) {
+  if (!plain.quant.empty() || plain.param == DType::F64) return std::nullopt;
+  DTypeBinding q = plain;
+  q.quant = resolve_state_storage(rule, options, &q.quant_sr);
+  q.quant_block = options.quant_block;
+  if (!q.quantized()) return std::nullopt;
+  return q;
+}
+
 std::vector<float> Optimizer::state_values(const std::string& name, int param_index) const {
   const Impl& m = live("state_values");
   const runtime::StateSpec& spec = m.store.spec(name);

@@ -136,18 +136,6 @@ WarmupArgs parse_warmup_args(Args& args) {
   return w;
 }
 
-/// The binding a rule with `storage` declarations (adamw8bit, adamw4bit, ...) steps a param
-/// of at least quant_min_numel elements with, beside `plain` (what smaller params use): the
-/// rule's storage under default options, as the Optimizer resolves it. None when `plain`
-/// already names its storage, is float64 (never quantized) or the rule declares none.
-std::optional<DTypeBinding> quantized_binding(const Rule& rule, const DTypeBinding& plain) {
-  if (!plain.quant.empty() || plain.param == DType::F64) return std::nullopt;
-  DTypeBinding q = plain;
-  q.quant = resolve_state_storage(rule, OptimizerOptions{}, &q.quant_sr);
-  if (!q.quantized()) return std::nullopt;
-  return q;
-}
-
 /// Every rule x target x dtype binding, parsed and checked before anything compiles: bad
 /// input exits 2 early.
 std::vector<Item> expand_items(const WarmupArgs& w) {
@@ -177,6 +165,8 @@ std::vector<Item> expand_items(const WarmupArgs& w) {
     for (const Target& t : targets) {
       for (const DTypeBinding& d : dtypes) {
         items.push_back({rule, t, d, "", 0, "", "", {}, false});
+        // A rule with `storage` declarations (adamw8bit, ...): its params of
+        // quant_min_numel elements or more step in the quantized binding.
         if (auto q = quantized_binding(rule, d))
           items.push_back({rule, t, *q, "", 0, "", "", {}, false});
       }
