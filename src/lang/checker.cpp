@@ -23,23 +23,6 @@ std::string where_declared(const Symbol& s) {
                      to_string(s.kind), s.loc.line, s.loc.col);
 }
 
-bool is_comparison_or_logic(Op op) {
-  switch (op) {
-    case Op::Lt:
-    case Op::Le:
-    case Op::Gt:
-    case Op::Ge:
-    case Op::Eq:
-    case Op::Ne:
-    case Op::And:
-    case Op::Or:
-    case Op::Not:
-      return true;
-    default:
-      return false;
-  }
-}
-
 class Checker {
  public:
   Checker(const Source& source, ParsedRule& parsed, Rule& rule)

@@ -91,6 +91,23 @@ const std::vector<OperatorInfo>& operators() {
   return table;
 }
 
+bool is_comparison_or_logic(Op op) {
+  switch (op) {
+    case Op::Lt:
+    case Op::Le:
+    case Op::Gt:
+    case Op::Ge:
+    case Op::Eq:
+    case Op::Ne:
+    case Op::And:
+    case Op::Or:
+    case Op::Not:
+      return true;
+    default:
+      return false;
+  }
+}
+
 const OperatorInfo* operator_of(Op op) {
   for (const OperatorInfo& o : operators()) {
     if (o.op == op) return &o;

@@ -37,6 +37,9 @@ const std::vector<OperatorInfo>& operators();
 /// The operator row of `op`, or nullptr (Number, Ref and functions have none).
 const OperatorInfo* operator_of(Op op);
 
+/// Whether `op` is a comparison or a logical operator (its value is a truth value).
+bool is_comparison_or_logic(Op op);
+
 /// Every built-in function, in the order hints list them.
 const std::vector<FunctionInfo>& functions();
 /// The function called `name`, or nullptr.

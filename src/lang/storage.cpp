@@ -9,6 +9,8 @@
 #include <string>
 #include <vector>
 
+#include "lang/names.hpp"
+
 namespace fusedopt::lang {
 namespace {
 
@@ -73,20 +75,13 @@ class SignProof {
 
   Sign sign(const Expr& e) const {
     auto arg = [&](std::size_t k) { return sign(*e.args[k]); };
+    // A truth value is fo_bool's 1 or +0.
+    if (is_comparison_or_logic(e.op)) return {kClear, true};
     switch (e.op) {
       case Op::Number:
         return number(e.number);
       case Op::Ref:
         return ref(e);
-      case Op::Lt:
-      case Op::Le:
-      case Op::Gt:
-      case Op::Ge:
-      case Op::Eq:
-      case Op::Ne:
-      case Op::And:
-      case Op::Or:
-      case Op::Not:
       case Op::IsFinite:
       case Op::Rand:  // fo_bool's 1 or +0; fo_unit's [+0, 1)
         return {kClear, true};
