@@ -7,6 +7,7 @@
 // the runtime reads it without seeing the rule language or the compilers.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -27,6 +28,24 @@ struct ReductionSlot {
   int pass = 0;
   bool max = false;  ///< combined by max (maxabs, any_nonfinite); else by sum
   int line = 0;      ///< rule line of the call (0: built in)
+};
+
+/// A number of a matrix stage's iteration: a literal, or hyper `hyper` (per param group).
+struct StageNumber {
+  double number = 0;
+  int hyper = -1;  ///< index into the hyper table, or -1: `number`
+};
+
+/// A matrix stage of a rule (orthogonalize): after pass `pass`'s finalize, each tensor's
+/// matrix in fp32 scratch role `role` is replaced by the Newton-Schulz iteration's result
+/// (matrix/newton_schulz.hpp), which later passes read.
+struct MatrixStageLayout {
+  int pass = 0;
+  int role = 0;
+  int line = 0;  ///< rule line of the call
+  StageNumber steps;
+  std::vector<std::array<StageNumber, 3>> coefficients;  ///< one per round, or one for all
+  StageNumber eps;
 };
 
 struct KernelLayout {
@@ -69,8 +88,9 @@ struct KernelLayout {
   std::vector<ReductionSlot> slots;  ///< every accumulator of every pass (grad check too)
   ReductionStrategy strategy = ReductionStrategy::Recompute;
   int store_pass = -1;               ///< Store: the pass that writes states early
-  std::vector<std::string> scratch;  ///< Store: fp32 scratch tensors (role order, after
-                                     ///< the master): what each holds
+  std::vector<std::string> scratch;  ///< fp32 scratch tensors (role order, after the
+                                     ///< master): the Store strategy's, then the stages'
+  std::vector<MatrixStageLayout> stages;  ///< matrix stages (their scratch roles are last)
   std::int64_t bits_recompute = 0;   ///< bits per element and step, under each strategy
   std::int64_t bits_store = 0;
   std::vector<int> role_bits;                 ///< bits per element of each role (codes: 8, 4)

@@ -115,6 +115,9 @@ struct OptimizerOptions {
   /// sharding. fp32 params are unaffected. The rule's rand() draws from the same generator.
   bool stochastic_rounding = false;
   std::uint64_t seed = 0;  ///< the generator's key (stochastic rounding and rand())
+  /// The precision of a rule's matrix stages (orthogonalize): DType::F32, or DType::BF16 as
+  /// torch.optim.Muon iterates (the GEMMs accumulate in fp32, their results are rounded).
+  DType matrix_precision = DType::F32;
 };
 
 /// What a step costs, and where its kernel came from.

@@ -54,6 +54,7 @@ BodyEmitter::BodyEmitter(const lang::Rule& rule, const DTypeBinding& dtypes,
       s_(schedule),
       em_(rule, dtypes.param == DType::F64),
       file_(rule_file_label(rule.file)) {
+  em_.stage_roles_ = schedule.stage_roles;
   for (std::size_t i = 0; i < rule.stmts.size(); ++i) {
     const lang::Stmt& st = rule.stmts[i];
     if (rule.symbols[st.target].kind == SymKind::Temp && st.value->uniform) {

@@ -39,6 +39,20 @@ void lay_out_roles(const Rule& rule, const DTypeBinding& dtypes, const Schedule&
         c.def >= 0 ? fmt::format("'{}' as assigned at line {}", c.name, rule.stmts[c.def].loc.line)
                    : fmt::format("'{}' before the step", c.name));
   }
+  for (std::size_t j = 0; j < rule.stages.size(); ++j) {
+    const lang::MatrixStage& st = rule.stages[j];
+    role_names.push_back(fmt::format("stage_{}", j));
+    decls.push_back({"float", true});
+    body.scratch.push_back(fmt::format("orthogonalize() at line {}", st.loc.line));
+    MatrixStageLayout m;
+    m.pass = st.pass;
+    m.role = schedule.stage_roles.at(j);
+    m.line = st.loc.line;
+    m.steps = st.steps;
+    m.coefficients = st.coefficients;
+    m.eps = st.eps;
+    body.stages.push_back(std::move(m));
+  }
 }
 
 void describe(const Rule& rule, const Schedule& schedule, const BodyEmitter& be,

@@ -100,6 +100,9 @@ std::set<int> BodyEmitter::originals_read(const PassShape& p) const {
   };
   for (int i : p.plan.stmts) scan(*rule_.stmts[i].value);
   for (int r : p.plan.reductions) scan(*rule_.reductions[r].arg);
+  for (const lang::MatrixStage& st : rule_.stages) {
+    if (!p.update && st.pass == p.pass) scan(*st.arg);
+  }
   if (p.store) {
     for (const Crossing& x : s_.crossings) {
       if (x.def < 0) originals.insert(x.sym);
@@ -129,6 +132,17 @@ void BodyEmitter::emit_statements(const PassShape& p, Writer& body) {
               "  fo_{}r[{} * {}] += (double)({});", r.scope == lang::Scope::Row ? "r" : "c", r.slot,
               r.scope == lang::Scope::Row ? "fo_stride" : "X.cvs", em_.element(*r.arg)));
         }
+      }
+      // A matrix stage of this pass: its argument into the stage's scratch tensor.
+      std::vector<const Expr*> stages;
+      collect_stages(*st.value, stages);
+      for (const Expr* call : stages) {
+        const lang::MatrixStage& m = rule_.stages[static_cast<std::size_t>(call->stage)];
+        if (m.pass != p.pass) continue;
+        body.line_directive(call->loc.line, file_);
+        body.line(fmt::format("  fo_store(t.r{}, i, {});",
+                              s_.stage_roles.at(static_cast<std::size_t>(call->stage)),
+                              em_.element(*m.arg)));
       }
     }
     if (!p.compute.count(static_cast<int>(i))) continue;

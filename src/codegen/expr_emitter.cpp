@@ -67,7 +67,7 @@ bool ExprEmitter::reads_scalar(const lang::Expr& e) {
     }
     return false;
   }
-  if (e.op == lang::Op::Reduce) return false;
+  if (e.op == lang::Op::Reduce || e.op == lang::Op::Orthogonalize) return false;
   for (const lang::ExprPtr& a : e.args) {
     if (reads_scalar(*a)) return true;
   }
@@ -240,6 +240,8 @@ std::string ExprEmitter::node(const lang::Expr& e, bool uniform_ctx) {
       // (In double for an fp64 binding: fo_min(double, float) would be ambiguous.)
       return fmt::format("{}fo_unit(fo_element_rand(U.seed, U.rstep, t.pid, t.e0 + i).x[1])",
                          f64_ ? "(double)" : "");
+    case lang::Op::Orthogonalize:  // the stage's result, in its scratch tensor
+      return fmt::format("fo_load(t.r{}, i)", stage_roles_.at(static_cast<std::size_t>(e.stage)));
     case lang::Op::Reduce: {
       const lang::Reduction& r = rule_.reductions.at(e.reduction);
       // Row, column and matrix means: this element's row's, column's and matrix's.

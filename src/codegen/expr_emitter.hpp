@@ -99,7 +99,8 @@ class ExprEmitter {
   std::string tensor_slot_ref(const lang::Expr& e);
 
   static bool trivial(const lang::Expr& e) {
-    return e.op == lang::Op::Number || e.op == lang::Op::Ref || e.op == lang::Op::Reduce;
+    return e.op == lang::Op::Number || e.op == lang::Op::Ref || e.op == lang::Op::Reduce ||
+           e.op == lang::Op::Orthogonalize;
   }
 
   /// A symbol reference as the current context reads it.
@@ -131,6 +132,8 @@ class ExprEmitter {
   /// of the Store strategy): by reaching definition, or by symbol for original values.
   std::map<int, std::string> def_override_;
   std::map<int, std::string> orig_override_;
+  /// The scratch role of each matrix stage (Schedule::stage_roles).
+  std::vector<int> stage_roles_;
   /// Row, column and matrix means as the locals an element function loads at its top
   /// (fo_rmean<slot>, fo_cmean<slot>, fo_mmean<slot>: BodyEmitter::emit_rc_loads), not as
   /// loads where they are used: a load under a `where` would be masked, which keeps the

@@ -19,6 +19,11 @@ void collect_reductions(const Expr& e, std::vector<const Expr*>& out) {
   if (e.op == Op::Reduce) out.push_back(&e);
 }
 
+void collect_stages(const Expr& e, std::vector<const Expr*>& out) {
+  for (const lang::ExprPtr& a : e.args) collect_stages(*a, out);
+  if (e.op == Op::Orthogonalize) out.push_back(&e);
+}
+
 namespace {
 
 bool is_tensor(SymKind k) {
@@ -57,6 +62,36 @@ class Planner {
   }
 
   Schedule plan(Strategy wanted) {
+    Schedule s = plan_passes(wanted);
+    add_stages(s);
+    return s;
+  }
+
+ private:
+  // The matrix stages' scratch roles (the last roles): written by the stage's pass, read by
+  // every pass whose statements evaluate the stage's result.
+  void add_stages(Schedule& s) const {
+    const int first = s.first_scratch_role + static_cast<int>(s.crossings.size());
+    for (std::size_t j = 0; j < rule_.stages.size(); ++j) {
+      const int role = first + static_cast<int>(j);
+      s.stage_roles.push_back(role);
+      s.role_bits.push_back(32);
+      s.passes.at(static_cast<std::size_t>(rule_.stages[j].pass)).writes.insert(role);
+    }
+    for (PassPlan& p : s.passes) {
+      for (int i : p.stmts) {
+        visit_evaluated(*rule_.stmts[i].value, [&](const Expr& x) {
+          if (x.op == Op::Orthogonalize) p.reads.insert(s.stage_roles[x.stage]);
+        });
+      }
+    }
+    // Each stage moves its scratch twice (written once, read once) under either strategy.
+    const std::int64_t stage_bits = 64 * static_cast<std::int64_t>(rule_.stages.size());
+    s.bits_recompute += stage_bits;
+    s.bits_store += stage_bits;
+  }
+
+  Schedule plan_passes(Strategy wanted) {
     const int n = rule_.reduction_passes;
     std::vector<PassPlan> recompute;
     for (int k = 0; k < n; ++k) recompute.push_back(reduction_pass(k));
@@ -87,7 +122,6 @@ class Planner {
     return s_;
   }
 
- private:
   int role(int sym) const { return role_of(rule_, s_, sym); }
 
   // The element statements `e` reads (their results) and the tensors it reads as they
@@ -124,6 +158,9 @@ class Planner {
       if (rule_.reductions[r].pass != pass) continue;
       p.reductions.push_back(static_cast<int>(r));
       deps(*rule_.reductions[r].arg, stmts, originals);
+    }
+    for (const lang::MatrixStage& st : rule_.stages) {
+      if (st.pass == pass) deps(*st.arg, stmts, originals);
     }
   }
 

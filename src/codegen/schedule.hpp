@@ -42,6 +42,10 @@ struct Schedule {
   std::vector<Crossing> crossings;          ///< Store: scratch tensors, in role order
   std::set<int> early_syms;                 ///< Store: tensor symbols finished in store_pass
   int first_scratch_role = 0;               ///< role index of the first scratch tensor
+  /// Role of each matrix stage's fp32 scratch tensor (Rule::stages order): after the
+  /// crossings, the last roles. Its pass writes the argument there, the stage replaces it
+  /// with its result, later passes read that.
+  std::vector<int> stage_roles;
   int value_role = 0;                       ///< where the param's fp32 value lives
   int master_role = -1;
   /// Bits per element of one step (fixed role sizes of the binding) under each strategy;
@@ -60,17 +64,19 @@ int role_of(const lang::Rule& rule, const Schedule& s, int sym);
 /// Plans `rule` for the binding. Element-wise rules get one pass.
 Schedule plan_schedule(const lang::Rule& rule, const DTypeBinding& dtypes, Strategy wanted);
 
-/// Calls f on every node of `e` that a pass evaluates when it computes `e` (reduction
-/// arguments are not entered: a pass reads a reduction's result, not its argument).
+/// Calls f on every node of `e` that a pass evaluates when it computes `e` (reduction and
+/// matrix stage arguments are not entered: a pass reads their results, not the argument).
 template <typename F>
 void visit_evaluated(const lang::Expr& e, const F& f) {
   f(e);
-  if (e.op == lang::Op::Reduce) return;
+  if (e.op == lang::Op::Reduce || e.op == lang::Op::Orthogonalize) return;
   for (const lang::ExprPtr& a : e.args) visit_evaluated(*a, f);
 }
 
 /// The Reduce nodes under `e` in evaluation order (arguments before the call), entering
-/// reduction arguments too.
+/// reduction and stage arguments too.
 void collect_reductions(const lang::Expr& e, std::vector<const lang::Expr*>& out);
+/// The same for the matrix stages (Orthogonalize nodes).
+void collect_stages(const lang::Expr& e, std::vector<const lang::Expr*>& out);
 
 }  // namespace fusedopt::codegen

@@ -25,6 +25,25 @@ constexpr const char* kNoCuda =
 
 }  // namespace
 
+void Backend::orthogonalize(const std::vector<float*>& matrices, std::int64_t rows,
+                            std::int64_t cols, const matrix::NewtonSchulz& ns, void* stream) {
+  const std::size_t bytes =
+      static_cast<std::size_t>(rows) * static_cast<std::size_t>(cols) * sizeof(float);
+  std::vector<float> copy;
+  for (float* m : matrices) {
+    if (host_address(m) != nullptr) {
+      matrix::orthogonalize(const_cast<float*>(static_cast<const float*>(host_address(m))), 1, rows,
+                            cols, ns);
+      continue;
+    }
+    synchronize(stream);
+    copy.resize(bytes / sizeof(float));
+    copy_to_host(copy.data(), m, bytes);
+    matrix::orthogonalize(copy.data(), 1, rows, cols, ns);
+    copy_from_host(m, copy.data(), bytes);
+  }
+}
+
 Buffer& Buffer::operator=(Buffer&& o) noexcept {
   if (this != &o) {
     reset();

@@ -18,6 +18,7 @@
 #include "fusedopt/dtype.hpp"
 #include "fusedopt/optimizer.hpp"
 #include "kernel_layout.hpp"
+#include "matrix/newton_schulz.hpp"
 
 namespace fusedopt::runtime {
 
@@ -127,6 +128,13 @@ class Backend {
   /// Refuses (UsageError) pointers this device's kernels cannot use (CUDA: host memory,
   /// another device's), naming the tensor and role.
   virtual void check_pointers(const PointerTable& table) const { (void)table; }
+
+  /// A matrix stage: each of `matrices` (row-major fp32 rows x cols, this device's memory)
+  /// replaced by its Newton-Schulz iteration (matrix/newton_schulz.hpp), ordered on
+  /// `stream`. This one runs the host's BLAS: in place where the host reads the memory,
+  /// else on a host copy (waiting for `stream`).
+  virtual void orthogonalize(const std::vector<float*>& matrices, std::int64_t rows,
+                             std::int64_t cols, const matrix::NewtonSchulz& ns, void* stream);
 
  protected:
   friend class Buffer;

@@ -60,8 +60,11 @@ Binding::Binding(Backend& backend, std::shared_ptr<Module> module, const Binding
   request.factored_min_rows = backend.factored_min_rows();
   plan_ = plan_binding(backend, layout(), request, &scratch_);
   check_pointers(backend, plan_, layout(), names_);
+  stages_ = MatrixStages(layout(), tensors, plan_);
   upload_tables(tensors);
 }
+
+void Binding::stage(int pass, void* stream) { stages_.run(pass, backend_, plan_, stream); }
 
 Binding::~Binding() = default;
 
@@ -222,6 +225,7 @@ void Binding::set_hypers(const std::vector<std::vector<double>>& hypers, void* s
                          hypers[g].size(), n);
   }
   if (n == 0) return;
+  stages_.check_hypers(hypers);
   FUSEDOPT_CHECK_USAGE(!backend_.capturing(stream),
                        "set_hyper on a stream that is being captured: a captured copy reads its "
                        "host memory when the graph replays, and these values are gone by then; "

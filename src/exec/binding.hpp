@@ -13,6 +13,7 @@
 #include "abi.h"
 #include "device/backend.hpp"
 #include "device/module.hpp"
+#include "exec/matrix_stages.hpp"
 #include "exec/plan.hpp"
 #include "exec/step_args.hpp"
 #include "kernel_layout.hpp"
@@ -51,6 +52,8 @@ struct BindingTensors {
   /// Per tensor: 1 where a factored rule's column sums and matrix sums over rows span pieces
   /// (a piece of a 1-D or 2-D tensor): they go through the shard (abi.h); empty: none.
   std::vector<char> spans;
+  /// Matrix stages (orthogonalize) iterate in bf16 as torch.optim.Muon does; else fp32.
+  bool stage_bf16 = false;
 };
 
 /// A kernel's per-tensor reduction totals: data[t * stride + slot] (backend memory).
@@ -82,6 +85,9 @@ class Binding {
   /// `stage`: 0 the whole finalize; with pieces 1 to 3 (abi.h's rc_stage), the reduction
   /// hook combining the shard between them.
   void finalize(int pass, bool accumulate, const StepArgs& args, void* stream, int stage = 0);
+  /// The matrix stages after pass `pass` (orthogonalize), if any.
+  void stage(int pass, void* stream);
+  bool has_stage(int pass) const { return stages_.after(pass); }
   /// Doubles of the sums that span pieces (BindingTensors::spans; 0: none), which the
   /// kernel writes at the memory set_shard() gives (backend memory, the size of this).
   std::int64_t shard_size() const { return shard_size_; }
@@ -105,6 +111,10 @@ class Binding {
   /// `stream` after it read the new values. UsageError, changing nothing, for a wrong table
   /// or while `stream` is being captured (the copy would read host memory gone by the replay).
   void set_hypers(const std::vector<std::vector<double>>& hypers, void* stream);
+  /// UsageError, naming the group and hyper, for values the matrix stages refuse.
+  void check_hypers(const std::vector<std::vector<double>>& hypers) const {
+    stages_.check_hypers(hypers);
+  }
   /// New role pointers for the tensors (BindingTensors::ptrs' form, sizes unchanged),
   /// checked as at construction; the pointer and alignment tables are copied in `stream`'s
   /// order without waiting. Nothing changes when it throws.
@@ -141,7 +151,8 @@ class Binding {
   std::shared_ptr<Module> module_;  ///< shared by the bindings of one loaded kernel
   std::vector<std::string> names_;
   Plan plan_;
-  Buffer scratch_;  ///< the Store strategy's scratch tensors
+  Buffer scratch_;  ///< the Store strategy's and the matrix stages' scratch tensors
+  MatrixStages stages_;
   // The tables, and the reduction and state buffers the launches use.
   Buffer chunks_, ptrs_, hypers_, aligned_, tensor_info_, tensor_groups_, tensor_chunks_,
       tensor_ids_;

@@ -1,10 +1,12 @@
 // compile_step and describe (see step_program.hpp).
 #include "exec/step_program.hpp"
 
+#include <algorithm>
+
 namespace fusedopt::runtime {
 
 StepProgram compile_step(int passes, bool scaled, bool fold_check, bool extended,
-                         const std::vector<int>& stages) {
+                         const std::vector<int>& stages, const std::vector<int>& matrix_stages) {
   using K = StepOp::Kind;
   const bool folded = scaled && fold_check && passes > 0;
   StepProgram p;
@@ -35,6 +37,9 @@ StepProgram compile_step(int passes, bool scaled, bool fold_check, bool extended
       }
     }
     if (folded && pass == 0) p.push_back({K::SkipIf});
+    if (std::find(matrix_stages.begin(), matrix_stages.end(), pass) != matrix_stages.end()) {
+      p.push_back({K::Stage, pass});
+    }
   }
   p.push_back({K::Update});
   p.push_back({K::End});
@@ -65,6 +70,9 @@ std::string describe(const StepProgram& program) {
       case StepOp::Kind::Finalize:
         out += "finalize " + std::to_string(op.pass) +
                (op.stage > 0 ? " (stage " + std::to_string(op.stage) + ")" : "");
+        break;
+      case StepOp::Kind::Stage:
+        out += "stage " + std::to_string(op.pass);
         break;
       case StepOp::Kind::Hook:
         out += "hook " + std::to_string(op.pass) + (op.stage > 0 ? " (matrices)" : "");

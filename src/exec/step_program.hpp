@@ -18,6 +18,7 @@ struct StepOp {
     SkipIf,      ///< the step is not taken when the verdict slot is set
     Reduce,      ///< reduction pass `pass` of every binding (pass 0 may fold the grad check)
     Finalize,    ///< pass `pass`'s partials into totals, bindings in a fixed order
+    Stage,       ///< the matrix stages after pass `pass` (orthogonalize)
     Hook,        ///< hands pass `pass`'s totals to the reduction hook
     Update,      ///< the update pass of every binding (and its scalar states)
     End,         ///< counts the step (on the device where the count lives there)
@@ -47,8 +48,11 @@ using StepProgram = std::vector<StepOp>;
 /// `stages[pass]` (when given): how many stages pass's finalize takes with pieces: 2 is
 /// "finalize P (1 of 2), hook P, finalize P (2 of 2)", 3 adds "hook P (matrices), finalize P
 /// (3 of 3)"; 1 or absent: one finalize.
+/// `matrix_stages`: the passes after which matrix stages run (after the pass's hooks and,
+/// when the check rides on the pass, its skip).
 StepProgram compile_step(int passes, bool scaled, bool fold_check, bool extended = false,
-                         const std::vector<int>& stages = {});
+                         const std::vector<int>& stages = {},
+                         const std::vector<int>& matrix_stages = {});
 
 /// "check grads, hook check, skip if, reduce 0 (+check), finalize 0, hook 0, update, end":
 /// for logs and stats.

@@ -3,6 +3,7 @@
 // Knows nothing of CUDA or C++ code generation.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -117,6 +118,9 @@ enum class Op {
   Fma,     ///< fma(a, b, c): a * b + c rounded once
   Rand,    ///< rand(): a uniform value in [0, 1) per element and step (counter-based)
   Reduce,  ///< a reduction (Expr::reduction indexes Rule::reductions); args[0] is reduced
+  /// orthogonalize(x[, steps, a, b, c, ..., eps]): a matrix stage (Expr::stage indexes
+  /// Rule::stages); args[0] is the matrix's value, the rest the iteration's numbers or hypers
+  Orthogonalize,
 };
 
 struct Expr;
@@ -145,6 +149,9 @@ struct Expr {
   int reduction = -1;            ///< Op::Reduce: index into Rule::reductions
   ReduceKind reduce_kind = ReduceKind::Sum;  ///< Op::Reduce: set by the parser
   Scope reduce_scope = Scope::Tensor;        ///< Op::Reduce: set by the parser
+  int stage = -1;        ///< Op::Orthogonalize: index into Rule::stages
+  bool staged = false;   ///< depends on a matrix stage's result (directly or through
+                         ///< temporaries, outputs and states)
 };
 
 struct Symbol {
@@ -182,6 +189,23 @@ struct Reduction {
   std::string name;           ///< e.g. "tensor_norm"
 };
 
+/// A number of a matrix stage's iteration: a literal, or a hyper (index into Rule::hypers).
+using StageValue = StageNumber;  // kernel_layout.hpp: the runtime reads it
+
+/// One matrix stage: `orthogonalize(x)`. Its argument is computed element by element in
+/// pass `pass` into an fp32 scratch tensor; after that pass's finalize every tensor's
+/// matrix there is replaced by the Newton-Schulz iteration's result, which the element code
+/// reads from pass `pass + 1` on.
+struct MatrixStage {
+  int pass = 0;
+  Loc loc;                    ///< of the function name
+  const Expr* arg = nullptr;  ///< the matrix's value (owned by the statement)
+  StageValue steps;           ///< rounds of the iteration
+  /// One (a, b, c) for every round, or one for all of them.
+  std::vector<std::array<StageValue, 3>> coefficients;
+  StageValue eps;  ///< the normalization's floor: X / max(||X||_F, eps)
+};
+
 /// Most reduction passes a rule may need (each is a read over the data).
 inline constexpr int kMaxReductionPasses = 4;
 
@@ -193,6 +217,7 @@ struct Rule {
   std::vector<Symbol> symbols;
   std::vector<Stmt> stmts;
   std::vector<Reduction> reductions;  ///< in text order
+  std::vector<MatrixStage> stages;    ///< matrix stages, in text order
   int reduction_passes = 0;           ///< passes before the update pass (0: element-wise rule);
                                       ///< the update runs in pass `reduction_passes`
   int num_tensor_reductions = 0;

@@ -11,6 +11,7 @@
 #include "lang/dump.hpp"
 #include "lang/hints.hpp"
 #include "lang/limits.hpp"
+#include "lang/matrix_stage.hpp"
 #include "lang/names.hpp"
 #include "lang/types.hpp"
 
@@ -188,10 +189,15 @@ class Checker {
       reduce(e, state);
       return;
     }
+    if (e.op == Op::Orthogonalize) {
+      stage(e, state);
+      return;
+    }
     e.level = Level::Uniform;
     for (const ExprPtr& a : e.args) {
       e.level = join(e.level, a->level);
       e.phase = std::max(e.phase, a->phase);
+      e.staged = e.staged || a->staged;
     }
     if (e.op == Op::Rand) {  // one value per element and step, whatever its (no) arguments
       if (state != nullptr) {
@@ -226,6 +232,7 @@ class Checker {
     }
     const Expr& arg = *e.args[0];
     check_number_operand(src_, rule_, arg, fn.name);
+    check_not_staged(src_, e, arg, fn.name);
     if (e.reduce_scope == Scope::Matrix) {
       matrix_reduce(e, fn);
       return;
@@ -311,6 +318,18 @@ class Checker {
     e.phase = arg.phase;
   }
 
+  // orthogonalize(...): the stage (lang/matrix_stage.cpp checks it), its result an element
+  // value from the pass after its argument's.
+  void stage(Expr& e, const Symbol* state) {
+    e.stage = static_cast<int>(rule_.stages.size());
+    rule_.stages.push_back(check_matrix_stage(src_, rule_, e, state));
+    e.level = Level::Element;
+    e.elementwise = true;
+    e.uniform = false;
+    e.staged = true;
+    e.phase = e.args[0]->phase + 1;
+  }
+
   void resolve_ref(Expr& e, const Symbol* state) {
     const int id = e.sym;
     const std::string_view name = in_.names[id];
@@ -376,6 +395,8 @@ class Checker {
         if (e.def >= 0) e.phase = rule_.stmts[e.def].value->phase;
       }
     }
+    // A read of a statement's value depends on a matrix stage when that value does.
+    if (e.def >= 0) e.staged = rule_.stmts[e.def].value->staged;
   }
 
   void statement(RawStmt& raw) {
@@ -501,6 +522,10 @@ class Checker {
     for (const Reduction& r : rule_.reductions) {
       rule_.reduction_passes = std::max(rule_.reduction_passes, r.pass + 1);
     }
+    for (const MatrixStage& st : rule_.stages) {
+      rule_.reduction_passes = std::max(rule_.reduction_passes, st.pass + 1);
+    }
+    check_stages_fit(src_, rule_);
     schedule_late();
   }
 
@@ -522,6 +547,7 @@ class Checker {
     }
     std::vector<bool> needed_by_reduction(nr, false);
     for (const Reduction& r : rule_.reductions) add_deps(*r.arg, stmt_deps, needed_by_reduction);
+    for (const MatrixStage& st : rule_.stages) add_deps(*st.arg, stmt_deps, needed_by_reduction);
     for (std::size_t k = 0; k < nr; ++k) {
       if (!needed_by_reduction[k]) rule_.reductions[k].pass = n - 1;
     }
@@ -548,6 +574,7 @@ class Checker {
     int phase = 0;
     for (ExprPtr& a : e.args) phase = std::max(phase, rephase(*a));
     if (e.op == Op::Reduce) phase = rule_.reductions[e.reduction].pass + 1;
+    if (e.op == Op::Orthogonalize) phase = rule_.stages[e.stage].pass + 1;
     if (e.op == Op::Ref && e.def >= 0) phase = rule_.stmts[e.def].phase;
     e.phase = phase;
     return phase;

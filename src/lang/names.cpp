@@ -45,6 +45,8 @@ const std::vector<FunctionInfo>& functions() {
       {"lerp", Op::Lerp, 3, "lerp(a, b, w)", "fo_lerp", false, false},
       {"fma", Op::Fma, 3, "fma(a, b, c)", "fo_fma", false, false},
       {"rand", Op::Rand, 0, "rand()", nullptr, false, false},
+      // the matrix stage: 1, 5 or 3 + 3 k arguments (the checker counts them)
+      {"orthogonalize", Op::Orthogonalize, -1, "orthogonalize(x[, steps, a, b, c, eps])", nullptr, false, false},
       // reductions: per tensor, then over every tensor of the step
       {"tensor_sum",           Op::Reduce, 1, "tensor_sum(x)", nullptr,           false, true, ReduceKind::Sum,          Scope::Tensor},
       {"tensor_sumsq",         Op::Reduce, 1, "tensor_sumsq(x)", nullptr,         false, true, ReduceKind::SumSq,        Scope::Tensor},

@@ -500,7 +500,7 @@ class Parser {
     }
     expect_close(open, "the call at ");
     const int got = static_cast<int>(args.size());
-    if (got != fn->arity) {
+    if (fn->arity >= 0 && got != fn->arity) {
       src_.fail(name.loc,
                 fmt::format("'{}' takes {} argument{}, got {}", name.text, fn->arity,
                             fn->arity == 1 ? "" : "s", got),

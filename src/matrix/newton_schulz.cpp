@@ -4,6 +4,7 @@
 #include "matrix/newton_schulz.hpp"
 
 #include <cmath>
+#include <cstdint>
 #include <cstring>
 #include <limits>
 
@@ -45,28 +46,52 @@ void transpose(const float* in, float* out, std::int64_t rows, std::int64_t cols
   }
 }
 
+/// `x` rounded to the nearest bfloat16 (ties to even; NaN stays NaN).
+float round_bf16(float x) {
+  std::uint32_t u;
+  std::memcpy(&u, &x, sizeof u);
+  if ((u & 0x7f800000u) == 0x7f800000u && (u & 0x007fffffu)) return x;  // NaN
+  u = (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u;
+  std::memcpy(&x, &u, sizeof u);
+  return x;
+}
+
+void round_all(float* x, std::size_t n, bool bf16) {
+  if (!bf16) return;
+  for (std::size_t i = 0; i < n; ++i) x[i] = round_bf16(x[i]);
+}
+
 /// One matrix of m x n (m <= n) at x, in place; gram and poly (m x m) and next (m x n) are
 /// the workspaces.
 void iterate(const HostBlas& blas, float* x, int m, int n, const NewtonSchulz& ns, float* gram,
              float* poly, float* next) {
-  double sumsq = 0;
-  for (std::int64_t i = 0; i < static_cast<std::int64_t>(m) * n; ++i) {
-    sumsq += static_cast<double>(x[i]) * x[i];
-  }
-  const float scale =
-      1.0f / std::max(static_cast<float>(std::sqrt(sumsq)), ns.eps);  // norm.clamp(min=eps)
-  for (std::int64_t i = 0; i < static_cast<std::int64_t>(m) * n; ++i) x[i] *= scale;
   const std::size_t mn = static_cast<std::size_t>(m) * static_cast<std::size_t>(n);
+  const std::size_t mm = static_cast<std::size_t>(m) * static_cast<std::size_t>(m);
+  round_all(x, mn, ns.bf16);
+  double sumsq = 0;
+  for (std::size_t i = 0; i < mn; ++i) sumsq += static_cast<double>(x[i]) * x[i];
+  float norm = static_cast<float>(std::sqrt(sumsq));
+  if (ns.bf16) norm = round_bf16(norm);
+  const float denom = std::max(norm, ns.eps);  // norm.clamp(min=eps)
+  if (ns.bf16) {
+    for (std::size_t i = 0; i < mn; ++i) x[i] = round_bf16(x[i] / denom);
+  } else {
+    const float scale = 1.0f / denom;
+    for (std::size_t i = 0; i < mn; ++i) x[i] *= scale;
+  }
   for (int s = 0; s < ns.steps; ++s) {
     const std::array<float, 3>& k = ns.coefficients[ns.coefficients.size() == 1 ? 0 : s];
     // gram = X X^T
     blas.sgemm(kRowMajor, kNoTrans, kTrans, m, m, n, 1.0f, x, n, x, n, 0.0f, gram, m);
+    round_all(gram, mm, ns.bf16);
     // poly = b gram + c gram gram
-    std::memcpy(poly, gram, sizeof(float) * static_cast<std::size_t>(m) * m);
+    std::memcpy(poly, gram, sizeof(float) * mm);
     blas.sgemm(kRowMajor, kNoTrans, kNoTrans, m, m, m, k[2], gram, m, gram, m, k[1], poly, m);
+    round_all(poly, mm, ns.bf16);
     // next = a X + poly X
     std::memcpy(next, x, sizeof(float) * mn);
     blas.sgemm(kRowMajor, kNoTrans, kNoTrans, m, n, m, 1.0f, poly, m, x, n, k[0], next, n);
+    round_all(next, mn, ns.bf16);
     std::memcpy(x, next, sizeof(float) * mn);
   }
 }

@@ -16,6 +16,14 @@ struct NewtonSchulz {
   int steps = 5;
   std::vector<std::array<float, 3>> coefficients = {{3.4445f, -4.7750f, 2.0315f}};
   float eps = 1e-7f;
+  /// The iteration in bfloat16 as torch.optim.Muon runs it: the input, its norm, the
+  /// normalized matrix and every GEMM's result rounded to bf16 (the GEMMs accumulate in
+  /// fp32); else fp32 throughout.
+  bool bf16 = false;
+
+  bool operator==(const NewtonSchulz& o) const {
+    return steps == o.steps && coefficients == o.coefficients && eps == o.eps && bf16 == o.bf16;
+  }
 };
 
 /// Checks `ns` (steps from 1 to 100, one triple or `steps` of them, finite, eps > 0);

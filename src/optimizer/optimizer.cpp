@@ -60,8 +60,14 @@ std::int64_t Optimizer::step_count() const { return live("step_count").runner.st
 void Optimizer::set_hyper(const std::string& name, double value, std::optional<int> group) {
   Impl& m = live("set_hyper");
   Impl::Exclusive hold(m, "set_hyper");
+  const runtime::Hypers before = m.hypers;
   m.hypers.assign("set_hyper", name, value, group);
-  m.runner.set_hypers(m.hypers.values());
+  try {
+    m.runner.set_hypers(m.hypers.values());
+  } catch (...) {
+    m.hypers = before;  // refused (a matrix stage's iteration out of range): nothing changed
+    throw;
+  }
 }
 
 void Optimizer::set_hyper(const std::string& name, double value, std::optional<int> group,

@@ -30,6 +30,10 @@ void check_options(const OptimizerOptions& options) {
                        "OptimizerOptions: stochastic_rounding and master_weights are both set; "
                        "stochastic rounding is for 16-bit params without a master copy (with "
                        "one, the master keeps the fp32 value): choose one");
+  FUSEDOPT_CHECK_USAGE(
+      options.matrix_precision == DType::F32 || options.matrix_precision == DType::BF16,
+      "OptimizerOptions::matrix_precision is {}: matrix stages iterate in f32 or bf16",
+      to_string(options.matrix_precision));
   const int b = options.quant_block;
   FUSEDOPT_CHECK_USAGE(b == 0 || (b >= 32 && b <= 512 && (b & (b - 1)) == 0),
                        "OptimizerOptions::quant_block is {}: a power of two from 32 to 512 (or 0: "

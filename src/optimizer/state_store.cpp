@@ -168,6 +168,7 @@ std::vector<BindingTensors> StateStore::binding_tensors(Backend& backend, void* 
     tensors[b].global_totals = global_totals;
     tensors[b].strategy = options_.reduction_strategy;
     tensors[b].seed = options_.seed;
+    tensors[b].stage_bf16 = options_.matrix_precision == DType::BF16;
   }
   for (std::size_t p = 0; p < params_.size(); ++p) {
     const ParamSlot& s = params_[p];

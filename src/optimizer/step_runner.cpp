@@ -102,8 +102,19 @@ void StepRunner::lay_out_shard(const Rule& rule) {
 
 void StepRunner::compile_programs() {
   const bool extended = extension_ != nullptr;
-  plain_ = compile_step(reduction_passes_, false, fold_check_, extended, finalize_stages_);
-  scaled_ = compile_step(reduction_passes_, true, fold_check_, extended, finalize_stages_);
+  std::vector<int> matrix_stages;
+  for (int pass = 0; pass < reduction_passes_; ++pass) {
+    for (const auto& kernel : kernels_) {
+      if (kernel->has_stage(pass)) {
+        matrix_stages.push_back(pass);
+        break;
+      }
+    }
+  }
+  plain_ = compile_step(reduction_passes_, false, fold_check_, extended, finalize_stages_,
+                        matrix_stages);
+  scaled_ =
+      compile_step(reduction_passes_, true, fold_check_, extended, finalize_stages_, matrix_stages);
 }
 
 void StepRunner::set_extension(StepExtension* extension, std::unique_ptr<StepExtension> own) {
@@ -184,6 +195,9 @@ StepResult StepRunner::run(const StepRequest& request) {
         break;
       case K::Hook:
         if (extension_) call_hook(op.pass, op.stage, stream);
+        break;
+      case K::Stage:
+        for (auto& kernel : kernels_) kernel->stage(op.pass, stream);
         break;
       case K::Update:
         for (auto& kernel : kernels_) kernel->update(args, stream);
@@ -272,6 +286,8 @@ void StepRunner::set_hypers(const std::vector<std::vector<double>>& hypers) {
 }
 
 void StepRunner::set_hypers_on(const std::vector<std::vector<double>>& hypers, void* stream) {
+  // Every binding's matrix stages check the values before any binding takes them.
+  for (auto& kernel : kernels_) kernel->check_hypers(hypers);
   for (auto& kernel : kernels_) kernel->set_hypers(hypers, stream);
 }
 

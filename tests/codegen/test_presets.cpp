@@ -662,19 +662,19 @@ TEST_SUITE("codegen") {
       "the presets are the element-wise optimizers this file checks, plus lamb, lars and "
       "adafactor") {
     const std::vector<std::string> expected = {
-        "adadelta",      "adafactor",   "adagrad",   "adam",         "adam+amsgrad",
-        "adam+exact",    "adam8bit",    "adam_mini", "adamax",       "adamw",
-        "adamw+amsgrad", "adamw+exact", "adamw4bit", "adamw4bit+sr", "adamw8bit",
-        "adan",          "adopt",       "asgd",      "bertadam",     "came",
-        "lamb",          "lars",        "lion",      "lion8bit",     "nadam",
-        "radam",         "rmsprop",     "rprop",     "sgd"};
+        "adadelta",  "adafactor",    "adagrad",   "adam",    "adam+amsgrad",  "adam+exact",
+        "adam8bit",  "adam_mini",    "adamax",    "adamw",   "adamw+amsgrad", "adamw+exact",
+        "adamw4bit", "adamw4bit+sr", "adamw8bit", "adan",    "adopt",         "asgd",
+        "bertadam",  "came",         "lamb",      "lars",    "lion",          "lion8bit",
+        "muon",      "nadam",        "radam",     "rmsprop", "rprop",         "sgd"};
     // A new preset needs a reference test before it ships: element-wise ones here, rules
     // with reductions in tests/runtime/test_reductions.cpp (lamb, lars) and factored state
-    // in tests/runtime/test_factored.cpp (adafactor, adam_mini, came).
+    // in tests/runtime/test_factored.cpp (adafactor, adam_mini, came), matrix stages in
+    // tests/matrix/test_muon.cpp (muon).
     CHECK(fusedopt::preset_names() == expected);
     for (const std::string& name : expected) {
       if (name != "lamb" && name != "lars" && name != "adafactor" && name != "adam_mini" &&
-          name != "came") {
+          name != "came" && name != "muon") {
         CHECK_NOTHROW(spec(name));
       }
     }

@@ -13,52 +13,13 @@
 #include "common/host_tensors.hpp"
 #include "fusedopt/error.hpp"
 #include "matrix/newton_schulz.hpp"
+#include "matrix/ns_reference.hpp"
 
 namespace {
 
 using fusedopt::matrix::NewtonSchulz;
-using Matrix = std::vector<double>;  // row-major
-
-Matrix multiply(const Matrix& a, const Matrix& b, int m, int k, int n) {
-  Matrix c(static_cast<std::size_t>(m) * n, 0.0);
-  for (int i = 0; i < m; ++i) {
-    for (int p = 0; p < k; ++p) {
-      const double x = a[i * k + p];
-      for (int j = 0; j < n; ++j) c[i * n + j] += x * b[p * n + j];
-    }
-  }
-  return c;
-}
-
-Matrix transposed(const Matrix& a, int rows, int cols) {
-  Matrix t(a.size());
-  for (int r = 0; r < rows; ++r) {
-    for (int c = 0; c < cols; ++c) t[c * rows + r] = a[r * cols + c];
-  }
-  return t;
-}
-
-/// One matrix, in double: transposed when tall, X / max(||X||, eps), then each round
-/// X = a X + (b A + c A A) X with A = X X^T.
-Matrix reference(Matrix x, int rows, int cols, const NewtonSchulz& ns) {
-  const bool tall = rows > cols;
-  if (tall) x = transposed(x, rows, cols);
-  const int m = tall ? cols : rows, n = tall ? rows : cols;
-  double sumsq = 0;
-  for (double v : x) sumsq += v * v;
-  const double norm = std::max(std::sqrt(sumsq), static_cast<double>(ns.eps));
-  for (double& v : x) v /= norm;
-  for (int s = 0; s < ns.steps; ++s) {
-    const auto& k = ns.coefficients[ns.coefficients.size() == 1 ? 0 : s];
-    const Matrix gram = multiply(x, transposed(x, m, n), m, n, m);
-    Matrix poly = multiply(gram, gram, m, m, m);
-    for (std::size_t i = 0; i < poly.size(); ++i) poly[i] = k[1] * gram[i] + k[2] * poly[i];
-    Matrix next = multiply(poly, x, m, m, n);
-    for (std::size_t i = 0; i < next.size(); ++i) next[i] += k[0] * x[i];
-    x = next;
-  }
-  return tall ? transposed(x, m, n) : x;
-}
+using fusedopt::testing::Matrix;
+using fusedopt::testing::reference;
 
 /// Orthogonalizes `batch` fresh random matrices of rows x cols in fp32 and compares each
 /// with the float64 reference: within fp32 rounding of the iteration (2e-5 of the largest
