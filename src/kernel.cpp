@@ -77,6 +77,8 @@ std::vector<std::pair<std::string, double>> Rule::hypers() const {
 
 int Rule::reduction_passes() const { return impl_->reduction_passes; }
 
+int Rule::matrix_stages() const { return static_cast<int>(impl_->stages.size()); }
+
 Rule Rule::with_grad_clipping(double max_grad_norm) const {
   // As OptimizerOptions::max_grad_norm: NaN, infinite or not positive is refused.
   FUSEDOPT_CHECK_USAGE(max_grad_norm > 0.0 && std::isfinite(max_grad_norm),

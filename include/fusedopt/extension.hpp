@@ -96,6 +96,33 @@ struct ReductionPartials {
 };
 using ReductionHook = std::function<void(const ReductionPartials&)>;
 
+/// A rule's matrix stages after pass `pass` (orthogonalize) on this process, handed to the
+/// step extension when the optimizer's params are pieces: each piece holds the stage's input
+/// for its elements of a whole matrix, to be replaced by the same elements of the whole
+/// matrix's result. Every rank receives the same calls (its list of pieces possibly empty).
+struct MatrixStageWork {
+  int pass = 0;
+  Device device;
+  void* stream = nullptr;
+  struct Piece {
+    float* data = nullptr;  ///< the piece's values (the optimizer's device memory)
+    std::int64_t numel = 0;
+    long long param = 0;      ///< the whole param (PieceOrigin::param)
+    std::int64_t offset = 0;  ///< the piece's first element in the whole param
+    std::int64_t rows = 0;    ///< the whole param's matrix: its first dimension ...
+    std::int64_t cols = 0;    ///< ... by the product of the others
+    int stage = 0;            ///< which of the rule's stages (its orthogonalize calls)
+    int group = 0;            ///< the param group (its hypers set the iteration)
+  };
+  std::vector<Piece> pieces;
+  /// The rule's stages after this pass (indices: Piece::stage), the same on every rank.
+  std::vector<int> stages;
+  /// Replaces the whole matrix of `rows` x `cols` at `data` (host memory, row-major) by the
+  /// iteration of stage `stage` with group `group`'s hypers.
+  std::function<void(int stage, int group, float* data, std::int64_t rows, std::int64_t cols)>
+      orthogonalize;
+};
+
 /// What a library adds to an Optimizer's step: ops of its step program, each at a fixed place
 /// of every step, in program order. Set with OptimizerExtension::set_step_extension.
 class StepExtension {
@@ -106,6 +133,14 @@ class StepExtension {
   /// Each reduction pass's raw totals on this process (and the grad check's, pass -1; see
   /// ReductionPartials), combined in place before the next pass reads them.
   virtual void combine(const ReductionPartials& totals) = 0;
+  /// The matrix stages of pass `work.pass` over pieces: gathers each whole matrix, has it
+  /// orthogonalized (work.orthogonalize) and puts each piece's part of the result back in
+  /// place. False (this default): the extension does not, and the optimizer runs the stages
+  /// on its own tensors (which must be whole).
+  virtual bool orthogonalize(const MatrixStageWork& work) {
+    (void)work;
+    return false;
+  }
   /// `publish`, after the step count: the updated parameters made everyone's (a skipped step
   /// that stops on the host does not get here; on a device it publishes unchanged ones).
   virtual void publish(void* stream) = 0;
@@ -123,6 +158,11 @@ struct PieceOrigin {
   long long param = 0;
   long long offset = 0;
   long long numel = 0;
+  /// The whole param's shape, when it has one (a piece is then an element range of it, its
+  /// own shape empty): the rule's built-ins (numel, dims, rows, cols) read it, and a matrix
+  /// stage orthogonalizes that matrix (gathered by the step extension). Empty: built-ins of
+  /// the piece, as before.
+  std::vector<std::int64_t> shape;
 };
 
 /// The entry points of the extension API. Each takes the optimizer it acts on; a moved-from

@@ -65,6 +65,9 @@ class FUSEDOPT_API Rule {
   std::vector<std::pair<std::string, std::string>> storage() const;
   /// Passes over the data before the update (0: an element-wise rule).
   int reduction_passes() const;
+  /// Matrix stages (`orthogonalize(...)` calls): each param must be a matrix (2 or more
+  /// dimensions), and under sharding each is gathered whole for its stage.
+  int matrix_stages() const;
   /// This rule with the gradient clipped by its global norm first (torch's
   /// clip_grad_norm_): a new hyper `max_grad_norm` (default `max_grad_norm`) and one more
   /// reduction. Named "<name>+clip". Throws RuleError if the rule already uses the name.

@@ -32,6 +32,8 @@ struct ShardedOptimizer::Impl final : fusedopt::StepExtension {
 
   /// Every parameter over all groups, in order.
   std::vector<Tensor> params, grads;
+  /// Per parameter: its group.
+  std::vector<int> param_group;
   /// Per dtype: elements of its parameters.
   std::map<DType, std::int64_t> total;
   /// Per parameter: its pieces, one per rank whose shard it overlaps.
@@ -75,6 +77,16 @@ struct ShardedOptimizer::Impl final : fusedopt::StepExtension {
   void combine(const ReductionPartials& p) override;
   /// `publish`: the updated pieces broadcast from their owners (gather_params).
   void publish(void* stream) override { gather_params(stream); }
+  /// A matrix stage: each whole matrix gathered on every rank (an all-reduce of the pieces
+  /// over zeros), orthogonalized on its owner (matrix_owner), the results all-reduced back
+  /// and each piece's part copied into it (sharded_stages.cpp).
+  bool orthogonalize(const MatrixStageWork& work) override;
+  /// Checks every param is a matrix (on every rank alike: the error names the param) and
+  /// gives each an owner rank.
+  void assign_matrix_owners(const Rule& rule);
+  /// Per parameter: the rank that orthogonalizes it (balanced by the iteration's flops;
+  /// empty until a rule with matrix stages needs it).
+  std::vector<int> matrix_owner;
   void combine_globals(const ReductionPartials& p);
   void combine_per_tensor(const ReductionPartials& p);
   void exchange_table(const ReductionPartials& p, const std::vector<double*>& totals,

@@ -66,6 +66,7 @@ ShardedOptimizer::ShardedOptimizer(Communicator comm, const Rule& rule,
   FUSEDOPT_CHECK_USAGE(!groups.empty(), "ShardedOptimizer: no param groups given");
   check_shardable(rule);
   m.take_params(groups);
+  if (rule.matrix_stages() > 0) m.assign_matrix_owners(rule);
   {
     std::vector<std::pair<std::int64_t, DType>> sizes;
     for (const Tensor& p : m.params) sizes.emplace_back(p.numel, p.dtype);
@@ -120,6 +121,7 @@ void ShardedOptimizer::Impl::take_params(const std::vector<ParamGroup>& groups) 
                            i, p.name, where(p.device), where(gr.device), comm.backend(),
                            where(comm.device()));
       total[p.dtype] += p.numel;
+      param_group.push_back(static_cast<int>(g));
       params.push_back(p);
       grads.push_back(gr);
     }
@@ -186,11 +188,14 @@ void ShardedOptimizer::Impl::build_local(const Rule& rule, const std::vector<Par
             (static_cast<std::byte*>(piece.data) - static_cast<std::byte*>(params[i].data)) /
             static_cast<std::int64_t>(dtype_size(piece.dtype));
         owned[i] = {begin, begin + piece.numel};
-        local_groups[g].params.push_back(piece);
+        // An element range: its own shape none; the whole param's goes with its origin.
+        Tensor range = piece;
+        range.shape.clear();
+        local_groups[g].params.push_back(range);
         local_groups[g].grads.push_back(slice(grads[i], begin, begin + piece.numel));
         piece_param.push_back(static_cast<int>(i));
         origins.push_back({static_cast<long long>(i), static_cast<long long>(begin),
-                           static_cast<long long>(params[i].numel)});
+                           static_cast<long long>(params[i].numel), params[i].shape});
       }
     }
   }

@@ -54,6 +54,9 @@ struct BindingTensors {
   std::vector<char> spans;
   /// Matrix stages (orthogonalize) iterate in bf16 as torch.optim.Muon does; else fp32.
   bool stage_bf16 = false;
+  /// Each tensor's whole param's shape (Tensor::whole_shape, else its shape): a matrix
+  /// stage's matrix; a tensor of fewer elements is a piece of it (ids: where).
+  std::vector<std::vector<std::int64_t>> whole_shapes;
 };
 
 /// A kernel's per-tensor reduction totals: data[t * stride + slot] (backend memory).
@@ -88,6 +91,7 @@ class Binding {
   /// The matrix stages after pass `pass` (orthogonalize), if any.
   void stage(int pass, void* stream);
   bool has_stage(int pass) const { return stages_.after(pass); }
+  const MatrixStages& matrix_stages() const { return stages_; }
   /// Doubles of the sums that span pieces (BindingTensors::spans; 0: none), which the
   /// kernel writes at the memory set_shard() gives (backend memory, the size of this).
   std::int64_t shard_size() const { return shard_size_; }

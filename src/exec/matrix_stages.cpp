@@ -3,6 +3,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cmath>
 #include <map>
 #include <tuple>
@@ -24,7 +25,9 @@ MatrixStages::MatrixStages(const KernelLayout& layout, const BindingTensors& ten
                                  : fmt::format("tensor {}", t);
     const std::int64_t numel = tensors.numel[t];
     const std::vector<std::int64_t> shape =
-        t < tensors.shapes.size() ? tensors.shapes[t] : std::vector<std::int64_t>{};
+        t < tensors.whole_shapes.size() ? tensors.whole_shapes[t]
+        : t < tensors.shapes.size()     ? tensors.shapes[t]
+                                        : std::vector<std::int64_t>{};
     if (shape.size() < 2) {
       throw UsageError(fmt::format(
           "{}: orthogonalize() at line {} takes a matrix, and this param is 1-D ({} elements); "
@@ -32,16 +35,19 @@ MatrixStages::MatrixStages(const KernelLayout& layout, const BindingTensors& ten
           "param group with the rule 'adamw'",
           name, stages_.front().line, numel));
     }
-    if (!tensors.whole_info.empty() && tensors.whole_info[4 * t] != static_cast<double>(numel)) {
-      throw UsageError(fmt::format(
-          "{}: orthogonalize() at line {} needs the whole matrix, and this is a piece of one "
-          "({} of {} elements): not supported here",
-          name, stages_.front().line, numel, tensors.whole_info[4 * t]));
-    }
-    if (numel == 0) continue;
+    std::int64_t whole = 1;
+    for (std::int64_t d : shape) whole *= d;
+    Dims& d = dims_[t];
+    d.numel = numel;
+    d.piece = numel != whole;
+    d.param = 2 * t + 1 < tensors.ids.size() ? tensors.ids[2 * t] : static_cast<long long>(t);
+    d.offset = 2 * t + 1 < tensors.ids.size() ? tensors.ids[2 * t + 1] : 0;
+    pieces_ = pieces_ || d.piece;
+    if (numel == 0 || whole == 0) continue;
     // The matrix of a param of more dimensions: its first dimension by the rest, as the
     // reference Muon flattens a convolution's filters.
-    dims_[t] = {shape[0], numel / shape[0]};
+    d.rows = shape[0];
+    d.cols = whole / shape[0];
   }
   const int groups = plan.num_groups();
   const int h = plan.num_hypers();
@@ -114,7 +120,46 @@ matrix::NewtonSchulz MatrixStages::iteration(const MatrixStageLayout& st, const 
   return ns;
 }
 
+matrix::NewtonSchulz MatrixStages::iteration(int stage, int group, const Plan& plan) const {
+  return iteration(stages_.at(static_cast<std::size_t>(stage)),
+                   plan.hypers().data() + static_cast<std::ptrdiff_t>(group) * plan.num_hypers(),
+                   group);
+}
+
+void MatrixStages::add_work(int pass, const Plan& plan, MatrixStageWork& work) const {
+  const int roles = plan.num_roles();
+  const std::vector<int>& groups = plan.tensor_groups();
+  for (std::size_t j = 0; j < stages_.size(); ++j) {
+    if (stages_[j].pass != pass) continue;
+    if (std::find(work.stages.begin(), work.stages.end(), static_cast<int>(j)) ==
+        work.stages.end()) {
+      work.stages.push_back(static_cast<int>(j));
+    }
+    for (std::size_t t = 0; t < dims_.size(); ++t) {
+      const Dims& d = dims_[t];
+      if (d.rows == 0 || d.numel == 0) continue;
+      MatrixStageWork::Piece p;
+      p.data = static_cast<float*>(plan.ptrs()[t * static_cast<std::size_t>(roles) +
+                                               static_cast<std::size_t>(stages_[j].role)]);
+      p.numel = d.numel;
+      p.param = d.param;
+      p.offset = d.offset;
+      p.rows = d.rows;
+      p.cols = d.cols;
+      p.stage = static_cast<int>(j);
+      p.group = t < groups.size() ? groups[t] : 0;
+      work.pieces.push_back(p);
+    }
+  }
+}
+
 void MatrixStages::run(int pass, Backend& backend, const Plan& plan, void* stream) const {
+  if (pieces_ && after(pass)) {
+    throw UsageError(
+        "orthogonalize() needs each matrix whole, and this optimizer's params are pieces of "
+        "theirs: step them through a ShardedOptimizer (which gathers each matrix to one rank "
+        "for its stage), not a plain Optimizer over pieces");
+  }
   const int h = plan.num_hypers();
   const int roles = plan.num_roles();
   const std::vector<int>& groups = plan.tensor_groups();

@@ -170,6 +170,8 @@ std::vector<BindingTensors> StateStore::binding_tensors(Backend& backend, void* 
     tensors[b].seed = options_.seed;
     tensors[b].stage_bf16 = options_.matrix_precision == DType::BF16;
   }
+  const bool shaped_any = std::any_of(origins_.begin(), origins_.end(),
+                                      [](const PieceOrigin& o) { return !o.shape.empty(); });
   for (std::size_t p = 0; p < params_.size(); ++p) {
     const ParamSlot& s = params_[p];
     if (s.binding < 0) continue;
@@ -178,11 +180,15 @@ std::vector<BindingTensors> StateStore::binding_tensors(Backend& backend, void* 
     t.numel.push_back(s.param.numel);
     t.group.push_back(s.group);
     t.shapes.push_back(s.param.shape);
+    const bool given = p < origins_.size();
+    const bool shaped_origin = given && !origins_[p].shape.empty();
+    t.whole_shapes.push_back(shaped_origin                 ? origins_[p].shape
+                             : s.param.whole_shape.empty() ? s.param.shape
+                                                           : s.param.whole_shape);
     t.names.push_back(describe(s));
     // The random numbers' key: the param's index here (a ShardedOptimizer's local optimizer
     // gives each piece its param's index and offset instead: OptimizerExtension::make; a
     // dim-0 piece its first element in the whole tensor).
-    const bool given = p < origins_.size();
     t.ids.push_back(given ? origins_[p].param : static_cast<long long>(p));
     t.ids.push_back(given ? origins_[p].offset : piece_offset(s.param));
     binding_params_[b].push_back(static_cast<int>(p));
@@ -191,6 +197,13 @@ std::vector<BindingTensors> StateStore::binding_tensors(Backend& backend, void* 
       // matrix sums span pieces.
       append_whole_info(s.param, t.whole_info);
       t.spans.push_back(spans_pieces(s.param) && factored_);
+    } else if (shaped_any) {
+      // Element ranges of shaped params (a ShardedOptimizer's): the built-ins read the
+      // whole param's shape (a range of a param without one: 1-D of the whole param's numel).
+      Tensor whole = s.param;
+      if (given) whole.numel = origins_[p].numel;
+      if (shaped_origin) whole.whole_shape = origins_[p].shape;
+      append_whole_info(whole, t.whole_info);
     }
   }
   for (std::size_t b = 0; b < bindings_.size(); ++b) tensors[b].ptrs = binding_ptrs(b);

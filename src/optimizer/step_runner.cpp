@@ -197,7 +197,7 @@ StepResult StepRunner::run(const StepRequest& request) {
         if (extension_) call_hook(op.pass, op.stage, stream);
         break;
       case K::Stage:
-        for (auto& kernel : kernels_) kernel->stage(op.pass, stream);
+        run_stage(op.pass, stream);
         break;
       case K::Update:
         for (auto& kernel : kernels_) kernel->update(args, stream);
@@ -275,6 +275,30 @@ void StepRunner::set_steps_taken(std::int64_t count) {
 
 Tensor StepRunner::step_counter(const Device& device) const {
   return Tensor(steps_taken_.data(), 1, DType::F64, device, "step");
+}
+
+void StepRunner::run_stage(int pass, void* stream) {
+  bool pieces = false;
+  for (const auto& kernel : kernels_) pieces = pieces || kernel->matrix_stages().pieces();
+  if (pieces && extension_) {
+    // Pieces of matrices: the extension gathers each whole (e.g. to one rank) for its stage.
+    MatrixStageWork work;
+    work.pass = pass;
+    work.device = device_;
+    work.stream = stream;
+    for (const auto& kernel : kernels_)
+      kernel->matrix_stages().add_work(pass, kernel->plan(), work);
+    const Binding* first = kernels_.empty() ? nullptr : kernels_.front().get();
+    work.orthogonalize = [first](int stage, int group, float* data, std::int64_t rows,
+                                 std::int64_t cols) {
+      FUSEDOPT_CHECK_INTERNAL(first != nullptr, "a matrix stage without a binding");
+      matrix::orthogonalize(data, 1, rows, cols,
+                            first->matrix_stages().iteration(stage, group, first->plan()));
+    };
+    backend_->synchronize(stream);  // the pieces' inputs written
+    if (extension_->orthogonalize(work)) return;
+  }
+  for (auto& kernel : kernels_) kernel->stage(pass, stream);
 }
 
 void StepRunner::set_hypers(const std::vector<std::vector<double>>& hypers) {

@@ -108,6 +108,8 @@ class StepRunner {
   StepArgs step_args(const StepRequest& request) const;
   /// Whether the verdict at `flag` can be read in place (host memory) and says skip.
   bool skipped_now(const void* flag) const;
+  /// The Stage op: the matrix stages after pass `pass` (over pieces: the extension's).
+  void run_stage(int pass, void* stream);
   /// The End op: counts the step unless `skip` says it was skipped.
   void count_step(const double* skip, void* stream);
   /// The step programs of the schedule and the extension.
