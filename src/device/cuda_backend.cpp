@@ -3,9 +3,12 @@
 // makes the context current and then restores the caller's.
 #include <fmt/format.h>
 
+#include <algorithm>
+#include <array>
 #include <mutex>
 
 #include "device/backend.hpp"
+#include "device/cuda_blas.hpp"
 #include "device/cuda_driver.hpp"
 #include "device/cuda_module.hpp"
 #include "fusedopt/error.hpp"
@@ -68,6 +71,8 @@ class CudaBackend final : public Backend {
     try {
       cuda::ContextScope scope(*context_);
       cuda::context_synchronize();
+      if (handle_ != nullptr) cuda::cublas().destroy(handle_);
+      stage_work_ = Buffer();
       owned_.clear();  // cuMemFree with the context current
     } catch (const Error&) {
       // A destructor must not throw; the memory goes with the context.
@@ -155,6 +160,76 @@ class CudaBackend final : public Backend {
   }
   std::int64_t chunk_elems() const override { return kCudaChunk; }
   std::size_t scratch_align() const override { return 256; }
+
+  /// fp32 on cuBLAS (bf16: the host's BLAS through a copy, for now). The memory holds the
+  /// row-major matrix X (rows x cols), which cuBLAS reads as its transpose Y (cols x rows,
+  /// column-major): a wide X iterates A = Y^T Y, Y' = a Y + Y B; a tall one (iterated as
+  /// X^T, the smaller Gram side) A = Y Y^T, Y' = a Y + B Y. No transposes either way.
+  void orthogonalize(const std::vector<float*>& matrices, std::int64_t rows, std::int64_t cols,
+                     const matrix::NewtonSchulz& ns, void* stream) override {
+    if (ns.bf16 || matrices.empty()) {
+      Backend::orthogonalize(matrices, rows, cols, ns, stream);
+      return;
+    }
+    matrix::check(ns);
+    FUSEDOPT_CHECK_USAGE(rows <= (1 << 30) && cols <= (1 << 30) && rows * cols <= (1LL << 31) - 1,
+                         "orthogonalize: a {} x {} matrix is larger than cuBLAS indexes", rows,
+                         cols);
+    cuda::ContextScope scope(*context_);
+    const std::lock_guard<std::mutex> hold(stage_lock_);
+    const cuda::Cublas& blas = cuda::cublas();
+    if (handle_ == nullptr) cuda::check_cublas(blas.create(&handle_), "cublasCreate");
+    cuda::check_cublas(blas.set_stream(handle_, stream), "cublasSetStream");
+    cuda::check_cublas(blas.set_pointer_mode(handle_, cuda::kCublasPointerModeHost),
+                       "cublasSetPointerMode");
+    const bool tall = rows > cols;
+    const int m = static_cast<int>(tall ? cols : rows);  // the Gram matrix's side
+    const int r = static_cast<int>(rows), c = static_cast<int>(cols);
+    const std::size_t mn = static_cast<std::size_t>(rows) * static_cast<std::size_t>(cols);
+    const std::size_t mm = static_cast<std::size_t>(m) * static_cast<std::size_t>(m);
+    const std::size_t need = (2 * mm + mn) * sizeof(float);
+    if (stage_work_.size() < need) stage_work_ = allocate(need);
+    float* gram = static_cast<float*>(stage_work_.data());
+    float* poly = gram + mm;
+    float* next = poly + mm;
+    const float one = 1.0f, zero = 0.0f;
+    for (float* x : matrices) {
+      float norm = 0;
+      cuda::check_cublas(blas.snrm2(handle_, static_cast<int>(mn), x, 1, &norm), "cublasSnrm2");
+      const float scale = 1.0f / std::max(norm, ns.eps);
+      cuda::check_cublas(blas.sscal(handle_, static_cast<int>(mn), &scale, x, 1), "cublasSscal");
+      for (int s = 0; s < ns.steps; ++s) {
+        const std::array<float, 3>& k = ns.coefficients[ns.coefficients.size() == 1 ? 0 : s];
+        // A = Y^T Y (wide) or Y Y^T (tall); Y is c x r with leading dimension c.
+        if (tall) {
+          cuda::check_cublas(blas.sgemm(handle_, cuda::kCublasOpN, cuda::kCublasOpT, m, m, r, &one,
+                                        x, c, x, c, &zero, gram, m),
+                             "cublasSgemm");
+        } else {
+          cuda::check_cublas(blas.sgemm(handle_, cuda::kCublasOpT, cuda::kCublasOpN, m, m, c, &one,
+                                        x, c, x, c, &zero, gram, m),
+                             "cublasSgemm");
+        }
+        // B = b A + c A A (symmetric)
+        copy_on_device(poly, gram, mm * sizeof(float), stream);
+        cuda::check_cublas(blas.sgemm(handle_, cuda::kCublasOpN, cuda::kCublasOpN, m, m, m, &k[2],
+                                      gram, m, gram, m, &k[1], poly, m),
+                           "cublasSgemm");
+        // Y' = a Y + Y B (wide) or a Y + B Y (tall)
+        copy_on_device(next, x, mn * sizeof(float), stream);
+        if (tall) {
+          cuda::check_cublas(blas.sgemm(handle_, cuda::kCublasOpN, cuda::kCublasOpN, c, r, c, &one,
+                                        poly, m, x, c, &k[0], next, c),
+                             "cublasSgemm");
+        } else {
+          cuda::check_cublas(blas.sgemm(handle_, cuda::kCublasOpN, cuda::kCublasOpN, c, r, r, &one,
+                                        x, c, poly, m, &k[0], next, c),
+                             "cublasSgemm");
+        }
+        copy_on_device(x, next, mn * sizeof(float), stream);
+      }
+    }
+  }
   void check_pointers(const PointerTable& table) const override {
     cuda::ContextScope scope(*context_);
     check_device_pointers(context_->device(), table);
@@ -188,6 +263,10 @@ class CudaBackend final : public Backend {
   // guarded.
   std::mutex owned_lock_;
   std::vector<cuda::DeviceBuffer> owned_;
+  // The matrix stages' cuBLAS handle and workspace (grown on demand), one stage at a time.
+  std::mutex stage_lock_;
+  void* handle_ = nullptr;
+  Buffer stage_work_;
 };
 
 }  // namespace
