@@ -291,6 +291,11 @@ void Optimizer::Impl::load_file(const io::SafetensorsFile& file, const std::stri
   const std::vector<CheckpointTensor> expected = store.checkpoint_tensors();
   check_tensors(file, expected, refusal);
   check_quant_states(file, store, refusal);
+  try {
+    runner.check_hypers(new_hypers);  // a matrix stage's iteration numbers
+  } catch (const UsageError& e) {
+    refusal.misfit(e.what());
+  }
   if (check_only) return;
 
   // The backend's copies wait for every queued step and land before they return.

@@ -277,6 +277,10 @@ Tensor StepRunner::step_counter(const Device& device) const {
   return Tensor(steps_taken_.data(), 1, DType::F64, device, "step");
 }
 
+void StepRunner::check_hypers(const std::vector<std::vector<double>>& hypers) const {
+  for (const auto& kernel : kernels_) kernel->check_hypers(hypers);
+}
+
 void StepRunner::run_stage(int pass, void* stream) {
   bool pieces = false;
   for (const auto& kernel : kernels_) pieces = pieces || kernel->matrix_stages().pieces();
@@ -310,8 +314,7 @@ void StepRunner::set_hypers(const std::vector<std::vector<double>>& hypers) {
 }
 
 void StepRunner::set_hypers_on(const std::vector<std::vector<double>>& hypers, void* stream) {
-  // Every binding's matrix stages check the values before any binding takes them.
-  for (auto& kernel : kernels_) kernel->check_hypers(hypers);
+  check_hypers(hypers);  // before any binding takes them
   for (auto& kernel : kernels_) kernel->set_hypers(hypers, stream);
 }
 

@@ -85,6 +85,9 @@ class StepRunner {
   void set_steps_taken(std::int64_t count);
   /// The counter as a tensor of one double (OptimizerExtension::step_counter).
   Tensor step_counter(const Device& device) const;
+  /// UsageError, naming the group and hyper, for values a matrix stage refuses (changes
+  /// nothing).
+  void check_hypers(const std::vector<std::vector<double>>& hypers) const;
   /// Hands `hypers` to every kernel, after every queued step (on any stream) and before the
   /// next.
   void set_hypers(const std::vector<std::vector<double>>& hypers);

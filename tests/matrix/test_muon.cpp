@@ -10,8 +10,10 @@
 #include <vector>
 
 #include "common/host_tensors.hpp"
+#include "common/temp_dir.hpp"
 #include "fusedopt/error.hpp"
 #include "fusedopt/optimizer.hpp"
+#include "io/safetensors.hpp"
 #include "matrix/ns_reference.hpp"
 
 namespace {
@@ -218,5 +220,52 @@ TEST_SUITE("matrix") {
     refused("ns_b", INFINITY, "hyper 'ns_b' of group 0 is inf");
     CHECK(opt.hyper("ns_steps") == 5);
     opt.step();  // still steps with the values it had
+  }
+
+  TEST_CASE("a checkpoint whose iteration hypers are out of range is refused, changing nothing") {
+    use_private_cache();
+    fusedopt::testing::TempDir dir;
+    const std::string good = (dir.path() / "good.safetensors").string();
+    const std::string bad = (dir.path() / "bad.safetensors").string();
+    HostTensor w(64, DType::F32), gw(64, DType::F32);
+    for (int i = 0; i < 64; ++i) {
+      w.set(i, 0.01 * i);
+      gw.set(i, 1.0 - 0.02 * i);
+    }
+    fusedopt::ParamGroup group = group_of(MuonHypers{});
+    fusedopt::Tensor wt = w.tensor("w");
+    wt.shape = {8, 8};
+    group.params = {wt};
+    group.grads = {gw.tensor()};
+    Optimizer opt(Rule::preset("muon"), {group});
+    opt.step();
+    opt.save(good);
+    // The same file with ns_steps = 0 in its hypers, as a tool editing it would write it.
+    fusedopt::io::SafetensorsFile f = fusedopt::io::read_safetensors(good);
+    std::string& hypers = f.metadata.at("hypers");
+    const std::size_t at = hypers.find("ns_steps=5");
+    REQUIRE(at != std::string::npos);
+    hypers.replace(at, 10, "ns_steps=0");
+    std::vector<fusedopt::io::TensorView> views;
+    for (const auto& [name, e] : f.tensors) {
+      views.push_back({name, e.dtype, e.shape, f.tensor_data(name), e.end - e.begin});
+    }
+    fusedopt::io::write_safetensors(bad, views, f.metadata);
+    opt.step();
+    const std::vector<double> before = w.values();
+    const std::int64_t steps = opt.step_count();
+    try {
+      opt.load(bad);
+      FAIL("loaded");
+    } catch (const fusedopt::Error& e) {
+      const std::string what = e.what();
+      INFO(what);
+      CHECK(what.find("hyper 'ns_steps' is 0") != std::string::npos);
+    }
+    CHECK(w.values() == before);
+    CHECK(opt.step_count() == steps);
+    CHECK(opt.hyper("ns_steps") == 5);
+    opt.load(good);  // a good one loads
+    CHECK(opt.step_count() == 1);
   }
 }
