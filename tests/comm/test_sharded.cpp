@@ -51,20 +51,7 @@ std::vector<ParamGroup> groups_of(FlatArena& a) {
   return g;
 }
 
-void fill_params(FlatArena& a, std::uint32_t seed) {
-  std::mt19937 init(seed);
-  std::normal_distribution<float> normal(0.0f, 1.0f);
-  for (std::size_t i = 0; i < a.size(); ++i) {
-    for (std::int64_t k = 0; k < a.param(i).numel; ++k) data(a.param(i))[k] = normal(init);
-  }
-}
 
-std::vector<float> params_of(FlatArena& a) {
-  std::vector<float> out;
-  for (std::size_t i = 0; i < a.size(); ++i)
-    out.insert(out.end(), data(a.param(i)), data(a.param(i)) + a.param(i).numel);
-  return out;
-}
 
 }  // namespace
 

@@ -169,12 +169,6 @@ std::vector<unsigned char> all_states(const ShardedOptimizer& sharded) {
   return out;
 }
 
-std::vector<float> params_of(FlatArena& a) {
-  std::vector<float> out;
-  for (std::size_t i = 0; i < a.size(); ++i)
-    out.insert(out.end(), data(a.param(i)), data(a.param(i)) + kSizes[i]);
-  return out;
-}
 
 }  // namespace
 

@@ -52,5 +52,9 @@ std::optional<fusedopt::comm::CommError> expect_stalled_rank_error(
 float grad_value(std::uint32_t seed, int r, int step, std::size_t i, std::int64_t k);
 /// Every grad of `a` (fp32) set to rank `rank`'s grad_value at `step`.
 void fill_grads(fusedopt::FlatArena& a, std::uint32_t seed, int rank, int step);
+/// Every param of `a` (fp32) drawn from normal(0, 1) with `seed`: the same on every rank.
+void fill_params(fusedopt::FlatArena& a, std::uint32_t seed);
+/// Every param of `a` (fp32), one after the other.
+std::vector<float> params_of(fusedopt::FlatArena& a);
 
 }  // namespace fusedopt::testing
