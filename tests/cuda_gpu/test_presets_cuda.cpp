@@ -105,6 +105,7 @@ const std::map<std::string, std::vector<std::pair<std::string, double>>>& preset
       {"adam_mini", {{"lr", 1e-2}, {"weight_decay", 0.1}}},
       {"came", {{"lr", 1e-2}, {"weight_decay", 0.1}}},
       {"lion", {{"lr", 1e-3}, {"weight_decay", 0.1}}},
+      {"muon", {{"lr", 2e-2}}},  // its params are matrices: test_matrix_cuda.cpp runs it
       {"adopt", {{"lr", 1e-2}, {"weight_decay", 0.1}, {"decouple", 1}}},
       {"adan", {{"lr", 1e-2}, {"weight_decay", 0.1}}},
       {"bertadam", {{"lr", 1e-2}}},
@@ -465,8 +466,9 @@ TEST_SUITE("cuda_gpu") {
     for (const char* name : {"lamb", "lars", "adafactor", "adam_mini", "came"}) {
       covered.emplace_back(name);
     }
+    covered.emplace_back("muon");  // matrices only: tests/cuda_gpu/test_matrix_cuda.cpp
     std::vector<std::string> all = Rule::presets();
-    CHECK(all.size() == 29);
+    CHECK(all.size() == 30);
     std::sort(all.begin(), all.end());
     std::sort(covered.begin(), covered.end());
     CHECK(covered == all);
