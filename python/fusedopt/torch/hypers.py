@@ -35,10 +35,13 @@ TUPLES = {
     "eps": ("eps1", "eps2"),  # Adafactor's (eps1, eps2); a plain eps elsewhere
     "ns_coefficients": ("ns_a", "ns_b", "ns_c"),  # Muon's Newton-Schulz (a, b, c)
 }
-# torch's hypers that name a choice (a string, or None for the default): rule hyper -> the
-# number the rule reads for each name. A number is taken as the rule's own value.
+# torch's hypers that name a choice (a string, or None for the default), per preset base: rule
+# hyper -> the number the rule reads for each name. The rule's numbers are taken too; any
+# other value is refused (a rule's own hyper of the same name, in a rule of the user's, is a
+# plain number).
 CHOICES = {
-    "adjust_lr_fn": {None: 0, "original": 0, "match_rms_adamw": 1, "spectral_unclamped": 2},
+    "muon": {"adjust_lr_fn": {None: 0, "original": 0, "match_rms_adamw": 1,
+                              "spectral_unclamped": 2}},
 }
 # The types torch's class gives a preset's defaults, where a group read back into torch needs
 # them (torch.optim.Muon loops range(ns_steps): a float would not do; its adjust_lr_fn is a
@@ -59,10 +62,11 @@ UNUSED_WHEN_ZERO = {
 }
 
 
-def hyper_float(name, value, key=None):
-    """A hyper's value as the kernel reads it: a choice's name (CHOICES) as its number, else
-    to_float. `key`: the group key it came from, for the message (name when None)."""
-    choices = CHOICES.get(name)
+def hyper_float(name, value, preset=None, key=None):
+    """A hyper's value as the kernel reads it: a choice's name (CHOICES of preset base
+    `preset`) as its number, else to_float. `key`: the group key it came from, for the
+    message (name when None)."""
+    choices = CHOICES.get(preset, {}).get(name)
     if choices is not None and (value is None or isinstance(value, str)):
         if value not in choices:
             names = ", ".join(repr(c) for c in choices)
@@ -144,7 +148,7 @@ class HypersMixin:
         out = []
         for name in self._hyper_names:
             if name in group:
-                out.append(hyper_float(name, group[name]))
+                out.append(hyper_float(name, group[name], self._preset))
                 continue
             for key, names in TUPLES.items():
                 if name not in names or key not in group:
@@ -157,7 +161,8 @@ class HypersMixin:
                     raise UsageError(f"hyper '{key}' is {value!r}; it must be a tuple of "
                                      f"{len(names)} ({', '.join(names)})")
             else:
-                out.append(hyper_float(name, self.defaults.get(name, self._rule_defaults[name])))
+                out.append(hyper_float(name, self.defaults.get(name, self._rule_defaults[name]),
+                                       self._preset))
         return out
 
     def _check_rule_options(self, where, group):
@@ -185,7 +190,7 @@ class HypersMixin:
         for key, value in group.items():
             if key in IGNORED or key in self._opts.names:
                 continue
-            if key in CHOICES and (value is None or isinstance(value, str)):
+            if key in CHOICES.get(self._preset, {}) and (value is None or isinstance(value, str)):
                 continue  # a choice's name: checked as the kernel reads it (hyper_float)
             for v in value if isinstance(value, (tuple, list)) else (value,):
                 if v is not None and not isinstance(v, (numbers.Real, torch.Tensor)):

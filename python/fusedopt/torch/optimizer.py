@@ -9,11 +9,10 @@ import re
 import torch
 
 from .. import _fusedopt as _C
-from .. import rule as _rule
 from ..errors import UsageError
 from . import distributed
 from .engines import GRAD, EnginesMixin, bindable
-from .hypers import IGNORED, STATE_NAMES, TORCH_PRESETS, TUPLES, HypersMixin
+from .hypers import IGNORED, TORCH_PRESETS, TUPLES, HypersMixin
 from .options import OPTIONS, Options, signature
 from .state import StateMixin
 from .state_dict import StateDictMixin
