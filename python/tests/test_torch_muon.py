@@ -12,9 +12,9 @@ Tolerances (each measured, then set with a margin; the numbers are in the commen
   GEMM implementations (torch's bf16 addmm, fusedopt's fp32-accumulating GEMM rounded to
   bf16) round some intermediate elements to neighbouring bf16 values. Each step's update is
   read off the params (the gap carried over from the last step, shrunk by the weight decay,
-  taken out) and must be within BF16_ULPS bf16 ulps (2^-8 relative) of the largest element of
-  torch's update; the gradients do not depend on the params, so the steps' differences only
-  add up, and a later comparison of params after T steps is bounded by T such steps.
+  taken out) and must be within BF16_ULPS bf16 ulps (2^-8 relative) of torch's update, in
+  norm; the gradients do not depend on the params, so the steps' differences only add up, and
+  a later comparison of params after T steps is bounded by T such steps.
 """
 import contextlib
 import copy
@@ -37,11 +37,20 @@ STEPS = 50
 # measured over 16 runs: params <= 1.0e-6, momentum_buffer <= 1.3e-7 (of the largest magnitude)
 RTOL_FP32 = 2.5e-6
 RTOL_BUF = 1e-6    # the same fp32 lerp on both sides
-# Each step's update against torch's, in bf16 ulps of its largest element: measured up to 6.3
-# with torch's default coefficients, up to 1.9 with (2, -1.5, 0.5) (8 runs). One rounding
-# flip is one ulp; the quintic's slope at small singular values (a = 3.4445) grows a flip in
-# an early round by that factor in each later one, hence several ulps. 12: about twice that.
-BF16_ULPS = 12.0
+# Each step's update against torch's: the norm of the difference over the norm of torch's
+# update, in bf16 ulps (2^-8). Measured (14 runs): up to 3.6 with torch's default coefficients,
+# up to 0.85 with (2, -1.5, 0.5). One rounding flip is one ulp of one element; the quintic's
+# slope at small singular values (a = 3.4445) grows a flip of an early round in each later one,
+# hence several ulps with the default coefficients. 8: about twice the largest measured.
+# Said plainly: an fp32 iteration measures 4.2 to 4.7 (defaults) and 1.4 to 1.8 (other)
+# against torch's bf16 one, so this bound says the update is torch's up to bf16-sized
+# rounding, not that the rounding is torch's; test_matrix_precision_reaches_the_kernel checks
+# that the bf16 option changes the result.
+BF16_ULPS = 8.0
+# The same per step for the largest element (measured up to 11): the bound for params after
+# T steps of the state dict round trip, T * lr * ratio * 1.2 (the update's elements stay below
+# 1.2: the iteration's singular values do) * BF16_ELEMENT_ULPS * 2^-8.
+BF16_ELEMENT_ULPS = 24.0
 BF16_ULP = 2.0 ** -8
 
 # square, tall and wide hidden matrices (a batch of them steps in one launch)
@@ -169,17 +178,17 @@ def test_bf16_iteration_matches_torch_muon(seed, hypers):
         theirs.step()
         for i, (p, q) in enumerate(zip(ps, qs)):
             # this step's updates, ours minus torch's (the gap carried over shrinks by the
-            # weight decay), in bf16 ulps of the largest element of torch's update
+            # weight decay), in bf16 ulps of the norm of torch's update
             u = (shrink * last[i] - q.detach().double()) / sizes[i]
             d = ((p - q).detach().double() - shrink * before[i]) / sizes[i]
-            worst[i] = max(worst[i], d.abs().max().item() / (u.abs().max().item() * BF16_ULP))
+            worst[i] = max(worst[i], d.norm().item() / (u.norm().item() * BF16_ULP))
     for i, (p, q, p0) in enumerate(zip(ps, qs, start)):
         what = f"param {i} {tuple(p.shape)}"
         close(ours.state[p]["momentum_buffer"], theirs.state[q]["momentum_buffer"],
               f"{what} momentum_buffer", RTOL_BUF)
         gap = (p - q).abs().max().item()
-        print(f"{what}: each step's update within {worst[i]:.3g} bf16 ulps of torch's (of its "
-              f"largest element); after {STEPS} steps |fusedopt - torch| {gap:.3g} "
+        print(f"{what}: each step's update within {worst[i]:.3g} bf16 ulps of torch's (in "
+              f"norm); after {STEPS} steps |fusedopt - torch| {gap:.3g} "
               f"(lr * ratio = {sizes[i]:.3g})")
         assert worst[i] <= BF16_ULPS, f"{what}: an update {worst[i]:.3g} bf16 ulps off torch's"
         # and the params did move by more than that: the comparison can tell a wrong update
@@ -245,8 +254,9 @@ def test_state_dict_round_trip_with_torch_muon(seed):
         close(ours.state[p]["momentum_buffer"], theirs.state[q]["momentum_buffer"],
               f"param {i} momentum_buffer", RTOL_BUF)
         # 10 steps of updates (elements below 1.2: the iteration's singular values stay
-        # below it), each within BF16_ULPS of torch's
-        bound = 10 * 2e-2 * ratio(p.shape, "spectral_unclamped") * 1.2 * BF16_ULPS * BF16_ULP
+        # below it), each within BF16_ELEMENT_ULPS of torch's
+        bound = 10 * 2e-2 * ratio(p.shape, "spectral_unclamped") * 1.2 * BF16_ELEMENT_ULPS * \
+            BF16_ULP
         assert (p - q).abs().max().item() <= bound, f"param {i}"
     # fusedopt -> torch: torch's Muon reads our groups (ns_steps an int, adjust_lr_fn a name)
     state = copy.deepcopy(ours.state_dict())
@@ -266,7 +276,8 @@ def test_state_dict_round_trip_with_torch_muon(seed):
     for i, (p, r) in enumerate(zip(ps, rs)):
         close(ours.state[p]["momentum_buffer"], back.state[r]["momentum_buffer"],
               f"param {i} momentum_buffer after fusedopt -> torch", RTOL_BUF)
-        bound = 5 * 2e-2 * ratio(p.shape, "spectral_unclamped") * 1.2 * BF16_ULPS * BF16_ULP
+        bound = 5 * 2e-2 * ratio(p.shape, "spectral_unclamped") * 1.2 * BF16_ELEMENT_ULPS * \
+            BF16_ULP
         assert (p - r).abs().max().item() <= bound, f"param {i} after fusedopt -> torch"
 
 
