@@ -431,7 +431,13 @@ void bind_options(nb::module_& m) {
       .def_rw("quant_block", &O::quant_block)
       .def_rw("quant_min_numel", &O::quant_min_numel)
       .def_rw("stochastic_rounding", &O::stochastic_rounding)
-      .def_rw("seed", &O::seed);
+      .def_rw("seed", &O::seed)
+      .def_prop_rw(
+          "matrix_precision",
+          [](const O& o) { return std::string(fo::to_string(o.matrix_precision)); },
+          [](O& o, const std::string& name) {
+            o.matrix_precision = fo::DTypeBinding::parse(name).param;
+          });
 }
 
 /// The optimizer engine behind fusedopt.torch.Optimizer (_Engine, _GroupSpec).

@@ -160,29 +160,40 @@ class EnginesMixin:
                 self._steps[p] = self._loaded_step(i, entry["step"],
                                                    f"opt.state of {self._who(g, i)}")
                 dict.pop(entry, "step")
-        # One engine per step count (params that skipped steps have their own), in order.
-        by_step = {}
+        # One engine per rule (param groups may name their own: faces.py) and step count
+        # (params that skipped steps have their own), in order.
+        faces = self._faces_of_groups()
+        by_face = {}
         for g, i, p in active:
-            by_step.setdefault(self._step_of(p), []).append((g, i, p))
-        if len(by_step) > 1 and (self._rule.reduction_passes > 0
-                                 or self._opts.max_grad_norm > 0):
-            counts = ", ".join(str(s) for s in sorted(by_step))
-            raise UsageError(f"rule '{self._rule.name}' reduces over every tensor of a step, "
-                             f"but the parameters with gradients have taken different numbers "
-                             f"of steps ({counts}); step them together: give every parameter a "
-                             "gradient at every step (zeros for a frozen one), or give one "
-                             "that joins later the others' count before its first step "
-                             "(opt.state[p]['step'] = N)")
-        for steps, members in by_step.items():
-            self._engines.append(self._build(members, steps))
+            by_face.setdefault(id(faces[g]), (faces[g], {}))[1].setdefault(
+                self._step_of(p), []).append((g, i, p))
+        for face, by_step in by_face.values():
+            if len(by_step) > 1 and (face.rule.reduction_passes > 0
+                                     or face.opts.max_grad_norm > 0):
+                counts = ", ".join(str(s) for s in sorted(by_step))
+                raise UsageError(f"rule '{face.rule.name}' reduces over every tensor of a "
+                                 f"step, but the parameters with gradients have taken "
+                                 f"different numbers of steps ({counts}); step them together: "
+                                 "give every parameter a gradient at every step (zeros for a "
+                                 "frozen one), or give one that joins later the others' count "
+                                 "before its first step (opt.state[p]['step'] = N)")
+        for face, by_step in by_face.values():
+            with self._using(face):
+                for steps, members in by_step.items():
+                    self._engines.append(self._build(members, steps, faces))
         self._key = [p for _, _, p in active]  # compared by identity
         self._edits.changed = False  # the writes above were ours
 
-    def _build(self, members, steps):
+    def _build(self, members, steps, faces):
+        """An engine of the rule of face self._face (set) over `members`; `faces`: each
+        group's face (a group of another rule is a group without params in this engine, at
+        its rule's defaults)."""
+        face = self._face
         specs = []
         for g, group in enumerate(self.param_groups):
             spec = _C._GroupSpec()
-            spec.hypers = list(zip(self._hyper_names, self._group_hypers(group)))
+            values = self._group_hypers(group) if faces[g] is face else face.default_hypers()
+            spec.hypers = list(zip(self._hyper_names, values))
             specs.append(spec)
         params, grads, slots, copies, bound = [], [], [], {}, {}
         lists = [([], [], [], []) for _ in self.param_groups]
@@ -237,11 +248,13 @@ class EnginesMixin:
             self._state_shapes[p] = tuple(p.shape)
         if steps:
             engine.set_step_count(int(steps))
-        self._pushed.append([self._group_hypers(group) for group in self.param_groups])
+        self._pushed.append([self._group_hypers(group) if faces[g] is face else None
+                             for g, group in enumerate(self.param_groups)])
         made = _Bound(engine, params, grads, slots,
                       [(k, *copies[(g, i)]) for k, (g, i, _) in enumerate(params)
                        if (g, i) in copies])
         made.counter, made.shown = counter, shown
+        made.face = face
         return made
 
     def _steps_edited_in_place(self):

@@ -9,14 +9,14 @@ import torch
 from .. import _fusedopt as _C
 from ..errors import UsageError
 
-__all__ = ["TORCH_PRESETS", "STATE_NAMES", "TUPLES", "IGNORED", "UNUSED_WHEN_ZERO",
-           "HypersMixin", "to_float"]
+__all__ = ["TORCH_PRESETS", "STATE_NAMES", "TUPLES", "CHOICES", "TORCH_TYPES", "IGNORED",
+           "UNUSED_WHEN_ZERO", "HypersMixin", "to_float", "hyper_float"]
 
 # torch.optim class -> preset, with the torch names of the rule's states where they differ.
 TORCH_PRESETS = {
     "SGD": "sgd", "Adam": "adam", "AdamW": "adamw", "Adagrad": "adagrad", "RMSprop": "rmsprop",
     "Adamax": "adamax", "NAdam": "nadam", "RAdam": "radam", "Adadelta": "adadelta",
-    "Rprop": "rprop", "ASGD": "asgd", "Adafactor": "adafactor",
+    "Rprop": "rprop", "ASGD": "asgd", "Adafactor": "adafactor", "Muon": "muon",
 }
 STATE_NAMES = {  # rule state -> torch state, per preset base
     "adam": {"m": "exp_avg", "v": "exp_avg_sq", "max_v": "max_exp_avg_sq"},
@@ -25,6 +25,7 @@ STATE_NAMES = {  # rule state -> torch state, per preset base
     "nadam": {"m": "exp_avg", "v": "exp_avg_sq", "mu_prod": "mu_product"},
     "radam": {"m": "exp_avg", "v": "exp_avg_sq"},
     "adafactor": {"r": "row_var", "c": "col_var"},
+    "muon": {"buf": "momentum_buffer"},
 }
 # torch's tuple-valued hypers and the rule hypers they hold.
 TUPLES = {
@@ -32,6 +33,23 @@ TUPLES = {
     "etas": ("etaminus", "etaplus"),
     "step_sizes": ("step_size_min", "step_size_max"),
     "eps": ("eps1", "eps2"),  # Adafactor's (eps1, eps2); a plain eps elsewhere
+    "ns_coefficients": ("ns_a", "ns_b", "ns_c"),  # Muon's Newton-Schulz (a, b, c)
+}
+# torch's hypers that name a choice (a string, or None for the default), per preset base: rule
+# hyper -> the number the rule reads for each name. The rule's numbers are taken too; any
+# other value is refused (a rule's own hyper of the same name, in a rule of the user's, is a
+# plain number).
+CHOICES = {
+    "muon": {"adjust_lr_fn": {None: 0, "original": 0, "match_rms_adamw": 1,
+                              "spectral_unclamped": 2}},
+}
+# The types torch's class gives a preset's defaults, where a group read back into torch needs
+# them (torch.optim.Muon loops range(ns_steps): a float would not do; its adjust_lr_fn is a
+# name, None for "original"): preset -> rule hyper -> the rule's default as torch keeps it.
+TORCH_TYPES = {
+    "muon": {"nesterov": bool, "ns_steps": int,
+             "adjust_lr_fn": lambda v: {0: None, 1: "match_rms_adamw",
+                                        2: "spectral_unclamped"}[int(v)]},
 }
 # Group keys torch (or its schedulers) keep that no rule reads.
 IGNORED = {"params", "param_names", "foreach", "capturable", "differentiable", "fused",
@@ -42,6 +60,25 @@ UNUSED_WHEN_ZERO = {
     "sgd": {"momentum_buffer": "momentum"},
     "rmsprop": {"momentum_buffer": "momentum", "grad_avg": "centered"},
 }
+
+
+def hyper_float(name, value, preset=None, key=None):
+    """A hyper's value as the kernel reads it: a choice's name (CHOICES of preset base
+    `preset`) as its number, else to_float. `key`: the group key it came from, for the
+    message (name when None)."""
+    choices = CHOICES.get(preset, {}).get(name)
+    if choices is not None and (value is None or isinstance(value, str)):
+        if value not in choices:
+            names = ", ".join(repr(c) for c in choices)
+            raise UsageError(f"hyper '{key or name}' is {value!r}; it is one of {names} (or "
+                             f"the rule's number: {sorted(set(choices.values()))})")
+        return float(choices[value])
+    number = to_float(value, key or name)
+    if choices is not None and number not in choices.values():
+        names = ", ".join(repr(c) for c in choices)
+        raise UsageError(f"hyper '{key or name}' is {value!r}; it is one of {names} (or the "
+                         f"rule's number: {sorted(set(choices.values()))})")
+    return number
 
 
 def to_float(value, key, none_is_zero=False):
@@ -82,6 +119,9 @@ class HypersMixin:
                 defaults[name] = value
         if self._preset == "adafactor" and "eps" in defaults:
             defaults["eps"] = (None, defaults["eps"][1])  # torch's: None for eps1 = 0
+        for name, as_torch in TORCH_TYPES.get(self._preset, {}).items():
+            if name in defaults:
+                defaults[name] = as_torch(defaults[name])
         for key, value in hypers.items():
             if key in IGNORED:
                 continue
@@ -108,7 +148,7 @@ class HypersMixin:
         out = []
         for name in self._hyper_names:
             if name in group:
-                out.append(to_float(group[name], name))
+                out.append(hyper_float(name, group[name], self._preset))
                 continue
             for key, names in TUPLES.items():
                 if name not in names or key not in group:
@@ -121,7 +161,8 @@ class HypersMixin:
                     raise UsageError(f"hyper '{key}' is {value!r}; it must be a tuple of "
                                      f"{len(names)} ({', '.join(names)})")
             else:
-                out.append(to_float(self.defaults.get(name, self._rule_defaults[name]), name))
+                out.append(hyper_float(name, self.defaults.get(name, self._rule_defaults[name]),
+                                       self._preset))
         return out
 
     def _check_rule_options(self, where, group):
@@ -149,6 +190,8 @@ class HypersMixin:
         for key, value in group.items():
             if key in IGNORED or key in self._opts.names:
                 continue
+            if key in CHOICES.get(self._preset, {}) and (value is None or isinstance(value, str)):
+                continue  # a choice's name: checked as the kernel reads it (hyper_float)
             for v in value if isinstance(value, (tuple, list)) else (value,):
                 if v is not None and not isinstance(v, (numbers.Real, torch.Tensor)):
                     raise TypeError(f"param group {g}: hyper '{key}' is {v!r} (a "

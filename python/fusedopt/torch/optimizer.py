@@ -4,25 +4,28 @@ The jobs are parts of their own files: options (options.py), hypers (hypers.py),
 (distributed.py)."""
 
 import collections
+import re
 
 import torch
 
 from .. import _fusedopt as _C
-from .. import rule as _rule
 from ..errors import UsageError
 from . import distributed
 from .engines import GRAD, EnginesMixin, bindable
-from .hypers import IGNORED, STATE_NAMES, TORCH_PRESETS, TUPLES, HypersMixin
+from .hypers import IGNORED, TORCH_PRESETS, TUPLES, HypersMixin
 from .options import OPTIONS, Options, signature
 from .state import StateMixin
 from .state_dict import StateDictMixin
+from .faces import Face, FacesMixin
 from .state_table import Edits, StateTable
 from .torch_checks import check_torch_ranges
 
 __all__ = ["Optimizer", "from_torch"]
 
+_MATRIX_STAGE = re.compile(r"\borthogonalize\s*\(")  # a rule with a matrix stage
 
-class Optimizer(HypersMixin, EnginesMixin, StateMixin, StateDictMixin, torch.optim.Optimizer):
+
+class Optimizer(FacesMixin, HypersMixin, EnginesMixin, StateMixin, StateDictMixin, torch.optim.Optimizer):
     """A ``torch.optim.Optimizer`` running ``rule`` as one fused kernel per step.
 
     ``rule``: a preset name ('adamw', 'sgd', 'adamw+amsgrad', ...), a rule's text, or a
@@ -49,7 +52,9 @@ class Optimizer(HypersMixin, EnginesMixin, StateMixin, StateDictMixin, torch.opt
     (torch.uint8) and ``NAME.absmax``; presets such as 'adamw8bit' declare their own storage.
     ``stochastic_rounding`` stores float16/bfloat16 params (without master weights) rounded
     stochastically, from a counter-based generator keyed on ``seed``, the step, the param and
-    the element: the same bits on any thread count or layout.
+    the element: the same bits on any thread count or layout. ``matrix_precision`` ('fp32' or
+    'bf16') is the precision of a rule's matrix stages (the Newton-Schulz iteration of
+    ``muon``): 'bf16' rounds as torch.optim.Muon does.
     """
 
     _step_supports_amp_scaling = True
@@ -64,26 +69,12 @@ class Optimizer(HypersMixin, EnginesMixin, StateMixin, StateDictMixin, torch.opt
             raise UsageError("process_group is given, but torch.distributed is not initialized "
                              "(call torch.distributed.init_process_group first)")
         self._process_group = given["process_group"]
-        preset_base = None
-        if isinstance(rule, str) and rule.split("+")[0] in _C.Rule.presets():
-            # A preset: its options (amsgrad=True) may come as keyword hypers, as in torch.
-            parts = rule.split("+")
-            preset_base, chosen = parts[0], set(parts[1:])
-            for option in _C.Rule.preset_options(preset_base):
-                if option in hypers:
-                    (chosen.add if bool(hypers.pop(option)) else chosen.discard)(option)
-            rule = "+".join([preset_base] + sorted(chosen))
-        self._rule = _rule(rule, name)
-        self._preset = preset_base
-        self._check_rule_options("Optimizer", hypers)
-        self._names = dict(STATE_NAMES.get(self._preset, {}))
-        self._rule_defaults = dict(self._rule.hypers)
-        self._hyper_names = list(self._rule_defaults)
-        self._opts = Options(self._rule, given, hypers)
-        defaults = self._defaults(hypers)
-        if preset_base is not None:
-            for option in _C.Rule.preset_options(preset_base):  # torch's group keys
-                defaults[option] = option in self._rule.name.split("+")[1:]
+        # The optimizer's own rule; a param group may name another (faces.py).
+        face = self._new_face(rule, name, hypers, given, "Optimizer")
+        self._main_face = face
+        self._main_key = self._spec_key(rule)
+        self._faces = {self._main_key: face}
+        preset_base, defaults = face.preset, face.defaults
         if preset_base is not None:  # torch's checks come before its look at params
             self._check_torch_types(0, defaults)
             check_torch_ranges(preset_base, defaults)
@@ -106,6 +97,16 @@ class Optimizer(HypersMixin, EnginesMixin, StateMixin, StateDictMixin, torch.opt
         self.state = self._table
 
     def add_param_group(self, param_group):
+        """A group of the optimizer's rule, or (its key 'rule' naming another: a preset's
+        name, a rule's text or a fusedopt.Rule) of its own rule: its defaults are that
+        rule's (the constructor's keyword hypers are the optimizer's rule's), and its params
+        step in launches of their own."""
+        if not isinstance(param_group, dict):  # torch's TypeError
+            return self._add_param_group(param_group)
+        with self._using(self._face_for_group(len(self.param_groups), param_group)):
+            self._add_param_group(param_group)
+
+    def _add_param_group(self, param_group):
         # The library's rule for a hyper's value, checked here too so that construction
         # refuses what the first step would (as torch refuses a NaN lr); before the group is
         # added, so a refused group changes nothing.
@@ -116,6 +117,17 @@ class Optimizer(HypersMixin, EnginesMixin, StateMixin, StateDictMixin, torch.opt
         self._check_group_hypers("Optimizer", len(self.param_groups), group)
         if self._preset is not None:
             check_torch_ranges(self._preset, group)
+        if _MATRIX_STAGE.search(self._rule.text):
+            params = param_group.get("params")
+            params = [params] if isinstance(params, torch.Tensor) else list(params or [])
+            for i, p in enumerate(params):
+                if isinstance(p, torch.Tensor) and p.dim() < 2:
+                    raise UsageError(
+                        f"{self._who(len(self.param_groups), i, p)}: rule '{self._rule.name}' "
+                        f"orthogonalizes matrices and this param has {p.dim()} dimension"
+                        f"{'' if p.dim() == 1 else 's'}; it needs 2 or more (give 1-D params, "
+                        "embeddings and heads another rule, e.g. adamw, in a param group "
+                        "of their own: {'params': ..., 'rule': 'adamw'})")
         for key in param_group:
             if key in IGNORED or key in self._opts.names or key in self.defaults or \
                     key in self._hyper_names:
@@ -138,6 +150,17 @@ class Optimizer(HypersMixin, EnginesMixin, StateMixin, StateDictMixin, torch.opt
         grad_scale, found_inf = self._amp_inputs(kwargs.pop("grad_scaler", None))
         if kwargs:
             raise TypeError(f"step() got unexpected keyword arguments {sorted(kwargs)}")
+        # Every group's hypers as the kernel reads them, checked before anything changes.
+        faces = self._faces_of_groups() if len(self._faces) > 1 else \
+            [self._main_face] * len(self.param_groups)
+        hypers = []
+        for g, group in enumerate(self.param_groups):
+            with self._using(faces[g]):
+                self._opts.check_group("step", g, group)
+                try:
+                    hypers.append(self._group_hypers(group))
+                except UsageError as e:  # say which group
+                    raise UsageError(f"step: param group {g}: {e}") from None
         if self._edits.changed or self.state is not self._table or \
                 self._steps_edited_in_place():
             self._adopt_state()
@@ -152,21 +175,13 @@ class Optimizer(HypersMixin, EnginesMixin, StateMixin, StateDictMixin, torch.opt
             stream = self._stream(with_grad[0].device)
             self._follow(with_grad, stream)
             self._remember(flat, grads)
-        for g, group in enumerate(self.param_groups):
-            self._opts.check_group("step", g, group)
-        try:
-            hypers = [self._group_hypers(group) for group in self.param_groups]
-        except UsageError:  # say which group
-            for g, group in enumerate(self.param_groups):
-                try:
-                    self._group_hypers(group)
-                except UsageError as e:
-                    raise UsageError(f"step: param group {g}: {e}") from None
-            raise
         for e, bound in enumerate(self._engines):
             for g, values in enumerate(hypers):
+                if faces[g] is not bound.face:
+                    continue  # a group of another rule: no params in this engine
                 if values != self._pushed[e][g]:
-                    for name, new, old in zip(self._hyper_names, values, self._pushed[e][g]):
+                    for name, new, old in zip(bound.face.hyper_names, values,
+                                              self._pushed[e][g]):
                         if new != old:
                             bound.engine.set_hyper(name, new, g,
                                                    stream if bound.engine.device >= 0 else None)
@@ -236,6 +251,12 @@ class Optimizer(HypersMixin, EnginesMixin, StateMixin, StateDictMixin, torch.opt
             d["_opts"] = Options(d["_rule"], given, {})
             for key in ("_options", "_option_names", "_storage"):
                 d.pop(key, None)
+        if "_faces" not in d:  # pickled before param groups could name their own rule
+            face = Face(d["_opts"].given.get("rule", d["_rule"].name), d["_rule"],
+                        d["_preset"])
+            face.names, face.opts, face.defaults = d["_names"], d["_opts"], d["defaults"]
+            d.update(_main_face=face, _face=face, _main_key=FacesMixin._spec_key(face.spec),
+                     _faces={FacesMixin._spec_key(face.spec): face})
         d.setdefault("_installed", {})
         d.setdefault("_shards", None)
         d.setdefault("_counters", {})

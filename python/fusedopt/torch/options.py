@@ -28,6 +28,7 @@ OPTIONS = {
     "quant_min_numel": 4096,
     "stochastic_rounding": False,
     "seed": 0,
+    "matrix_precision": "fp32",
 }
 
 
@@ -67,6 +68,21 @@ def _storage_pairs(storage):
                      "...) or a dict of state name to kind")
 
 
+_MATRIX_PRECISIONS = {"fp32": "fp32", "bf16": "bf16", torch.float32: "fp32",
+                      torch.bfloat16: "bf16"}
+
+
+def _matrix_precision(value):
+    """OptimizerOptions::matrix_precision from the keyword: 'fp32' or 'bf16' (or the torch
+    dtype)."""
+    try:
+        return _MATRIX_PRECISIONS[value]
+    except (KeyError, TypeError):
+        raise UsageError(f"matrix_precision is {value!r}: give 'fp32' (the Newton-Schulz "
+                         "iteration of a matrix stage in fp32) or 'bf16' (rounded as "
+                         "torch.optim.Muon iterates)") from None
+
+
 def _dtype_code(dtype, who):
     if isinstance(dtype, str):
         return dtype  # a code ('bf16'): the library parses it (UsageError naming a bad one)
@@ -104,6 +120,7 @@ class Options:
         o.stochastic_rounding = bool(given["stochastic_rounding"])
         # A negative seed stands for its 64-bit two's complement.
         o.seed = int_option("seed", given["seed"], 2**64 - 1, low=-2**63) % 2**64
+        o.matrix_precision = _matrix_precision(given["matrix_precision"])
         self.cpp = o
         # Checked as the first step would check them (UsageError naming the first bad one),
         # and each state's storage ('-' or a kind) where a param is quantized.
@@ -111,7 +128,8 @@ class Options:
         self.state_dtype = o.state_dtype  # the code: 'fp32', 'bf16', ...
 
     _FIELDS = ("state_dtype", "master_weights", "max_grad_norm", "reduction_strategy",
-               "state_storage", "quant_block", "quant_min_numel", "stochastic_rounding", "seed")
+               "state_storage", "quant_block", "quant_min_numel", "stochastic_rounding", "seed",
+               "matrix_precision")
 
     def __getstate__(self):  # the C++ struct as its fields (copies and pickles)
         d = dict(self.__dict__)
@@ -153,6 +171,9 @@ class Options:
             if key == "state_dtype":
                 same = value == mine or (not isinstance(value, str) and
                                          _dtypes.code_of(value) == self.state_dtype)
+            elif key == "matrix_precision":
+                same = _MATRIX_PRECISIONS.get(value) == self.cpp.matrix_precision \
+                    if isinstance(value, (str, torch.dtype)) else False
             elif key in ("rule", "process_group"):
                 same = value is mine or (isinstance(value, str) and isinstance(mine, str)
                                          and value == mine)

@@ -66,22 +66,26 @@ class StateMixin:
                 taken[p] = None
                 continue
             g, i = where[p]
-            who = f"opt.state of {self._who(g, i)}"
-            hypers = dict(zip(self._hyper_names, self._group_hypers(self.param_groups[g])))
-            expected = self._expected_states(p, hypers, set())
-            step, new = None, {}
-            for key in expected:  # a quantized state's codes and absmax, checked together
-                codes, absmax = now.get(key), now.get(f"{key}.absmax")
-                if f"{key}.absmax" in expected and codes is not None and absmax is not None and \
-                        (codes is not views.get(key) or absmax is not views.get(f"{key}.absmax")):
-                    self._check_quantized(f"{who}: state '{key}'", p, key, codes, absmax)
-            for key, value in now.items():
-                if key == "step":
-                    if value is not views.get("step") or step_written:
-                        step = self._loaded_step(i, value, who)
-                elif key in expected and value is not None and value is not views.get(key):
-                    new[key] = self._loaded_state(i, key, value, p, expected[key], who)
-            taken[p] = (step, new)
+            with self._using(self._face_of(g)):
+                who = f"opt.state of {self._who(g, i)}"
+                hypers = dict(zip(self._hyper_names,
+                                  self._group_hypers(self.param_groups[g])))
+                expected = self._expected_states(p, hypers, set())
+                step, new = None, {}
+                for key in expected:  # a quantized state's codes and absmax, checked together
+                    codes, absmax = now.get(key), now.get(f"{key}.absmax")
+                    if f"{key}.absmax" in expected and codes is not None and \
+                            absmax is not None and (codes is not views.get(key) or
+                                                    absmax is not views.get(f"{key}.absmax")):
+                        self._check_quantized(f"{who}: state '{key}'", p, key, codes, absmax)
+                for key, value in now.items():
+                    if key == "step":
+                        if value is not views.get("step") or step_written:
+                            step = self._loaded_step(i, value, who)
+                    elif key in expected and value is not None and \
+                            value is not views.get(key):
+                        new[key] = self._loaded_state(i, key, value, p, expected[key], who)
+                taken[p] = (step, new)
         self._edits.changed = False  # taken (a refused edit is seen again at the next step)
         if not taken:
             return

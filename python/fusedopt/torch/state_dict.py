@@ -51,7 +51,8 @@ class StateDictMixin:
             packed["params"] = ids
             groups.append(packed)
         state = {}
-        for group in self.param_groups:
+        faces = self._faces_of_groups()
+        for g, group in enumerate(self.param_groups):
             for p in group["params"]:
                 if p not in self.state or not self.state[p]:
                     continue
@@ -62,7 +63,8 @@ class StateDictMixin:
                 count = self._step_of(p) if shown is None else \
                     self._loaded_step(mapping[id(p)], shown, "opt.state")
                 entry["step"] = torch.tensor(float(count))
-                state[mapping[id(p)]] = self._pack_quantized(entry)
+                with self._using(faces[g]):
+                    state[mapping[id(p)]] = self._pack_quantized(entry)
         state_dict = {"state": state, "param_groups": groups}
         for hook in _hooks(self, "_optimizer_state_dict_post_hooks"):
             result = hook(self, state_dict)
@@ -128,7 +130,10 @@ class StateDictMixin:
                 result = hook(self, state_dict)
                 if result is not None:
                     state_dict = result
-        updates, states, steps, notes = self._read_state_dict(state_dict)
+        try:
+            updates, states, steps, notes = self._read_state_dict(state_dict)
+        finally:
+            self._set_face(self._main_face)  # (read group by group, each in its rule's face)
         for note in notes:  # before anything changes (a warning filter may raise)
             warnings.warn(note, stacklevel=2)
         self._release()
@@ -175,7 +180,6 @@ class StateDictMixin:
                                  f"{len(ours['params'])}")
         by_index = {}  # saved index -> (group, param)
         updates, notes, hypers, optional = [], [], [], []
-        options = set(self._rule.name.split("+")[1:]) if self._preset else set()
         for g, (ours, theirs) in enumerate(zip(groups, saved)):
             for i, p in zip(theirs["params"], ours["params"]):
                 # Any key, matched by position as torch matches them: an index, or the
@@ -187,7 +191,9 @@ class StateDictMixin:
                     raise UsageError(f"{who}: loaded state dict lists parameter {i} twice "
                                      f"(groups {by_index[i][0]} and {g})")
                 by_index[i] = (g, p)
+            self._set_face(self._face_of(g))  # this group's rule (load_state_dict resets it)
             update, off = {}, set()
+            options = set(self._rule.name.split("+")[1:]) if self._preset else set()
             for key, value in theirs.items():
                 if key == "params" or key in self._opts.names:  # the optimizer's own decide
                     continue
@@ -223,6 +229,7 @@ class StateDictMixin:
                 raise UsageError(f"{who}: the state of parameter {i} must be a dict of "
                                  f"states, not {type(entry).__name__}")
             g, p = by_index[i]
+            self._set_face(self._face_of(g))
             expected = self._expected_states(p, hypers[g], optional[g])
             state = {}
             for key, value in entry.items():

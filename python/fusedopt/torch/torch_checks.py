@@ -37,6 +37,14 @@ def _at_least_zero(key, what=None):
     return check
 
 
+def _should_be_at_least_zero(key, what):  # torch >= 2.9's wording (Muon)
+    def check(g):
+        v = g.get(key)
+        if v is not None and not 0.0 <= _n(v):
+            raise ValueError(f"{what} should be >= 0 but is: {v}")
+    return check
+
+
 def _lr_check(message="Invalid learning rate: {}"):
     def check(g):
         lr = _lr(g)
@@ -97,6 +105,14 @@ def _adafactor(g):
         raise ValueError(f"weight_decay should be >= 0 but is: {g['weight_decay']}")
 
 
+def _adjust_lr_fn(g):
+    fn = g.get("adjust_lr_fn")
+    if fn is not None and not isinstance(fn, numbers.Real) and \
+            fn not in ("original", "match_rms_adamw", "spectral_unclamped"):
+        raise ValueError(f"Adjust learning rate function {fn} is not supported (give None, "
+                         "'original', 'match_rms_adamw' or 'spectral_unclamped')")
+
+
 _WD = _at_least_zero("weight_decay")
 _ADAM = [_lr_check(), _eps, _betas, _WD]
 # Preset base -> its torch class's checks, in the class's order (torch 2.x).
@@ -113,6 +129,9 @@ CHECKS = {
     "rprop": [_lr_check(), _etas],
     "asgd": [_lr_check(), _at_least_zero("lambd"), _at_least_zero("alpha"), _WD],
     "adafactor": [_lr_check("Learning rate should be >= 0 but is: {}"), _adafactor],
+    "muon": [_lr_check("Learning rate should be >= 0 but is: {}"),
+             _should_be_at_least_zero("momentum", "momentum"),
+             _should_be_at_least_zero("weight_decay", "weight decay"), _adjust_lr_fn],
 }
 # The presets without a torch class: torch's common checks (lr, eps, each beta, weight_decay).
 _COMMON = [_lr_check(), _eps, _betas, _WD, _at_least_zero("momentum")]
