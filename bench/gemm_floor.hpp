@@ -1,9 +1,10 @@
 // The GEMM floor of a matrix stage (orthogonalize: the Newton-Schulz iteration of Muon): the
 // iteration's GEMMs alone, on the exact shapes fusedopt runs them, timed on the BLAS fusedopt
 // itself loaded. Per matrix of rows x cols (m the smaller side, n the larger), per round:
-// X X^T (m x m, inner n), A A (m x m, inner m) and B X (m x n, inner m), as
-// src/matrix/newton_schulz.cpp calls cblas_sgemm; the floor is the sum over the matrices and
-// rounds of each shape's best time. A step's time below it means the floor is wrong.
+// X X^T (m x m, inner n; by cblas_ssyrk, half the flops, where the BLAS has it), A A (m x m,
+// inner m) and B X (m x n, inner m), as src/matrix/newton_schulz.cpp calls the BLAS; the floor is
+// the sum over the matrices and rounds of each shape's best time. A step's time below it means the
+// floor is wrong.
 //
 // The BLAS is found as fusedopt's host_blas() finds it ($FUSEDOPT_BLAS_LIBRARY, else
 // libopenblas.so.0, libcblas.so.3, libblas.so.3: the first with cblas_sgemm) and opened by the
@@ -61,8 +62,12 @@ class GemmFloor {
       for (int r = 0; r < runs; ++r) {
         const auto t0 = std::chrono::steady_clock::now();
         // the calls of newton_schulz.cpp's iterate(), coefficients as torch.optim.Muon's
-        sgemm_(kRowMajor, kNoTrans, kTrans, m, m, n, 1.0f, b.x.data(), n, b.x.data(), n, 0.0f,
-               b.gram.data(), m);
+        if (ssyrk_ != nullptr) {  // as the stage: X X^T by ssyrk where the BLAS has it
+          ssyrk_(kRowMajor, kUpper, kNoTrans, m, n, 1.0f, b.x.data(), n, 0.0f, b.gram.data(), m);
+        } else {
+          sgemm_(kRowMajor, kNoTrans, kTrans, m, m, n, 1.0f, b.x.data(), n, b.x.data(), n, 0.0f,
+                 b.gram.data(), m);
+        }
         sgemm_(kRowMajor, kNoTrans, kNoTrans, m, m, m, 2.0315f, b.gram.data(), m, b.gram.data(), m,
                -4.7750f, b.poly.data(), m);
         sgemm_(kRowMajor, kNoTrans, kNoTrans, m, n, m, 1.0f, b.poly.data(), m, b.x.data(), n,
@@ -87,7 +92,7 @@ class GemmFloor {
   bool shared_with_fusedopt() const { return already_loaded_; }
 
  private:
-  static constexpr int kRowMajor = 101, kNoTrans = 111, kTrans = 112;
+  static constexpr int kRowMajor = 101, kNoTrans = 111, kTrans = 112, kUpper = 121;
   using Sgemm = void (*)(int, int, int, int, int, int, float, const float*, int, const float*, int,
                          float, float*, int);
 
@@ -106,6 +111,7 @@ class GemmFloor {
       void* sym = dlsym(handle, "cblas_sgemm");
       if (sym == nullptr) continue;  // the handle stays open: fusedopt's may be the same
       sgemm_ = reinterpret_cast<Sgemm>(sym);
+      ssyrk_ = reinterpret_cast<Ssyrk>(dlsym(handle, "cblas_ssyrk"));
       library_ = name;
       if (void* t = dlsym(handle, "openblas_get_num_threads")) {
         threads_ = reinterpret_cast<int (*)()>(t)();
@@ -125,7 +131,9 @@ class GemmFloor {
   double flops_ = 0;
   std::map<std::pair<int, int>, std::int64_t> count_;
   std::map<std::pair<int, int>, Buffers> buffers_;
+  using Ssyrk = void (*)(int, int, int, int, int, float, const float*, int, float, float*, int);
   Sgemm sgemm_ = nullptr;
+  Ssyrk ssyrk_ = nullptr;
   std::string library_;
   int threads_ = 0;
   bool already_loaded_ = false;

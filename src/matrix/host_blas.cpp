@@ -75,6 +75,7 @@ HostBlas load() {
     }
     HostBlas blas;  // the handle stays open for the process's life
     blas.sgemm = reinterpret_cast<decltype(blas.sgemm)>(sym);
+    blas.ssyrk = reinterpret_cast<decltype(blas.ssyrk)>(dlsym(handle, "cblas_ssyrk"));
     blas.library = name;
     return blas;
   }

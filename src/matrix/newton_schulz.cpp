@@ -102,8 +102,16 @@ void iterate(const HostBlas& blas, float* const x, int m, int n, bool tall,
   float* next = w.next.data();
   for (int s = 0; s < ns.steps; ++s) {
     const std::array<float, 3>& k = ns.coefficients[ns.coefficients.size() == 1 ? 0 : s];
-    // gram = X X^T (tall: X^T X)
-    if (tall) {
+    // gram = X X^T (tall: X^T X): symmetric, so ssyrk's half of the flops where the BLAS has
+    // it, its upper triangle mirrored into the lower
+    if (blas.ssyrk != nullptr) {
+      blas.ssyrk(kRowMajor, kUpper, tall ? kTrans : kNoTrans, m, n, 1.0f, cur, tall ? m : n, 0.0f,
+                 gram, m);
+      for (int i = 1; i < m; ++i) {
+        for (int j = 0; j < i; ++j)
+          gram[static_cast<std::size_t>(i) * m + j] = gram[static_cast<std::size_t>(j) * m + i];
+      }
+    } else if (tall) {
       blas.sgemm(kRowMajor, kTrans, kNoTrans, m, m, n, 1.0f, cur, m, cur, m, 0.0f, gram, m);
     } else {
       blas.sgemm(kRowMajor, kNoTrans, kTrans, m, m, n, 1.0f, cur, n, cur, n, 0.0f, gram, m);
