@@ -43,6 +43,7 @@ Usage:
 
 Options:
   --workload W       bert-base (201 tensors, 109.5 M elements), gpt2-small (148, 124.4 M),
+                     gpt2-small-matrices (its 48 hidden matrices, 84.9 M: for muon),
                      small-5000 (5,000 tensors of 1-64 K elements), or a shapes file:
                      {"name": "m", "tensors": [{"name": "wte", "shape": [50257, 768],
                                                 "dtype": "bf16"}, ...]}  (dtype: fp32 when
@@ -55,10 +56,19 @@ Options:
   --state-dtype T    OptimizerOptions::state_dtype (fp32, bf16, fp16)
   --storage S        every state's storage (q8, q8s, q8u, q4, ...: OptimizerOptions::state_storage)
   --master-weights   keep fp32 master copies of 16-bit params
+  --matrix-precision T
+                     OptimizerOptions::matrix_precision: fp32 (default) or bf16 (the
+                     Newton-Schulz iteration rounded to bf16 as torch.optim.Muon runs it)
   --json FILE        also write every step's result there (bench/torch_step.py's schema:
                      machine, results[case, what, device, seconds, floor_seconds,
                      copy_seconds, bytes, tensors, elements, launches])
   --help             this text, then Google Benchmark's flags
+
+A rule with orthogonalize() (muon) is measured against its GEMM floor instead: the
+Newton-Schulz iteration's GEMMs alone, on the same shapes, through the BLAS the step loaded
+(floor_fraction: GEMM floor / step; gemm_floor_ms, step_gflops, blas_gflops, blas_threads;
+elementwise_ms: the same rule with orthogonalize(x, ...) replaced by x, and
+iteration_floor_fraction: the floor over the step less that). Three steps (seconds each).
 
 Counters (per step; none has a unit but bytes_per_second):
   floor_fraction     in-place floor time / step time, the median over the iterations (each
@@ -70,6 +80,7 @@ Counters (per step; none has a unit but bytes_per_second):
 Examples:
   fusedopt-bench --workload gpt2-small --preset adamw --preset adamw8bit --mode both
   fusedopt-bench --workload my_model.json --rule my.rule --json out.json
+  fusedopt-bench --workload gpt2-small-matrices --preset muon
   fusedopt-bench --benchmark_filter=BM_HostPresetStep/lion --benchmark_min_time=2
 
 Google Benchmark's flags:
@@ -140,6 +151,12 @@ Args take_args(int& argc, char** argv) {
       if (!known) throw std::runtime_error("--state-dtype " + t + ": give fp32, bf16 or fp16");
     } else if (key == "--storage") {
       a.user.options.state_storage = {{"*", value()}};
+    } else if (key == "--matrix-precision") {
+      const std::string t = value();
+      if (t != "fp32" && t != "bf16") {
+        throw std::runtime_error("--matrix-precision " + t + ": give fp32 or bf16");
+      }
+      a.user.options.matrix_precision = t == "bf16" ? fusedopt::DType::BF16 : fusedopt::DType::F32;
     } else if (key == "--master-weights") {
       a.user.options.master_weights = true;
     } else if (key == "--json") {

@@ -18,6 +18,7 @@
 #include "floor.hpp"
 #include "fusedopt/cuda.hpp"
 #include "fusedopt/optimizer.hpp"
+#include "matrix_case.hpp"
 #include "step_timing.hpp"
 #include "workloads.hpp"
 
@@ -129,6 +130,14 @@ void BM_HostPresetStep(benchmark::State& state, const std::string& name) {
       static_cast<double>(opt.stats().state_bytes) / static_cast<double>(opt.stats().elements);
 }
 
+/// Preset `name`, one with a matrix stage (muon), over GPT-2 small's 48 hidden matrices on
+/// the host, fused, beside its GEMM floor (matrix_case.hpp).
+void BM_HostMatrixPreset(benchmark::State& state, const std::string& name) {
+  const bench::Workload w = bench::gpt2_small_matrices();
+  bench::run_matrix_case(state, w, Rule::preset(name), {}, "preset",
+                         name + " fp32 " + w.name + " fused");
+}
+
 /// The optimizer state of preset `name` over BERT-base (torch's shapes) with `storage` for
 /// every state ("" for the preset's own): the bytes stats() counts (codes, absmax, row and
 /// column states, the states of params below quant_min_numel). `block` > 0 sets
@@ -159,6 +168,15 @@ void BM_StateMemory(benchmark::State& state, const std::string& name, const std:
 
 const bool kPresetBenchmarks = [] {
   for (const std::string& name : Rule::presets()) {  // every preset, in the table's order
+    if (bench::has_matrix_stage(Rule::preset(name))) {
+      // muon: BERT-base's 1-D params are not its own; GPT-2 small's hidden matrices, beside
+      // the GEMM floor of its Newton-Schulz iteration (a step of seconds: three of them).
+      benchmark::RegisterBenchmark(("BM_HostPresetStep/" + name).c_str(), BM_HostMatrixPreset, name)
+          ->Unit(benchmark::kMillisecond)
+          ->UseRealTime()
+          ->Iterations(3);
+      continue;
+    }
     benchmark::RegisterBenchmark(("BM_HostPresetStep/" + name).c_str(), BM_HostPresetStep, name)
         ->Unit(benchmark::kMillisecond)
         ->UseRealTime()

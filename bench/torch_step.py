@@ -24,6 +24,16 @@ Cases (``--cases``, comma-separated):
              the same tensors (fusedopt.torch's engine, called directly) in the same run: the
              difference divided by the tensors; torch's AdamW foreach=True (and fused=True
              where torch has it) beside. No floor: it measures overhead, not bandwidth.
+  muon       Muon on GPT-2 small's 48 hidden matrices (12 layers of [768, 2304], [768, 768],
+             [768, 3072], [3072, 768]; torch's other params belong on AdamW), on the CPU:
+             fusedopt.torch.Optimizer(params, "muon") (its Newton-Schulz iteration in fp32
+             on the host BLAS; bf16 too where fusedopt.torch takes matrix_precision) against
+             torch.optim.Muon (bf16 iteration; skipped, saying so, where torch has none),
+             with torch's defaults, and the speedup. Beside them no memory floor but the
+             iteration's GEMMs alone in torch fp32 on the same shapes (torch's BLAS: the
+             floor of torch's side were it fp32; the GEMM floor of fusedopt's own BLAS is
+             fusedopt-bench's --preset muon case). Not in the default --cases: a step takes
+             seconds (give --steps 3 --warmup 1).
 The floor is an in-place stream of the bytes fusedopt's step moves (its stats()' traffic: per
 pass, each role it only reads summed, each it updates incremented in place, each it only
 writes filled), its best time: on the CPU fusedopt-bench's floor (bench/floor.hpp, one
@@ -347,6 +357,79 @@ def case_lamb(args, results):
         del opt, ps
 
 
+def gpt2_matrix_shapes():
+    """GPT-2 small's hidden matrices (Conv1D's [in, out]): 48, 84.9 M elements."""
+    h = 768
+    return [(h, 3 * h), (h, h), (h, 4 * h), (4 * h, h)] * 12
+
+
+MUON_HYPERS = {"lr": 1e-3, "weight_decay": 0.1, "momentum": 0.95, "ns_steps": 5, "eps": 1e-7}
+
+
+def torch_gemm_floor(shapes, steps, runs=2):
+    """Seconds of the Newton-Schulz iteration's GEMMs alone in torch fp32 (torch.mm: X X^T,
+    A A, B X per round, m the smaller side), each shape's best of `runs` times its matrices
+    and rounds."""
+    count = {}
+    for r, c in shapes:
+        key = (min(r, c), max(r, c))
+        count[key] = count.get(key, 0) + 1
+    total = 0.0
+    for (m, n), k in count.items():
+        x = torch.randn(m, n) / n ** 0.5
+        a = torch.randn(m, m) / m
+        best = float("inf")
+        for _ in range(runs + 1):
+            t0 = time.perf_counter()
+            g = x @ x.T
+            b = torch.addmm(g, a, a, beta=-4.7750, alpha=2.0315)
+            torch.addmm(x, b, x, beta=3.4445)
+            best = min(best, time.perf_counter() - t0)
+        total += best * k * steps
+    return total
+
+
+def case_muon(args, results):
+    if args.device != "cpu":
+        print("  muon: CPU only here (fusedopt's matrix stage runs on the host BLAS)",
+              flush=True)
+        return
+    shapes = gpt2_matrix_shapes()
+    elements = sum(r * c for r, c in shapes)
+    floor = torch_gemm_floor(shapes, MUON_HYPERS["ns_steps"])
+    # The rule's hyper names (fusedopt's muon preset): nesterov 1, adjust_lr_fn 0 "original".
+    ours = dict(MUON_HYPERS, nesterov=1.0, ns_a=3.4445, ns_b=-4.7750, ns_c=2.0315,
+                adjust_lr_fn=0)
+    makers = [("fusedopt.torch muon, fp32 iteration",
+               lambda ps: ft.Optimizer(ps, "muon", **ours)),
+              ("fusedopt.torch muon, bf16 iteration",
+               lambda ps: ft.Optimizer(ps, "muon", matrix_precision="bf16", **ours))]
+    if hasattr(torch.optim, "Muon"):
+        makers.append(("torch.optim.Muon (bf16 iteration)",
+                       lambda ps: torch.optim.Muon(ps, nesterov=True, **MUON_HYPERS)))
+    else:
+        print(f"  muon: torch {torch.__version__} has no torch.optim.Muon (torch 2.9+): "
+              "fusedopt's side alone", flush=True)
+    for label, make in makers:
+        torch.manual_seed(0)
+        ps = params_of(shapes, "cpu")
+        try:
+            opt = make(ps)
+        except (TypeError, ValueError, RuntimeError, fusedopt.Error) as e:
+            print(f"  muon: {label}: not measured ({type(e).__name__}: "
+                  f"{str(e).splitlines()[0]})", flush=True)
+            continue
+        s = seconds(opt.step, "cpu", args.steps, args.warmup)
+        results.append({"case": "muon", "what": label, "seconds": s,
+                        "gemm_floor_seconds": floor, "tensors": len(shapes),
+                        "elements": elements})
+        del opt, ps
+    ref = [r for r in results if r["what"].startswith("torch.optim.Muon")]
+    for r in results:
+        if ref and r["what"].startswith("fusedopt"):
+            r["speedup"] = ref[0]["seconds"] / r["seconds"]
+
+
 PROBE = """
 import sys, time, torch, fusedopt.torch as ft
 p = torch.randn(1000, device=sys.argv[1], requires_grad=True); p.grad = torch.ones_like(p)
@@ -468,7 +551,8 @@ def main():
             "amp": lambda res: case_amp(args, res),
             "lamb": lambda res: case_lamb(args, res),
             "compile": lambda res: case_compile(args, res),
-            "overhead": lambda res: case_overhead(args, res)}
+            "overhead": lambda res: case_overhead(args, res),
+            "muon": lambda res: case_muon(args, res)}
     results = []
     # Each case's lines as it ends, and the JSON rewritten after each: a run cut short (the
     # device tool's time limit) keeps what it measured.
@@ -485,6 +569,12 @@ def main():
                       f"{floor / r['seconds']:.2f} of the floor ({floor * 1e3:.2f} ms, "
                       f"{r['bytes'] / floor / 1e9:.0f} GB/s; copy {r['copy_seconds'] * 1e3:.2f} "
                       f"ms; {r['tensors']} tensors)", flush=True)
+            elif "gemm_floor_seconds" in r:
+                floor = r["gemm_floor_seconds"]
+                speedup = f"; {r['speedup']:.2f}x torch.optim.Muon" if "speedup" in r else ""
+                print(f"  {r['case']:7s} {r['what']:52s} {r['seconds'] * 1e3:9.2f} ms  "
+                      f"torch's fp32 GEMMs alone {floor * 1e3:.2f} ms "
+                      f"({floor / r['seconds']:.2f} of the step){speedup}", flush=True)
             elif "cpp_seconds" in r:
                 extra = (r["seconds"] - r["cpp_seconds"]) / r["tensors"]
                 print(f"  {r['case']:7s} {r['what']:52s} {r['seconds'] * 1e3:9.2f} ms  "

@@ -11,6 +11,7 @@
 #include "fusedopt/error.hpp"
 #include "fusedopt/kernel.hpp"
 #include "harness.hpp"
+#include "matrix_case.hpp"
 #include "shapes_file.hpp"
 #include "step_timing.hpp"
 
@@ -80,7 +81,8 @@ void run_case(benchmark::State& state, const Workload& w, const Rule& rule, bool
               const UserCase& c) {
   const std::string what = rule.name() + " on " + w.name + " (" + std::to_string(w.sizes.size()) +
                            " tensors), " + (fused ? "fused" : "one optimizer per tensor") +
-                           (c.device == "cuda" ? ", cuda:0" : ", host");
+                           (c.device == "cuda" ? ", cuda:0" : ", host") +
+                           (c.options.matrix_precision == DType::BF16 ? ", bf16 iteration" : "");
   try {
     if (c.device == "cuda") {
       if (skipped_without_gpu(state)) return;
@@ -92,6 +94,15 @@ void run_case(benchmark::State& state, const Workload& w, const Rule& rule, bool
         for (auto& o : opts) o->step();
       });
       report(state, s, s.launches_per_step, floors, "case", what, "cuda");
+      return;
+    }
+    if (has_matrix_stage(rule)) {
+      // Its floor is the iteration's GEMMs (matrix_case.hpp), not the bytes it moves.
+      if (!fused) {
+        state.SkipWithError("a rule with orthogonalize() is measured fused only (--mode fused)");
+        return;
+      }
+      run_matrix_case(state, w, rule, c.options, "case", what);
       return;
     }
     HostModel model(w);
@@ -142,6 +153,8 @@ std::string register_user_case(const UserCase& c) {
         b->UseManualTime();
       } else {
         b->UseRealTime();
+        // A step of seconds (Muon's iteration): a few, each beside its GEMM floor.
+        if (has_matrix_stage(rule)) b->Iterations(3);
       }
     }
   }

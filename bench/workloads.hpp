@@ -1,7 +1,8 @@
 // Parameter shapes the step benchmarks and the demo run on, by name (fusedopt-bench
 // --workload): BERT-base (201 tensors, 109.5 M elements, the model of Bagua's published
-// benchmark), GPT-2 small (148 tensors, 124.4 M elements) and 5,000 small tensors; plus the
-// copy floor every step is measured against.
+// benchmark), GPT-2 small (148 tensors, 124.4 M elements), its 48 hidden matrices alone (the
+// params Muon steps) and 5,000 small tensors; plus the copy floor every step is measured
+// against.
 #pragma once
 
 #include <algorithm>
@@ -115,14 +116,34 @@ inline Workload gpt2_small() {
   return w;
 }
 
-/// The workloads by name ("bert-base", "gpt2-small", "small-5000"; '_' for '-' too).
+/// GPT-2 small's hidden matrices alone, the params Muon steps (embeddings, head and 1-D
+/// params belong on AdamW): 12 layers of c_attn [768, 2304], attn.c_proj [768, 768],
+/// mlp.c_fc [768, 3072] and mlp.c_proj [3072, 768] (Conv1D's [in, out]) = 48 tensors,
+/// 84,934,656 elements.
+inline Workload gpt2_small_matrices() {
+  const std::int64_t h = 768;
+  Workload w;
+  w.name = "gpt2_small_matrices";
+  for (int layer = 0; layer < 12; ++layer) {
+    for (std::vector<std::int64_t> shape :
+         std::vector<std::vector<std::int64_t>>{{h, 3 * h}, {h, h}, {h, 4 * h}, {4 * h, h}}) {
+      w.sizes.push_back(shape[0] * shape[1]);
+      w.shapes.push_back(std::move(shape));
+    }
+  }
+  return w;
+}
+
+/// The workloads by name ("bert-base", "gpt2-small", "gpt2-small-matrices", "small-5000";
+/// '_' for '-' too).
 inline std::vector<std::string> workload_names() {
-  return {"bert-base", "gpt2-small", "small-5000"};
+  return {"bert-base", "gpt2-small", "gpt2-small-matrices", "small-5000"};
 }
 inline std::optional<Workload> named_workload(std::string name) {
   std::replace(name.begin(), name.end(), '_', '-');
   if (name == "bert-base") return bert_base();
   if (name == "gpt2-small") return gpt2_small();
+  if (name == "gpt2-small-matrices") return gpt2_small_matrices();
   if (name == "small-5000") return small_tensors();
   return std::nullopt;
 }

@@ -14,6 +14,10 @@ struct HostBlas {
   void (*sgemm)(int order, int trans_a, int trans_b, int m, int n, int k, float alpha,
                 const float* a, int lda, const float* b, int ldb, float beta, float* c,
                 int ldc) = nullptr;
+  /// C = alpha * op(A) op(A)^T + beta * C on C's `uplo` triangle (cblas_ssyrk; op(A) n x k),
+  /// where the library has it (null: sgemm does it all).
+  void (*ssyrk)(int order, int uplo, int trans, int n, int k, float alpha, const float* a, int lda,
+                float beta, float* c, int ldc) = nullptr;
   std::string library;  ///< the file it came from
 };
 
@@ -26,5 +30,6 @@ const HostBlas& host_blas();
 inline constexpr int kRowMajor = 101;
 inline constexpr int kNoTrans = 111;
 inline constexpr int kTrans = 112;
+inline constexpr int kUpper = 121;
 
 }  // namespace fusedopt::matrix
