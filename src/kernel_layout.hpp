@@ -87,11 +87,11 @@ struct KernelLayout {
   int max_acc = 1;                   ///< accumulators per chunk in the widest pass
   std::vector<ReductionSlot> slots;  ///< every accumulator of every pass (grad check too)
   ReductionStrategy strategy = ReductionStrategy::Recompute;
-  int store_pass = -1;               ///< Store: the pass that writes states early
-  std::vector<std::string> scratch;  ///< fp32 scratch tensors (role order, after the
-                                     ///< master): the Store strategy's, then the stages'
+  int store_pass = -1;                    ///< Store: the pass that writes states early
+  std::vector<std::string> scratch;       ///< fp32 scratch tensors (role order, after the
+                                          ///< master): the Store strategy's, then the stages'
   std::vector<MatrixStageLayout> stages;  ///< matrix stages (their scratch roles are last)
-  std::int64_t bits_recompute = 0;   ///< bits per element and step, under each strategy
+  std::int64_t bits_recompute = 0;        ///< bits per element and step, under each strategy
   std::int64_t bits_store = 0;
   std::vector<int> role_bits;                 ///< bits per element of each role (codes: 8, 4)
   std::vector<std::vector<int>> pass_reads;   ///< roles each pass reads (update last)

@@ -46,7 +46,7 @@ struct Schedule {
   /// crossings, the last roles. Its pass writes the argument there, the stage replaces it
   /// with its result, later passes read that.
   std::vector<int> stage_roles;
-  int value_role = 0;                       ///< where the param's fp32 value lives
+  int value_role = 0;  ///< where the param's fp32 value lives
   int master_role = -1;
   /// Bits per element of one step (fixed role sizes of the binding) under each strategy;
   /// for element-wise rules both are the single pass's. Bits, as a 4-bit state moves half a

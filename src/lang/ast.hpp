@@ -149,9 +149,9 @@ struct Expr {
   int reduction = -1;            ///< Op::Reduce: index into Rule::reductions
   ReduceKind reduce_kind = ReduceKind::Sum;  ///< Op::Reduce: set by the parser
   Scope reduce_scope = Scope::Tensor;        ///< Op::Reduce: set by the parser
-  int stage = -1;        ///< Op::Orthogonalize: index into Rule::stages
-  bool staged = false;   ///< depends on a matrix stage's result (directly or through
-                         ///< temporaries, outputs and states)
+  int stage = -1;                            ///< Op::Orthogonalize: index into Rule::stages
+  bool staged = false;  ///< depends on a matrix stage's result (directly or through
+                        ///< temporaries, outputs and states)
 };
 
 struct Symbol {

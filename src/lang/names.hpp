@@ -14,7 +14,7 @@ namespace fusedopt::lang {
 struct FunctionInfo {
   const char* name;
   Op op;
-  int arity;  ///< -1: the checker counts the arguments (orthogonalize)
+  int arity;                            ///< -1: the checker counts the arguments (orthogonalize)
   const char* signature;                ///< for arity hints: "clamp(x, lo, hi)"
   const char* emit;                     ///< the prelude function codegen calls ("fo_sqrt"),
                                         ///< or nullptr where codegen has its own form

@@ -51,8 +51,6 @@ std::vector<ParamGroup> groups_of(FlatArena& a) {
   return g;
 }
 
-
-
 }  // namespace
 
 TEST_SUITE("comm") {

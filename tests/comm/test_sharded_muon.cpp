@@ -59,8 +59,6 @@ std::vector<ParamGroup> groups_of(FlatArena& a) {
   return g;
 }
 
-
-
 }  // namespace
 
 TEST_SUITE("comm") {

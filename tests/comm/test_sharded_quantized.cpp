@@ -169,7 +169,6 @@ std::vector<unsigned char> all_states(const ShardedOptimizer& sharded) {
   return out;
 }
 
-
 }  // namespace
 
 TEST_SUITE("comm") {
