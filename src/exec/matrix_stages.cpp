@@ -167,20 +167,17 @@ void MatrixStages::run(int pass, Backend& backend, const Plan& plan, void* strea
     if (st.pass != pass) continue;
     // Batched: the same-shape matrices of one iteration together.
     std::map<std::tuple<std::int64_t, std::int64_t, int>, std::vector<float*>> batches;
-    std::map<int, matrix::NewtonSchulz> per_group;
     for (std::size_t t = 0; t < dims_.size(); ++t) {
       if (dims_[t].rows == 0) continue;
       const int g = t < groups.size() ? groups[t] : 0;
-      if (!per_group.count(g)) {
-        per_group.emplace(
-            g, iteration(st, plan.hypers().data() + static_cast<std::ptrdiff_t>(g) * h, g));
-      }
       batches[{dims_[t].rows, dims_[t].cols, g}].push_back(static_cast<float*>(
           plan.ptrs()[t * static_cast<std::size_t>(roles) + static_cast<std::size_t>(st.role)]));
     }
     for (const auto& [key, matrices] : batches) {
-      backend.orthogonalize(matrices, std::get<0>(key), std::get<1>(key),
-                            per_group.at(std::get<2>(key)), stream);
+      const int g = std::get<2>(key);
+      backend.orthogonalize(
+          matrices, std::get<0>(key), std::get<1>(key),
+          iteration(st, plan.hypers().data() + static_cast<std::ptrdiff_t>(g) * h, g), stream);
     }
   }
 }

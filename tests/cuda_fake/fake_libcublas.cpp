@@ -4,11 +4,11 @@
 // column-major order as cuBLAS defines them (sums in double). Under the emulator the work
 // queued on the handle's stream runs first, as a real cuBLAS kernel runs after it. It knows
 // nothing of fusedopt.
-#include <dlfcn.h>
-
 #include <cmath>
 #include <cstdlib>
 #include <vector>
+
+#include "emulator_stream.hpp"
 
 namespace {
 
@@ -16,17 +16,6 @@ struct Handle {
   void* stream = nullptr;
   int pointer_mode = 0;
 };
-
-void wait_for_stream(void* stream) {
-  using Sync = int (*)(void*);
-  static const Sync sync = []() -> Sync {
-    const char* path = std::getenv("FUSEDOPT_CUDA_DRIVER_LIBRARY");
-    void* lib = path ? dlopen(path, RTLD_NOW | RTLD_NOLOAD) : nullptr;
-    if (lib == nullptr || dlsym(lib, "fusedopt_cuda_emulator") == nullptr) return nullptr;
-    return reinterpret_cast<Sync>(dlsym(lib, "cuStreamSynchronize"));
-  }();
-  if (sync) sync(stream);
-}
 
 constexpr int kSuccess = 0;
 constexpr int kInvalidValue = 7;
@@ -72,7 +61,7 @@ __attribute__((visibility("default"))) int cublasSgemm_v2(void* handle, int ta, 
       lda < (ta ? k : m) || ldb < (tb ? n : k)) {
     return kInvalidValue;
   }
-  wait_for_stream(static_cast<Handle*>(handle)->stream);
+  fake_cuda::wait_for_stream(static_cast<Handle*>(handle)->stream);
   auto A = [&](int i, int p) {
     return ta ? a[p + static_cast<long>(i) * lda] : a[i + static_cast<long>(p) * lda];
   };
@@ -102,7 +91,7 @@ __attribute__((visibility("default"))) int cublasSnrm2_v2(void* handle, int n, c
                                                           int incx, float* result) {
   if (handle == nullptr) return kNotInitialized;
   if (result == nullptr) return kInvalidValue;
-  wait_for_stream(static_cast<Handle*>(handle)->stream);
+  fake_cuda::wait_for_stream(static_cast<Handle*>(handle)->stream);
   double s = 0;
   for (int i = 0; n > 0 && incx > 0 && i < n; ++i) {
     const double v = x[static_cast<long>(i) * incx];
@@ -115,7 +104,7 @@ __attribute__((visibility("default"))) int cublasSnrm2_v2(void* handle, int n, c
 __attribute__((visibility("default"))) int cublasSscal_v2(void* handle, int n, const float* alpha,
                                                           float* x, int incx) {
   if (handle == nullptr) return kNotInitialized;
-  wait_for_stream(static_cast<Handle*>(handle)->stream);
+  fake_cuda::wait_for_stream(static_cast<Handle*>(handle)->stream);
   for (int i = 0; n > 0 && incx > 0 && i < n; ++i) x[static_cast<long>(i) * incx] *= *alpha;
   return kSuccess;
 }

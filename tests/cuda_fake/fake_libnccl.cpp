@@ -35,6 +35,8 @@
 #include <thread>
 #include <vector>
 
+#include "emulator_stream.hpp"
+
 #if FAKE_NCCL_HAVE_MPI
 #include <mpi.h>
 #endif
@@ -587,25 +589,11 @@ void drop(ncclComm*) {}
 
 /// A collective: logged, then the injected error if any, then the data moved (one rank: the
 /// result is the input).
-/// Under fusedopt's CUDA emulator, whose streams run queued work only when something waits
-/// for it: the work queued on `stream` before the collective runs first, as a real NCCL
-/// kernel runs after it in stream order. (The fake driver has nothing queued: untouched.)
-void wait_for_stream(cudaStream_t stream) {
-  using Sync = int (*)(cudaStream_t);
-  static const Sync sync = []() -> Sync {
-    const char* path = std::getenv("FUSEDOPT_CUDA_DRIVER_LIBRARY");
-    void* lib = path ? dlopen(path, RTLD_NOW | RTLD_NOLOAD) : nullptr;
-    if (lib == nullptr || dlsym(lib, "fusedopt_cuda_emulator") == nullptr) return nullptr;
-    return reinterpret_cast<Sync>(dlsym(lib, "cuStreamSynchronize"));
-  }();
-  if (sync) sync(stream);
-}
-
 ncclResult_t launch(const std::string& line, ncclComm_t comm, const void* send, void* recv,
                     std::size_t bytes, const std::function<ncclResult_t()>& over_ranks,
                     cudaStream_t stream) {
   note(line);
-  wait_for_stream(stream);
+  fake_cuda::wait_for_stream(stream);  // emulator_stream.hpp
   if (const auto e = setting("launch_error")) return static_cast<ncclResult_t>(e);
   if (comm != nullptr && comm->failed != ncclSuccess) return comm->failed;
   if (comm == nullptr || comm->nranks == 1) {
